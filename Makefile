@@ -1,0 +1,59 @@
+# MTP Atlas. Two commands on a fresh machine: `make demo` and `make test` (see README).
+SHELL := /bin/bash
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+ATLAS   := $(BIN)/atlas
+DB      ?= data/atlas.duckdb
+MIRROR  := data/hub-mirror
+TEAM    := $(MIRROR)/mtp-atlas/byte-mtp-8l
+export HF_HUB_DISABLE_TELEMETRY := 1
+export NO_MKDOCS_2_WARNING := 1
+
+.PHONY: setup crawl crawl-mirror measure measure-import team-model evidence site serve demo test bench
+
+# Idempotent: the stamp is newer than pyproject.toml once the venv holds what it asks for.
+setup: $(VENV)/.stamp
+$(VENV)/.stamp: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	# torch first and pinned: a bare requirement would pull the multi-GB CUDA build
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+crawl: setup  ## crawl the live Hub (watch list: atlas/watchlist.toml)
+	$(ATLAS) crawl --db $(DB)
+
+crawl-mirror: setup  ## crawl the bundled offline mirror through a local hub server
+	$(ATLAS) crawl --db $(DB) --mirror $(MIRROR)
+
+team-model: setup  ## retrain the bundled team model, deterministic from its seed
+	$(ATLAS) team-model --out $(TEAM)
+
+measure: setup  ## self-speculative decoding on the team model (CUDA when present), record under evidence/measurements/
+	$(ATLAS) measure run --model $(TEAM)
+	$(ATLAS) measure import --db $(DB)
+
+evidence: setup
+	$(ATLAS) measure import --db $(DB)
+	$(ATLAS) evidence --db $(DB)
+
+site: evidence  ## evidence files + module pages + mkdocs build --strict
+	$(ATLAS) site build
+
+serve: site
+	$(ATLAS) site serve
+
+demo: setup  ## the whole job on the bundled offline data: crawl mirror, measure team model, build the site
+	$(MAKE) crawl-mirror
+	$(ATLAS) measure run --model $(TEAM) --quick
+	$(MAKE) site
+	@echo "Site built in site/build/. Open it with: make serve  (http://127.0.0.1:8000/)"
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python benchmarks/crawl.py
+	$(BIN)/python benchmarks/site.py
+	$(BIN)/python benchmarks/measure.py

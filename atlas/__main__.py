@@ -1,0 +1,3 @@
+from atlas.cli import cli
+
+cli()
