@@ -36,5 +36,56 @@ def cli() -> None:
 # ---- evidence and site (store -> evidence -> site) ---------------------------------------------
 
 
+@cli.command("evidence")
+@click.option("--db", type=click.Path(dir_okay=False), envvar="ATLAS_DB",
+              default="data/atlas.duckdb", show_default=True, help="The atlas store (DuckDB).")
+@click.option("--out", type=click.Path(dir_okay=False),
+              default="evidence/module-08.evidence.md", show_default=True)
+@click.option("--servable", "servable_path", type=click.Path(dir_okay=False),
+              default="evidence/servable.toml", show_default=True,
+              help="The dated, cited support matrix joined to the models.")
+def evidence_cmd(db: str, out: str, servable_path: str) -> None:
+    """Run the named evidence queries against the store and write the module 8 evidence file."""
+    from pathlib import Path
+
+    from atlas import evidence
+
+    ev = evidence.generate(Path(db), Path(out), Path(servable_path))
+    f = ev.facts
+    click.echo(
+        f"Wrote {out}: snapshot {f.snapshot_id} ({f.snapshot_date}), {f.n_models} models, "
+        f"{f.n_declaring} declare MTP, {f.n_mismatches} mismatches, "
+        f"{f.n_measurements} measured cells."
+    )
+
+
+@cli.group("site")
+def site_group() -> None:
+    """Render the course pages and build or serve the static site."""
+
+
+@site_group.command("build")
+def site_build() -> None:
+    """Render modules/ + evidence/ into site/docs/, then `mkdocs build --strict` into site/build/."""
+    from pathlib import Path
+
+    from atlas import render
+
+    layout = render.Layout(root=Path.cwd())
+    pages = render.build(layout)
+    click.echo(f"Rendered {len(pages)} pages; built {layout.build}/ (mkdocs build --strict).")
+
+
+@site_group.command("serve")
+@click.option("--port", type=int, default=8000, show_default=True)
+def site_serve(port: int) -> None:
+    """Serve site/build/ on http://127.0.0.1:PORT/ (loopback only)."""
+    from pathlib import Path
+
+    from atlas import render
+
+    render.serve(render.Layout(root=Path.cwd()).build, port)
+
+
 if __name__ == "__main__":
     cli()

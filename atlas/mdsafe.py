@@ -1,0 +1,59 @@
+"""Escaping untrusted text (model ids, config strings) for Markdown that mkdocs turns into HTML.
+
+Every character that could end a table cell, open a code span, emphasis, a link, an attribute
+list (`{: onclick=...}`) or an HTML tag becomes a numeric character reference. Python-Markdown
+passes references through untouched and the browser shows the original character, so the value
+reads the same but can neither break a table nor inject markup. Line breaks become spaces: a
+newline inside a table row would end the row.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+# A translate table replaces each character once, so `&` needs no special ordering.
+_ENTITIES = {c: f"&#{ord(c)};" for c in "&<>\"'|`*_[]{}\\~#"}
+_LINE_BREAKS = re.compile(r"[\r\n\u0085\u2028\u2029\x0b\x0c]+")
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
+_TABLE = str.maketrans(_ENTITIES)
+
+
+class Markdown(str):
+    """Markdown that is already safe to emit as is (built by this module from escaped parts)."""
+
+
+def escape(value: object) -> Markdown:
+    """Untrusted value -> inline Markdown text that renders as exactly that text."""
+    if isinstance(value, Markdown):
+        return value
+    text = _CONTROL.sub("", _LINE_BREAKS.sub(" ", str(value)))
+    return Markdown(text.translate(_TABLE))
+
+
+def code(value: object) -> Markdown:
+    """Untrusted value shown in a monospace span. An HTML <code> element instead of backticks,
+    because a backtick inside the value would end a Markdown code span early."""
+    return Markdown(f"<code>{escape(value)}</code>")
+
+
+def cell(value: object) -> Markdown:
+    """One table cell: None shows as an em dash so an empty cell is never ambiguous."""
+    if value is None:
+        return Markdown("—")
+    return escape(value)
+
+
+def table(headers: Iterable[str], rows: Iterable[Iterable[object]]) -> Markdown:
+    """A Markdown pipe table. Cells that are `Markdown` are trusted (built here); others are escaped.
+    Columns whose header starts with '#' are right-aligned numbers (the '#' is dropped)."""
+    heads = list(headers)
+    aligns = ["---:" if h.startswith("#") else "---" for h in heads]
+    names = [escape(h.removeprefix("#")) for h in heads]
+    lines = ["| " + " | ".join(names) + " |", "| " + " | ".join(aligns) + " |"]
+    for row in rows:
+        cells = [c if isinstance(c, Markdown) else cell(c) for c in row]
+        if len(cells) != len(heads):
+            raise ValueError(f"row has {len(cells)} cells, table has {len(heads)} columns")
+        lines.append("| " + " | ".join(cells) + " |")
+    return Markdown("\n".join(lines))

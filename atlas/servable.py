@@ -1,0 +1,53 @@
+"""The checked-in support matrix (evidence/servable.toml): which engine serves MTP for which
+architecture, dated and cited. Validated at load so a typo fails loudly instead of silently
+matching nothing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from atlas import AtlasError
+
+
+class Entry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    engine: str = Field(min_length=1)
+    version: str = Field(min_length=1)
+    method: str = Field(min_length=1)
+    model_types: list[str] = []
+    architectures: list[str] = []
+    note: str = ""
+    source: str = Field(min_length=1)
+
+    def serves(self, model_type: str | None, architectures: list[str]) -> bool:
+        return (model_type is not None and model_type in self.model_types) or any(
+            a in self.architectures for a in architectures
+        )
+
+
+class Matrix(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    date: dt.date
+    entry: list[Entry] = Field(min_length=1)
+
+    def engines_for(self, model_type: str | None, architectures: list[str]) -> list[Entry]:
+        return [e for e in self.entry if e.serves(model_type, architectures)]
+
+
+def load(path: Path) -> Matrix:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AtlasError(f"support matrix not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise AtlasError(f"support matrix {path} is not valid TOML: {exc}") from None
+    try:
+        return Matrix.model_validate(raw)
+    except ValidationError as exc:
+        raise AtlasError(f"support matrix {path} is malformed: {exc}") from None

@@ -1,0 +1,61 @@
+// Sortable tables for the MTP Atlas site: click (or Enter/Space on) a header to sort by it; again
+// to reverse. Numbers sort as numbers ("1.23 (1.10–1.35)" counts as 1.23), other text by locale. Self-written and served locally: the site loads nothing from the network.
+(function () {
+  "use strict";
+
+  function key(cell) {
+    var text = (cell.textContent || "").trim();
+    // A whole-cell number, optionally followed by a bracketed interval; dates and hex stay text.
+    var m = text.match(/^([-+]?\d+(?:\.\d+)?)(?:\s+\(.*\))?$/);
+    return m ? { num: parseFloat(m[1]), text: text } : { num: null, text: text };
+  }
+
+  function compare(a, b) {
+    if (a.num !== null && b.num !== null) return a.num - b.num;
+    if (a.num !== null) return -1;   // numbers before dashes and words
+    if (b.num !== null) return 1;
+    return a.text.localeCompare(b.text);
+  }
+
+  function sortBy(table, index, header) {
+    var body = table.tBodies[0];
+    if (!body) return;
+    var descending = header.getAttribute("aria-sort") === "ascending";
+    var rows = Array.prototype.slice.call(body.rows);
+    rows.sort(function (r1, r2) {
+      var c = compare(key(r1.cells[index] || r1), key(r2.cells[index] || r2));
+      return descending ? -c : c;
+    });
+    Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th) {
+      th.removeAttribute("aria-sort");
+    });
+    header.setAttribute("aria-sort", descending ? "descending" : "ascending");
+    rows.forEach(function (row) { body.appendChild(row); });
+  }
+
+  function enable(root) {
+    var tables = root.querySelectorAll("article table");
+    Array.prototype.forEach.call(tables, function (table) {
+      if (!table.tHead || table.getAttribute("data-atlas-sortable") === "1") return;
+      table.setAttribute("data-atlas-sortable", "1");
+      Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th, index) {
+        th.setAttribute("data-atlas-sort", "");
+        th.setAttribute("tabindex", "0");
+        th.setAttribute("title", "Sort by this column");
+        th.addEventListener("click", function () { sortBy(table, index, th); });
+        th.addEventListener("keydown", function (ev) {
+          if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); sortBy(table, index, th); }
+        });
+      });
+    });
+  }
+
+  // Material emits document$ on every page load (also with instant loading); plain load otherwise.
+  if (typeof document$ !== "undefined" && document$.subscribe) {
+    document$.subscribe(function () { enable(document); });
+  } else if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", function () { enable(document); });
+  } else {
+    enable(document);
+  }
+})();

@@ -1,0 +1,22 @@
+"""mkdocs hook: the nav in reading order (home, modules by number, glossary, how-made), computed
+from what `atlas site build` rendered into docs/, so adding a module needs no config edit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def on_config(config: Any) -> Any:
+    if config["nav"] is not None:
+        return config
+    docs = Path(config["docs_dir"])
+    modules = sorted(p.name for p in (docs / "modules").glob("module-*.md"))
+    nav: list[Any] = [{"Home": "index.md"}]
+    if modules:
+        nav.append({"Modules": [f"modules/{name}" for name in modules]})
+    for title, name in (("Glossary", "glossary.md"), ("How this atlas is made", "how-made.md")):
+        if (docs / name).exists():
+            nav.append({title: name})
+    config["nav"] = nav
+    return config
