@@ -1,0 +1,362 @@
+"""The atlas store: one DuckDB file holding crawl snapshots, hub metadata, raw configs, tensor
+names and fingerprints, plus the views other parts of the atlas (and users, with the duckdb CLI)
+query.
+
+Rules this module keeps:
+- One process owns the file read-write (DuckDB's lock); a second one gets StoreLockedError.
+- A snapshot is written in one transaction, so it is whole or absent.
+- Raw files and tensor names are keyed by (repo_id, sha) and written once; fingerprints are a
+  pure function of them, keyed by (repo_id, sha) and stamped with the rule version.
+- Bulk writes go through registered numpy columns, never row-by-row inserts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+
+from atlas import AtlasError
+
+DEFAULT_DB = Path("data/atlas.duckdb")
+
+
+class StoreLockedError(AtlasError):
+    """Another process holds the DuckDB file."""
+
+
+def default_db_path() -> Path:
+    return Path(os.environ.get("ATLAS_DB") or DEFAULT_DB)
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS snapshots (
+    snapshot_id INTEGER, started_at TIMESTAMP, finished_at TIMESTAMP, endpoint VARCHAR,
+    watchlist_digest VARCHAR, status VARCHAR,
+    n_listed INTEGER, n_fetched INTEGER, n_unchanged INTEGER, n_gated INTEGER, n_missing INTEGER,
+    n_failed INTEGER, rule_version VARCHAR, n_requests INTEGER, n_rate_limited INTEGER,
+    problems VARCHAR
+);
+CREATE TABLE IF NOT EXISTS hub_models (
+    snapshot_id INTEGER, repo_id VARCHAR, sha VARCHAR, last_modified TIMESTAMP,
+    created_at TIMESTAMP, downloads BIGINT, likes BIGINT, gated VARCHAR, private BOOLEAN,
+    pipeline_tag VARCHAR, library_name VARCHAR, tags VARCHAR[], base_models VARCHAR[],
+    base_relation VARCHAR, is_derivative BOOLEAN, is_exemplar BOOLEAN, param_total BIGINT,
+    fetch_status VARCHAR, error VARCHAR
+);
+CREATE TABLE IF NOT EXISTS raw_files (
+    repo_id VARCHAR, sha VARCHAR, filename VARCHAR, content VARCHAR, fetched_at TIMESTAMP
+);
+CREATE TABLE IF NOT EXISTS weight_names (
+    repo_id VARCHAR, sha VARCHAR, source VARCHAR, names VARCHAR[]
+);
+CREATE TABLE IF NOT EXISTS file_errors (
+    repo_id VARCHAR, sha VARCHAR, filename VARCHAR, error VARCHAR
+);
+CREATE TABLE IF NOT EXISTS fingerprints (
+    repo_id VARCHAR, sha VARCHAR, rule_version VARCHAR, name VARCHAR, value VARCHAR, path VARCHAR
+);
+
+CREATE OR REPLACE VIEW fingerprints_wide AS
+SELECT repo_id, sha, any_value(rule_version) AS rule_version,
+    (max(value) FILTER (WHERE name = 'declared_num_mtp_layers'))::INTEGER AS declared_num_mtp_layers,
+    max(path) FILTER (WHERE name = 'declared_num_mtp_layers') AS declared_key,
+    (max(value) FILTER (WHERE name = 'shipped_mtp_layers'))::INTEGER AS shipped_mtp_layers,
+    max(path) FILTER (WHERE name = 'shipped_mtp_layers') AS shipped_evidence,
+    max(value) FILTER (WHERE name = 'shipped_family') AS shipped_family,
+    max(path) FILTER (WHERE name = 'shipped_family') AS weight_source,
+    max(value) FILTER (WHERE name = 'model_type') AS model_type,
+    max(value) FILTER (WHERE name = 'architectures') AS architectures,
+    (max(value) FILTER (WHERE name = 'num_hidden_layers'))::INTEGER AS num_hidden_layers,
+    (max(value) FILTER (WHERE name = 'hidden_size'))::BIGINT AS hidden_size,
+    (max(value) FILTER (WHERE name = 'vocab_size'))::BIGINT AS vocab_size,
+    max(value) FILTER (WHERE name = 'torch_dtype') AS torch_dtype,
+    max(value) FILTER (WHERE name = 'quant_method') AS quant_method,
+    (max(value) FILTER (WHERE name = 'num_experts'))::INTEGER AS num_experts,
+    max(value) FILTER (WHERE name = 'warnings') AS warnings
+FROM fingerprints GROUP BY repo_id, sha;
+
+CREATE OR REPLACE VIEW mtp_fingerprints_history AS
+SELECT h.repo_id, h.sha AS revision, s.snapshot_id, s.finished_at AS snapshot_date,
+    f.model_type, f.architectures, f.declared_num_mtp_layers, f.declared_key,
+    f.shipped_mtp_layers, f.shipped_evidence, h.is_exemplar, h.is_derivative,
+    nullif(array_to_string(h.base_models, ','), '') AS base_model, h.fetch_status,
+    coalesce(h.error, f.warnings) AS error, h.downloads, h.likes, h.last_modified,
+    f.rule_version, h.base_relation, h.pipeline_tag, f.shipped_family, f.weight_source
+FROM hub_models h
+JOIN snapshots s ON s.snapshot_id = h.snapshot_id AND s.status = 'complete'
+LEFT JOIN fingerprints_wide f ON f.repo_id = h.repo_id AND f.sha = h.sha;
+
+CREATE OR REPLACE VIEW mtp_fingerprints AS
+SELECT * FROM mtp_fingerprints_history
+WHERE snapshot_id = (SELECT max(snapshot_id) FROM snapshots WHERE status = 'complete');
+
+CREATE OR REPLACE VIEW model_facts AS
+SELECT h.repo_id, h.sha AS revision, s.snapshot_id, s.finished_at AS snapshot_date,
+    f.model_type, f.architectures, f.num_hidden_layers, f.hidden_size, f.vocab_size,
+    f.torch_dtype, f.quant_method, f.num_experts
+FROM hub_models h
+JOIN snapshots s ON s.snapshot_id = h.snapshot_id
+LEFT JOIN fingerprints_wide f ON f.repo_id = h.repo_id AND f.sha = h.sha
+WHERE s.snapshot_id = (SELECT max(snapshot_id) FROM snapshots WHERE status = 'complete');
+"""
+
+
+def connect(path: Path | str, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open the store (creating file and schema when needed). Everyone opens the DB through this."""
+    path = Path(path)
+    if read_only and not path.exists():
+        raise AtlasError(f"no atlas store at {path}: run `atlas crawl` first")
+    if not read_only:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        con = duckdb.connect(str(path), read_only=read_only)
+    except duckdb.IOException as exc:
+        if "lock" in str(exc).lower():
+            raise StoreLockedError(
+                f"the atlas store {path} is in use by another process (DuckDB allows one writer, "
+                "or readers only while no one writes). Wait for that process to finish "
+                "(e.g. a running `atlas crawl`) and try again."
+            ) from None
+        raise AtlasError(f"cannot open the atlas store {path}: {exc}") from None
+    except duckdb.Error as exc:
+        raise AtlasError(f"cannot open the atlas store {path}: {exc}") from None
+    if not read_only:
+        con.execute(SCHEMA)
+    return con
+
+
+# ---- rows the crawler hands over ----------------------------------------------------------------
+
+
+@dataclass
+class SnapshotRow:
+    started_at: datetime
+    finished_at: datetime
+    endpoint: str
+    watchlist_digest: str
+    status: str
+    n_listed: int
+    n_fetched: int
+    n_unchanged: int
+    n_gated: int
+    n_missing: int
+    n_failed: int
+    rule_version: str
+    n_requests: int
+    n_rate_limited: int
+    problems: str | None
+
+
+@dataclass
+class ModelRow:
+    repo_id: str
+    sha: str | None
+    last_modified: datetime | None
+    created_at: datetime | None
+    downloads: int | None
+    likes: int | None
+    gated: str | None
+    private: bool | None
+    pipeline_tag: str | None
+    library_name: str | None
+    tags: list[str]
+    base_models: list[str]
+    base_relation: str | None
+    is_derivative: bool
+    is_exemplar: bool
+    param_total: int | None
+    fetch_status: str
+    error: str | None
+
+
+@dataclass
+class RawFile:
+    repo_id: str
+    sha: str
+    filename: str
+    content: str
+
+
+@dataclass
+class WeightNames:
+    repo_id: str
+    sha: str
+    source: str
+    names: list[str]
+
+
+FingerprintRows = list[tuple[str, str, str, str, str, str | None]]  # repo, sha, version, name, value, path
+
+
+def _column(values: Iterable[Any]) -> np.ndarray:
+    """Every column goes in as text (or NULL) and is cast in SQL: no type guessing by the driver."""
+    out = []
+    for v in values:
+        if v is None:
+            out.append(None)
+        elif isinstance(v, list):
+            out.append(json.dumps(v))
+        elif isinstance(v, bool):
+            out.append("true" if v else "false")
+        elif isinstance(v, datetime):
+            out.append(v.isoformat())
+        else:
+            out.append(str(v))
+    return np.array(out, dtype=object)
+
+
+def _bulk_insert(con: duckdb.DuckDBPyConnection, table: str, columns: dict[str, tuple[str, list[Any]]]) -> None:
+    """INSERT INTO table SELECT casts FROM registered numpy columns (one statement, any size)."""
+    lengths = {len(vals) for _, vals in columns.values()}
+    if lengths == {0}:
+        return
+    data = {name: _column(vals) for name, (_, vals) in columns.items()}
+    view = f"_bulk_{table}"
+    con.register(view, data)
+    try:
+        casts = ", ".join(
+            f"from_json({n}, '[\"VARCHAR\"]')" if t == "VARCHAR[]" else f"{n}::{t}"
+            for n, (t, _) in columns.items()
+        )
+        con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {casts} FROM {view}")
+    finally:
+        con.unregister(view)
+
+
+# ---- reads --------------------------------------------------------------------------------------
+
+
+def stored_pairs(con: duckdb.DuckDBPyConnection) -> set[tuple[str, str]]:
+    """(repo_id, sha) pairs whose config.json is stored: these cost no request in a new crawl."""
+    rows = con.execute("SELECT DISTINCT repo_id, sha FROM raw_files WHERE filename = 'config.json'").fetchall()
+    return {(r, s) for r, s in rows}
+
+
+def load_inputs(
+    con: duckdb.DuckDBPyConnection, pairs: Iterable[tuple[str, str]] | None = None
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """Raw files and tensor names per (repo_id, sha): {'files': {name: text}, 'weights': (source, names)}."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    wanted = set(pairs) if pairs is not None else None
+    for repo, sha, filename, content in con.execute("SELECT repo_id, sha, filename, content FROM raw_files").fetchall():
+        if wanted is None or (repo, sha) in wanted:
+            out.setdefault((repo, sha), {"files": {}, "weights": None})["files"][filename] = content
+    for repo, sha, source, names in con.execute("SELECT repo_id, sha, source, names FROM weight_names").fetchall():
+        if (repo, sha) in out:
+            out[(repo, sha)]["weights"] = (source, names)
+    return out
+
+
+def fingerprint_versions(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], str]:
+    rows = con.execute("SELECT repo_id, sha, any_value(rule_version) FROM fingerprints GROUP BY ALL").fetchall()
+    return {(r, s): v for r, s, v in rows}
+
+
+# ---- writes -------------------------------------------------------------------------------------
+
+
+def _replace_fingerprints(con: duckdb.DuckDBPyConnection, rows: FingerprintRows) -> None:
+    if not rows:
+        return
+    pairs = sorted({(r[0], r[1]) for r in rows})
+    con.register("_fp_pairs", {"repo_id": _column(p[0] for p in pairs), "sha": _column(p[1] for p in pairs)})
+    try:
+        con.execute(
+            "DELETE FROM fingerprints f USING _fp_pairs p WHERE f.repo_id = p.repo_id AND f.sha = p.sha"
+        )
+    finally:
+        con.unregister("_fp_pairs")
+    cols = ("repo_id", "sha", "rule_version", "name", "value", "path")
+    _bulk_insert(con, "fingerprints", {c: ("VARCHAR", [r[i] for r in rows]) for i, c in enumerate(cols)})
+
+
+def write_snapshot(
+    con: duckdb.DuckDBPyConnection,
+    snapshot: SnapshotRow,
+    models: Sequence[ModelRow],
+    files: Sequence[RawFile],
+    weights: Sequence[WeightNames],
+    fingerprint_rows: FingerprintRows,
+    file_errors: Sequence[tuple[str, str, str, str]] = (),
+) -> int:
+    """Write one whole snapshot in a single transaction and return its id. `file_errors` are
+    (repo_id, sha, filename, error) for side files that could not be read at that sha."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        (snapshot_id,) = con.execute("SELECT coalesce(max(snapshot_id), 0) + 1 FROM snapshots").fetchall()[0]
+        now = datetime.now().replace(microsecond=0)
+        # raw files and tensor names are immutable per (repo_id, sha): insert only what is new
+        known = {(r, s, f) for r, s, f in con.execute("SELECT repo_id, sha, filename FROM raw_files").fetchall()}
+        new_files = [f for f in files if (f.repo_id, f.sha, f.filename) not in known]
+        _bulk_insert(
+            con,
+            "raw_files",
+            {
+                "repo_id": ("VARCHAR", [f.repo_id for f in new_files]),
+                "sha": ("VARCHAR", [f.sha for f in new_files]),
+                "filename": ("VARCHAR", [f.filename for f in new_files]),
+                "content": ("VARCHAR", [f.content for f in new_files]),
+                "fetched_at": ("TIMESTAMP", [now] * len(new_files)),
+            },
+        )
+        known_w = {(r, s) for r, s in con.execute("SELECT repo_id, sha FROM weight_names").fetchall()}
+        new_w = [w for w in weights if (w.repo_id, w.sha) not in known_w]
+        _bulk_insert(
+            con,
+            "weight_names",
+            {
+                "repo_id": ("VARCHAR", [w.repo_id for w in new_w]),
+                "sha": ("VARCHAR", [w.sha for w in new_w]),
+                "source": ("VARCHAR", [w.source for w in new_w]),
+                "names": ("VARCHAR[]", [w.names for w in new_w]),
+            },
+        )
+        known_e = {(r, s, f) for r, s, f in con.execute("SELECT repo_id, sha, filename FROM file_errors").fetchall()}
+        new_e = [e for e in file_errors if e[:3] not in known_e]
+        _bulk_insert(
+            con, "file_errors", {c: ("VARCHAR", [e[i] for e in new_e]) for i, c in enumerate(("repo_id", "sha", "filename", "error"))}
+        )
+        _replace_fingerprints(con, fingerprint_rows)
+        s = snapshot
+        con.execute(
+            "INSERT INTO snapshots VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                snapshot_id, s.started_at, s.finished_at, s.endpoint, s.watchlist_digest, s.status,
+                s.n_listed, s.n_fetched, s.n_unchanged, s.n_gated, s.n_missing, s.n_failed,
+                s.rule_version, s.n_requests, s.n_rate_limited, s.problems,
+            ],
+        )
+        types = {
+            "last_modified": "TIMESTAMP", "created_at": "TIMESTAMP", "downloads": "BIGINT",
+            "likes": "BIGINT", "private": "BOOLEAN", "tags": "VARCHAR[]", "base_models": "VARCHAR[]",
+            "is_derivative": "BOOLEAN", "is_exemplar": "BOOLEAN", "param_total": "BIGINT",
+        }
+        fields = list(ModelRow.__dataclass_fields__)
+        columns: dict[str, tuple[str, list[Any]]] = {"snapshot_id": ("INTEGER", [snapshot_id] * len(models))}
+        for name in fields:
+            columns[name] = (types.get(name, "VARCHAR"), [getattr(m, name) for m in models])
+        _bulk_insert(con, "hub_models", columns)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return int(snapshot_id)
+
+
+def write_fingerprints(con: duckdb.DuckDBPyConnection, rows: FingerprintRows) -> None:
+    """Replace the fingerprints of the (repo_id, sha) pairs in `rows`, in one transaction."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        _replace_fingerprints(con, rows)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
