@@ -1,0 +1,193 @@
+"""Shared by the site tests: stores written through the store's own writer (hostile ids cannot come
+through a real crawl: the Hub client rejects them), the real bundled-mirror crawl, and parsing of
+rendered HTML tables."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from datetime import datetime
+from html.parser import HTMLParser
+from pathlib import Path
+
+from atlas import store
+from atlas.render import Layout
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Every character class the escaping must survive: table pipes, tags, backticks, line breaks,
+# emphasis, link and attribute-list syntax, entities, and a comment terminator.
+HOSTILE_ID = "evil/<script>alert('id')</script>|`tick`\nnew | row *em* [l](x) {: onclick=x} &amp; -->"
+HOSTILE_KEY = "text_config.`mtp`|<b>bold</b>\r\n| injected | row |"
+HOSTILE_TYPE = "<img src=x onerror=alert(1)>"
+
+
+@dataclass
+class Model:
+    repo_id: str
+    sha: str
+    declared: int | None = None
+    key: str | None = None
+    shipped: int | None = None
+    weight_names: str | None = None
+    model_type: str = "llama"
+    architectures: str = "LlamaForCausalLM"
+    exemplar: bool = False
+    derivative: bool = False
+    base: list[str] = field(default_factory=list)
+
+
+def snapshot_row(day: int, n: int) -> store.SnapshotRow:
+    return store.SnapshotRow(
+        started_at=datetime(2026, 11, day, 8, 0), finished_at=datetime(2026, 11, day, 8, 30),
+        endpoint="http://127.0.0.1:9/", watchlist_digest="d" * 64, status="complete",
+        n_listed=n, n_fetched=n, n_unchanged=0, n_gated=0, n_missing=0, n_failed=0,
+        rule_version="test-rules", n_requests=n, n_rate_limited=0, problems=None,
+    )
+
+
+def write_snapshot(db: Path, day: int, models: list[Model]) -> None:
+    con = store.connect(db)
+    try:
+        rows = [
+            store.ModelRow(
+                repo_id=m.repo_id, sha=m.sha, last_modified=None, created_at=None, downloads=10,
+                likes=1, gated=None, private=False, pipeline_tag="text-generation",
+                library_name="transformers", tags=[], base_models=m.base, base_relation=None,
+                is_derivative=m.derivative, is_exemplar=m.exemplar, param_total=None,
+                fetch_status="ok", error=None,
+            )
+            for m in models
+        ]
+        fps: store.FingerprintRows = []
+        for m in models:
+            if m.declared is not None:
+                fps.append((m.repo_id, m.sha, "test-rules", "declared_num_mtp_layers", str(m.declared), m.key))
+            if m.shipped is not None:
+                fps.append((m.repo_id, m.sha, "test-rules", "shipped_mtp_layers", str(m.shipped), m.weight_names))
+            fps.append((m.repo_id, m.sha, "test-rules", "model_type", m.model_type, None))
+            fps.append((m.repo_id, m.sha, "test-rules", "architectures", m.architectures, None))
+        store.write_snapshot(con, snapshot_row(day, len(models)), rows, [], [], fps)
+    finally:
+        con.close()
+
+
+HOSTILE_MODELS = [
+    Model("deepseek-ai/DeepSeek-V3", "1" * 40, 1, "num_nextn_predict_layers", 1, "model.layers.61.*",
+          "deepseek_v3", "DeepseekV3ForCausalLM", exemplar=True),
+    Model(HOSTILE_ID, "a" * 40, 3, HOSTILE_KEY, 0, None, HOSTILE_TYPE, "A|B,<i>C</i>", exemplar=True),
+    Model("MiniMaxAI/MiniMax-M2.7", "2" * 40, 3, "num_mtp_modules", 0, None, "minimax_m2",
+          "MiniMaxM2ForCausalLM"),
+    Model("Qwen/Qwen3-Next-80B-A3B-Thinking", "3" * 40, None, None, 1, "mtp.*", "qwen3_next",
+          "Qwen3NextForCausalLM"),
+    Model("moonshotai/Kimi-K2-Instruct", "4" * 40, 0, "num_nextn_predict_layers", None, None,
+          "kimi_k2", "DeepseekV3ForCausalLM"),
+    Model("mlx-community/DeepSeek-V3-4bit", "5" * 40, 1, "num_nextn_predict_layers", 0, None,
+          "deepseek_v3", "DeepseekV3ForCausalLM", derivative=True, base=["deepseek-ai/DeepSeek-V3"]),
+    Model("meta-llama/Llama-3.3-70B-Instruct", "6" * 40),
+]
+
+
+def hostile_store(db: Path) -> None:
+    """Two complete snapshots (for the adoption chart); the second holds the hostile model."""
+    write_snapshot(db, 20, HOSTILE_MODELS[:1] + HOSTILE_MODELS[2:4])
+    write_snapshot(db, 29, HOSTILE_MODELS)
+
+
+def site_copy(root: Path, module_08: str | None = None) -> Layout:
+    """A throwaway project root holding the real site/ sources and modules/ (optionally with a
+    replacement module 8), so tests never write into the work tree."""
+    shutil.copytree(REPO / "site", root / "site",
+                    ignore=shutil.ignore_patterns("build", "modules", "glossary.md", "how-made.md"))
+    shutil.copytree(REPO / "modules", root / "modules")
+    (root / "evidence").mkdir()
+    shutil.copy(REPO / "evidence" / "servable.toml", root / "evidence" / "servable.toml")
+    if module_08 is not None:
+        (root / "modules" / "module-08.md").write_text(module_08, encoding="utf-8")
+    return Layout(root=root)
+
+
+# A module 8 that shows every evidence section under a fixed heading (independent of the prose).
+EVIDENCE_ONLY_MODULE = """---
+number: 8
+title: Evidence only
+prev: null
+next: null
+---
+# Module {{ page.number }} — {{ page.title }}
+
+Exemplars: {{ facts.exemplars | join(", ") }}
+
+{% for name in ["declared", "aggregate", "shipped", "mismatches", "servable", "measured",
+                "adoption_chart", "layers_chart", "provenance"] %}
+<h2 id="ev-{{ name | replace('_', '-') }}">{{ name | replace('_', ' ') }}</h2>
+
+{{ evidence(name) }}
+
+{% endfor %}
+"""
+
+
+@dataclass
+class Table:
+    section: str | None
+    header: list[str]
+    rows: list[list[str]]
+
+
+class _Tables(HTMLParser):
+    """Collects every <table> (header cells, body rows as cell text) and the section it sits in
+    (the id of the nearest enclosing h2 seen before it), plus every element with its attributes."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tables: list[Table] = []
+        self.elements: list[tuple[str, list[tuple[str, str | None]]]] = []
+        self.text = ""
+        self.section: str | None = None
+        self._row: list[str] | None = None
+        self._cell: list[str] | None = None
+        self._in_head = False
+        self._h2: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.elements.append((tag, attrs))
+        if tag == "h2":
+            self._h2 = []
+            ident = dict(attrs).get("id")
+            self.section = ident.removeprefix("ev-").replace("-", "_") if ident else None
+        elif tag == "table":
+            self.tables.append(Table(self.section, [], []))
+        elif tag == "thead":
+            self._in_head = True
+        elif tag == "tbody":
+            self._in_head = False
+        elif tag == "tr":
+            self._row = []
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None and self._row is not None:
+            self._row.append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr" and self._row is not None and self.tables:
+            if self._in_head:
+                self.tables[-1].header = self._row
+            else:
+                self.tables[-1].rows.append(self._row)
+            self._row = None
+        elif tag == "h2":
+            self._h2 = None
+
+    def handle_data(self, data: str) -> None:
+        self.text += data
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def parse_html(text: str) -> _Tables:
+    parser = _Tables()
+    parser.feed(text)
+    parser.close()
+    return parser

@@ -1,0 +1,184 @@
+"""Render + `mkdocs build --strict`: escaping in the built HTML, provenance of every figure,
+no external asset, offline build, and clear errors for broken templates."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+from site_helpers import (
+    EVIDENCE_ONLY_MODULE,
+    HOSTILE_ID,
+    HOSTILE_MODELS,
+    REPO,
+    hostile_store,
+    parse_html,
+    site_copy,
+)
+
+from atlas import AtlasError, evidence, render
+
+
+def shown(value: str) -> str:
+    return " ".join(value.replace("\r", "\n").split("\n")).strip()
+
+
+@pytest.fixture(scope="module")
+def hostile_site(tmp_path_factory: pytest.TempPathFactory) -> render.Layout:
+    root = tmp_path_factory.mktemp("hostile-site")
+    layout = site_copy(root, EVIDENCE_ONLY_MODULE)
+    db = root / "atlas.duckdb"
+    hostile_store(db)
+    evidence.generate(db, layout.evidence / "module-08.evidence.md", layout.evidence / "servable.toml")
+    render.build(layout)
+    return layout
+
+
+def module_08_html(layout: render.Layout) -> str:
+    return (layout.build / "modules" / "module-08" / "index.html").read_text(encoding="utf-8")
+
+
+def test_hostile_values_neither_break_tables_nor_inject_markup(hostile_site: render.Layout) -> None:
+    page = parse_html(module_08_html(hostile_site))
+    baseline = parse_html((hostile_site.build / "index.html").read_text(encoding="utf-8"))
+    # Same scripts as a page without untrusted data; no event-handler attribute anywhere.
+    scripts = [a for tag, a in page.elements if tag == "script"]
+    assert len(scripts) == len([a for tag, a in baseline.elements if tag == "script"])
+    assert not [(t, n) for t, attrs in page.elements for n, _ in attrs if n.lower().startswith("on")]
+    assert not [a for tag, a in page.elements if tag in ("img", "iframe", "object", "embed")]
+    for table in page.tables:
+        assert table.header, "every evidence table has a header row"
+        assert all(len(row) == len(table.header) for row in table.rows), table
+    declared = [t for t in page.tables if t.section == "declared"]
+    assert len(declared) == 1
+    assert shown(HOSTILE_ID) in [row[0] for row in declared[0].rows]
+    # The prose got the hostile exemplar through `facts`, escaped as well: it reads as text.
+    exemplars = ", ".join(sorted(m.repo_id for m in HOSTILE_MODELS if m.exemplar))
+    assert " ".join(("Exemplars: " + exemplars).split()) in " ".join(page.text.split())
+
+
+def test_every_present_claim_row_carries_snapshot_date_and_revision(hostile_site: render.Layout) -> None:
+    page = parse_html(module_08_html(hostile_site))
+    by_id = {shown(m.repo_id): m for m in HOSTILE_MODELS}
+    present = [t for t in page.tables if t.section in ("declared", "shipped", "mismatches", "servable")]
+    assert {t.section for t in present} == {"declared", "shipped", "mismatches", "servable"}
+    for table in present:
+        assert "revision" in table.header and "snapshot" in table.header
+        model_col = table.header.index("model")
+        rev_col, date_col = table.header.index("revision"), table.header.index("snapshot")
+        assert not any("speed" in h or "accept" in h for h in table.header)
+        for row in table.rows:
+            model = by_id[row[model_col]]
+            assert row[rev_col] == model.sha[:12], (table.section, row)
+            assert row[date_col] == "2026-11-29", (table.section, row)
+
+
+def test_nav_lists_modules_in_order_with_glossary_and_how_made(hostile_site: render.Layout) -> None:
+    html = (hostile_site.build / "index.html").read_text(encoding="utf-8")
+    links = [a.get("href") or "" for tag, attrs in parse_html(html).elements if tag == "a"
+             for a in [dict(attrs)]]
+    modules = list(dict.fromkeys(h for h in links if h.startswith("modules/module-")))
+    assert modules == sorted(modules) and modules
+    assert "glossary/" in links and "how-made/" in links
+
+
+class _Assets(HTMLParser):
+    """Every URL the browser would fetch by itself: scripts, styles, images, frames, media, fonts."""
+
+    FETCHING = {
+        ("script", "src"), ("link", "href"), ("img", "src"), ("img", "srcset"), ("iframe", "src"),
+        ("source", "src"), ("source", "srcset"), ("video", "src"), ("video", "poster"),
+        ("audio", "src"), ("embed", "src"), ("object", "data"), ("image", "href"),
+        ("use", "href"), ("input", "src"), ("track", "src"),
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for name, value in attrs:
+            if value and (tag, name) in self.FETCHING:
+                self.urls.append(value)
+            if value and name == "style" and "url(" in value:
+                self.urls.append(value)
+
+
+def _external(url: str) -> bool:
+    u = url.strip()
+    return u.startswith("//") or urlparse(u).scheme in ("http", "https") or "url(http" in u \
+        or "url('http" in u or 'url("http' in u or "url(//" in u
+
+
+def test_built_html_references_no_external_asset(hostile_site: render.Layout) -> None:
+    pages = sorted(hostile_site.build.rglob("*.html"))
+    assert len(pages) >= 6
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        parser = _Assets()
+        parser.feed(text)
+        external = [u for u in parser.urls if _external(u)]
+        assert not external, f"{page}: {external}"
+        assert "fonts.googleapis.com" not in text and "fonts.gstatic.com" not in text
+    for css in (hostile_site.build / "stylesheets").glob("*.css"):
+        body = css.read_text(encoding="utf-8")
+        assert "@import" not in body and "url(http" not in body and "url('http" not in body
+
+
+def test_mkdocs_build_strict_passes_with_network_disabled(hostile_site: render.Layout, tmp_path: Path) -> None:
+    # The same command `atlas site build` runs, in a process whose sockets cannot connect.
+    code = (
+        "import socket, sys, runpy\n"
+        "def refuse(*a, **k):\n"
+        "    raise OSError('network disabled by the test')\n"
+        "socket.socket.connect = refuse\n"
+        "socket.socket.connect_ex = refuse\n"
+        "socket.create_connection = refuse\n"
+        "socket.getaddrinfo = refuse\n"
+        "sys.argv = ['mkdocs', 'build', '--strict', '--config-file', sys.argv[1], '--site-dir', sys.argv[2]]\n"
+        "runpy.run_module('mkdocs', run_name='__main__')\n"
+    )
+    out = tmp_path / "offline-build"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(hostile_site.site / "mkdocs.yml"), str(out)],
+        capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (out / "modules" / "module-08" / "index.html").exists()
+
+
+def test_render_errors_are_clear(tmp_path: Path) -> None:
+    layout = site_copy(tmp_path / "a", "no front matter here\n")
+    with pytest.raises(AtlasError, match="front matter"):
+        render.render_site(layout)
+    layout = site_copy(tmp_path / "b", "---\nnumber: 9\ntitle: x\n---\nbody\n")
+    with pytest.raises(AtlasError, match="does not match the file name"):
+        render.render_site(layout)
+    layout = site_copy(tmp_path / "c", "---\nnumber: 8\ntitle: x\n---\n{{ evidence('declared') }}\n")
+    with pytest.raises(AtlasError, match="no evidence file"):
+        render.render_site(layout)
+    layout = site_copy(tmp_path / "d", "---\nnumber: 8\ntitle: x\n---\n{{ facts.n_models }}\n")
+    with pytest.raises(AtlasError, match="n_models"):
+        render.render_site(layout)
+    layout = site_copy(tmp_path / "e", "---\nnumber: 8\ntitle: x\n---\n{% if %}\n")
+    with pytest.raises(AtlasError, match="syntax"):
+        render.render_site(layout)
+
+
+def test_unknown_evidence_section_names_the_known_ones(hostile_site: render.Layout, tmp_path: Path) -> None:
+    layout = site_copy(tmp_path / "f", "---\nnumber: 8\ntitle: x\n---\n{{ evidence('speedups') }}\n")
+    (layout.evidence / "module-08.evidence.md").write_text(
+        (hostile_site.evidence / "module-08.evidence.md").read_text(encoding="utf-8"), encoding="utf-8")
+    with pytest.raises(AtlasError, match="unknown evidence section 'speedups'.*declared"):
+        render.render_site(layout)
+
+
+def test_repository_site_sources_exist() -> None:
+    # The checked-in, offline-only configuration the build relies on.
+    config = (REPO / "site" / "mkdocs.yml").read_text(encoding="utf-8")
+    assert "font: false" in config and "http" not in config
