@@ -1,0 +1,554 @@
+"""Self-speculative decoding with a checkpoint's own MTP head, in the gpt-fast manner.
+
+The model and its MTP layer are loaded by transformers; this module takes their pieces (embedding,
+decoder layers, final norm, lm_head, the MTP layer's norms/projection/block) and runs them against
+its own static, position-addressed KV caches. Rollback is free: a rejected draft's cache slots are
+simply overwritten by the next round, and the attention mask never lets a query see a later slot.
+
+Why not call `model(...)`: on CPU a transformers forward spends most of its time in per-call Python
+(mask creation, output capture, kwargs plumbing). So recognised pieces run as a few fused tensor ops
+(one pre-transposed qkv matmul, one gate/up matmul, F.rms_norm), and anything unrecognised runs
+through its own module. `Engine.validate` checks the result against transformers' own forward and
+its MTP layer, so an architecture this loop cannot reproduce is refused instead of measured wrongly.
+
+MTP wiring (as transformers' MtpModel/MTPCandidateGenerator): the draft for position j+2 comes from
+the MTP layer fed e = embed(token j+1) and h = the main model's final *post-norm* hidden at j,
+concatenated in the order the MTP layer itself uses, at RoPE position j+1. For k > 1 the same layer is
+reused, fed its own output hidden and its own draft (vLLM style). MTP slot j holds that pair (h_j,
+t_{j+1}); after each verify pass one catch-up call over the accepted tokens rewrites those slots.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from atlas import AtlasError
+
+
+# ---- sampling ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Temperature 0 means greedy (argmax); top_k/top_p follow transformers' warpers."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def probs_from_logits(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
+    """The final sampling distribution over the last dim: temperature, then top-k, then top-p."""
+    logits = logits.float() / s.temperature
+    if s.top_k is not None and s.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, s.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if s.top_p is not None and s.top_p < 1.0:
+        # Same cut as transformers' TopPLogitsWarper: drop the low tail holding at most 1 - top_p.
+        sorted_logits, order = torch.sort(logits, dim=-1)
+        tail = sorted_logits.softmax(-1).cumsum(-1) <= 1.0 - s.top_p
+        tail[..., -1] = False
+        logits = logits.masked_fill(tail.scatter(-1, order, tail), float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(probs: torch.Tensor, gen: torch.Generator) -> int:
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], tuple[int, int]]
+
+
+def speculative_accept(
+    p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, gen: torch.Generator
+) -> tuple[int, int]:
+    """Leviathan/Chen rule. p: [k+1, V] target rows, q: [k, V] draft rows, drafts: [k].
+
+    Accept draft i with probability min(1, p_i/q_i); at the first rejection emit a token from
+    norm(max(0, p - q)); if all pass, emit the bonus token from p_{k+1}. Returns (accepted, token).
+    """
+    k = drafts.shape[0]
+    rows = torch.arange(k, device=p.device)
+    pd, qd = p[rows, drafts], q[rows, drafts]
+    r = torch.rand(k, generator=gen, device=p.device)
+    rejected = (r * qd >= pd).nonzero()  # r >= p/q without dividing; q > 0 for a drafted token
+    if rejected.numel() == 0:
+        return k, sample(p[k], gen)
+    j = int(rejected[0])
+    residual = (p[j] - q[j]).clamp_min(0.0)
+    # Only reachable when p_j == q_j almost everywhere; p_j is then the exact residual's limit.
+    return j, sample(residual if float(residual.sum()) > 0 else p[j], gen)
+
+
+# ---- the model, in pieces ------------------------------------------------------------------------
+
+
+def _norm_fn(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """F.rms_norm when it reproduces the module (x̂·w in fp32), else the module itself.
+
+    Checked numerically, because families differ silently (e.g. Qwen3-Next's zero-centred x̂·(1+w)).
+    """
+    weight = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or not isinstance(eps, float):
+        return module
+    x = torch.randn(3, weight.shape[0], dtype=weight.dtype, device=weight.device)
+    w = weight.detach()
+
+    def fast(t: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(t, (w.shape[0],), w, eps)
+
+    return fast if torch.allclose(fast(x), module(x), atol=1e-5, rtol=1e-4) else module
+
+
+class Linear:
+    """y = x W^T (+ b) for several nn.Linear fused along the output dim.
+
+    On CPU the weight is stored pre-transposed and contiguous so torch.mm takes its fast path for a
+    few rows (stock nn.Linear doubles in cost from 1 to 2 rows there). On CUDA the fused weight is
+    one tensor and the modules are re-pointed at slices of it, so no memory is duplicated.
+    """
+
+    def __init__(self, modules: list[nn.Linear], device: torch.device) -> None:
+        w = torch.cat([m.weight.detach() for m in modules])
+        biases = [m.bias for m in modules]
+        self.bias = (
+            None
+            if all(b is None for b in biases)
+            else torch.cat(
+                [b.detach() if b is not None else m.weight.new_zeros(m.out_features) for m, b in zip(modules, biases)]
+            )
+        )
+        self.cpu = device.type == "cpu"
+        if self.cpu:
+            self.w = w.t().contiguous()
+        else:
+            self.w = w
+            offset = 0
+            for m in modules:
+                m.weight.data = w[offset : offset + m.out_features]
+                offset += m.out_features
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.cpu:
+            y = F.linear(x, self.w, self.bias)
+            return y if residual is None else residual + y
+        if residual is not None and self.bias is None:
+            return torch.addmm(residual, x, self.w)
+        y = torch.mm(x, self.w) if self.bias is None else torch.addmm(self.bias, x, self.w)
+        return y if residual is None else residual + y
+
+
+class SlotCache:
+    """A duck-typed transformers Cache for layers run as whole modules: writes keys/values at
+    positions [start, start+n) of preallocated buffers and returns [0, start+n)."""
+
+    def __init__(self, max_len: int) -> None:
+        self.max_len = max_len
+        self.start = 0
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, *args: object, **kwargs: object):
+        if self.k is None:
+            self.k = key.new_zeros(*key.shape[:2], self.max_len, key.shape[-1])
+            self.v = value.new_zeros(*value.shape[:2], self.max_len, value.shape[-1])
+        end = self.start + key.shape[-2]
+        self.k[:, :, self.start : end] = key
+        self.v[:, :, self.start : end] = value
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+@dataclass
+class Layer:
+    """One decoder layer. `module` set = run the whole transformers layer (fallback)."""
+
+    module: nn.Module | None = None
+    slot: SlotCache | None = None
+    window: int | None = None  # sliding-window size, None = full attention
+    # fast path pieces
+    norm1: Callable | None = None
+    norm2: Callable | None = None
+    qkv: Linear | None = None
+    o: Linear | None = None
+    q_norm: Callable | None = None
+    k_norm: Callable | None = None
+    mlp_in: Linear | None = None
+    mlp_down: Linear | None = None
+    mlp: Callable | None = None
+    heads: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    scale: float = 1.0
+    k_cache: torch.Tensor | None = None
+    v_cache: torch.Tensor | None = None
+
+
+def _fast_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: torch.dtype) -> Layer | None:
+    """Recognise a standard pre-norm layer: q/k/v/o projections (optional per-head q/k norms), RoPE
+    over the full head dim, and a dense or module MLP. None = not recognised."""
+    attn = getattr(layer, "self_attn", None)
+    names = ("q_proj", "k_proj", "v_proj", "o_proj")
+    if attn is None or not all(isinstance(getattr(attn, n, None), nn.Linear) for n in names):
+        return None
+    if not all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm", "mlp")):
+        return None
+    head_dim = int(getattr(attn, "head_dim", 0))
+    if head_dim == 0 or attn.q_proj.out_features % head_dim or attn.k_proj.out_features % head_dim:
+        return None
+    heads, kv_heads = attn.q_proj.out_features // head_dim, attn.k_proj.out_features // head_dim
+    mlp = layer.mlp
+    dense = all(isinstance(getattr(mlp, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj"))
+    silu = dense and type(getattr(mlp, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU")
+    return Layer(
+        window=getattr(attn, "sliding_window", None),
+        norm1=_norm_fn(layer.input_layernorm),
+        norm2=_norm_fn(layer.post_attention_layernorm),
+        qkv=Linear([attn.q_proj, attn.k_proj, attn.v_proj], device),
+        o=Linear([attn.o_proj], device),
+        q_norm=_norm_fn(attn.q_norm) if hasattr(attn, "q_norm") else None,
+        k_norm=_norm_fn(attn.k_norm) if hasattr(attn, "k_norm") else None,
+        mlp_in=Linear([mlp.gate_proj, mlp.up_proj], device) if silu else None,
+        mlp_down=Linear([mlp.down_proj], device) if silu else None,
+        mlp=None if silu else mlp,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        scale=float(getattr(attn, "scaling", head_dim**-0.5)),
+        k_cache=torch.zeros(kv_heads, max_len, head_dim, device=device, dtype=dtype),
+        v_cache=torch.zeros(kv_heads, max_len, head_dim, device=device, dtype=dtype),
+    )
+
+
+def _build_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: torch.dtype, fast: bool) -> Layer:
+    built = _fast_layer(layer, max_len, device, dtype) if fast else None
+    if built is None:
+        attn = getattr(layer, "self_attn", None)
+        built = Layer(module=layer, slot=SlotCache(max_len), window=getattr(attn, "sliding_window", None))
+    return built
+
+
+@dataclass
+class Rope:
+    """cos/sin for every position, and sin with rotate_half's sign folded in, so that
+    rope(x) = x*cos + swap_halves(x)*sin_signed."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    sin_signed: torch.Tensor
+
+
+def _rope_table(rotary: nn.Module, layer_type: str | None, max_pos: int, device: torch.device, dtype: torch.dtype) -> Rope:
+    positions = torch.arange(max_pos, device=device)[None]
+    x = torch.zeros(1, device=device, dtype=dtype)
+    kwargs = {} if layer_type is None else {"layer_type": layer_type}
+    cos, sin = rotary(x, position_ids=positions, **kwargs)
+    cos, sin = cos[0], sin[0]
+    half = sin.shape[-1] // 2
+    return Rope(cos, sin, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1))
+
+
+def _layer_forward(
+    L: Layer, x: torch.Tensor, start: int, rope: Rope, rope_start: int, masks: "Masks"
+) -> torch.Tensor:
+    """x: [n, d] rows at cache slots [start, start+n), RoPE positions [rope_start, rope_start+n)."""
+    n = x.shape[0]
+    end = start + n
+    cos, sin = rope.cos[rope_start : rope_start + n], rope.sin[rope_start : rope_start + n]
+    if L.module is not None:
+        L.slot.start = start
+        return L.module(
+            x[None],
+            attention_mask=masks.additive(L.window, start, n),
+            position_ids=torch.arange(rope_start, rope_start + n, device=x.device)[None],
+            cache=L.slot,
+            position_embeddings=(cos[None], sin[None]),
+        )[0]
+    h, kv, hd = L.heads, L.kv_heads, L.head_dim
+    qkv = L.qkv(L.norm1(x)).view(n, h + 2 * kv, hd)
+    q, k, v = qkv[:, :h], qkv[:, h : h + kv], qkv[:, h + kv :]
+    if L.q_norm is not None:
+        q = L.q_norm(q)
+    if L.k_norm is not None:
+        k = L.k_norm(k)
+    qk = torch.cat([q, k], dim=1)  # one RoPE for q and k together
+    sin_signed = rope.sin_signed[rope_start : rope_start + n, None]
+    qk = torch.addcmul(qk * cos[:, None], qk.view(n, h + kv, 2, hd // 2).flip(2).view(n, h + kv, hd), sin_signed)
+    L.k_cache[:, start:end] = qk[:, h:].transpose(0, 1)
+    L.v_cache[:, start:end] = v.transpose(0, 1)
+    attn = F.scaled_dot_product_attention(
+        qk[:, :h].transpose(0, 1),
+        L.k_cache[:, :end],
+        L.v_cache[:, :end],
+        attn_mask=masks.boolean(L.window, start, n),
+        scale=L.scale,
+        enable_gqa=h != kv,
+    )
+    x = L.o(attn.transpose(0, 1).reshape(n, h * hd), residual=x)
+    y = L.norm2(x)
+    if L.mlp is not None:
+        return x + L.mlp(y[None])[0]
+    gate, up = L.mlp_in(y).chunk(2, dim=-1)
+    return L.mlp_down(F.silu(gate) * up, residual=x)
+
+
+class Masks:
+    """Precomputed causal (optionally sliding-window) masks, sliced per call: no per-step mask building."""
+
+    def __init__(self, max_len: int, device: torch.device, dtype: torch.dtype) -> None:
+        i = torch.arange(max_len, device=device)
+        self.rel = i[:, None] - i[None, :]  # query slot - key slot
+        self.dtype = dtype
+        self._cache: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _tables(self, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if window not in self._cache:
+            allowed = self.rel >= 0 if window is None else (self.rel >= 0) & (self.rel < window)
+            additive = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
+            additive.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+            self._cache[window] = (allowed, additive)
+        return self._cache[window]
+
+    def _needed(self, window: int | None, start: int, n: int) -> bool:
+        # One query at the end of the cache sees every earlier slot unless a window cuts it off.
+        return n > 1 or (window is not None and start + 1 > window)
+
+    def boolean(self, window: int | None, start: int, n: int) -> torch.Tensor | None:
+        return self._tables(window)[0][start : start + n, : start + n] if self._needed(window, start, n) else None
+
+    def additive(self, window: int | None, start: int, n: int) -> torch.Tensor | None:
+        if not self._needed(window, start, n):
+            return None
+        return self._tables(window)[1][start : start + n, : start + n][None, None]
+
+
+@dataclass
+class Engine:
+    """A loaded checkpoint (main model + its MTP layer) split into pieces over static caches."""
+
+    model: nn.Module
+    mtp: nn.Module
+    max_len: int
+    device: torch.device
+    dtype: torch.dtype
+    fast: bool = True
+    layers: list[Layer] = field(default_factory=list)
+    mtp_block: Layer | None = None
+
+    def __post_init__(self) -> None:
+        base = self.model.get_decoder()
+        config = self.model.config.get_text_config()
+        d = config.hidden_size
+        self.embed = base.embed_tokens.weight.detach()
+        if type(base.embed_tokens) is not nn.Embedding:
+            raise AtlasError(f"unsupported embedding module {type(base.embed_tokens).__name__}")
+        self.layers = [_build_layer(layer, self.max_len, self.device, self.dtype, self.fast) for layer in base.layers[: config.num_hidden_layers]]
+        self.norm = _norm_fn(base.norm)
+        self.head = Linear([self.model.lm_head], self.device)
+        self.masks = Masks(self.max_len, self.device, self.dtype)
+        per_layer_rope = len(config.nested_rope_parameter_keys(config.rope_parameters)) > 0
+        types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+        self._ropes: dict[str | None, Rope] = {}
+        self.layer_ropes = [self._rope(base.rotary_emb, t if per_layer_rope else None) for t in types[: len(self.layers)]]
+        # The MTP layer: its norms, its [e;h] (or [h;e]) projection split in two halves so no concat is
+        # needed, its decoder block, and the norm(s) whose output is both the logits input and the
+        # hidden recycled into the next draft step.
+        mtp_layer = self.mtp.layers[0]
+        self.enorm, self.hnorm = _norm_fn(mtp_layer.enorm), _norm_fn(mtp_layer.hnorm)
+        halves = mtp_layer.eh_proj.weight.detach().split(d, dim=1)
+        hidden_first = bool(getattr(self.mtp.config, "mtp_hidden_states_first", False))
+        w_e, w_h = (halves[1], halves[0]) if hidden_first else halves
+        self.mtp_e = Linear([_as_linear(w_e)], self.device)
+        self.mtp_h = Linear([_as_linear(w_h)], self.device)
+        self.mtp_block = _build_layer(mtp_layer.mtp_block, self.max_len, self.device, self.dtype, self.fast)
+        self.mtp_post = [
+            _norm_fn(m)
+            for m in (mtp_layer.post_norm, getattr(self.mtp, "shared_post_norm", None))
+            if m is not None
+        ]
+        mtp_types = getattr(self.mtp.config, "layer_types", None)
+        mtp_type = mtp_types[0] if (self.mtp.has_per_layer_rope and mtp_types) else None
+        self.mtp_rope = self._rope(self.mtp.rotary_emb, mtp_type)
+        special = [a for a in ("logits_mup_width_multiplier", "unpadded_vocab_size") if getattr(self.mtp.config, a, None) is not None]
+        if special:
+            raise AtlasError(f"unsupported MTP head options: {', '.join(special)}")
+
+    def _rope(self, rotary: nn.Module, layer_type: str | None) -> Rope:
+        if layer_type not in self._ropes:
+            self._ropes[layer_type] = _rope_table(rotary, layer_type, self.max_len + 1, self.device, self.dtype)
+        return self._ropes[layer_type]
+
+    def main(self, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens at positions [start, start+n) -> (post-norm hidden [n, d], logits [n, V])."""
+        x = F.embedding(ids, self.embed)
+        for layer, rope in zip(self.layers, self.layer_ropes):
+            x = _layer_forward(layer, x, start, rope, start, self.masks)
+        h = self.norm(x)
+        return h, self.head(h)
+
+    def draft(self, ids: torch.Tensor, hidden: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """MTP layer over pairs (hidden_j, ids_j) at MTP slots [start, start+n), RoPE position j+1.
+
+        Returns (the output hidden of the last row, to feed back for the next draft step;
+        the logits of the last row, the draft distribution for the token two ahead of hidden's)."""
+        e = F.embedding(ids, self.embed)
+        x = self.mtp_h(self.hnorm(hidden), residual=self.mtp_e(self.enorm(e)))
+        x = _layer_forward(self.mtp_block, x, start, self.mtp_rope, start + 1, self.masks)[-1:]
+        for norm in self.mtp_post:
+            x = norm(x)
+        return x, self.head(x)[0]
+
+    @torch.inference_mode()
+    def validate(self, prompt: list[int]) -> float:
+        """Largest |difference| between our logits and transformers' own forward, for the main model
+        and the MTP layer, over `prompt` (raises AtlasError beyond tolerance)."""
+        ids = torch.tensor(prompt, device=self.device)
+        out = self.model(ids[None], output_hidden_states=True)
+        hidden, logits = self.main(ids, 0)
+        ref_hidden = out.hidden_states[-1][0]
+        mtp_ref = self.mtp.forward_layer(0, ref_hidden[None, :-1], torch.arange(1, len(prompt), device=self.device)[None], None, input_ids=ids[None, 1:])
+        mtp_hidden, mtp_logits = self.draft(ids[1:], hidden[:-1], 0)
+        errors = [
+            (logits - out.logits[0]).abs().max().item(),
+            (mtp_logits - self.mtp._project_to_logits(mtp_ref)[0, -1]).abs().max().item(),
+        ]
+        tolerance = 1e-3 if self.dtype == torch.float32 else 5e-2
+        scale = max(1.0, out.logits.abs().max().item())
+        if max(errors) > tolerance * scale:
+            raise AtlasError(
+                f"the decode loop does not reproduce this architecture (max logit difference main "
+                f"{errors[0]:.3g}, MTP {errors[1]:.3g}); refusing to measure it"
+            )
+        return max(errors)
+
+
+def _as_linear(weight: torch.Tensor) -> nn.Linear:
+    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
+    lin.weight.data = weight.contiguous()
+    return lin
+
+
+@torch.no_grad()
+def build_engine(model: nn.Module, mtp: nn.Module, max_len: int, check_prompt: list[int]) -> Engine:
+    """Fast pieces where recognised; if they do not reproduce transformers (or do not fit, e.g. a
+    partial RoPE), whole-layer modules; if those do not either, AtlasError."""
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    try:
+        engine = Engine(model, mtp, max_len, device, dtype, fast=True)
+        engine.validate(check_prompt)
+    except (AtlasError, RuntimeError):
+        engine = Engine(model, mtp, max_len, device, dtype, fast=False)
+        engine.validate(check_prompt)
+    return engine
+
+
+# ---- the loops ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RunStats:
+    tokens: list[int]
+    seconds: float
+    drafted_per_position: list[int]
+    accepted_per_position: list[int]
+    verify_passes: int
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _pick(logits: torch.Tensor, s: Sampling, gen: torch.Generator) -> int:
+    return int(logits.argmax()) if s.greedy else sample(probs_from_logits(logits, s), gen)
+
+
+@torch.inference_mode()
+def generate_plain(engine: Engine, prompt: list[int], max_new: int, s: Sampling, gen: torch.Generator) -> RunStats:
+    """The baseline: the same pieces and static cache, one token per forward."""
+    _sync(engine.device)
+    t0 = time.perf_counter()
+    ids = torch.tensor(prompt, device=engine.device)
+    _, logits = engine.main(ids, 0)
+    out = [_pick(logits[-1], s, gen)]
+    pos = len(prompt)
+    cur = torch.empty(1, dtype=torch.long, device=engine.device)
+    while len(out) < max_new:
+        cur.fill_(out[-1])
+        _, logits = engine.main(cur, pos)
+        out.append(_pick(logits[-1], s, gen))
+        pos += 1
+    _sync(engine.device)
+    return RunStats(out, time.perf_counter() - t0, [], [], max_new - 1)
+
+
+@torch.inference_mode()
+def generate_speculative(
+    engine: Engine,
+    prompt: list[int],
+    max_new: int,
+    k: int,
+    s: Sampling,
+    gen: torch.Generator,
+    rule: AcceptRule = speculative_accept,
+) -> RunStats:
+    """Draft k tokens with the MTP layer, verify [cur, d_1..d_k] in one forward, accept by `rule`.
+
+    Drafts are sampled from q (the MTP logits through the same temperature/top-k/top-p as p) at
+    T > 0 and argmax at T = 0, where the rule reduces to comparing with the target's argmax.
+    Rounds near the end draft fewer tokens so exactly `max_new` tokens come out.
+    """
+    dev = engine.device
+    _sync(dev)
+    t0 = time.perf_counter()
+    ids = torch.tensor(prompt, device=dev)
+    hidden, logits = engine.main(ids, 0)
+    out = [_pick(logits[-1], s, gen)]
+    pos = len(prompt)  # slot of the current (last emitted, not yet forwarded) token
+    h_mtp, q_logits = engine.draft(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)
+    drafted, accepted = [0] * k, [0] * k
+    passes = 0
+    while len(out) < max_new:
+        k_now = min(k, max_new - len(out) - 1)
+        drafts: list[int] = []
+        q_rows: list[torch.Tensor] = []
+        for i in range(k_now):
+            if i > 0:  # reuse the one MTP layer on its own output
+                h_mtp, q_logits = engine.draft(ids.new_tensor(drafts[-1:]), h_mtp, pos + i - 1)
+            if s.greedy:
+                drafts.append(int(q_logits.argmax()))
+            else:
+                q_rows.append(probs_from_logits(q_logits, s))
+                drafts.append(sample(q_rows[-1], gen))
+        hidden, logits = engine.main(ids.new_tensor([out[-1], *drafts]), pos)
+        passes += 1
+        if s.greedy:
+            target = logits.argmax(-1).tolist()
+            n = 0
+            while n < k_now and drafts[n] == target[n]:
+                n += 1
+            token = target[n]
+        else:
+            d = ids.new_tensor(drafts)
+            n, token = rule(probs_from_logits(logits, s), torch.stack(q_rows) if q_rows else logits[:0], d, gen)
+        for i in range(k_now):
+            drafted[i] += 1
+            accepted[i] += int(i < n)
+        out.extend(drafts[:n])
+        out.append(token)
+        # Catch the MTP cache up on the accepted pairs (h_j, t_{j+1}); overwrites the chain's guesses.
+        h_mtp, q_logits = engine.draft(ids.new_tensor([*drafts[:n], token]), hidden[: n + 1], pos)
+        pos += n + 1
+    _sync(dev)
+    return RunStats(out, time.perf_counter() - t0, drafted, accepted, passes)
