@@ -191,3 +191,26 @@ def parse_html(text: str) -> _Tables:
     parser.feed(text)
     parser.close()
     return parser
+
+
+def crawl_mirror(db: Path) -> None:
+    """A real crawl of the bundled mirror through the local hub server (the `make demo` path)."""
+    from click.testing import CliRunner
+
+    from atlas.cli import cli
+
+    result = CliRunner().invoke(
+        cli, ["crawl", "--db", str(db), "--mirror", str(REPO / "data" / "hub-mirror"), "--no-progress"]
+    )
+    assert result.exit_code == 0, result.output
+
+
+def declared_repo_ids(db: Path) -> list[str]:
+    con = store.connect(db, read_only=True)
+    try:
+        rows = con.execute(
+            "SELECT repo_id FROM mtp_fingerprints WHERE declared_num_mtp_layers IS NOT NULL"
+        ).fetchall()
+    finally:
+        con.close()
+    return sorted(r[0] for r in rows)
