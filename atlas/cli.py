@@ -30,6 +30,55 @@ def cli() -> None:
 # ---- crawl (hub -> store) -------------------------------------------------------------------
 
 
+@cli.command()
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="DuckDB store (default: $ATLAS_DB or data/atlas.duckdb).")
+@click.option("--mirror", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Crawl this mirror folder through a local hub server on 127.0.0.1 instead of the Hub.")
+@click.option("--watchlist", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Watch list TOML (default: MIRROR/watchlist.toml with --mirror, else atlas/watchlist.toml).")
+@click.option("--endpoint", default=None, help="Hub endpoint URL (default: https://huggingface.co).")
+@click.option("--concurrency", type=int, default=8, show_default=True, help="Parallel downloads.")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="huggingface_hub cache for downloaded files (default: next to the DB, hf-cache/).")
+@click.option("--refingerprint", is_flag=True,
+              help="No crawl: recompute the fingerprints of every stored config with the current rules.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint: str | None,
+          concurrency: int, cache_dir: Path | None, refingerprint: bool, no_progress: bool) -> None:
+    """Crawl the watch list's models into a new dated snapshot of the store."""
+    from atlas import crawl as crawler
+    from atlas.store import default_db_path
+
+    db = db or default_db_path()
+    if refingerprint:
+        n = crawler.refingerprint(db)
+        click.echo(f"re-fingerprinted {n} stored configs with rules {crawler.RULE_VERSION}")
+        return
+    if mirror is not None and endpoint is not None:
+        raise AtlasError("--mirror and --endpoint exclude each other")
+    try:
+        if mirror is not None:
+            from atlas.hubserver import HubServer, load_mirror
+
+            with HubServer(load_mirror(mirror)) as hub:
+                summary = crawler.crawl(
+                    db, watchlist or mirror / "watchlist.toml", endpoint=hub.url,
+                    endpoint_label=f"mirror:{mirror.as_posix()}", token=False, cache_dir=cache_dir,
+                    concurrency=concurrency, progress=not no_progress,
+                )
+        else:
+            summary = crawler.crawl(
+                db, watchlist or crawler.DEFAULT_WATCHLIST, endpoint=endpoint or crawler.LIVE_ENDPOINT,
+                cache_dir=cache_dir, concurrency=concurrency, progress=not no_progress,
+            )
+    except KeyboardInterrupt:
+        raise AtlasError("crawl interrupted: no snapshot written (the last one is intact); "
+                         "rerun to resume, downloaded files are cached") from None
+    for line in crawler.iter_summary_lines(summary):
+        click.echo(line)
+
+
 # ---- measure (team model, self-speculative decoding, records) ---------------------------------
 
 

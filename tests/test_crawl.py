@@ -1,0 +1,357 @@
+"""The crawler end to end against the local hub server: the real huggingface_hub client, the
+bundled mirror, injected faults, hostile repos, an interrupted crawl."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+from click.testing import CliRunner
+from hub_fixtures import (
+    DERIVATIVES,
+    EXPECTED_DECLARED,
+    EXPECTED_TEAM,
+    MIRROR,
+    TEAM_MODEL,
+    bundled_hub,  # noqa: F401  (fixture)
+    copy_mirror,
+    make_hub,  # noqa: F401  (fixture)
+    no_sleep,  # noqa: F401  (fixture)
+    team_model_present,
+    write_watchlist,
+)
+
+from atlas import crawl as crawler
+from atlas.cli import cli
+from atlas.hubserver import Fault
+
+ALL_ORGS = sorted({r.split("/")[0] for r in EXPECTED_DECLARED} | {"mtp-atlas"})
+
+
+def run_crawl(tmp_path: Path, hub, watchlist: Path, **kwargs) -> crawler.CrawlSummary:
+    return crawler.crawl(
+        tmp_path / "atlas.duckdb", watchlist, endpoint=hub.url, endpoint_label="mirror:test", token=False,
+        cache_dir=tmp_path / "cache", concurrency=4, progress=False, **kwargs,
+    )
+
+
+def query(db: Path, sql: str) -> list[tuple]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def fingerprint_table(db: Path, snapshot_id: int) -> list[tuple]:
+    return query(
+        db,
+        "SELECT repo_id, revision, declared_num_mtp_layers, declared_key, shipped_mtp_layers, shipped_evidence, "
+        f"model_type, fetch_status FROM mtp_fingerprints_history WHERE snapshot_id = {snapshot_id} ORDER BY repo_id",
+    )
+
+
+# ---- the bundled mirror -------------------------------------------------------------------------
+
+
+def test_cli_mirror_crawl_stores_every_bundled_model(tmp_path: Path) -> None:
+    db = tmp_path / "atlas.duckdb"
+    result = CliRunner().invoke(
+        cli, ["crawl", "--db", str(db), "--mirror", str(MIRROR), "--cache-dir", str(tmp_path / "c"), "--no-progress"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "snapshot 1 (complete)" in result.output and "failed 0" in result.output
+    rows = {r[0]: r[1:] for r in query(db, "SELECT repo_id, declared_num_mtp_layers, declared_key, fetch_status, "
+                                            "is_derivative, is_exemplar, base_model FROM mtp_fingerprints")}
+    for repo_id, (value, key) in EXPECTED_DECLARED.items():
+        assert rows[repo_id][:3] == (value, key, "ok"), repo_id
+    # _unattributed/ configs are test data, never atlas rows
+    assert set(rows) - set(EXPECTED_DECLARED) == {TEAM_MODEL}
+    assert {r for r, v in rows.items() if v[3]} == DERIVATIVES
+    assert rows["Qwen/Qwen3-32B-FP8"][5] == "Qwen/Qwen3-32B"
+    assert {r for r, v in rows.items() if v[4]} == {
+        "deepseek-ai/DeepSeek-V3", "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8", "Qwen/Qwen3.5-397B-A17B", TEAM_MODEL,
+    }
+    team = query(db, f"SELECT declared_num_mtp_layers, declared_key, shipped_mtp_layers, shipped_evidence, "
+                     f"fetch_status FROM mtp_fingerprints WHERE repo_id = '{TEAM_MODEL}'")[0]
+    if team_model_present():
+        assert team == (*EXPECTED_TEAM["declared"], EXPECTED_TEAM["shipped"], EXPECTED_TEAM["evidence"], "ok")
+    else:
+        assert team[-1] == "missing"
+    status = query(db, "SELECT status, endpoint FROM snapshots")
+    assert status == [("complete", f"mirror:{MIRROR.as_posix()}")]
+
+
+def test_second_crawl_makes_no_file_requests_and_keeps_fingerprints(tmp_path: Path, bundled_hub) -> None:
+    watch = write_watchlist(tmp_path / "w.toml", ALL_ORGS)
+    first = run_crawl(tmp_path, bundled_hub, watch)
+    assert (first.fetched, first.unchanged, first.failed) == (len(EXPECTED_DECLARED) + team_model_present(), 0, 0)
+    bundled_hub.clear_log()
+    second = run_crawl(tmp_path, bundled_hub, watch)
+    assert bundled_hub.file_requests() == []
+    assert all(r["path"] == "/api/models" for r in bundled_hub.requests)
+    assert (second.snapshot_id, second.fetched, second.unchanged) == (2, 0, first.fetched)
+    db = tmp_path / "atlas.duckdb"
+    assert fingerprint_table(db, 1) == fingerprint_table(db, 2)
+    assert query(db, "SELECT count(*) FROM snapshots WHERE status = 'complete'") == [(2,)]
+
+
+def test_changed_repo_is_the_only_one_refetched(tmp_path: Path, make_hub) -> None:
+    repos = ["zai-org/GLM-4.5", "zai-org/GLM-4.5-Air", "zai-org/GLM-5-FP8"]
+    mirror = copy_mirror(tmp_path / "m", repos)
+    watch = write_watchlist(tmp_path / "w.toml", ["zai-org"])
+    run_crawl(tmp_path, make_hub(mirror), watch)
+    config = mirror / "zai-org/GLM-4.5/config.json"
+    config.write_text(config.read_text().replace('"num_nextn_predict_layers": 1', '"num_nextn_predict_layers": 2'))
+    hub = make_hub(mirror)  # reloads the mirror: GLM-4.5 now has a new sha
+    summary = run_crawl(tmp_path, hub, watch)
+    assert (summary.fetched, summary.unchanged) == (1, 2)
+    assert {r["path"].split("/resolve/")[0] for r in hub.file_requests()} == {"/zai-org/GLM-4.5"}
+    rows = query(tmp_path / "atlas.duckdb", "SELECT declared_num_mtp_layers FROM mtp_fingerprints WHERE repo_id = 'zai-org/GLM-4.5'")
+    assert rows == [(2,)]
+
+
+def test_pagination_follows_link_headers(tmp_path: Path, make_hub) -> None:
+    hub = make_hub(MIRROR, page_size=3)
+    summary = run_crawl(tmp_path, hub, write_watchlist(tmp_path / "w.toml", ["Qwen"]))
+    qwen = [r for r in EXPECTED_DECLARED if r.startswith("Qwen/")]
+    assert summary.listed == len(qwen) == 21
+    pages = [r for r in hub.requests if r["path"] == "/api/models"]
+    assert len(pages) == 7 and all("cursor=" in r["query"] for r in pages[1:])
+    assert all("author=Qwen" in r["query"] and "expand=sha" in r["query"] for r in pages)
+
+
+# ---- failure modes ------------------------------------------------------------------------------
+
+
+def test_429_with_retry_after_is_honoured(tmp_path: Path, make_hub, no_sleep: list[float]) -> None:
+    hub = make_hub(MIRROR)
+    hub.inject(Fault(429, path_contains="/resolve/", times=3, headers={"Retry-After": "7"}))
+    summary = run_crawl(tmp_path, hub, write_watchlist(tmp_path / "w.toml", ["zai-org"]))
+    assert (summary.fetched, summary.failed) == (3, 0)
+    assert summary.rate_limited == 3
+    assert max(no_sleep) > 6.5  # waited (about) what the server asked, never really
+    assert [r["status"] for r in hub.file_requests()].count(429) == 3
+
+
+def test_ratelimit_header_pauses_and_model_info_is_retried(tmp_path: Path, make_hub, no_sleep: list[float]) -> None:
+    hub = make_hub(MIRROR)
+    # model_info (an explicit repo id) has no retry of its own in huggingface_hub: ours does it
+    hub.inject(Fault(429, path_contains="/api/models/openai/", times=1, headers={"RateLimit": '"api";r=0;t=5'}))
+    watch = write_watchlist(tmp_path / "w.toml", [], repos=["openai/gpt-oss-20b"])
+    summary = run_crawl(tmp_path, hub, watch)
+    assert (summary.listed, summary.fetched, summary.rate_limited) == (1, 1, 1)
+    assert 5.0 in no_sleep
+
+
+def test_5xx_then_success(tmp_path: Path, make_hub, no_sleep: list[float]) -> None:
+    hub = make_hub(MIRROR)
+    hub.inject(Fault(503, path_contains="/zai-org/GLM-4.5-Air/resolve/", times=2))
+    hub.inject(Fault(500, path_contains="/api/models", times=1))  # the listing retries too
+    summary = run_crawl(tmp_path, hub, write_watchlist(tmp_path / "w.toml", ["zai-org"]))
+    assert (summary.fetched, summary.failed, summary.status) == (3, 0, "complete")
+
+
+def test_persistent_5xx_is_a_per_repo_error_and_the_crawl_goes_on(tmp_path: Path, make_hub, no_sleep: list[float]) -> None:
+    hub = make_hub(MIRROR)
+    hub.inject(Fault(502, path_contains="/zai-org/GLM-4.5-Air/resolve/", times=-1))
+    summary = run_crawl(tmp_path, hub, write_watchlist(tmp_path / "w.toml", ["zai-org"]))
+    assert (summary.fetched, summary.failed, summary.status) == (2, 1, "complete")
+    row = query(tmp_path / "atlas.duckdb", "SELECT fetch_status, error FROM mtp_fingerprints WHERE repo_id = 'zai-org/GLM-4.5-Air'")
+    assert row[0][0] == "error" and "502" in row[0][1] and "gave up" in row[0][1]
+
+
+def test_gated_and_missing(tmp_path: Path, make_hub, no_sleep: list[float]) -> None:
+    mirror = copy_mirror(tmp_path / "m", ["zai-org/GLM-4.5", "zai-org/GLM-4.5-Air", "zai-org/GLM-5-FP8"])
+    (mirror / "zai-org/GLM-5-FP8/config.json").rename(mirror / "zai-org/GLM-5-FP8/params.json")
+    hub = make_hub(mirror)
+    hub.gated.add("zai-org/GLM-4.5")  # 403 + X-Error-Code: GatedRepo on every file
+    hub.inject(Fault(401, path_contains="/zai-org/GLM-4.5-Air/resolve/", times=1))
+    watch = write_watchlist(tmp_path / "w.toml", ["zai-org"], repos=["zai-org/absent"])
+    summary = run_crawl(tmp_path, hub, watch)
+    assert (summary.gated, summary.missing, summary.fetched, summary.status) == (2, 2, 0, "complete")
+    rows = dict(query(tmp_path / "atlas.duckdb", "SELECT repo_id, fetch_status FROM mtp_fingerprints"))
+    assert rows == {"zai-org/GLM-4.5": "gated", "zai-org/GLM-4.5-Air": "gated",
+                    "zai-org/GLM-5-FP8": "missing", "zai-org/absent": "missing"}
+    # missing config known from the listing's siblings: no request for it
+    assert not any("GLM-5-FP8" in r["path"] for r in hub.file_requests())
+
+
+def test_bad_input_is_a_clear_per_repo_error(tmp_path: Path, make_hub) -> None:
+    mirror = tmp_path / "m"
+    good = (MIRROR / "zai-org/GLM-4.5/config.json").read_bytes()
+
+    def repo(name: str, **files: bytes) -> None:
+        (mirror / "bad" / name).mkdir(parents=True)
+        for fname, data in files.items():
+            (mirror / "bad" / name / fname.replace("__", ".")).write_bytes(data)
+
+    repo("fine", config__json=good)
+    repo("malformed", config__json=b'{"model_type": "glm4_moe",')
+    repo("array", config__json=b"[1, 2, 3]")
+    repo("huge", config__json=b"{" + b" " * (50 * 1024 * 1024) + b"}")
+    repo("latin1", config__json=b'{"model_type": "caf\xe9"}')
+    repo("badindex", config__json=good, model__safetensors__index__json=b'{"weight_map": ["a", "b"]}')
+    repo("<script>alert(1)<", config__json=good)
+    repo("new\nline", config__json=good)
+    hostile = json.loads(good)
+    hostile.update({"<img src=x onerror=alert(1)>": 1, "model_type": "**bold**\n# h1", "num_nextn_predict_layers": "<b>1</b>"})
+    repo("hostile-keys", config__json=json.dumps(hostile).encode())
+    summary = run_crawl(tmp_path, make_hub(mirror), write_watchlist(tmp_path / "w.toml", ["bad"]))
+    assert summary.status == "complete" and summary.listed == 9
+    rows = {r[0]: r[1:] for r in query(tmp_path / "atlas.duckdb",
+                                       "SELECT repo_id, fetch_status, error, declared_num_mtp_layers FROM mtp_fingerprints")}
+    assert rows["bad/fine"] == ("ok", None, 1)
+    expect = {
+        "bad/malformed": "config.json: malformed JSON",
+        "bad/array": "config.json: JSON an array, expected an object",
+        "bad/huge": "config.json: 52,428,802 bytes, over the 8,388,608-byte limit",
+        "bad/latin1": "config.json: not UTF-8 text",
+        "bad/badindex": "model.safetensors.index.json: model.safetensors.index.json: 'weight_map' is an array",
+        "bad/<script>alert(1)<": "not a valid Hub repo id: 'bad/<script>alert(1)<'",
+        "bad/new\nline": "not a valid Hub repo id: 'bad/new\\nline'",
+    }
+    for repo_id, message in expect.items():
+        status, error, _ = rows[repo_id]
+        assert status == "error" and error.startswith(message), (repo_id, error)
+    assert rows["bad/badindex"][2] == 1  # the good config still counts
+    status, error, declared = rows["bad/hostile-keys"]
+    assert status == "ok" and declared is None and "num_nextn_predict_layers is not a count" in error
+    assert query(tmp_path / "atlas.duckdb", "SELECT model_type FROM model_facts WHERE repo_id = 'bad/hostile-keys'") == [(None,)]
+
+
+# ---- token, lock, re-fingerprint ---------------------------------------------------------------
+
+
+def test_hf_token_is_sent_but_never_stored_or_printed(tmp_path: Path, make_hub, monkeypatch: pytest.MonkeyPatch) -> None:
+    canary = "hf_canaryTOKEN0123456789"
+    monkeypatch.setenv("HF_TOKEN", canary)
+    hub = make_hub(MIRROR)
+    db = tmp_path / "atlas.duckdb"
+    watch = write_watchlist(tmp_path / "w.toml", ["zai-org"])
+    result = CliRunner().invoke(cli, ["crawl", "--db", str(db), "--endpoint", hub.url, "--watchlist", str(watch),
+                                      "--cache-dir", str(tmp_path / "c"), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert canary not in result.output
+    assert hub.requests and all(r["auth"] for r in hub.requests)
+    con = duckdb.connect(str(db), read_only=True)
+    cols = con.execute("SELECT table_name, column_name FROM information_schema.columns "
+                       "WHERE data_type = 'VARCHAR' AND table_schema = 'main'").fetchall()
+    for table, column in cols:
+        hits = con.execute(f'SELECT count(*) FROM "{table}" WHERE "{column}" LIKE ?', [f"%{canary}%"]).fetchall()
+        assert hits == [(0,)], (table, column)
+    con.close()
+    assert canary.encode() not in db.read_bytes()
+
+
+def test_second_concurrent_crawl_gets_a_clear_error(tmp_path: Path) -> None:
+    db = tmp_path / "atlas.duckdb"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import sys; from atlas.store import connect; c = connect({str(db)!r}); "
+                               "print('ready', flush=True); sys.stdin.readline()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        result = CliRunner().invoke(cli, ["crawl", "--db", str(db), "--mirror", str(MIRROR), "--no-progress"])
+        assert result.exit_code == 1
+        assert "Error: the atlas store" in result.output and "in use by another process" in result.output
+        assert "Traceback" not in result.output
+    finally:
+        holder.communicate("done\n", timeout=30)
+
+
+def test_refingerprint_uses_stored_data_only(tmp_path: Path, make_hub, monkeypatch: pytest.MonkeyPatch) -> None:
+    hub = make_hub(MIRROR)
+    run_crawl(tmp_path, hub, write_watchlist(tmp_path / "w.toml", ["deepseek-ai", "Qwen"]))
+    hub.stop()  # nothing to talk to: re-fingerprinting must not need the hub
+    monkeypatch.setattr(crawler, "RULE_VERSION", "fp-test-next")
+    db = tmp_path / "atlas.duckdb"
+    before = fingerprint_table(db, 1)
+    result = CliRunner().invoke(cli, ["crawl", "--db", str(db), "--refingerprint"])
+    assert result.exit_code == 0, result.output
+    assert "re-fingerprinted 26 stored configs with rules fp-test-next" in result.output
+    assert query(db, "SELECT DISTINCT rule_version FROM fingerprints") == [("fp-test-next",)]
+    assert fingerprint_table(db, 1) == before
+
+
+# ---- interrupted crawl --------------------------------------------------------------------------
+
+
+def test_interrupted_crawl_leaves_last_snapshot_and_rerun_completes(tmp_path: Path, make_hub) -> None:
+    db, cache = tmp_path / "atlas.duckdb", tmp_path / "cache"
+    hub = make_hub(MIRROR, latency_s=0.03)
+    run_crawl(tmp_path, hub, write_watchlist(tmp_path / "small.toml", ["zai-org"]))
+    full = write_watchlist(tmp_path / "full.toml", ALL_ORGS)
+    hub.clear_log()
+    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
+    env.update(HF_HUB_DISABLE_TELEMETRY="1", HF_HOME=str(tmp_path / "hfhome"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "atlas", "crawl", "--db", str(db), "--endpoint", hub.url, "--watchlist", str(full),
+         "--cache-dir", str(cache), "--concurrency", "2", "--no-progress"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while sum(r["method"] == "GET" for r in hub.file_requests()) < 20:
+        assert proc.poll() is None, "the crawl finished before it could be interrupted"
+        assert time.monotonic() < deadline
+        threading.Event().wait(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    fetched_before = {r["path"] for r in hub.file_requests() if r["method"] == "GET" and r["status"] == 200}
+
+    # the store opens, and only the earlier, whole snapshot is there
+    assert query(db, "SELECT snapshot_id, status, n_listed FROM snapshots") == [(1, "complete", 3)]
+    assert {r[0] for r in query(db, "SELECT repo_id FROM mtp_fingerprints")} == {
+        "zai-org/GLM-4.5", "zai-org/GLM-4.5-Air", "zai-org/GLM-5-FP8"}
+
+    hub.clear_log()
+    summary = run_crawl(tmp_path, hub, full)
+    assert (summary.snapshot_id, summary.status, summary.failed) == (2, "complete", 0)
+    assert summary.listed == len(EXPECTED_DECLARED) + team_model_present()
+    refetched = {r["path"] for r in hub.file_requests() if r["method"] == "GET"} & fetched_before
+    assert len(refetched) <= 2  # at most the downloads in flight when it was killed
+    rows = dict(query(db, "SELECT repo_id, declared_num_mtp_layers FROM mtp_fingerprints WHERE fetch_status = 'ok'"))
+    assert {r: v for r, v in rows.items() if r != TEAM_MODEL} == {r: v for r, (v, _) in EXPECTED_DECLARED.items()}
+
+
+def test_watchlist_errors_are_clear(tmp_path: Path) -> None:
+    bad = tmp_path / "w.toml"
+    bad.write_text("orgs = [ { name = 'x' } ]\n")
+    result = CliRunner().invoke(cli, ["crawl", "--db", str(tmp_path / "a.duckdb"), "--watchlist", str(bad),
+                                      "--endpoint", "http://127.0.0.1:9"])
+    assert result.exit_code == 1 and "watch list" in result.output and "orgs.0.author" in result.output
+    bad.write_text("orgs = [\n")
+    result = CliRunner().invoke(cli, ["crawl", "--db", str(tmp_path / "a.duckdb"), "--watchlist", str(bad),
+                                      "--endpoint", "http://127.0.0.1:9"])
+    assert result.exit_code == 1 and "is not valid TOML" in result.output
+
+
+def test_hub_server_speaks_the_resolve_contract(make_hub) -> None:
+    """The headers huggingface_hub needs, checked on the wire (HEAD, Range, errors)."""
+    import urllib.error
+    import urllib.request
+
+    hub = make_hub(MIRROR)
+    sha = hub.repos["zai-org/GLM-4.5"].sha
+    req = urllib.request.Request(f"{hub.url}/zai-org/GLM-4.5/resolve/{sha}/config.json", method="HEAD")
+    with urllib.request.urlopen(req) as resp:
+        assert resp.headers["X-Repo-Commit"] == sha and resp.headers["ETag"].startswith('"')
+    req = urllib.request.Request(f"{hub.url}/zai-org/GLM-4.5/resolve/main/config.json", headers={"Range": "bytes=0-9"})
+    with urllib.request.urlopen(req) as resp:
+        assert resp.status == 206 and len(resp.read()) == 10
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(f"{hub.url}/zai-org/GLM-4.5/resolve/main/absent.json")
+    assert info.value.code == 404 and info.value.headers["X-Error-Code"] == "EntryNotFound"
+    assert info.value.headers["X-Repo-Commit"] == sha
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(f"{hub.url}/_unattributed/XiaomiMiMo-MiMo-7B-variant-from-jj8127-mimo_kor/resolve/main/config.json")
+    assert info.value.headers["X-Error-Code"] == "RepoNotFound"
