@@ -82,6 +82,48 @@ def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint
 # ---- measure (team model, self-speculative decoding, records) ---------------------------------
 
 
+@cli.command("team-model")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="checkpoint folder")
+@click.option("--seed", type=int, default=None, help="seed of weights and batches (default 1234)")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="training steps (default 450; deterministic)")
+@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None, help="train for a time budget instead of --steps")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--layers", type=int, default=None, help="decoder layers (default 8)")
+@click.option("--hidden", type=int, default=None, help="hidden size (default 192)")
+@click.option("--heads", type=int, default=None, help="attention heads (default 6)")
+@click.option("--kv-heads", type=int, default=None, help="key/value heads (default 6)")
+@click.option("--intermediate", type=int, default=None, help="MLP size (default 512)")
+@click.option("--seq-len", type=int, default=None, help="training window in bytes (default 512)")
+@click.option("--batch-size", type=int, default=None, help="windows per step (default 8)")
+@click.option("--lr", type=float, default=None, help="peak learning rate (default 3e-3)")
+@click.option("--mtp-weight", type=float, default=None, help="weight of the MTP t+2 loss (default 0.5)")
+@click.option("--threads", type=int, default=None, help="CPU threads while training (default 2)")
+def team_model(out: str, minutes: float | None, steps: int | None, **options: object) -> None:
+    """Train the bundled team model (byte-level Mellum with one MTP layer) and save it as a HF checkpoint."""
+    from pydantic import ValidationError
+
+    from atlas import teammodel
+
+    if steps is not None and minutes is not None:
+        raise AtlasError("give --steps or --minutes, not both")
+    fields = {k: v for k, v in options.items() if v is not None}
+    fields["steps"] = None if minutes is not None else (steps or teammodel.DEFAULT_STEPS)
+    fields["minutes"] = minutes
+    try:
+        spec = teammodel.TeamModelSpec(**fields)
+    except ValidationError as exc:
+        raise AtlasError(f"bad team-model option: {exc.errors()[0]['msg']}") from None
+    from pathlib import Path
+
+    record = teammodel.make_team_model(spec, Path(out), teammodel.command_line(), log=click.echo)
+    metrics = record["metrics"]
+    click.echo(
+        f"saved {out}: {record['steps']} steps in {record['wall_seconds']:.0f} s on {record['device']}; "
+        f"held-out loss {metrics['heldout_loss']:.3f}, MTP top-1 agreement {metrics['mtp_top1_agreement']:.3f}, "
+        f"T=1 acceptance {metrics['mtp_t1_acceptance']:.3f}"
+    )
+
+
 # ---- evidence and site (store -> evidence -> site) ---------------------------------------------
 
 
