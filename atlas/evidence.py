@@ -103,7 +103,7 @@ QUERIES: dict[str, str] = {
     "measured": """
         SELECT run_date, model_id, revision, hardware, engine, engine_version, workload,
                temperature, draft_tokens, acceptance_rate, mean_accepted_length,
-               speedup, speedup_lo, speedup_hi, record_id
+               speedup, speedup_lo, speedup_hi, gate_enabled, record_id
         FROM measurement_cells
         ORDER BY run_date, model_id, engine, workload, temperature, draft_tokens, record_id""",
     "measurement_sources": """
@@ -435,6 +435,7 @@ def _measured(rows: list[dict[str, Any]], sources: list[dict[str, Any]]) -> str:
                 _num(r["acceptance_rate"], 3),
                 _num(r["mean_accepted_length"], 2),
                 speed,
+                {True: "on", False: "off"}.get(r["gate_enabled"], "—"),
                 _rev(r["record_id"]),
             ]
         )
@@ -451,11 +452,14 @@ def _measured(rows: list[dict[str, Any]], sources: list[dict[str, Any]]) -> str:
         + "\n"
         + table(
             ["date", "model", "revision", "hardware", "engine", "workload", "#temperature",
-             "#draft tokens", "#acceptance", "#accepted length", "#speedup (CI)", "source record"],
+             "#draft tokens", "#acceptance", "#accepted length", "#speedup (range)", "gate",
+             "source record"],
             body,
         )
-        + "\n\nSources: each record is a file under evidence/measurements/, made by the command "
-        "shown.\n\n"
+        + "\n\nSpeed-up: plain time over speculative time for the same tokens, median over repeats "
+        "(range in brackets). Gate: on only where the slowest repeat was still faster than plain "
+        "decoding. Sources: each record is a file under evidence/measurements/, made by the "
+        "command shown.\n\n"
         + src
         + "\n"
     )

@@ -214,3 +214,54 @@ def declared_repo_ids(db: Path) -> list[str]:
     finally:
         con.close()
     return sorted(r[0] for r in rows)
+
+
+HOSTILE_HARDWARE = "GPU: <b>H200</b> | `fast`\nsecond line"
+PLANTED_SPEED = 1.37  # distinctive: must show in the measured table only
+
+
+def plant_measurement(db: Path, directory: Path, model_id: str) -> str:
+    """Write a real record file through the measurement module's public interface and import it
+    into the store; returns its record id (sha256 of the file)."""
+    import hashlib
+
+    from atlas import records
+
+    costs = records.PassCosts(plain=0.01, verify={1: 0.012, 2: 0.013}, draft=0.002)
+    cells = []
+    for workload, temperature, k in (("templated", 0.0, 1), ("prose|<i>x</i>", 0.7, 2)):
+        repeats = [
+            records.Repeat(tokens=100, seconds=1.0, baseline_seconds=PLANTED_SPEED,
+                           drafted_per_position=[40] * k, accepted_per_position=[30, 20][:k],
+                           verify_passes=40, identical_to_baseline=True if temperature == 0 else None)
+            for _ in range(2)
+        ]
+        derived = records.derive(repeats, temperature, k, costs)
+        enabled, reason = records.gate(derived, len(repeats))
+        cells.append(records.Cell(
+            engine="atlas", engine_version="0.1.0", baseline="atlas plain decoder (same cache)",
+            workload=workload, temperature=temperature, draft_tokens=k, repeats=repeats,
+            derived=derived, gate_enabled=enabled, gate_reason=reason,
+        ))
+    record = records.Record(
+        schema_version=1, run_date=datetime(2026, 11, 28, 12, 0), model_id=model_id,
+        revision="b" * 40,
+        hardware=records.Hardware(text=HOSTILE_HARDWARE, cpu="test", cpu_cores=2, memory_gib=8.0,
+                                  torch_threads=1),
+        software=records.Software(python="3.11", torch="2.13.0", transformers="5.24.0",
+                                  atlas="0.1.0", atlas_commit=None),
+        command="atlas measure run --model `x` | <script>", seed=0, prompt_set="test-prompts",
+        prompt_set_digest="0" * 64,
+        settings=records.Settings(device="cpu", dtype="float32", workloads=["templated"],
+                                  temperatures=[0.0, 0.7], draft_tokens=[1, 2], max_new_tokens=100,
+                                  repeats=2, prompts_per_workload=1),
+        pass_costs=costs, cells=cells,
+    )
+    path = records.write_record(record, directory)
+    con = store.connect(db)
+    try:
+        loaded, _, errors = records.import_records(con, directory)
+    finally:
+        con.close()
+    assert loaded == 1 and not errors, errors
+    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -13,11 +13,14 @@ from urllib.parse import urlparse
 import pytest
 from site_helpers import (
     EVIDENCE_ONLY_MODULE,
+    HOSTILE_HARDWARE,
     HOSTILE_ID,
     HOSTILE_MODELS,
+    PLANTED_SPEED,
     REPO,
     hostile_store,
     parse_html,
+    plant_measurement,
     site_copy,
 )
 
@@ -28,12 +31,17 @@ def shown(value: str) -> str:
     return " ".join(value.replace("\r", "\n").split("\n")).strip()
 
 
+RECORD_ID: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module")
 def hostile_site(tmp_path_factory: pytest.TempPathFactory) -> render.Layout:
+    """Hostile store + one planted measurement of the hostile model, through the real writers."""
     root = tmp_path_factory.mktemp("hostile-site")
     layout = site_copy(root, EVIDENCE_ONLY_MODULE)
     db = root / "atlas.duckdb"
     hostile_store(db)
+    RECORD_ID["planted"] = plant_measurement(db, layout.evidence / "measurements", HOSTILE_ID)
     evidence.generate(db, layout.evidence / "module-08.evidence.md", layout.evidence / "servable.toml")
     render.build(layout)
     return layout
@@ -76,6 +84,31 @@ def test_every_present_claim_row_carries_snapshot_date_and_revision(hostile_site
             model = by_id[row[model_col]]
             assert row[rev_col] == model.sha[:12], (table.section, row)
             assert row[date_col] == "2026-11-29", (table.section, row)
+
+
+def test_measured_rows_carry_date_and_record_and_never_leak(hostile_site: render.Layout) -> None:
+    page = parse_html(module_08_html(hostile_site))
+    record = RECORD_ID["planted"][:12]
+    speed = f"{PLANTED_SPEED:.2f}"
+    measured = [t for t in page.tables if t.section == "measured"]
+    cells, sources = measured  # the measured table, then its sources table
+    assert len(cells.rows) == 2
+    for row in cells.rows:
+        assert row[cells.header.index("date")] == "2026-11-28"
+        assert row[cells.header.index("source record")] == record
+        assert row[cells.header.index("model")] == shown(HOSTILE_ID)
+        assert row[cells.header.index("hardware")] == shown(HOSTILE_HARDWARE)
+        assert row[cells.header.index("speedup (range)")].startswith(speed)
+        assert row[cells.header.index("revision")] == "b" * 12
+    assert [r[0] for r in sources.rows] == [record]
+    assert "<script>" in sources.rows[0][sources.header.index("command")]  # shown as text
+    # The planted measurement appears in no present-claim table, not even for the model it measured.
+    for table in page.tables:
+        if table.section == "measured":
+            continue
+        flat = " ".join(" ".join(r) for r in [table.header, *table.rows])
+        assert record not in flat and speed not in flat and "2026-11-28" not in flat, table.section
+        assert not any(h.startswith(("speedup", "acceptance", "accepted")) for h in table.header)
 
 
 def test_nav_lists_modules_in_order_with_glossary_and_how_made(hostile_site: render.Layout) -> None:
