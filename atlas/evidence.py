@@ -288,13 +288,7 @@ def _aggregate(facts: Facts, snap: dict[str, Any] | None) -> str:
     line += f" {undeclared} have no MTP key (not declared, which is not the same as no MTP)."
     if facts.n_not_fetched:
         line += f" {facts.n_not_fetched} could not be read (gated, missing or failed)."
-    return str(escape_prose(line)) + "\n"
-
-
-def escape_prose(text: str) -> Markdown:
-    """Sentences built here from numbers and fixed words: escaped like any text, so a future change
-    that puts an id into one cannot open markup."""
-    return escape(text)
+    return escape(line) + "\n"
 
 
 def _shipped(rows: list[dict[str, Any]], facts: Facts) -> str:
@@ -304,7 +298,7 @@ def _shipped(rows: list[dict[str, Any]], facts: Facts) -> str:
         "MTP tensors counted from weight names at the revision shown. Weights present do not "
         "mean MTP is enabled when the model is served.",
     )
-    known = escape_prose(
+    known = escape(
         f"Weight names are known for {facts.n_shipped_known} of {facts.n_models} models in "
         f"snapshot #{facts.snapshot_id} ({facts.snapshot_date}); elsewhere shipped is unknown, "
         f"not no."
@@ -478,7 +472,7 @@ def _adoption_chart(rows: list[dict[str, Any]]) -> str:
         for d, r in zip(dates, rows)
     ]
     chart = bar_chart("Models declaring MTP, per snapshot", bars, "% of models", y_max=100.0)
-    caption = escape_prose(
+    caption = escape(
         f"Share of the crawled models whose config declares num_mtp_layers > 0, in each of the "
         f"{len(rows)} complete snapshots from {dates[0]} to {dates[-1]} (store view "
         f"mtp_fingerprints_history). The watch list can change between snapshots, so read the "
@@ -492,7 +486,7 @@ def _layers_chart(layers: dict[int, int], facts: Facts) -> str:
         return "No model declares an MTP key in this snapshot: no distribution to chart.\n"
     bars = [Bar(label=f"{v} layer" + ("" if v == 1 else "s"), value=n) for v, n in layers.items()]
     chart = bar_chart("Declared num_mtp_layers, current models", bars, "models")
-    caption = escape_prose(
+    caption = escape(
         f"Snapshot #{facts.snapshot_id} of {facts.snapshot_date}: the {sum(layers.values())} "
         f"models that carry an MTP key, by declared value. Models without the key are not counted."
     )

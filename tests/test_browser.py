@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,7 @@ def _chromium(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     root = tmp_path_factory.mktemp("browser-site")
     layout = site_copy(root)  # the course's real module pages
     db = root / "atlas.duckdb"
@@ -81,7 +82,9 @@ def served(tmp_path_factory: pytest.TempPathFactory):
         server.wait(timeout=10)
 
 
-def test_module_8_in_chromium_shows_declared_rows_and_a_separate_measured_section(served) -> None:
+def test_module_8_in_chromium_shows_declared_rows_and_a_separate_measured_section(
+    served: tuple[str, Path],
+) -> None:
     url, db = served
     page_url = url + "modules/module-08/"
     dom = _chromium("--virtual-time-budget=5000", "--dump-dom", page_url)
