@@ -59,7 +59,9 @@ QUERIES: dict[str, str] = {
                                 AND coalesce(is_derivative, false)) AS n_derivatives,
                count(*) FILTER (WHERE shipped_mtp_layers IS NOT NULL) AS n_shipped_known,
                count(*) FILTER (WHERE shipped_mtp_layers > 0) AS n_shipping,
-               count(*) FILTER (WHERE fetch_status <> 'ok') AS n_not_fetched
+               count(*) FILTER (WHERE fetch_status <> 'ok') AS n_not_fetched,
+               count(*) FILTER (WHERE declared_num_mtp_layers IS NULL
+                                AND fetch_status = 'ok') AS n_undeclared
         FROM mtp_fingerprints""",
     "layers": """
         SELECT declared_num_mtp_layers AS value, count(*) AS n
@@ -130,6 +132,7 @@ class Facts(BaseModel):
     n_originals_declaring: int
     n_derivatives_declaring: int
     n_not_fetched: int
+    n_undeclared: int
     n_measurements: int
     n_measurement_records: int
     n_servable: int
@@ -199,6 +202,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path) -> Evidence:
         n_originals_declaring=agg["n_originals"],
         n_derivatives_declaring=agg["n_derivatives"],
         n_not_fetched=agg["n_not_fetched"],
+        n_undeclared=agg["n_undeclared"],
         n_measurements=len(measured),
         n_measurement_records=len(sources),
         n_servable=n_servable,
@@ -284,8 +288,9 @@ def _aggregate(facts: Facts, snap: dict[str, Any] | None) -> str:
         )
     if facts.n_declaring_zero:
         line += f" {facts.n_declaring_zero} set the key to 0, which declares no MTP."
-    undeclared = facts.n_models - facts.n_declaring - facts.n_declaring_zero
-    line += f" {undeclared} have no MTP key (not declared, which is not the same as no MTP)."
+    line += (
+        f" {facts.n_undeclared} have no MTP key (not declared, which is not the same as no MTP)."
+    )
     if facts.n_not_fetched:
         line += f" {facts.n_not_fetched} could not be read (gated, missing or failed)."
     return escape(line) + "\n"

@@ -17,6 +17,7 @@ from site_helpers import (
     REPO,
     hostile_store,
     parse_html,
+    snapshot_row,
 )
 
 from atlas import AtlasError, evidence, mdsafe, store
@@ -171,3 +172,22 @@ def test_tampered_evidence_file_is_rejected(tmp_path: Path) -> None:
         evidence.read(out)
     with pytest.raises(AtlasError, match="atlas evidence"):
         evidence.read(tmp_path / "absent.md")
+
+
+def test_unreadable_models_are_not_counted_as_undeclared(tmp_path: Path) -> None:
+    db = tmp_path / "gated.duckdb"
+    con = store.connect(db)
+    try:
+        rows = [
+            store.ModelRow(repo_id=rid, sha=sha, last_modified=None, created_at=None, downloads=1,
+                           likes=0, gated=gated, private=False, pipeline_tag=None, library_name=None,
+                           tags=[], base_models=[], base_relation=None, is_derivative=False,
+                           is_exemplar=False, param_total=None, fetch_status=status, error=None)
+            for rid, sha, gated, status in (("org/open", "1" * 40, None, "ok"),
+                                            ("org/gated", "2" * 40, "manual", "gated"))
+        ]
+        store.write_snapshot(con, snapshot_row(29, 2), rows, [], [], [])
+    finally:
+        con.close()
+    facts = evidence.generate(db, tmp_path / "ev.md", MATRIX).facts
+    assert (facts.n_models, facts.n_undeclared, facts.n_not_fetched) == (2, 1, 1)
