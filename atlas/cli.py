@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -85,7 +86,7 @@ def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint
 @cli.command("team-model")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="checkpoint folder")
 @click.option("--seed", type=int, default=None, help="seed of weights and batches (default 1234)")
-@click.option("--steps", type=click.IntRange(min=1), default=None, help="training steps (default 450; deterministic)")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="training steps (default 400; deterministic)")
 @click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None, help="train for a time budget instead of --steps")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--layers", type=int, default=None, help="decoder layers (default 8)")
@@ -122,6 +123,86 @@ def team_model(out: str, minutes: float | None, steps: int | None, **options: ob
         f"held-out loss {metrics['heldout_loss']:.3f}, MTP top-1 agreement {metrics['mtp_top1_agreement']:.3f}, "
         f"T=1 acceptance {metrics['mtp_t1_acceptance']:.3f}"
     )
+
+
+@cli.group("measure")
+def measure_group() -> None:
+    """Self-speculative decoding with a checkpoint's own MTP head: run, record, import."""
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise AtlasError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise AtlasError(f"expected non-negative numbers, got {text!r}")
+    return values
+
+
+@measure_group.command("run")
+@click.option("--model", default=None, help="checkpoint folder or hub repo id (default: the bundled team model)")
+@click.option("--revision", default=None, help="hub revision (branch, tag or commit); hub ids only")
+@click.option("--device", default="auto", show_default=True, help="auto (CUDA when present), cpu, cuda, cuda:N")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+@click.option("--workloads", default=None, help="comma-separated workload names (default: all bundled)")
+@click.option("--temperatures", default="0,1", show_default=True)
+@click.option("--draft-tokens", default="1,2,3", show_default=True, help="draft lengths k (the MTP layer is reused for k > 1)")
+@click.option("--max-new-tokens", type=click.IntRange(min=2), default=128, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--prompts-per-workload", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--top-k", type=click.IntRange(min=1), default=None)
+@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=None)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads (default 1 on CPU)")
+@click.option("--no-peer", is_flag=True, help="skip timing transformers' generate / generate(use_mtp=True)")
+@click.option("--quick", is_flag=True, help="short run for `make demo`: every workload, 32 tokens, 1 prompt, 2 repeats")
+@click.option("--out", type=click.Path(file_okay=False), default="evidence/measurements", show_default=True)
+def measure_run(model: str | None, workloads: str | None, temperatures: str, draft_tokens: str, no_peer: bool,
+                quick: bool, out: str, **options: object) -> None:
+    """Measure plain vs self-speculative decoding and write one record under --out."""
+    from pathlib import Path
+
+    from atlas import measure
+
+    ks = tuple(int(v) for v in _floats(draft_tokens))
+    if any(k < 1 for k in ks):
+        raise AtlasError("--draft-tokens must be positive integers")
+    opts = measure.Options(
+        model=model or str(measure.DEFAULT_MODEL),
+        workloads=[w.strip() for w in workloads.split(",")] if workloads else None,
+        temperatures=_floats(temperatures),
+        draft_tokens=ks,
+        peer=not no_peer,
+        out=Path(out),
+        command=measure.command_line(),
+        **options,  # type: ignore[arg-type]
+    )
+    record, path = measure.run(measure.quick(opts) if quick else opts, log=click.echo)
+    enabled = sum(c.gate_enabled for c in record.cells if c.engine == "atlas")
+    click.echo(f"wrote {path} ({len(record.cells)} cells; MTP gate on for {enabled} atlas cells)")
+
+
+@measure_group.command("import")
+@click.option("--db", type=click.Path(dir_okay=False), default=None, help="store (default data/atlas.duckdb or $ATLAS_DB)")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default="evidence/measurements", show_default=True)
+def measure_import(db: str | None, directory: str) -> None:
+    """Load measurement records into the store (idempotent; bad or tampered files are rejected)."""
+    from pathlib import Path
+
+    from atlas import records, store
+
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise AtlasError(f"no measurement folder {folder}")
+    con = store.connect(db or store.default_db_path())
+    try:
+        loaded, present, errors = records.import_records(con, folder)
+    finally:
+        con.close()
+    click.echo(f"measurements: {loaded} record(s) loaded, {present} already present, {len(errors)} rejected")
+    if errors:
+        raise AtlasError("rejected:\n  " + "\n  ".join(errors))
 
 
 # ---- evidence and site (store -> evidence -> site) ---------------------------------------------

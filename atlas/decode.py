@@ -458,6 +458,10 @@ def build_engine(model: nn.Module, mtp: nn.Module, max_len: int, check_prompt: l
 
 @dataclass
 class RunStats:
+    """One generation. `seconds` is the decode phase only: from the first generated token (after the
+    prefill of the main model and, for speculation, of the MTP layer) to the last; `verify_passes`
+    counts the main-model forwards of that phase."""
+
     tokens: list[int]
     seconds: float
     drafted_per_position: list[int]
@@ -465,9 +469,28 @@ class RunStats:
     verify_passes: int
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+class Stopwatch:
+    """Wall time of device work: CUDA events on a GPU (no host timing of asynchronous launches),
+    perf_counter on the CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.t0 = 0.0
+
+    def start(self) -> None:
+        if self.cuda:
+            self.begin = torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        if not self.cuda:
+            return time.perf_counter() - self.t0
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        end.synchronize()
+        return self.begin.elapsed_time(end) / 1000
 
 
 def _pick(logits: torch.Tensor, s: Sampling, gen: torch.Generator) -> int:
@@ -477,20 +500,19 @@ def _pick(logits: torch.Tensor, s: Sampling, gen: torch.Generator) -> int:
 @torch.inference_mode()
 def generate_plain(engine: Engine, prompt: list[int], max_new: int, s: Sampling, gen: torch.Generator) -> RunStats:
     """The baseline: the same pieces and static cache, one token per forward."""
-    _sync(engine.device)
-    t0 = time.perf_counter()
     ids = torch.tensor(prompt, device=engine.device)
     _, logits = engine.main(ids, 0)
     out = [_pick(logits[-1], s, gen)]
     pos = len(prompt)
+    watch = Stopwatch(engine.device)
+    watch.start()
     cur = torch.empty(1, dtype=torch.long, device=engine.device)
     while len(out) < max_new:
         cur.fill_(out[-1])
         _, logits = engine.main(cur, pos)
         out.append(_pick(logits[-1], s, gen))
         pos += 1
-    _sync(engine.device)
-    return RunStats(out, time.perf_counter() - t0, [], [], max_new - 1)
+    return RunStats(out, watch.stop(), [], [], max_new - 1)
 
 
 @torch.inference_mode()
@@ -510,13 +532,13 @@ def generate_speculative(
     Rounds near the end draft fewer tokens so exactly `max_new` tokens come out.
     """
     dev = engine.device
-    _sync(dev)
-    t0 = time.perf_counter()
     ids = torch.tensor(prompt, device=dev)
     hidden, logits = engine.main(ids, 0)
     out = [_pick(logits[-1], s, gen)]
     pos = len(prompt)  # slot of the current (last emitted, not yet forwarded) token
     h_mtp, q_logits = engine.draft(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)
+    watch = Stopwatch(dev)
+    watch.start()
     drafted, accepted = [0] * k, [0] * k
     passes = 0
     while len(out) < max_new:
@@ -550,5 +572,4 @@ def generate_speculative(
         # Catch the MTP cache up on the accepted pairs (h_j, t_{j+1}); overwrites the chain's guesses.
         h_mtp, q_logits = engine.draft(ids.new_tensor([*drafts[:n], token]), hidden[: n + 1], pos)
         pos += n + 1
-    _sync(dev)
-    return RunStats(out, time.perf_counter() - t0, drafted, accepted, passes)
+    return RunStats(out, watch.stop(), drafted, accepted, passes)

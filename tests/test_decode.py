@@ -208,7 +208,7 @@ def test_team_checkpoint_greedy_lossless_on_every_workload() -> None:
     from atlas.measure import load_checkpoint
     from atlas.workloads import load_prompt_set
 
-    model, mtp, tokenizer = load_checkpoint(str(TEAM), None, torch.device("cpu"), torch.float32)
+    model, mtp, tokenizer = load_checkpoint(str(TEAM), torch.device("cpu"), torch.float32)
     prompts = load_prompt_set()
     engine = build_engine(model, mtp, 512, tokenizer.encode("def main():"))
     gen = torch.Generator().manual_seed(0)

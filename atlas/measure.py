@@ -1,0 +1,436 @@
+"""The measurement runner: load a checkpoint and its MTP layer through transformers, run plain and
+self-speculative decoding interleaved over the bundled workloads, and write one dated record.
+
+Per workload x temperature x repeat, every prompt runs once plainly and once per draft length, in an
+order that rotates between repeats (so drift in a shared machine's speed does not favour one side).
+transformers' own `generate` and `generate(use_mtp=True)` run on the same prompts as the peer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from atlas import AtlasError, __version__
+from atlas.decode import (
+    Engine,
+    RunStats,
+    Sampling,
+    Stopwatch,
+    build_engine,
+    generate_plain,
+    generate_speculative,
+)
+from atlas.records import (
+    Cell,
+    Hardware,
+    PassCosts,
+    Record,
+    Repeat,
+    Settings,
+    Software,
+    derive,
+    gate,
+    write_record,
+)
+from atlas.workloads import load_prompt_set
+
+ROOT = Path(__file__).resolve().parents[1]
+MIRROR = ROOT / "data" / "hub-mirror"
+DEFAULT_MODEL = MIRROR / "mtp-atlas" / "byte-mtp-8l"
+# Hub downloads: weights from safetensors only, never pickles or code.
+ALLOW_PATTERNS = ["*.safetensors", "*.safetensors.index.json", "*.json", "tokenizer*", "*.model", "*.tiktoken", "*.txt"]
+MAX_PROMPT_TOKENS = 256
+ATLAS_BASELINE = "atlas plain decoder (same model, same static cache)"
+PEER_BASELINE = "transformers generate (plain, same prompts)"
+
+
+@dataclass
+class Options:
+    model: str = str(DEFAULT_MODEL)
+    revision: str | None = None
+    device: str = "auto"
+    dtype: str = "float32"
+    workloads: list[str] | None = None
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    draft_tokens: tuple[int, ...] = (1, 2, 3)
+    max_new_tokens: int = 128
+    repeats: int = 5
+    prompts_per_workload: int = 3
+    seed: int = 0
+    top_k: int | None = None
+    top_p: float | None = None
+    threads: int | None = None
+    peer: bool = True
+    out: Path = ROOT / "evidence" / "measurements"
+    command: str = ""
+
+
+def quick(options: Options) -> Options:
+    """`--quick`: every workload still runs (so greedy losslessness is checked on each), but with
+    short horizons, one prompt each and two repeats; about a minute or two on 2 CPU cores."""
+    options.max_new_tokens = min(options.max_new_tokens, 32)
+    options.repeats = min(options.repeats, 2)
+    options.prompts_per_workload = 1
+    return options
+
+
+# ---- loading -----------------------------------------------------------------------------------
+
+
+def _digest(folder: Path) -> str:
+    """sha256 over the checkpoint's config, weights and tokenizer files (names and bytes, sorted)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors", ".txt", ".model")):
+        h.update(path.name.encode() + b"\0")
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+def resolve(model: str, revision: str | None) -> tuple[Path, str, str]:
+    """(local folder, model id, revision). A local folder is used as is (its id is org/name when it
+    sits in the bundled mirror; its revision is a digest of its files); anything else is a hub repo
+    id, downloaded through huggingface_hub (safetensors only) and identified by its commit."""
+    path = Path(model)
+    if path.is_dir():
+        resolved = path.resolve()
+        model_id = resolved.relative_to(MIRROR).as_posix() if resolved.is_relative_to(MIRROR) else model
+        return resolved, model_id, _digest(resolved)
+    if path.exists() or not re.fullmatch(r"[\w.-]+/[\w.-]+", model):
+        raise AtlasError(f"{model!r} is neither a checkpoint folder nor a hub repo id (org/name)")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        folder = Path(snapshot_download(model, revision=revision, allow_patterns=ALLOW_PATTERNS))
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        raise AtlasError(f"cannot download {model}: {exc}") from None
+    if not any(folder.glob("*.safetensors")):
+        raise AtlasError(f"{model} has no safetensors weights (pickled weights are never loaded)")
+    return folder, model, folder.name
+
+
+def load_checkpoint(folder: str, device: torch.device, dtype: torch.dtype):
+    """The main model, its MTP layer and tokenizer, all through transformers' own classes."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_layers import MtpModel
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError) as exc:
+        raise AtlasError(f"transformers cannot load {folder}: {exc}") from None
+    if not getattr(model.config.get_text_config(), "num_mtp_layers", None):
+        raise AtlasError(f"{folder}: the config declares no MTP layer that transformers can load (num_mtp_layers)")
+    model = model.to(device).eval()
+    try:
+        mtp = MtpModel.from_pretrained(model, device_map={"": device}).eval()
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    except (RuntimeError, ValueError, OSError, KeyError) as exc:
+        raise AtlasError(f"{folder}: transformers cannot load the MTP layer or tokenizer: {exc}") from None
+    return model, mtp, tokenizer
+
+
+# ---- the machine -------------------------------------------------------------------------------
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return 0.0
+
+
+def hardware(device: torch.device) -> Hardware:
+    cpu, cores = _cpu_name(), os.cpu_count() or 1
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    gpu_mem = round(torch.cuda.get_device_properties(device).total_memory / 2**30, 1) if gpu else None
+    return Hardware(
+        text=f"GPU: {gpu}" if gpu else f"CPU: {cpu} ({cores} cores)",
+        cpu=cpu,
+        cpu_cores=cores,
+        memory_gib=_memory_gib(),
+        gpu=gpu,
+        gpu_memory_gib=gpu_mem,
+        torch_threads=torch.get_num_threads(),
+    )
+
+
+def software() -> Software:
+    import transformers
+
+    try:
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return Software(python=platform.python_version(), torch=torch.__version__, transformers=transformers.__version__, atlas=__version__, atlas_commit=commit)
+
+
+# ---- timing pieces -----------------------------------------------------------------------------
+
+
+def pass_costs(engine: Engine, prompt: list[int], ks: list[int], reps: int) -> PassCosts:
+    """Median seconds of one 1-row main step, one (k+1)-row verify pass and one MTP draft step,
+    each at the end of `prompt` (the slots written are overwritten by every later run)."""
+    ids = torch.tensor(prompt, device=engine.device)
+    watch = Stopwatch(engine.device)
+
+    def median(fn: Callable[[], object]) -> float:
+        fn()
+        times = []
+        for _ in range(reps):
+            watch.start()
+            fn()
+            times.append(watch.stop())
+        return statistics.median(times)
+
+    with torch.inference_mode():
+        hidden, _ = engine.main(ids, 0)
+        start = len(prompt)
+        step = ids[-1:]
+        plain = median(lambda: engine.main(step, start))
+        verify = {k: median(lambda k=k: engine.main(ids[-(k + 1):], start)) for k in ks}
+        draft = median(lambda: engine.draft(step, hidden[-1:], start - 1))
+    return PassCosts(plain=plain, verify=verify, draft=draft)
+
+
+def _seed(*parts: object) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") & (2**63 - 1)
+
+
+def _generator(device: torch.device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+class Peer:
+    """transformers' own generate, plain and with use_mtp=True; counts main-model forwards with a
+    hook so its verify passes and accepted tokens can be derived like ours."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.forwards = 0
+        model.register_forward_hook(self._count)
+        self.version = __import__("transformers").__version__
+
+    def _count(self, *args: object) -> None:
+        self.forwards += 1
+
+    def prefill_seconds(self, prompt: list[int], s: Sampling) -> float:
+        """generate() of one token: the prefill share subtracted from the peer's times, so that both
+        engines are compared on the decode phase."""
+        return statistics.median(self._generate(prompt, 1, s, False, 0)[1] for _ in range(3))
+
+    def run(self, prompt: list[int], max_new: int, s: Sampling, use_mtp: bool, seed: int, prefill: float) -> RunStats:
+        tokens, seconds = self._generate(prompt, max_new, s, use_mtp, seed)
+        # The first forward is the prefill; each later one verifies the MTP draft(s) of one round.
+        return RunStats(tokens, max(seconds - prefill, 1e-9), [], [], self.forwards - 1)
+
+    def _generate(self, prompt: list[int], max_new: int, s: Sampling, use_mtp: bool, seed: int) -> tuple[list[int], float]:
+        ids = torch.tensor([prompt], device=self.device)
+        kwargs: dict[str, object] = {"do_sample": False}
+        if not s.greedy:
+            kwargs = {"do_sample": True, "temperature": s.temperature, "top_k": s.top_k or 0, "top_p": s.top_p or 1.0}
+        torch.manual_seed(seed)
+        self.forwards = 0
+        watch = Stopwatch(self.device)
+        watch.start()
+        with torch.inference_mode():
+            out = self.model.generate(
+                ids, max_new_tokens=max_new, min_new_tokens=max_new, use_mtp=use_mtp, eos_token_id=None, pad_token_id=0, **kwargs
+            )
+        seconds = watch.stop()
+        return out[0, len(prompt):].tolist(), seconds
+
+
+# ---- the run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Acc:
+    """Raw counts of one cell within one repeat, summed over prompts."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    baseline_seconds: float = 0.0
+    drafted: list[int] | None = None
+    accepted: list[int] | None = None
+    passes: int = 0
+    identical: bool = True
+
+    def add(self, spec: RunStats, plain: RunStats, drafted: list[int], accepted: list[int]) -> None:
+        self.tokens += len(spec.tokens) - 1  # the decode phase's tokens (the first comes from the prefill)
+        self.seconds += spec.seconds
+        self.baseline_seconds += plain.seconds
+        self.drafted = drafted if self.drafted is None else [a + b for a, b in zip(self.drafted, drafted)]
+        self.accepted = accepted if self.accepted is None else [a + b for a, b in zip(self.accepted, accepted)]
+        self.passes += spec.verify_passes
+        self.identical &= spec.tokens == plain.tokens
+
+    def repeat(self, greedy: bool) -> Repeat:
+        return Repeat(
+            tokens=self.tokens,
+            seconds=self.seconds,
+            baseline_seconds=self.baseline_seconds,
+            drafted_per_position=self.drafted or [],
+            accepted_per_position=self.accepted or [],
+            verify_passes=self.passes,
+            identical_to_baseline=self.identical if greedy else None,
+        )
+
+
+def _cell(engine: str, version: str, baseline: str, workload: str, t: float, k: int, repeats: list[Repeat], costs: PassCosts | None) -> Cell:
+    derived = derive(repeats, t, k, costs)
+    enabled, reason = gate(derived, len(repeats))
+    return Cell(engine=engine, engine_version=version, baseline=baseline, workload=workload, temperature=t, draft_tokens=k,
+                repeats=repeats, derived=derived, gate_enabled=enabled, gate_reason=reason)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise AtlasError("--device cuda asked for, but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, Path]:
+    device = pick_device(options.device)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(options.dtype)
+    if dtype is None:
+        raise AtlasError(f"unknown dtype {options.dtype!r} (float32, bfloat16, float16)")
+    # On CPU one thread by default: the matmuls of a small model are too small to share, and on
+    # busy shared cores OpenMP threads waiting on each other made a step several times slower.
+    torch.set_num_threads(options.threads or (1 if device.type == "cpu" else torch.get_num_threads()))
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # use_mtp reloads the MTP weights on every generate() call
+    prompt_set = load_prompt_set()
+    workloads = prompt_set.get(options.workloads)
+    folder, model_id, revision = resolve(options.model, options.revision)
+    log(f"loading {model_id} ({revision[:19]}) on {device} as {options.dtype}")
+    model, mtp, tokenizer = load_checkpoint(str(folder), device, dtype)
+    prompts = {
+        w.name: [tokenizer.encode(p, add_special_tokens=False)[-MAX_PROMPT_TOKENS:] for p in w.prompts[: options.prompts_per_workload]]
+        for w in workloads
+    }
+    ks = sorted(set(options.draft_tokens))
+    longest = max(len(p) for ps in prompts.values() for p in ps)
+    engine = build_engine(model, mtp, longest + options.max_new_tokens + max(ks) + 2, prompts[workloads[0].name][0][:64])
+    costs = pass_costs(engine, prompts[workloads[0].name][0], ks, reps=15 if options.repeats <= 2 else 40)
+    log(f"pass costs: plain {costs.plain * 1e3:.2f} ms, " + ", ".join(f"verify k={k} {v * 1e3:.2f} ms" for k, v in costs.verify.items()) + f", draft {costs.draft * 1e3:.2f} ms")
+    peer = Peer(model, device) if options.peer else None
+    warm = prompts[workloads[0].name][0]
+    for t in options.temperatures:  # warm-up: allocator, kernels, caches; not timed
+        s = Sampling(t, options.top_k, options.top_p)
+        generate_plain(engine, warm, 8, s, _generator(device, 0))
+        for k in ks:
+            generate_speculative(engine, warm, 8, k, s, _generator(device, 0))
+        if peer:
+            peer.run(warm, 4, s, False, 0, 0.0)
+            peer.run(warm, 4, s, True, 0, 0.0)
+    mtp_k = int(model.config.get_text_config().num_mtp_layers)
+    cells: list[Cell] = []
+    for t in options.temperatures:
+        s = Sampling(t, options.top_k, options.top_p)
+        for w in workloads:
+            ours: dict[int, list[Repeat]] = {k: [] for k in ks}
+            theirs: list[Repeat] = []
+            prefill = [peer.prefill_seconds(p, s) for p in prompts[w.name]] if peer else []
+            for r in range(options.repeats):
+                acc = {k: _Acc() for k in ks}
+                peer_acc = _Acc()
+                for i, prompt in enumerate(prompts[w.name]):
+                    order: list[int | None] = [None, *ks]  # None = the plain run
+                    shift = r % len(order)
+                    runs: dict[int | None, RunStats] = {}
+                    for k in order[shift:] + order[:shift]:
+                        gen = _generator(device, _seed(options.seed, t, w.name, i, r, k))
+                        runs[k] = (
+                            generate_plain(engine, prompt, options.max_new_tokens, s, gen)
+                            if k is None
+                            else generate_speculative(engine, prompt, options.max_new_tokens, k, s, gen)
+                        )
+                    for k in ks:
+                        acc[k].add(runs[k], runs[None], runs[k].drafted_per_position, runs[k].accepted_per_position)
+                    if peer:
+                        pair = [False, True] if r % 2 == 0 else [True, False]
+                        got = {m: peer.run(prompt, options.max_new_tokens, s, m, _seed(options.seed, t, w.name, i, r, "peer", m), prefill[i]) for m in pair}
+                        spec = got[True]
+                        accepted = len(spec.tokens) - 1 - spec.verify_passes
+                        peer_acc.add(spec, got[False], [spec.verify_passes * mtp_k], [accepted])
+                for k in ks:
+                    ours[k].append(acc[k].repeat(s.greedy))
+                if peer:
+                    theirs.append(peer_acc.repeat(s.greedy))
+            for k in ks:
+                cells.append(_cell("atlas", __version__, ATLAS_BASELINE, w.name, t, k, ours[k], costs))
+            if peer:
+                cells.append(_cell("transformers-use_mtp", peer.version, PEER_BASELINE, w.name, t, mtp_k, theirs, None))
+            log(summary_line(cells[-len(ks) - (1 if peer else 0):]))
+    record = Record(
+        schema_version=1,
+        run_date=datetime.now(timezone.utc).replace(microsecond=0),
+        model_id=model_id,
+        revision=revision,
+        hardware=hardware(device),
+        software=software(),
+        command=options.command,
+        seed=options.seed,
+        prompt_set=prompt_set.name,
+        prompt_set_digest=prompt_set.digest,
+        settings=Settings(
+            device=str(device), dtype=options.dtype, workloads=[w.name for w in workloads], temperatures=list(options.temperatures),
+            draft_tokens=ks, max_new_tokens=options.max_new_tokens, repeats=options.repeats,
+            prompts_per_workload=options.prompts_per_workload, top_k=options.top_k, top_p=options.top_p,
+        ),
+        pass_costs=costs,
+        cells=cells,
+    )
+    path = write_record(record, options.out)
+    lossy = [c for c in cells if c.engine == "atlas" and c.derived.greedy_lossless is False]
+    if lossy:
+        raise AtlasError(
+            f"greedy speculative output differed from plain greedy in {len(lossy)} cell(s) "
+            f"(e.g. {lossy[0].workload}, k={lossy[0].draft_tokens}); record kept at {path} for inspection"
+        )
+    return record, path
+
+
+def summary_line(cells: list[Cell]) -> str:
+    parts = []
+    for c in cells:
+        d = c.derived
+        acc = "-" if d.acceptance_rate is None else f"{d.acceptance_rate:.2f}"
+        parts.append(f"{'hf' if c.engine != 'atlas' else 'k=' + str(c.draft_tokens)} acc {acc} x{d.speedup:.2f}")
+    return f"  {cells[0].workload:<10} T={cells[0].temperature:g}: " + "; ".join(parts)
+
+
+def command_line() -> str:
+    return shlex.join(["atlas", *sys.argv[1:]])

@@ -1,0 +1,68 @@
+"""The runner and the CLI end to end on the bundled team checkpoint (short horizons), and the
+errors a user can hit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from transformers import MellumConfig, MellumForCausalLM
+
+from atlas import AtlasError
+from atlas.cli import cli
+from atlas.measure import DEFAULT_MODEL, load_checkpoint, resolve
+from atlas.records import read_record
+
+needs_team = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="team checkpoint not built yet")
+
+
+@needs_team
+def test_run_then_import(tmp_path: Path) -> None:
+    out, db = tmp_path / "m", tmp_path / "atlas.duckdb"
+    runner = CliRunner()
+    result = runner.invoke(cli, [
+        "measure", "run", "--workloads", "templated,random", "--temperatures", "0,1", "--draft-tokens", "1,2",
+        "--max-new-tokens", "12", "--repeats", "1", "--prompts-per-workload", "1", "--out", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    [path] = out.glob("*.json")
+    record = read_record(path)
+    assert record.model_id == "mtp-atlas/byte-mtp-8l" and record.revision.startswith("sha256:")
+    engines = {(c.engine, c.workload, c.temperature, c.draft_tokens) for c in record.cells}
+    assert ("atlas", "random", 1.0, 2) in engines and ("transformers-use_mtp", "templated", 0.0, 1) in engines
+    assert all(c.derived.greedy_lossless for c in record.cells if c.temperature == 0)
+    assert all(sum(r.tokens for r in c.repeats) == 11 for c in record.cells)  # decode-phase tokens
+
+    first = runner.invoke(cli, ["measure", "import", "--db", str(db), "--dir", str(out)])
+    second = runner.invoke(cli, ["measure", "import", "--db", str(db), "--dir", str(out)])
+    assert first.exit_code == 0 and "1 record(s) loaded" in first.output
+    assert second.exit_code == 0 and "1 already present" in second.output
+
+    data = json.loads(path.read_text())
+    data["cells"][0]["derived"]["acceptance_rate"] = 0.99
+    (out / "tampered.json").write_text(json.dumps(data))
+    third = runner.invoke(cli, ["measure", "import", "--db", str(db), "--dir", str(out)])
+    assert third.exit_code == 1 and "tampered.json" in third.output and "acceptance_rate" in third.output
+
+
+def test_model_that_is_neither_folder_nor_repo_id() -> None:
+    with pytest.raises(AtlasError, match="neither a checkpoint folder nor a hub repo id"):
+        resolve("not a repo id", None)
+
+
+def test_checkpoint_without_mtp_is_refused(tmp_path: Path) -> None:
+    config = MellumConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          num_key_value_heads=2, head_dim=8, mlp_layer_types=["dense"])
+    MellumForCausalLM(config).save_pretrained(tmp_path)
+    with pytest.raises(AtlasError, match="MTP"):
+        load_checkpoint(str(tmp_path), torch.device("cpu"), torch.float32)
+
+
+def test_bad_cli_values() -> None:
+    result = CliRunner().invoke(cli, ["measure", "run", "--temperatures", "zero", "--no-peer"])
+    assert result.exit_code == 1 and "comma-separated numbers" in result.output
+    result = CliRunner().invoke(cli, ["measure", "run", "--workloads", "nope", "--no-peer"])
+    assert result.exit_code == 1 and "unknown workload" in result.output
