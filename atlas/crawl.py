@@ -44,6 +44,7 @@ from huggingface_hub.errors import (  # noqa: E402
     SafetensorsParsingError,
 )
 from huggingface_hub.utils import close_session, set_client_factory  # noqa: E402
+from huggingface_hub.utils import logging as hf_logging  # noqa: E402
 from huggingface_hub.utils._http import default_client_factory, parse_ratelimit_headers  # noqa: E402
 from pydantic import BaseModel, Field, ValidationError  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -147,13 +148,11 @@ class Pacer:
 
     def observe(self, status: int, headers: Any) -> float | None:
         """Pause everyone when the server says so; returns the pause it asked for."""
-        pause = server_pause(headers)
+        pause = server_pause(headers)  # also on successes: `r=0` there means the next one fails
         if status == 429:
             with self._lock:
                 self.rate_limited += 1
             pause = pause if pause is not None else 1.0
-        elif pause is not None and status < 400:
-            return None  # informational headers on a success: only r=0 (handled below) matters
         if pause is not None:
             self.hold(pause)
         return pause
@@ -544,6 +543,9 @@ def crawl(
     con = store.connect(db)  # taken first: a second concurrent crawl fails before any request
     pacer = Pacer(sleep)
     _install_client(pacer, timeout_s)
+    # the client logs every retry; our summary counts them instead of scrolling past the bar
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
     try:
         ctx = Context(HfApi(endpoint=endpoint, token=token), endpoint, token, cache_dir, pacer)
         problems: list[str] = []
@@ -576,6 +578,7 @@ def crawl(
         return _finish(con, watch, digest, listed, known, stored_errors, fetched, problems, pacer,
                        started, clock, endpoint_label or endpoint)
     finally:
+        hf_logging.set_verbosity(verbosity)
         _restore_client()
         con.close()
 

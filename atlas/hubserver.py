@@ -100,6 +100,15 @@ class Fault:
     error_code: str | None = None
 
 
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # clients dropping idle keep-alive connections are normal, not worth a traceback
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
 class HubServer:
     """The local hub. Use as a context manager; `url` is its endpoint."""
 
@@ -124,8 +133,7 @@ class HubServer:
         self._window_start = 0.0
         self._window_count = 0
         self._pause = threading.Event()  # never set: its wait() is a sleep that tests can't patch away
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
-        self._httpd.daemon_threads = True
+        self._httpd = _QuietServer(("127.0.0.1", 0), _make_handler(self))
         self._thread: threading.Thread | None = None
 
     @property

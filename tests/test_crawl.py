@@ -355,3 +355,23 @@ def test_hub_server_speaks_the_resolve_contract(make_hub) -> None:
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(f"{hub.url}/_unattributed/XiaomiMiMo-MiMo-7B-variant-from-jj8127-mimo_kor/resolve/main/config.json")
     assert info.value.headers["X-Error-Code"] == "RepoNotFound"
+
+
+def test_single_file_checkpoint_names_come_from_its_header(tmp_path: Path, make_hub) -> None:
+    """How the team model is fingerprinted: a single model.safetensors, read with Range requests."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    mirror = copy_mirror(tmp_path / "m", ["Qwen/Qwen3-Next-80B-A3B-Thinking"])
+    names = ["model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight", "model.norm.weight",
+             "mtp.fc.weight", "mtp.layers.0.self_attn.q_proj.weight", "mtp.norm.weight"]
+    save_file({n: np.zeros((4, 4), dtype=np.float32) for n in names},
+              str(mirror / "Qwen/Qwen3-Next-80B-A3B-Thinking/model.safetensors"))
+    hub = make_hub(mirror)
+    summary = run_crawl(tmp_path, hub, write_watchlist(tmp_path / "w.toml", ["Qwen"]))
+    assert (summary.fetched, summary.failed) == (1, 0)
+    row = query(tmp_path / "atlas.duckdb", "SELECT declared_num_mtp_layers, shipped_mtp_layers, shipped_evidence, "
+                                           "weight_source FROM mtp_fingerprints")
+    assert row == [(None, 1, "mtp.*", "header")]
+    weights = [r for r in hub.file_requests() if r["path"].endswith("model.safetensors")]
+    assert weights and all(r["method"] == "GET" and r["range"] for r in weights)
