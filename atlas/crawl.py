@@ -350,7 +350,7 @@ def fetch_repo(ctx: Context, item: Listed) -> Fetched:
             return raw, parse(raw)
         except (RepoProblem, AtlasError) as exc:
             if getattr(exc, "kind", "error") != "missing" or siblings is not None:
-                out.problems[filename] = str(exc)
+                out.problems[filename] = str(exc).removeprefix(f"{filename}: ")
             return None
 
     if siblings is None or "hf_quant_config.json" in siblings:
@@ -365,7 +365,7 @@ def fetch_repo(ctx: Context, item: Listed) -> Fetched:
         try:
             out.weights = ("header", _header_names(ctx, item.repo_id, item.sha))
         except RepoProblem as exc:
-            out.problems["model.safetensors"] = str(exc)
+            out.problems["model.safetensors"] = str(exc).removeprefix("model.safetensors: ")
     return out
 
 
@@ -403,7 +403,7 @@ def _base_models(info: Any) -> tuple[list[str], str | None]:
     card = getattr(info, "card_data", None)
     if not bases and card is not None:
         value = card.get("base_model") if hasattr(card, "get") else None
-        bases = [value] if isinstance(value, str) else [v for v in value or [] if isinstance(v, str)]
+        bases = [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
         rel = card.get("base_model_relation") if hasattr(card, "get") else None
         relation = rel if isinstance(rel, str) else relation
     for tag in getattr(info, "tags", None) or []:

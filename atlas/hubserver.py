@@ -367,7 +367,7 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             try:
                 if hub.latency_s:
                     hub._pause.wait(hub.latency_s)
-                self._dispatch(path, parse_qs(split.query), split.query, head)
+                self._dispatch(path, parse_qs(split.query), head)
             except (BrokenPipeError, ConnectionResetError):
                 pass
             except Exception as exc:  # a server bug must reach the client as a 500, not a dropped socket
@@ -382,7 +382,7 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                     }
                 )
 
-        def _dispatch(self, path: str, query: dict[str, list[str]], raw_query: str, head: bool) -> None:
+        def _dispatch(self, path: str, query: dict[str, list[str]], head: bool) -> None:
             fault = hub._take_fault(self.command, path)
             if fault is not None:
                 self._error(fault.status, fault.error_code, f"injected {fault.status}", head, fault.headers)
@@ -401,7 +401,7 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 )
                 return
             if path == "/api/models":
-                self._list(query, raw_query, head)
+                self._list(query, head)
             elif path.startswith("/api/models/"):
                 self._info(path[len("/api/models/"):], query, head)
             elif "/resolve/" in path:
@@ -411,7 +411,7 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
 
         # -- endpoints ------------------------------------------------------------------------
 
-        def _list(self, query: dict[str, list[str]], raw_query: str, head: bool) -> None:
+        def _list(self, query: dict[str, list[str]], head: bool) -> None:
             expand = query.get("expand", [])
             unknown = [e for e in expand if e not in EXPANDABLE]
             if unknown:

@@ -215,7 +215,7 @@ def test_bad_input_is_a_clear_per_repo_error(tmp_path: Path, make_hub) -> None:
         "bad/array": "config.json: JSON an array, expected an object",
         "bad/huge": "config.json: 52,428,802 bytes, over the 8,388,608-byte limit",
         "bad/latin1": "config.json: not UTF-8 text",
-        "bad/badindex": "model.safetensors.index.json: model.safetensors.index.json: 'weight_map' is an array",
+        "bad/badindex": "model.safetensors.index.json: 'weight_map' is an array, expected an object",
         "bad/<script>alert(1)<": "not a valid Hub repo id: 'bad/<script>alert(1)<'",
         "bad/new\nline": "not a valid Hub repo id: 'bad/new\\nline'",
     }
