@@ -383,6 +383,11 @@ def fingerprint_stored(files: dict[str, str], weights: tuple[str, list[str]] | N
 # ---- listing ------------------------------------------------------------------------------------
 
 
+def utc_now() -> datetime:
+    """Snapshot times are naive UTC (DuckDB TIMESTAMP), whatever the machine's time zone."""
+    return datetime.now(timezone.utc).replace(tzinfo=None, microsecond=0)
+
+
 def _naive_utc(value: datetime | None) -> datetime | None:
     if value is None:
         return None
@@ -538,7 +543,7 @@ def crawl(
     if token is None:
         token = os.environ.get("HF_TOKEN") or False  # used, never stored or logged
     cache_dir = cache_dir or db.parent / "hf-cache"
-    started = datetime.now().replace(microsecond=0)
+    started = utc_now()
     clock = time.monotonic()
     con = store.connect(db)  # taken first: a second concurrent crawl fails before any request
     pacer = Pacer(sleep)
@@ -656,7 +661,7 @@ def _finish(
     )
     status = "complete" if not problems else "partial"
     snapshot = store.SnapshotRow(
-        started_at=started, finished_at=datetime.now().replace(microsecond=0), endpoint=endpoint_label,
+        started_at=started, finished_at=utc_now(), endpoint=endpoint_label,
         watchlist_digest=digest, status=status, rule_version=RULE_VERSION, n_requests=pacer.requests,
         n_rate_limited=pacer.rate_limited, problems="; ".join(problems) or None, **summary_counts,
     )

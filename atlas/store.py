@@ -16,7 +16,7 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -292,7 +292,7 @@ def write_snapshot(
     con.execute("BEGIN TRANSACTION")
     try:
         (snapshot_id,) = con.execute("SELECT coalesce(max(snapshot_id), 0) + 1 FROM snapshots").fetchall()[0]
-        now = datetime.now().replace(microsecond=0)
+        now = datetime.now(timezone.utc).replace(tzinfo=None, microsecond=0)
         # raw files and tensor names are immutable per (repo_id, sha): insert only what is new
         known = {(r, s, f) for r, s, f in con.execute("SELECT repo_id, sha, filename FROM raw_files").fetchall()}
         new_files = [f for f in files if (f.repo_id, f.sha, f.filename) not in known]
