@@ -93,60 +93,63 @@ def speculative_accept(
 # ---- the model, in pieces ------------------------------------------------------------------------
 
 
-def _norm_fn(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """F.rms_norm when it reproduces the module (x̂·w in fp32), else the module itself.
+def _rms_weight(module: nn.Module | None) -> tuple[torch.Tensor, float] | None:
+    """(weight, eps) when `module` computes the plain RMS norm x̂·w, else None.
 
     Checked numerically, because families differ silently (e.g. Qwen3-Next's zero-centred x̂·(1+w)).
     """
     weight = getattr(module, "weight", None)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or not isinstance(eps, float):
-        return module
-    x = torch.randn(3, weight.shape[0], dtype=weight.dtype, device=weight.device)
+        return None
     w = weight.detach()
+    x = torch.randn(3, w.shape[0], dtype=w.dtype, device=w.device)
+    return (w, eps) if torch.allclose(_rms(x, eps) * w, module(x), atol=1e-5, rtol=1e-4) else None
 
-    def fast(t: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(t, (w.shape[0],), w, eps)
 
-    return fast if torch.allclose(fast(x), module(x), atol=1e-5, rtol=1e-4) else module
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x²) + eps) over the last dim. Built from vector_norm because on CPU, at these
+    sizes, torch.rms_norm and mean() cost several times more than these few elementwise ops."""
+    r = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    return x * r.square_().mul_(1.0 / x.shape[-1]).add_(eps).rsqrt_()
 
 
 class Linear:
-    """y = x W^T (+ b) for several nn.Linear fused along the output dim.
+    """y = x Wᵀ (+ b), with W possibly several fused projections and norm weights folded in.
 
-    On CPU the weight is stored pre-transposed and contiguous so torch.mm takes its fast path for a
-    few rows (stock nn.Linear doubles in cost from 1 to 2 rows there). On CUDA the fused weight is
-    one tensor and the modules are re-pointed at slices of it, so no memory is duplicated.
+    On CPU the weight is stored pre-transposed and contiguous, so torch.mm takes its fast path for
+    a few rows (stock nn.Linear doubles in cost from 1 to 2 rows there); on CUDA F.linear is used.
     """
 
-    def __init__(self, modules: list[nn.Linear], device: torch.device) -> None:
-        w = torch.cat([m.weight.detach() for m in modules])
-        biases = [m.bias for m in modules]
-        self.bias = (
-            None
-            if all(b is None for b in biases)
-            else torch.cat(
-                [b.detach() if b is not None else m.weight.new_zeros(m.out_features) for m, b in zip(modules, biases)]
-            )
-        )
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None, device: torch.device) -> None:
         self.cpu = device.type == "cpu"
-        if self.cpu:
-            self.w = w.t().contiguous()
-        else:
-            self.w = w
-            offset = 0
-            for m in modules:
-                m.weight.data = w[offset : offset + m.out_features]
-                offset += m.out_features
+        self.w = w.t().contiguous() if self.cpu else w.contiguous()
+        self.b = b
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if not self.cpu:
-            y = F.linear(x, self.w, self.bias)
+            y = F.linear(x, self.w, self.b)
             return y if residual is None else residual + y
-        if residual is not None and self.bias is None:
-            return torch.addmm(residual, x, self.w)
-        y = torch.mm(x, self.w) if self.bias is None else torch.addmm(self.bias, x, self.w)
+        if self.b is None:
+            return torch.mm(x, self.w) if residual is None else torch.addmm(residual, x, self.w)
+        y = torch.addmm(self.b, x, self.w)
         return y if residual is None else residual + y
+
+
+def _fused(linears: list[nn.Linear], device: torch.device, in_scale: torch.Tensor | None = None,
+           row_scale: list[float] | None = None) -> Linear:
+    """Concatenate projections along the output dim; fold a preceding norm's weight into the input
+    columns (x̂·w)Wᵀ = x̂(W·diag w)ᵀ, and per-projection constants into the output rows."""
+    scales = row_scale or [1.0] * len(linears)
+    w = torch.cat([m.weight.detach() * s for m, s in zip(linears, scales)])
+    if in_scale is not None:
+        w = w * in_scale[None, :]
+    biases = [m.bias for m in linears]
+    b = None
+    if any(x is not None for x in biases):
+        b = torch.cat([(x.detach() if x is not None else m.weight.new_zeros(m.out_features)) * s
+                       for m, x, s in zip(linears, biases, scales)])
+    return Linear(w, b, device)
 
 
 class SlotCache:
@@ -170,61 +173,82 @@ class SlotCache:
 
 
 @dataclass
-class Layer:
-    """One decoder layer. `module` set = run the whole transformers layer (fallback)."""
+class FastLayer:
+    """A standard pre-norm layer as fused tensors: RMS norms folded into the matmuls that follow
+    them, one qkv matmul, q/k head norms applied together (with the attention scale folded into
+    q's norm weight, or into q's rows when there is none), one gate/up matmul."""
 
-    module: nn.Module | None = None
-    slot: SlotCache | None = None
-    window: int | None = None  # sliding-window size, None = full attention
-    # fast path pieces
-    norm1: Callable | None = None
-    norm2: Callable | None = None
-    qkv: Linear | None = None
-    o: Linear | None = None
-    q_norm: Callable | None = None
-    k_norm: Callable | None = None
-    mlp_in: Linear | None = None
-    mlp_down: Linear | None = None
-    mlp: Callable | None = None
-    heads: int = 0
-    kv_heads: int = 0
-    head_dim: int = 0
-    scale: float = 1.0
-    k_cache: torch.Tensor | None = None
-    v_cache: torch.Tensor | None = None
+    qkv: Linear
+    o: Linear
+    qk_weight: torch.Tensor | None  # [heads + kv_heads, head_dim]
+    head_eps: float
+    eps1: float
+    eps2: float
+    mlp_in: Linear | None
+    mlp_down: Linear | None
+    mlp: nn.Module | None  # a non-dense MLP (e.g. MoE), run as its module on the normed input
+    norm2_weight: torch.Tensor | None  # only needed when the MLP is a module
+    heads: int
+    kv_heads: int
+    head_dim: int
+    window: int | None
+    k_cache: torch.Tensor  # [kv_heads, max_len, head_dim]
+    v_cache: torch.Tensor
 
 
-def _fast_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: torch.dtype) -> Layer | None:
-    """Recognise a standard pre-norm layer: q/k/v/o projections (optional per-head q/k norms), RoPE
-    over the full head dim, and a dense or module MLP. None = not recognised."""
+@dataclass
+class ModuleLayer:
+    """Fallback: the whole transformers layer, called with a SlotCache and explicit masks."""
+
+    module: nn.Module
+    slot: SlotCache
+    window: int | None
+
+
+Layer = FastLayer | ModuleLayer
+
+
+def _fast_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: torch.dtype) -> FastLayer | None:
+    """Recognise q/k/v/o projections (optional per-head RMS q/k norms), RMS pre-norms and a dense
+    SiLU-gated or module MLP. None = not recognised; RoPE fit is checked by Engine.validate."""
     attn = getattr(layer, "self_attn", None)
-    names = ("q_proj", "k_proj", "v_proj", "o_proj")
-    if attn is None or not all(isinstance(getattr(attn, n, None), nn.Linear) for n in names):
+    if attn is None or not all(isinstance(getattr(attn, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
         return None
-    if not all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm", "mlp")):
-        return None
+    norm1 = _rms_weight(getattr(layer, "input_layernorm", None))
+    norm2 = _rms_weight(getattr(layer, "post_attention_layernorm", None))
     head_dim = int(getattr(attn, "head_dim", 0))
-    if head_dim == 0 or attn.q_proj.out_features % head_dim or attn.k_proj.out_features % head_dim:
+    if norm1 is None or norm2 is None or not hasattr(layer, "mlp") or head_dim == 0:
         return None
     heads, kv_heads = attn.q_proj.out_features // head_dim, attn.k_proj.out_features // head_dim
+    if heads * head_dim != attn.q_proj.out_features or kv_heads * head_dim != attn.k_proj.out_features or heads % kv_heads:
+        return None
+    scale = float(getattr(attn, "scaling", head_dim**-0.5))
+    has_q, has_k = hasattr(attn, "q_norm"), hasattr(attn, "k_norm")
+    q_norm, k_norm = _rms_weight(getattr(attn, "q_norm", None)), _rms_weight(getattr(attn, "k_norm", None))
+    if has_q != has_k or (has_q and (q_norm is None or k_norm is None or q_norm[1] != k_norm[1])):
+        return None
+    qk_weight = None
+    if q_norm is not None and k_norm is not None:
+        qk_weight = torch.cat([(q_norm[0] * scale).expand(heads, head_dim), k_norm[0].expand(kv_heads, head_dim)])
+    qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj], device, norm1[0], None if has_q else [scale, 1.0, 1.0])
     mlp = layer.mlp
     dense = all(isinstance(getattr(mlp, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj"))
     silu = dense and type(getattr(mlp, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU")
-    return Layer(
-        window=getattr(attn, "sliding_window", None),
-        norm1=_norm_fn(layer.input_layernorm),
-        norm2=_norm_fn(layer.post_attention_layernorm),
-        qkv=Linear([attn.q_proj, attn.k_proj, attn.v_proj], device),
-        o=Linear([attn.o_proj], device),
-        q_norm=_norm_fn(attn.q_norm) if hasattr(attn, "q_norm") else None,
-        k_norm=_norm_fn(attn.k_norm) if hasattr(attn, "k_norm") else None,
-        mlp_in=Linear([mlp.gate_proj, mlp.up_proj], device) if silu else None,
-        mlp_down=Linear([mlp.down_proj], device) if silu else None,
+    return FastLayer(
+        qkv=qkv,
+        o=_fused([attn.o_proj], device),
+        qk_weight=qk_weight,
+        head_eps=q_norm[1] if q_norm else 0.0,
+        eps1=norm1[1],
+        eps2=norm2[1],
+        mlp_in=_fused([mlp.gate_proj, mlp.up_proj], device, norm2[0]) if silu else None,
+        mlp_down=_fused([mlp.down_proj], device) if silu else None,
         mlp=None if silu else mlp,
+        norm2_weight=None if silu else norm2[0],
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
-        scale=float(getattr(attn, "scaling", head_dim**-0.5)),
+        window=getattr(attn, "sliding_window", None),
         k_cache=torch.zeros(kv_heads, max_len, head_dim, device=device, dtype=dtype),
         v_cache=torch.zeros(kv_heads, max_len, head_dim, device=device, dtype=dtype),
     )
@@ -233,8 +257,7 @@ def _fast_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: tor
 def _build_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: torch.dtype, fast: bool) -> Layer:
     built = _fast_layer(layer, max_len, device, dtype) if fast else None
     if built is None:
-        attn = getattr(layer, "self_attn", None)
-        built = Layer(module=layer, slot=SlotCache(max_len), window=getattr(attn, "sliding_window", None))
+        return ModuleLayer(layer, SlotCache(max_len), getattr(getattr(layer, "self_attn", None), "sliding_window", None))
     return built
 
 
@@ -258,78 +281,83 @@ def _rope_table(rotary: nn.Module, layer_type: str | None, max_pos: int, device:
     return Rope(cos, sin, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1))
 
 
-def _layer_forward(
-    L: Layer, x: torch.Tensor, start: int, rope: Rope, rope_start: int, masks: "Masks"
-) -> torch.Tensor:
-    """x: [n, d] rows at cache slots [start, start+n), RoPE positions [rope_start, rope_start+n)."""
-    n = x.shape[0]
+@dataclass
+class Step:
+    """What every layer of one forward shares, sliced once per forward rather than per layer."""
+
+    start: int
+    n: int
+    cos: torch.Tensor  # [n, 1, head_dim]
+    sin_signed: torch.Tensor
+    rope: Rope
+    rope_start: int
+
+
+def _fast_forward(L: FastLayer, x: torch.Tensor, st: Step, mask: torch.Tensor | None) -> torch.Tensor:
+    n, start = st.n, st.start
     end = start + n
-    cos, sin = rope.cos[rope_start : rope_start + n], rope.sin[rope_start : rope_start + n]
-    if L.module is not None:
-        L.slot.start = start
-        return L.module(
-            x[None],
-            attention_mask=masks.additive(L.window, start, n),
-            position_ids=torch.arange(rope_start, rope_start + n, device=x.device)[None],
-            cache=L.slot,
-            position_embeddings=(cos[None], sin[None]),
-        )[0]
     h, kv, hd = L.heads, L.kv_heads, L.head_dim
-    qkv = L.qkv(L.norm1(x)).view(n, h + 2 * kv, hd)
-    q, k, v = qkv[:, :h], qkv[:, h : h + kv], qkv[:, h + kv :]
-    if L.q_norm is not None:
-        q = L.q_norm(q)
-    if L.k_norm is not None:
-        k = L.k_norm(k)
-    qk = torch.cat([q, k], dim=1)  # one RoPE for q and k together
-    sin_signed = rope.sin_signed[rope_start : rope_start + n, None]
-    qk = torch.addcmul(qk * cos[:, None], qk.view(n, h + kv, 2, hd // 2).flip(2).view(n, h + kv, hd), sin_signed)
+    qkv = L.qkv(_rms(x, L.eps1)).view(n, h + 2 * kv, hd)
+    qk = qkv[:, : h + kv]
+    if L.qk_weight is not None:
+        qk = _rms(qk, L.head_eps) * L.qk_weight
+    # RoPE on q and k together: x*cos + swap_halves(x)*sin_signed == x*cos + rotate_half(x)*sin
+    qk = torch.addcmul(qk * st.cos, qk.unflatten(-1, (2, hd // 2)).flip(-2).flatten(-2), st.sin_signed)
     L.k_cache[:, start:end] = qk[:, h:].transpose(0, 1)
-    L.v_cache[:, start:end] = v.transpose(0, 1)
-    attn = F.scaled_dot_product_attention(
-        qk[:, :h].transpose(0, 1),
-        L.k_cache[:, :end],
-        L.v_cache[:, :end],
-        attn_mask=masks.boolean(L.window, start, n),
-        scale=L.scale,
-        enable_gqa=h != kv,
-    )
-    x = L.o(attn.transpose(0, 1).reshape(n, h * hd), residual=x)
-    y = L.norm2(x)
+    L.v_cache[:, start:end] = qkv[:, h + kv :].transpose(0, 1)
+    # Attention by hand (two bmm and a softmax cost less than SDPA's CPU kernel for a few rows);
+    # query heads are grouped under their shared kv head, as repeat_kv would pair them.
+    g = h // kv
+    q = qk[:, :h].transpose(0, 1).reshape(kv, g * n, hd)
+    scores = torch.bmm(q, L.k_cache[:, :end].transpose(1, 2))
+    if mask is not None:
+        scores.view(kv, g, n, end).add_(mask)
+    out = torch.bmm(scores.softmax(-1), L.v_cache[:, :end])
+    x = L.o(out.view(h, n, hd).transpose(0, 1).reshape(n, h * hd), residual=x)
+    y = _rms(x, L.eps2)
     if L.mlp is not None:
-        return x + L.mlp(y[None])[0]
+        return x + L.mlp((y * L.norm2_weight)[None])[0]
     gate, up = L.mlp_in(y).chunk(2, dim=-1)
-    return L.mlp_down(F.silu(gate) * up, residual=x)
+    return L.mlp_down(F.silu(gate).mul_(up), residual=x)
+
+
+def _module_forward(L: ModuleLayer, x: torch.Tensor, st: Step, mask: torch.Tensor | None) -> torch.Tensor:
+    L.slot.start = st.start
+    rs = st.rope_start
+    return L.module(
+        x[None],
+        attention_mask=None if mask is None else mask[None, None],
+        position_ids=torch.arange(rs, rs + st.n, device=x.device)[None],
+        cache=L.slot,
+        position_embeddings=(st.rope.cos[rs : rs + st.n][None], st.rope.sin[rs : rs + st.n][None]),
+    )[0]
+
+
+def _layer_forward(L: Layer, x: torch.Tensor, st: Step, masks: "Masks") -> torch.Tensor:
+    mask = masks.get(L.window, st.start, st.n)
+    if isinstance(L, FastLayer):
+        return _fast_forward(L, x, st, mask)
+    return _module_forward(L, x, st, mask)
 
 
 class Masks:
-    """Precomputed causal (optionally sliding-window) masks, sliced per call: no per-step mask building."""
+    """Precomputed additive causal (optionally sliding-window) masks, sliced per call."""
 
     def __init__(self, max_len: int, device: torch.device, dtype: torch.dtype) -> None:
         i = torch.arange(max_len, device=device)
         self.rel = i[:, None] - i[None, :]  # query slot - key slot
         self.dtype = dtype
-        self._cache: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._tables: dict[int | None, torch.Tensor] = {}
 
-    def _tables(self, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if window not in self._cache:
-            allowed = self.rel >= 0 if window is None else (self.rel >= 0) & (self.rel < window)
-            additive = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
-            additive.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-            self._cache[window] = (allowed, additive)
-        return self._cache[window]
-
-    def _needed(self, window: int | None, start: int, n: int) -> bool:
+    def get(self, window: int | None, start: int, n: int) -> torch.Tensor | None:
         # One query at the end of the cache sees every earlier slot unless a window cuts it off.
-        return n > 1 or (window is not None and start + 1 > window)
-
-    def boolean(self, window: int | None, start: int, n: int) -> torch.Tensor | None:
-        return self._tables(window)[0][start : start + n, : start + n] if self._needed(window, start, n) else None
-
-    def additive(self, window: int | None, start: int, n: int) -> torch.Tensor | None:
-        if not self._needed(window, start, n):
+        if n == 1 and (window is None or start < window):
             return None
-        return self._tables(window)[1][start : start + n, : start + n][None, None]
+        if window not in self._tables:
+            allowed = self.rel >= 0 if window is None else (self.rel >= 0) & (self.rel < window)
+            table = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
+            self._tables[window] = table.masked_fill_(~allowed, float("-inf"))
+        return self._tables[window][start : start + n, : start + n]
 
 
 @dataclass
@@ -343,39 +371,37 @@ class Engine:
     dtype: torch.dtype
     fast: bool = True
     layers: list[Layer] = field(default_factory=list)
-    mtp_block: Layer | None = None
 
     def __post_init__(self) -> None:
         base = self.model.get_decoder()
         config = self.model.config.get_text_config()
         d = config.hidden_size
-        self.embed = base.embed_tokens.weight.detach()
         if type(base.embed_tokens) is not nn.Embedding:
             raise AtlasError(f"unsupported embedding module {type(base.embed_tokens).__name__}")
+        self.embed = base.embed_tokens.weight.detach()
         self.layers = [_build_layer(layer, self.max_len, self.device, self.dtype, self.fast) for layer in base.layers[: config.num_hidden_layers]]
-        self.norm = _norm_fn(base.norm)
-        self.head = Linear([self.model.lm_head], self.device)
+        self.norm = self._norm(base.norm)
+        self.head = _fused([self.model.lm_head], self.device)
         self.masks = Masks(self.max_len, self.device, self.dtype)
         per_layer_rope = len(config.nested_rope_parameter_keys(config.rope_parameters)) > 0
         types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
         self._ropes: dict[str | None, Rope] = {}
         self.layer_ropes = [self._rope(base.rotary_emb, t if per_layer_rope else None) for t in types[: len(self.layers)]]
-        # The MTP layer: its norms, its [e;h] (or [h;e]) projection split in two halves so no concat is
-        # needed, its decoder block, and the norm(s) whose output is both the logits input and the
-        # hidden recycled into the next draft step.
+        # The MTP layer: e and h norms folded into the two halves of its projection (split so no
+        # concat is needed, in the order the layer itself uses), its decoder block, and the
+        # norm(s) whose output is both the logits input and the hidden recycled for the next draft.
         mtp_layer = self.mtp.layers[0]
-        self.enorm, self.hnorm = _norm_fn(mtp_layer.enorm), _norm_fn(mtp_layer.hnorm)
+        enorm, hnorm = _rms_weight(mtp_layer.enorm), _rms_weight(mtp_layer.hnorm)
+        if enorm is None or hnorm is None:
+            raise AtlasError("unsupported MTP input norms (not a plain RMS norm)")
+        self.mtp_eps = (enorm[1], hnorm[1])
         halves = mtp_layer.eh_proj.weight.detach().split(d, dim=1)
         hidden_first = bool(getattr(self.mtp.config, "mtp_hidden_states_first", False))
         w_e, w_h = (halves[1], halves[0]) if hidden_first else halves
-        self.mtp_e = Linear([_as_linear(w_e)], self.device)
-        self.mtp_h = Linear([_as_linear(w_h)], self.device)
+        self.mtp_e = Linear(w_e * enorm[0][None, :], None, self.device)
+        self.mtp_h = Linear(w_h * hnorm[0][None, :], None, self.device)
         self.mtp_block = _build_layer(mtp_layer.mtp_block, self.max_len, self.device, self.dtype, self.fast)
-        self.mtp_post = [
-            _norm_fn(m)
-            for m in (mtp_layer.post_norm, getattr(self.mtp, "shared_post_norm", None))
-            if m is not None
-        ]
+        self.mtp_post = [self._norm(m) for m in (mtp_layer.post_norm, getattr(self.mtp, "shared_post_norm", None)) if m is not None]
         mtp_types = getattr(self.mtp.config, "layer_types", None)
         mtp_type = mtp_types[0] if (self.mtp.has_per_layer_rope and mtp_types) else None
         self.mtp_rope = self._rope(self.mtp.rotary_emb, mtp_type)
@@ -383,16 +409,32 @@ class Engine:
         if special:
             raise AtlasError(f"unsupported MTP head options: {', '.join(special)}")
 
+    @staticmethod
+    def _norm(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        rms = _rms_weight(module)
+        if rms is None:
+            return module
+        w, eps = rms
+        return lambda x: _rms(x, eps) * w
+
     def _rope(self, rotary: nn.Module, layer_type: str | None) -> Rope:
         if layer_type not in self._ropes:
             self._ropes[layer_type] = _rope_table(rotary, layer_type, self.max_len + 1, self.device, self.dtype)
         return self._ropes[layer_type]
 
+    @staticmethod
+    def _step(rope: Rope, start: int, n: int, rope_start: int) -> Step:
+        cos = rope.cos[rope_start : rope_start + n, None]
+        return Step(start, n, cos, rope.sin_signed[rope_start : rope_start + n, None], rope, rope_start)
+
     def main(self, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens at positions [start, start+n) -> (post-norm hidden [n, d], logits [n, V])."""
         x = F.embedding(ids, self.embed)
+        n = ids.shape[0]
+        steps: dict[int, Step] = {}
         for layer, rope in zip(self.layers, self.layer_ropes):
-            x = _layer_forward(layer, x, start, rope, start, self.masks)
+            st = steps.get(id(rope)) or steps.setdefault(id(rope), self._step(rope, start, n, start))
+            x = _layer_forward(layer, x, st, self.masks)
         h = self.norm(x)
         return h, self.head(h)
 
@@ -402,8 +444,8 @@ class Engine:
         Returns (the output hidden of the last row, to feed back for the next draft step;
         the logits of the last row, the draft distribution for the token two ahead of hidden's)."""
         e = F.embedding(ids, self.embed)
-        x = self.mtp_h(self.hnorm(hidden), residual=self.mtp_e(self.enorm(e)))
-        x = _layer_forward(self.mtp_block, x, start, self.mtp_rope, start + 1, self.masks)[-1:]
+        x = self.mtp_h(_rms(hidden, self.mtp_eps[1]), residual=self.mtp_e(_rms(e, self.mtp_eps[0])))
+        x = _layer_forward(self.mtp_block, x, self._step(self.mtp_rope, start, ids.shape[0], start + 1), self.masks)[-1:]
         for norm in self.mtp_post:
             x = norm(x)
         return x, self.head(x)[0]
@@ -432,24 +474,28 @@ class Engine:
         return max(errors)
 
 
-def _as_linear(weight: torch.Tensor) -> nn.Linear:
-    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
-    lin.weight.data = weight.contiguous()
-    return lin
-
-
 @torch.no_grad()
 def build_engine(model: nn.Module, mtp: nn.Module, max_len: int, check_prompt: list[int]) -> Engine:
     """Fast pieces where recognised; if they do not reproduce transformers (or do not fit, e.g. a
-    partial RoPE), whole-layer modules; if those do not either, AtlasError."""
-    device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
-    try:
-        engine = Engine(model, mtp, max_len, device, dtype, fast=True)
-        engine.validate(check_prompt)
-    except (AtlasError, RuntimeError):
-        engine = Engine(model, mtp, max_len, device, dtype, fast=False)
-        engine.validate(check_prompt)
+    partial RoPE), whole-layer modules; if those do not either, AtlasError.
+
+    The fast pieces hold their own (fused, folded) copy of the projection weights, so on a GPU
+    without room for a second copy the module path is used from the start."""
+    param = next(model.parameters())
+    device, dtype = param.device, param.dtype
+    fast = True
+    if device.type == "cuda":
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        fast = weight_bytes < 0.8 * torch.cuda.mem_get_info(device)[0]
+    if fast:
+        try:
+            engine = Engine(model, mtp, max_len, device, dtype, fast=True)
+            engine.validate(check_prompt)
+            return engine
+        except (AtlasError, RuntimeError):
+            pass
+    engine = Engine(model, mtp, max_len, device, dtype, fast=False)
+    engine.validate(check_prompt)
     return engine
 
 

@@ -195,29 +195,42 @@ def software() -> Software:
 # ---- timing pieces -----------------------------------------------------------------------------
 
 
-def pass_costs(engine: Engine, prompt: list[int], ks: list[int], reps: int) -> PassCosts:
-    """Median seconds of one 1-row main step, one (k+1)-row verify pass and one MTP draft step,
-    each at the end of `prompt` (the slots written are overwritten by every later run)."""
-    ids = torch.tensor(prompt, device=engine.device)
-    watch = Stopwatch(engine.device)
+class PassTimer:
+    """Times single forwards: a 1-row main step, a (k+1)-row verify pass per k, and a 1-row MTP draft
+    step, all at `position` (mid-generation, so attention spans a typical cache). Samples are taken
+    round-robin, and again before every workload, so they see the same machine load as the runs;
+    the record keeps their medians. Values in the cache do not affect timing, so the slots these
+    calls overwrite need no restoring."""
 
-    def median(fn: Callable[[], object]) -> float:
-        fn()
-        times = []
-        for _ in range(reps):
-            watch.start()
-            fn()
-            times.append(watch.stop())
-        return statistics.median(times)
+    def __init__(self, engine: Engine, ks: list[int], position: int) -> None:
+        self.engine, self.ks, self.position = engine, ks, position
+        self.ids = torch.zeros(max(ks) + 1, dtype=torch.long, device=engine.device)
+        self.hidden = torch.zeros(1, engine.embed.shape[1], dtype=engine.dtype, device=engine.device)
+        self.samples: dict[str, list[float]] = {}
+        self.watch = Stopwatch(engine.device)
 
-    with torch.inference_mode():
-        hidden, _ = engine.main(ids, 0)
-        start = len(prompt)
-        step = ids[-1:]
-        plain = median(lambda: engine.main(step, start))
-        verify = {k: median(lambda k=k: engine.main(ids[-(k + 1):], start)) for k in ks}
-        draft = median(lambda: engine.draft(step, hidden[-1:], start - 1))
-    return PassCosts(plain=plain, verify=verify, draft=draft)
+    def _calls(self) -> dict[str, Callable[[], object]]:
+        e, p = self.engine, self.position
+        calls: dict[str, Callable[[], object]] = {"plain": lambda: e.main(self.ids[:1], p)}
+        for k in self.ks:
+            calls[f"verify{k}"] = lambda k=k: e.main(self.ids[: k + 1], p)
+        calls["draft"] = lambda: e.draft(self.ids[:1], self.hidden, p)
+        return calls
+
+    def sample(self, reps: int) -> None:
+        calls = self._calls()
+        with torch.inference_mode():
+            for fn in calls.values():  # warm
+                fn()
+            for _ in range(reps):
+                for name, fn in calls.items():
+                    self.watch.start()
+                    fn()
+                    self.samples.setdefault(name, []).append(self.watch.stop())
+
+    def costs(self) -> PassCosts:
+        med = {name: statistics.median(times) for name, times in self.samples.items()}
+        return PassCosts(plain=med["plain"], verify={k: med[f"verify{k}"] for k in self.ks}, draft=med["draft"])
 
 
 def _seed(*parts: object) -> int:
@@ -343,8 +356,8 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     ks = sorted(set(options.draft_tokens))
     longest = max(len(p) for ps in prompts.values() for p in ps)
     engine = build_engine(model, mtp, longest + options.max_new_tokens + max(ks) + 2, prompts[workloads[0].name][0][:64])
-    costs = pass_costs(engine, prompts[workloads[0].name][0], ks, reps=15 if options.repeats <= 2 else 40)
-    log(f"pass costs: plain {costs.plain * 1e3:.2f} ms, " + ", ".join(f"verify k={k} {v * 1e3:.2f} ms" for k, v in costs.verify.items()) + f", draft {costs.draft * 1e3:.2f} ms")
+    timer = PassTimer(engine, ks, int(statistics.median(len(p) for ps in prompts.values() for p in ps)) + options.max_new_tokens // 2)
+    pass_reps = 10 if options.repeats <= 2 else 30
     peer = Peer(model, device) if options.peer else None
     warm = prompts[workloads[0].name][0]
     for t in options.temperatures:  # warm-up: allocator, kernels, caches; not timed
@@ -356,13 +369,14 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
             peer.run(warm, 4, s, False, 0, 0.0)
             peer.run(warm, 4, s, True, 0, 0.0)
     mtp_k = int(model.config.get_text_config().num_mtp_layers)
-    cells: list[Cell] = []
+    raw: list[tuple[str, float, dict[int, list[Repeat]], list[Repeat]]] = []
     for t in options.temperatures:
         s = Sampling(t, options.top_k, options.top_p)
         for w in workloads:
             ours: dict[int, list[Repeat]] = {k: [] for k in ks}
             theirs: list[Repeat] = []
             prefill = [peer.prefill_seconds(p, s) for p in prompts[w.name]] if peer else []
+            timer.sample(pass_reps)
             for r in range(options.repeats):
                 acc = {k: _Acc() for k in ks}
                 peer_acc = _Acc()
@@ -389,11 +403,15 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
                     ours[k].append(acc[k].repeat(s.greedy))
                 if peer:
                     theirs.append(peer_acc.repeat(s.greedy))
-            for k in ks:
-                cells.append(_cell("atlas", __version__, ATLAS_BASELINE, w.name, t, k, ours[k], costs))
-            if peer:
-                cells.append(_cell("transformers-use_mtp", peer.version, PEER_BASELINE, w.name, t, mtp_k, theirs, None))
-            log(summary_line(cells[-len(ks) - (1 if peer else 0):]))
+            raw.append((w.name, t, ours, theirs))
+            log(progress_line(w.name, t, ours, theirs))
+    costs = timer.costs()
+    log(f"pass costs: plain {costs.plain * 1e3:.2f} ms, " + ", ".join(f"verify k={k} {v * 1e3:.2f} ms" for k, v in costs.verify.items()) + f", draft {costs.draft * 1e3:.2f} ms")
+    cells: list[Cell] = []
+    for name, t, ours, theirs in raw:
+        cells.extend(_cell("atlas", __version__, ATLAS_BASELINE, name, t, k, ours[k], costs) for k in ks)
+        if theirs:
+            cells.append(_cell("transformers-use_mtp", peer.version, PEER_BASELINE, name, t, mtp_k, theirs, None))
     record = Record(
         schema_version=1,
         run_date=datetime.now(timezone.utc).replace(microsecond=0),
@@ -423,13 +441,15 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     return record, path
 
 
-def summary_line(cells: list[Cell]) -> str:
+def progress_line(workload: str, t: float, ours: dict[int, list[Repeat]], theirs: list[Repeat]) -> str:
+    """Acceptance and median speed-up per engine, as the run goes (the record has everything)."""
     parts = []
-    for c in cells:
-        d = c.derived
-        acc = "-" if d.acceptance_rate is None else f"{d.acceptance_rate:.2f}"
-        parts.append(f"{'hf' if c.engine != 'atlas' else 'k=' + str(c.draft_tokens)} acc {acc} x{d.speedup:.2f}")
-    return f"  {cells[0].workload:<10} T={cells[0].temperature:g}: " + "; ".join(parts)
+    for label, repeats in [*((f"k={k}", r) for k, r in ours.items()), *([("hf", theirs)] if theirs else [])]:
+        drafted = sum(sum(r.drafted_per_position) for r in repeats)
+        accepted = sum(sum(r.accepted_per_position) for r in repeats)
+        speedup = statistics.median(r.baseline_seconds / r.seconds for r in repeats)
+        parts.append(f"{label} acc {accepted / drafted if drafted else 0:.2f} x{speedup:.2f}")
+    return f"  {workload:<10} T={t:g}: " + "; ".join(parts)
 
 
 def command_line() -> str:

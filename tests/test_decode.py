@@ -13,6 +13,9 @@ from transformers import MellumConfig, MellumForCausalLM
 from transformers.modeling_layers import MtpModel
 
 from atlas.decode import (
+    Engine,
+    FastLayer,
+    ModuleLayer,
     Sampling,
     build_engine,
     generate_plain,
@@ -69,8 +72,20 @@ def tiny_model(vocab: int = 16, layers: int = 2, d: int = 32, mlp: str = "dense"
 def test_engine_reproduces_transformers(mlp: str) -> None:
     model, mtp = tiny_model(mlp=mlp)
     engine = build_engine(model, mtp, 64, [1, 2, 3, 4, 5, 6])
-    assert engine.layers[0].module is None, "the fast path should recognise a Mellum layer"
+    assert isinstance(engine.layers[0], FastLayer), "the fast path should recognise a Mellum layer"
     assert engine.validate([7, 3, 9, 1, 1, 0, 15, 4]) < 1e-4
+
+
+def test_module_fallback_path() -> None:
+    """Layers the fast path does not recognise run as whole transformers modules over slot caches;
+    that path must reproduce transformers and stay lossless too."""
+    model, mtp = tiny_model(mlp="sparse")
+    engine = Engine(model, mtp, 64, torch.device("cpu"), torch.float32, fast=False)
+    assert isinstance(engine.layers[0], ModuleLayer)
+    assert engine.validate([7, 3, 9, 1, 1, 0, 15, 4]) < 1e-4
+    gen = torch.Generator().manual_seed(0)
+    plain = generate_plain(engine, [1, 2, 3], 24, Sampling(), gen)
+    assert generate_speculative(engine, [1, 2, 3], 24, 2, Sampling(), gen).tokens == plain.tokens
 
 
 def test_greedy_speculative_equals_plain_and_transformers() -> None:
