@@ -433,7 +433,9 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     )
     path = write_record(record, options.out)
     lossy = [c for c in cells if c.engine == "atlas" and c.derived.greedy_lossless is False]
-    if lossy:
+    # Only fp32 must match bit for bit: in bf16/fp16 a (k+1)-row verify and a 1-row step round
+    # differently and near-ties may flip (expected numerics); the record and the gate still say so.
+    if lossy and dtype == torch.float32:
         raise AtlasError(
             f"greedy speculative output differed from plain greedy in {len(lossy)} cell(s) "
             f"(e.g. {lossy[0].workload}, k={lossy[0].draft_tokens}); record kept at {path} for inspection"

@@ -40,14 +40,18 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--prompts-per-workload", type=int, default=2)
     parser.add_argument("--draft-tokens", default="1,2,3")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--out", default=None, help="keep the record in this folder (default: a scratch folder)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         options = measure.Options(
-            model=args.model, device=args.device, repeats=args.repeats, max_new_tokens=args.max_new_tokens,
+            model=args.model, device=args.device, dtype=args.dtype, repeats=args.repeats, max_new_tokens=args.max_new_tokens,
             prompts_per_workload=args.prompts_per_workload, draft_tokens=tuple(int(k) for k in args.draft_tokens.split(",")),
-            out=Path(scratch), command="benchmarks/measure.py",
+            out=Path(args.out or scratch), command=measure.shlex.join(["benchmarks/measure.py", *measure.sys.argv[1:]]),
         )
-        record, _ = measure.run(options, log=lambda line: print(line, flush=True))
+        record, path = measure.run(options, log=lambda line: print(line, flush=True))
+    if args.out:
+        print(f"record: {path}")
     costs = record.pass_costs
     print(f"\n{record.model_id} on {record.hardware.text}, torch threads {record.hardware.torch_threads}, "
           f"{record.settings.max_new_tokens} new tokens x {record.settings.prompts_per_workload} prompts x {record.settings.repeats} repeats")
