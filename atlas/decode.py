@@ -6,10 +6,12 @@ its own static, position-addressed KV caches. Rollback is free: a rejected draft
 simply overwritten by the next round, and the attention mask never lets a query see a later slot.
 
 Why not call `model(...)`: on CPU a transformers forward spends most of its time in per-call Python
-(mask creation, output capture, kwargs plumbing). So recognised pieces run as a few fused tensor ops
-(one pre-transposed qkv matmul, one gate/up matmul, F.rms_norm), and anything unrecognised runs
-through its own module. `Engine.validate` checks the result against transformers' own forward and
-its MTP layer, so an architecture this loop cannot reproduce is refused instead of measured wrongly.
+(mask creation, output capture, kwargs plumbing), and a small model's step is dominated by per-op
+dispatch. So recognised pieces run as few, fused tensor ops (norm weights folded into one
+pre-transposed qkv matmul and one gate/up matmul, q and k normed and rotated together, attention as
+two bmm), and anything unrecognised runs as its own transformers module. `Engine.validate` checks
+the result against transformers' own forward and MTP layer, so an architecture this loop cannot
+reproduce is refused instead of measured wrongly.
 
 MTP wiring (as transformers' MtpModel/MTPCandidateGenerator): the draft for position j+2 comes from
 the MTP layer fed e = embed(token j+1) and h = the main model's final *post-norm* hidden at j,
@@ -398,15 +400,11 @@ class Engine:
         # concat is needed, in the order the layer itself uses), its decoder block, and the
         # norm(s) whose output is both the logits input and the hidden recycled for the next draft.
         mtp_layer = self.mtp.layers[0]
-        enorm, hnorm = _rms_weight(mtp_layer.enorm), _rms_weight(mtp_layer.hnorm)
-        if enorm is None or hnorm is None:
-            raise AtlasError("unsupported MTP input norms (not a plain RMS norm)")
-        self.mtp_eps = (enorm[1], hnorm[1])
         halves = mtp_layer.eh_proj.weight.detach().split(d, dim=1)
         hidden_first = bool(getattr(self.mtp.config, "mtp_hidden_states_first", False))
         w_e, w_h = (halves[1], halves[0]) if hidden_first else halves
-        self.mtp_e = Linear(w_e * enorm[0][None, :], None, self.device)
-        self.mtp_h = Linear(w_h * hnorm[0][None, :], None, self.device)
+        self.enorm, self.mtp_e = self._folded(mtp_layer.enorm, w_e)
+        self.hnorm, self.mtp_h = self._folded(mtp_layer.hnorm, w_h)
         self.mtp_block = _build_layer(mtp_layer.mtp_block, self.max_len, self.device, self.dtype, self.fast)
         self.mtp_post = [self._norm(m) for m in (mtp_layer.post_norm, getattr(self.mtp, "shared_post_norm", None)) if m is not None]
         mtp_types = getattr(self.mtp.config, "layer_types", None)
@@ -415,6 +413,14 @@ class Engine:
         special = [a for a in ("logits_mup_width_multiplier", "unpadded_vocab_size") if getattr(self.mtp.config, a, None) is not None]
         if special:
             raise AtlasError(f"unsupported MTP head options: {', '.join(special)}")
+
+    def _folded(self, norm: nn.Module, w: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], Linear]:
+        """A norm followed by a projection: a plain RMS norm's weight goes into the projection;
+        any other norm stays its own module."""
+        rms = _rms_weight(norm)
+        if rms is None:
+            return norm, Linear(w, None, self.device)
+        return (lambda x: _rms(x, rms[1])), Linear(w * rms[0][None, :], None, self.device)
 
     @staticmethod
     def _norm(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -451,7 +457,7 @@ class Engine:
         Returns (the output hidden of the last row, to feed back for the next draft step;
         the logits of the last row, the draft distribution for the token two ahead of hidden's)."""
         e = F.embedding(ids, self.embed)
-        x = self.mtp_h(_rms(hidden, self.mtp_eps[1]), residual=self.mtp_e(_rms(e, self.mtp_eps[0])))
+        x = self.mtp_h(self.hnorm(hidden), residual=self.mtp_e(self.enorm(e)))
         x = _layer_forward(self.mtp_block, x, self._step(self.mtp_rope, start, ids.shape[0], start + 1), self.masks)[-1:]
         for norm in self.mtp_post:
             x = norm(x)
@@ -466,7 +472,7 @@ class Engine:
         hidden, logits = self.main(ids, 0)
         ref_hidden = out.hidden_states[-1][0]
         mtp_ref = self.mtp.forward_layer(0, ref_hidden[None, :-1], torch.arange(1, len(prompt), device=self.device)[None], None, input_ids=ids[None, 1:])
-        mtp_hidden, mtp_logits = self.draft(ids[1:], hidden[:-1], 0)
+        _, mtp_logits = self.draft(ids[1:], hidden[:-1], 0)
         errors = [
             (logits - out.logits[0]).abs().max().item(),
             (mtp_logits - self.mtp._project_to_logits(mtp_ref)[0, -1]).abs().max().item(),
@@ -622,7 +628,9 @@ def generate_speculative(
             accepted[i] += int(i < n)
         out.extend(drafts[:n])
         out.append(token)
-        # Catch the MTP cache up on the accepted pairs (h_j, t_{j+1}); overwrites the chain's guesses.
-        h_mtp, q_logits = engine.draft(ids.new_tensor([*drafts[:n], token]), hidden[: n + 1], pos)
+        if len(out) < max_new:
+            # Catch the MTP cache up on the accepted pairs (h_j, t_{j+1}), overwriting the chain's
+            # guesses; its last row drafts the next round's first token.
+            h_mtp, q_logits = engine.draft(ids.new_tensor([*drafts[:n], token]), hidden[: n + 1], pos)
         pos += n + 1
     return RunStats(out, watch.stop(), drafted, accepted, passes)
