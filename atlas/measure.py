@@ -197,10 +197,11 @@ def software() -> Software:
 
 class PassTimer:
     """Times single forwards: a 1-row main step, a (k+1)-row verify pass per k, and a 1-row MTP draft
-    step, all at `position` (mid-generation, so attention spans a typical cache). Samples are taken
-    round-robin, and again before every workload, so they see the same machine load as the runs;
-    the record keeps their medians. Values in the cache do not affect timing, so the slots these
-    calls overwrite need no restoring."""
+    step, at `position` (mid-generation, so attention spans a typical cache). Each is timed in the
+    company it keeps in the loops (a plain step after a plain step; a verify pass right after its k
+    draft steps, which have pushed some main-model weights out of the CPU caches), round-robin, and
+    again before every workload so the samples see the same machine load as the runs; the record
+    keeps their medians. Cache contents do not affect timing, so overwritten slots need no restoring."""
 
     def __init__(self, engine: Engine, ks: list[int], position: int) -> None:
         self.engine, self.ks, self.position = engine, ks, position
@@ -209,24 +210,21 @@ class PassTimer:
         self.samples: dict[str, list[float]] = {}
         self.watch = Stopwatch(engine.device)
 
-    def _calls(self) -> dict[str, Callable[[], object]]:
-        e, p = self.engine, self.position
-        calls: dict[str, Callable[[], object]] = {"plain": lambda: e.main(self.ids[:1], p)}
-        for k in self.ks:
-            calls[f"verify{k}"] = lambda k=k: e.main(self.ids[: k + 1], p)
-        calls["draft"] = lambda: e.draft(self.ids[:1], self.hidden, p)
-        return calls
+    def _time(self, name: str, fn: Callable[[], object]) -> None:
+        self.watch.start()
+        fn()
+        self.samples.setdefault(name, []).append(self.watch.stop())
 
     def sample(self, reps: int) -> None:
-        calls = self._calls()
+        e, p = self.engine, self.position
         with torch.inference_mode():
-            for fn in calls.values():  # warm
-                fn()
             for _ in range(reps):
-                for name, fn in calls.items():
-                    self.watch.start()
-                    fn()
-                    self.samples.setdefault(name, []).append(self.watch.stop())
+                e.main(self.ids[:1], p)
+                self._time("plain", lambda: e.main(self.ids[:1], p))
+                for k in self.ks:
+                    for i in range(k):
+                        self._time("draft", lambda i=i: e.draft(self.ids[:1], self.hidden, p + i))
+                    self._time(f"verify{k}", lambda k=k: e.main(self.ids[: k + 1], p))
 
     def costs(self) -> PassCosts:
         med = {name: statistics.median(times) for name, times in self.samples.items()}
