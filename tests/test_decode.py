@@ -37,7 +37,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def tiny_model(vocab: int = 16, layers: int = 2, d: int = 32, mlp: str = "dense", seed: int = 0):
+def tiny_model(vocab: int = 16, layers: int = 2, d: int = 32, mlp: str = "dense", seed: int = 0, window: int | None = None):
     """A random MellumForCausalLM with one MTP layer. Large init and perturbed norm weights so that
     distributions are peaked and every weight matters (a unit norm would hide a wiring mistake)."""
     config = MellumConfig(
@@ -49,8 +49,10 @@ def tiny_model(vocab: int = 16, layers: int = 2, d: int = 32, mlp: str = "dense"
         num_key_value_heads=2,
         head_dim=d // 4,
         mlp_layer_types=[mlp] * layers,
+        layer_types=["sliding_attention" if window else "full_attention"] * layers,
+        sliding_window=window,
         num_mtp_layers=1,
-        mtp_layer_types=["full_attention"],
+        mtp_layer_types=["sliding_attention" if window else "full_attention"],
         mtp_mlp_layer_types=[mlp],
         num_experts=4,
         num_experts_per_tok=2,
@@ -68,12 +70,18 @@ def tiny_model(vocab: int = 16, layers: int = 2, d: int = 32, mlp: str = "dense"
     return model, mtp
 
 
-@pytest.mark.parametrize("mlp", ["dense", "sparse"])
-def test_engine_reproduces_transformers(mlp: str) -> None:
-    model, mtp = tiny_model(mlp=mlp)
+@pytest.mark.parametrize("mlp,window", [("dense", None), ("sparse", None), ("dense", 3)])
+def test_engine_reproduces_transformers(mlp: str, window: int | None) -> None:
+    model, mtp = tiny_model(mlp=mlp, window=window)
     engine = build_engine(model, mtp, 64, [1, 2, 3, 4, 5, 6])
     assert isinstance(engine.layers[0], FastLayer), "the fast path should recognise a Mellum layer"
     assert engine.validate([7, 3, 9, 1, 1, 0, 15, 4]) < 1e-4
+    if window:  # the window cuts single-row steps too: decode past it, spec against plain
+        gen = torch.Generator().manual_seed(0)
+        plain = generate_plain(engine, [1, 2], 30, Sampling(), gen)
+        ref = model.generate(torch.tensor([[1, 2]]), max_new_tokens=30, do_sample=False)
+        assert plain.tokens == ref[0, 2:].tolist()
+        assert generate_speculative(engine, [1, 2], 30, 3, Sampling(), gen).tokens == plain.tokens
 
 
 def test_module_fallback_path() -> None:
