@@ -98,8 +98,26 @@ def speculative_accept(
 # ---- the model, in pieces ------------------------------------------------------------------------
 
 
-def _rms_weight(module: nn.Module | None) -> tuple[torch.Tensor, float] | None:
-    """(weight, eps) when `module` computes the plain RMS norm x̂·w, else None.
+@dataclass
+class Rms:
+    """A plain RMS norm x / sqrt(mean(x²) + eps) · w, rewritten as unit(x, c) · weight with
+    unit(x, c) = x / sqrt(Σx² + c), c = d·eps and weight = w·√d: the 1/d moves into constants, so
+    a norm is four cheap ops (vector_norm, addcmul, rsqrt, mul) with no scalar operands (on CPU each
+    Python scalar costs a conversion, and torch.rms_norm/mean() cost several times more here)."""
+
+    weight: torch.Tensor
+    c: torch.Tensor
+
+
+def _unit(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    if x.dtype != torch.float32:  # the families' norms compute in fp32
+        return _unit(x.float(), c).to(x.dtype)
+    r = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    return x * torch.addcmul(c, r, r).rsqrt_()
+
+
+def _rms_of(module: nn.Module | None) -> Rms | None:
+    """The Rms equivalent of `module` when it computes the plain RMS norm x̂·w, else None.
 
     Checked numerically, because families differ silently (e.g. Qwen3-Next's zero-centred x̂·(1+w)).
     """
@@ -108,19 +126,13 @@ def _rms_weight(module: nn.Module | None) -> tuple[torch.Tensor, float] | None:
     if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or not isinstance(eps, float):
         return None
     w = weight.detach()
-    x = torch.randn(3, w.shape[0], dtype=w.dtype, device=w.device)
+    d = w.shape[0]
+    rms = Rms(w.float() * d**0.5, torch.tensor(d * eps, dtype=torch.float32, device=w.device))
+    x = torch.randn(3, d, dtype=w.dtype, device=w.device)
     tol = 1e-5 if w.dtype == torch.float32 else 2e-2
-    return (w, eps) if torch.allclose(_rms(x, eps) * w, module(x), atol=tol, rtol=tol) else None
-
-
-def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x²) + eps) over the last dim, computed in fp32 as the families' norms do.
-    Built from vector_norm because on CPU, at these sizes, torch.rms_norm and mean() cost several
-    times more than these few elementwise ops."""
-    if x.dtype != torch.float32:
-        return _rms(x.float(), eps).to(x.dtype)
-    r = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-    return x * r.square_().mul_(1.0 / x.shape[-1]).add_(eps).rsqrt_()
+    ours = (_unit(x.float(), rms.c) * rms.weight).to(w.dtype)
+    rms.weight = rms.weight.to(w.dtype)
+    return rms if torch.allclose(ours, module(x), atol=tol, rtol=tol) else None
 
 
 class Linear:
@@ -190,9 +202,9 @@ class FastLayer:
     qkv: Linear
     o: Linear
     qk_weight: torch.Tensor | None  # [heads + kv_heads, head_dim]
-    head_eps: float
-    eps1: float
-    eps2: float
+    head_c: torch.Tensor | None
+    c1: torch.Tensor
+    c2: torch.Tensor
     mlp_in: Linear | None
     mlp_down: Linear | None
     mlp: nn.Module | None  # a non-dense MLP (e.g. MoE), run as its module on the normed input
@@ -223,8 +235,8 @@ def _fast_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: tor
     attn = getattr(layer, "self_attn", None)
     if attn is None or not all(isinstance(getattr(attn, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
         return None
-    norm1 = _rms_weight(getattr(layer, "input_layernorm", None))
-    norm2 = _rms_weight(getattr(layer, "post_attention_layernorm", None))
+    norm1 = _rms_of(getattr(layer, "input_layernorm", None))
+    norm2 = _rms_of(getattr(layer, "post_attention_layernorm", None))
     head_dim = int(getattr(attn, "head_dim", 0))
     if norm1 is None or norm2 is None or not hasattr(layer, "mlp") or head_dim == 0:
         return None
@@ -233,13 +245,13 @@ def _fast_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: tor
         return None
     scale = float(getattr(attn, "scaling", head_dim**-0.5))
     has_q, has_k = hasattr(attn, "q_norm"), hasattr(attn, "k_norm")
-    q_norm, k_norm = _rms_weight(getattr(attn, "q_norm", None)), _rms_weight(getattr(attn, "k_norm", None))
-    if has_q != has_k or (has_q and (q_norm is None or k_norm is None or q_norm[1] != k_norm[1])):
+    q_norm, k_norm = _rms_of(getattr(attn, "q_norm", None)), _rms_of(getattr(attn, "k_norm", None))
+    if has_q != has_k or (has_q and (q_norm is None or k_norm is None or not torch.equal(q_norm.c, k_norm.c))):
         return None
     qk_weight = None
     if q_norm is not None and k_norm is not None:
-        qk_weight = torch.cat([(q_norm[0] * scale).expand(heads, head_dim), k_norm[0].expand(kv_heads, head_dim)])
-    qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj], device, norm1[0], None if has_q else [scale, 1.0, 1.0])
+        qk_weight = torch.cat([(q_norm.weight * scale).expand(heads, head_dim), k_norm.weight.expand(kv_heads, head_dim)])
+    qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj], device, norm1.weight, None if has_q else [scale, 1.0, 1.0])
     mlp = layer.mlp
     dense = all(isinstance(getattr(mlp, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj"))
     silu = dense and type(getattr(mlp, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU")
@@ -247,13 +259,13 @@ def _fast_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: tor
         qkv=qkv,
         o=_fused([attn.o_proj], device),
         qk_weight=qk_weight,
-        head_eps=q_norm[1] if q_norm else 0.0,
-        eps1=norm1[1],
-        eps2=norm2[1],
-        mlp_in=_fused([mlp.gate_proj, mlp.up_proj], device, norm2[0]) if silu else None,
+        head_c=q_norm.c if q_norm else None,
+        c1=norm1.c,
+        c2=norm2.c,
+        mlp_in=_fused([mlp.gate_proj, mlp.up_proj], device, norm2.weight) if silu else None,
         mlp_down=_fused([mlp.down_proj], device) if silu else None,
         mlp=None if silu else mlp,
-        norm2_weight=None if silu else norm2[0],
+        norm2_weight=None if silu else norm2.weight,
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
@@ -306,10 +318,10 @@ def _fast_forward(L: FastLayer, x: torch.Tensor, st: Step, mask: torch.Tensor | 
     n, start = st.n, st.start
     end = start + n
     h, kv, hd = L.heads, L.kv_heads, L.head_dim
-    qkv = L.qkv(_rms(x, L.eps1)).view(n, h + 2 * kv, hd)
+    qkv = L.qkv(_unit(x, L.c1)).view(n, h + 2 * kv, hd)
     qk = qkv[:, : h + kv]
     if L.qk_weight is not None:
-        qk = _rms(qk, L.head_eps) * L.qk_weight
+        qk = _unit(qk, L.head_c) * L.qk_weight
     # RoPE on q and k together: x*cos + swap_halves(x)*sin_signed == x*cos + rotate_half(x)*sin
     qk = torch.addcmul(qk * st.cos, qk.unflatten(-1, (2, hd // 2)).flip(-2).flatten(-2), st.sin_signed)
     L.k_cache[:, start:end] = qk[:, h:].transpose(0, 1)
@@ -323,7 +335,7 @@ def _fast_forward(L: FastLayer, x: torch.Tensor, st: Step, mask: torch.Tensor | 
         scores.view(kv, g, n, end).add_(mask)
     out = torch.bmm(scores.softmax(-1), L.v_cache[:, :end])
     x = L.o(out.view(h, n, hd).transpose(0, 1).reshape(n, h * hd), residual=x)
-    y = _rms(x, L.eps2)
+    y = _unit(x, L.c2)
     if L.mlp is not None:
         return x + L.mlp((y * L.norm2_weight)[None])[0]
     gate, up = L.mlp_in(y).chunk(2, dim=-1)
@@ -417,18 +429,17 @@ class Engine:
     def _folded(self, norm: nn.Module, w: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], Linear]:
         """A norm followed by a projection: a plain RMS norm's weight goes into the projection;
         any other norm stays its own module."""
-        rms = _rms_weight(norm)
+        rms = _rms_of(norm)
         if rms is None:
             return norm, Linear(w, None, self.device)
-        return (lambda x: _rms(x, rms[1])), Linear(w * rms[0][None, :], None, self.device)
+        return (lambda x: _unit(x, rms.c)), Linear(w * rms.weight[None, :], None, self.device)
 
     @staticmethod
     def _norm(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-        rms = _rms_weight(module)
+        rms = _rms_of(module)
         if rms is None:
             return module
-        w, eps = rms
-        return lambda x: _rms(x, eps) * w
+        return lambda x: _unit(x, rms.c) * rms.weight
 
     def _rope(self, rotary: nn.Module, layer_type: str | None) -> Rope:
         if layer_type not in self._ropes:
