@@ -51,7 +51,9 @@ class Sampling:
 
 def probs_from_logits(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     """The final sampling distribution over the last dim: temperature, then top-k, then top-p."""
-    logits = logits.float() / s.temperature
+    logits = logits.float()
+    if s.temperature != 1.0:
+        logits = logits / s.temperature
     if s.top_k is not None and s.top_k < logits.shape[-1]:
         kth = torch.topk(logits, s.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -83,14 +85,16 @@ def speculative_accept(
     norm(max(0, p - q)); if all pass, emit the bonus token from p_{k+1}. Returns (accepted, token).
     """
     k = drafts.shape[0]
-    rows = torch.arange(k, device=p.device)
-    pd, qd = p[rows, drafts], q[rows, drafts]
+    if k == 0:
+        return 0, sample(p[0], gen)
+    at = drafts[:, None]
     r = torch.rand(k, generator=gen, device=p.device)
-    rejected = (r * qd >= pd).nonzero()  # r >= p/q without dividing; q > 0 for a drafted token
-    if rejected.numel() == 0:
+    # r >= p/q, without dividing (q > 0 for a drafted token); one host transfer for all k tests
+    rejected = (r * q.gather(1, at)[:, 0] >= p[:k].gather(1, at)[:, 0]).tolist()
+    if True not in rejected:
         return k, sample(p[k], gen)
-    j = int(rejected[0])
-    residual = (p[j] - q[j]).clamp_min(0.0)
+    j = rejected.index(True)
+    residual = (p[j] - q[j]).clamp_min_(0.0)
     # Only reachable when p_j == q_j almost everywhere; p_j is then the exact residual's limit.
     return j, sample(residual if float(residual.sum()) > 0 else p[j], gen)
 

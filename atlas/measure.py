@@ -273,6 +273,7 @@ class Peer:
         watch = Stopwatch(self.device)
         watch.start()
         with torch.inference_mode():
+            # eos_token_id=None: exactly max_new tokens, like our loops (pad_token_id only quiets a warning)
             out = self.model.generate(
                 ids, max_new_tokens=max_new, min_new_tokens=max_new, use_mtp=use_mtp, eos_token_id=None, pad_token_id=0, **kwargs
             )
@@ -295,7 +296,9 @@ class _Acc:
     passes: int = 0
     identical: bool = True
 
-    def add(self, spec: RunStats, plain: RunStats, drafted: list[int], accepted: list[int]) -> None:
+    def add(self, spec: RunStats, plain: RunStats, drafted: list[int] | None = None, accepted: list[int] | None = None) -> None:
+        drafted = spec.drafted_per_position if drafted is None else drafted
+        accepted = spec.accepted_per_position if accepted is None else accepted
         self.tokens += len(spec.tokens) - 1  # the decode phase's tokens (the first comes from the prefill)
         self.seconds += spec.seconds
         self.baseline_seconds += plain.seconds
@@ -321,6 +324,40 @@ def _cell(engine: str, version: str, baseline: str, workload: str, t: float, k: 
     enabled, reason = gate(derived, len(repeats))
     return Cell(engine=engine, engine_version=version, baseline=baseline, workload=workload, temperature=t, draft_tokens=k,
                 repeats=repeats, derived=derived, gate_enabled=enabled, gate_reason=reason)
+
+
+def _measure_workload(
+    engine: Engine, peer: Peer | None, prompts: list[list[int]], s: Sampling, ks: list[int], mtp_k: int, name: str, options: Options
+) -> tuple[dict[int, list[Repeat]], list[Repeat]]:
+    """Raw counts of one workload at one temperature: per repeat, every prompt once plainly and once
+    per k (in an order rotated each repeat), then the transformers pair, alternating which goes first."""
+    ours: dict[int, list[Repeat]] = {k: [] for k in ks}
+    theirs: list[Repeat] = []
+    prefill = [peer.prefill_seconds(p, s) for p in prompts] if peer else []
+    n = options.max_new_tokens
+    for r in range(options.repeats):
+        acc = {k: _Acc() for k in ks}
+        peer_acc = _Acc()
+        for i, prompt in enumerate(prompts):
+            order: list[int | None] = [None, *ks]  # None = the plain run
+            shift = r % len(order)
+            runs: dict[int | None, RunStats] = {}
+            for k in order[shift:] + order[:shift]:
+                gen = _generator(engine.device, _seed(options.seed, s.temperature, name, i, r, k))
+                runs[k] = generate_plain(engine, prompt, n, s, gen) if k is None else generate_speculative(engine, prompt, n, k, s, gen)
+            for k in ks:
+                acc[k].add(runs[k], runs[None])
+            if peer:
+                pair = [False, True] if r % 2 == 0 else [True, False]
+                got = {m: peer.run(prompt, n, s, m, _seed(options.seed, s.temperature, name, i, r, "peer", m), prefill[i]) for m in pair}
+                spec = got[True]
+                # each verify pass of transformers' loop checks num_mtp_layers drafts and emits accepted + 1
+                peer_acc.add(spec, got[False], [spec.verify_passes * mtp_k], [len(spec.tokens) - 1 - spec.verify_passes])
+        for k in ks:
+            ours[k].append(acc[k].repeat(s.greedy))
+        if peer:
+            theirs.append(peer_acc.repeat(s.greedy))
+    return ours, theirs
 
 
 def pick_device(name: str) -> torch.device:
@@ -371,36 +408,8 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     for t in options.temperatures:
         s = Sampling(t, options.top_k, options.top_p)
         for w in workloads:
-            ours: dict[int, list[Repeat]] = {k: [] for k in ks}
-            theirs: list[Repeat] = []
-            prefill = [peer.prefill_seconds(p, s) for p in prompts[w.name]] if peer else []
             timer.sample(pass_reps)
-            for r in range(options.repeats):
-                acc = {k: _Acc() for k in ks}
-                peer_acc = _Acc()
-                for i, prompt in enumerate(prompts[w.name]):
-                    order: list[int | None] = [None, *ks]  # None = the plain run
-                    shift = r % len(order)
-                    runs: dict[int | None, RunStats] = {}
-                    for k in order[shift:] + order[:shift]:
-                        gen = _generator(device, _seed(options.seed, t, w.name, i, r, k))
-                        runs[k] = (
-                            generate_plain(engine, prompt, options.max_new_tokens, s, gen)
-                            if k is None
-                            else generate_speculative(engine, prompt, options.max_new_tokens, k, s, gen)
-                        )
-                    for k in ks:
-                        acc[k].add(runs[k], runs[None], runs[k].drafted_per_position, runs[k].accepted_per_position)
-                    if peer:
-                        pair = [False, True] if r % 2 == 0 else [True, False]
-                        got = {m: peer.run(prompt, options.max_new_tokens, s, m, _seed(options.seed, t, w.name, i, r, "peer", m), prefill[i]) for m in pair}
-                        spec = got[True]
-                        accepted = len(spec.tokens) - 1 - spec.verify_passes
-                        peer_acc.add(spec, got[False], [spec.verify_passes * mtp_k], [accepted])
-                for k in ks:
-                    ours[k].append(acc[k].repeat(s.greedy))
-                if peer:
-                    theirs.append(peer_acc.repeat(s.greedy))
+            ours, theirs = _measure_workload(engine, peer, prompts[w.name], s, ks, mtp_k, w.name, options)
             raw.append((w.name, t, ours, theirs))
             log(progress_line(w.name, t, ours, theirs))
     costs = timer.costs()
