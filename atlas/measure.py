@@ -34,6 +34,7 @@ from atlas.decode import (
     generate_speculative,
 )
 from atlas.records import (
+    SCHEMA_VERSION,
     Cell,
     Hardware,
     PassCosts,
@@ -420,7 +421,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         if theirs:
             cells.append(_cell("transformers-use_mtp", peer.version, PEER_BASELINE, name, t, mtp_k, theirs, None))
     record = Record(
-        schema_version=1,
+        schema_version=SCHEMA_VERSION,
         run_date=datetime.now(timezone.utc).replace(microsecond=0),
         model_id=model_id,
         revision=revision,
