@@ -104,12 +104,13 @@ def _digest(folder: Path) -> str:
 
 def resolve(model: str, revision: str | None) -> tuple[Path, str, str]:
     """(local folder, model id, revision). A local folder is used as is (its id is org/name when it
-    sits in the bundled mirror; its revision is a digest of its files); anything else is a hub repo
-    id, downloaded through huggingface_hub (safetensors only) and identified by its commit."""
+    sits in the bundled mirror, else local:<folder name>; its revision is a digest of its files);
+    anything else is a hub repo id, downloaded through huggingface_hub (safetensors only) and
+    identified by its commit."""
     path = Path(model)
     if path.is_dir():
         resolved = path.resolve()
-        model_id = resolved.relative_to(MIRROR).as_posix() if resolved.is_relative_to(MIRROR) else model
+        model_id = resolved.relative_to(MIRROR).as_posix() if resolved.is_relative_to(MIRROR) else f"local:{resolved.name}"
         return resolved, model_id, _digest(resolved)
     if path.exists() or not re.fullmatch(r"[\w.-]+/[\w.-]+", model):
         raise AtlasError(f"{model!r} is neither a checkpoint folder nor a hub repo id (org/name)")
