@@ -179,8 +179,9 @@ def measure_run(model: str | None, workloads: str | None, temperatures: str, dra
         **options,  # type: ignore[arg-type]
     )
     record, path = measure.run(measure.quick(opts) if quick else opts, log=click.echo)
-    enabled = sum(c.gate_enabled for c in record.cells if c.engine == "atlas")
-    click.echo(f"wrote {path} ({len(record.cells)} cells; MTP gate on for {enabled} atlas cells)")
+    for g in record.gates:
+        click.echo(f"  gate {g.workload} T={g.temperature:g}: {g.reason}")
+    click.echo(f"wrote {path} ({len(record.cells)} cells; MTP on for {sum(g.enabled for g in record.gates)} of {len(record.gates)} workload x temperature)")
 
 
 @measure_group.command("import")

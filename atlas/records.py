@@ -118,6 +118,16 @@ class Cell(Strict):
     gate_reason: str
 
 
+class GateDecision(Strict):
+    """Per workload x temperature: whether to run our MTP loop at all, with which draft length, why."""
+
+    workload: str
+    temperature: float
+    enabled: bool
+    draft_tokens: int | None
+    reason: str
+
+
 class Record(Strict):
     schema_version: Literal[SCHEMA_VERSION]
     run_date: datetime
@@ -132,6 +142,13 @@ class Record(Strict):
     settings: Settings
     pass_costs: PassCosts
     cells: list[Cell] = Field(min_length=1)
+    gates: list[GateDecision] = []  # derived from the atlas cells; filled in when absent
+
+    @model_validator(mode="after")
+    def _fill_gates(self) -> "Record":
+        if not self.gates:
+            self.gates = decide(self.cells)
+        return self
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -186,6 +203,28 @@ def gate(d: Derived, n_repeats: int) -> tuple[bool, str]:
     return False, f"off: speed-up lower bound {d.speedup_lo:.2f}x over {n_repeats} repeats is not above 1"
 
 
+def decide(cells: list[Cell]) -> list[GateDecision]:
+    """The gate per workload x temperature over our cells: on with the draft length of the best
+    median speed-up among those whose lower bound is above 1; off when there is none."""
+    groups: dict[tuple[str, float], list[Cell]] = {}
+    for c in cells:
+        if c.engine == "atlas":
+            groups.setdefault((c.workload, c.temperature), []).append(c)
+    decisions = []
+    for (workload, t), group in groups.items():
+        on = [c for c in group if c.gate_enabled]
+        if on:
+            best = max(on, key=lambda c: c.derived.speedup)
+            reason = (f"on with k={best.draft_tokens}: median speed-up {best.derived.speedup:.2f}x, lower bound "
+                      f"{best.derived.speedup_lo:.2f}x over {len(best.repeats)} repeats (k on: {', '.join(str(c.draft_tokens) for c in on)})")
+            decisions.append(GateDecision(workload=workload, temperature=t, enabled=True, draft_tokens=best.draft_tokens, reason=reason))
+        else:
+            best = max(group, key=lambda c: c.derived.speedup_lo)
+            reason = f"off: no draft length is faster in every repeat (best lower bound {best.derived.speedup_lo:.2f}x at k={best.draft_tokens})"
+            decisions.append(GateDecision(workload=workload, temperature=t, enabled=False, draft_tokens=None, reason=reason))
+    return decisions
+
+
 def _close(a: object, b: object) -> bool:
     if isinstance(a, float) and isinstance(b, float):
         return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
@@ -207,6 +246,8 @@ def check_consistency(record: Record) -> None:
                 )
         if (cell.gate_enabled, cell.gate_reason) != gate(expected, len(cell.repeats)):
             raise ValueError(f"{where}: the gate does not follow from the measured speed-ups")
+    if record.gates != decide(record.cells):
+        raise ValueError("the per-workload gate decisions do not follow from the cells")
 
 
 def read_record(path: Path) -> Record:

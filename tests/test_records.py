@@ -75,6 +75,9 @@ def test_round_trip_and_gate(tmp_path: Path) -> None:
     by_workload = {c.workload: c for c in again.cells if c.draft_tokens == 2}
     assert by_workload["code"].gate_enabled and by_workload["code"].derived.speedup_lo > 1
     assert not by_workload["random"].gate_enabled and "not above 1" in by_workload["random"].gate_reason
+    decisions = {(g.workload, g.temperature): g for g in again.gates}
+    assert decisions[("code", 1.0)].enabled and decisions[("code", 1.0)].draft_tokens == 2
+    assert not decisions[("random", 0.0)].enabled and decisions[("random", 0.0)].draft_tokens is None
     first = again.cells[0].derived
     assert first.mean_accepted_length == pytest.approx(1 + 45 / 60)
     assert first.ideal_speedup == pytest.approx(first.mean_accepted_length * 0.002 / (0.0024 + 0.0004))
@@ -106,11 +109,12 @@ def _tamper(path: Path, edit) -> None:
         (lambda d: d["cells"][0]["repeats"][0].update(accepted_per_position=[20]), "raw counts give"),
         (lambda d: d["cells"][1].update(gate_enabled=not d["cells"][1]["gate_enabled"]), "gate"),
         (lambda d: d["pass_costs"].update(draft=0.004), "ideal_speedup"),
+        (lambda d: d["gates"][0].update(draft_tokens=3), "gate decisions"),
         (lambda d: d.pop("seed"), "seed"),
         (lambda d: d["cells"][0]["repeats"][0].update(accepted_per_position=[21]), "accepted exceeds drafted"),
         (lambda d: d.update(prompt_set_digest="not-a-digest"), "prompt_set_digest"),
     ],
-    ids=["derived-speedup", "raw-count", "gate", "pass-cost", "missing-field", "impossible-count", "bad-digest"],
+    ids=["derived-speedup", "raw-count", "gate", "pass-cost", "gate-decision", "missing-field", "impossible-count", "bad-digest"],
 )
 def test_tampered_records_are_rejected_and_others_load(tmp_path: Path, edit, message: str) -> None:
     good = write_record(make_record(model_id="good/model"), tmp_path)
