@@ -84,9 +84,9 @@ def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint
 
 
 @cli.command("team-model")
-@click.option("--out", type=click.Path(file_okay=False), required=True, help="checkpoint folder")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="checkpoint folder")
 @click.option("--seed", type=int, default=None, help="seed of weights and batches (default 1234)")
-@click.option("--steps", type=click.IntRange(min=1), default=None, help="training steps (default 400; deterministic)")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="training steps (default 320; deterministic)")
 @click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None, help="train for a time budget instead of --steps")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--layers", type=int, default=None, help="decoder layers (default 8)")
@@ -98,8 +98,8 @@ def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint
 @click.option("--batch-size", type=int, default=None, help="windows per step (default 8)")
 @click.option("--lr", type=float, default=None, help="peak learning rate (default 3e-3)")
 @click.option("--mtp-weight", type=float, default=None, help="weight of the MTP t+2 loss (default 0.5)")
-@click.option("--threads", type=int, default=None, help="CPU threads while training (default 2)")
-def team_model(out: str, minutes: float | None, steps: int | None, **options: object) -> None:
+@click.option("--threads", type=int, default=None, help="CPU threads while training (default 1)")
+def team_model(out: Path, minutes: float | None, steps: int | None, **options: object) -> None:
     """Train the bundled team model (byte-level Mellum with one MTP layer) and save it as a HF checkpoint."""
     from pydantic import ValidationError
 
@@ -114,9 +114,7 @@ def team_model(out: str, minutes: float | None, steps: int | None, **options: ob
         spec = teammodel.TeamModelSpec(**fields)
     except ValidationError as exc:
         raise AtlasError(f"bad team-model option: {exc.errors()[0]['msg']}") from None
-    from pathlib import Path
-
-    record = teammodel.make_team_model(spec, Path(out), teammodel.command_line(), log=click.echo)
+    record = teammodel.make_team_model(spec, out, log=click.echo)
     metrics = record["metrics"]
     click.echo(
         f"saved {out}: {record['steps']} steps in {record['wall_seconds']:.0f} s on {record['device']}; "
