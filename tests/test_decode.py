@@ -114,7 +114,9 @@ def test_greedy_speculative_equals_plain_and_transformers() -> None:
 
 
 def accept_if_argmax(p, q, drafts, gen):
-    """Planted bug: 'accept only if equal' to the target's greedy choice, else sample from p."""
+    """Planted bug: 'accept only if equal' to the target's greedy choice, else sample from p (the
+    exact-match verification that collapsed acceptance in several engines at T > 0). Comparing with
+    a token *sampled* from p instead would be lossless, only wasteful, so it is not a planted bug."""
     target = p.argmax(-1)
     for i, d in enumerate(drafts.tolist()):
         if d != int(target[i]):
