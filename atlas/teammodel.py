@@ -25,11 +25,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
 from atlas import AtlasError, __version__
+
+if TYPE_CHECKING:  # torch and transformers load lazily: `atlas --help` must stay fast
+    import torch
+    from transformers import MellumConfig, MellumForCausalLM, PreTrainedTokenizerFast
+    from transformers.modeling_layers import MtpModel
 
 # Token ids: 0..255 are the bytes themselves, the specials follow.
 PAD_ID, BOS_ID, EOS_ID = 256, 257, 258
@@ -136,7 +141,7 @@ def _byte_to_char() -> dict[int, str]:
     return mapping
 
 
-def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+def build_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level tokenizer (id = byte value, specials after 255) that loads with no download."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -223,7 +228,7 @@ def heldout_block_size(n_tokens: int) -> int:
 # ---- model -------------------------------------------------------------------------------------
 
 
-def build_config(spec: TeamModelSpec):  # -> transformers.MellumConfig
+def build_config(spec: TeamModelSpec) -> MellumConfig:
     from transformers import MellumConfig
 
     return MellumConfig(
@@ -255,7 +260,7 @@ def build_config(spec: TeamModelSpec):  # -> transformers.MellumConfig
     )
 
 
-def build_models(spec: TeamModelSpec):  # -> (MellumForCausalLM, MtpModel)
+def build_models(spec: TeamModelSpec) -> tuple[MellumForCausalLM, MtpModel]:
     """The main model and transformers' own MTP module on top of it, initialised from the seed."""
     import torch
     from transformers import MellumForCausalLM
@@ -268,7 +273,9 @@ def build_models(spec: TeamModelSpec):  # -> (MellumForCausalLM, MtpModel)
     return model, mtp
 
 
-def joint_forward(model, mtp, input_ids) -> tuple:  # -> (main logits, mtp logits)
+def joint_forward(
+    model: MellumForCausalLM, mtp: MtpModel, input_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One teacher-forced pass of both heads, fed the way `MTPCandidateGenerator` feeds them.
 
     The MTP layer at position i sees the embedding of token i+1 and the main model's final hidden
@@ -284,7 +291,9 @@ def joint_forward(model, mtp, input_ids) -> tuple:  # -> (main logits, mtp logit
     return out.logits, mtp._project_to_logits(mtp_hidden)
 
 
-def _losses(main_logits, mtp_logits, input_ids) -> tuple:
+def _losses(
+    main_logits: torch.Tensor, mtp_logits: torch.Tensor, input_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     import torch.nn.functional as F
 
     main = F.cross_entropy(main_logits[:, :-1].flatten(0, 1).float(), input_ids[:, 1:].flatten())
@@ -292,7 +301,7 @@ def _losses(main_logits, mtp_logits, input_ids) -> tuple:
     return main, mtp
 
 
-def evaluate(model, mtp, windows) -> dict[str, float]:
+def evaluate(model: MellumForCausalLM, mtp: MtpModel, windows: torch.Tensor) -> dict[str, float]:
     """Held-out next-token loss, the MTP head's t+2 loss, and two proxies of its acceptance.
 
     `mtp_top1_agreement`: the MTP argmax at i equals the main model's argmax at i+1 (both see the
@@ -327,7 +336,7 @@ def evaluate(model, mtp, windows) -> dict[str, float]:
     }
 
 
-def _unique_parameters(*modules) -> list:
+def _unique_parameters(*modules: torch.nn.Module) -> list[torch.nn.Parameter]:
     seen: set[int] = set()
     params = []
     for module in modules:
@@ -338,7 +347,7 @@ def _unique_parameters(*modules) -> list:
     return params
 
 
-def _batches(train, spec: TeamModelSpec, device) -> Iterator:
+def _batches(train: torch.Tensor, spec: TeamModelSpec, device: str) -> Iterator[torch.Tensor]:
     """Random windows of the training stream, drawn from a generator seeded apart from the model."""
     import torch
 
@@ -362,8 +371,8 @@ def _resolve_device(requested: str) -> str:
 
 @dataclass
 class TrainResult:
-    model: object
-    mtp: object
+    model: MellumForCausalLM
+    mtp: MtpModel
     steps: int
     wall_seconds: float
     device: str
@@ -482,7 +491,7 @@ def _train(spec: TeamModelSpec, corpus: Corpus, device: str, log: Callable[[str]
 # ---- checkpoint --------------------------------------------------------------------------------
 
 
-def mtp_state_dict(mtp) -> dict:
+def mtp_state_dict(mtp: MtpModel) -> dict[str, torch.Tensor]:
     """The MTP layer's tensors under Mellum's checkpoint names (`mtp.fc.weight`, ...)."""
     renamed = {}
     for key, tensor in mtp.state_dict().items():
