@@ -8,8 +8,11 @@ Optional `HUB_METADATA.toml` at the mirror root gives per-repo hub metadata (bas
 relation, pipeline tag, gated, downloads, likes, dates); absent fields stay absent, as on the Hub.
 
 Speaks: GET /api/models (filters, `expand`, `Link` pagination with a cursor), GET
-/api/models/{id}[/revision/{rev}], HEAD/GET /{id}/resolve/{rev}/{file} (X-Repo-Commit, ETag,
-Range), errors through X-Error-Code. A repo's sha is derived from its files' content.
+/api/models/{id}[/revision/{rev}], GET /api/models/{id}/tree/{rev}[/{folder}][?recursive=true]
+(what `snapshot_download` lists; one page, mirror repos are small), HEAD/GET
+/{id}/resolve/{rev}/{file} (X-Repo-Commit, ETag, Range), errors through X-Error-Code. A repo's sha
+is derived from its files' content. As on the Hub, a gated repo's info and tree are public; only
+its files answer 403.
 
 Test hooks: fault injection (status, headers, count), a fixed-window request-rate limit answered
 with 429 + Retry-After + RateLimit, injected latency, and a request log (memory + JSONL file).
@@ -37,6 +40,10 @@ METADATA_FILE = "HUB_METADATA.toml"
 _LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 
 
+def _git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
 @dataclass
 class MirrorRepo:
     """One repo: file name -> content (bytes, or a Path read on demand) plus hub metadata."""
@@ -56,7 +63,7 @@ class MirrorRepo:
             if name.endswith(_LFS_SUFFIXES):
                 etag = hashlib.sha256(data).hexdigest()  # LFS files: the Hub's ETag is the sha256
             else:
-                etag = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git blob id
+                etag = _git_blob_id(data)
             self.etags[name] = etag
             digest.update(f"{name}\0{etag}\n".encode())
         self.sha = digest.hexdigest()
@@ -250,6 +257,32 @@ def _safetensors_info(repo: MirrorRepo) -> dict[str, Any] | None:
             continue
         params[info.get("dtype", "?")] = params.get(info.get("dtype", "?"), 0) + math.prod(info.get("shape", []))
     return {"parameters": params, "total": sum(params.values())}
+
+
+def _tree_entries(repo: MirrorRepo, folder: str, recursive: bool) -> list[dict[str, Any]] | None:
+    """The Hub's tree listing of `folder` ("" = the root), None when no such folder. Files:
+    {type, oid (git blob id), size, path} plus, for LFS files, lfs {oid (sha256), size, pointerSize},
+    where git holds the LFS pointer, so the blob id is the pointer's. Folders: {type: "directory",
+    oid, size: 0, path}; their oid stands in for git's tree id (a digest of what lies below)."""
+    folders = {"/".join(name.split("/")[:i]) for name in repo.files for i in range(1, name.count("/") + 1)}
+    if folder and folder not in folders:
+        return None
+    prefix = f"{folder}/" if folder else ""
+    entries: list[dict[str, Any]] = []
+    for path in sorted(folders | set(repo.files)):
+        if not path.startswith(prefix) or (not recursive and "/" in path[len(prefix):]):
+            continue
+        if path in folders:
+            below = "".join(f"{n}\0{repo.etags[n]}\n" for n in sorted(repo.files) if n.startswith(f"{path}/"))
+            entries.append({"type": "directory", "oid": hashlib.sha1(below.encode()).hexdigest(), "size": 0, "path": path})
+        elif path.endswith(_LFS_SUFFIXES):
+            size = repo.sizes[path]
+            pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{repo.etags[path]}\nsize {size}\n".encode()
+            entries.append({"type": "file", "oid": _git_blob_id(pointer), "size": size, "path": path,
+                            "lfs": {"oid": repo.etags[path], "size": size, "pointerSize": len(pointer)}})
+        else:
+            entries.append({"type": "file", "oid": repo.etags[path], "size": repo.sizes[path], "path": path})
+    return entries
 
 
 def _tags(repo: MirrorRepo) -> list[str]:
@@ -455,6 +488,9 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             if repo is None:
                 self._error(404, "RepoNotFound", "Repository not found", head)
                 return
+            if tail.startswith("tree/"):
+                self._tree(repo, tail[len("tree/"):], query, head)
+                return
             if tail:
                 rev = tail[len("revision/"):] if tail.startswith("revision/") else None
                 if rev not in ("main", repo.sha):
@@ -462,6 +498,17 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                     return
             expand = query.get("expand", []) or [e for e in EXPANDABLE if e not in ("safetensors", "config")]
             self._json(200, _model_json(repo, expand), None, head)
+
+        def _tree(self, repo: MirrorRepo, rest: str, query: dict[str, list[str]], head: bool) -> None:
+            rev, _, folder = rest.partition("/")
+            if rev not in ("main", repo.sha):
+                self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}", head)
+                return
+            entries = _tree_entries(repo, folder.strip("/"), query.get("recursive", ["false"])[0].lower() == "true")
+            if entries is None:
+                self._error(404, "EntryNotFound", f"{folder} does not exist at this revision", head, {"X-Repo-Commit": repo.sha})
+                return
+            self._json(200, entries, None, head)
 
         def _resolve(self, path: str, head: bool) -> None:
             before, _, after = path.lstrip("/").partition("/resolve/")
