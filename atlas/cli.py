@@ -141,6 +141,7 @@ def _floats(text: str) -> tuple[float, ...]:
 @measure_group.command("run")
 @click.option("--model", default=None, help="checkpoint folder or hub repo id (default: the bundled team model)")
 @click.option("--revision", default=None, help="hub revision (branch, tag or commit); hub ids only")
+@click.option("--endpoint", default=None, help="hub endpoint for hub ids (default: huggingface_hub's, $HF_ENDPOINT or huggingface.co)")
 @click.option("--device", default="auto", show_default=True, help="auto (CUDA when present), cpu, cuda, cuda:N")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
 @click.option("--workloads", default=None, help="comma-separated workload names (default: all bundled)")

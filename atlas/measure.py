@@ -62,6 +62,7 @@ PEER_BASELINE = "transformers generate (plain, same prompts)"
 class Options:
     model: str = str(DEFAULT_MODEL)
     revision: str | None = None
+    endpoint: str | None = None
     device: str = "auto"
     dtype: str = "float32"
     workloads: list[str] | None = None
@@ -102,11 +103,12 @@ def _digest(folder: Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def resolve(model: str, revision: str | None) -> tuple[Path, str, str]:
+def resolve(model: str, revision: str | None, endpoint: str | None = None) -> tuple[Path, str, str]:
     """(local folder, model id, revision). A local folder is used as is (its id is org/name when it
     sits in the bundled mirror, else local:<folder name>; its revision is a digest of its files);
-    anything else is a hub repo id, downloaded through huggingface_hub (safetensors only) and
-    identified by its commit."""
+    anything else is a hub repo id: `revision` (default main) is resolved to its commit first, and
+    the download is pinned to that commit, so the record names exactly the files that were measured
+    even if the branch moves meanwhile. `endpoint` defaults to huggingface_hub's ($HF_ENDPOINT)."""
     path = Path(model)
     if path.is_dir():
         resolved = path.resolve()
@@ -114,16 +116,32 @@ def resolve(model: str, revision: str | None) -> tuple[Path, str, str]:
         return resolved, model_id, _digest(resolved)
     if path.exists() or not re.fullmatch(r"[\w.-]+/[\w.-]+", model):
         raise AtlasError(f"{model!r} is neither a checkpoint folder nor a hub repo id (org/name)")
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub import HfApi, constants, snapshot_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.utils import httpx
 
+    endpoint = endpoint or constants.ENDPOINT
     try:
-        folder = Path(snapshot_download(model, revision=revision, allow_patterns=ALLOW_PATTERNS))
-    except (HfHubHTTPError, OSError, ValueError) as exc:
-        raise AtlasError(f"cannot download {model}: {exc}") from None
-    if not any(folder.glob("*.safetensors")):
-        raise AtlasError(f"{model} has no safetensors weights (pickled weights are never loaded)")
-    return folder, model, folder.name
+        info = HfApi(endpoint=endpoint).model_info(model, revision=revision)
+        sha = info.sha or ""
+        if not re.fullmatch(r"[0-9a-f]{40}", sha):
+            raise AtlasError(f"{endpoint} answered no commit sha for {model} at {revision or 'main'}")
+        # Checked on the listing, before any download: pickled weights are never fetched or loaded.
+        if not any(s.rfilename.endswith(".safetensors") for s in info.siblings or []):
+            raise AtlasError(f"{model} has no safetensors weights at {sha} (pickled weights are never loaded)")
+        folder = Path(snapshot_download(model, revision=sha, allow_patterns=ALLOW_PATTERNS, endpoint=endpoint))
+    except RevisionNotFoundError:
+        raise AtlasError(f"{model} has no revision {revision!r} on {endpoint}") from None
+    except GatedRepoError:  # before its parent class: the repo exists, but its files need an accepted licence
+        raise AtlasError(
+            f"{model} is gated on {endpoint}: accept its conditions on the model page, then log in "
+            "(`hf auth login` or HF_TOKEN) with an account that has access"
+        ) from None
+    except RepositoryNotFoundError:
+        raise AtlasError(f"{model} was not found on {endpoint} (or it is private and no token with access was given)") from None
+    except (httpx.HTTPError, OSError, ValueError) as exc:  # HTTP and connection errors; ValueError: an id the client refuses
+        raise AtlasError(f"cannot download {model} from {endpoint}: {exc}") from None
+    return folder, model, sha
 
 
 def load_checkpoint(folder: str, device: torch.device, dtype: torch.dtype):
@@ -383,7 +401,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     hf_logging.disable_progress_bar()  # use_mtp reloads the MTP weights on every generate() call
     prompt_set = load_prompt_set()
     workloads = prompt_set.get(options.workloads)
-    folder, model_id, revision = resolve(options.model, options.revision)
+    folder, model_id, revision = resolve(options.model, options.revision, options.endpoint)
     log(f"loading {model_id} ({revision[:19]}) on {device} as {options.dtype}")
     model, mtp, tokenizer = load_checkpoint(str(folder), device, dtype)
     prompts = {

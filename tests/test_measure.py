@@ -4,19 +4,37 @@ errors a user can hit."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
+from hub_fixtures import MIRROR, TEAM_MODEL
 from transformers import MellumConfig, MellumForCausalLM
 
 from atlas import AtlasError
 from atlas.cli import cli
+from atlas.hubserver import HubServer, MirrorRepo, load_mirror
 from atlas.measure import DEFAULT_MODEL, load_checkpoint, resolve
 from atlas.records import read_record
 
 needs_team = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="team checkpoint not built yet")
+GATED = "gated-org/byte-mtp-8l"
+TINY = ["--workloads", "templated", "--temperatures", "0", "--draft-tokens", "1,2", "--max-new-tokens", "8",
+        "--repeats", "1", "--prompts-per-workload", "1", "--no-peer"]
+
+
+@pytest.fixture(scope="module")
+def hub() -> Iterator[HubServer]:
+    """The bundled mirror behind the local hub server (own instance: a test reads its request log),
+    plus a gated copy of the team model under its own id, so that no cached download of the team
+    model can answer for it."""
+    repos = load_mirror(MIRROR)
+    if TEAM_MODEL in repos:
+        repos[GATED] = MirrorRepo(GATED, dict(repos[TEAM_MODEL].files), {"gated": "manual"})
+    with HubServer(repos) as server:
+        yield server
 
 
 @needs_team
@@ -66,3 +84,30 @@ def test_bad_cli_values() -> None:
     assert result.exit_code == 1 and "comma-separated numbers" in result.output
     result = CliRunner().invoke(cli, ["measure", "run", "--workloads", "nope", "--no-peer"])
     assert result.exit_code == 1 and "unknown workload" in result.output
+
+
+@needs_team
+def test_run_from_a_hub_repo_id(tmp_path: Path, hub: HubServer) -> None:
+    hub.clear_log()
+    result = CliRunner().invoke(cli, ["measure", "run", "--model", TEAM_MODEL, "--endpoint", hub.url, *TINY, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    [path] = tmp_path.glob("*.json")
+    record = read_record(path)
+    sha = hub.repos[TEAM_MODEL].sha
+    assert record.model_id == TEAM_MODEL and record.revision == sha  # the resolved commit, not "main"
+    assert record.cells and all(c.derived.greedy_lossless for c in record.cells)
+    fetched = [r["path"] for r in hub.file_requests()]
+    assert fetched and all(f"/resolve/{sha}/" in p for p in fetched)  # every file pinned to that commit
+    assert not any(p.endswith(("README.md", ".bin", ".pt")) for p in fetched)  # only the allowed patterns
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--model", "mtp-atlas/no-such-model"], "mtp-atlas/no-such-model was not found on"),
+    pytest.param(["--model", GATED], f"{GATED} is gated on", marks=needs_team),
+    pytest.param(["--model", TEAM_MODEL, "--revision", "v9"], f"{TEAM_MODEL} has no revision 'v9'", marks=needs_team),
+    (["--model", "Qwen/Qwen3-8B"], "Qwen/Qwen3-8B has no safetensors weights"),
+])
+def test_hub_repo_id_errors(tmp_path: Path, hub: HubServer, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["measure", "run", *args, "--endpoint", hub.url, *TINY, "--out", str(tmp_path)])
+    assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
+    assert not list(tmp_path.glob("*.json"))
