@@ -167,8 +167,12 @@ def _date(value: dt.datetime | dt.date | None) -> str:
 
 def _rev(revision: str | None) -> Markdown:
     # 12 hex digits identify a commit unambiguously in practice and keep the tables readable;
-    # the provenance section says so.
-    return Markdown(f'<code class="atlas-rev">{escape(revision[:12])}</code>') if revision else Markdown("—")
+    # the provenance section says so. A checkpoint digest keeps its scheme ("sha256:") in front.
+    if not revision:
+        return Markdown("—")
+    scheme, _, digest = revision.rpartition(":")
+    short = f"{scheme}:{digest[:12]}" if scheme else digest[:12]
+    return Markdown(f'<code class="atlas-rev">{escape(short)}</code>')
 
 
 def _num(value: float | None, digits: int) -> str:
