@@ -160,8 +160,6 @@ def _floats(text: str) -> tuple[float, ...]:
 def measure_run(model: str | None, workloads: str | None, temperatures: str, draft_tokens: str, no_peer: bool,
                 quick: bool, out: str, **options: object) -> None:
     """Measure plain vs self-speculative decoding and write one record under --out."""
-    from pathlib import Path
-
     from atlas import measure
 
     ks = tuple(int(v) for v in _floats(draft_tokens))
@@ -188,8 +186,6 @@ def measure_run(model: str | None, workloads: str | None, temperatures: str, dra
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default="evidence/measurements", show_default=True)
 def measure_import(db: str | None, directory: str) -> None:
     """Load measurement records into the store (idempotent; bad or tampered files are rejected)."""
-    from pathlib import Path
-
     from atlas import records, store
 
     folder = Path(directory)
@@ -209,20 +205,19 @@ def measure_import(db: str | None, directory: str) -> None:
 
 
 @cli.command("evidence")
-@click.option("--db", type=click.Path(dir_okay=False), envvar="ATLAS_DB",
-              default="data/atlas.duckdb", show_default=True, help="The atlas store (DuckDB).")
+@click.option("--db", type=click.Path(dir_okay=False), default=None,
+              help="The atlas store (default: $ATLAS_DB or data/atlas.duckdb).")
 @click.option("--out", type=click.Path(dir_okay=False),
               default="evidence/module-08.evidence.md", show_default=True)
 @click.option("--servable", "servable_path", type=click.Path(dir_okay=False),
               default="evidence/servable.toml", show_default=True,
               help="The dated, cited support matrix joined to the models.")
-def evidence_cmd(db: str, out: str, servable_path: str) -> None:
+def evidence_cmd(db: str | None, out: str, servable_path: str) -> None:
     """Run the named evidence queries against the store and write the module 8 evidence file."""
-    from pathlib import Path
-
     from atlas import evidence
+    from atlas.store import default_db_path
 
-    ev = evidence.generate(Path(db), Path(out), Path(servable_path))
+    ev = evidence.generate(Path(db) if db else default_db_path(), Path(out), Path(servable_path))
     f = ev.facts
     click.echo(
         f"Wrote {out}: snapshot {f.snapshot_id} ({f.snapshot_date}), {f.n_models} models, "
@@ -239,8 +234,6 @@ def site_group() -> None:
 @site_group.command("build")
 def site_build() -> None:
     """Render modules/ + evidence/ into site/docs/, then `mkdocs build --strict` into site/build/."""
-    from pathlib import Path
-
     from atlas import render
 
     layout = render.Layout(root=Path.cwd())
@@ -252,8 +245,6 @@ def site_build() -> None:
 @click.option("--port", type=int, default=8000, show_default=True)
 def site_serve(port: int) -> None:
     """Serve site/build/ on http://127.0.0.1:PORT/ (loopback only)."""
-    from pathlib import Path
-
     from atlas import render
 
     render.serve(render.Layout(root=Path.cwd()).build, port)
