@@ -517,7 +517,7 @@ def _provenance(
         lines.append(
             f"- Store snapshot #{snap['snapshot_id']}: crawl started "
             f"{escape(_stamp(snap['started_at']))}, finished {escape(_stamp(snap['finished_at']))} "
-            f"(crawler clock), endpoint {code(snap['endpoint'])}, watch list digest "
+            f"UTC, endpoint {code(snap['endpoint'])}, watch list digest "
             f"{code((snap['watchlist_digest'] or '')[:12])}."
         )
         lines.append(
