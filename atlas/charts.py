@@ -13,7 +13,8 @@ from atlas.mdsafe import Markdown
 
 WIDTH = 640
 HEIGHT = 260
-_TOP, _BOTTOM, _LEFT, _RIGHT = 28, 46, 44, 12
+# _TOP leaves room for the title plus the value label above the tallest bar.
+_TOP, _BOTTOM, _LEFT, _RIGHT = 42, 46, 44, 12
 
 
 class Bar(BaseModel):
