@@ -37,7 +37,6 @@ class DeclaredKeyRule:
     """A config key spelling that states how many MTP layers a model declares."""
 
     key: str
-    seen_in: str
     # A boolean switch that, when present and false, makes the declaration 0 (MiniMax `use_mtp`).
     enabled_by: str | None = None
 
@@ -61,20 +60,20 @@ class FactRule:
 
     name: str
     keys: tuple[str, ...]
-    kind: str  # 'int' | 'ident' | 'ident_list'
+    kind: str  # 'int' | 'ident' | 'ident_list' | 'bool'
     containers: tuple[str, ...] = CONTAINERS
 
 
 DECLARED_KEY_RULES: tuple[DeclaredKeyRule, ...] = (
-    DeclaredKeyRule(
-        "num_nextn_predict_layers",
-        "DeepSeek-V3/V3.x/R1, GLM-4.5/5, MiMo, Nemotron-3, Kimi (0), ERNIE-4.5, LongCat, Step",
-    ),
-    DeclaredKeyRule("mtp_num_hidden_layers", "Qwen3.5/3.6 (under text_config)"),
-    DeclaredKeyRule("num_mtp_modules", "MiniMax-M2.x (with use_mtp, mtp_transformer_layers)", "use_mtp"),
-    DeclaredKeyRule("num_mtp_layers", "code / inference configs"),
-    DeclaredKeyRule("mtp_num_layers", "code / inference configs"),
-    DeclaredKeyRule("n_mtp_layers", "code / inference configs"),
+    # DeepSeek-V3/V3.x/R1, GLM-4.5/5, MiMo, Nemotron-3, Kimi (0), ERNIE-4.5, LongCat, Step
+    DeclaredKeyRule("num_nextn_predict_layers"),
+    DeclaredKeyRule("mtp_num_hidden_layers"),  # Qwen3.5/3.6 (under text_config)
+    # MiniMax-M2.x (with use_mtp, mtp_transformer_layers)
+    DeclaredKeyRule("num_mtp_modules", "use_mtp"),
+    # spellings seen in code / inference configs rather than hub checkpoints
+    DeclaredKeyRule("num_mtp_layers"),
+    DeclaredKeyRule("mtp_num_layers"),
+    DeclaredKeyRule("n_mtp_layers"),
 )
 
 # Tensor-name prefixes multimodal checkpoints put in front of the language model's names.
