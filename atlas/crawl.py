@@ -10,6 +10,11 @@ client's own retries, `_call` retries 429/5xx/timeouts with backoff; 401/403 bec
 Incremental and resumable: files are downloaded pinned to the listed sha into the HF cache, so an
 unchanged sha costs no request (its raw config is already in the store) and a crawl killed
 midway resumes from the cache. The snapshot is written in one transaction at the very end.
+
+Side files (weight index, safetensors header, hf_quant_config.json) never make a repo unread:
+their errors go in `side_file_error`. Only errors that cannot change at the same sha (bad bytes,
+over a size limit, a listed file that is absent) are stored with it; after a 5xx or timeout the
+next crawl asks for the missing side files again, not for the stored config.
 """
 
 from __future__ import annotations
@@ -146,8 +151,8 @@ class Pacer:
         with self._lock:
             self._until = max(self._until, time.monotonic() + seconds)
 
-    def observe(self, status: int, headers: Any) -> float | None:
-        """Pause everyone when the server says so; returns the pause it asked for."""
+    def observe(self, status: int, headers: Any) -> None:
+        """Pause everyone when the server says so."""
         pause = server_pause(headers)  # also on successes: `r=0` there means the next one fails
         if status == 429:
             with self._lock:
@@ -155,7 +160,6 @@ class Pacer:
             pause = pause if pause is not None else 1.0
         if pause is not None:
             self.hold(pause)
-        return pause
 
     def sleep(self, seconds: float) -> None:
         with self._lock:
@@ -206,11 +210,14 @@ def _restore_client() -> None:
 
 
 class RepoProblem(Exception):
-    """A per-repo outcome that is not success: kind is 'gated' | 'missing' | 'error'."""
+    """A per-repo outcome that is not success: kind is 'gated' | 'missing' | 'error'.
+    `permanent`: asking again at the same sha cannot help (a 404, bad bytes, over a size limit),
+    as opposed to a server or network failure that a later crawl may get past."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, permanent: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
+        self.permanent = permanent or kind == "missing"
 
 
 def _status_of(exc: BaseException) -> int | None:
@@ -260,7 +267,8 @@ def _call(pacer: Pacer, fn: Callable[[], T], backoff_s: float = 1.0) -> T:
         except Exception as exc:  # the hub client raises many types; _classify sorts them
             kind, message = _classify(exc)
             if kind != "retry":
-                raise RepoProblem(kind, message) from None
+                unreadable = isinstance(exc, (SafetensorsParsingError, NotASafetensorsRepoError))
+                raise RepoProblem(kind, message, permanent=unreadable) from None
             if attempt == MAX_ATTEMPTS:
                 raise RepoProblem("error", f"{message} (gave up after {MAX_ATTEMPTS} attempts)") from None
             response = getattr(exc, "response", None) or getattr(exc.__cause__, "response", None)
@@ -283,10 +291,16 @@ class Listed:
 
 
 @dataclass
+class SideError:
+    message: str
+    permanent: bool  # stored with the (repo_id, sha) when true; else tried again next crawl
+
+
+@dataclass
 class Fetched:
     files: dict[str, str] = field(default_factory=dict)
     weights: tuple[str, list[str]] | None = None
-    problems: dict[str, str] = field(default_factory=dict)  # filename -> error (non-fatal ones)
+    problems: dict[str, SideError] = field(default_factory=dict)  # side file -> why it was not read
 
 
 @dataclass
@@ -307,7 +321,9 @@ def _download(ctx: Context, repo_id: str, sha: str, filename: str, limit: int) -
     )
     size = os.path.getsize(path)
     if size > limit:
-        raise RepoProblem("error", f"{filename}: {size:,} bytes, over the {limit:,}-byte limit for this file")
+        raise RepoProblem(
+            "error", f"{filename}: {size:,} bytes, over the {limit:,}-byte limit for this file", permanent=True
+        )
     return Path(path).read_bytes()
 
 
@@ -315,58 +331,95 @@ def _header_names(ctx: Context, repo_id: str, sha: str) -> list[str]:
     """Tensor names from a single-file checkpoint's header (two Range requests, cached on disk
     because the hub client does not cache headers)."""
     cached = ctx.cache_dir / "atlas-safetensors-headers" / sha / (repo_id.replace("/", "--") + ".json")
-    if cached.exists():
-        return json.loads(cached.read_text())
+    try:
+        names = json.loads(cached.read_text(encoding="utf-8"))
+        if isinstance(names, list) and all(isinstance(n, str) for n in names):
+            return names
+    except (OSError, ValueError):
+        pass  # absent, or damaged (e.g. by a disk error): a miss, read the header again
     meta = _call(
         ctx.pacer, lambda: ctx.api.parse_safetensors_file_metadata(repo_id, "model.safetensors", revision=sha)
     )
     names = header_tensor_names(meta.tensors)
     cached.parent.mkdir(parents=True, exist_ok=True)
-    cached.write_text(json.dumps(names))
+    # written aside and renamed: a crawl killed mid-write leaves no half file under the real name
+    partial = cached.with_name(f"{cached.name}.{os.getpid()}.{threading.get_ident()}.partial")
+    partial.write_text(json.dumps(names), encoding="utf-8")
+    os.replace(partial, cached)
     return names
 
 
-def fetch_repo(ctx: Context, item: Listed) -> Fetched:
+QUANT_SIDECAR = "hf_quant_config.json"
+WEIGHT_INDEX = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> Fetched:
     """Download what the fingerprints need at the listed sha. Raises RepoProblem when the config
-    itself can't be had; problems with side files are recorded and the rest kept."""
+    itself can't be had; problems with side files are recorded and the rest kept. With `settled`
+    (the config is stored already), only the side files not in it are asked for."""
     if not _REPO_ID.match(item.repo_id):
         raise RepoProblem("error", f"not a valid Hub repo id: {item.repo_id!r}")
     if item.sha is None or not _SHA.match(item.sha):
         raise RepoProblem("error", f"the listing gave no commit sha for this repo (got {item.sha!r})")
+    sha = item.sha
     out = Fetched()
     siblings = item.siblings
-    if siblings is not None and "config.json" not in siblings:
-        raise RepoProblem("missing", "no config.json in this repo")
-    data = _download(ctx, item.repo_id, item.sha, "config.json", MAX_CONFIG_BYTES)
-    try:
-        parse_config_bytes(data)
-    except AtlasError as exc:
-        raise RepoProblem("error", str(exc)) from None
-    out.files["config.json"] = data.decode("utf-8")
+    if settled is None:
+        if siblings is not None and "config.json" not in siblings:
+            raise RepoProblem("missing", "no config.json in this repo")
+        data = _download(ctx, item.repo_id, sha, "config.json", MAX_CONFIG_BYTES)
+        try:
+            parse_config_bytes(data)
+        except AtlasError as exc:
+            raise RepoProblem("error", str(exc)) from None
+        out.files["config.json"] = data.decode("utf-8")
+        settled = set()
+
+    def wanted(filename: str) -> bool:
+        return filename not in settled and (siblings is None or filename in siblings)
+
+    def record(filename: str, exc: RepoProblem | AtlasError) -> None:
+        if isinstance(exc, RepoProblem) and exc.kind == "missing" and siblings is None:
+            return  # without a file list, absent is the normal case, not a problem
+        permanent = not isinstance(exc, RepoProblem) or exc.permanent  # AtlasError: the bytes are bad
+        out.problems[filename] = SideError(str(exc).removeprefix(f"{filename}: "), permanent)
 
     def side(filename: str, limit: int, parse: Callable[[bytes], Any]) -> Any:
         try:
-            raw = _download(ctx, item.repo_id, item.sha, filename, limit)
+            raw = _download(ctx, item.repo_id, sha, filename, limit)
             return raw, parse(raw)
         except (RepoProblem, AtlasError) as exc:
-            if getattr(exc, "kind", "error") != "missing" or siblings is not None:
-                out.problems[filename] = str(exc).removeprefix(f"{filename}: ")
+            record(filename, exc)
             return None
 
-    if siblings is None or "hf_quant_config.json" in siblings:
-        got = side("hf_quant_config.json", MAX_CONFIG_BYTES, lambda b: parse_config_bytes(b, "hf_quant_config.json"))
+    if wanted(QUANT_SIDECAR):
+        got = side(QUANT_SIDECAR, MAX_CONFIG_BYTES, lambda b: parse_config_bytes(b, QUANT_SIDECAR))
         if got is not None:
-            out.files["hf_quant_config.json"] = got[0].decode("utf-8")
-    if siblings is None or "model.safetensors.index.json" in siblings:
-        got = side("model.safetensors.index.json", MAX_INDEX_BYTES, parse_weight_index)
+            out.files[QUANT_SIDECAR] = got[0].decode("utf-8")
+    if wanted(WEIGHT_INDEX):
+        got = side(WEIGHT_INDEX, MAX_INDEX_BYTES, parse_weight_index)
         if got is not None:
             out.weights = ("index", got[1])
-    if out.weights is None and siblings is not None and "model.safetensors" in siblings:
+    if out.weights is None and siblings is not None and wanted(SINGLE_FILE):
         try:
-            out.weights = ("header", _header_names(ctx, item.repo_id, item.sha))
+            out.weights = ("header", _header_names(ctx, item.repo_id, sha))
         except RepoProblem as exc:
-            out.problems["model.safetensors"] = str(exc).removeprefix("model.safetensors: ")
+            record(SINGLE_FILE, exc)
     return out
+
+
+def side_files_pending(siblings: set[str] | None, settled: set[str], errors: dict[str, str]) -> bool:
+    """Whether a stored (repo_id, sha) still lacks a listed side file that a new request could
+    bring: one neither stored nor failed for good (a 5xx or timeout last time)."""
+    if siblings is None:
+        return False  # no file list: a failed side file and an absent one look alike
+    done = settled | set(errors)
+    if QUANT_SIDECAR in siblings and QUANT_SIDECAR not in done:
+        return True
+    if settled & set(store.WEIGHT_SOURCE_FILES.values()):
+        return False  # tensor names are stored
+    return any(f in siblings and f not in done for f in (WEIGHT_INDEX, SINGLE_FILE))
 
 
 def fingerprint_stored(files: dict[str, str], weights: tuple[str, list[str]] | None) -> list[tuple[str, str, str | None]]:
@@ -381,11 +434,6 @@ def fingerprint_stored(files: dict[str, str], weights: tuple[str, list[str]] | N
 
 
 # ---- listing ------------------------------------------------------------------------------------
-
-
-def utc_now() -> datetime:
-    """Snapshot times are naive UTC (DuckDB TIMESTAMP), whatever the machine's time zone."""
-    return datetime.now(timezone.utc).replace(tzinfo=None, microsecond=0)
 
 
 def _naive_utc(value: datetime | None) -> datetime | None:
@@ -543,7 +591,7 @@ def crawl(
     if token is None:
         token = os.environ.get("HF_TOKEN") or False  # used, never stored or logged
     cache_dir = cache_dir or db.parent / "hf-cache"
-    started = utc_now()
+    started = store.utc_now()
     clock = time.monotonic()
     con = store.connect(db)  # taken first: a second concurrent crawl fails before any request
     pacer = Pacer(sleep)
@@ -555,9 +603,19 @@ def crawl(
         ctx = Context(HfApi(endpoint=endpoint, token=token), endpoint, token, cache_dir, pacer)
         problems: list[str] = []
         listed = list_scope(ctx, watch, problems)
-        known = store.stored_pairs(con)
-        stored_errors = _stored_errors(con)
-        todo = [x for x in listed if x.row.fetch_status == "ok" and (x.repo_id, x.sha) not in known]
+        readable = [x for x in listed if x.row.fetch_status == "ok"]
+        known = store.stored_pairs(con, [(x.repo_id, x.sha) for x in readable if x.sha])
+        side_state = store.side_file_state(con, known)
+        stored_errors = {pair: errors for pair, (_, errors) in side_state.items() if errors}
+        # a new sha: everything; a stored one: only side files an earlier crawl failed to get
+        todo: list[tuple[Listed, set[str] | None]] = []
+        for x in readable:
+            if x.sha is None or (x.repo_id, x.sha) not in known:
+                todo.append((x, None))
+                continue
+            settled, errors = side_state[(x.repo_id, x.sha)]
+            if side_files_pending(x.siblings, settled, errors):
+                todo.append((x, settled | set(errors)))
         fetched: dict[str, Fetched] = {}
         console = Console(stderr=True)
         with Progress(
@@ -566,12 +624,14 @@ def crawl(
         ) as bar:
             task = bar.add_task("", total=len(todo))
             with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="crawl") as pool:
-                futures = {pool.submit(_fetch_or_problem, ctx, x): x for x in todo}
+                futures = {pool.submit(_fetch_or_problem, ctx, x, settled): x for x, settled in todo}
                 try:
                     for fut in as_completed(futures):
                         item = futures[fut]
                         result = fut.result()
-                        if isinstance(result, RepoProblem):
+                        if isinstance(result, RepoProblem) and (item.repo_id, item.sha) in known:
+                            item.row.side_file_error = str(result)  # its config is stored and read
+                        elif isinstance(result, RepoProblem):
                             item.row.fetch_status, item.row.error = result.kind, str(result)
                         else:
                             fetched[item.repo_id] = result
@@ -588,18 +648,16 @@ def crawl(
         con.close()
 
 
-def _fetch_or_problem(ctx: Context, item: Listed) -> Fetched | RepoProblem:
+def _fetch_or_problem(ctx: Context, item: Listed, settled: set[str] | None) -> Fetched | RepoProblem:
+    """One repo's outcome; nothing a single repo does (a disk error, bytes no parser expected)
+    may abort the whole crawl."""
     try:
-        return fetch_repo(ctx, item)
+        return fetch_repo(ctx, item, settled)
     except RepoProblem as exc:
         return exc
-
-
-def _stored_errors(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], str]:
-    rows = con.execute(
-        "SELECT repo_id, sha, string_agg(filename || ': ' || error, '; ' ORDER BY filename) FROM file_errors GROUP BY ALL"
-    ).fetchall()
-    return {(r, s): e for r, s, e in rows}
+    except (OSError, ValueError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else ""
+        return RepoProblem("error", f"{type(exc).__name__}: {detail}")
 
 
 def _finish(
@@ -608,7 +666,7 @@ def _finish(
     digest: str,
     listed: list[Listed],
     known: set[tuple[str, str]],
-    stored_errors: dict[tuple[str, str], str],
+    stored_errors: dict[tuple[str, str], dict[str, str]],
     fetched: dict[str, Fetched],
     problems: list[str],
     pacer: Pacer,
@@ -627,18 +685,22 @@ def _finish(
         files += [store.RawFile(item.repo_id, sha, name, text) for name, text in got.files.items()]
         if got.weights is not None:
             weights.append(store.WeightNames(item.repo_id, sha, got.weights[0], got.weights[1]))
-        file_errors += [(item.repo_id, sha, name, err) for name, err in got.problems.items()]
-    errors = {**stored_errors}
-    for repo, sha, name, err in file_errors:
-        errors[(repo, sha)] = "; ".join(x for x in (errors.get((repo, sha)), f"{name}: {err}") if x)
+        # only errors that will not change at this sha are stored; the others are retried next crawl
+        file_errors += [(item.repo_id, sha, name, e.message) for name, e in got.problems.items() if e.permanent]
+    # side-file errors are the snapshot's word on shipped weights; the config was read all the same
     for item in listed:
-        if item.row.fetch_status == "ok" and (item.repo_id, item.sha) in errors:
-            item.row.fetch_status, item.row.error = "error", errors[(item.repo_id, item.sha or "")]
+        if item.row.fetch_status != "ok":
+            continue
+        errors = dict(stored_errors.get((item.repo_id, item.sha or ""), {}))
+        got = fetched.get(item.repo_id)
+        errors.update({name: e.message for name, e in got.problems.items()} if got else {})
+        joined = "; ".join(f"{name}: {err}" for name, err in sorted(errors.items()))
+        item.row.side_file_error = "; ".join(x for x in (joined, item.row.side_file_error) if x) or None
 
-    # fingerprints for pairs new to the store, or fingerprinted by an older rule version
-    versions = store.fingerprint_versions(con)
+    # fingerprints for pairs fetched now (config or side files), or fingerprinted by an older rule version
     pairs = {(x.repo_id, x.sha) for x in listed if x.sha and ((x.repo_id, x.sha) in known or x.repo_id in fetched)}
-    stale = {p for p in pairs if versions.get(p) != RULE_VERSION}
+    versions = store.fingerprint_versions(con, pairs)
+    stale = {p for p in pairs if versions.get(p) != RULE_VERSION or p[0] in fetched}
     inputs = store.load_inputs(con, stale & known)
     for f in files:
         inputs.setdefault((f.repo_id, f.sha), {"files": {}, "weights": None})["files"][f.filename] = f.content
@@ -654,14 +716,14 @@ def _finish(
     summary_counts = dict(
         n_listed=len(rows),
         n_fetched=len(fetched),
-        n_unchanged=sum(1 for x in listed if x.row.fetch_status in ("ok", "error") and (x.repo_id, x.sha) in known),
+        n_unchanged=sum(1 for x in listed if (x.repo_id, x.sha) in known and x.repo_id not in fetched),
         n_gated=count("gated"),
         n_missing=count("missing"),
         n_failed=count("error"),
     )
     status = "complete" if not problems else "partial"
     snapshot = store.SnapshotRow(
-        started_at=started, finished_at=utc_now(), endpoint=endpoint_label,
+        started_at=started, finished_at=store.utc_now(), endpoint=endpoint_label,
         watchlist_digest=digest, status=status, rule_version=RULE_VERSION, n_requests=pacer.requests,
         n_rate_limited=pacer.rate_limited, problems="; ".join(problems) or None, **summary_counts,
     )

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -63,6 +64,9 @@ CREATE TABLE IF NOT EXISTS file_errors (
 CREATE TABLE IF NOT EXISTS fingerprints (
     repo_id VARCHAR, sha VARCHAR, rule_version VARCHAR, name VARCHAR, value VARCHAR, path VARCHAR
 );
+-- side files (weight index, safetensors header, hf_quant_config.json) that could not be read in
+-- that snapshot; `error` stays about the config. Added after the first stores were written.
+ALTER TABLE hub_models ADD COLUMN IF NOT EXISTS side_file_error VARCHAR;
 
 CREATE OR REPLACE VIEW fingerprints_wide AS
 SELECT repo_id, sha, any_value(rule_version) AS rule_version,
@@ -89,7 +93,8 @@ SELECT h.repo_id, h.sha AS revision, s.snapshot_id, s.finished_at AS snapshot_da
     f.shipped_mtp_layers, f.shipped_evidence, h.is_exemplar, h.is_derivative,
     nullif(array_to_string(h.base_models, ','), '') AS base_model, h.fetch_status,
     coalesce(h.error, f.warnings) AS error, h.downloads, h.likes, h.last_modified,
-    f.rule_version, h.base_relation, h.pipeline_tag, f.shipped_family, f.weight_source
+    f.rule_version, h.base_relation, h.pipeline_tag, f.shipped_family, f.weight_source,
+    h.side_file_error
 FROM hub_models h
 JOIN snapshots s ON s.snapshot_id = h.snapshot_id AND s.status = 'complete'
 LEFT JOIN fingerprints_wide f ON f.repo_id = h.repo_id AND f.sha = h.sha;
@@ -174,7 +179,8 @@ class ModelRow:
     is_exemplar: bool
     param_total: int | None
     fetch_status: str
-    error: str | None
+    error: str | None  # about the config (or the repo); side files report in side_file_error
+    side_file_error: str | None = None
 
 
 @dataclass
@@ -192,6 +198,9 @@ class WeightNames:
     source: str
     names: list[str]
 
+
+# where stored tensor names came from -> the file they were read from
+WEIGHT_SOURCE_FILES = {"index": "model.safetensors.index.json", "header": "model.safetensors"}
 
 FingerprintRows = list[tuple[str, str, str, str, str, str | None]]  # repo, sha, version, name, value, path
 
@@ -213,8 +222,14 @@ def _column(values: Iterable[Any]) -> np.ndarray:
     return np.array(out, dtype=object)
 
 
-def _bulk_insert(con: duckdb.DuckDBPyConnection, table: str, columns: dict[str, tuple[str, list[Any]]]) -> None:
-    """INSERT INTO table SELECT casts FROM registered numpy columns (one statement, any size)."""
+def _bulk_insert(
+    con: duckdb.DuckDBPyConnection,
+    table: str,
+    columns: dict[str, tuple[str, list[Any]]],
+    unique_on: tuple[str, ...] = (),
+) -> None:
+    """INSERT INTO table SELECT casts FROM registered numpy columns (one statement, any size);
+    with `unique_on`, rows whose key is already in the table are skipped (an anti-join in SQL)."""
     lengths = {len(vals) for _, vals in columns.values()}
     if lengths == {0}:
         return
@@ -223,44 +238,103 @@ def _bulk_insert(con: duckdb.DuckDBPyConnection, table: str, columns: dict[str, 
     con.register(view, data)
     try:
         casts = ", ".join(
-            f"from_json({n}, '[\"VARCHAR\"]')" if t == "VARCHAR[]" else f"{n}::{t}"
+            f"from_json(v.{n}, '[\"VARCHAR\"]')" if t == "VARCHAR[]" else f"v.{n}::{t}"
             for n, (t, _) in columns.items()
         )
-        con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {casts} FROM {view}")
+        where = ""
+        if unique_on:
+            match = " AND ".join(f"t.{k} = v.{k}::{columns[k][0]}" for k in unique_on)
+            where = f" WHERE NOT EXISTS (SELECT 1 FROM {table} t WHERE {match})"
+        con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {casts} FROM {view} v{where}")
     finally:
         con.unregister(view)
+
+
+@contextmanager
+def _pairs_view(con: duckdb.DuckDBPyConnection, pairs: Iterable[tuple[str, str]]) -> Iterator[str]:
+    """The given (repo_id, sha) pairs as a registered relation, so reads join in SQL."""
+    unique = sorted(set(pairs))
+    name = "_wanted_pairs"
+    con.register(name, {"repo_id": _column(p[0] for p in unique), "sha": _column(p[1] for p in unique)})
+    try:
+        yield name
+    finally:
+        con.unregister(name)
 
 
 # ---- reads --------------------------------------------------------------------------------------
 
 
-def stored_pairs(con: duckdb.DuckDBPyConnection) -> set[tuple[str, str]]:
-    """(repo_id, sha) pairs whose config.json is stored: these cost no request in a new crawl."""
-    rows = con.execute("SELECT DISTINCT repo_id, sha FROM raw_files WHERE filename = 'config.json'").fetchall()
+def _rows_for(
+    con: duckdb.DuckDBPyConnection,
+    pairs: Iterable[tuple[str, str]] | None,
+    select: str,
+    table: str,
+    where: str = "",
+    group: bool = False,
+) -> list[tuple[Any, ...]]:
+    """`SELECT {select} FROM {table} t [WHERE] [GROUP BY ALL]` limited to `pairs` (every row when
+    None) by a join in SQL, so only the rows asked for leave the database."""
+    tail = (f" WHERE {where}" if where else "") + (" GROUP BY ALL" if group else "")
+    if pairs is None:
+        return con.execute(f"SELECT {select} FROM {table} t{tail}").fetchall()
+    pairs = set(pairs)
+    if not pairs:
+        return []
+    with _pairs_view(con, pairs) as view:
+        return con.execute(
+            f"SELECT {select} FROM {table} t JOIN {view} p ON t.repo_id = p.repo_id AND t.sha = p.sha{tail}"
+        ).fetchall()
+
+
+def stored_pairs(con: duckdb.DuckDBPyConnection, pairs: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Those of `pairs` whose config.json is stored: these cost no config request in a new crawl."""
+    rows = _rows_for(con, pairs, "DISTINCT t.repo_id, t.sha", "raw_files", "t.filename = 'config.json'")
     return {(r, s) for r, s in rows}
 
 
 def load_inputs(
     con: duckdb.DuckDBPyConnection, pairs: Iterable[tuple[str, str]] | None = None
 ) -> dict[tuple[str, str], dict[str, Any]]:
-    """Raw files and tensor names per (repo_id, sha): {'files': {name: text}, 'weights': (source, names)}."""
+    """Raw files and tensor names per (repo_id, sha) of `pairs` (every stored one when None):
+    {'files': {name: text}, 'weights': (source, names)}."""
+    pairs = None if pairs is None else set(pairs)
     out: dict[tuple[str, str], dict[str, Any]] = {}
-    wanted = set(pairs) if pairs is not None else None
-    for repo, sha, filename, content in con.execute("SELECT repo_id, sha, filename, content FROM raw_files").fetchall():
-        if wanted is None or (repo, sha) in wanted:
-            out.setdefault((repo, sha), {"files": {}, "weights": None})["files"][filename] = content
-    for repo, sha, source, names in con.execute("SELECT repo_id, sha, source, names FROM weight_names").fetchall():
+    for repo, sha, filename, content in _rows_for(con, pairs, "t.repo_id, t.sha, t.filename, t.content", "raw_files"):
+        out.setdefault((repo, sha), {"files": {}, "weights": None})["files"][filename] = content
+    for repo, sha, source, names in _rows_for(con, pairs, "t.repo_id, t.sha, t.source, t.names", "weight_names"):
         if (repo, sha) in out:
             out[(repo, sha)]["weights"] = (source, names)
     return out
 
 
-def fingerprint_versions(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], str]:
-    rows = con.execute("SELECT repo_id, sha, any_value(rule_version) FROM fingerprints GROUP BY ALL").fetchall()
+def fingerprint_versions(con: duckdb.DuckDBPyConnection, pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    rows = _rows_for(con, pairs, "t.repo_id, t.sha, any_value(t.rule_version)", "fingerprints", group=True)
     return {(r, s): v for r, s, v in rows}
 
 
+def side_file_state(
+    con: duckdb.DuckDBPyConnection, pairs: Iterable[tuple[str, str]]
+) -> dict[tuple[str, str], tuple[set[str], dict[str, str]]]:
+    """Per (repo_id, sha) of `pairs`: the side files settled in the store (stored, or tensor names
+    from them: the index or the single-file header) and the permanent errors stored for them."""
+    pairs = set(pairs)
+    out: dict[tuple[str, str], tuple[set[str], dict[str, str]]] = {p: (set(), {}) for p in pairs}
+    for repo, sha, filename in _rows_for(con, pairs, "t.repo_id, t.sha, t.filename", "raw_files"):
+        out[(repo, sha)][0].add(filename)
+    for repo, sha, source in _rows_for(con, pairs, "t.repo_id, t.sha, t.source", "weight_names"):
+        out[(repo, sha)][0].add(WEIGHT_SOURCE_FILES[source])
+    for repo, sha, filename, error in _rows_for(con, pairs, "t.repo_id, t.sha, t.filename, t.error", "file_errors"):
+        out[(repo, sha)][1][filename] = error
+    return out
+
+
 # ---- writes -------------------------------------------------------------------------------------
+
+
+def utc_now() -> datetime:
+    """Store times are naive UTC (DuckDB TIMESTAMP), whatever the machine's time zone."""
+    return datetime.now(timezone.utc).replace(tzinfo=None, microsecond=0)
 
 
 def _replace_fingerprints(con: duckdb.DuckDBPyConnection, rows: FingerprintRows) -> None:
@@ -288,41 +362,41 @@ def write_snapshot(
     file_errors: Sequence[tuple[str, str, str, str]] = (),
 ) -> int:
     """Write one whole snapshot in a single transaction and return its id. `file_errors` are
-    (repo_id, sha, filename, error) for side files that could not be read at that sha."""
+    (repo_id, sha, filename, error) for side files that can never be read at that sha (parse
+    errors, over the size limit, a listed file that is absent); passing errors are not stored."""
     con.execute("BEGIN TRANSACTION")
     try:
         (snapshot_id,) = con.execute("SELECT coalesce(max(snapshot_id), 0) + 1 FROM snapshots").fetchall()[0]
-        now = datetime.now(timezone.utc).replace(tzinfo=None, microsecond=0)
+        now = utc_now()
         # raw files and tensor names are immutable per (repo_id, sha): insert only what is new
-        known = {(r, s, f) for r, s, f in con.execute("SELECT repo_id, sha, filename FROM raw_files").fetchall()}
-        new_files = [f for f in files if (f.repo_id, f.sha, f.filename) not in known]
         _bulk_insert(
             con,
             "raw_files",
             {
-                "repo_id": ("VARCHAR", [f.repo_id for f in new_files]),
-                "sha": ("VARCHAR", [f.sha for f in new_files]),
-                "filename": ("VARCHAR", [f.filename for f in new_files]),
-                "content": ("VARCHAR", [f.content for f in new_files]),
-                "fetched_at": ("TIMESTAMP", [now] * len(new_files)),
+                "repo_id": ("VARCHAR", [f.repo_id for f in files]),
+                "sha": ("VARCHAR", [f.sha for f in files]),
+                "filename": ("VARCHAR", [f.filename for f in files]),
+                "content": ("VARCHAR", [f.content for f in files]),
+                "fetched_at": ("TIMESTAMP", [now] * len(files)),
             },
+            unique_on=("repo_id", "sha", "filename"),
         )
-        known_w = {(r, s) for r, s in con.execute("SELECT repo_id, sha FROM weight_names").fetchall()}
-        new_w = [w for w in weights if (w.repo_id, w.sha) not in known_w]
         _bulk_insert(
             con,
             "weight_names",
             {
-                "repo_id": ("VARCHAR", [w.repo_id for w in new_w]),
-                "sha": ("VARCHAR", [w.sha for w in new_w]),
-                "source": ("VARCHAR", [w.source for w in new_w]),
-                "names": ("VARCHAR[]", [w.names for w in new_w]),
+                "repo_id": ("VARCHAR", [w.repo_id for w in weights]),
+                "sha": ("VARCHAR", [w.sha for w in weights]),
+                "source": ("VARCHAR", [w.source for w in weights]),
+                "names": ("VARCHAR[]", [w.names for w in weights]),
             },
+            unique_on=("repo_id", "sha"),
         )
-        known_e = {(r, s, f) for r, s, f in con.execute("SELECT repo_id, sha, filename FROM file_errors").fetchall()}
-        new_e = [e for e in file_errors if e[:3] not in known_e]
         _bulk_insert(
-            con, "file_errors", {c: ("VARCHAR", [e[i] for e in new_e]) for i, c in enumerate(("repo_id", "sha", "filename", "error"))}
+            con,
+            "file_errors",
+            {c: ("VARCHAR", [e[i] for e in file_errors]) for i, c in enumerate(("repo_id", "sha", "filename", "error"))},
+            unique_on=("repo_id", "sha", "filename"),
         )
         _replace_fingerprints(con, fingerprint_rows)
         s = snapshot

@@ -205,27 +205,93 @@ def test_bad_input_is_a_clear_per_repo_error(tmp_path: Path, make_hub) -> None:
     hostile = json.loads(good)
     hostile.update({"<img src=x onerror=alert(1)>": 1, "model_type": "**bold**\n# h1", "num_nextn_predict_layers": "<b>1</b>"})
     repo("hostile-keys", config__json=json.dumps(hostile).encode())
-    summary = run_crawl(tmp_path, make_hub(mirror), write_watchlist(tmp_path / "w.toml", ["bad"]))
+    hub = make_hub(mirror)
+    summary = run_crawl(tmp_path, hub, write_watchlist(tmp_path / "w.toml", ["bad"]))
     assert summary.status == "complete" and summary.listed == 9
     rows = {r[0]: r[1:] for r in query(tmp_path / "atlas.duckdb",
                                        "SELECT repo_id, fetch_status, error, declared_num_mtp_layers FROM mtp_fingerprints")}
     assert rows["bad/fine"] == ("ok", None, 1)
+    # a bad side file is reported on its own; the config was read and counts
+    badindex = query(tmp_path / "atlas.duckdb", "SELECT fetch_status, error, side_file_error, declared_num_mtp_layers "
+                                                "FROM mtp_fingerprints WHERE repo_id = 'bad/badindex'")
+    assert badindex == [("ok", None, "model.safetensors.index.json: 'weight_map' is an array, expected an object", 1)]
     expect = {
         "bad/malformed": "config.json: malformed JSON",
         "bad/array": "config.json: JSON an array, expected an object",
         "bad/huge": "config.json: 52,428,802 bytes, over the 8,388,608-byte limit",
         "bad/latin1": "config.json: not UTF-8 text",
-        "bad/badindex": "model.safetensors.index.json: 'weight_map' is an array, expected an object",
         "bad/<script>alert(1)<": "not a valid Hub repo id: 'bad/<script>alert(1)<'",
         "bad/new\nline": "not a valid Hub repo id: 'bad/new\\nline'",
     }
     for repo_id, message in expect.items():
         status, error, _ = rows[repo_id]
         assert status == "error" and error.startswith(message), (repo_id, error)
-    assert rows["bad/badindex"][2] == 1  # the good config still counts
     status, error, declared = rows["bad/hostile-keys"]
     assert status == "ok" and declared is None and "num_nextn_predict_layers is not a count" in error
     assert query(tmp_path / "atlas.duckdb", "SELECT model_type FROM model_facts WHERE repo_id = 'bad/hostile-keys'") == [(None,)]
+    # errors that cannot change at this sha are stored, not asked again
+    hub.clear_log()
+    run_crawl(tmp_path, hub, write_watchlist(tmp_path / "w.toml", ["bad"]))
+    assert hub.file_requests() == []
+    assert query(tmp_path / "atlas.duckdb", "SELECT side_file_error FROM mtp_fingerprints "
+                                            "WHERE repo_id = 'bad/badindex'") == [(badindex[0][2],)]
+
+
+def _with_index(tmp_path: Path) -> Path:
+    """zai-org's three repos, GLM-4.5 with a weight index naming its MTP layer."""
+    mirror = copy_mirror(tmp_path / "m", ["zai-org/GLM-4.5", "zai-org/GLM-4.5-Air", "zai-org/GLM-5-FP8"])
+    index = {"weight_map": {"model.norm.weight": "a.safetensors", "model.layers.92.eh_proj.weight": "b.safetensors"}}
+    (mirror / "zai-org/GLM-4.5/model.safetensors.index.json").write_text(json.dumps(index))
+    return mirror
+
+
+def test_side_file_that_failed_for_a_while_is_fetched_again(tmp_path: Path, make_hub, no_sleep: list[float]) -> None:
+    hub = make_hub(_with_index(tmp_path))
+    hub.inject(Fault(503, path_contains="/model.safetensors.index.json", times=-1))
+    watch = write_watchlist(tmp_path / "w.toml", ["zai-org"])
+    db = tmp_path / "atlas.duckdb"
+    first = run_crawl(tmp_path, hub, watch)
+    assert (first.fetched, first.failed, first.status) == (3, 0, "complete")
+    sql = ("SELECT fetch_status, error, side_file_error, declared_num_mtp_layers, shipped_mtp_layers "
+           "FROM mtp_fingerprints WHERE repo_id = 'zai-org/GLM-4.5'")
+    ((status, error, side_error, declared, shipped),) = query(db, sql)
+    assert (status, error, declared, shipped) == ("ok", None, 1, None)  # its config was read
+    assert "503" in side_error and "gave up" in side_error
+    assert query(db, "SELECT count(*) FROM file_errors") == [(0,)]  # a passing failure is not kept
+
+    hub.faults.clear()
+    hub.clear_log()
+    second = run_crawl(tmp_path, hub, watch)
+    assert (second.fetched, second.unchanged, second.failed) == (1, 2, 0)
+    # only the index is asked for again, not the stored config
+    assert {r["path"].rsplit("/", 1)[-1] for r in hub.file_requests()} == {"model.safetensors.index.json"}
+    assert query(db, sql) == [("ok", None, None, 1, 1)]
+
+
+def test_damaged_header_cache_is_a_miss_and_one_repo_never_stops_the_crawl(tmp_path: Path, make_hub) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    repos = ["Qwen/Qwen3-Next-80B-A3B-Thinking", "Qwen/Qwen3-32B"]
+    mirror = copy_mirror(tmp_path / "m", repos)
+    for repo_id in repos:
+        save_file({"mtp.fc.weight": np.zeros((2, 2), dtype=np.float32)}, str(mirror / repo_id / "model.safetensors"))
+    hub = make_hub(mirror)
+    headers = tmp_path / "cache" / "atlas-safetensors-headers"
+    # a crawl killed while writing the cache left half a file...
+    truncated = headers / hub.repos[repos[0]].sha / "Qwen--Qwen3-Next-80B-A3B-Thinking.json"
+    truncated.parent.mkdir(parents=True)
+    truncated.write_text('["mtp.fc.wei')
+    # ...and something unexpected sits where the other repo's entry goes
+    (headers / hub.repos[repos[1]].sha / "Qwen--Qwen3-32B.json").mkdir(parents=True)
+    summary = run_crawl(tmp_path, hub, write_watchlist(tmp_path / "w.toml", ["Qwen"]))
+    assert (summary.status, summary.fetched, summary.failed) == ("complete", 1, 1)
+    rows = {r[0]: r[1:] for r in query(tmp_path / "atlas.duckdb",
+                                       "SELECT repo_id, fetch_status, error, shipped_mtp_layers FROM mtp_fingerprints")}
+    assert rows[repos[0]] == ("ok", None, 1)
+    assert json.loads(truncated.read_text()) == ["mtp.fc.weight"]
+    status, error, _ = rows[repos[1]]
+    assert status == "error" and error.startswith(("IsADirectoryError", "PermissionError")), error
 
 
 # ---- token, lock, re-fingerprint ---------------------------------------------------------------

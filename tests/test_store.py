@@ -18,6 +18,10 @@ from atlas.store import (
     StoreLockedError,
     WeightNames,
     connect,
+    fingerprint_versions,
+    load_inputs,
+    side_file_state,
+    stored_pairs,
     write_snapshot,
 )
 
@@ -95,6 +99,30 @@ def test_snapshot_round_trip_through_the_views(tmp_path: Path) -> None:
     assert con.execute("SELECT count(*) FROM raw_files").fetchall() == [(1,)]
     assert con.execute("SELECT snapshot_id FROM mtp_fingerprints").fetchall() == [(2,)]
     assert con.execute("SELECT count(*) FROM mtp_fingerprints_history").fetchall() == [(2,)]
+    con.close()
+
+
+def test_reads_return_only_the_pairs_asked_for(tmp_path: Path) -> None:
+    con = connect(tmp_path / "a.duckdb")
+    other = "b" * 40
+    files = [RawFile("org/model", SHA, "config.json", "{}"), RawFile("org/other", other, "config.json", '{"a": 1}')]
+    weights = [WeightNames("org/other", other, "header", ["mtp.fc.weight"])]
+    errors = [("org/model", SHA, "model.safetensors.index.json", "bad JSON")]
+    write_snapshot(con, snapshot_row(), [model_row()], files, weights, fp_rows(), errors)
+    # the same rows again add nothing (raw files, names and errors are immutable per sha)
+    write_snapshot(con, snapshot_row(), [model_row()], files, weights, fp_rows(), errors)
+    for table, expected in (("raw_files", 2), ("weight_names", 1), ("file_errors", 1)):
+        assert con.execute(f"SELECT count(*) FROM {table}").fetchall() == [(expected,)], table
+    assert stored_pairs(con, []) == set() and load_inputs(con, []) == {} and fingerprint_versions(con, []) == {}
+    assert stored_pairs(con, [("org/other", other), ("org/absent", SHA)]) == {("org/other", other)}
+    assert load_inputs(con, [("org/other", other)]) == {
+        ("org/other", other): {"files": {"config.json": '{"a": 1}'}, "weights": ("header", ["mtp.fc.weight"])}}
+    assert set(load_inputs(con)) == {("org/model", SHA), ("org/other", other)}
+    assert fingerprint_versions(con, [("org/model", SHA), ("org/other", other)]) == {("org/model", SHA): "fp-test"}
+    assert side_file_state(con, [("org/model", SHA), ("org/other", other)]) == {
+        ("org/model", SHA): ({"config.json"}, {"model.safetensors.index.json": "bad JSON"}),
+        ("org/other", other): ({"config.json", "model.safetensors"}, {}),
+    }
     con.close()
 
 
