@@ -187,7 +187,7 @@ class SlotCache:
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
 
-    def update(self, key: torch.Tensor, value: torch.Tensor, *args: object, **kwargs: object):
+    def update(self, key: torch.Tensor, value: torch.Tensor, *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         if self.k is None:
             self.k = key.new_zeros(*key.shape[:2], self.max_len, key.shape[-1])
             self.v = value.new_zeros(*value.shape[:2], self.max_len, value.shape[-1])
@@ -532,9 +532,10 @@ def build_engine(model: nn.Module, mtp: nn.Module, max_len: int, check_prompt: l
 
 @dataclass
 class RunStats:
-    """One generation. `seconds` is the decode phase only: from the first generated token (after the
-    prefill of the main model and, for speculation, of the MTP layer) to the last; `verify_passes`
-    counts the main-model forwards of that phase."""
+    """One generation. `seconds` leaves out only the main model's prefill over the prompt and the
+    first token it gives (common to plain and speculative decoding, so both time the same phase);
+    for speculation it includes the MTP layer's prefill over the prompt, a cost only it pays.
+    `verify_passes` counts the main-model forwards of the timed phase."""
 
     tokens: list[int]
     seconds: float
@@ -610,9 +611,9 @@ def generate_speculative(
     hidden, logits = engine.main(ids, 0)
     out = [_pick(logits[-1], s, gen)]
     pos = len(prompt)  # slot of the current (last emitted, not yet forwarded) token
-    h_mtp, q_logits = engine.draft(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)
     watch = Stopwatch(dev)
-    watch.start()
+    watch.start()  # the MTP layer's prefill is a cost only speculation pays: timed
+    h_mtp, q_logits = engine.draft(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)
     drafted, accepted = [0] * k, [0] * k
     passes = 0
     while len(out) < max_new:
