@@ -202,6 +202,27 @@ def test_speculative_sampling_matches_exact_distribution(small_vocab, k: int, s:
     assert g_test_pvalue(counts, dist, RUNS) > 1e-3
 
 
+def test_sampling_over_several_rounds_matches_exact_distribution(small_vocab) -> None:
+    """k=1 over 5 new tokens (4^5 = 1024 sequences): most runs reject a draft and go on, so the MTP
+    catch-up after a rejection and the overwriting of rejected KV slots are on the checked path."""
+    model, engine = small_vocab
+    k, s, prompt, n, runs = 1, Sampling(temperature=1.0), [2, 0, 1], 5, 4000
+    dist = exact_distribution(model, prompt, n, s)
+    gen = torch.Generator().manual_seed(23)
+    counts: dict[tuple[int, ...], int] = {}
+    drafted = accepted = rejected_then_more = 0
+    for _ in range(runs):
+        out = generate_speculative(engine, prompt, n, k, s, gen)
+        counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
+        drafted += sum(out.drafted_per_position)
+        accepted += sum(out.accepted_per_position)
+        # a first-round rejection emits 1 token, leaving rounds to run on the rolled-back caches
+        rejected_then_more += out.verify_passes >= 3
+    assert accepted > drafted // 5 and drafted - accepted > drafted // 5, "both outcomes must be common"
+    assert rejected_then_more > runs // 4
+    assert g_test_pvalue(counts, dist, runs) > 1e-3
+
+
 @pytest.mark.parametrize("rule", [accept_if_argmax, resample_from_p])
 def test_planted_wrong_rules_are_rejected(small_vocab, rule) -> None:
     model, engine = small_vocab
