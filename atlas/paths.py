@@ -1,0 +1,37 @@
+"""Where the project's own files live. Every default path (the bundled model, the store, the
+measurement records, the evidence file, the site) resolves from the source checkout the package
+runs from, so a command behaves the same from any working directory. Paths a user types stay
+relative to the working directory, as usual."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from atlas import AtlasError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def project_root() -> Path:
+    """The checkout holding atlas/, evidence/ and data/; AtlasError when the package was installed
+    without it (then every default path must be given explicitly)."""
+    if not (ROOT / "pyproject.toml").is_file() or not (ROOT / "evidence").is_dir():
+        raise AtlasError(
+            f"atlas is not running from its source checkout ({ROOT} has no pyproject.toml and evidence/), "
+            "so it has no default paths: give them explicitly (--db, --out, --model ...) or install with `pip install -e`"
+        )
+    return ROOT
+
+
+def project_path(relative: str) -> Path:
+    return project_root() / relative
+
+
+def default_db() -> Path:
+    """$ATLAS_DB as given (relative to the working directory), else the store's default file under
+    the project root."""
+    from atlas.store import default_db_path
+
+    path = default_db_path()
+    return path if os.environ.get("ATLAS_DB") or path.is_absolute() else project_root() / path
