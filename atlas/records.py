@@ -19,6 +19,7 @@ import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from atlas import AtlasError
+from atlas.paths import ROOT
 
 SCHEMA_VERSION = 1
 # Derived figures are stored at full precision; recomputing them on import may differ in the last
@@ -194,10 +195,16 @@ def derive(repeats: list[Repeat], temperature: float, k: int, costs: PassCosts |
     )
 
 
+MIN_GATE_REPEATS = 3
+
+
 def gate(d: Derived, n_repeats: int) -> tuple[bool, str]:
-    """Enable MTP for a cell only where the speed-up's lower bound over repeats is above 1."""
+    """Enable MTP for a cell only where the speed-up's lower bound over at least MIN_GATE_REPEATS
+    repeats is above 1 (the minimum of one or two samples says little about the slow tail)."""
     if d.greedy_lossless is False:
         return False, "off: greedy output differed from plain decoding"
+    if n_repeats < MIN_GATE_REPEATS:
+        return False, f"off: too few repeats ({n_repeats}; the gate needs {MIN_GATE_REPEATS})"
     if d.speedup_lo > 1:
         return True, f"on: slowest of {n_repeats} repeats still {d.speedup_lo:.2f}x faster than the baseline"
     return False, f"off: speed-up lower bound {d.speedup_lo:.2f}x over {n_repeats} repeats is not above 1"
@@ -251,9 +258,18 @@ def check_consistency(record: Record) -> None:
 
 
 def read_record(path: Path) -> Record:
-    """Parse, validate and check one record file (AtlasError naming the file on any problem)."""
+    """Read, parse, validate and check one record file (AtlasError naming the file on any problem)."""
     try:
-        record = Record.model_validate_json(path.read_bytes())
+        data = path.read_bytes()
+    except OSError as exc:
+        raise AtlasError(f"{path}: cannot read: {exc}") from None
+    return parse_record(data, path)
+
+
+def parse_record(data: bytes, path: Path) -> Record:
+    """Parse, validate and check the bytes of one record file (AtlasError naming `path`)."""
+    try:
+        record = Record.model_validate_json(data)
         check_consistency(record)
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -261,8 +277,6 @@ def read_record(path: Path) -> Record:
         raise AtlasError(f"{path}: not a valid measurement record ({exc.error_count()} problem(s); first: {loc}: {first['msg']})") from None
     except ValueError as exc:
         raise AtlasError(f"{path}: rejected, derived figures do not match the raw counts: {exc}") from None
-    except OSError as exc:
-        raise AtlasError(f"{path}: cannot read: {exc}") from None
     return record
 
 
@@ -287,16 +301,19 @@ CREATE TABLE IF NOT EXISTS measurement_cells (
     mean_accepted_length DOUBLE, speedup DOUBLE, speedup_lo DOUBLE, speedup_hi DOUBLE,
     ideal_speedup DOUBLE, efficiency DOUBLE, gate_enabled BOOLEAN, gate_reason VARCHAR,
     greedy_lossless BOOLEAN, command VARCHAR, seed INTEGER, prompt_set VARCHAR,
-    prompt_set_digest VARCHAR
+    prompt_set_digest VARCHAR, baseline VARCHAR
 )"""
 COLUMNS = [line.split()[0] for line in TABLE.split("(", 1)[1].rsplit(")", 1)[0].replace("\n", " ").split(",")]
 
 
 def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
+    """Create the table, or bring an older one up to the current columns (added ones stay NULL
+    until their record is imported again, which import_records does)."""
     con.execute(TABLE)
+    con.execute("ALTER TABLE measurement_cells ADD COLUMN IF NOT EXISTS baseline VARCHAR")
 
 
-def _rows(record: Record, record_id: str, source_path: str) -> list[tuple]:
+def _rows(record: Record, record_id: str, source_path: str) -> list[tuple[object, ...]]:
     rows = []
     for c in record.cells:
         d = c.derived
@@ -328,6 +345,7 @@ def _rows(record: Record, record_id: str, source_path: str) -> list[tuple]:
             "seed": record.seed,
             "prompt_set": record.prompt_set,
             "prompt_set_digest": record.prompt_set_digest,
+            "baseline": c.baseline,
         }
         rows.append(tuple(values[name] for name in COLUMNS))
     return rows
@@ -335,8 +353,7 @@ def _rows(record: Record, record_id: str, source_path: str) -> list[tuple]:
 
 def _repo_relative(path: Path) -> str:
     here = path.resolve()
-    root = Path(__file__).resolve().parents[1]
-    return here.relative_to(root).as_posix() if here.is_relative_to(root) else here.as_posix()
+    return here.relative_to(ROOT).as_posix() if here.is_relative_to(ROOT) else here.as_posix()
 
 
 def import_records(con: duckdb.DuckDBPyConnection, directory: Path) -> tuple[int, int, list[str]]:
@@ -348,12 +365,18 @@ def import_records(con: duckdb.DuckDBPyConnection, directory: Path) -> tuple[int
     ensure_schema(con)
     loaded, present, errors = 0, 0, []
     for path in sorted(directory.glob("*.json")):
-        record_id = hashlib.sha256(path.read_bytes()).hexdigest()
-        if con.execute("SELECT 1 FROM measurement_cells WHERE record_id = ? LIMIT 1", [record_id]).fetchone():
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            errors.append(f"{path}: cannot read: {exc}")
+            continue
+        record_id = hashlib.sha256(data).hexdigest()
+        # rows stored before the baseline column existed are loaded again to fill it
+        if con.execute("SELECT 1 FROM measurement_cells WHERE record_id = ? AND baseline IS NOT NULL LIMIT 1", [record_id]).fetchone():
             present += 1
             continue
         try:
-            record = read_record(path)
+            record = parse_record(data, path)
         except AtlasError as exc:
             errors.append(str(exc))
             continue

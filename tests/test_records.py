@@ -144,3 +144,30 @@ def test_a_changed_file_replaces_its_previous_rows(tmp_path: Path) -> None:
     path.write_text(make_record(speed=2.0).model_dump_json())
     assert import_records(con, tmp_path)[0] == 1
     assert con.execute("SELECT count(DISTINCT record_id), count(*) FROM measurement_cells").fetchone() == (1, 3)
+
+
+def test_gate_needs_three_repeats() -> None:
+    fast = [Repeat(tokens=64, seconds=0.1, baseline_seconds=0.2, drafted_per_position=[20], accepted_per_position=[15],
+                   verify_passes=20, identical_to_baseline=True)]
+    assert gate(derive(fast * 2, 0.0, 1, None), 2) == (False, "off: too few repeats (2; the gate needs 3)")
+    enabled, reason = gate(derive(fast * 3, 0.0, 1, None), 3)
+    assert enabled and reason.startswith("on:")
+
+
+def test_import_names_the_baseline_and_migrates_an_old_table(tmp_path: Path) -> None:
+    write_record(make_record(), tmp_path / "m")
+    con = connect(tmp_path / "db.duckdb")
+    import_records(con, tmp_path / "m")
+    # the table as an older version left it: no baseline column, this record's rows already in it
+    con.execute("ALTER TABLE measurement_cells DROP COLUMN baseline")
+    assert import_records(con, tmp_path / "m") == (1, 0, [])  # old rows are loaded again to fill the column
+    assert con.execute("SELECT DISTINCT baseline FROM measurement_cells").fetchall() == [("atlas plain decoder (same cache)",)]
+    assert import_records(con, tmp_path / "m") == (0, 1, [])
+
+
+def test_an_unreadable_file_does_not_stop_the_others(tmp_path: Path) -> None:
+    (tmp_path / "a-folder.json").mkdir()
+    write_record(make_record(), tmp_path)
+    con = connect(tmp_path / "db.duckdb")
+    loaded, _, errors = import_records(con, tmp_path)
+    assert loaded == 1 and len(errors) == 1 and "a-folder.json: cannot read" in errors[0]
