@@ -105,7 +105,7 @@ QUERIES: dict[str, str] = {
     "measured": """
         SELECT run_date, model_id, revision, hardware, engine, engine_version, workload,
                temperature, draft_tokens, acceptance_rate, mean_accepted_length,
-               speedup, speedup_lo, speedup_hi, gate_enabled, record_id
+               speedup, speedup_lo, speedup_hi, baseline, gate_enabled, record_id
         FROM measurement_cells
         ORDER BY run_date, model_id, engine, workload, temperature, draft_tokens, record_id""",
     "measurement_sources": """
@@ -161,6 +161,20 @@ def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
     return bool(found and found[0])
 
 
+def _measured_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    if not _has_table(con, "measurement_cells"):
+        return []
+    found = con.execute(
+        "SELECT count(*) FROM information_schema.columns "
+        "WHERE table_name = 'measurement_cells' AND column_name = 'baseline'"
+    ).fetchone()
+    if not (found and found[0]):
+        # the store is open read-only here; the import brings the table up to date
+        raise AtlasError("the store's measurements predate the baseline column: run "
+                         "`atlas measure import` first")
+    return _rows(con, "measured")
+
+
 def _date(value: dt.datetime | dt.date | None) -> str:
     return value.strftime("%Y-%m-%d") if value is not None else "—"
 
@@ -186,13 +200,13 @@ def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path) -> Evidence:
     snap = snaps[0] if snaps else None
     agg = _rows(con, "aggregate")[0]
     layers = {int(r["value"]): int(r["n"]) for r in _rows(con, "layers")}
-    measured = _rows(con, "measured") if _has_table(con, "measurement_cells") else []
+    measured = _measured_rows(con)
     sources = _rows(con, "measurement_sources") if measured else []
     mismatch_rows = _rows(con, "mismatches")
     servable_rows = _rows(con, "servable")
-    n_servable = sum(
-        1 for r in servable_rows if matrix.engines_for(r["model_type"], _archs(r["architectures"]))
-    )
+    for r in servable_rows:
+        r["engines"] = matrix.engines_for(r["model_type"], _archs(r["architectures"]))
+    n_servable = sum(1 for r in servable_rows if r["engines"])
     facts = Facts(
         snapshot_date=_date(snap["finished_at"]) if snap else None,
         snapshot_id=snap["snapshot_id"] if snap else None,
@@ -384,7 +398,7 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix) -> str
         return head + "\nNo current model declares or ships MTP, so nothing to match.\n"
     body = []
     for r in rows:
-        engines = matrix.engines_for(r["model_type"], _archs(r["architectures"]))
+        engines = r["engines"]
         common = [
             escape(r["repo_id"]),
             code(r["model_type"]) if r["model_type"] else Markdown("—"),
@@ -438,6 +452,7 @@ def _measured(rows: list[dict[str, Any]], sources: list[dict[str, Any]]) -> str:
                 _num(r["acceptance_rate"], 3),
                 _num(r["mean_accepted_length"], 2),
                 speed,
+                escape(r["baseline"]) if r["baseline"] else Markdown("—"),
                 {True: "on", False: "off"}.get(r["gate_enabled"], "—"),
                 _rev(r["record_id"]),
             ]
@@ -455,12 +470,13 @@ def _measured(rows: list[dict[str, Any]], sources: list[dict[str, Any]]) -> str:
         + "\n"
         + table(
             ["date", "model", "revision", "hardware", "engine", "workload", "#temperature",
-             "#draft tokens", "#acceptance", "#accepted length", "#speedup (range)", "gate",
-             "source record"],
+             "#draft tokens", "#acceptance", "#accepted length", "#speedup (range)", "baseline",
+             "gate", "source record"],
             body,
         )
         + "\n\nSpeed-up: plain time over speculative time for the same tokens, median over repeats "
-        "(range in brackets). Gate: on only where the slowest repeat was still faster than plain "
+        "(range in brackets); the plain time is the row's baseline, so speed-ups of rows with "
+        "different baselines do not compare. Gate: on only where the slowest repeat was still faster than plain "
         "decoding. Sources: each record is a file under evidence/measurements/, made by the "
         "command shown.\n\n"
         + src
@@ -622,8 +638,6 @@ def generate(db: Path, out: Path, matrix_path: Path) -> Evidence:
     """`atlas evidence`: open the store read-only, collect, write the file."""
     from atlas import store
 
-    if not Path(db).exists():
-        raise AtlasError(f"no store at {db}: run `atlas crawl --db {db}` first")
     con = store.connect(db, read_only=True)
     try:
         evidence = collect(con, matrix_path)

@@ -218,6 +218,7 @@ def declared_repo_ids(db: Path) -> list[str]:
 
 HOSTILE_HARDWARE = "GPU: <b>H200</b> | `fast`\nsecond line"
 PLANTED_SPEED = 1.37  # distinctive: must show in the measured table only
+HOSTILE_BASELINE = "plain <b>decoder</b> | `same cache`"
 
 
 def plant_measurement(db: Path, directory: Path, model_id: str) -> str:
@@ -234,12 +235,12 @@ def plant_measurement(db: Path, directory: Path, model_id: str) -> str:
             records.Repeat(tokens=100, seconds=1.0, baseline_seconds=PLANTED_SPEED,
                            drafted_per_position=[40] * k, accepted_per_position=[30, 20][:k],
                            verify_passes=40, identical_to_baseline=True if temperature == 0 else None)
-            for _ in range(2)
+            for _ in range(3)
         ]
         derived = records.derive(repeats, temperature, k, costs)
         enabled, reason = records.gate(derived, len(repeats))
         cells.append(records.Cell(
-            engine="atlas", engine_version="0.1.0", baseline="atlas plain decoder (same cache)",
+            engine="atlas", engine_version="0.1.0", baseline=HOSTILE_BASELINE,
             workload=workload, temperature=temperature, draft_tokens=k, repeats=repeats,
             derived=derived, gate_enabled=enabled, gate_reason=reason,
         ))
@@ -254,7 +255,7 @@ def plant_measurement(db: Path, directory: Path, model_id: str) -> str:
         prompt_set_digest="0" * 64,
         settings=records.Settings(device="cpu", dtype="float32", workloads=["templated"],
                                   temperatures=[0.0, 0.7], draft_tokens=[1, 2], max_new_tokens=100,
-                                  repeats=2, prompts_per_workload=1),
+                                  repeats=3, prompts_per_workload=1),
         pass_costs=costs, cells=cells,
     )
     path = records.write_record(record, directory)

@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 import pytest
 from site_helpers import (
     EVIDENCE_ONLY_MODULE,
+    HOSTILE_BASELINE,
     HOSTILE_HARDWARE,
     HOSTILE_ID,
     HOSTILE_MODELS,
@@ -99,6 +100,7 @@ def test_measured_rows_carry_date_and_record_and_never_leak(hostile_site: render
         assert row[cells.header.index("model")] == shown(HOSTILE_ID)
         assert row[cells.header.index("hardware")] == shown(HOSTILE_HARDWARE)
         assert row[cells.header.index("speedup (range)")].startswith(speed)
+        assert row[cells.header.index("baseline")] == shown(HOSTILE_BASELINE)
         assert row[cells.header.index("revision")] == "b" * 12
     assert [r[0] for r in sources.rows] == [record]
     assert "<script>" in sources.rows[0][sources.header.index("command")]  # shown as text
