@@ -49,9 +49,9 @@ def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint
           concurrency: int, cache_dir: Path | None, refingerprint: bool, no_progress: bool) -> None:
     """Crawl the watch list's models into a new dated snapshot of the store."""
     from atlas import crawl as crawler
-    from atlas.store import default_db_path
+    from atlas.paths import default_db
 
-    db = db or default_db_path()
+    db = db or default_db()
     if refingerprint:
         n = crawler.refingerprint(db)
         click.echo(f"re-fingerprinted {n} stored configs with rules {crawler.RULE_VERSION}")
@@ -128,6 +128,16 @@ def measure_group() -> None:
     """Self-speculative decoding with a checkpoint's own MTP head: run, record, import."""
 
 
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise AtlasError(f"{option} expects comma-separated whole numbers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise AtlasError(f"{option} expects positive whole numbers, got {text!r}")
+    return values
+
+
 def _floats(text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(v) for v in text.split(",") if v.strip())
@@ -156,22 +166,23 @@ def _floats(text: str) -> tuple[float, ...]:
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads (default 1 on CPU)")
 @click.option("--no-peer", is_flag=True, help="skip timing transformers' generate / generate(use_mtp=True)")
 @click.option("--quick", is_flag=True, help="short run for `make demo`: every workload, 32 tokens, 1 prompt, 2 repeats")
-@click.option("--out", type=click.Path(file_okay=False), default="evidence/measurements", show_default=True)
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="record folder (default: evidence/measurements/ of the project)")
 def measure_run(model: str | None, workloads: str | None, temperatures: str, draft_tokens: str, no_peer: bool,
-                quick: bool, out: str, **options: object) -> None:
+                quick: bool, out: str | None, **options: object) -> None:
     """Measure plain vs self-speculative decoding and write one record under --out."""
     from atlas import measure
+    from atlas.paths import project_path
 
-    ks = tuple(int(v) for v in _floats(draft_tokens))
-    if any(k < 1 for k in ks):
-        raise AtlasError("--draft-tokens must be positive integers")
+    ks = _ints(draft_tokens, "--draft-tokens")
+    measure.pick_device(str(options["device"]))  # a bad --device fails before anything loads
     opts = measure.Options(
-        model=model or str(measure.DEFAULT_MODEL),
+        model=model or str(project_path(measure.DEFAULT_MODEL_PATH)),
         workloads=[w.strip() for w in workloads.split(",")] if workloads else None,
         temperatures=_floats(temperatures),
         draft_tokens=ks,
         peer=not no_peer,
-        out=Path(out),
+        out=Path(out) if out else project_path(measure.DEFAULT_OUT_PATH),
         command=measure.command_line(),
         **options,  # type: ignore[arg-type]
     )
@@ -183,15 +194,18 @@ def measure_run(model: str | None, workloads: str | None, temperatures: str, dra
 
 @measure_group.command("import")
 @click.option("--db", type=click.Path(dir_okay=False), default=None, help="store (default data/atlas.duckdb or $ATLAS_DB)")
-@click.option("--dir", "directory", type=click.Path(file_okay=False), default="evidence/measurements", show_default=True)
-def measure_import(db: str | None, directory: str) -> None:
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
+              help="record folder (default: evidence/measurements/ of the project)")
+def measure_import(db: str | None, directory: str | None) -> None:
     """Load measurement records into the store (idempotent; bad or tampered files are rejected)."""
     from atlas import records, store
+    from atlas.measure import DEFAULT_OUT_PATH
+    from atlas.paths import default_db, project_path
 
-    folder = Path(directory)
+    folder = Path(directory) if directory else project_path(DEFAULT_OUT_PATH)
     if not folder.is_dir():
         raise AtlasError(f"no measurement folder {folder}")
-    con = store.connect(db or store.default_db_path())
+    con = store.connect(db or default_db())
     try:
         loaded, present, errors = records.import_records(con, folder)
     finally:
@@ -207,20 +221,22 @@ def measure_import(db: str | None, directory: str) -> None:
 @cli.command("evidence")
 @click.option("--db", type=click.Path(dir_okay=False), default=None,
               help="The atlas store (default: $ATLAS_DB or data/atlas.duckdb).")
-@click.option("--out", type=click.Path(dir_okay=False),
-              default="evidence/module-08.evidence.md", show_default=True)
-@click.option("--servable", "servable_path", type=click.Path(dir_okay=False),
-              default="evidence/servable.toml", show_default=True,
-              help="The dated, cited support matrix joined to the models.")
-def evidence_cmd(db: str | None, out: str, servable_path: str) -> None:
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Evidence file (default: evidence/module-08.evidence.md of the project).")
+@click.option("--servable", "servable_path", type=click.Path(dir_okay=False), default=None,
+              help="The dated, cited support matrix joined to the models "
+                   "(default: evidence/servable.toml of the project).")
+def evidence_cmd(db: str | None, out: str | None, servable_path: str | None) -> None:
     """Run the named evidence queries against the store and write the module 8 evidence file."""
     from atlas import evidence
-    from atlas.store import default_db_path
+    from atlas.paths import default_db, project_path
 
-    ev = evidence.generate(Path(db) if db else default_db_path(), Path(out), Path(servable_path))
+    out_path = Path(out) if out else project_path("evidence/module-08.evidence.md")
+    matrix = Path(servable_path) if servable_path else project_path("evidence/servable.toml")
+    ev = evidence.generate(Path(db) if db else default_db(), out_path, matrix)
     f = ev.facts
     click.echo(
-        f"Wrote {out}: snapshot {f.snapshot_id} ({f.snapshot_date}), {f.n_models} models, "
+        f"Wrote {out_path}: snapshot {f.snapshot_id} ({f.snapshot_date}), {f.n_models} models, "
         f"{f.n_declaring} declare MTP, {f.n_mismatches} mismatches, "
         f"{f.n_measurements} measured cells."
     )
@@ -235,8 +251,9 @@ def site_group() -> None:
 def site_build() -> None:
     """Render modules/ + evidence/ into site/docs/, then `mkdocs build --strict` into site/build/."""
     from atlas import render
+    from atlas.paths import project_root
 
-    layout = render.Layout(root=Path.cwd())
+    layout = render.Layout(root=project_root())
     pages = render.build(layout)
     click.echo(f"Rendered {len(pages)} pages; built {layout.build}/ (mkdocs build --strict).")
 
@@ -246,8 +263,9 @@ def site_build() -> None:
 def site_serve(port: int) -> None:
     """Serve site/build/ on http://127.0.0.1:PORT/ (loopback only)."""
     from atlas import render
+    from atlas.paths import project_root
 
-    render.serve(render.Layout(root=Path.cwd()).build, port)
+    render.serve(render.Layout(root=project_root()).build, port)
 
 
 if __name__ == "__main__":

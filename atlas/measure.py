@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,7 +34,9 @@ from atlas.decode import (
     generate_plain,
     generate_speculative,
 )
+from atlas.paths import ROOT
 from atlas.records import (
+    MIN_GATE_REPEATS,
     SCHEMA_VERSION,
     Cell,
     Hardware,
@@ -48,14 +51,22 @@ from atlas.records import (
 )
 from atlas.workloads import load_prompt_set
 
-ROOT = Path(__file__).resolve().parents[1]
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers.modeling_layers import MtpModel
+
 MIRROR = ROOT / "data" / "hub-mirror"
-DEFAULT_MODEL = MIRROR / "mtp-atlas" / "byte-mtp-8l"
+# relative to the project root (atlas.paths), where the CLI resolves its defaults
+DEFAULT_MODEL_PATH = "data/hub-mirror/mtp-atlas/byte-mtp-8l"
+DEFAULT_OUT_PATH = "evidence/measurements"
+DEFAULT_MODEL = ROOT / DEFAULT_MODEL_PATH
 # Hub downloads: weights from safetensors only, never pickles or code.
 ALLOW_PATTERNS = ["*.safetensors", "*.safetensors.index.json", "*.json", "tokenizer*", "*.model", "*.tiktoken", "*.txt"]
 MAX_PROMPT_TOKENS = 256
-ATLAS_BASELINE = "atlas plain decoder (same model, same static cache)"
-PEER_BASELINE = "transformers generate (plain, same prompts)"
+ATLAS_BASELINE = "atlas plain decoder, same model and static cache (MTP prefill counted on the speculative side)"
+# Each mode's time is its generate() minus a 1-token generate() in the same mode: that removes the
+# main prefill and, for use_mtp, the MTP module's load from disk that transformers repeats per call.
+PEER_BASELINE = "transformers plain generate; each mode minus its own 1-token generate (MTP load + main prefill)"
 
 
 @dataclass
@@ -76,15 +87,16 @@ class Options:
     top_p: float | None = None
     threads: int | None = None
     peer: bool = True
-    out: Path = ROOT / "evidence" / "measurements"
+    out: Path = ROOT / DEFAULT_OUT_PATH
     command: str = ""
 
 
 def quick(options: Options) -> Options:
     """`--quick`: every workload still runs (so greedy losslessness is checked on each), but with
-    short horizons, one prompt each and two repeats; about a minute or two on 2 CPU cores."""
-    options.max_new_tokens = min(options.max_new_tokens, 32)
-    options.repeats = min(options.repeats, 2)
+    short horizons, one prompt each and three repeats (the fewest the gate accepts); about 30-40 s
+    on 2 CPU cores."""
+    options.max_new_tokens = min(options.max_new_tokens, 24)
+    options.repeats = min(options.repeats, MIN_GATE_REPEATS)
     options.prompts_per_workload = 1
     return options
 
@@ -144,7 +156,7 @@ def resolve(model: str, revision: str | None, endpoint: str | None = None) -> tu
     return folder, model, sha
 
 
-def load_checkpoint(folder: str, device: torch.device, dtype: torch.dtype):
+def load_checkpoint(folder: str, device: torch.device, dtype: torch.dtype) -> tuple[PreTrainedModel, MtpModel, PreTrainedTokenizerBase]:
     """The main model, its MTP layer and tokenizer, all through transformers' own classes."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_layers import MtpModel
@@ -273,10 +285,15 @@ class Peer:
     def _count(self, *args: object) -> None:
         self.forwards += 1
 
-    def prefill_seconds(self, prompt: list[int], s: Sampling) -> float:
-        """generate() of one token: the prefill share subtracted from the peer's times, so that both
-        engines are compared on the decode phase."""
-        return statistics.median(self._generate(prompt, 1, s, False, 0)[1] for _ in range(3))
+    def prefill_seconds(self, prompt: list[int], s: Sampling, use_mtp: bool) -> float:
+        """generate() of one token in the same mode: the share subtracted from that mode's times, so
+        that both engines are compared on the decode phase. With use_mtp=True it includes what every
+        such call pays before its first token: building the MTP module from the checkpoint's
+        safetensors (transformers' MTPCandidateGenerator does it in its constructor, with no way to
+        hand it a built one) and the main model's prefill. The MTP layer's own prefill over the
+        prompt runs at the first drafting round, which a 1-token call never reaches, so it stays in
+        the timed part, as in our loop."""
+        return statistics.median(self._generate(prompt, 1, s, use_mtp, 0)[1] for _ in range(3))
 
     def run(self, prompt: list[int], max_new: int, s: Sampling, use_mtp: bool, seed: int, prefill: float) -> RunStats:
         tokens, seconds = self._generate(prompt, max_new, s, use_mtp, seed)
@@ -353,7 +370,7 @@ def _measure_workload(
     per k (in an order rotated each repeat), then the transformers pair, alternating which goes first."""
     ours: dict[int, list[Repeat]] = {k: [] for k in ks}
     theirs: list[Repeat] = []
-    prefill = [peer.prefill_seconds(p, s) for p in prompts] if peer else []
+    prefill = [{m: peer.prefill_seconds(p, s, m) for m in (False, True)} for p in prompts] if peer else []
     n = options.max_new_tokens
     for r in range(options.repeats):
         acc = {k: _Acc() for k in ks}
@@ -369,7 +386,7 @@ def _measure_workload(
                 acc[k].add(runs[k], runs[None])
             if peer:
                 pair = [False, True] if r % 2 == 0 else [True, False]
-                got = {m: peer.run(prompt, n, s, m, _seed(options.seed, s.temperature, name, i, r, "peer", m), prefill[i]) for m in pair}
+                got = {m: peer.run(prompt, n, s, m, _seed(options.seed, s.temperature, name, i, r, "peer", m), prefill[i][m]) for m in pair}
                 spec = got[True]
                 # each verify pass of transformers' loop checks num_mtp_layers drafts and emits accepted + 1
                 peer_acc.add(spec, got[False], [spec.verify_passes * mtp_k], [len(spec.tokens) - 1 - spec.verify_passes])
@@ -381,10 +398,17 @@ def _measure_workload(
 
 
 def pick_device(name: str) -> torch.device:
+    """auto (CUDA when torch sees one), cpu, cuda or cuda:N; anything else is an AtlasError."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise AtlasError("--device cuda asked for, but torch sees no CUDA device")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", name):
+        raise AtlasError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise AtlasError(f"--device {name} asked for, but torch sees no CUDA device")
+        index = int(name.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise AtlasError(f"--device {name}: torch sees {torch.cuda.device_count()} CUDA device(s) (cuda:0..)")
     return torch.device(name)
 
 
@@ -412,7 +436,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     longest = max(len(p) for ps in prompts.values() for p in ps)
     engine = build_engine(model, mtp, longest + options.max_new_tokens + max(ks) + 2, prompts[workloads[0].name][0][:64])
     timer = PassTimer(engine, ks, int(statistics.median(len(p) for ps in prompts.values() for p in ps)) + options.max_new_tokens // 2)
-    pass_reps = 10 if options.repeats <= 2 else 30
+    pass_reps = 10 if options.repeats <= MIN_GATE_REPEATS else 30
     peer = Peer(model, device) if options.peer else None
     warm = prompts[workloads[0].name][0]
     for t in options.temperatures:  # warm-up: allocator, kernels, caches; not timed

@@ -12,7 +12,9 @@ is a median over interleaved repeats, with the min-max of the speed-up in bracke
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
@@ -48,7 +50,7 @@ def main() -> None:
         options = measure.Options(
             model=args.model, device=args.device, dtype=args.dtype, repeats=args.repeats, max_new_tokens=args.max_new_tokens,
             prompts_per_workload=args.prompts_per_workload, draft_tokens=tuple(int(k) for k in args.draft_tokens.split(",")),
-            out=Path(args.out or scratch), command=measure.shlex.join(["benchmarks/measure.py", *measure.sys.argv[1:]]),
+            out=Path(args.out or scratch), command=shlex.join(["benchmarks/measure.py", *sys.argv[1:]]),
         )
         record, path = measure.run(options, log=lambda line: print(line, flush=True))
     if args.out:

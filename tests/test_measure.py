@@ -84,6 +84,19 @@ def test_bad_cli_values() -> None:
     assert result.exit_code == 1 and "comma-separated numbers" in result.output
     result = CliRunner().invoke(cli, ["measure", "run", "--workloads", "nope", "--no-peer"])
     assert result.exit_code == 1 and "unknown workload" in result.output
+    for bad in ("1.5", "2,x", "0"):
+        result = CliRunner().invoke(cli, ["measure", "run", "--draft-tokens", bad, "--no-peer"])
+        assert result.exit_code == 1 and "--draft-tokens expects" in result.output, bad
+    for bad in ("gpu", "cuda:x", "cuda:99" if torch.cuda.is_available() else "cuda"):
+        result = CliRunner().invoke(cli, ["measure", "run", "--device", bad, "--no-peer"])
+        assert result.exit_code == 1 and "--device" in result.output and "Traceback" not in result.output, bad
+
+
+def test_default_paths_do_not_depend_on_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # an empty folder
+    result = CliRunner().invoke(cli, ["measure", "import", "--db", "x.duckdb"])  # default --dir: the project's records
+    assert result.exit_code == 0 and "0 rejected" in result.output, result.output
+    assert "0 record(s) loaded" not in result.output
 
 
 @needs_team
