@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -504,28 +504,28 @@ def mtp_state_dict(mtp: MtpModel) -> dict[str, torch.Tensor]:
     return renamed
 
 
-def save_checkpoint(result: TrainResult, spec: TeamModelSpec, corpus: Corpus, out: Path, command: str) -> None:
+def save_checkpoint(result: TrainResult, spec: TeamModelSpec, corpus: Corpus, out: Path, command: str) -> dict[str, Any]:
+    """Write the checkpoint folder; returns the training record written as training.json."""
     import torch
     import transformers
-    from safetensors.torch import load_file, save_file
     from transformers import GenerationConfig
 
     out.mkdir(parents=True, exist_ok=True)
     model = result.model
-    model.save_pretrained(out)
+    mtp_tensors = mtp_state_dict(result.mtp)
+    # One write: transformers saves the main model's tensors and the MTP layer's together (it drops
+    # tied copies and writes metadata {"format": "pt"}, as for any checkpoint).
+    model.save_pretrained(out, state_dict={**model.state_dict(), **mtp_tensors})
     weights = out / "model.safetensors"
     if not weights.is_file():
         raise AtlasError(f"save_pretrained wrote no {weights}")
-    tensors = load_file(weights)
-    tensors.update(mtp_state_dict(result.mtp))
-    save_file(tensors, weights, metadata={"format": "pt"})
 
     GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID).save_pretrained(out)
     build_tokenizer().save_pretrained(out)
 
     n_tokens = len(corpus.train) + len(corpus.heldout)
     n_main = sum(p.numel() for p in model.parameters())
-    n_mtp = sum(t.numel() for k, t in tensors.items() if k.startswith("mtp."))
+    n_mtp = sum(t.numel() for t in mtp_tensors.values())
     record = {
         "repo_id": REPO_ID,
         "command": command,
@@ -556,6 +556,7 @@ def save_checkpoint(result: TrainResult, spec: TeamModelSpec, corpus: Corpus, ou
     }
     (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
     (out / "README.md").write_text(_model_card(record))
+    return record
 
 
 def _model_card(record: dict) -> str:
@@ -632,7 +633,7 @@ def verify_checkpoint(path: Path) -> list[str]:
     return problems
 
 
-def make_team_model(spec: TeamModelSpec, out: Path, log: Callable[[str], None] = print) -> dict:
+def make_team_model(spec: TeamModelSpec, out: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train, save, verify; returns the training record."""
     command = reproduce_command(spec, out)
     corpus = load_corpus(spec.corpus_cap_bytes)
@@ -641,11 +642,11 @@ def make_team_model(spec: TeamModelSpec, out: Path, log: Callable[[str], None] =
         f"tokens, digest {corpus.digest[:12]}"
     )
     result = train(spec, corpus, log=log)
-    save_checkpoint(result, spec, corpus, out, command)
+    record = save_checkpoint(result, spec, corpus, out, command)
     problems = verify_checkpoint(out)
     if problems:
         raise AtlasError("saved checkpoint does not load cleanly: " + "; ".join(problems))
-    return json.loads((out / "training.json").read_text())
+    return record
 
 
 # CLI option name for each spec field the `atlas team-model` command exposes.

@@ -165,8 +165,22 @@ def test_cli_writes_a_checkpoint_that_transformers_loads(tmp_path: Path) -> None
     assert teammodel.verify_checkpoint(out) == []
     record = json.loads((out / "training.json").read_text())
     assert record["steps"] == 2 and record["deterministic"] is True
+    assert "held-out loss" in result.output and f"{record['metrics']['heldout_loss']:.3f}" in result.output
+    assert_canonical_weights(out / "model.safetensors")
     assert record["command"].startswith(f"atlas team-model --out {out} --seed 1234 --steps 2 --layers 1 ")
     assert AutoTokenizer.from_pretrained(out).decode([104, 105]) == "hi"
+
+
+def assert_canonical_weights(path: Path) -> None:
+    """The weights file is exactly safetensors' serialization of its tensors with metadata
+    {"format": "pt"}: the form the committed checkpoint has, which a retrain must reproduce byte for byte."""
+    from safetensors.torch import load_file, save
+
+    assert path.read_bytes() == save(load_file(path), metadata={"format": "pt"})
+
+
+def test_committed_checkpoint_weights_are_canonical() -> None:
+    assert_canonical_weights(CHECKPOINT / "model.safetensors")
 
 
 def test_cli_rejects_bad_options(tmp_path: Path) -> None:
