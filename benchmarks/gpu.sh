@@ -4,11 +4,15 @@
 #   2. measure it with our loop and with transformers' generate / generate(use_mtp=True),
 #      interleaved, timed with CUDA events, and print one side-by-side table,
 #   3. keep the dated record under evidence/measurements/ (that file is how results come back).
-# Usage: benchmarks/gpu.sh [minutes]      (env: OUT=/tmp/atlas-gpu, PY=.venv/bin/python)
+# The checkpoint stays in data/gpu-team-model/byte-mtp-12l-d512/ (gitignored: too large to commit).
+# The record names it `local:byte-mtp-12l-d512` with revision = sha256 over its config, weights and
+# tokenizer files: that digest, not the name, identifies the checkpoint that was measured (a
+# retrained one gets a new digest).
+# Usage: benchmarks/gpu.sh [minutes]      (env: OUT=data/gpu-team-model, PY=.venv/bin/python)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINUTES=${1:-4}
-OUT=${OUT:-/tmp/atlas-gpu}
+OUT=${OUT:-data/gpu-team-model}
 PY=${PY:-.venv/bin/python}
 ATLAS=${ATLAS:-.venv/bin/atlas}
 MODEL="$OUT/byte-mtp-12l-d512"
