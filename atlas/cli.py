@@ -165,7 +165,7 @@ def _floats(text: str) -> tuple[float, ...]:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads (default 1 on CPU)")
 @click.option("--no-peer", is_flag=True, help="skip timing transformers' generate / generate(use_mtp=True)")
-@click.option("--quick", is_flag=True, help="short run for `make demo`: every workload, 32 tokens, 1 prompt, 2 repeats")
+@click.option("--quick", is_flag=True, help="short run for `make demo`: every workload, 24 tokens, 1 prompt, 3 repeats")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="record folder (default: evidence/measurements/ of the project)")
 def measure_run(model: str | None, workloads: str | None, temperatures: str, draft_tokens: str, no_peer: bool,
