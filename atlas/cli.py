@@ -128,23 +128,15 @@ def measure_group() -> None:
     """Self-speculative decoding with a checkpoint's own MTP head: run, record, import."""
 
 
-def _ints(text: str, option: str) -> tuple[int, ...]:
+def _numbers(text: str, option: str, kind: type[int] | type[float]) -> tuple:
+    """A comma-separated option: whole numbers >= 1 (draft lengths) or reals >= 0 (temperatures)."""
+    wanted = "positive whole numbers" if kind is int else "non-negative numbers"
     try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
+        values = tuple(kind(v) for v in text.split(",") if v.strip())
     except ValueError:
-        raise AtlasError(f"{option} expects comma-separated whole numbers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise AtlasError(f"{option} expects positive whole numbers, got {text!r}")
-    return values
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise AtlasError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(v < 0 for v in values):
-        raise AtlasError(f"expected non-negative numbers, got {text!r}")
+        raise AtlasError(f"{option} expects comma-separated {wanted}, got {text!r}") from None
+    if not values or any(v < (1 if kind is int else 0) for v in values):
+        raise AtlasError(f"{option} expects {wanted}, got {text!r}")
     return values
 
 
@@ -174,12 +166,12 @@ def measure_run(model: str | None, workloads: str | None, temperatures: str, dra
     from atlas import measure
     from atlas.paths import project_path
 
-    ks = _ints(draft_tokens, "--draft-tokens")
+    ks = _numbers(draft_tokens, "--draft-tokens", int)
     measure.pick_device(str(options["device"]))  # a bad --device fails before anything loads
     opts = measure.Options(
         model=model or str(project_path(measure.DEFAULT_MODEL_PATH)),
         workloads=[w.strip() for w in workloads.split(",")] if workloads else None,
-        temperatures=_floats(temperatures),
+        temperatures=_numbers(temperatures, "--temperatures", float),
         draft_tokens=ks,
         peer=not no_peer,
         out=Path(out) if out else project_path(measure.DEFAULT_OUT_PATH),
@@ -247,25 +239,38 @@ def site_group() -> None:
     """Render the course pages and build or serve the static site."""
 
 
-@site_group.command("build")
-def site_build() -> None:
-    """Render modules/ + evidence/ into site/docs/, then `mkdocs build --strict` into site/build/."""
+_ROOT_OPTION = click.option(
+    "--root", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+    help="Project folder holding modules/, evidence/ and site/ (default: this checkout).",
+)
+
+
+def _layout(root: Path | None):
     from atlas import render
     from atlas.paths import project_root
 
-    layout = render.Layout(root=project_root())
+    return render.Layout(root=root or project_root())
+
+
+@site_group.command("build")
+@_ROOT_OPTION
+def site_build(root: Path | None) -> None:
+    """Render modules/ + evidence/ into site/docs/, then `mkdocs build --strict` into site/build/."""
+    from atlas import render
+
+    layout = _layout(root)
     pages = render.build(layout)
     click.echo(f"Rendered {len(pages)} pages; built {layout.build}/ (mkdocs build --strict).")
 
 
 @site_group.command("serve")
+@_ROOT_OPTION
 @click.option("--port", type=int, default=8000, show_default=True)
-def site_serve(port: int) -> None:
+def site_serve(root: Path | None, port: int) -> None:
     """Serve site/build/ on http://127.0.0.1:PORT/ (loopback only)."""
     from atlas import render
-    from atlas.paths import project_root
 
-    render.serve(render.Layout(root=project_root()).build, port)
+    render.serve(_layout(root).build, port)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     render.build(layout)
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "atlas", "site", "serve", "--port", str(port)],
+        [sys.executable, "-m", "atlas", "site", "serve", "--root", str(root), "--port", str(port)],
         cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     url = f"http://127.0.0.1:{port}/"

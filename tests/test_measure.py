@@ -81,7 +81,7 @@ def test_checkpoint_without_mtp_is_refused(tmp_path: Path) -> None:
 
 def test_bad_cli_values() -> None:
     result = CliRunner().invoke(cli, ["measure", "run", "--temperatures", "zero", "--no-peer"])
-    assert result.exit_code == 1 and "comma-separated numbers" in result.output
+    assert result.exit_code == 1 and "--temperatures expects comma-separated non-negative numbers" in result.output
     result = CliRunner().invoke(cli, ["measure", "run", "--workloads", "nope", "--no-peer"])
     assert result.exit_code == 1 and "unknown workload" in result.output
     for bad in ("1.5", "2,x", "0"):
