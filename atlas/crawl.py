@@ -341,11 +341,15 @@ def _header_names(ctx: Context, repo_id: str, sha: str) -> list[str]:
         ctx.pacer, lambda: ctx.api.parse_safetensors_file_metadata(repo_id, "model.safetensors", revision=sha)
     )
     names = header_tensor_names(meta.tensors)
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    # written aside and renamed: a crawl killed mid-write leaves no half file under the real name
+    # The cache only saves a later request, so failing to write it must not lose what was read.
+    # Written aside and renamed: a crawl killed mid-write leaves no half file under the real name.
     partial = cached.with_name(f"{cached.name}.{os.getpid()}.{threading.get_ident()}.partial")
-    partial.write_text(json.dumps(names), encoding="utf-8")
-    os.replace(partial, cached)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(names), encoding="utf-8")
+        os.replace(partial, cached)
+    except OSError:
+        partial.unlink(missing_ok=True)
     return names
 
 
@@ -655,7 +659,7 @@ def _fetch_or_problem(ctx: Context, item: Listed, settled: set[str] | None) -> F
         return fetch_repo(ctx, item, settled)
     except RepoProblem as exc:
         return exc
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - any one repo's failure is recorded as its error, by design
         detail = str(exc).splitlines()[0] if str(exc) else ""
         return RepoProblem("error", f"{type(exc).__name__}: {detail}")
 

@@ -268,7 +268,7 @@ def test_side_file_that_failed_for_a_while_is_fetched_again(tmp_path: Path, make
     assert query(db, sql) == [("ok", None, None, 1, 1)]
 
 
-def test_damaged_header_cache_is_a_miss_and_one_repo_never_stops_the_crawl(tmp_path: Path, make_hub) -> None:
+def test_damaged_or_unwritable_header_cache_loses_nothing(tmp_path: Path, make_hub) -> None:
     import numpy as np
     from safetensors.numpy import save_file
 
@@ -285,13 +285,13 @@ def test_damaged_header_cache_is_a_miss_and_one_repo_never_stops_the_crawl(tmp_p
     # ...and something unexpected sits where the other repo's entry goes
     (headers / hub.repos[repos[1]].sha / "Qwen--Qwen3-32B.json").mkdir(parents=True)
     summary = run_crawl(tmp_path, hub, write_watchlist(tmp_path / "w.toml", ["Qwen"]))
-    assert (summary.status, summary.fetched, summary.failed) == ("complete", 1, 1)
+    assert (summary.status, summary.failed) == ("complete", 0)
     rows = {r[0]: r[1:] for r in query(tmp_path / "atlas.duckdb",
                                        "SELECT repo_id, fetch_status, error, shipped_mtp_layers FROM mtp_fingerprints")}
     assert rows[repos[0]] == ("ok", None, 1)
     assert json.loads(truncated.read_text()) == ["mtp.fc.weight"]
-    status, error, _ = rows[repos[1]]
-    assert status == "error" and error.startswith(("IsADirectoryError", "PermissionError")), error
+    # the cache could not be written, yet what the crawl read is kept
+    assert rows[repos[1]] == ("ok", None, 1)
 
 
 # ---- token, lock, re-fingerprint ---------------------------------------------------------------
