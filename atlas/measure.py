@@ -297,8 +297,15 @@ class Peer:
 
     def run(self, prompt: list[int], max_new: int, s: Sampling, use_mtp: bool, seed: int, prefill: float) -> RunStats:
         tokens, seconds = self._generate(prompt, max_new, s, use_mtp, seed)
+        if seconds <= prefill:
+            # Clamping would store an absurd speed-up; a number that cannot be right is not recorded.
+            raise AtlasError(
+                f"transformers peer: generate() of {max_new} tokens took {seconds * 1e3:.1f} ms, no more than its "
+                f"own one-token estimate ({prefill * 1e3:.1f} ms): timings too noisy; raise --max-new-tokens "
+                "or skip the peer with --no-peer"
+            )
         # The first forward is the prefill; each later one verifies the MTP draft(s) of one round.
-        return RunStats(tokens, max(seconds - prefill, 1e-9), [], [], self.forwards - 1)
+        return RunStats(tokens, seconds - prefill, [], [], self.forwards - 1)
 
     def _generate(self, prompt: list[int], max_new: int, s: Sampling, use_mtp: bool, seed: int) -> tuple[list[int], float]:
         ids = torch.tensor([prompt], device=self.device)
