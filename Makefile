@@ -21,7 +21,7 @@ $(VENV)/.stamp: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
-crawl: setup  ## crawl the live Hub (watch list: atlas/watchlist.toml)
+crawl: setup  ## crawl the live Hub (watch list: atlas/hub/watchlist.toml)
 	$(ATLAS) crawl --db $(DB)
 
 crawl-mirror: setup  ## crawl the bundled offline mirror through a local hub server

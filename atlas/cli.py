@@ -37,7 +37,7 @@ def cli() -> None:
 @click.option("--mirror", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Crawl this mirror folder through a local hub server on 127.0.0.1 instead of the Hub.")
 @click.option("--watchlist", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Watch list TOML (default: MIRROR/watchlist.toml with --mirror, else atlas/watchlist.toml).")
+              help="Watch list TOML (default: MIRROR/watchlist.toml with --mirror, else atlas/hub/watchlist.toml).")
 @click.option("--endpoint", default=None, help="Hub endpoint URL (default: https://huggingface.co).")
 @click.option("--concurrency", type=int, default=8, show_default=True, help="Parallel downloads.")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -48,7 +48,7 @@ def cli() -> None:
 def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint: str | None,
           concurrency: int, cache_dir: Path | None, refingerprint: bool, no_progress: bool) -> None:
     """Crawl the watch list's models into a new dated snapshot of the store."""
-    from atlas import crawl as crawler
+    from atlas.hub import crawl as crawler
     from atlas.paths import default_db
 
     db = db or default_db()
@@ -60,7 +60,7 @@ def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint
         raise AtlasError("--mirror and --endpoint exclude each other")
     try:
         if mirror is not None:
-            from atlas.hubserver import HubServer, load_mirror
+            from atlas.hub.server import HubServer, load_mirror
 
             with HubServer(load_mirror(mirror)) as hub:
                 summary = crawler.crawl(
@@ -103,7 +103,7 @@ def team_model(out: Path, minutes: float | None, steps: int | None, **options: o
     """Train the bundled team model (byte-level Mellum with one MTP layer) and save it as a HF checkpoint."""
     from pydantic import ValidationError
 
-    from atlas import teammodel
+    from atlas.measure import teammodel
 
     if steps is not None and minutes is not None:
         raise AtlasError("give --steps or --minutes, not both")
@@ -163,7 +163,7 @@ def _numbers(text: str, option: str, kind: type[int] | type[float]) -> tuple:
 def measure_run(model: str | None, workloads: str | None, temperatures: str, draft_tokens: str, no_peer: bool,
                 quick: bool, out: str | None, **options: object) -> None:
     """Measure plain vs self-speculative decoding and write one record under --out."""
-    from atlas import measure
+    from atlas.measure import runner as measure
     from atlas.paths import project_path
 
     ks = _numbers(draft_tokens, "--draft-tokens", int)
@@ -190,8 +190,9 @@ def measure_run(model: str | None, workloads: str | None, temperatures: str, dra
               help="record folder (default: evidence/measurements/ of the project)")
 def measure_import(db: str | None, directory: str | None) -> None:
     """Load measurement records into the store (idempotent; bad or tampered files are rejected)."""
-    from atlas import records, store
-    from atlas.measure import DEFAULT_OUT_PATH
+    from atlas import store
+    from atlas.measure import records
+    from atlas.measure.runner import DEFAULT_OUT_PATH
     from atlas.paths import default_db, project_path
 
     folder = Path(directory) if directory else project_path(DEFAULT_OUT_PATH)
@@ -220,7 +221,7 @@ def measure_import(db: str | None, directory: str | None) -> None:
                    "(default: evidence/servable.toml of the project).")
 def evidence_cmd(db: str | None, out: str | None, servable_path: str | None) -> None:
     """Run the named evidence queries against the store and write the module 8 evidence file."""
-    from atlas import evidence
+    from atlas.site import evidence
     from atlas.paths import default_db, project_path
 
     out_path = Path(out) if out else project_path("evidence/module-08.evidence.md")
@@ -246,7 +247,7 @@ _ROOT_OPTION = click.option(
 
 
 def _layout(root: Path | None):
-    from atlas import render
+    from atlas.site import render
     from atlas.paths import project_root
 
     return render.Layout(root=root or project_root())
@@ -256,7 +257,7 @@ def _layout(root: Path | None):
 @_ROOT_OPTION
 def site_build(root: Path | None) -> None:
     """Render modules/ + evidence/ into site/docs/, then `mkdocs build --strict` into site/build/."""
-    from atlas import render
+    from atlas.site import render
 
     layout = _layout(root)
     pages = render.build(layout)
@@ -268,7 +269,7 @@ def site_build(root: Path | None) -> None:
 @click.option("--port", type=int, default=8000, show_default=True)
 def site_serve(root: Path | None, port: int) -> None:
     """Serve site/build/ on http://127.0.0.1:PORT/ (loopback only)."""
-    from atlas import render
+    from atlas.site import render
 
     render.serve(_layout(root).build, port)
 

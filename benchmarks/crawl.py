@@ -22,9 +22,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.pop("HF_HUB_OFFLINE", None)
 
-from atlas import crawl as crawler  # noqa: E402
+from atlas.hub import crawl as crawler  # noqa: E402
 from atlas.fingerprints import fingerprint  # noqa: E402
-from atlas.hubserver import HubServer, MirrorRepo  # noqa: E402
+from atlas.hub.server import HubServer, MirrorRepo  # noqa: E402
 
 ORGS = 10
 

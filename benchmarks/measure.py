@@ -18,8 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from atlas import measure
-from atlas.records import Cell
+from atlas.measure import runner as measure
+from atlas.measure.records import Cell
 
 
 def row(label: str, tps: float, c: Cell | None, plain_tps: float | None = None) -> str:

@@ -24,7 +24,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from atlas import evidence, render, store
+from atlas import store
+from atlas.site import evidence, render
 
 REPO = Path(__file__).resolve().parents[1]
 

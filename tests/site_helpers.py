@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from atlas import store
-from atlas.render import Layout
+from atlas.site.render import Layout
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -226,7 +226,7 @@ def plant_measurement(db: Path, directory: Path, model_id: str) -> str:
     into the store; returns its record id (sha256 of the file)."""
     import hashlib
 
-    from atlas import records
+    from atlas.measure import records
 
     costs = records.PassCosts(plain=0.01, verify={1: 0.012, 2: 0.013}, draft=0.002)
     cells = []

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from site_helpers import REPO, crawl_mirror, declared_repo_ids, parse_html, site_copy
 
-from atlas import evidence, render
+from atlas.site import evidence, render
 
 CHROMIUM = next(
     (found for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

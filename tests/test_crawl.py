@@ -29,9 +29,9 @@ from hub_fixtures import (
     write_watchlist,
 )
 
-from atlas import crawl as crawler
+from atlas.hub import crawl as crawler
 from atlas.cli import cli
-from atlas.hubserver import Fault
+from atlas.hub.server import Fault
 
 ALL_ORGS = sorted({r.split("/")[0] for r in EXPECTED_DECLARED} | {"mtp-atlas"})
 

@@ -12,7 +12,7 @@ import torch
 from transformers import MellumConfig, MellumForCausalLM
 from transformers.modeling_layers import MtpModel
 
-from atlas.decode import (
+from atlas.measure.loop import (
     Engine,
     FastLayer,
     ModuleLayer,
@@ -251,8 +251,8 @@ def test_processed_probabilities_match_transformers_warpers() -> None:
 def test_team_checkpoint_greedy_lossless_on_every_workload() -> None:
     """The team checkpoint loads through transformers' own MTP path, and greedy speculative output is
     token-identical to plain greedy on every bundled workload, for k = 1..3 (fp32, short horizon)."""
-    from atlas.measure import load_checkpoint
-    from atlas.workloads import load_prompt_set
+    from atlas.measure.runner import load_checkpoint
+    from atlas.measure.workloads import load_prompt_set
 
     model, mtp, tokenizer = load_checkpoint(str(TEAM), torch.device("cpu"), torch.float32)
     prompts = load_prompt_set()

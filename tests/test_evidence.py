@@ -20,7 +20,8 @@ from site_helpers import (
     snapshot_row,
 )
 
-from atlas import AtlasError, evidence, mdsafe, store
+from atlas import AtlasError, store
+from atlas.site import evidence, mdsafe
 from atlas.cli import cli
 
 MATRIX = REPO / "evidence" / "servable.toml"

@@ -9,7 +9,7 @@ from huggingface_hub import HfApi
 from huggingface_hub.errors import RemoteEntryNotFoundError, RevisionNotFoundError
 from huggingface_hub.hf_api import RepoFile, RepoFolder
 
-from atlas.hubserver import HubServer, MirrorRepo
+from atlas.hub.server import HubServer, MirrorRepo
 
 WEIGHTS = b"not really weights"
 

@@ -15,9 +15,9 @@ from transformers import MellumConfig, MellumForCausalLM
 
 from atlas import AtlasError
 from atlas.cli import cli
-from atlas.hubserver import HubServer, MirrorRepo, load_mirror
-from atlas.measure import DEFAULT_MODEL, load_checkpoint, resolve
-from atlas.records import read_record
+from atlas.hub.server import HubServer, MirrorRepo, load_mirror
+from atlas.measure.runner import DEFAULT_MODEL, load_checkpoint, resolve
+from atlas.measure.records import read_record
 
 needs_team = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="team checkpoint not built yet")
 GATED = "gated-org/byte-mtp-8l"

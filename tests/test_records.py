@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from atlas import AtlasError
-from atlas.records import (
+from atlas.measure.records import (
     Cell,
     Hardware,
     PassCosts,

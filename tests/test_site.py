@@ -25,7 +25,8 @@ from site_helpers import (
     site_copy,
 )
 
-from atlas import AtlasError, evidence, render
+from atlas import AtlasError
+from atlas.site import evidence, render
 
 
 def shown(value: str) -> str:

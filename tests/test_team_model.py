@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, MellumForCausalLM
 from transformers.modeling_layers import MtpModel
 
-from atlas import teammodel
+from atlas.measure import teammodel
 from atlas.cli import cli
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "data/hub-mirror/mtp-atlas/byte-mtp-8l"

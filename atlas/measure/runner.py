@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from atlas import AtlasError, __version__
-from atlas.decode import (
+from atlas.measure.loop import (
     Engine,
     RunStats,
     Sampling,
@@ -35,7 +35,7 @@ from atlas.decode import (
     generate_speculative,
 )
 from atlas.paths import ROOT
-from atlas.records import (
+from atlas.measure.records import (
     MIN_GATE_REPEATS,
     SCHEMA_VERSION,
     Cell,
@@ -49,7 +49,7 @@ from atlas.records import (
     gate,
     write_record,
 )
-from atlas.workloads import load_prompt_set
+from atlas.measure.workloads import load_prompt_set
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -21,9 +21,9 @@ import duckdb
 from pydantic import BaseModel, ValidationError
 
 from atlas import AtlasError
-from atlas import servable as servable_matrix
-from atlas.charts import Bar, bar_chart
-from atlas.mdsafe import Markdown, code, escape, table
+from atlas.site import servable as servable_matrix
+from atlas.site.charts import Bar, bar_chart
+from atlas.site.mdsafe import Markdown, code, escape, table
 
 SECTIONS = (
     "declared",

@@ -1,6 +1,6 @@
 """The crawler: watch list -> Hub listing -> pinned downloads -> fingerprints -> one snapshot.
 
-Same code path for the live Hub and the bundled mirror (served by atlas.hubserver on 127.0.0.1):
+Same code path for the live Hub and the bundled mirror (served by atlas.hub.server on 127.0.0.1):
 only the endpoint differs. Politeness lives in one place, `Pacer`, an HTTP hook on the
 huggingface_hub client that sees every request and response: a 429 (or `RateLimit: r=0`) pauses
 all workers until the server's reset time, not just the thread that got it. On top of the

@@ -27,8 +27,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from atlas import AtlasError
-from atlas import evidence as evidence_file
-from atlas.mdsafe import Markdown, escape
+from atlas.site import evidence as evidence_file
+from atlas.site.mdsafe import Markdown, escape
 
 ATLAS_EVIDENCE_MODULE = 8
 _MODULE_NAME = re.compile(r"^module-(\d{2})\.md$")

@@ -567,9 +567,9 @@ def _parse_range(value: str | None, size: int) -> tuple[int, int] | None:
 
 
 def _main(argv: list[str]) -> int:
-    """`python -m atlas.hubserver DIR`: serve a mirror until interrupted (prints the endpoint)."""
+    """`python -m atlas.hub.server DIR`: serve a mirror until interrupted (prints the endpoint)."""
     if len(argv) != 1:
-        print("usage: python -m atlas.hubserver MIRROR_DIR", file=sys.stderr)
+        print("usage: python -m atlas.hub.server MIRROR_DIR", file=sys.stderr)
         return 2
     with HubServer(load_mirror(argv[0])) as hub:
         print(hub.url, flush=True)

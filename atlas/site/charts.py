@@ -9,7 +9,7 @@ from html import escape as xml_escape
 
 from pydantic import BaseModel
 
-from atlas.mdsafe import Markdown
+from atlas.site.mdsafe import Markdown
 
 WIDTH = 640
 HEIGHT = 260
