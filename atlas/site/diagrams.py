@@ -208,8 +208,8 @@ def tensor_layouts(rules: tuple[fingerprints.WeightRule, ...] | None = None) -> 
     row_h, top = 66, 62
     b.append(_text(10, 22, "Where the MTP tensors live (first matching rule wins)", bold=True,
                    size=14))
-    b.append(_text(10, 42, "Segments of a tensor name; orange = the MTP part. Main layers are "
-                   "model.layers.0 … N−1; multimodal checkpoints may prefix language_model.",
+    b.append(_text(10, 42, "Segments of a tensor name; orange = the MTP part. Main layers: "
+                   "model.layers.0 … N−1. Multimodal: language_model. in front.",
                    size=12, colour="#495057"))
     for i, rule in enumerate(rules):
         y = top + i * row_h

@@ -69,8 +69,9 @@ def calculator(prefill: Prefill | None) -> Markdown:
     <p class="atlas-widget-title">Speed-up calculator</p>
     <p class="atlas-widget-source">{label}</p>
     <fieldset class="atlas-widget-inputs">
-    <label><input type="radio" name="atlas-calc-mode" value="positions" data-in="mode" checked> acceptance per position</label>
-    <label><input type="radio" name="atlas-calc-mode" value="alpha" data-in="mode"> one α for every position</label>
+    <label>acceptance given as <select data-in="mode">
+    <option value="positions" selected>one value per draft position</option>
+    <option value="alpha">one α for every position</option></select></label>
     <label>conditional acceptance a₁, a₂, … (k = how many you list)
     <input type="text" data-in="conditional" value="{escape(_nums(conditional))}" inputmode="decimal"></label>
     <label>α <input type="number" data-in="alpha" min="0" max="1" step="0.01" value="{alpha:.3f}"></label>

@@ -53,7 +53,7 @@
   function calculator(root) {
     function val(name) { return root.querySelector('[data-in="' + name + '"]'); }
     function update() {
-      var mode = (root.querySelector('[data-in="mode"]:checked') || {}).value || "positions";
+      var mode = val("mode").value;
       var draft = Number(val("draft").value), verify = Number(val("verify").value);
       var conditional, k, tokens, formula;
       if (!(draft >= 0) || !(verify > 0)) {
