@@ -96,6 +96,10 @@ def emitted() -> list[str]:
     return out
 
 
+def emitted_quoted() -> str:
+    return " ".join(f"“{t}”" for t in emitted())
+
+
 def _fmt(x: float) -> str:
     return f"{x:.2f}"
 
