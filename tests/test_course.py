@@ -344,3 +344,13 @@ def test_evidence_command_writes_the_models_file(tmp_path: Path) -> None:
     finally:
         con.close()
     assert n_latest == len(data.models)
+
+
+def test_prose_quotes_reported_figures_by_id_and_an_unknown_id_fails_the_build(tmp_path: Path) -> None:
+    text = (REPO / "modules" / "module-08.md").read_text(encoding="utf-8")
+    quoted = re.findall(r'reported_figure\("([^"]+)"\)', text)
+    ids = {f.id for f in reported.load(REPORTED).figure}
+    assert quoted and set(quoted) <= ids
+    layout = site_copy(tmp_path / "s", "---\nnumber: 8\ntitle: x\n---\n{{ reported_figure('no-such') }}\n")
+    with pytest.raises(AtlasError, match="no reported figure with id 'no-such'"):
+        render.render_site(layout)
