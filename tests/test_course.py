@@ -111,7 +111,8 @@ def test_reported_figures_render_in_their_own_box_and_never_as_measured(course_s
     reported_tables = [t for t in page.tables if t.header == reported.HEADER]
     assert len(reported_tables) == 1
     rows = reported_tables[0].rows
-    assert [r[1] for r in rows] == [f.figure for f in figures]
+    assert [r[0] for r in rows] == [f"{f.subject}: {f.figure}" for f in figures]
+    assert all(f.date_read.isoformat() in r[2] for r, f in zip(rows, figures))
     # inside the dashed "reported" admonition (styled unlike the measured box), in its own section
     box = html.index('class="admonition reported"')
     table_at = html.index("<table", box)
@@ -243,6 +244,8 @@ def test_model_page_escapes_its_id_and_shows_history_and_measurements(course_sit
     assert all(len(r) == len(t.header) for t in page.tables for r in t.rows)
     measured = next(t for t in page.tables if "speed-up (range)" in t.header)
     assert len(measured.rows) == 2
+    record = next(m for m in hostile.measured).record_id[:12]
+    assert f"Record {record}: run 2026-11-28" in " ".join(page.text.split())
     assert all(r[measured.header.index("speed-up (range)")].startswith(f"{PLANTED_SPEED:.2f}")
                for r in measured.rows)
     # the speed-up appears in the measured table only
@@ -270,7 +273,7 @@ def test_model_pages_link_base_and_derivatives_and_carry_reported_figures(course
     assert figures
     page = parse_html(base_html)
     rep = next(t for t in page.tables if t.header == reported.HEADER)
-    assert [r[1] for r in rep.rows] == [f.figure for f in figures]
+    assert [r[0] for r in rep.rows] == [f"{f.subject}: {f.figure}" for f in figures]
     assert 'class="admonition reported"' in base_html
     # servable engines from the matrix, with their source
     matrix = servable.load(MATRIX)
@@ -341,3 +344,13 @@ def test_evidence_command_writes_the_models_file(tmp_path: Path) -> None:
     finally:
         con.close()
     assert n_latest == len(data.models)
+
+
+def test_prose_quotes_reported_figures_by_id_and_an_unknown_id_fails_the_build(tmp_path: Path) -> None:
+    text = (REPO / "modules" / "module-08.md").read_text(encoding="utf-8")
+    quoted = re.findall(r'reported_figure\("([^"]+)"\)', text)
+    ids = {f.id for f in reported.load(REPORTED).figure}
+    assert quoted and set(quoted) <= ids
+    layout = site_copy(tmp_path / "s", "---\nnumber: 8\ntitle: x\n---\n{{ reported_figure('no-such') }}\n")
+    with pytest.raises(AtlasError, match="no reported figure with id 'no-such'"):
+        render.render_site(layout)

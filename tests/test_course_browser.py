@@ -1,7 +1,8 @@
 """Module 8's widgets and the model finder in headless Chromium, checked against the Python
-formulas of atlas.measure.theory. Three browser launches in all: one page holding many widget
+formulas of atlas.measure.theory. Four browser launches in all: one page holding many widget
 instances (their computed numbers read back from the DOM), the finder with a filter in its URL,
-and one screenshot of the diagrams and widgets as the built module 8 shows them (kept under
+and screenshots (1000 px and 390 px wide) of the diagrams and widgets as the built module 8
+shows them (kept under
 build/test-artifacts/, or $ATLAS_TEST_ARTIFACTS). Skips only when no Chromium binary exists."""
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def test_widget_numbers_match_the_python_formulas(site) -> None:
 def test_finder_filters_from_its_url_and_lists_every_model(site) -> None:
     layout, models = site
     finder = layout.build / "models" / "index.html"
-    dom = _chromium("--virtual-time-budget=3000", "--dump-dom", finder.as_uri() + "?q=kimi")
+    dom = _chromium("--virtual-time-budget=3000", "--dump-dom", finder.as_uri() + "?find=kimi")
     assert dom.returncode == 0, dom.stderr[-2000:]
     page = parse_html(dom.stdout)
     table = next(t for t in page.tables if t.header[:1] == ["model"])
@@ -177,3 +178,9 @@ def test_screenshot_of_diagrams_and_widgets(site) -> None:
                      f"--screenshot={shot}", page.as_uri())
     assert done.returncode == 0, done.stderr[-2000:]
     assert shot.stat().st_size > 100_000, "a rendered page, not a blank one"
+    phone = ARTIFACTS / "module-08-diagrams-and-widgets-390px.png"
+    phone.unlink(missing_ok=True)
+    done = _chromium("--window-size=390,5200", "--hide-scrollbars", "--virtual-time-budget=3000",
+                     f"--screenshot={phone}", page.as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert phone.stat().st_size > 50_000
