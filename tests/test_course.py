@@ -354,3 +354,26 @@ def test_prose_quotes_reported_figures_by_id_and_an_unknown_id_fails_the_build(t
     layout = site_copy(tmp_path / "s", "---\nnumber: 8\ntitle: x\n---\n{{ reported_figure('no-such') }}\n")
     with pytest.raises(AtlasError, match="no reported figure with id 'no-such'"):
         render.render_site(layout)
+
+
+def test_without_models_data_the_finder_says_so_and_the_calculator_is_not_a_measurement(tmp_path: Path) -> None:
+    layout = site_copy(tmp_path / "bare")
+    db = tmp_path / "atlas.duckdb"
+    hostile_store(db)
+    evidence.generate(db, layout.evidence / "module-08.evidence.md", layout.evidence / "servable.toml")
+    render.build(layout)  # no models.json: no model pages, an honest finder, an unlabelled example
+    assert "No models yet" in built(layout, "models")
+    assert [p.name for p in (layout.build / "models").iterdir()] == ["index.html"]
+    html = built(layout, "modules", "module-08")
+    assert "illustrative values, not a measurement" in html and "Prefilled from a" not in html
+
+
+def test_prefill_falls_back_when_its_record_file_is_gone(tmp_path: Path) -> None:
+    db = tmp_path / "atlas.duckdb"
+    hostile_store(db)
+    plant_measurement(db, tmp_path / "records", HOSTILE_ID)
+    for f in (tmp_path / "records").iterdir():
+        f.unlink()
+    models = modelpages.generate(db, tmp_path / "models.json", MATRIX, tmp_path)
+    assert models.prefill is None
+    assert any(m.measured for m in models.models)  # the measured cells still come from the store

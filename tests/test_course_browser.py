@@ -117,13 +117,25 @@ def test_widget_numbers_match_the_python_formulas(site) -> None:
     # the real module 8 widgets, as built
     built = (layout.build / "modules" / "module-08" / "index.html").read_text(encoding="utf-8")
     real = _WIDGET.findall(built)
-    page = _page(layout, "widget-check.html", "".join(blocks) + "".join(real))
+    # after load, act as a reader: retype the first calculator's acceptances, and draw 10 000
+    # rounds in the second accept/resample widget (its first one is the one-hot draft)
+    act = """<div id="atlas-test-act"></div><script>window.addEventListener("load", function () {
+      setTimeout(function () {
+        var c = document.querySelectorAll(".atlas-calculator")[0];
+        var box = c.querySelector('[data-in="conditional"]'); box.value = "0.5, 0.25";
+        box.dispatchEvent(new Event("input", {bubbles: true}));
+        var a = document.querySelectorAll(".atlas-accept")[1];
+        a.querySelector('[data-action="many"]').click();
+      }, 200);
+    });</script>"""
+    page = _page(layout, "widget-check.html", "".join(blocks) + "".join(real) + act)
     dom = _chromium("--virtual-time-budget=3000", "--dump-dom", page.as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
 
     found = _instances(html, "calculator")
     assert len(found) == len(calcs) + 1
+    calcs[0] = (calcs[0][0], [0.5, 0.25], *calcs[0][2:3], 2, *calcs[0][4:])  # retyped above
     for scope, (mode, conditional, alpha, k, draft, verify) in zip(found, calcs):
         tokens = theory.tokens_per_pass_iid(alpha, k) if mode == "alpha" else theory.tokens_per_pass(conditional)
         assert _value(html, scope, "tokens") == pytest.approx(tokens, rel=1e-9)
@@ -147,6 +159,10 @@ def test_widget_numbers_match_the_python_formulas(site) -> None:
         assert np.allclose(shown, law, atol=1e-12) and np.allclose(shown, p, atol=1e-12)
         assert _value(html, scope, "acceptance") == pytest.approx(theory.acceptance_probability(p, q))
         assert _value(html, scope, "maxdiff") < 1e-12
+    # the 10 000 drawn rounds follow p (seeded draws: a fixed, reproducible sample)
+    drawn = [float(v) for v in re.findall(r'data-out="empirical"[^>]*data-value="([^"]+)"', found[1])]
+    assert "10000 rounds drawn" in found[1]
+    assert np.allclose(drawn, accepts[1][0], atol=0.02)
     # the real widget's defaults: position 2 of the worked round, acceptance 0.7
     assert _value(html, found[-1], "acceptance") == pytest.approx(0.7)
 
