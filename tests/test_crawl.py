@@ -124,8 +124,13 @@ def test_pagination_follows_link_headers(tmp_path: Path, make_hub) -> None:
     summary = run_crawl(tmp_path, hub, write_watchlist(tmp_path / "w.toml", ["Qwen"]))
     qwen = [r for r in EXPECTED_DECLARED if r.startswith("Qwen/")]
     assert summary.listed == len(qwen) == 21
-    pages = [r for r in hub.requests if r["path"] == "/api/models"]
-    assert len(pages) == 7 and all("cursor=" in r["query"] for r in pages[1:])
+    pages = [r for r in hub.requests if r["path"] == "/api/models" and r["query"] != "limit=1"]  # not the reachability check
+    # one listing per pipeline tag, filtered by the server: text-generation 15 repos (5 pages of 3),
+    # image-text-to-text 6 (2 pages); each next page is the Link URL, cursor and filters in it
+    assert len(pages) == 7
+    assert all("pipeline_tag=text-generation" in r["query"] for r in pages[:5])
+    assert all("pipeline_tag=image-text-to-text" in r["query"] for r in pages[5:])
+    assert ["cursor=" in r["query"] for r in pages] == [False, True, True, True, True, False, True]
     assert all("author=Qwen" in r["query"] and "expand=sha" in r["query"] for r in pages)
 
 
@@ -173,14 +178,19 @@ def test_gated_and_missing(tmp_path: Path, make_hub, no_sleep: list[float]) -> N
     mirror = copy_mirror(tmp_path / "m", ["zai-org/GLM-4.5", "zai-org/GLM-4.5-Air", "zai-org/GLM-5-FP8"])
     (mirror / "zai-org/GLM-5-FP8/config.json").rename(mirror / "zai-org/GLM-5-FP8/params.json")
     hub = make_hub(mirror)
-    hub.gated.add("zai-org/GLM-4.5")  # 403 + X-Error-Code: GatedRepo on every file
-    hub.inject(Fault(401, path_contains="/zai-org/GLM-4.5-Air/resolve/", times=1))
+    hub.gated.add("zai-org/GLM-4.5")  # 401 + X-Error-Code: GatedRepo on every file (no token)
+    # the Hub's answer for a private repo without a token: 401 + RepoNotFound, i.e. missing, not gated
+    hub.inject(Fault(401, path_contains="/zai-org/GLM-4.5-Air/resolve/", times=1, error_code="RepoNotFound"))
     watch = write_watchlist(tmp_path / "w.toml", ["zai-org"], repos=["zai-org/absent"])
     summary = run_crawl(tmp_path, hub, watch)
-    assert (summary.gated, summary.missing, summary.fetched, summary.status) == (2, 2, 0, "complete")
+    assert (summary.gated, summary.missing, summary.fetched, summary.status) == (1, 3, 0, "complete")
     rows = dict(query(tmp_path / "atlas.duckdb", "SELECT repo_id, fetch_status FROM mtp_fingerprints"))
-    assert rows == {"zai-org/GLM-4.5": "gated", "zai-org/GLM-4.5-Air": "gated",
+    assert rows == {"zai-org/GLM-4.5": "gated", "zai-org/GLM-4.5-Air": "missing",
                     "zai-org/GLM-5-FP8": "missing", "zai-org/absent": "missing"}
+    errors = dict(query(tmp_path / "atlas.duckdb", "SELECT repo_id, error FROM mtp_fingerprints"))
+    assert "401 RepoNotFound" in errors["zai-org/GLM-4.5-Air"] and "401 RepoNotFound" in errors["zai-org/absent"]
+    assert "GatedRepo" in errors["zai-org/GLM-4.5"]
+    assert [r["status"] for r in hub.requests if r["path"] == "/api/models/zai-org/absent"] == [401]
     # missing config known from the listing's siblings: no request for it
     assert not any("GLM-5-FP8" in r["path"] for r in hub.file_requests())
 
@@ -307,7 +317,8 @@ def test_hf_token_is_sent_but_never_stored_or_printed(tmp_path: Path, make_hub, 
                                       "--cache-dir", str(tmp_path / "c"), "--no-progress"])
     assert result.exit_code == 0, result.output
     assert canary not in result.output
-    assert hub.requests and all(r["auth"] for r in hub.requests)
+    assert hub.requests and all(r["auth"] for r in hub.requests if r["query"] != "limit=1")  # not the reachability check
+    assert hub.cdn_requests == [] or not any(r["auth"] for r in hub.cdn_requests)
     con = duckdb.connect(str(db), read_only=True)
     cols = con.execute("SELECT table_name, column_name FROM information_schema.columns "
                        "WHERE data_type = 'VARCHAR' AND table_schema = 'main'").fetchall()
