@@ -250,9 +250,13 @@ def evidence_cmd(db: str | None, out: str | None, servable_path: str | None) -> 
     from atlas.site import evidence
     from atlas.paths import default_db, project_path
 
+    from atlas.store import require_complete_snapshot
+
     out_path = Path(out) if out else project_path("evidence/module-08.evidence.md")
     matrix = Path(servable_path) if servable_path else project_path("evidence/servable.toml")
-    ev = evidence.generate(Path(db) if db else default_db(), out_path, matrix)
+    db_path = Path(db) if db else default_db()
+    require_complete_snapshot(db_path)  # evidence from no snapshot would only count zeros
+    ev = evidence.generate(db_path, out_path, matrix)
     f = ev.facts
     click.echo(
         f"Wrote {out_path}: snapshot {f.snapshot_id} ({f.snapshot_date}), {f.n_models} models, "

@@ -303,6 +303,24 @@ def _rows_for(
         ).fetchall()
 
 
+def require_complete_snapshot(db: Path) -> int:
+    """The newest complete snapshot's id; AtlasError when the store has none (evidence drawn from
+    no snapshot would only count zeros)."""
+    con = connect(db, read_only=True)
+    try:
+        rows = con.execute("SELECT max(snapshot_id) FROM snapshots WHERE status = 'complete'").fetchall()
+        partial = con.execute("SELECT count(*) FROM snapshots WHERE status <> 'complete'").fetchall()[0][0]
+    except duckdb.Error as exc:
+        raise AtlasError(f"the atlas store {db} is damaged or not an atlas store: {_first_line(exc)}") from None
+    finally:
+        con.close()
+    if not rows or rows[0][0] is None:
+        extra = f" ({partial} partial snapshot(s) only: their crawls missed whole orgs)" if partial else ""
+        raise AtlasError(f"the atlas store {db} has no complete snapshot{extra}: run `atlas crawl` "
+                         "(or `make crawl-mirror` for the bundled mirror) first")
+    return int(rows[0][0])
+
+
 def stored_pairs(con: duckdb.DuckDBPyConnection, pairs: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
     """Those of `pairs` whose config.json is stored: these cost no config request in a new crawl."""
     rows = _rows_for(con, pairs, "DISTINCT t.repo_id, t.sha", "raw_files", "t.filename = 'config.json'")

@@ -168,10 +168,11 @@ def load_mirror(root: Path | str) -> dict[str, MirrorRepo]:
 
 @dataclass
 class Fault:
-    """Answer matching requests with `status` (and headers) instead of serving them."""
+    """Answer matching requests with `status` (and headers) instead of serving them; status 0
+    drops the connection without an answer."""
 
     status: int
-    path_contains: str = ""
+    path_contains: str = ""  # matched against the path and its query string
     method: str | None = None
     times: int = 1  # how many requests it hits; -1 = every one
     headers: dict[str, str] = field(default_factory=dict)
@@ -590,7 +591,10 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 })
 
         def _dispatch(self, path: str, query: dict[str, list[str]], head: bool, authed: bool) -> None:
-            fault = hub._take_fault(self.command, path)
+            fault = hub._take_fault(self.command, f"{path}?{urlsplit(self.path).query}")
+            if fault is not None and fault.status == 0:
+                self.close_connection = True  # no answer at all: the client sees a dropped connection
+                return
             if fault is not None:
                 self._error(fault.status, fault.error_code, f"injected {fault.status}", head, fault.headers)
                 return
