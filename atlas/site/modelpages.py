@@ -217,14 +217,18 @@ def _prefill(rows: list[dict[str, Any]], root: Path) -> Prefill | None:
     verify = record.pass_costs.verify.get(best["draft_tokens"])
     if cell is None or verify is None:
         return None
-    # The record stores P(draft i accepted) over rounds; conditional a_i divides by P(i-1 accepted).
-    reached_rate = 1.0
+    # Conditional acceptance from the raw counts: a round reaches draft i only when draft i-1 was
+    # accepted, so a_1 = accepted_1 / drafted_1 and a_i = accepted_i / accepted_(i-1).
+    width = len(cell.repeats[0].accepted_per_position)
+    accepted = [sum(r.accepted_per_position[i] for r in cell.repeats) for i in range(width)]
+    drafted = sum(r.drafted_per_position[0] for r in cell.repeats) if width else 0
     conditional: list[float] = []
-    for rate in cell.derived.per_position_acceptance:
-        if rate is None or reached_rate <= 0:
+    reached = drafted
+    for count in accepted:
+        if reached <= 0:
             break
-        conditional.append(min(1.0, rate / reached_rate))
-        reached_rate = rate
+        conditional.append(min(1.0, count / reached))
+        reached = count
     if not conditional:
         return None
     return Prefill(
