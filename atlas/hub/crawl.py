@@ -762,9 +762,11 @@ def crawl(
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     con: duckdb.DuckDBPyConnection | None = None
+    last_before: int | None = None
     try:
         reach(endpoint)  # seconds, not minutes, when there is no route to the hub; no lock held
         con = store.connect(db)  # before the listing: a second concurrent crawl fails at once
+        last_before = _last_snapshot(con)  # we hold the lock: any newer snapshot is this crawl's
         from atlas.hub.progress import CrawlProgress
 
         with CrawlProgress(pacer, enabled=progress) as bar:
@@ -793,7 +795,8 @@ def crawl(
                            started, clock, endpoint_label or endpoint, coverage)
     except KeyboardInterrupt:
         pacer.abort()
-        raise CrawlInterrupted(_committed(con, started, digest)) from None
+        newest = _last_snapshot(con) if con is not None else None
+        raise CrawlInterrupted(newest if newest is not None and newest != last_before else None) from None
     finally:
         hf_logging.set_verbosity(verbosity)
         restore_client()
@@ -831,16 +834,13 @@ def _fetch_all(ctx: Context, todo: list[tuple[Listed, set[str] | None]], known: 
     return fetched
 
 
-def _committed(con: duckdb.DuckDBPyConnection | None, started: datetime, digest: str) -> int | None:
-    """The id of this crawl's snapshot if it was committed (asked of the store, not assumed)."""
-    if con is None:
-        return None
+def _last_snapshot(con: duckdb.DuckDBPyConnection) -> int | None:
+    """The newest snapshot id in the store (asked of the store, so an interrupted crawl can say
+    truthfully whether its own snapshot was committed)."""
     try:
-        rows = con.execute("SELECT max(snapshot_id) FROM snapshots WHERE started_at = ? AND watchlist_digest = ?",
-                           [started, digest]).fetchall()
+        return con.execute("SELECT max(snapshot_id) FROM snapshots").fetchall()[0][0]
     except duckdb.Error:
         return None
-    return rows[0][0] if rows and rows[0][0] is not None else None
 
 
 def _fetch_or_problem(ctx: Context, item: Listed, settled: set[str] | None) -> Fetched | RepoProblem:
