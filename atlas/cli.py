@@ -219,14 +219,19 @@ def measure_import(db: str | None, directory: str | None) -> None:
 @click.option("--servable", "servable_path", type=click.Path(dir_okay=False), default=None,
               help="The dated, cited support matrix joined to the models "
                    "(default: evidence/servable.toml of the project).")
-def evidence_cmd(db: str | None, out: str | None, servable_path: str | None) -> None:
+@click.option("--mirror-sources", type=click.Path(dir_okay=False), default=None,
+              help="Provenance of the bundled mirror's files, shown after a mirror crawl "
+                   "(default: data/hub-mirror/SOURCES.tsv of the project).")
+def evidence_cmd(db: str | None, out: str | None, servable_path: str | None,
+                 mirror_sources: str | None) -> None:
     """Run the named evidence queries against the store and write the module 8 evidence file."""
     from atlas.site import evidence
     from atlas.paths import default_db, project_path
 
     out_path = Path(out) if out else project_path("evidence/module-08.evidence.md")
     matrix = Path(servable_path) if servable_path else project_path("evidence/servable.toml")
-    ev = evidence.generate(Path(db) if db else default_db(), out_path, matrix)
+    sources = Path(mirror_sources) if mirror_sources else project_path("data/hub-mirror/SOURCES.tsv")
+    ev = evidence.generate(Path(db) if db else default_db(), out_path, matrix, sources)
     f = ev.facts
     click.echo(
         f"Wrote {out_path}: snapshot {f.snapshot_id} ({f.snapshot_date}), {f.n_models} models, "
@@ -246,20 +251,23 @@ _ROOT_OPTION = click.option(
 )
 
 
-def _layout(root: Path | None):
+def _layout(root: Path | None, evidence_dir: Path | None = None):
     from atlas.site import render
     from atlas.paths import project_root
 
-    return render.Layout(root=root or project_root())
+    return render.Layout(root=root or project_root(), evidence_dir=evidence_dir)
 
 
 @site_group.command("build")
 @_ROOT_OPTION
-def site_build(root: Path | None) -> None:
+@click.option("--evidence", "evidence_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=None, help="Folder of the module evidence files (default: evidence/ of --root); "
+                                 "`make demo` builds from its own, under build/.")
+def site_build(root: Path | None, evidence_dir: Path | None) -> None:
     """Render modules/ + evidence/ into site/docs/, then `mkdocs build --strict` into site/build/."""
     from atlas.site import render
 
-    layout = _layout(root)
+    layout = _layout(root, evidence_dir)
     pages = render.build(layout)
     click.echo(f"Rendered {len(pages)} pages; built {layout.build}/ (mkdocs build --strict).")
 

@@ -39,6 +39,10 @@ class Layout(BaseModel):
     """Where things live, relative to the repository root (overridable for benchmarks/tests)."""
 
     root: Path
+    # Where the module evidence files (module-NN.evidence.md) are read from, when not the committed
+    # evidence/ (`make demo` builds from the evidence it wrote under build/, so the committed files
+    # stay as they are). Everything else under evidence/ is still read from root.
+    evidence_dir: Path | None = None
 
     @property
     def modules(self) -> Path:
@@ -47,6 +51,10 @@ class Layout(BaseModel):
     @property
     def evidence(self) -> Path:
         return self.root / "evidence"
+
+    @property
+    def module_evidence(self) -> Path:
+        return self.evidence_dir or self.evidence
 
     @property
     def site(self) -> Path:
@@ -163,7 +171,7 @@ def render_site(layout: Layout) -> list[RenderedPage]:
     pages: list[RenderedPage] = []
     atlas_ev: evidence_file.Evidence | None = None
     for src, page, body in parsed:
-        ev_path = layout.evidence / f"module-{page.number:02d}.evidence.md"
+        ev_path = layout.module_evidence / f"module-{page.number:02d}.evidence.md"
         ev = evidence_file.read(ev_path) if ev_path.exists() else None
         if page.number == ATLAS_EVIDENCE_MODULE:
             atlas_ev = ev
