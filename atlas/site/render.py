@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from atlas import AtlasError
 from atlas.site import evidence as evidence_file
+from atlas.site.course import Course
 from atlas.site.mdsafe import Markdown, escape
 
 ATLAS_EVIDENCE_MODULE = 8
@@ -39,9 +40,10 @@ class Layout(BaseModel):
     """Where things live, relative to the repository root (overridable for benchmarks/tests)."""
 
     root: Path
-    # Where the module evidence files (module-NN.evidence.md) are read from, when not the committed
-    # evidence/ (`make demo` builds from the evidence it wrote under build/, so the committed files
-    # stay as they are). Everything else under evidence/ is still read from root.
+    # Where the files `atlas evidence` generates (module-NN.evidence.md, models.json) are read
+    # from, when not the committed evidence/ (`make demo` builds from the ones it wrote under
+    # build/, so the committed files stay as they are). Hand-kept files (reported.toml, servable.toml)
+    # are always read from evidence/ of root.
     evidence_dir: Path | None = None
 
     @property
@@ -165,6 +167,8 @@ def render_site(layout: Layout) -> list[RenderedPage]:
         for src, p, _ in parsed
     ]
 
+    # diagrams, widgets, reported figures, model pages
+    course = Course(layout.evidence, layout.module_evidence)
     out_dir = layout.docs / "modules"
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
@@ -180,6 +184,7 @@ def render_site(layout: Layout) -> list[RenderedPage]:
             "facts": ev.facts.model_dump() if ev else {},
             "page": page.model_dump(),
             "modules": modules,
+            **course.template_helpers(),
         }
         text = _render(env, src, body, context)
         out = out_dir / src.name
@@ -195,10 +200,13 @@ def render_site(layout: Layout) -> list[RenderedPage]:
             "facts": atlas_ev.facts.model_dump() if atlas_ev else {},
             "page": meta,
             "modules": modules,
+            **course.template_helpers(),
         }
         out = layout.docs / src.name
         out.write_text(_page_file(title, _render(env, src, body, context)), encoding="utf-8")
         pages.append(RenderedPage(source=src, output=out, title=title))
+    for out in course.render_model_pages(layout.docs):
+        pages.append(RenderedPage(source=layout.evidence / "models.json", output=out, title=out.stem))
     return pages
 
 
