@@ -33,6 +33,7 @@
                 header: Array.prototype.map.call(t.tHead ? t.tHead.rows[0].cells : [], function (th) {
                   return (th.textContent || "").trim(); }),
                 cards: t.hasAttribute("data-atlas-cards") && getComputedStyle(t).display === "block",
+                widget: !!t.closest(".atlas-widget"),
                 minFont: Math.min.apply(null, fonts.concat([99])),
                 rows: t.tBodies.length ? t.tBodies[0].rows.length : 0};
       });

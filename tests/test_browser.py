@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from site_helpers import REPO, crawl_mirror, declared_repo_ids, site_copy
 
 from atlas import store
 from atlas.measure import records
-from atlas.site import evidence, render
+from atlas.site import evidence, modelpages, render
 
 CHROMIUM = next(
     (found for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -46,6 +47,18 @@ MIN_LABEL_PX = 9.0
 MODULE_8 = "modules/module-08/"
 SUMMARY_HEADER = ["engine (baseline)", "workload", "T", "gate (k shown)", "acceptance",
                   "accepted length", "speed-up (range)", "ideal", "efficiency", "greedy identical"]
+
+
+def _chromium(*args: str) -> subprocess.CompletedProcess[str]:
+    """One headless Chromium run from the command line (--dump-dom, --screenshot ...), with its
+    own throw-away profile; tests/test_course_browser.py uses it too."""
+    with tempfile.TemporaryDirectory() as profile:
+        return subprocess.run(
+            [CHROMIUM or "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+             "--no-first-run", "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", f"--user-data-dir={profile}", *args],
+            capture_output=True, text=True, timeout=90,
+        )
 
 
 def _free_port() -> int:
@@ -68,6 +81,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     assert not errors, errors
     evidence.generate(db, layout.evidence / "module-08.evidence.md", layout.evidence / "servable.toml",
                       REPO / "data" / "hub-mirror" / "SOURCES.tsv")
+    # the per-model pages too, as `atlas evidence` writes them: every page of the site is measured
+    modelpages.generate(db, layout.evidence / modelpages.FILE_NAME, layout.evidence / "servable.toml", REPO)
     render.build(layout)
     port = _free_port()
     server = subprocess.Popen(
@@ -140,6 +155,7 @@ def test_no_table_or_chart_overflows_the_column_at_1400px(layouts: dict[tuple[st
             assert c["minSvgFont"] >= MIN_LABEL_PX and c["minHtmlFont"] >= MIN_LABEL_PX, (page, c)
             checked += 1
     assert checked >= 10, "module 8 alone has more tables and charts than that"
+    assert sum(1 for page, _ in layouts if page.startswith("models/")) > 10, "the model pages were measured"
     assert any(t["header"] == SUMMARY_HEADER for t in layouts[(MODULE_8, WIDE)]["tables"])
 
 
@@ -151,8 +167,9 @@ def test_every_page_is_usable_at_390px(layouts: dict[tuple[str, int], dict]) -> 
         assert m["docScrollWidth"] <= PHONE, (page, "the page scrolls sideways on a phone")
         right = m["column"]["innerRight"] + 1
         for t in m["tables"]:
-            # each row a card of "column: value" lines, nothing cut off at the right edge
-            assert t["cards"], (page, t["header"], "not shown as cards on a phone")
+            # each row of an evidence table a card of "column: value" lines (a widget's table of
+            # inputs stays a table, and must fit as one); nothing cut off at the right edge
+            assert t["cards"] or t["widget"], (page, t["header"], "not shown as cards on a phone")
             assert t["maxCellRight"] <= right and t["hiddenScroll"] <= 1, (page, t["header"])
             assert t["minFont"] >= 11, (page, t["header"])
         for c in m["charts"]:
