@@ -111,7 +111,8 @@ def test_reported_figures_render_in_their_own_box_and_never_as_measured(course_s
     reported_tables = [t for t in page.tables if t.header == reported.HEADER]
     assert len(reported_tables) == 1
     rows = reported_tables[0].rows
-    assert [r[1] for r in rows] == [f.figure for f in figures]
+    assert [r[0] for r in rows] == [f"{f.subject}: {f.figure}" for f in figures]
+    assert all(f.date_read.isoformat() in r[2] for r, f in zip(rows, figures))
     # inside the dashed "reported" admonition (styled unlike the measured box), in its own section
     box = html.index('class="admonition reported"')
     table_at = html.index("<table", box)
@@ -243,6 +244,8 @@ def test_model_page_escapes_its_id_and_shows_history_and_measurements(course_sit
     assert all(len(r) == len(t.header) for t in page.tables for r in t.rows)
     measured = next(t for t in page.tables if "speed-up (range)" in t.header)
     assert len(measured.rows) == 2
+    record = next(m for m in hostile.measured).record_id[:12]
+    assert f"Record {record}: run 2026-11-28" in " ".join(page.text.split())
     assert all(r[measured.header.index("speed-up (range)")].startswith(f"{PLANTED_SPEED:.2f}")
                for r in measured.rows)
     # the speed-up appears in the measured table only
@@ -270,7 +273,7 @@ def test_model_pages_link_base_and_derivatives_and_carry_reported_figures(course
     assert figures
     page = parse_html(base_html)
     rep = next(t for t in page.tables if t.header == reported.HEADER)
-    assert [r[1] for r in rep.rows] == [f.figure for f in figures]
+    assert [r[0] for r in rep.rows] == [f"{f.subject}: {f.figure}" for f in figures]
     assert 'class="admonition reported"' in base_html
     # servable engines from the matrix, with their source
     matrix = servable.load(MATRIX)
@@ -341,3 +344,49 @@ def test_evidence_command_writes_the_models_file(tmp_path: Path) -> None:
     finally:
         con.close()
     assert n_latest == len(data.models)
+
+
+def test_prose_quotes_reported_figures_by_id_and_an_unknown_id_fails_the_build(tmp_path: Path) -> None:
+    text = (REPO / "modules" / "module-08.md").read_text(encoding="utf-8")
+    quoted = re.findall(r'reported_figure\("([^"]+)"\)', text)
+    ids = {f.id for f in reported.load(REPORTED).figure}
+    assert quoted and set(quoted) <= ids
+    layout = site_copy(tmp_path / "s", "---\nnumber: 8\ntitle: x\n---\n{{ reported_figure('no-such') }}\n")
+    with pytest.raises(AtlasError, match="no reported figure with id 'no-such'"):
+        render.render_site(layout)
+
+
+def test_without_models_data_the_finder_says_so_and_the_calculator_is_not_a_measurement(tmp_path: Path) -> None:
+    layout = site_copy(tmp_path / "bare")
+    db = tmp_path / "atlas.duckdb"
+    hostile_store(db)
+    evidence.generate(db, layout.evidence / "module-08.evidence.md", layout.evidence / "servable.toml")
+    render.build(layout)  # no models.json: no model pages, an honest finder, an unlabelled example
+    assert "No models yet" in built(layout, "models")
+    assert [p.name for p in (layout.build / "models").iterdir()] == ["index.html"]
+    html = built(layout, "modules", "module-08")
+    assert "illustrative values, not a measurement" in html and "Prefilled from a" not in html
+
+
+def test_prefill_falls_back_when_its_record_file_is_gone(tmp_path: Path) -> None:
+    db = tmp_path / "atlas.duckdb"
+    hostile_store(db)
+    plant_measurement(db, tmp_path / "records", HOSTILE_ID)
+    for f in (tmp_path / "records").iterdir():
+        f.unlink()
+    models = modelpages.generate(db, tmp_path / "models.json", MATRIX, tmp_path)
+    assert models.prefill is None
+    assert any(m.measured for m in models.models)  # the measured cells still come from the store
+
+
+def test_a_measured_model_outside_the_snapshot_still_gets_its_page(tmp_path: Path) -> None:
+    db = tmp_path / "atlas.duckdb"
+    hostile_store(db)
+    plant_measurement(db, tmp_path / "records", "someone/not-crawled")
+    models = modelpages.generate(db, tmp_path / "models.json", MATRIX, tmp_path)
+    lone = next(m for m in models.models if m.repo_id == "someone/not-crawled")
+    assert lone.has_page and lone.current is None and len(lone.measured) == 2
+    written = modelpages.render(models, reported.load(REPORTED), tmp_path / "docs" / "models")
+    text = (tmp_path / "docs" / "models" / f"{lone.slug}.md").read_text(encoding="utf-8")
+    assert (tmp_path / "docs" / "models" / f"{lone.slug}.md") in written
+    assert "not in the latest snapshot" in text and "Record " in text

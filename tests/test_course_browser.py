@@ -1,7 +1,8 @@
 """Module 8's widgets and the model finder in headless Chromium, checked against the Python
-formulas of atlas.measure.theory. Three browser launches in all: one page holding many widget
+formulas of atlas.measure.theory. Four browser launches in all: one page holding many widget
 instances (their computed numbers read back from the DOM), the finder with a filter in its URL,
-and one screenshot of the diagrams and widgets as the built module 8 shows them (kept under
+and screenshots (1000 px and 390 px wide) of the diagrams and widgets as the built module 8
+shows them (kept under
 build/test-artifacts/, or $ATLAS_TEST_ARTIFACTS). Skips only when no Chromium binary exists."""
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def test_widget_numbers_match_the_python_formulas(site) -> None:
         pre = widgets.Prefill(record_id="0" * 64, run_date="2026-01-01", model_id="m", hardware="h",
                               engine="atlas", workload="w", temperature=1.0,
                               conditional=conditional, draft_cost=draft, verify_cost=verify,
-                              measured_speedup=1.0, ideal_speedup=None)
+                              measured_tokens_per_pass=None, measured_speedup=1.0,
+                              ideal_speedup=None)
         html = str(widgets.calculator(pre))
         html = html.replace(f'data-in="alpha" min="0" max="1" step="0.01" value="{conditional[0]:.3f}"',
                             f'data-in="alpha" min="0" max="1" step="0.01" value="{alpha:.3f}"')
@@ -116,13 +118,25 @@ def test_widget_numbers_match_the_python_formulas(site) -> None:
     # the real module 8 widgets, as built
     built = (layout.build / "modules" / "module-08" / "index.html").read_text(encoding="utf-8")
     real = _WIDGET.findall(built)
-    page = _page(layout, "widget-check.html", "".join(blocks) + "".join(real))
+    # after load, act as a reader: retype the first calculator's acceptances, and draw 10 000
+    # rounds in the second accept/resample widget (its first one is the one-hot draft)
+    act = """<div id="atlas-test-act"></div><script>window.addEventListener("load", function () {
+      setTimeout(function () {
+        var c = document.querySelectorAll(".atlas-calculator")[0];
+        var box = c.querySelector('[data-in="conditional"]'); box.value = "0.5, 0.25";
+        box.dispatchEvent(new Event("input", {bubbles: true}));
+        var a = document.querySelectorAll(".atlas-accept")[1];
+        a.querySelector('[data-action="many"]').click();
+      }, 200);
+    });</script>"""
+    page = _page(layout, "widget-check.html", "".join(blocks) + "".join(real) + act)
     dom = _chromium("--virtual-time-budget=3000", "--dump-dom", page.as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
 
     found = _instances(html, "calculator")
     assert len(found) == len(calcs) + 1
+    calcs[0] = (calcs[0][0], [0.5, 0.25], *calcs[0][2:3], 2, *calcs[0][4:])  # retyped above
     for scope, (mode, conditional, alpha, k, draft, verify) in zip(found, calcs):
         tokens = theory.tokens_per_pass_iid(alpha, k) if mode == "alpha" else theory.tokens_per_pass(conditional)
         assert _value(html, scope, "tokens") == pytest.approx(tokens, rel=1e-9)
@@ -146,6 +160,10 @@ def test_widget_numbers_match_the_python_formulas(site) -> None:
         assert np.allclose(shown, law, atol=1e-12) and np.allclose(shown, p, atol=1e-12)
         assert _value(html, scope, "acceptance") == pytest.approx(theory.acceptance_probability(p, q))
         assert _value(html, scope, "maxdiff") < 1e-12
+    # the 10 000 drawn rounds follow p (seeded draws: a fixed, reproducible sample)
+    drawn = [float(v) for v in re.findall(r'data-out="empirical"[^>]*data-value="([^"]+)"', found[1])]
+    assert "10000 rounds drawn" in found[1]
+    assert np.allclose(drawn, accepts[1][0], atol=0.02)
     # the real widget's defaults: position 2 of the worked round, acceptance 0.7
     assert _value(html, found[-1], "acceptance") == pytest.approx(0.7)
 
@@ -153,7 +171,7 @@ def test_widget_numbers_match_the_python_formulas(site) -> None:
 def test_finder_filters_from_its_url_and_lists_every_model(site) -> None:
     layout, models = site
     finder = layout.build / "models" / "index.html"
-    dom = _chromium("--virtual-time-budget=3000", "--dump-dom", finder.as_uri() + "?q=kimi")
+    dom = _chromium("--virtual-time-budget=3000", "--dump-dom", finder.as_uri() + "?find=kimi")
     assert dom.returncode == 0, dom.stderr[-2000:]
     page = parse_html(dom.stdout)
     table = next(t for t in page.tables if t.header[:1] == ["model"])
@@ -177,3 +195,9 @@ def test_screenshot_of_diagrams_and_widgets(site) -> None:
                      f"--screenshot={shot}", page.as_uri())
     assert done.returncode == 0, done.stderr[-2000:]
     assert shot.stat().st_size > 100_000, "a rendered page, not a blank one"
+    phone = ARTIFACTS / "module-08-diagrams-and-widgets-390px.png"
+    phone.unlink(missing_ok=True)
+    done = _chromium("--window-size=390,5200", "--hide-scrollbars", "--virtual-time-budget=3000",
+                     f"--screenshot={phone}", page.as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert phone.stat().st_size > 50_000

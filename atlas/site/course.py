@@ -7,8 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from atlas import AtlasError
 from atlas.site import diagrams, modelpages, reported, widgets, worked_round
-from atlas.site.mdsafe import Markdown
+from atlas.site.mdsafe import Markdown, escape
 
 
 class Course:
@@ -21,11 +22,20 @@ class Course:
     def render_model_pages(self, docs: Path) -> list[Path]:
         return modelpages.render(self.models, self.reported, docs / "models")
 
+    def reported_figure(self, figure_id: str) -> Markdown:
+        """One reported figure's text, for prose that quotes it (so the prose cannot drift from
+        the data); an unknown id fails the build."""
+        found = next((f for f in (self.reported.figure if self.reported else []) if f.id == figure_id), None)
+        if found is None:
+            raise AtlasError(f"no reported figure with id {figure_id!r} in evidence/reported.toml")
+        return escape(found.figure)
+
     def template_helpers(self) -> dict[str, Callable[..., Any]]:
         step = worked_round.rejected_step()
         position = step.position if step else worked_round.POSITIONS[0]
         return {
             "diagram": diagrams.diagram,
+            "reported_figure": self.reported_figure,
             "reported_figures": lambda: reported.section(self.reported.figure if self.reported else []),
             "worked_table": worked_round.table_markdown,
             "worked_residual": worked_round.residual_markdown,

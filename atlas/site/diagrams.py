@@ -188,8 +188,7 @@ def round_timeline() -> Markdown:
         b.append(_box(cx(i), 370, colw, 34, "cache kept" if keep else "cache dropped",
                       SHARED if keep else GREY, SHARED_EDGE if keep else "#adb5bd",
                       dashed=not keep))
-    shown = " ".join(f"“{t}”" for t in emitted)
-    b.append(_text(8, 440, f"Emitted this round: {shown} — {len(emitted)} tokens for one pass of "
+    b.append(_text(8, 440, f"Emitted this round: {worked_round.emitted_quoted()} — {len(emitted)} tokens for one pass of "
                    f"the main model (k = {k}; at most k + 1 = {k + 1}).", bold=True))
     width = int(cx(k + 1) + colw + 10)
     return _wrap(n, f"One speculative round, k = {k}, with one rejection", width, 460, b,

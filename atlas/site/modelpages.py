@@ -217,14 +217,19 @@ def _prefill(rows: list[dict[str, Any]], root: Path) -> Prefill | None:
     verify = record.pass_costs.verify.get(best["draft_tokens"])
     if cell is None or verify is None:
         return None
-    # The record stores P(draft i accepted) over rounds; conditional a_i divides by P(i-1 accepted).
-    reached_rate = 1.0
+    # Conditional acceptance from the raw counts. A round reaches draft i when draft i-1 passed
+    # and the round drafts that deep; rounds at the end of a generation draft fewer, so the rounds
+    # reaching i are estimated as accepted_(i-1) * drafted_i / drafted_(i-1).
+    width = len(cell.repeats[0].accepted_per_position)
+    accepted = [sum(r.accepted_per_position[i] for r in cell.repeats) for i in range(width)]
+    drafted = [sum(r.drafted_per_position[i] for r in cell.repeats) for i in range(width)]
     conditional: list[float] = []
-    for rate in cell.derived.per_position_acceptance:
-        if rate is None or reached_rate <= 0:
+    for i in range(width):
+        reached = drafted[0] if i == 0 else (
+            accepted[i - 1] * drafted[i] / drafted[i - 1] if drafted[i - 1] else 0)
+        if reached <= 0:
             break
-        conditional.append(min(1.0, rate / reached_rate))
-        reached_rate = rate
+        conditional.append(min(1.0, accepted[i] / reached))
     if not conditional:
         return None
     return Prefill(
@@ -232,7 +237,9 @@ def _prefill(rows: list[dict[str, Any]], root: Path) -> Prefill | None:
         hardware=record.hardware.text, engine=cell.engine, workload=cell.workload,
         temperature=cell.temperature, conditional=conditional,
         draft_cost=record.pass_costs.draft / record.pass_costs.plain,
-        verify_cost=verify / record.pass_costs.plain, measured_speedup=cell.derived.speedup,
+        verify_cost=verify / record.pass_costs.plain,
+        measured_tokens_per_pass=cell.derived.mean_accepted_length,
+        measured_speedup=cell.derived.speedup,
         ideal_speedup=cell.derived.ideal_speedup,
     )
 
@@ -357,26 +364,33 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
     ]
     if m.servable:
         lines += ["## Servable", "",
-                  table(["engine", "version", "method", "source"],
-                        [[escape(e.engine), escape(e.version), code(e.method), escape(e.source)]
-                         for e in m.servable]), ""]
+                  f"From the support matrix of {escape(data.servable_date)}:", ""]
+        lines += [f"- **{escape(e.engine)}** {escape(e.version)}: {code(e.method)}. Source: "
+                  f"{escape(e.source)}." for e in m.servable]
+        lines += [""]
     if figures:
         lines += ["## Reported", "", reported_figures.section(figures), ""]
     lines += ["## Measured", ""]
     if m.measured:
         lines += [
             '!!! measured "Measured: one dated run per row"',
-            "    Each row holds for its own revision, hardware, engine, workload, temperature and "
-            "draft length only.", "",
-            table(["date", "revision", "hardware", "engine", "workload", "#T", "#k", "#acceptance",
-                   "#accepted length", "#speed-up (range)", "record"],
-                  [[x.run_date, _rev(x.revision), escape(x.hardware), escape(x.engine),
-                    escape(x.workload), f"{x.temperature:g}", x.draft_tokens,
-                    _num(x.acceptance_rate, 3), _num(x.mean_accepted_length, 2),
-                    _num(x.speedup, 2) + (f" ({x.speedup_lo:.2f}–{x.speedup_hi:.2f})"
-                                          if x.speedup_lo is not None and x.speedup_hi is not None else ""),
-                    code(x.record_id[:12])] for x in m.measured]), "",
+            "    Each row holds for its own record's revision and hardware, and its own engine, "
+            "workload, temperature and draft length only.", "",
         ]
+        for record_id in dict.fromkeys(x.record_id for x in m.measured):
+            cells = [x for x in m.measured if x.record_id == record_id]
+            first = cells[0]
+            lines += [
+                f"Record {code(record_id[:12])}: run {escape(first.run_date)}, revision "
+                f"{_rev(first.revision)}, hardware {escape(first.hardware)}.", "",
+                table(["engine", "workload", "#T", "#k", "#acceptance", "#accepted length",
+                       "#speed-up (range)"],
+                      [[escape(x.engine), escape(x.workload), f"{x.temperature:g}", x.draft_tokens,
+                        _num(x.acceptance_rate, 3), _num(x.mean_accepted_length, 2),
+                        _num(x.speedup, 2) + (f" ({x.speedup_lo:.2f}–{x.speedup_hi:.2f})"
+                                              if x.speedup_lo is not None and x.speedup_hi is not None
+                                              else "")] for x in cells]), "",
+            ]
     else:
         lines += ["The atlas has no measurement of this model.", ""]
     if len(m.history) > 1:
@@ -416,7 +430,8 @@ def finder(data: Models | None) -> str:
     intro = (
         f"Every model of snapshot #{data.snapshot_id} ({data.snapshot_date}), plus any measured "
         f"model. {n_pages} of {len(data.models)} declare, ship or were measured with MTP and have "
-        "their own page (linked). Type to filter (all words must match, anywhere in the row); "
+        "their own page (linked). Type to filter (all words must match, anywhere in the row; a link "
+        "can carry the filter as ?find=words); "
         "click a column header to sort. Declared and shipped are layer counts (— unknown); "
         f"servable is the support matrix of {data.servable_date}; measured counts the atlas's own "
         "dated cells."
@@ -453,6 +468,7 @@ def render(data: Models | None, reported: reported_figures.Reported | None, out_
 
 def _front(title: str) -> str:
     # The title reaches the theme's <title> and nav unescaped by us: keep only id-safe characters
-    # (real Hub ids have no others); the page body shows the full id, escaped.
+    # (real Hub ids have no others); the page body shows the full id, escaped. No table of
+    # contents sidebar: these pages are short and their tables get the width.
     safe = re.sub(r"[^A-Za-z0-9._/ -]", "?", title)
-    return "---\n" + json.dumps({"title": safe}, ensure_ascii=True) + "\n---\n\n"
+    return "---\n" + json.dumps({"title": safe, "hide": ["toc"]}, ensure_ascii=True) + "\n---\n\n"

@@ -98,12 +98,12 @@ def load(path: Path) -> Reported:
         raise AtlasError(f"reported figures {path} are malformed: {exc}") from None
 
 
-HEADER = ["subject", "reported figure", "conditions as stated", "source", "read"]
+HEADER = ["reported figure", "conditions as stated", "source, and when we read it"]
 
 
 def _source(f: Figure) -> Markdown:
     link = f'<a href="{html.escape(f.url, quote=True)}">{escape(f.source)}</a>'
-    return Markdown(f"{link} (read in {escape(f.read_in)})")
+    return Markdown(f"{link}; read in {escape(f.read_in)} on {f.date_read.isoformat()}")
 
 
 def section(figures: list[Figure], title: str = "Reported: published figures, not ours") -> Markdown:
@@ -117,8 +117,8 @@ def section(figures: list[Figure], title: str = "Reported: published figures, no
     if not figures:
         return Markdown(f'!!! reported "{escape(title)}"\n    No published figure is on record here.\n')
     rows = [
-        [escape(f.subject), escape(f.figure), escape(f.conditions()), _source(f),
-         f.date_read.isoformat()]
+        [Markdown(f"<strong>{escape(f.subject)}</strong>: {escape(f.figure)}"),
+         escape(f.conditions()), _source(f)]
         for f in figures
     ]
     body = table(HEADER, rows).replace("\n", "\n    ")

@@ -96,6 +96,10 @@ def emitted() -> list[str]:
     return out
 
 
+def emitted_quoted() -> str:
+    return " ".join(f"“{t}”" for t in emitted())
+
+
 def _fmt(x: float) -> str:
     return f"{x:.2f}"
 
@@ -109,20 +113,16 @@ def table_markdown(indent: int = 0) -> Markdown:
     rows = []
     for i, s in enumerate(steps(), start=1):
         pos = s.position
+        rule = f"min(1, {_fmt(pos.p[pos.draft])}/{_fmt(pos.q[pos.draft])}) = {_fmt(s.accept_probability)}"
         if s.accepted is None:
-            verdict = "not examined: an earlier draft was rejected, so this one is discarded"
+            verdict = f"{rule}; not examined: discarded after the rejection"
         elif s.accepted:
-            verdict = f"u = {_fmt(pos.u)} < {_fmt(s.accept_probability)}: accepted"
+            verdict = f"{rule}; u = {_fmt(pos.u)}: accepted"
         else:
-            verdict = f"u = {_fmt(pos.u)} ≥ {_fmt(s.accept_probability)}: rejected"
-        rows.append([
-            str(i), code(pos.draft), _dist(pos.p), _dist(pos.q),
-            Markdown(f"min(1, {_fmt(pos.p[pos.draft])} / {_fmt(pos.q[pos.draft])}) = "
-                     f"{_fmt(s.accept_probability)}"),
-            escape(verdict),
-        ])
-    text = table(["#position", "draft", "p (main model)", "q (MTP draft)", "accept probability",
-                  "test"], rows)
+            verdict = f"{rule}; u = {_fmt(pos.u)}: rejected"
+        rows.append([str(i), code(pos.draft), _dist(pos.p), _dist(pos.q), escape(verdict)])
+    text = table(["#pos.", "draft", "p (main model)", "q (MTP draft)", "accept test: u < min(1, p/q)?"],
+                 rows)
     return Markdown(text.replace("\n", "\n" + " " * indent))
 
 

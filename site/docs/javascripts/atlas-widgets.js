@@ -185,7 +185,8 @@
       });
       if (count) count.textContent = shown + " of " + table.tBodies[0].rows.length + " models shown";
     }
-    var initial = new URLSearchParams(window.location.search).get("q");
+    // ?find= (not ?q=, which the theme's search box claims)
+    var initial = new URLSearchParams(window.location.search).get("find");
     if (initial) input.value = initial;
     input.addEventListener("input", apply);
     apply();
