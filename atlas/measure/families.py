@@ -326,7 +326,8 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         """The family's published wiring, module by module over the whole sequence (no cache):
         norms on each input, one projection over the concatenation in the family's order, the block
         under a causal mask, the final norm, the head."""
-        e = F.embedding(ids, embed)
+        e = F.embedding(ids.to(embed.device), embed)
+        hidden = hidden.to(embed.device)
         pair = [hnorm(hidden), enorm(e)] if family.order == "hidden_first" else [enorm(e), hnorm(hidden)]
         x = F.linear(torch.cat(pair, dim=-1), proj)[None]
         n = ids.shape[0]
