@@ -3,8 +3,8 @@ detail beneath it, one legend of runs and baselines, and charts drawn from the s
 
 Which records count is decided by the store (`measurement_cells`: what `atlas measure import`
 accepted); their content is read back from the record files it names, because the per-position
-counts and the per-(workload, temperature) gate live only there. A file whose bytes no longer hash
-to the imported record id is refused: the page would otherwise show figures nobody imported.
+counts and the per-(workload, temperature) gate live only there. A file whose content no longer
+hashes to the imported record id is refused: the page would otherwise show figures nobody imported.
 
 Layout: per run (one record: one model revision on one machine, one date) a stamp line, then one
 summary row per (engine, workload, temperature) at the draft length the gate chose (or, where the
@@ -13,7 +13,6 @@ gate is off, the best median speed-up, labelled so), then a collapsible table of
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +28,7 @@ ENGINE_NAMES = {"atlas": "atlas", "transformers-use_mtp": "transformers use_mtp"
 
 @dataclass
 class Run:
-    """One imported record, with the id (sha256 of the file) the store knows it by."""
+    """One imported record, with the id (sha256 of its canonical content) the store knows it by."""
 
     record: records.Record
     record_id: str
@@ -49,12 +48,13 @@ def load_runs(sources: list[tuple[str, str]]) -> list[Run]:
                 f"measurement record {source_path} (imported as {record_id[:12]}) cannot be read: "
                 f"{exc.strerror}; restore it or re-import the records (`atlas measure import`)"
             ) from None
-        if hashlib.sha256(data).hexdigest() != record_id:
+        record = records.parse_record(data, path)
+        if records.record_id(record) != record_id:  # ids hash the canonical content (records.canonical_bytes)
             raise AtlasError(
                 f"measurement record {source_path} changed since it was imported as "
                 f"{record_id[:12]}: run `atlas measure import` again"
             )
-        runs.append(Run(records.parse_record(data, path), record_id, source_path))
+        runs.append(Run(record, record_id, source_path))
     runs.sort(key=lambda r: (r.record.run_date, r.record.model_id, r.record_id))
     return runs
 
