@@ -1,0 +1,229 @@
+"""Tiny checkpoints laid out exactly like real MTP families (config.json + model.safetensors with the
+family's real tensor names), in two modes:
+
+- `random`: every weight random, so a wrong wiring (concat order, norm style, hidden fed) changes
+  the draft distribution; acceptance is low but greedy output must still equal plain decoding.
+- `oracle`: the main model is first order (every residual branch's output projection is zero, so
+  its logits at a position depend only on that position's token) and the MTP layer computes the
+  main model's next-token function from the token it is fed: its projection passes the (unit-norm)
+  token embedding through, its block's branches are zero, and its final norm is the main final
+  norm times `draft_scale`. So the draft distribution is softmax(draft_scale · main logits of that
+  token): with draft_scale = 1 greedy acceptance is exactly 1 at every k, and for any scale the
+  expected T = 1 acceptance follows in closed form from `bigram_tables` (atlas.measure.theory).
+
+The layouts are written here from the families' published inference code (names per
+../shared/research-notes), independently of atlas.measure.families, which reads them: a naming
+slip in one is caught by tests that load the other. The main model's own tensors come from
+transformers' save_pretrained of its class, so they carry the checkpoint names transformers loads.
+Overrides let an engine's shape limits be met (e.g. vLLM on CPU: head sizes 32..256, MLA with
+kv_lora_rank 512 and qk_rope_head_dim 64).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from atlas import AtlasError
+
+Mode = Literal["oracle", "random"]
+# Output projections of residual branches (attention, linear attention, dense MLP, experts, shared
+# experts): zeroing them makes a layer the identity on its residual stream.
+BRANCH_OUT = re.compile(r"\.(o_proj|out_proj|down_proj)\.(weight|bias)$")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one family keeps its MTP layer i and how it wires it (real tensor names)."""
+
+    model_type: str
+    architectures: tuple[str, ...]
+    count_key: str
+    defaults: dict[str, Any]  # tiny main-model config (transformers' config class for model_type)
+    glue: str  # prefix of the MTP glue tensors, {N} = num_hidden_layers, {i} = MTP layer
+    block: str  # prefix of the MTP decoder block's tensors
+    e_norm: str
+    h_norm: str
+    proj: str  # [H, 2H] over the concatenation
+    final_norm: str
+    hidden_first: bool
+    gemma_norms: bool  # every norm computes x̂·(1 + w)
+    own_head: str | None = None  # a physical copy of lm_head inside the MTP layer
+    own_embed: str | None = None
+
+
+_TINY = dict(vocab_size=259, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=False)
+
+LAYOUTS: dict[str, Layout] = {
+    "mimo": Layout(
+        model_type="qwen2", architectures=("MiMoForCausalLM",), count_key="num_nextn_predict_layers",
+        defaults=dict(_TINY),
+        glue="model.mtp_layers.{i}.", block="model.mtp_layers.{i}.",
+        e_norm="token_layernorm.weight", h_norm="hidden_layernorm.weight", proj="input_proj.weight",
+        final_norm="final_layernorm.weight", hidden_first=True, gemma_norms=False,
+    ),
+    "deepseek_v3": Layout(
+        model_type="deepseek_v3", architectures=("DeepseekV3ForCausalLM",), count_key="num_nextn_predict_layers",
+        defaults=dict(_TINY, moe_intermediate_size=32, first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2,
+                      n_shared_experts=1, n_group=1, topk_group=1, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16,
+                      qk_nope_head_dim=16, v_head_dim=16, num_key_value_heads=4),
+        glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
+        e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
+        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+    ),
+    "qwen3_next": Layout(
+        model_type="qwen3_next", architectures=("Qwen3NextForCausalLM",), count_key="num_nextn_predict_layers",
+        defaults=dict(_TINY, head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                      shared_expert_intermediate_size=32, linear_num_value_heads=2, linear_num_key_heads=2,
+                      linear_key_head_dim=16, linear_value_head_dim=16),
+        glue="mtp.", block="mtp.layers.{i}.",
+        e_norm="pre_fc_norm_embedding.weight", h_norm="pre_fc_norm_hidden.weight", proj="fc.weight",
+        final_norm="norm.weight", hidden_first=False, gemma_norms=True,
+    ),
+}
+
+
+def _prefix(template: str, depth: int, i: int) -> str:
+    return template.replace("{N+i}", str(depth + i)).replace("{i}", str(i))
+
+
+def _main_config(layout: Layout, depth: int, overrides: dict[str, Any]):
+    """The family's transformers config with depth + 1 layers: the extra one is built as the MTP
+    block (same class and config as a main layer, as the families define it) and renamed."""
+    from transformers import AutoConfig
+
+    kwargs = {**layout.defaults, **overrides, "num_hidden_layers": depth + 1}
+    if layout.model_type == "qwen3_next":
+        # The MTP block is a full-attention MoE layer; main layers are whatever the caller asks.
+        main_types = list(overrides.get("layer_types", ["full_attention"] * depth))
+        if len(main_types) != depth:
+            raise AtlasError(f"layer_types has {len(main_types)} entries for {depth} main layers")
+        kwargs["layer_types"] = [*main_types, "full_attention"]
+        kwargs["mlp_only_layers"] = [i for i in overrides.get("mlp_only_layers", []) if i < depth]
+    return AutoConfig.for_model(layout.model_type, **kwargs)
+
+
+def _randomise(tensors: dict[str, torch.Tensor], gen: torch.Generator) -> None:
+    """Weights far from the init (norms perturbed around their init value, so either norm style is
+    exercised; matrices with unit-scale rows) so that every piece changes the logits visibly."""
+    for name, t in tensors.items():
+        if t.dtype not in (torch.float32, torch.bfloat16, torch.float16) or name.endswith(("A_log", "dt_bias", "e_score_correction_bias")):
+            continue
+        noise = torch.randn(t.shape, generator=gen)
+        if "norm" in name and t.dim() == 1:
+            t.add_(0.3 * noise)
+        elif t.dim() >= 2:
+            t.copy_(1.5 * noise / t.shape[-1] ** 0.5)
+        else:
+            t.copy_(0.1 * noise)
+
+
+def write_checkpoint(
+    family: str,
+    out: Path,
+    mode: Mode = "oracle",
+    depth: int = 2,
+    overrides: dict[str, Any] | None = None,
+    draft_scale: float = 1.0,
+    seed: int = 0,
+) -> Path:
+    """Write a tiny `family` checkpoint (config.json, model.safetensors, a byte-level tokenizer)
+    into `out` and return it. `depth` main layers (any depth: the MTP tensor index follows it where
+    the family numbers them after the main layers), one MTP layer."""
+    if family not in LAYOUTS:
+        raise AtlasError(f"no oracle layout for {family!r} (known: {', '.join(LAYOUTS)})")
+    if mode not in ("oracle", "random"):
+        raise AtlasError(f"mode must be oracle or random, got {mode!r}")
+    from transformers import AutoModelForCausalLM
+
+    from atlas.measure.teammodel import build_tokenizer
+
+    layout = LAYOUTS[family]
+    overrides = dict(overrides or {})
+    config = _main_config(layout, depth, overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    with tempfile.TemporaryDirectory() as tmp:  # save_pretrained writes the checkpoint-format names
+        model.save_pretrained(tmp)
+        tensors = {k: v.clone() for k, v in load_file(str(Path(tmp) / "model.safetensors")).items()}
+    gen = torch.Generator().manual_seed(seed + 1)
+    _randomise(tensors, gen)
+    embed, head = tensors["model.embed_tokens.weight"], tensors["lm_head.weight"]
+    embed.copy_(embed / embed.pow(2).mean(-1, keepdim=True).sqrt())  # unit RMS rows: see the oracle note
+    head.mul_(2.0)  # peaked next-token distributions, as trained models have
+
+    d = config.hidden_size
+    block_from, block_to = f"model.layers.{depth}.", _prefix(layout.block, depth, 0)
+    tensors = {(block_to + k[len(block_from):] if k.startswith(block_from) else k): v for k, v in tensors.items()}
+    glue = _prefix(layout.glue, depth, 0)
+    one = torch.zeros(d) if layout.gemma_norms else torch.ones(d)
+    tensors[glue + layout.e_norm] = one + 0.3 * torch.randn(d, generator=gen)
+    tensors[glue + layout.h_norm] = one + 0.3 * torch.randn(d, generator=gen)
+    tensors[glue + layout.proj] = 1.5 * torch.randn(d, 2 * d, generator=gen) / (2 * d) ** 0.5
+    tensors[glue + layout.final_norm] = one + 0.3 * torch.randn(d, generator=gen)
+    if mode == "oracle":
+        for name, t in tensors.items():
+            if BRANCH_OUT.search(name):
+                t.zero_()
+        tensors[glue + layout.e_norm] = one.clone()  # effective weight 1: ê itself
+        proj = torch.zeros(d, 2 * d)
+        e_cols = slice(d, 2 * d) if layout.hidden_first else slice(0, d)
+        proj[:, e_cols] = torch.eye(d)
+        tensors[glue + layout.proj] = proj
+        main_norm = tensors["model.norm.weight"]
+        effective = (1 + main_norm) if layout.gemma_norms else main_norm
+        tensors[glue + layout.final_norm] = draft_scale * effective - (1 if layout.gemma_norms else 0)
+    if layout.own_head:
+        tensors[glue + layout.own_head] = head.clone()
+    if layout.own_embed:
+        tensors[glue + layout.own_embed] = embed.clone()
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    saved = config.to_dict()
+    saved.update(num_hidden_layers=depth, architectures=list(layout.architectures), **{layout.count_key: 1})
+    if "layer_types" in saved and isinstance(saved["layer_types"], list):
+        saved["layer_types"] = saved["layer_types"][:depth]
+    saved.pop("transformers_version", None)
+    (out / "config.json").write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n")
+    build_tokenizer().save_pretrained(out)
+    return out
+
+
+def bigram_tables(folder: Path, family: str) -> tuple[np.ndarray, np.ndarray]:
+    """(P, Q): the next-token laws of an oracle checkpoint's main model and MTP head given the
+    current token, [V, V] each, computed in float64 straight from its tensors (no transformers,
+    no loop): P[t] = softmax(head · norm(embed t)), Q[t] the same through the MTP glue."""
+    layout = LAYOUTS[family]
+    config = json.loads((folder / "config.json").read_text())
+    depth, eps = config["num_hidden_layers"], config["rms_norm_eps"]
+    glue = _prefix(layout.glue, depth, 0)
+    with safe_open(str(folder / "model.safetensors"), "np") as f:
+        get = lambda name: f.get_tensor(name).astype(np.float64)  # noqa: E731 - local shorthand
+        embed, head, norm = get("model.embed_tokens.weight"), get("lm_head.weight"), get("model.norm.weight")
+        e_w, final_w, proj = get(glue + layout.e_norm), get(glue + layout.final_norm), get(glue + layout.proj)
+    shift = 1.0 if layout.gemma_norms else 0.0
+
+    def rms(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * (w + shift)
+
+    d = embed.shape[1]
+    e_part = proj[:, d:] if layout.hidden_first else proj[:, :d]
+    p_logits = rms(embed, norm) @ head.T
+    q_logits = rms(rms(embed, e_w) @ e_part.T, final_w) @ head.T  # h's columns are zero in an oracle
+
+    def softmax(z: np.ndarray) -> np.ndarray:
+        z = np.exp(z - z.max(-1, keepdims=True))
+        return z / z.sum(-1, keepdims=True)
+
+    return softmax(p_logits), softmax(q_logits)
