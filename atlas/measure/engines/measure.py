@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,7 +21,7 @@ from typing import Any
 
 from atlas import AtlasError
 from atlas.measure.engines.convert import convert_mellum, needs_conversion
-from atlas.measure.engines.vllm import Counters, Driver, Generated, Hello, Result, find_python
+from atlas.measure.engines.vllm_client import Counters, Driver, Generated, Hello, Result, find_python
 from atlas.measure.loop import RunStats
 from atlas.measure.records import SCHEMA_VERSION, Cell, EngineRun, Hardware, Record, Repeat, Settings, write_record
 from atlas.paths import ROOT
@@ -238,3 +238,37 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
         log(f"note: greedy output differed from the k=0 engine in {len(differed)} cell(s) (recorded, e.g. "
             f"{differed[0].workload} k={differed[0].draft_tokens}); vLLM documents one-ULP verify/plain differences")
     return record, path
+
+
+# LLM(...) arguments atlas sets itself (from its own options), and one it never allows.
+_RESERVED = {"model", "dtype", "seed", "tensor_parallel_size", "pipeline_parallel_size", "speculative_config",
+             "skip_tokenizer_init", "max_model_len", "per_request_spec_decode_metrics", "disable_log_stats"}
+
+
+def parse_engine_options(pairs: Iterable[str], python: str | None, tp: int, pp: int) -> EngineOptions:
+    """`--engine-option KEY=VALUE` pairs: VALUE is JSON when it parses (numbers, true, lists), else
+    text; `speculative.KEY` goes into speculative_config."""
+    options: dict[str, Any] = {}
+    speculative: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise AtlasError(f"--engine-option expects KEY=VALUE, got {pair!r}")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        if key == "trust_remote_code":
+            raise AtlasError("--engine-option trust_remote_code: never; checkpoints run only through the engine's own code")
+        if key.startswith("speculative."):
+            name = key.removeprefix("speculative.")
+            if name in ("method", "num_speculative_tokens"):
+                raise AtlasError(f"--engine-option {key}: set by atlas (method mtp, k from --draft-tokens)")
+            speculative[name] = value
+        elif key in _RESERVED:
+            raise AtlasError(f"--engine-option {key}: set by atlas from its own options (--dtype, --seed, "
+                             "--tensor-parallel-size, --pipeline-parallel-size, --draft-tokens)")
+        else:
+            options[key] = value
+    return EngineOptions(python=python, tensor_parallel_size=tp, pipeline_parallel_size=pp, options=options, speculative=speculative)

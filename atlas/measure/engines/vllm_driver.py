@@ -28,6 +28,10 @@ import sys
 import time
 import traceback
 
+# Run as a script, this file's folder leads sys.path, where atlas's own modules would shadow real
+# packages (vllm_client.py, measure.py); the driver needs none of them.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
 COUNTERS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
     "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
