@@ -300,17 +300,21 @@ def conformance_show(directory: str | None) -> None:
                    "(default: evidence/servable.toml of the project).")
 def evidence_cmd(db: str | None, out: str | None, servable_path: str | None) -> None:
     """Run the named evidence queries against the store and write the module 8 evidence file."""
-    from atlas.site import evidence
-    from atlas.paths import default_db, project_path
+    from atlas.site import evidence, modelpages
+    from atlas.paths import default_db, project_path, project_root
 
     out_path = Path(out) if out else project_path("evidence/module-08.evidence.md")
     matrix = Path(servable_path) if servable_path else project_path("evidence/servable.toml")
     ev = evidence.generate(Path(db) if db else default_db(), out_path, matrix)
+    # the per-model pages' data, next to the evidence file it belongs with
+    models_path = out_path.with_name(modelpages.FILE_NAME)
+    models = modelpages.generate(Path(db) if db else default_db(), models_path, matrix, project_root())
     f = ev.facts
     click.echo(
         f"Wrote {out_path}: snapshot {f.snapshot_id} ({f.snapshot_date}), {f.n_models} models, "
         f"{f.n_declaring} declare MTP, {f.n_mismatches} mismatches, "
-        f"{f.n_measurements} measured cells."
+        f"{f.n_measurements} measured cells; {models_path.name}: "
+        f"{sum(m.has_page for m in models.models)} model pages."
     )
 
 

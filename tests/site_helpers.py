@@ -98,10 +98,11 @@ def site_copy(root: Path, module_08: str | None = None) -> Layout:
     """A throwaway project root holding the real site/ sources and modules/ (optionally with a
     replacement module 8), so tests never write into the work tree."""
     shutil.copytree(REPO / "site", root / "site",
-                    ignore=shutil.ignore_patterns("build", "modules", "glossary.md", "how-made.md"))
+                    ignore=shutil.ignore_patterns("build", "modules", "models", "glossary.md", "how-made.md"))
     shutil.copytree(REPO / "modules", root / "modules")
     (root / "evidence").mkdir()
     shutil.copy(REPO / "evidence" / "servable.toml", root / "evidence" / "servable.toml")
+    shutil.copy(REPO / "evidence" / "reported.toml", root / "evidence" / "reported.toml")
     if module_08 is not None:
         (root / "modules" / "module-08.md").write_text(module_08, encoding="utf-8")
     return Layout(root=root)

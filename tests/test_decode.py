@@ -12,6 +12,7 @@ import torch
 from transformers import MellumConfig, MellumForCausalLM
 from transformers.modeling_layers import MtpModel
 
+from atlas.measure.families import head_from_transformers
 from atlas.measure.loop import (
     Engine,
     FastLayer,
@@ -88,7 +89,7 @@ def test_module_fallback_path() -> None:
     """Layers the fast path does not recognise run as whole transformers modules over slot caches;
     that path must reproduce transformers and stay lossless too."""
     model, mtp = tiny_model(mlp="sparse")
-    engine = Engine(model, mtp, 64, torch.device("cpu"), torch.float32, fast=False)
+    engine = Engine(model, head_from_transformers(mtp), 64, torch.device("cpu"), torch.float32, fast=False)
     assert isinstance(engine.layers[0], ModuleLayer)
     assert engine.validate([7, 3, 9, 1, 1, 0, 15, 4]) < 1e-4
     gen = torch.Generator().manual_seed(0)
@@ -254,7 +255,8 @@ def test_team_checkpoint_greedy_lossless_on_every_workload() -> None:
     from atlas.measure.runner import load_checkpoint
     from atlas.measure.workloads import load_prompt_set
 
-    model, mtp, tokenizer = load_checkpoint(str(TEAM), torch.device("cpu"), torch.float32)
+    loaded = load_checkpoint(str(TEAM), torch.device("cpu"), torch.float32)
+    model, mtp, tokenizer = loaded.model, loaded.mtp, loaded.tokenizer
     prompts = load_prompt_set()
     engine = build_engine(model, mtp, 512, tokenizer.encode("def main():"))
     gen = torch.Generator().manual_seed(0)

@@ -16,6 +16,7 @@ from transformers import MellumConfig, MellumForCausalLM
 from atlas import AtlasError
 from atlas.cli import cli
 from atlas.hub.server import HubServer, MirrorRepo, load_mirror
+from atlas.measure.oracles import write_checkpoint
 from atlas.measure.runner import DEFAULT_MODEL, load_checkpoint, resolve
 from atlas.measure.records import read_record
 
@@ -64,6 +65,19 @@ def test_run_then_import(tmp_path: Path) -> None:
     (out / "tampered.json").write_text(json.dumps(data))
     third = runner.invoke(cli, ["measure", "import", "--db", str(db), "--dir", str(out)])
     assert third.exit_code == 1 and "tampered.json" in third.output and "acceptance_rate" in third.output
+
+
+@pytest.mark.parametrize("family", ["mimo", "deepseek_v3", "qwen3_next"])
+def test_run_measures_a_family_checkpoint_through_the_cli(tmp_path: Path, family: str) -> None:
+    """A real-layout oracle checkpoint at a depth no real model has: measured, greedy-lossless, and
+    every draft accepted."""
+    folder = write_checkpoint(family, tmp_path / "ckpt", "oracle", depth=3)
+    result = CliRunner().invoke(cli, ["measure", "run", "--model", str(folder), *TINY, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    [path] = (tmp_path / "out").glob("*.json")
+    record = read_record(path)
+    assert {c.draft_tokens for c in record.cells} == {1, 2}
+    assert all(c.derived.greedy_lossless and c.derived.acceptance_rate == 1.0 for c in record.cells)
 
 
 def test_model_that_is_neither_folder_nor_repo_id() -> None:

@@ -91,30 +91,34 @@ def test_round_distribution_is_lossless_position_by_position() -> None:
 
 
 def simulate_bigram(p: np.ndarray, q: np.ndarray, first: np.ndarray, max_new: int, k: int, runs: int, seed: int):
-    """A plain simulation of the loop's counting on a bigram target and draft (independent of the DP)."""
+    """A plain simulation of the loop's rounds and counts on a bigram target and draft (independent
+    of the DP): all k drafts first, then the tests in order."""
     rng = np.random.default_rng(seed)
     vocab = p.shape[0]
-    drafted, accepted, passes = np.zeros(k), np.zeros(k), 0
+    drafted, reached, accepted, passes = np.zeros(k), np.zeros(k), np.zeros(k), 0
     for _ in range(runs):
         out = [rng.choice(vocab, p=first)]
         while len(out) < max_new:
             k_now = min(k, max_new - len(out) - 1)
-            ctx, n = out[-1], 0
-            token = None
-            for i in range(k_now):
-                d = rng.choice(vocab, p=q[ctx])
-                drafted[i] += 1
+            drafts, ctx = [], out[-1]
+            for _ in range(k_now):
+                drafts.append(rng.choice(vocab, p=q[ctx]))
+                ctx = drafts[-1]
+            drafted[:k_now] += 1
+            ctx, token = out[-1], None
+            for i, d in enumerate(drafts):
+                reached[i] += 1
                 if rng.random() < min(1.0, p[ctx, d] / q[ctx, d]):
                     accepted[i] += 1
                     out.append(d)
-                    ctx, n = d, n + 1
+                    ctx = d
                     continue
                 residual = np.clip(p[ctx] - q[ctx], 0, None)
                 token = rng.choice(vocab, p=residual / residual.sum())
                 break
             out.append(token if token is not None else rng.choice(vocab, p=p[ctx]))
             passes += 1
-    return drafted / runs, accepted / runs, passes / runs
+    return drafted / runs, reached / runs, accepted / runs, passes / runs
 
 
 def test_bigram_acceptance_matches_simulation() -> None:
@@ -123,13 +127,15 @@ def test_bigram_acceptance_matches_simulation() -> None:
     p = np.stack([dist(rng, vocab) for _ in range(vocab)])
     q = np.stack([dist(rng, vocab, peak=1.0) for _ in range(vocab)])
     first = dist(rng, vocab)
-    drafted, accepted, verify = bigram_acceptance(p, q, first, max_new, k)
-    sim_d, sim_a, sim_v = simulate_bigram(p, q, first, max_new, k, 4000, seed=3)
+    exact = bigram_acceptance(p, q, first, max_new, k)
+    drafted, reached, accepted, verify = simulate_bigram(p, q, first, max_new, k, 4000, seed=3)
     # counts per run are bounded by max_new, so 4000 runs pin each mean to within ~0.1
-    assert np.allclose(drafted, sim_d, atol=0.12) and np.allclose(accepted, sim_a, atol=0.12)
-    assert verify == pytest.approx(sim_v, abs=0.12)
+    for want, got in ((exact.drafted, drafted), (exact.reached, reached), (exact.accepted, accepted)):
+        assert np.allclose(want, got, atol=0.12)
+    assert exact.verify_passes == pytest.approx(verify, abs=0.12)
+    assert exact.reached[0] == exact.drafted[0] and exact.reached[1] < exact.drafted[1]
     same = bigram_acceptance(p, p, first, max_new, k)
-    assert same[0] == pytest.approx(same[1])  # a draft equal to the target passes every time
+    assert same.reached == pytest.approx(same.accepted) and same.drafted == pytest.approx(same.accepted)
 
 
 def test_bad_inputs_are_errors() -> None:

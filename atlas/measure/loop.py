@@ -1,7 +1,8 @@
 """Self-speculative decoding with a checkpoint's own MTP head, in the gpt-fast manner.
 
-The model and its MTP layer are loaded by transformers; this module takes their pieces (embedding,
-decoder layers, final norm, lm_head, the MTP layer's norms/projection/block) and runs them against
+The main model is loaded by transformers and its MTP layer by atlas.measure.families (an MtpHead,
+from the family table or from transformers' own MtpModel); this module takes their pieces
+(embedding, decoder layers, final norm, lm_head, the MTP layer's norms/projection/block) and runs them against
 its own static, position-addressed KV caches. Rollback is free: a rejected draft's cache slots are
 simply overwritten by the next round, and the attention mask never lets a query see a later slot.
 
@@ -10,10 +11,10 @@ Why not call `model(...)`: on CPU a transformers forward spends most of its time
 dispatch. So recognised pieces run as few, fused tensor ops (norm weights folded into one
 pre-transposed qkv matmul and one gate/up matmul, q and k normed and rotated together, attention as
 two bmm), and anything unrecognised runs as its own transformers module. `Engine.validate` checks
-the result against transformers' own forward and MTP layer, so an architecture this loop cannot
+the result against transformers' own forward and the MTP head's reference forward, so an architecture this loop cannot
 reproduce is refused instead of measured wrongly.
 
-MTP wiring (as transformers' MtpModel/MTPCandidateGenerator): the draft for position j+2 comes from
+MTP wiring (as the families' inference code and transformers' MtpModel): the draft for position j+2 comes from
 the MTP layer fed e = embed(token j+1) and h = the main model's final *post-norm* hidden at j,
 concatenated in the order the MTP layer itself uses, at RoPE position j+1. For k > 1 the same layer is
 reused, fed its own output hidden and its own draft (vLLM style). MTP slot j holds that pair (h_j,
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from atlas import AtlasError
+from atlas.measure.families import MtpHead, head_from_transformers
 
 
 # ---- sampling ----------------------------------------------------------------------------------
@@ -390,7 +392,7 @@ class Engine:
     """A loaded checkpoint (main model + its MTP layer) split into pieces over static caches."""
 
     model: nn.Module
-    mtp: nn.Module
+    mtp: MtpHead
     max_len: int
     device: torch.device
     dtype: torch.dtype
@@ -412,23 +414,18 @@ class Engine:
         types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
         self._ropes: dict[str | None, Rope] = {}
         self.layer_ropes = [self._rope(base.rotary_emb, t if per_layer_rope else None) for t in types[: len(self.layers)]]
-        # The MTP layer: e and h norms folded into the two halves of its projection (split so no
-        # concat is needed, in the order the layer itself uses), its decoder block, and the
-        # norm(s) whose output is both the logits input and the hidden recycled for the next draft.
-        mtp_layer = self.mtp.layers[0]
-        halves = mtp_layer.eh_proj.weight.detach().split(d, dim=1)
-        hidden_first = bool(getattr(self.mtp.config, "mtp_hidden_states_first", False))
-        w_e, w_h = (halves[1], halves[0]) if hidden_first else halves
-        self.enorm, self.mtp_e = self._folded(mtp_layer.enorm, w_e)
-        self.hnorm, self.mtp_h = self._folded(mtp_layer.hnorm, w_h)
-        self.mtp_block = _build_layer(mtp_layer.mtp_block, self.max_len, self.device, self.dtype, self.fast)
-        self.mtp_post = [self._norm(m) for m in (mtp_layer.post_norm, getattr(self.mtp, "shared_post_norm", None)) if m is not None]
-        mtp_types = getattr(self.mtp.config, "layer_types", None)
-        mtp_type = mtp_types[0] if (self.mtp.has_per_layer_rope and mtp_types) else None
-        self.mtp_rope = self._rope(self.mtp.rotary_emb, mtp_type)
-        special = [a for a in ("logits_mup_width_multiplier", "unpadded_vocab_size") if getattr(self.mtp.config, a, None) is not None]
-        if special:
-            raise AtlasError(f"unsupported MTP head options: {', '.join(special)}")
+        # The MTP layer: e and h norms folded into the two halves of its projection (split by the
+        # loader, so no concat is needed and the family's input order is already settled), its
+        # decoder block, and the norm(s) whose output is both the logits input and the hidden
+        # recycled for the next draft.
+        head = self.mtp
+        self.mtp_embed = head.embed
+        self.enorm, self.mtp_e = self._folded(head.enorm, head.w_e)
+        self.hnorm, self.mtp_h = self._folded(head.hnorm, head.w_h)
+        self.mtp_block = _build_layer(head.block, self.max_len, self.device, self.dtype, self.fast)
+        self.mtp_post = [self._norm(m) for m in head.post_norms]
+        self.mtp_head = self.head if head.head is self.model.lm_head else _fused([head.head], self.device)
+        self.mtp_rope = self._rope(head.rotary, head.rope_layer_type)
 
     def _folded(self, norm: nn.Module, w: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], Linear]:
         """A norm followed by a projection: a plain RMS norm's weight goes into the projection;
@@ -471,12 +468,12 @@ class Engine:
 
         Returns (the output hidden of the last row, to feed back for the next draft step;
         the logits of the last row, the draft distribution for the token two ahead of hidden's)."""
-        e = F.embedding(ids, self.embed)
+        e = F.embedding(ids, self.mtp_embed)
         x = self.mtp_h(self.hnorm(hidden), residual=self.mtp_e(self.enorm(e)))
         x = _layer_forward(self.mtp_block, x, self._step(self.mtp_rope, start, ids.shape[0], start + 1), self.masks)[-1:]
         for norm in self.mtp_post:
             x = norm(x)
-        return x, self.head(x)[0]
+        return x, self.mtp_head(x)[0]
 
     @torch.inference_mode()
     def validate(self, prompt: list[int]) -> float:
@@ -486,12 +483,9 @@ class Engine:
         out = self.model(ids[None], output_hidden_states=True)
         hidden, logits = self.main(ids, 0)
         ref_hidden = out.hidden_states[-1][0]
-        mtp_ref = self.mtp.forward_layer(0, ref_hidden[None, :-1], torch.arange(1, len(prompt), device=self.device)[None], None, input_ids=ids[None, 1:])
+        mtp_ref = self.mtp.reference(ref_hidden[:-1], ids[1:], torch.arange(1, len(prompt), device=self.device))
         _, mtp_logits = self.draft(ids[1:], hidden[:-1], 0)
-        errors = [
-            (logits - out.logits[0]).abs().max().item(),
-            (mtp_logits - self.mtp._project_to_logits(mtp_ref)[0, -1]).abs().max().item(),
-        ]
+        errors = [(logits - out.logits[0]).abs().max().item(), (mtp_logits - mtp_ref[-1]).abs().max().item()]
         tolerance = 1e-3 if self.dtype == torch.float32 else 5e-2
         scale = max(1.0, out.logits.abs().max().item())
         if max(errors) > tolerance * scale:
@@ -503,12 +497,14 @@ class Engine:
 
 
 @torch.no_grad()
-def build_engine(model: nn.Module, mtp: nn.Module, max_len: int, check_prompt: list[int]) -> Engine:
+def build_engine(model: nn.Module, mtp: MtpHead | nn.Module, max_len: int, check_prompt: list[int]) -> Engine:
     """Fast pieces where recognised; if they do not reproduce transformers (or do not fit, e.g. a
     partial RoPE), whole-layer modules; if those do not either, AtlasError.
 
     The fast pieces hold their own (fused, folded) copy of the projection weights, so on a GPU
     without room for a second copy the module path is used from the start."""
+    if not isinstance(mtp, MtpHead):
+        mtp = head_from_transformers(mtp)
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
     fast = True
@@ -535,13 +531,16 @@ class RunStats:
     """One generation. `seconds` leaves out only the main model's prefill over the prompt and the
     first token it gives (common to plain and speculative decoding, so both time the same phase);
     for speculation it includes the MTP layer's prefill over the prompt, a cost only it pays.
-    `verify_passes` counts the main-model forwards of the timed phase."""
+    Per draft position i: drafted (rounds that drafted it), reached (rounds whose drafts before i all
+    passed, so i was tested) and accepted. `verify_passes` counts the main-model forwards of the
+    timed phase."""
 
     tokens: list[int]
     seconds: float
     drafted_per_position: list[int]
     accepted_per_position: list[int]
     verify_passes: int
+    reached_per_position: list[int] = field(default_factory=list)
 
 
 class Stopwatch:
@@ -614,7 +613,7 @@ def generate_speculative(
     watch = Stopwatch(dev)
     watch.start()  # the MTP layer's prefill is a cost only speculation pays: timed
     h_mtp, q_logits = engine.draft(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)
-    drafted, accepted = [0] * k, [0] * k
+    drafted, reached, accepted = [0] * k, [0] * k, [0] * k
     passes = 0
     while len(out) < max_new:
         k_now = min(k, max_new - len(out) - 1)
@@ -641,6 +640,7 @@ def generate_speculative(
             n, token = rule(probs_from_logits(logits, s), torch.stack(q_rows) if q_rows else logits[:0], d, gen)
         for i in range(k_now):
             drafted[i] += 1
+            reached[i] += int(i <= n)
             accepted[i] += int(i < n)
         out.extend(drafts[:n])
         out.append(token)
@@ -649,4 +649,4 @@ def generate_speculative(
             # guesses; its last row drafts the next round's first token.
             h_mtp, q_logits = engine.draft(ids.new_tensor([*drafts[:n], token]), hidden[: n + 1], pos)
         pos += n + 1
-    return RunStats(out, watch.stop(), drafted, accepted, passes)
+    return RunStats(out, watch.stop(), drafted, accepted, passes, reached)

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from atlas import AtlasError, __version__
+from atlas.fingerprints import fingerprint, parse_config_bytes
+from atlas.measure.families import MtpHead, head_from_transformers, identify, load_family, tensor_names
 from atlas.measure.loop import (
     Engine,
     RunStats,
@@ -53,7 +55,6 @@ from atlas.measure.workloads import load_prompt_set
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-    from transformers.modeling_layers import MtpModel
 
 MIRROR = ROOT / "data" / "hub-mirror"
 # relative to the project root (atlas.paths), where the CLI resolves its defaults
@@ -156,24 +157,54 @@ def resolve(model: str, revision: str | None, endpoint: str | None = None) -> tu
     return folder, model, sha
 
 
-def load_checkpoint(folder: str, device: torch.device, dtype: torch.dtype) -> tuple[PreTrainedModel, MtpModel, PreTrainedTokenizerBase]:
-    """The main model, its MTP layer and tokenizer, all through transformers' own classes."""
+@dataclass
+class Loaded:
+    model: PreTrainedModel
+    mtp: MtpHead
+    tokenizer: PreTrainedTokenizerBase
+    family: str  # the family-table row that built the MTP layer, or transformers' own loader
+    transformers_mtp: int  # MTP layers transformers' own use_mtp can run on this checkpoint (0: none)
+
+
+def load_checkpoint(folder: str, device: torch.device, dtype: torch.dtype) -> Loaded:
+    """The main model (transformers' class) and its MTP layer: built from the checkpoint's own
+    tensors by the family table when a row matches its config and tensor layout (any depth), else
+    through transformers' own MTP loader (e.g. the team model's Mellum); a family row that is
+    refused, or a layout neither knows, is an AtlasError naming it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_layers import MtpModel
 
+    path = Path(folder)
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True, trust_remote_code=False)
-    except (OSError, ValueError, KeyError) as exc:
-        raise AtlasError(f"transformers cannot load {folder}: {exc}") from None
-    if not getattr(model.config.get_text_config(), "num_mtp_layers", None):
-        raise AtlasError(f"{folder}: the config declares no MTP layer that transformers can load (num_mtp_layers)")
-    model = model.to(device).eval()
+        config = parse_config_bytes((path / "config.json").read_bytes())
+    except OSError as exc:
+        raise AtlasError(f"{folder}: cannot read config.json: {exc}") from None
+    names = list(tensor_names(path))
+    family = identify(config, names)
+    if family is not None:
+        model, head = load_family(path, family, device, dtype)
+        via, peer_layers = family.name, 0
+    else:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True, trust_remote_code=False)
+        except (OSError, ValueError, KeyError) as exc:
+            raise AtlasError(f"transformers cannot load {folder}: {exc}") from None
+        peer_layers = int(getattr(model.config.get_text_config(), "num_mtp_layers", None) or 0)
+        if not peer_layers:
+            shipped = fingerprint(config, names).shipped_family
+            what = f"its MTP tensors ({shipped} layout, model_type {config.get('model_type')!r}) match no family-table row" if shipped else "the checkpoint has no MTP layer we know"
+            raise AtlasError(f"{folder}: {what}, and transformers declares no MTP layer it can load (num_mtp_layers); refusing to guess")
+        model = model.to(device).eval()
+        try:
+            head = head_from_transformers(MtpModel.from_pretrained(model, device_map={"": device}).eval())
+        except (RuntimeError, ValueError, OSError, KeyError) as exc:
+            raise AtlasError(f"{folder}: transformers cannot load the MTP layer: {exc}") from None
+        via = "transformers MtpModel"
     try:
-        mtp = MtpModel.from_pretrained(model, device_map={"": device}).eval()
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
-    except (RuntimeError, ValueError, OSError, KeyError) as exc:
-        raise AtlasError(f"{folder}: transformers cannot load the MTP layer or tokenizer: {exc}") from None
-    return model, mtp, tokenizer
+    except (ValueError, OSError, KeyError) as exc:
+        raise AtlasError(f"{folder}: cannot load the tokenizer: {exc}") from None
+    return Loaded(model, head, tokenizer, via, peer_layers)
 
 
 # ---- the machine -------------------------------------------------------------------------------
@@ -434,17 +465,21 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     workloads = prompt_set.get(options.workloads)
     folder, model_id, revision = resolve(options.model, options.revision, options.endpoint)
     log(f"loading {model_id} ({revision[:19]}) on {device} as {options.dtype}")
-    model, mtp, tokenizer = load_checkpoint(str(folder), device, dtype)
+    loaded = load_checkpoint(str(folder), device, dtype)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    log(f"MTP layer built by: {loaded.family}")
     prompts = {
         w.name: [tokenizer.encode(p, add_special_tokens=False)[-MAX_PROMPT_TOKENS:] for p in w.prompts[: options.prompts_per_workload]]
         for w in workloads
     }
     ks = sorted(set(options.draft_tokens))
     longest = max(len(p) for ps in prompts.values() for p in ps)
-    engine = build_engine(model, mtp, longest + options.max_new_tokens + max(ks) + 2, prompts[workloads[0].name][0][:64])
+    engine = build_engine(model, loaded.mtp, longest + options.max_new_tokens + max(ks) + 2, prompts[workloads[0].name][0][:64])
     timer = PassTimer(engine, ks, int(statistics.median(len(p) for ps in prompts.values() for p in ps)) + options.max_new_tokens // 2)
     pass_reps = 10 if options.repeats <= MIN_GATE_REPEATS else 30
-    peer = Peer(model, device) if options.peer else None
+    if options.peer and not loaded.transformers_mtp:
+        log("transformers has no MTP loader for this checkpoint: no transformers use_mtp peer")
+    peer = Peer(model, device) if options.peer and loaded.transformers_mtp else None
     warm = prompts[workloads[0].name][0]
     for t in options.temperatures:  # warm-up: allocator, kernels, caches; not timed
         s = Sampling(t, options.top_k, options.top_p)
@@ -454,7 +489,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         if peer:
             peer.run(warm, 4, s, False, 0, 0.0)
             peer.run(warm, 4, s, True, 0, 0.0)
-    mtp_k = int(model.config.get_text_config().num_mtp_layers)
+    mtp_k = loaded.transformers_mtp
     raw: list[tuple[str, float, dict[int, list[Repeat]], list[Repeat]]] = []
     for t in options.temperatures:
         s = Sampling(t, options.top_k, options.top_p)

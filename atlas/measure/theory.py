@@ -14,8 +14,20 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass
+class BigramCounts:
+    """Expected counts per generation: per draft position, tokens drafted, rounds that reached the
+    position (every earlier draft passed) and drafts accepted; and verify passes."""
+
+    drafted: list[float]
+    reached: list[float]
+    accepted: list[float]
+    verify_passes: float
 
 
 def tokens_per_pass(conditional: Sequence[float]) -> float:
@@ -105,12 +117,12 @@ def round_distribution(p: np.ndarray, q: np.ndarray) -> dict[tuple[int, ...], fl
     return law
 
 
-def bigram_acceptance(p: np.ndarray, q: np.ndarray, first: np.ndarray, max_new: int, k: int) -> tuple[list[float], list[float], float]:
+def bigram_acceptance(p: np.ndarray, q: np.ndarray, first: np.ndarray, max_new: int, k: int) -> BigramCounts:
     """Expected counts of one whole sampled generation, computed exactly, for a target whose next
     token depends only on the current one (p [V, V], row = current token) and a draft of the same
-    kind (q [V, V]), as the oracle checkpoints are built: (expected drafted per position, expected
-    accepted per position, expected verify passes). `first` is the law of the first (prefill)
-    token; rounds near the end draft min(k, max_new − emitted − 1) tokens, as the loop does.
+    kind (q [V, V]), as the oracle checkpoints are built. `first` is the law of the first (prefill)
+    token; rounds near the end draft min(k, max_new − emitted − 1) tokens, as the loop does, and
+    every round drafts all of them before the verify pass looks at any.
 
     Per round from current token t the masses over the context token at depth i are
     m₀ = δ_t, m_{i+1} = m_i · min(P, Q) (a draft d passes from context c with mass min(p(d|c), q(d|c))),
@@ -118,8 +130,7 @@ def bigram_acceptance(p: np.ndarray, q: np.ndarray, first: np.ndarray, max_new: 
     p, q, first = (np.asarray(a, dtype=np.float64) for a in (p, q, first))
     vocab = p.shape[0]
     passes, residual = np.minimum(p, q), np.clip(p - q, 0.0, None)
-    drafted, accepted = [0.0] * k, [0.0] * k
-    verify = 0.0
+    counts = BigramCounts([0.0] * k, [0.0] * k, [0.0] * k, 0.0)
     # state[length] = mass over the last emitted token at the start of a round with `length` tokens out
     state = np.zeros((max_new + 1, vocab))
     state[1] = first
@@ -127,16 +138,17 @@ def bigram_acceptance(p: np.ndarray, q: np.ndarray, first: np.ndarray, max_new: 
         here = state[length]
         if not here.any():
             continue
-        verify += float(here.sum())
+        counts.verify_passes += float(here.sum())
         k_now = min(k, max_new - length - 1)
         mass = here
         for i in range(k_now):
-            drafted[i] += float(mass.sum())
+            counts.drafted[i] += float(here.sum())
+            counts.reached[i] += float(mass.sum())
             state[length + i + 1] += mass @ residual  # rejected at depth i: i accepted + 1 emitted
             mass = mass @ passes
-            accepted[i] += float(mass.sum())
+            counts.accepted[i] += float(mass.sum())
         state[length + k_now + 1] += mass @ p
-    return drafted, accepted, verify
+    return counts
 
 
 def _dist(x: np.ndarray) -> np.ndarray:

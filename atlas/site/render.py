@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from atlas import AtlasError
 from atlas.site import evidence as evidence_file
+from atlas.site.course import Course
 from atlas.site.mdsafe import Markdown, escape
 
 ATLAS_EVIDENCE_MODULE = 8
@@ -157,6 +158,7 @@ def render_site(layout: Layout) -> list[RenderedPage]:
         for src, p, _ in parsed
     ]
 
+    course = Course(layout.evidence)  # diagrams, widgets, reported figures, model pages
     out_dir = layout.docs / "modules"
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
@@ -172,6 +174,7 @@ def render_site(layout: Layout) -> list[RenderedPage]:
             "facts": ev.facts.model_dump() if ev else {},
             "page": page.model_dump(),
             "modules": modules,
+            **course.template_helpers(),
         }
         text = _render(env, src, body, context)
         out = out_dir / src.name
@@ -187,10 +190,13 @@ def render_site(layout: Layout) -> list[RenderedPage]:
             "facts": atlas_ev.facts.model_dump() if atlas_ev else {},
             "page": meta,
             "modules": modules,
+            **course.template_helpers(),
         }
         out = layout.docs / src.name
         out.write_text(_page_file(title, _render(env, src, body, context)), encoding="utf-8")
         pages.append(RenderedPage(source=src, output=out, title=title))
+    for out in course.render_model_pages(layout.docs):
+        pages.append(RenderedPage(source=layout.evidence / "models.json", output=out, title=out.stem))
     return pages
 
 

@@ -15,6 +15,9 @@ def on_config(config: Any) -> Any:
     nav: list[Any] = [{"Home": "index.md"}]
     if modules:
         nav.append({"Modules": [f"modules/{name}" for name in modules]})
+    if (docs / "models" / "index.md").exists():
+        # the finder links every per-model page; those pages stay out of the nav (not_in_nav)
+        nav.append({"Model finder": "models/index.md"})
     for title, name in (("Glossary", "glossary.md"), ("How this atlas is made", "how-made.md")):
         if (docs / name).exists():
             nav.append({title: name})

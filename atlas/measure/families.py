@@ -1,0 +1,335 @@
+"""The MTP family table, and a loader that builds a checkpoint's MTP layer from its own tensors.
+
+Each row says, for one family the fingerprint rules recognise (atlas.fingerprints.WEIGHT_RULES),
+where the MTP layer's tensors live, which inputs it takes and in what order, how its norms compute,
+whether the inputs are concatenated or added, what its decoder block is, whether embedding and head
+are its own or shared, and how k > 1 drafts reuse it. The wiring is the one the family's published
+inference code runs (vLLM/SGLang model files, the authors' modeling code; see
+../shared/research-notes/mtp-layouts.md). A family whose block or wiring we cannot run correctly is
+a row with `refuse` set: the loader names it and says why, instead of guessing.
+
+The main model always comes from transformers' own class for the config. The MTP decoder block is
+built by that same class too: the checkpoint is loaded with one extra main layer, and transformers'
+`key_mapping` maps the block's tensors onto it (so its weight conversions, e.g. fused experts,
+apply); that layer is then taken out of the main stack and wired by this module's glue.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch import nn
+
+from atlas import AtlasError
+from atlas.fingerprints import fingerprint
+
+Order = Literal["embedding_first", "hidden_first"]
+NormStyle = Literal["rms", "gemma"]
+
+# Main-model layer kinds our static, position-addressed caches can roll back by overwriting. A
+# recurrent layer (linear attention, Mamba) would need its state saved at every verified position.
+ROLLBACK_OK = {"full_attention", "sliding_attention"}
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]  # config model_type values this row reads
+    shipped_family: str  # atlas.fingerprints WeightRule.family of its tensor names
+    glue: str = ""  # prefix of the glue tensors; {N} = num_hidden_layers
+    block: str = ""  # prefix of the decoder block's tensors
+    e_norm: str = ""
+    h_norm: str = ""
+    proj: str = ""  # [H, 2H] over the concatenation, in `order`
+    final_norm: str | None = None  # the norm both the logits and the recycled hidden go through
+    order: Order = "embedding_first"
+    norm: NormStyle = "rms"
+    combine: Literal["concat"] = "concat"
+    own_head: str | None = None  # else the main lm_head is shared
+    own_embed: str | None = None  # else the main embedding is shared
+    block_type: str = ""  # what the block is (the main model's decoder-layer class builds it)
+    reuse: str = "k > 1: the one layer again on its own output hidden and draft (vLLM: layer i mod n)"
+    source: str = ""
+    refuse: str | None = None
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "MiMo", ("qwen2", "mimo"), "mimo", glue="model.mtp_layers.0.", block="model.mtp_layers.0.",
+        e_norm="token_layernorm.weight", h_norm="hidden_layernorm.weight", proj="input_proj.weight",
+        final_norm="final_layernorm.weight", order="hidden_first", block_type="Qwen2 decoder layer (qkv biases)",
+        source="XiaomiMiMo/MiMo modeling_mimo.py; vLLM mimo_mtp.py",
+    ),
+    Family(
+        "DeepSeek-V3", ("deepseek_v3", "deepseek_v2"), "deepseek_glm", glue="model.layers.{N}.", block="model.layers.{N}.",
+        e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
+        own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+        block_type="DeepSeek-V3 decoder layer (MLA attention, MoE with shared experts)",
+        source="vLLM deepseek_mtp.py; SGLang deepseek_nextn.py; DeepSeek-V3 README_WEIGHTS.md",
+    ),
+    Family(
+        "GLM-4-MoE", ("glm4_moe",), "deepseek_glm", glue="model.layers.{N}.", block="model.layers.{N}.",
+        e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
+        own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+        block_type="GLM-4-MoE decoder layer", source="vLLM glm4_moe_mtp.py (DeepSeek wiring, post-norm recycled)",
+    ),
+    Family(
+        "Qwen3-Next", ("qwen3_next",), "qwen3_next", glue="mtp.", block="mtp.layers.0.",
+        e_norm="pre_fc_norm_embedding.weight", h_norm="pre_fc_norm_hidden.weight", proj="fc.weight", final_norm="norm.weight",
+        norm="gemma", block_type="Qwen3-Next full-attention decoder layer (gated attention, MoE with shared expert)",
+        source="vLLM qwen3_next_mtp.py; transformers Qwen3NextRMSNorm (x̂·(1+w))",
+    ),
+    Family(
+        "DeepSeek-V3.2 / GLM-5", ("deepseek_v32", "glm_moe_dsa"), "deepseek_glm",
+        refuse="the MTP block carries a DSA sparse-attention indexer whose top-k selection our static cache does not reproduce",
+    ),
+    Family(
+        "DeepSeek-V4", ("deepseek_v4",), "deepseek_glm",
+        refuse="V4's MTP adds e_proj and h_proj outputs and has an hc_head (hyper-connection head) whose wiring no published "
+        "implementation we have checked spells out; V4.1 ships DSpark stages instead",
+    ),
+    Family(
+        "ERNIE-4.5", ("ernie4_5_moe", "ernie4_5"), "ernie",
+        refuse="whether a final norm follows the MTP block differs between published implementations (vLLM applies none); "
+        "not run until one is confirmed against the authors' code",
+    ),
+    Family(
+        "LongCat-Flash", ("longcat_flash",), "longcat",
+        refuse="its MTP block type (not the main model's shortcut-connected MoE layer) has no transformers class to build it from",
+    ),
+    Family(
+        "Nemotron-H / Nemotron-3", ("nemotron_h",), "nemotron_h",
+        refuse="the main model's Mamba layers keep a recurrent state that a rejected draft would corrupt (no per-position "
+        "rollback), and the MTP layer is a chain of sub-blocks (mtp_hybrid_override_pattern) not wired here",
+    ),
+    Family(
+        "Qwen3.5", ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"), "qwen3_next",
+        refuse="the main model interleaves Gated DeltaNet linear-attention layers, whose recurrent state a rejected draft "
+        "would corrupt (no per-position rollback in our loop)",
+    ),
+    Family(
+        "MiniMax-M2", ("minimax_m2", "minimax"), "",
+        refuse="configs declare num_mtp_modules but the published checkpoints ship no MTP tensors; no layout to load",
+    ),
+    Family("Step-3.5", ("step3p5", "step3p7", "step3"), "", refuse="no published MTP tensor layout checked for this family"),
+    Family("Bailing hybrid", ("bailing_hybrid", "bailing_moe"), "",
+           refuse="hybrid linear-attention main model (no per-position rollback) and no checked MTP layout"),
+    Family("Inkling", ("inkling", "inkling2"), "", refuse="no published MTP tensor layout checked for this family"),
+)
+
+
+@dataclass
+class MtpHead:
+    """What the decode loop needs of one MTP layer, whichever loader built it: the input norms,
+    the projection split into the columns that take the embedding and those that take the hidden
+    (so no concat is needed and the order is settled here), the block, the post norm(s) whose output
+    is both the logits input and the recycled hidden, the head and embedding it uses, the RoPE
+    module for its block, and an independent full-sequence forward to validate the loop against."""
+
+    family: str
+    enorm: nn.Module
+    hnorm: nn.Module
+    w_e: torch.Tensor
+    w_h: torch.Tensor
+    block: nn.Module
+    post_norms: list[nn.Module]
+    head: nn.Module
+    embed: torch.Tensor
+    rotary: nn.Module
+    rope_layer_type: str | None
+    # (main post-norm hidden [n, d] at positions j, token ids [n] at j+1, positions j+1) -> logits [n, V]
+    reference: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Norm(nn.Module):
+    """RMS norm in fp32, plain x̂·w or Gemma/Qwen3-Next style x̂·(1 + w)."""
+
+    def __init__(self, weight: torch.Tensor, eps: float, style: NormStyle) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.eps, self.style = eps, style
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
+        w = self.weight.float()
+        return (y * (1 + w if self.style == "gemma" else w)).to(x.dtype)
+
+
+def head_from_transformers(mtp: nn.Module) -> MtpHead:
+    """transformers' own MtpModel (the families it loads, e.g. the team model's Mellum) as an
+    MtpHead; its forward_layer is the reference."""
+    special = [a for a in ("logits_mup_width_multiplier", "unpadded_vocab_size") if getattr(mtp.config, a, None) is not None]
+    if special:
+        raise AtlasError(f"unsupported MTP head options: {', '.join(special)}")
+    if mtp.num_mtp_layers != 1:
+        raise AtlasError(f"{mtp.num_mtp_layers} chained MTP layers: only one layer (reused for k > 1) is run")
+    layer = mtp.layers[0]
+    d = layer.eh_proj.weight.shape[0]
+    first, second = layer.eh_proj.weight.detach().split(d, dim=1)
+    hidden_first = bool(getattr(mtp.config, "mtp_hidden_states_first", False))
+    types = getattr(mtp.config, "layer_types", None)
+
+    def reference(hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return mtp._project_to_logits(mtp.forward_layer(0, hidden[None], positions[None], None, input_ids=ids[None]))[0]
+
+    return MtpHead(
+        family=f"transformers MtpModel ({mtp.config.model_type})",
+        enorm=layer.enorm, hnorm=layer.hnorm,
+        w_e=second if hidden_first else first, w_h=first if hidden_first else second,
+        block=layer.mtp_block,
+        post_norms=[m for m in (layer.post_norm, getattr(mtp, "shared_post_norm", None)) if m is not None],
+        head=mtp.shared_head, embed=mtp.embed_tokens.weight.detach(), rotary=mtp.rotary_emb,
+        rope_layer_type=types[0] if (mtp.has_per_layer_rope and types) else None,
+        reference=reference,
+    )
+
+
+# ---- the loader -----------------------------------------------------------------------------------
+
+
+def tensor_names(folder: Path) -> dict[str, Path]:
+    """Every tensor name of a safetensors checkpoint -> the file holding it (single file or sharded)."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise AtlasError(f"{index}: no weight_map")
+        return {str(k): folder / str(v) for k, v in weight_map.items()}
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise AtlasError(f"{folder}: no safetensors weights (pickled weights are never loaded)")
+    names: dict[str, Path] = {}
+    for path in files:
+        with safe_open(str(path), "pt") as f:
+            names.update(dict.fromkeys(f.keys(), path))
+    return names
+
+
+def identify(config: dict, names: list[str]) -> Family | None:
+    """The table row for this config (model_type) and tensor layout (fingerprint family); None when
+    no row matches. A refused row matches on model_type alone, so it is named whatever it ships."""
+    fp = fingerprint(config, names)
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    model_type = str(text.get("model_type", config.get("model_type", "")))
+    for family in FAMILIES:
+        if model_type in family.model_types and (family.refuse or family.shipped_family == fp.shipped_family):
+            return family
+    return None
+
+
+def load_family(folder: Path, family: Family, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, MtpHead]:
+    """The main model (transformers' class, `num_hidden_layers` layers) and the MTP layer built from
+    the checkpoint's own tensors by `family`'s row. AtlasError naming the family when it is refused
+    or when a tensor the row names is missing."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    if family.refuse:
+        raise AtlasError(f"{family.name}: not measured: {family.refuse}")
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    depth = int(config.num_hidden_layers)
+    types = list(getattr(config, "layer_types", None) or [])
+    bad = sorted({t for t in types[:depth] if t not in ROLLBACK_OK})
+    if bad:
+        raise AtlasError(
+            f"{family.name}: not measured: main-model layer types {', '.join(bad)} keep a recurrent state that a rejected "
+            "draft would corrupt (our loop rolls back only attention caches)"
+        )
+    declared = max((int(v) for k in ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
+                    if isinstance(v := getattr(config, k, None), int)), default=1)
+    if declared != 1:
+        raise AtlasError(f"{family.name}: {declared} chained MTP layers declared; only one layer (reused for k > 1) is run")
+    if getattr(config, "kv_lora_rank", None) and config.num_key_value_heads != config.num_attention_heads:
+        # MLA expands keys and values to every head from the shared latent (kv_b_proj has a row
+        # block per attention head), so a smaller num_key_value_heads has no meaning; transformers
+        # 5.24 would still repeat the expanded heads by its ratio and fail on a size mismatch.
+        config.num_key_value_heads = config.num_attention_heads
+    names = tensor_names(folder)
+    glue, block = (p.replace("{N}", str(depth)) for p in (family.glue, family.block))
+    wanted = [glue + n for n in (family.e_norm, family.h_norm, family.proj, family.final_norm, family.own_head, family.own_embed) if n]
+    missing = [n for n in wanted if n not in names]
+    if missing:
+        raise AtlasError(f"{family.name}: the checkpoint lacks MTP tensor(s) {', '.join(missing)}")
+
+    # One more main layer, of the type the MTP block is, loaded from the block's tensors.
+    extended = copy.deepcopy(config)
+    extended.num_hidden_layers = depth + 1
+    if types:
+        extended.layer_types = [*types[:depth], "full_attention"]
+    if getattr(extended, "mlp_only_layers", None):
+        extended.mlp_only_layers = [i for i in extended.mlp_only_layers if i < depth]  # the MTP block is MoE
+    main_block = f"model.layers.{depth}."
+    mapping = None if block == main_block else {"^" + block.replace(".", r"\."): main_block}
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report lists the glue tensors as unexpected: they are read below
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            folder, config=extended, dtype=dtype, use_safetensors=True, trust_remote_code=False,
+            key_mapping=mapping, output_loading_info=True,
+        )
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise AtlasError(f"transformers cannot load {folder}: {exc}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    unloaded = [k for k in info.get("missing_keys", []) if not k.startswith("lm_head")] + list(info.get("mismatched_keys", []))
+    if unloaded:
+        raise AtlasError(f"{family.name}: tensors missing or mis-shaped for the main model or MTP block: {', '.join(map(str, unloaded[:5]))}")
+    model = model.to(device).eval()
+    base = model.get_decoder()
+    mtp_block = base.layers[depth]
+    base.layers = nn.ModuleList(list(base.layers)[:depth])
+    model.config.num_hidden_layers = depth
+    if types:
+        model.config.layer_types = types[:depth]
+
+    def tensor(name: str) -> torch.Tensor:
+        with safe_open(str(names[name]), "pt", device="cpu") as f:
+            return f.get_tensor(name).to(device=device, dtype=dtype)
+
+    eps = float(getattr(config, "rms_norm_eps", 1e-6))
+    d = int(config.hidden_size)
+    proj = tensor(glue + family.proj)
+    if tuple(proj.shape) != (d, 2 * d):
+        raise AtlasError(f"{family.name}: {glue + family.proj} is {list(proj.shape)}, expected [{d}, {2 * d}]")
+    first, second = proj.split(d, dim=1)
+    w_e, w_h = (second, first) if family.order == "hidden_first" else (first, second)
+    enorm, hnorm = Norm(tensor(glue + family.e_norm), eps, family.norm), Norm(tensor(glue + family.h_norm), eps, family.norm)
+    post = [Norm(tensor(glue + family.final_norm), eps, family.norm)] if family.final_norm else []
+    head: nn.Module = model.lm_head
+    if family.own_head:
+        head = nn.Linear(d, int(config.vocab_size), bias=False, device=device, dtype=dtype)
+        head.weight = nn.Parameter(tensor(glue + family.own_head), requires_grad=False)
+    embed = tensor(glue + family.own_embed) if family.own_embed else base.embed_tokens.weight.detach()
+    per_layer_rope = len(config.nested_rope_parameter_keys(config.rope_parameters)) > 0 if hasattr(config, "nested_rope_parameter_keys") else False
+    rope_type = "full_attention" if per_layer_rope else None
+
+    def reference(hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The family's published wiring, module by module over the whole sequence (no cache):
+        norms on each input, one projection over the concatenation in the family's order, the block
+        under a causal mask, the final norm, the head."""
+        e = F.embedding(ids, embed)
+        pair = [hnorm(hidden), enorm(e)] if family.order == "hidden_first" else [enorm(e), hnorm(hidden)]
+        x = F.linear(torch.cat(pair, dim=-1), proj)[None]
+        n = ids.shape[0]
+        mask = torch.full((n, n), float("-inf"), device=x.device, dtype=x.dtype).triu(1)[None, None]
+        kwargs = {"layer_type": rope_type} if rope_type else {}
+        cos_sin = base.rotary_emb(x, position_ids=positions[None], **kwargs)
+        y = mtp_block(x, attention_mask=mask, position_ids=positions[None], position_embeddings=cos_sin)
+        y = (y[0] if isinstance(y, tuple) else y)[0]
+        for norm in post:
+            y = norm(y)
+        return head(y)
+
+    return model, MtpHead(
+        family=family.name, enorm=enorm, hnorm=hnorm, w_e=w_e, w_h=w_h, block=mtp_block, post_norms=post, head=head,
+        embed=embed, rotary=base.rotary_emb, rope_layer_type=rope_type, reference=reference,
+    )

@@ -1,0 +1,49 @@
+"""What module pages can call besides `evidence(...)`: the diagrams, the worked round, the two
+widgets, the reported figures and the model pages' data. Loaded once per site build from
+evidence/ (reported.toml, models.json); everything returned is already-escaped Markdown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from atlas import AtlasError
+from atlas.site import diagrams, modelpages, reported, widgets, worked_round
+from atlas.site.mdsafe import Markdown, escape
+
+
+class Course:
+    def __init__(self, evidence_dir: Path) -> None:
+        path = evidence_dir / "reported.toml"
+        self.reported = reported.load(path) if path.exists() else None
+        self.models = modelpages.read(evidence_dir / modelpages.FILE_NAME)
+
+    def render_model_pages(self, docs: Path) -> list[Path]:
+        return modelpages.render(self.models, self.reported, docs / "models")
+
+    def reported_figure(self, figure_id: str) -> Markdown:
+        """One reported figure's text, for prose that quotes it (so the prose cannot drift from
+        the data); an unknown id fails the build."""
+        found = next((f for f in (self.reported.figure if self.reported else []) if f.id == figure_id), None)
+        if found is None:
+            raise AtlasError(f"no reported figure with id {figure_id!r} in evidence/reported.toml")
+        return escape(found.figure)
+
+    def template_helpers(self) -> dict[str, Callable[..., Any]]:
+        step = worked_round.rejected_step()
+        position = step.position if step else worked_round.POSITIONS[0]
+        return {
+            "diagram": diagrams.diagram,
+            "reported_figure": self.reported_figure,
+            "reported_figures": lambda: reported.section(self.reported.figure if self.reported else []),
+            "worked_table": worked_round.table_markdown,
+            "worked_residual": worked_round.residual_markdown,
+            "worked": worked_round,
+            "calculator": lambda: widgets.calculator(self.models.prefill if self.models else None),
+            "calc_prefill": self.models.prefill if self.models else None,
+            "accept_resample": lambda: widgets.accept_resample(
+                list(position.p), list(position.p.values()),
+                [position.q.get(t, 0.0) for t in position.p]),
+            "model_count": lambda: Markdown(str(sum(1 for m in self.models.models if m.has_page))
+                                            if self.models else "0"),
+        }

@@ -1,0 +1,467 @@
+"""Per-model pages and the model finder.
+
+`atlas evidence` runs `collect` against the store and writes evidence/models.json (committed and
+deterministic, like the evidence file, so a crawl's effect on every model is a reviewable diff).
+`atlas site build` turns that file into site/docs/models/: one page per tracked model that
+declares, ships or was measured with MTP (claim levels side by side, each with its provenance;
+base model and derivatives linked; its history when the store holds more than one snapshot), and
+models/index.md, a client-side filterable, sortable table of every tracked model.
+
+Claim levels stay apart here as everywhere: the present levels come from the fingerprints and the
+support matrix, reported figures from evidence/reported.toml, and only the measured level shows an
+acceptance or a speed-up, each row with its date and record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import duckdb
+from pydantic import BaseModel, ValidationError
+
+from atlas import AtlasError
+from atlas.site import reported as reported_figures
+from atlas.site import servable as servable_matrix
+from atlas.site.mdsafe import Markdown, code, escape, table
+from atlas.site.widgets import Prefill
+
+FILE_NAME = "models.json"
+
+
+class Snapshot(BaseModel):
+    snapshot_id: int
+    snapshot_date: str
+    revision: str | None
+    declared: int | None
+    declared_key: str | None
+    shipped: int | None
+    shipped_evidence: str | None
+    fetch_status: str | None
+
+
+class Engine(BaseModel):
+    engine: str
+    version: str
+    method: str
+    source: str
+
+
+class Measured(BaseModel):
+    run_date: str
+    revision: str
+    hardware: str
+    engine: str
+    workload: str
+    temperature: float
+    draft_tokens: int
+    acceptance_rate: float | None
+    mean_accepted_length: float | None
+    speedup: float | None
+    speedup_lo: float | None
+    speedup_hi: float | None
+    record_id: str
+
+
+class Model(BaseModel):
+    repo_id: str
+    slug: str
+    org: str
+    family: str | None  # model_type
+    architectures: str | None
+    is_derivative: bool
+    base_models: list[str]
+    derivatives: list[str]
+    has_page: bool
+    current: Snapshot | None  # None: measured, but not in the latest snapshot
+    history: list[Snapshot]  # every complete snapshot holding the model, oldest first
+    servable: list[Engine]
+    measured: list[Measured]
+
+
+class Models(BaseModel):
+    snapshot_id: int | None
+    snapshot_date: str | None
+    servable_date: str
+    models: list[Model]
+    prefill: Prefill | None
+
+
+# ---- collecting (evidence time, with the store) --------------------------------------------------
+
+_HISTORY = """
+    SELECT h.repo_id, h.snapshot_id, h.snapshot_date, h.revision, h.declared_num_mtp_layers,
+           h.declared_key, h.shipped_mtp_layers, h.shipped_evidence, h.fetch_status,
+           h.model_type, h.architectures, coalesce(h.is_derivative, false) AS is_derivative,
+           hm.base_models
+    FROM mtp_fingerprints_history h
+    JOIN hub_models hm ON hm.snapshot_id = h.snapshot_id AND hm.repo_id = h.repo_id
+    ORDER BY h.repo_id, h.snapshot_date, h.snapshot_id"""
+
+_MEASURED = """
+    SELECT model_id, run_date, revision, hardware, engine, engine_version, workload, temperature,
+           draft_tokens, acceptance_rate, mean_accepted_length, speedup, speedup_lo, speedup_hi,
+           record_id, source_path, ideal_speedup
+    FROM measurement_cells
+    ORDER BY model_id, run_date, engine, workload, temperature, draft_tokens, record_id"""
+
+
+def slug(repo_id: str) -> str:
+    """A file name for the model's page: readable, and unique even when two ids differ only in
+    characters a file name cannot hold (hence the digest)."""
+    readable = re.sub(r"[^a-z0-9._-]+", "-", repo_id.lower().replace("/", "--")).strip("-.")[:80]
+    return f"{readable or 'model'}-{hashlib.sha256(repo_id.encode()).hexdigest()[:8]}"
+
+
+def _date(value: Any) -> str:
+    return value.strftime("%Y-%m-%d") if value is not None else "—"
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
+    cur = con.execute(sql)
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def _has_measurements(con: duckdb.DuckDBPyConnection) -> bool:
+    found = con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'measurement_cells'"
+    ).fetchone()
+    return bool(found and found[0])
+
+
+def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root: Path) -> Models:
+    """Every model of the store's complete snapshots, and every measured model. `root` resolves the
+    record files' repo-relative paths (the calculator's prefill reads its record's pass costs)."""
+    snaps = _rows(con, "SELECT max(snapshot_id) AS id FROM snapshots WHERE status = 'complete'")
+    latest = snaps[0]["id"] if snaps else None
+    history: dict[str, list[dict[str, Any]]] = {}
+    for r in _rows(con, _HISTORY):
+        history.setdefault(r["repo_id"], []).append(r)
+    measured_rows = _rows(con, _MEASURED) if _has_measurements(con) else []
+    measured: dict[str, list[dict[str, Any]]] = {}
+    for r in measured_rows:
+        measured.setdefault(r["model_id"], []).append(r)
+
+    current = {rid: rows[-1] for rid, rows in history.items() if rows[-1]["snapshot_id"] == latest}
+    derivatives: dict[str, list[str]] = {}
+    for rid, r in current.items():
+        for base in r["base_models"] or []:
+            derivatives.setdefault(base, []).append(rid)
+
+    models: list[Model] = []
+    for rid in sorted(set(current) | set(measured)):
+        now = current.get(rid)
+        snaps_of = [
+            Snapshot(snapshot_id=h["snapshot_id"], snapshot_date=_date(h["snapshot_date"]),
+                     revision=h["revision"], declared=h["declared_num_mtp_layers"],
+                     declared_key=h["declared_key"], shipped=h["shipped_mtp_layers"],
+                     shipped_evidence=h["shipped_evidence"], fetch_status=h["fetch_status"])
+            for h in history.get(rid, [])
+        ]
+        archs = [a.strip() for a in ((now or {}).get("architectures") or "").split(",") if a.strip()]
+        engines = matrix.engines_for((now or {}).get("model_type"), archs) if now else []
+        cells = [
+            Measured(run_date=_date(m["run_date"]), revision=m["revision"], hardware=m["hardware"],
+                     engine=m["engine"] + (f" {m['engine_version']}" if m["engine_version"] else ""),
+                     workload=m["workload"], temperature=m["temperature"],
+                     draft_tokens=m["draft_tokens"], acceptance_rate=m["acceptance_rate"],
+                     mean_accepted_length=m["mean_accepted_length"], speedup=m["speedup"],
+                     speedup_lo=m["speedup_lo"], speedup_hi=m["speedup_hi"],
+                     record_id=m["record_id"])
+            for m in measured.get(rid, [])
+        ]
+        declares = bool(now and (now["declared_num_mtp_layers"] or 0) > 0)
+        ships = bool(now and (now["shipped_mtp_layers"] or 0) > 0)
+        models.append(Model(
+            repo_id=rid, slug=slug(rid), org=rid.split("/", 1)[0] if "/" in rid else "",
+            family=(now or {}).get("model_type"), architectures=(now or {}).get("architectures"),
+            is_derivative=bool((now or {}).get("is_derivative")),
+            base_models=list((now or {}).get("base_models") or []),
+            derivatives=sorted(derivatives.get(rid, [])),
+            has_page=declares or ships or bool(cells),
+            current=snaps_of[-1] if now else None, history=snaps_of,
+            servable=[Engine(engine=e.engine, version=e.version, method=e.method, source=e.source)
+                      for e in engines],
+            measured=cells,
+        ))
+    snap_date = next((m.current.snapshot_date for m in models if m.current), None)
+    return Models(snapshot_id=latest, snapshot_date=snap_date, servable_date=matrix.date.isoformat(),
+                  models=models, prefill=_prefill(measured_rows, root))
+
+
+def _prefill(rows: list[dict[str, Any]], root: Path) -> Prefill | None:
+    """The calculator's default: from the newest record, the atlas-engine cell with the largest k
+    at the highest temperature (the honest, sampled reading), on the first workload in name order.
+    Its per-position conditional acceptance and pass costs come from the record file itself."""
+    from atlas.measure import records
+
+    atlas_rows = [r for r in rows if r["engine"] == "atlas"]
+    if not atlas_rows:
+        return None
+    newest = max(atlas_rows, key=lambda r: (r["run_date"], r["record_id"]))
+    mine = [r for r in atlas_rows if r["record_id"] == newest["record_id"]]
+    best = max(mine, key=lambda r: (r["temperature"], r["draft_tokens"], [-ord(c) for c in r["workload"]]))
+    path = Path(best["source_path"])
+    path = path if path.is_absolute() else root / path
+    try:
+        record = records.read_record(path)
+    except (AtlasError, OSError):
+        return None  # the table still shows the cell; only the calculator falls back to examples
+    cell = next((c for c in record.cells if c.engine == "atlas" and c.workload == best["workload"]
+                 and c.temperature == best["temperature"] and c.draft_tokens == best["draft_tokens"]), None)
+    verify = record.pass_costs.verify.get(best["draft_tokens"])
+    if cell is None or verify is None:
+        return None
+    # The record stores P(draft i accepted) over rounds; conditional a_i divides by P(i-1 accepted).
+    reached_rate = 1.0
+    conditional: list[float] = []
+    for rate in cell.derived.per_position_acceptance:
+        if rate is None or reached_rate <= 0:
+            break
+        conditional.append(min(1.0, rate / reached_rate))
+        reached_rate = rate
+    if not conditional:
+        return None
+    return Prefill(
+        record_id=best["record_id"], run_date=_date(best["run_date"]), model_id=record.model_id,
+        hardware=record.hardware.text, engine=cell.engine, workload=cell.workload,
+        temperature=cell.temperature, conditional=conditional,
+        draft_cost=record.pass_costs.draft / record.pass_costs.plain,
+        verify_cost=verify / record.pass_costs.plain, measured_speedup=cell.derived.speedup,
+        ideal_speedup=cell.derived.ideal_speedup,
+    )
+
+
+def dumps(models: Models) -> str:
+    return json.dumps(models.model_dump(mode="json"), indent=1, sort_keys=True, ensure_ascii=True) + "\n"
+
+
+def write(models: Models, path: Path) -> bool:
+    text = dumps(models)
+    old = path.read_text(encoding="utf-8") if path.exists() else None
+    if old != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    return old != text
+
+
+def generate(db: Path, out: Path, matrix_path: Path, root: Path) -> Models:
+    from atlas import store
+
+    matrix = servable_matrix.load(matrix_path)
+    con = store.connect(db, read_only=True)
+    try:
+        models = collect(con, matrix, root)
+    finally:
+        con.close()
+    write(models, out)
+    return models
+
+
+def read(path: Path) -> Models | None:
+    if not path.exists():
+        return None
+    try:
+        return Models.model_validate_json(path.read_text(encoding="utf-8"))
+    except ValidationError as exc:
+        raise AtlasError(f"{path} does not match this version; run `atlas evidence`: {exc}") from None
+
+
+# ---- rendering (site build time, no store) ---------------------------------------------------
+
+_MODULE = "../modules/module-08.md"
+
+
+def _rev(revision: str | None) -> Markdown:
+    if not revision:
+        return Markdown("—")
+    scheme, _, digest = revision.rpartition(":")
+    return code(f"{scheme}:{digest[:12]}" if scheme else digest[:12])
+
+
+def _link(m: Model | None, repo_id: str, here: str = "") -> Markdown:
+    if m is not None and m.has_page:
+        return Markdown(f"[{escape(repo_id)}]({here}{m.slug}.md)")
+    return escape(repo_id)
+
+
+def _num(v: float | None, digits: int) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def _levels(m: Model, figures: list[reported_figures.Figure], snapshot_date: str | None,
+            servable_date: str) -> Markdown:
+    c = m.current
+    where = (f"snapshot #{c.snapshot_id} of {c.snapshot_date}, revision " if c else "")
+    if c is None:
+        declared: list[Any] = ["not in the latest snapshot", "—"]
+        shipped: list[Any] = ["not in the latest snapshot", "—"]
+    else:
+        declared = [
+            f"{c.declared} MTP layer(s)" if c.declared is not None else "no MTP key (not declared)",
+            Markdown(escape(where) + _rev(c.revision)
+                     + (Markdown(", key ") + code(c.declared_key) if c.declared_key else Markdown(""))),
+        ]
+        shipped = [
+            "unknown (weight names not read)" if c.shipped is None
+            else f"{c.shipped} MTP layer(s) in the weight index" if c.shipped else "no MTP tensors",
+            Markdown(escape(where) + _rev(c.revision)
+                     + (Markdown(", ") + code(c.shipped_evidence) if c.shipped_evidence else Markdown(""))),
+        ]
+    if m.servable:
+        servable: list[Any] = [
+            Markdown("; ".join(f"{escape(e.engine)} {escape(e.version)}" for e in m.servable)),
+            f"support matrix of {servable_date} (sources below)",
+        ]
+    else:
+        servable = ["no engine in the support matrix", f"support matrix of {servable_date}"]
+    rep: list[Any] = (
+        [f"{len(figures)} published figure(s)", "evidence/reported.toml (sources below)"]
+        if figures else ["none on record", "evidence/reported.toml"]
+    )
+    meas: list[Any] = (
+        [f"{len(m.measured)} measured cell(s) from {len({x.record_id for x in m.measured})} record(s)",
+         "dated records under evidence/measurements/ (below)"]
+        if m.measured else ["not measured by the atlas", "—"]
+    )
+    rows = [["declared", *declared], ["shipped", *shipped], ["servable", *servable],
+            ["reported", *rep], ["measured", *meas]]
+    return table(["claim level", "what it says", "provenance"], rows)
+
+
+def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figure],
+         data: Models) -> str:
+    lines = [f"# {escape(m.repo_id)}", ""]
+    facts = [f"organisation {code(m.org or '—')}", f"family {code(m.family) if m.family else '—'}"]
+    if m.architectures:
+        facts.append(f"architectures {code(m.architectures)}")
+    lines += [Markdown(" · ".join(facts)) + ".", ""]
+    if m.base_models:
+        lines += ["Derivative of " + ", ".join(_link(by_id.get(b), b) for b in m.base_models) + ".", ""]
+    if m.derivatives:
+        lines += ["Derivatives tracked by the atlas: "
+                  + ", ".join(_link(by_id.get(d), d) for d in m.derivatives) + ".", ""]
+    lines += [
+        "## Claim levels", "",
+        "Five separate claims, each with where it comes from. Only the measured level shows a "
+        "speed-up of the atlas's own; a reported figure is someone else's, with their conditions. "
+        f"What each level means: [module 8]({_MODULE}).", "",
+        _levels(m, figures, data.snapshot_date, data.servable_date), "",
+    ]
+    if m.servable:
+        lines += ["## Servable", "",
+                  f"From the support matrix of {escape(data.servable_date)}:", ""]
+        lines += [f"- **{escape(e.engine)}** {escape(e.version)}: {code(e.method)}. Source: "
+                  f"{escape(e.source)}." for e in m.servable]
+        lines += [""]
+    if figures:
+        lines += ["## Reported", "", reported_figures.section(figures), ""]
+    lines += ["## Measured", ""]
+    if m.measured:
+        lines += [
+            '!!! measured "Measured: one dated run per row"',
+            "    Each row holds for its own record's revision and hardware, and its own engine, "
+            "workload, temperature and draft length only.", "",
+        ]
+        for record_id in dict.fromkeys(x.record_id for x in m.measured):
+            cells = [x for x in m.measured if x.record_id == record_id]
+            first = cells[0]
+            lines += [
+                f"Record {code(record_id[:12])}: run {escape(first.run_date)}, revision "
+                f"{_rev(first.revision)}, hardware {escape(first.hardware)}.", "",
+                table(["engine", "workload", "#T", "#k", "#acceptance", "#accepted length",
+                       "#speed-up (range)"],
+                      [[escape(x.engine), escape(x.workload), f"{x.temperature:g}", x.draft_tokens,
+                        _num(x.acceptance_rate, 3), _num(x.mean_accepted_length, 2),
+                        _num(x.speedup, 2) + (f" ({x.speedup_lo:.2f}–{x.speedup_hi:.2f})"
+                                              if x.speedup_lo is not None and x.speedup_hi is not None
+                                              else "")] for x in cells]), "",
+            ]
+    else:
+        lines += ["The atlas has no measurement of this model.", ""]
+    if len(m.history) > 1:
+        lines += ["## History across snapshots", "",
+                  table(["snapshot", "date", "revision", "#declared", "key", "#shipped", "status"],
+                        [[f"#{h.snapshot_id}", h.snapshot_date, _rev(h.revision), h.declared,
+                          code(h.declared_key) if h.declared_key else Markdown("—"), h.shipped,
+                          h.fetch_status] for h in m.history]), ""]
+    lines += ["---", "", f"[All tracked models](index.md) · [Module 8]({_MODULE})", ""]
+    return "\n".join(lines)
+
+
+def _cell(value: object) -> str:
+    return "—" if value is None else str(escape(value))
+
+
+def finder(data: Models | None) -> str:
+    head = ["# Model finder", ""]
+    if data is None or not data.models:
+        return "\n".join(head + ["No models yet: run `atlas crawl` (or `make crawl-mirror`) and "
+                                 "`atlas evidence`, then rebuild the site.", ""])
+    by_id = {m.repo_id: m for m in data.models}
+    rows = []
+    for m in data.models:
+        c = m.current
+        name = (f'<a href="{m.slug}/">{escape(m.repo_id)}</a>' if m.has_page
+                else str(escape(m.repo_id)))
+        servable = ", ".join(str(escape(e.engine)) for e in m.servable) or "—"
+        measured = f"{len(m.measured)} cells" if m.measured else "—"
+        rows.append(
+            "<tr><td>" + name + "</td><td>" + _cell(m.org) + "</td><td>" + _cell(m.family)
+            + "</td><td>" + _cell(c.declared if c else None) + "</td><td>"
+            + _cell(c.shipped if c else None) + "</td><td>" + servable + "</td><td>" + measured
+            + "</td></tr>"
+        )
+    n_pages = sum(1 for m in by_id.values() if m.has_page)
+    intro = (
+        f"Every model of snapshot #{data.snapshot_id} ({data.snapshot_date}), plus any measured "
+        f"model. {n_pages} of {len(data.models)} declare, ship or were measured with MTP and have "
+        "their own page (linked). Type to filter (all words must match, anywhere in the row; a link "
+        "can carry the filter as ?find=words); "
+        "click a column header to sort. Declared and shipped are layer counts (— unknown); "
+        f"servable is the support matrix of {data.servable_date}; measured counts the atlas's own "
+        "dated cells."
+    )
+    table_html = (
+        '<div class="atlas-finder"><p><label>Filter models <input type="search" data-atlas-finder '
+        'placeholder="e.g. deepseek, qwen3_next, vLLM" autocomplete="off"></label> '
+        '<span data-atlas-finder-count aria-live="polite"></span></p>'
+        '<table data-atlas-finder-table><thead><tr><th>model</th><th>org</th><th>family</th>'
+        "<th>declared</th><th>shipped</th><th>servable</th><th>measured</th></tr></thead><tbody>"
+        + "".join(rows) + "</tbody></table></div>"
+    )
+    return "\n".join(head + [escape(intro), "", table_html, ""])
+
+
+def render(data: Models | None, reported: reported_figures.Reported | None, out_dir: Path) -> list[Path]:
+    """Write models/index.md and one page per qualifying model into `out_dir` (rebuilt whole)."""
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    written = [out_dir / "index.md"]
+    written[0].write_text(_front("Model finder") + finder(data), encoding="utf-8")
+    if data is None:
+        return written
+    by_id = {m.repo_id: m for m in data.models}
+    for m in data.models:
+        if not m.has_page:
+            continue
+        figures = reported.about(m.repo_id) if reported else []
+        path = out_dir / f"{m.slug}.md"
+        path.write_text(_front(m.repo_id) + page(m, by_id, figures, data), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def _front(title: str) -> str:
+    # The title reaches the theme's <title> and nav unescaped by us: keep only id-safe characters
+    # (real Hub ids have no others); the page body shows the full id, escaped. No table of
+    # contents sidebar: these pages are short and their tables get the width.
+    safe = re.sub(r"[^A-Za-z0-9._/ -]", "?", title)
+    return "---\n" + json.dumps({"title": safe, "hide": ["toc"]}, ensure_ascii=True) + "\n---\n\n"

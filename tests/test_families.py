@@ -1,0 +1,182 @@
+"""Every family in the table: measured on tiny real-layout checkpoints at depths other than the real
+ones (main model against transformers' forward, MTP layer against an independent statement of the
+family's wiring, greedy output identical to plain decoding, oracle acceptance exactly 1 at T = 0 and
+the closed-form value at T = 1), or refused by name with the reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from atlas import AtlasError
+from atlas.measure.families import FAMILIES, load_family
+from atlas.measure.loop import Sampling, build_engine, generate_plain, generate_speculative
+from atlas.measure.oracles import LAYOUTS, bigram_tables, write_checkpoint
+from atlas.measure.runner import load_checkpoint
+from atlas.measure.theory import bigram_acceptance
+
+CPU = torch.device("cpu")
+PROMPT = [5, 9, 33, 2, 7, 100, 4]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def wiring_reference(folder: Path, family: str, block: torch.nn.Module, rotary, hidden, ids, positions) -> torch.Tensor:
+    """The family's MTP wiring as its inference code states it, read from the checkpoint by the
+    names in atlas.measure.oracles.LAYOUTS (written independently of the family table): each input
+    normed by its own norm (x̂·w, or x̂·(1+w) for Gemma-style families), concatenated in the family's
+    order, projected, the block under a causal mask, the final norm, then the head (its own copy
+    where the family ships one)."""
+    layout = LAYOUTS[family]
+    config = json.loads((folder / "config.json").read_text())
+    glue = layout.glue.replace("{N+i}", str(config["num_hidden_layers"])).replace("{i}", "0")
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        t = {n: f.get_tensor(glue + n) for n in (layout.e_norm, layout.h_norm, layout.proj, layout.final_norm)}
+        head = f.get_tensor(glue + layout.own_head) if layout.own_head else f.get_tensor("lm_head.weight")
+        embed = f.get_tensor(glue + layout.own_embed) if layout.own_embed else f.get_tensor("model.embed_tokens.weight")
+    shift = 1.0 if layout.gemma_norms else 0.0
+
+    def norm(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + config["rms_norm_eps"]) * (w + shift)
+
+    e = norm(embed[ids], t[layout.e_norm])
+    h = norm(hidden, t[layout.h_norm])
+    x = torch.cat([h, e] if layout.hidden_first else [e, h], dim=-1) @ t[layout.proj].T
+    n = ids.shape[0]
+    mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+    y = block(x[None], attention_mask=mask, position_ids=positions[None], position_embeddings=rotary(x[None], position_ids=positions[None]))
+    return norm(y[0], t[layout.final_norm]) @ head.T
+
+
+def loaded(tmp_path: Path, family: str, mode: str, depth: int, **kwargs):
+    folder = write_checkpoint(family, tmp_path / f"{family}-{mode}-{depth}", mode, depth=depth, **kwargs)
+    return folder, load_checkpoint(str(folder), CPU, torch.float32)
+
+
+@pytest.mark.parametrize("family", sorted(LAYOUTS))
+@pytest.mark.parametrize("depth", [1, 3])
+def test_family_at_any_depth_is_faithful_and_lossless(tmp_path: Path, family: str, depth: int) -> None:
+    folder, got = loaded(tmp_path, family, "random", depth)
+    assert got.family != "transformers MtpModel" and len(got.model.get_decoder().layers) == depth
+    engine = build_engine(got.model, got.mtp, 96, PROMPT)  # validates main + MTP against transformers / the reference
+    ids = torch.tensor(PROMPT)
+    with torch.inference_mode():
+        out = got.model(ids[None], output_hidden_states=True)
+        hidden = out.hidden_states[-1][0]
+        positions = torch.arange(1, len(PROMPT))
+        ours = got.mtp.reference(hidden[:-1], ids[1:], positions)
+        theirs = wiring_reference(folder, family, got.mtp.block, got.model.get_decoder().rotary_emb, hidden[:-1], ids[1:], positions)
+        _, drafted = engine.draft(ids[1:], hidden[:-1], 0)
+    assert (ours - theirs).abs().max() < 1e-4
+    assert (drafted - theirs[-1]).abs().max() < 1e-4
+    gen = torch.Generator().manual_seed(0)
+    plain = generate_plain(engine, PROMPT, 24, Sampling(), gen)
+    ref = got.model.generate(ids[None], max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert plain.tokens == ref[0, len(PROMPT):].tolist()
+    for k in (1, 2, 3):
+        assert generate_speculative(engine, PROMPT, 24, k, Sampling(), gen).tokens == plain.tokens
+
+
+def test_a_wrong_concat_order_is_caught(tmp_path: Path) -> None:
+    """The table row with MiMo's [h; e] order flipped still loads and drafts fluently; only the
+    wiring reference shows it is wrong."""
+    folder = write_checkpoint("mimo", tmp_path, "random", depth=2)
+    row = next(f for f in FAMILIES if f.name == "MiMo")
+    model, head = load_family(folder, dataclasses.replace(row, order="embedding_first"), CPU, torch.float32)
+    ids = torch.tensor(PROMPT)
+    with torch.no_grad():
+        hidden = model(ids[None], output_hidden_states=True).hidden_states[-1][0]
+        positions = torch.arange(1, len(PROMPT))
+        wrong = head.reference(hidden[:-1], ids[1:], positions)
+        right = wiring_reference(folder, "mimo", head.block, model.get_decoder().rotary_emb, hidden[:-1], ids[1:], positions)
+    assert (wrong - right).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("family", sorted(LAYOUTS))
+def test_oracle_greedy_acceptance_is_exactly_one(tmp_path: Path, family: str) -> None:
+    _, got = loaded(tmp_path, family, "oracle", 2)
+    engine = build_engine(got.model, got.mtp, 96, PROMPT)
+    gen = torch.Generator().manual_seed(0)
+    plain = generate_plain(engine, PROMPT, 20, Sampling(), gen)
+    for k in (1, 2, 3, 4):
+        spec = generate_speculative(engine, PROMPT, 20, k, Sampling(), gen)
+        assert spec.tokens == plain.tokens
+        assert spec.accepted_per_position == spec.drafted_per_position and sum(spec.drafted_per_position) > 0
+
+
+@pytest.mark.parametrize(("family", "k"), [("mimo", 2), ("deepseek_v3", 3)])
+def test_oracle_sampled_acceptance_matches_the_closed_form(tmp_path: Path, family: str, k: int) -> None:
+    """draft_scale 0.6: the MTP head's law is a flattened copy of the main model's, so at T = 1 the
+    expected drafted and accepted counts per position follow exactly from the two [V, V] tables
+    (atlas.measure.theory.bigram_acceptance); the loop's means must agree within 4.5 standard errors."""
+    folder, got = loaded(tmp_path, family, "oracle", 2, draft_scale=0.6)
+    p, q = bigram_tables(folder, family)
+    engine = build_engine(got.model, got.mtp, 64, PROMPT)
+    runs, max_new, s = 150, 12, Sampling(temperature=1.0)
+    exact = bigram_acceptance(p, q, p[PROMPT[-1]], max_new, k)
+    gen = torch.Generator().manual_seed(1)
+    samples = np.array([
+        [*r.drafted_per_position, *r.reached_per_position, *r.accepted_per_position, r.verify_passes]
+        for r in (generate_speculative(engine, PROMPT, max_new, k, s, gen) for _ in range(runs))
+    ], dtype=float)
+    want = np.array([*exact.drafted, *exact.reached, *exact.accepted, exact.verify_passes])
+    se = samples.std(0, ddof=1) / runs**0.5
+    assert np.all(np.abs(samples.mean(0) - want) <= 4.5 * se + 1e-9), (samples.mean(0), want)
+    assert 0.3 < sum(exact.accepted) / sum(exact.drafted) < 0.95  # neither trivial nor hopeless
+
+
+def test_deepseek_with_fewer_kv_heads_than_heads(tmp_path: Path) -> None:
+    """MLA has no key/value head count of its own (kv_b_proj expands the latent to every head); a
+    config that states a smaller one is measured, not a tensor-size traceback."""
+    _, got = loaded(tmp_path, "deepseek_v3", "random", 2, overrides=dict(num_key_value_heads=2))
+    engine = build_engine(got.model, got.mtp, 64, PROMPT)
+    gen = torch.Generator().manual_seed(0)
+    plain = generate_plain(engine, PROMPT, 12, Sampling(), gen)
+    assert generate_speculative(engine, PROMPT, 12, 2, Sampling(), gen).tokens == plain.tokens
+
+
+def test_hybrid_linear_attention_main_model_is_refused_by_name(tmp_path: Path) -> None:
+    folder = write_checkpoint("qwen3_next", tmp_path, "random", depth=2, overrides=dict(layer_types=["linear_attention", "full_attention"]))
+    with pytest.raises(AtlasError, match="Qwen3-Next: not measured: main-model layer types linear_attention"):
+        load_checkpoint(str(folder), CPU, torch.float32)
+
+
+REFUSED = [f for f in FAMILIES if f.refuse]
+
+
+@pytest.mark.parametrize("family", REFUSED, ids=[f.name for f in REFUSED])
+def test_refused_families_say_which_and_why(tmp_path: Path, family) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": family.model_types[0], "num_nextn_predict_layers": 1}))
+    save_file({"mtp.layers.0.input_layernorm.weight": torch.ones(4)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(AtlasError) as err:
+        load_checkpoint(str(tmp_path), CPU, torch.float32)
+    assert f"{family.name}: not measured: {family.refuse}" in str(err.value)
+
+
+def test_unknown_layout_is_refused_not_guessed(tmp_path: Path) -> None:
+    folder = write_checkpoint("mimo", tmp_path, "random", depth=1)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = "llama"  # MiMo's tensors under a model type no row pairs them with
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(AtlasError, match="mimo layout, model_type 'llama'.*match no family-table row"):
+        load_checkpoint(str(folder), CPU, torch.float32)
+
+
+def test_every_fingerprinted_family_has_a_row() -> None:
+    from atlas.fingerprints import WEIGHT_RULES
+
+    assert {r.family for r in WEIGHT_RULES} <= {f.shipped_family for f in FAMILIES}
