@@ -142,8 +142,10 @@ def make_hub() -> Iterator:
 
 @pytest.fixture
 def no_sleep(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Patch the hub client's sleep (huggingface_hub.utils._http.time.sleep, which is time.sleep)
-    so retries never really wait; returns the list of requested waits."""
+    """Patch every wait of a crawl so nothing really waits: the hub client's backoff
+    (huggingface_hub.utils._http.time.sleep, which is time.sleep) and the crawler's own pauses
+    (atlas.hub.pacing.wait: rate-limit holds and retries). Returns the list of requested waits."""
     waits: list[float] = []
     monkeypatch.setattr("huggingface_hub.utils._http.time.sleep", waits.append)
+    monkeypatch.setattr("atlas.hub.pacing.wait", lambda event, seconds: waits.append(seconds))
     return waits

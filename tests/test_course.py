@@ -377,3 +377,16 @@ def test_prefill_falls_back_when_its_record_file_is_gone(tmp_path: Path) -> None
     models = modelpages.generate(db, tmp_path / "models.json", MATRIX, tmp_path)
     assert models.prefill is None
     assert any(m.measured for m in models.models)  # the measured cells still come from the store
+
+
+def test_a_measured_model_outside_the_snapshot_still_gets_its_page(tmp_path: Path) -> None:
+    db = tmp_path / "atlas.duckdb"
+    hostile_store(db)
+    plant_measurement(db, tmp_path / "records", "someone/not-crawled")
+    models = modelpages.generate(db, tmp_path / "models.json", MATRIX, tmp_path)
+    lone = next(m for m in models.models if m.repo_id == "someone/not-crawled")
+    assert lone.has_page and lone.current is None and len(lone.measured) == 2
+    written = modelpages.render(models, reported.load(REPORTED), tmp_path / "docs" / "models")
+    text = (tmp_path / "docs" / "models" / f"{lone.slug}.md").read_text(encoding="utf-8")
+    assert (tmp_path / "docs" / "models" / f"{lone.slug}.md") in written
+    assert "not in the latest snapshot" in text and "Record " in text

@@ -96,7 +96,8 @@ def test_widget_numbers_match_the_python_formulas(site) -> None:
         pre = widgets.Prefill(record_id="0" * 64, run_date="2026-01-01", model_id="m", hardware="h",
                               engine="atlas", workload="w", temperature=1.0,
                               conditional=conditional, draft_cost=draft, verify_cost=verify,
-                              measured_speedup=1.0, ideal_speedup=None)
+                              measured_tokens_per_pass=None, measured_speedup=1.0,
+                              ideal_speedup=None)
         html = str(widgets.calculator(pre))
         html = html.replace(f'data-in="alpha" min="0" max="1" step="0.01" value="{conditional[0]:.3f}"',
                             f'data-in="alpha" min="0" max="1" step="0.01" value="{alpha:.3f}"')

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -646,7 +647,14 @@ def write(evidence: Evidence, path: Path) -> bool:
     old = path.read_text(encoding="utf-8") if path.exists() else None
     if old != text:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        # written aside and renamed: a full disk or a kill mid-write never leaves a torn file
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        try:
+            partial.write_text(text, encoding="utf-8")
+            os.replace(partial, path)
+        except OSError as exc:
+            partial.unlink(missing_ok=True)
+            raise AtlasError(f"cannot write the evidence file {path}: {exc.strerror or exc}; the old one is intact") from None
     return old != text
 
 

@@ -217,14 +217,19 @@ def _prefill(rows: list[dict[str, Any]], root: Path) -> Prefill | None:
     verify = record.pass_costs.verify.get(best["draft_tokens"])
     if cell is None or verify is None:
         return None
-    # The record stores P(draft i accepted) over rounds; conditional a_i divides by P(i-1 accepted).
-    reached_rate = 1.0
+    # Conditional acceptance from the raw counts. A round reaches draft i when draft i-1 passed
+    # and the round drafts that deep; rounds at the end of a generation draft fewer, so the rounds
+    # reaching i are estimated as accepted_(i-1) * drafted_i / drafted_(i-1).
+    width = len(cell.repeats[0].accepted_per_position)
+    accepted = [sum(r.accepted_per_position[i] for r in cell.repeats) for i in range(width)]
+    drafted = [sum(r.drafted_per_position[i] for r in cell.repeats) for i in range(width)]
     conditional: list[float] = []
-    for rate in cell.derived.per_position_acceptance:
-        if rate is None or reached_rate <= 0:
+    for i in range(width):
+        reached = drafted[0] if i == 0 else (
+            accepted[i - 1] * drafted[i] / drafted[i - 1] if drafted[i - 1] else 0)
+        if reached <= 0:
             break
-        conditional.append(min(1.0, rate / reached_rate))
-        reached_rate = rate
+        conditional.append(min(1.0, accepted[i] / reached))
     if not conditional:
         return None
     return Prefill(
@@ -232,7 +237,9 @@ def _prefill(rows: list[dict[str, Any]], root: Path) -> Prefill | None:
         hardware=record.hardware.text, engine=cell.engine, workload=cell.workload,
         temperature=cell.temperature, conditional=conditional,
         draft_cost=record.pass_costs.draft / record.pass_costs.plain,
-        verify_cost=verify / record.pass_costs.plain, measured_speedup=cell.derived.speedup,
+        verify_cost=verify / record.pass_costs.plain,
+        measured_tokens_per_pass=cell.derived.mean_accepted_length,
+        measured_speedup=cell.derived.speedup,
         ideal_speedup=cell.derived.ideal_speedup,
     )
 

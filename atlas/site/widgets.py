@@ -32,6 +32,7 @@ class Prefill(BaseModel):
     conditional: list[float]  # per-position conditional acceptance, k = len
     draft_cost: float  # one MTP step / one plain step
     verify_cost: float  # one (k+1)-row verify pass / one plain step
+    measured_tokens_per_pass: float | None  # the run's mean accepted length, bonus included
     measured_speedup: float
     ideal_speedup: float | None
 
@@ -54,10 +55,15 @@ def calculator(prefill: Prefill | None) -> Markdown:
             f"<code>{escape(prefill.model_id)}</code>, workload {escape(prefill.workload)}, "
             f"T = {prefill.temperature:g}, k = {len(conditional)}, engine {escape(prefill.engine)}, "
             f"on {escape(prefill.hardware)}, run {escape(prefill.run_date)}, record "
-            f"<code>{escape(prefill.record_id[:12])}</code>. That run measured a speed-up of "
-            f"{prefill.measured_speedup:.2f}×"
-            + (f" against an ideal of {prefill.ideal_speedup:.2f}×" if prefill.ideal_speedup else "")
-            + ". Change any value to explore; the result is then yours, not a measurement."
+            f"<code>{escape(prefill.record_id[:12])}</code>. That run measured "
+            + (f"{prefill.measured_tokens_per_pass:.2f} tokens per verify pass and "
+               if prefill.measured_tokens_per_pass else "")
+            + f"a speed-up of {prefill.measured_speedup:.2f}×"
+            + (f" against an ideal of {prefill.ideal_speedup:.2f}× from those tokens"
+               if prefill.ideal_speedup else "")
+            + ". The formula below can differ a little: it assumes every round drafts all k "
+            "tokens, while the last rounds of each generation draft fewer. Change any value to "
+            "explore; the result is then yours, not a measurement."
         )
     else:
         conditional, draft, verify = [0.8, 0.7, 0.6], 0.1, 1.1

@@ -121,7 +121,7 @@ def table_markdown(indent: int = 0) -> Markdown:
         else:
             verdict = f"{rule}; u = {_fmt(pos.u)}: rejected"
         rows.append([str(i), code(pos.draft), _dist(pos.p), _dist(pos.q), escape(verdict)])
-    text = table(["#", "draft", "p (main model)", "q (MTP draft)", "accept test: u < min(1, p/q)?"],
+    text = table(["#pos.", "draft", "p (main model)", "q (MTP draft)", "accept test: u < min(1, p/q)?"],
                  rows)
     return Markdown(text.replace("\n", "\n" + " " * indent))
 
