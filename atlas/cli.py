@@ -324,7 +324,11 @@ def conformance_show(directory: str | None) -> None:
 @click.option("--servable", "servable_path", type=click.Path(dir_okay=False), default=None,
               help="The dated, cited support matrix joined to the models "
                    "(default: evidence/servable.toml of the project).")
-def evidence_cmd(db: str | None, out: str | None, servable_path: str | None) -> None:
+@click.option("--mirror-sources", type=click.Path(dir_okay=False), default=None,
+              help="Provenance of the bundled mirror's files, shown after a mirror crawl "
+                   "(default: data/hub-mirror/SOURCES.tsv of the project).")
+def evidence_cmd(db: str | None, out: str | None, servable_path: str | None,
+                 mirror_sources: str | None) -> None:
     """Run the named evidence queries against the store and write the module 8 evidence file."""
     from atlas.site import evidence, modelpages
     from atlas.paths import default_db, project_path, project_root
@@ -332,9 +336,10 @@ def evidence_cmd(db: str | None, out: str | None, servable_path: str | None) -> 
 
     out_path = Path(out) if out else project_path("evidence/module-08.evidence.md")
     matrix = Path(servable_path) if servable_path else project_path("evidence/servable.toml")
+    sources = Path(mirror_sources) if mirror_sources else project_path("data/hub-mirror/SOURCES.tsv")
     db_path = Path(db) if db else default_db()
     require_complete_snapshot(db_path)  # evidence from no snapshot would only count zeros
-    ev = evidence.generate(db_path, out_path, matrix)
+    ev = evidence.generate(db_path, out_path, matrix, sources)
     # the per-model pages' data, next to the evidence file it belongs with
     models_path = out_path.with_name(modelpages.FILE_NAME)
     models = modelpages.generate(db_path, models_path, matrix, project_root())
@@ -358,20 +363,23 @@ _ROOT_OPTION = click.option(
 )
 
 
-def _layout(root: Path | None):
+def _layout(root: Path | None, evidence_dir: Path | None = None):
     from atlas.site import render
     from atlas.paths import project_root
 
-    return render.Layout(root=root or project_root())
+    return render.Layout(root=root or project_root(), evidence_dir=evidence_dir)
 
 
 @site_group.command("build")
 @_ROOT_OPTION
-def site_build(root: Path | None) -> None:
+@click.option("--evidence", "evidence_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=None, help="Folder of the module evidence files (default: evidence/ of --root); "
+                                 "`make demo` builds from its own, under build/.")
+def site_build(root: Path | None, evidence_dir: Path | None) -> None:
     """Render modules/ + evidence/ into site/docs/, then `mkdocs build --strict` into site/build/."""
     from atlas.site import render
 
-    layout = _layout(root)
+    layout = _layout(root, evidence_dir)
     pages = render.build(layout)
     click.echo(f"Rendered {len(pages)} pages; built {layout.build}/ (mkdocs build --strict).")
 

@@ -110,6 +110,7 @@ def test_last_step_is_cut_to_what_could_be_emitted() -> None:
     # a rejection where one draft fits (cut to 1 drafted, 0 accepted), then a bonus-only step
     stats = to_run_stats(_result([(3, 3), (3, 0), (3, 3)], 7), 7)
     assert stats.drafted_per_position == [2, 1, 1] and stats.accepted_per_position == [1, 1, 1]
+    assert stats.reached_per_position == [2, 1, 1]  # position 0 of step 2 was tested and failed
     # invariant of the record: accepted + passes = decode tokens
     assert sum(stats.accepted_per_position) + stats.verify_passes == 6
 

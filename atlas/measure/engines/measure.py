@@ -85,7 +85,7 @@ def to_run_stats(result: Result, max_new: int) -> RunStats:
         raise AtlasError("vLLM per-step drafted and accepted arrays differ in length")
     decode = max_new - 1
     k = max(result.per_step_drafted, default=0)
-    drafted, accepted = [0] * k, [0] * k
+    drafted, reached, accepted = [0] * k, [0] * k, [0] * k
     emitted = 0
     for d, a in zip(result.per_step_drafted, result.per_step_accepted):
         if not 0 <= a <= d:
@@ -96,11 +96,12 @@ def to_run_stats(result: Result, max_new: int) -> RunStats:
         d, a = min(d, room), min(a, room)
         for i in range(d):
             drafted[i] += 1
+            reached[i] += int(i <= a)  # drafts before i all passed, so i was tested
             accepted[i] += int(i < a)
         emitted += a + 1
     if result.per_step_drafted and emitted != decode:
         raise AtlasError(f"vLLM's steps account for {emitted} decode tokens, the output has {decode}")
-    return RunStats(result.tokens, result.decode_seconds, drafted, accepted, len(result.per_step_drafted))
+    return RunStats(result.tokens, result.decode_seconds, drafted, accepted, len(result.per_step_drafted), reached)
 
 
 def cross_check(generated: Generated, k: int) -> None:
@@ -139,7 +140,7 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
     from transformers import AutoTokenizer
 
     from atlas.measure import conformance
-    from atlas.measure.runner import MAX_PROMPT_TOKENS, Options, _Acc, _cell, _seed, resolve, software
+    from atlas.measure.runner import MAX_PROMPT_TOKENS, Options, _Acc, _cell, _seed, load_average, resolve, software
     from atlas.measure.workloads import load_prompt_set
 
     assert isinstance(options, Options)
@@ -186,6 +187,7 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
         return to_run_stats(out.results[0], n)
 
     spec_loaded = {}
+    load_before = load_average()
     with Driver(python) as base, (Driver(python) if engine.schedule == "interleaved" else base) as spec:
         hello = base.hello()
         draft_method = str(engine.speculative.get("draft_sample_method", "greedy"))
@@ -223,7 +225,7 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
                 log(f"  {w.name:<10} T={t:g} k={k}: acc {accepted / drafted if drafted else 0:.2f} x{speedup:.2f}")
     version = f"{hello.package} {hello.version}"
     cells: list[Cell] = [
-        _cell("vllm", version, VLLM_BASELINE, name, t, k, repeats, None) for (name, t, k), repeats in raw.items()
+        _cell("vllm", version, VLLM_BASELINE, name, t, k, repeats, None, options.quick) for (name, t, k), repeats in raw.items()
     ]
     engine_run = EngineRun(
         name="vllm", package=hello.package, version=hello.version, python=hello.python, torch=hello.torch,
@@ -249,11 +251,13 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
         settings=Settings(
             device=hello.device, dtype=options.dtype, workloads=[w.name for w in workloads], temperatures=list(options.temperatures),
             draft_tokens=ks, max_new_tokens=n, repeats=options.repeats, prompts_per_workload=options.prompts_per_workload,
-            top_k=options.top_k, top_p=options.top_p,
+            top_k=options.top_k, top_p=options.top_p, quick=options.quick,
         ),
         pass_costs=None,
         cells=cells,
         engine_run=engine_run,
+        load_before=load_before,
+        load_after=load_average(),
     )
     path = write_record(record, options.out)
     differed = [c for c in cells if c.derived.greedy_lossless is False]
