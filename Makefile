@@ -34,21 +34,27 @@ measure: setup  ## self-speculative decoding on the team model (CUDA when presen
 	$(ATLAS) measure run --model $(TEAM)
 	$(ATLAS) measure import --db $(DB)
 
-evidence: setup
+evidence: setup  ## deliberate: import the committed records and rewrite the committed evidence file from the store
 	$(ATLAS) measure import --db $(DB)
 	$(ATLAS) evidence --db $(DB)
 
-site: evidence  ## evidence files + module pages + mkdocs build --strict
+site: setup  ## module pages from the committed evidence + mkdocs build --strict
 	$(ATLAS) site build
 
 serve: site
 	$(ATLAS) site serve
 
-demo: setup  ## the whole job on the bundled offline data: crawl mirror, measure team model, build the site
+# The demo writes only gitignored paths: the store (data/), a smoke measurement and the demo's own
+# evidence file (build/demo/), the site (site/build/). A --quick run is a smoke test of the loop,
+# never evidence: it stays out of evidence/measurements/ and out of the site's tables and gates.
+DEMO := build/demo
+demo: setup  ## the whole job on the bundled offline data: crawl mirror, smoke-run the team model, build the site
 	$(MAKE) crawl-mirror
-	$(ATLAS) measure run --model $(TEAM) --quick
-	$(MAKE) site
-	@echo "Site built in site/build/. Open it with: make serve  (http://127.0.0.1:8000/)"
+	$(ATLAS) measure run --model $(TEAM) --quick --out $(DEMO)/smoke-run
+	$(ATLAS) measure import --db $(DB)
+	$(ATLAS) evidence --db $(DB) --out $(DEMO)/evidence/module-08.evidence.md
+	$(ATLAS) site build --evidence $(DEMO)/evidence
+	@echo "Site built in site/build/ from this crawl (evidence: $(DEMO)/evidence/). Open it with: $(ATLAS) site serve  (http://127.0.0.1:8000/)"
 
 test: setup
 	$(BIN)/python -m pytest -q

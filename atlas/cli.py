@@ -41,13 +41,26 @@ def cli() -> None:
 @click.option("--endpoint", default=None, help="Hub endpoint URL (default: https://huggingface.co).")
 @click.option("--concurrency", type=int, default=8, show_default=True, help="Parallel downloads.")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="huggingface_hub cache for downloaded files (default: next to the DB, hf-cache/).")
+              help="Cache for downloaded files (default: next to the DB, hf-cache/).")
 @click.option("--refingerprint", is_flag=True,
               help="No crawl: recompute the fingerprints of every stored config with the current rules.")
+@click.option("--plan", is_flag=True,
+              help="No download: list the scope, then print the models in it, the expected requests per "
+                   "rate-limit bucket and the expected duration for anonymous / free / PRO accounts.")
+@click.option("--probe", is_flag=True,
+              help="No crawl: a handful of requests printing each answer's status, X-Error-Code and RateLimit headers.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint: str | None,
-          concurrency: int, cache_dir: Path | None, refingerprint: bool, no_progress: bool) -> None:
-    """Crawl the watch list's models into a new dated snapshot of the store."""
+def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint: str | None, concurrency: int,
+          cache_dir: Path | None, refingerprint: bool, plan: bool, probe: bool, no_progress: bool) -> None:
+    """Crawl the watch list's models into a new dated snapshot of the store.
+
+    Exit status: 0 for a complete snapshot; 2 when the snapshot is partial (an org's listing
+    failed) or some repos could not be fetched for a reason a later crawl may get past (both
+    named); 1 for an error (nothing written); 130 when interrupted (it says whether the
+    snapshot was committed).
+    """
+    from contextlib import ExitStack
+
     from atlas.hub import crawl as crawler
     from atlas.paths import default_db
 
@@ -58,26 +71,39 @@ def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint
         return
     if mirror is not None and endpoint is not None:
         raise AtlasError("--mirror and --endpoint exclude each other")
-    try:
+    if plan and probe:
+        raise AtlasError("--plan and --probe exclude each other")
+    with ExitStack() as stack:
         if mirror is not None:
             from atlas.hub.server import HubServer, load_mirror
 
-            with HubServer(load_mirror(mirror)) as hub:
-                summary = crawler.crawl(
-                    db, watchlist or mirror / "watchlist.toml", endpoint=hub.url,
-                    endpoint_label=f"mirror:{mirror.as_posix()}", token=False, cache_dir=cache_dir,
-                    concurrency=concurrency, progress=not no_progress,
-                )
+            hub = stack.enter_context(HubServer(load_mirror(mirror)))
+            url, label, token = hub.url, f"mirror:{mirror.as_posix()}", False
+            watch = watchlist or mirror / "watchlist.toml"
         else:
-            summary = crawler.crawl(
-                db, watchlist or crawler.DEFAULT_WATCHLIST, endpoint=endpoint or crawler.LIVE_ENDPOINT,
-                cache_dir=cache_dir, concurrency=concurrency, progress=not no_progress,
-            )
-    except KeyboardInterrupt:
-        raise AtlasError("crawl interrupted: no snapshot written (the last one is intact); "
-                         "rerun to resume, downloaded files are cached") from None
+            url, label, token = endpoint or crawler.LIVE_ENDPOINT, None, None
+            watch = watchlist or crawler.DEFAULT_WATCHLIST
+        if plan or probe:
+            from atlas.hub import preflight
+
+            lines = (preflight.plan(db, watch, url, token=token) if plan
+                     else preflight.probe(watch, url, token=token))
+            for line in lines:
+                click.echo(line)
+            return
+        try:
+            summary = crawler.crawl(db, watch, endpoint=url, endpoint_label=label, token=token, cache_dir=cache_dir,
+                                    concurrency=concurrency, progress=not no_progress)
+        except crawler.CrawlInterrupted as exc:
+            click.secho(f"Interrupted: {exc}", fg="yellow", err=True)
+            sys.exit(130)
     for line in crawler.iter_summary_lines(summary):
         click.echo(line)
+    if summary.status != "complete" or summary.incomplete:
+        click.secho("Snapshot is " + ("partial: " + "; ".join(summary.problems) if summary.status != "complete"
+                    else f"complete, but {len(summary.incomplete)} repos could not be fetched (listed above)"),
+                    fg="yellow", err=True)
+        sys.exit(2)
 
 
 # ---- measure (team model, self-speculative decoding, records) ---------------------------------
@@ -219,17 +245,25 @@ def measure_import(db: str | None, directory: str | None) -> None:
 @click.option("--servable", "servable_path", type=click.Path(dir_okay=False), default=None,
               help="The dated, cited support matrix joined to the models "
                    "(default: evidence/servable.toml of the project).")
-def evidence_cmd(db: str | None, out: str | None, servable_path: str | None) -> None:
+@click.option("--mirror-sources", type=click.Path(dir_okay=False), default=None,
+              help="Provenance of the bundled mirror's files, shown after a mirror crawl "
+                   "(default: data/hub-mirror/SOURCES.tsv of the project).")
+def evidence_cmd(db: str | None, out: str | None, servable_path: str | None,
+                 mirror_sources: str | None) -> None:
     """Run the named evidence queries against the store and write the module 8 evidence file."""
     from atlas.site import evidence, modelpages
     from atlas.paths import default_db, project_path, project_root
+    from atlas.store import require_complete_snapshot
 
     out_path = Path(out) if out else project_path("evidence/module-08.evidence.md")
     matrix = Path(servable_path) if servable_path else project_path("evidence/servable.toml")
-    ev = evidence.generate(Path(db) if db else default_db(), out_path, matrix)
+    sources = Path(mirror_sources) if mirror_sources else project_path("data/hub-mirror/SOURCES.tsv")
+    db_path = Path(db) if db else default_db()
+    require_complete_snapshot(db_path)  # evidence from no snapshot would only count zeros
+    ev = evidence.generate(db_path, out_path, matrix, sources)
     # the per-model pages' data, next to the evidence file it belongs with
     models_path = out_path.with_name(modelpages.FILE_NAME)
-    models = modelpages.generate(Path(db) if db else default_db(), models_path, matrix, project_root())
+    models = modelpages.generate(db_path, models_path, matrix, project_root())
     f = ev.facts
     click.echo(
         f"Wrote {out_path}: snapshot {f.snapshot_id} ({f.snapshot_date}), {f.n_models} models, "
@@ -250,20 +284,23 @@ _ROOT_OPTION = click.option(
 )
 
 
-def _layout(root: Path | None):
+def _layout(root: Path | None, evidence_dir: Path | None = None):
     from atlas.site import render
     from atlas.paths import project_root
 
-    return render.Layout(root=root or project_root())
+    return render.Layout(root=root or project_root(), evidence_dir=evidence_dir)
 
 
 @site_group.command("build")
 @_ROOT_OPTION
-def site_build(root: Path | None) -> None:
+@click.option("--evidence", "evidence_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=None, help="Folder of the module evidence files (default: evidence/ of --root); "
+                                 "`make demo` builds from its own, under build/.")
+def site_build(root: Path | None, evidence_dir: Path | None) -> None:
     """Render modules/ + evidence/ into site/docs/, then `mkdocs build --strict` into site/build/."""
     from atlas.site import render
 
-    layout = _layout(root)
+    layout = _layout(root, evidence_dir)
     pages = render.build(layout)
     click.echo(f"Rendered {len(pages)} pages; built {layout.build}/ (mkdocs build --strict).")
 

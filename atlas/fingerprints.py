@@ -30,6 +30,8 @@ CONTAINERS: tuple[str, ...] = ("", "text_config", "language_config")
 MAX_CONFIG_BYTES = 8 * 1024 * 1024  # real config.json files are < 100 kB
 MAX_INDEX_BYTES = 64 * 1024 * 1024  # the largest real weight maps (~90k tensors) are ~10 MB
 MAX_COUNT = 10_000  # larger "layer counts" are junk, not data
+MAX_FACT = 2**31 - 1  # integer facts (layers, hidden size, vocabulary, experts) beyond this are junk
+MAX_INDEX_DIGITS = 6  # a layer index in a tensor name longer than this is not a layer
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,8 @@ def _parse_json_object(data: bytes, filename: str, limit: int) -> dict[str, Any]
         raise AtlasError(f"{filename}: malformed JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
     except RecursionError:
         raise AtlasError(f"{filename}: JSON nested too deeply") from None
+    except ValueError:  # Python refuses to convert integers of more than 4300 digits
+        raise AtlasError(f"{filename}: a number with too many digits to be a value") from None
     if not isinstance(value, dict):
         raise AtlasError(f"{filename}: JSON {_kind(value)}, expected an object")
     return value
@@ -288,7 +292,8 @@ def _facts(config: Mapping[str, Any], sidecar: Mapping[str, Any] | None, fp: Fin
 
 def _coerce(raw: Any, kind: str) -> Any:
     if kind == "int":
-        ok = isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= 10**12
+        # the store's typed views hold 32-bit counts: 3e9 layers or experts is not a count
+        ok = isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= MAX_FACT
         return raw if ok else None
     if kind == "bool":
         return raw if isinstance(raw, bool) else None
@@ -312,10 +317,15 @@ def _shipped(config: Mapping[str, Any], names: Sequence[str], fp: Fingerprint) -
             m = regex.match(name)
             if m is None:
                 continue
+            idx = m.group("idx")
+            if idx is not None and len(idx) > MAX_INDEX_DIGITS:
+                if not any(w.startswith("tensor names with") for w in fp.warnings):
+                    fp.warnings.append(f"tensor names with layer indices of over {MAX_INDEX_DIGITS} digits; ignored")
+                continue
             matched = True
             prefixes.add(m.group("prefix") or "")
-            if m.group("idx") is not None:
-                indices.add(int(m.group("idx")))
+            if idx is not None:
+                indices.add(int(idx))
         if not matched:
             continue
         count = len(indices) or 1

@@ -67,23 +67,28 @@ CREATE TABLE IF NOT EXISTS fingerprints (
 -- side files (weight index, safetensors header, hf_quant_config.json) that could not be read in
 -- that snapshot; `error` stays about the config. Added after the first stores were written.
 ALTER TABLE hub_models ADD COLUMN IF NOT EXISTS side_file_error VARCHAR;
+-- listing coverage: models seen on the listing pages fetched, and per org (JSON) seen vs kept
+ALTER TABLE snapshots ADD COLUMN IF NOT EXISTS n_seen INTEGER;
+ALTER TABLE snapshots ADD COLUMN IF NOT EXISTS coverage VARCHAR;
 
+-- TRY_CAST: a stored value that is not a number of the column's type reads as NULL, so one repo's
+-- junk can never fail a query over the whole store.
 CREATE OR REPLACE VIEW fingerprints_wide AS
 SELECT repo_id, sha, any_value(rule_version) AS rule_version,
-    (max(value) FILTER (WHERE name = 'declared_num_mtp_layers'))::INTEGER AS declared_num_mtp_layers,
+    TRY_CAST(max(value) FILTER (WHERE name = 'declared_num_mtp_layers') AS INTEGER) AS declared_num_mtp_layers,
     max(path) FILTER (WHERE name = 'declared_num_mtp_layers') AS declared_key,
-    (max(value) FILTER (WHERE name = 'shipped_mtp_layers'))::INTEGER AS shipped_mtp_layers,
+    TRY_CAST(max(value) FILTER (WHERE name = 'shipped_mtp_layers') AS INTEGER) AS shipped_mtp_layers,
     max(path) FILTER (WHERE name = 'shipped_mtp_layers') AS shipped_evidence,
     max(value) FILTER (WHERE name = 'shipped_family') AS shipped_family,
     max(path) FILTER (WHERE name = 'shipped_family') AS weight_source,
     max(value) FILTER (WHERE name = 'model_type') AS model_type,
     max(value) FILTER (WHERE name = 'architectures') AS architectures,
-    (max(value) FILTER (WHERE name = 'num_hidden_layers'))::INTEGER AS num_hidden_layers,
-    (max(value) FILTER (WHERE name = 'hidden_size'))::BIGINT AS hidden_size,
-    (max(value) FILTER (WHERE name = 'vocab_size'))::BIGINT AS vocab_size,
+    TRY_CAST(max(value) FILTER (WHERE name = 'num_hidden_layers') AS INTEGER) AS num_hidden_layers,
+    TRY_CAST(max(value) FILTER (WHERE name = 'hidden_size') AS BIGINT) AS hidden_size,
+    TRY_CAST(max(value) FILTER (WHERE name = 'vocab_size') AS BIGINT) AS vocab_size,
     max(value) FILTER (WHERE name = 'torch_dtype') AS torch_dtype,
     max(value) FILTER (WHERE name = 'quant_method') AS quant_method,
-    (max(value) FILTER (WHERE name = 'num_experts'))::INTEGER AS num_experts,
+    TRY_CAST(max(value) FILTER (WHERE name = 'num_experts') AS INTEGER) AS num_experts,
     max(value) FILTER (WHERE name = 'warnings') AS warnings
 FROM fingerprints GROUP BY repo_id, sha;
 
@@ -130,12 +135,21 @@ def connect(path: Path | str, read_only: bool = False) -> duckdb.DuckDBPyConnect
                 "or readers only while no one writes). Wait for that process to finish "
                 "(e.g. a running `atlas crawl`) and try again."
             ) from None
-        raise AtlasError(f"cannot open the atlas store {path}: {exc}") from None
+        raise AtlasError(f"cannot open the atlas store {path}: {_first_line(exc)}") from None
     except duckdb.Error as exc:
-        raise AtlasError(f"cannot open the atlas store {path}: {exc}") from None
+        raise AtlasError(f"cannot open the atlas store {path}: {_first_line(exc)}") from None
     if not read_only:
-        con.execute(SCHEMA)
+        try:
+            con.execute(SCHEMA)
+        except duckdb.Error as exc:
+            con.close()
+            raise AtlasError(f"the atlas store {path} is damaged or not an atlas store: {_first_line(exc)}") from None
     return con
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 # ---- rows the crawler hands over ----------------------------------------------------------------
@@ -158,6 +172,8 @@ class SnapshotRow:
     n_requests: int
     n_rate_limited: int
     problems: str | None
+    n_seen: int | None = None
+    coverage: str | None = None
 
 
 @dataclass
@@ -287,6 +303,24 @@ def _rows_for(
         ).fetchall()
 
 
+def require_complete_snapshot(db: Path) -> int:
+    """The newest complete snapshot's id; AtlasError when the store has none (evidence drawn from
+    no snapshot would only count zeros)."""
+    con = connect(db, read_only=True)
+    try:
+        rows = con.execute("SELECT max(snapshot_id) FROM snapshots WHERE status = 'complete'").fetchall()
+        partial = con.execute("SELECT count(*) FROM snapshots WHERE status <> 'complete'").fetchall()[0][0]
+    except duckdb.Error as exc:
+        raise AtlasError(f"the atlas store {db} is damaged or not an atlas store: {_first_line(exc)}") from None
+    finally:
+        con.close()
+    if not rows or rows[0][0] is None:
+        extra = f" ({partial} partial snapshot(s) only: their crawls missed whole orgs)" if partial else ""
+        raise AtlasError(f"the atlas store {db} has no complete snapshot{extra}: run `atlas crawl` "
+                         "(or `make crawl-mirror` for the bundled mirror) first")
+    return int(rows[0][0])
+
+
 def stored_pairs(con: duckdb.DuckDBPyConnection, pairs: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
     """Those of `pairs` whose config.json is stored: these cost no config request in a new crawl."""
     rows = _rows_for(con, pairs, "DISTINCT t.repo_id, t.sha", "raw_files", "t.filename = 'config.json'")
@@ -401,11 +435,13 @@ def write_snapshot(
         _replace_fingerprints(con, fingerprint_rows)
         s = snapshot
         con.execute(
-            "INSERT INTO snapshots VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO snapshots (snapshot_id, started_at, finished_at, endpoint, watchlist_digest, status, "
+            "n_listed, n_fetched, n_unchanged, n_gated, n_missing, n_failed, rule_version, n_requests, "
+            "n_rate_limited, problems, n_seen, coverage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 snapshot_id, s.started_at, s.finished_at, s.endpoint, s.watchlist_digest, s.status,
                 s.n_listed, s.n_fetched, s.n_unchanged, s.n_gated, s.n_missing, s.n_failed,
-                s.rule_version, s.n_requests, s.n_rate_limited, s.problems,
+                s.rule_version, s.n_requests, s.n_rate_limited, s.problems, s.n_seen, s.coverage,
             ],
         )
         types = {

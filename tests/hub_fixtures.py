@@ -29,6 +29,7 @@ TEAM_MODEL = "mtp-atlas/byte-mtp-8l"
 # Every attributed config of the bundled mirror: (declared_num_mtp_layers, declared_key).
 # The values come from SOURCES.tsv's notes column, written when the files were collected.
 EXPECTED_DECLARED: dict[str, tuple[int | None, str | None]] = {
+    "Flagstone8878/Qwen3.5-18B-REAP-A3B-Coding": (1, "mtp_num_hidden_layers"),
     "MiniMaxAI/MiniMax-M2.7": (3, "num_mtp_modules"),
     "Qwen/Qwen2.5-1.5B": (None, None),
     "Qwen/Qwen2.5-32B": (None, None),
@@ -84,6 +85,7 @@ EXPECTED_DECLARED: dict[str, tuple[int | None, str | None]] = {
 EXPECTED_TEAM = {"declared": (1, "num_nextn_predict_layers"), "shipped": 1, "evidence": "mtp.*"}
 
 DERIVATIVES = {
+    "Flagstone8878/Qwen3.5-18B-REAP-A3B-Coding",
     "Qwen/Qwen3-235B-A22B-FP8", "Qwen/Qwen3-30B-A3B-FP8", "Qwen/Qwen3-32B-FP8",
     "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "nvidia/DeepSeek-V3-0324-NVFP4",
     "nvidia/DeepSeek-V3.1-NVFP4", "nvidia/DeepSeek-V3.2-NVFP4", "nvidia/Llama-3.1-70B-Instruct-FP8",
@@ -142,8 +144,10 @@ def make_hub() -> Iterator:
 
 @pytest.fixture
 def no_sleep(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Patch the hub client's sleep (huggingface_hub.utils._http.time.sleep, which is time.sleep)
-    so retries never really wait; returns the list of requested waits."""
+    """Patch every wait of a crawl so nothing really waits: the hub client's backoff
+    (huggingface_hub.utils._http.time.sleep, which is time.sleep) and the crawler's own pauses
+    (atlas.hub.pacing.wait: rate-limit holds and retries). Returns the list of requested waits."""
     waits: list[float] = []
     monkeypatch.setattr("huggingface_hub.utils._http.time.sleep", waits.append)
+    monkeypatch.setattr("atlas.hub.pacing.wait", lambda event, seconds: waits.append(seconds))
     return waits

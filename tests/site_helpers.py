@@ -35,6 +35,12 @@ class Model:
     exemplar: bool = False
     derivative: bool = False
     base: list[str] = field(default_factory=list)
+    created: datetime | None = None  # the Hub listing's createdAt
+
+    @property
+    def ours(self) -> bool:
+        """Made by this project (its org), so never counted as a Hub model."""
+        return self.repo_id.split("/", 1)[0] == "mtp-atlas"
 
 
 def snapshot_row(day: int, n: int) -> store.SnapshotRow:
@@ -51,7 +57,7 @@ def write_snapshot(db: Path, day: int, models: list[Model]) -> None:
     try:
         rows = [
             store.ModelRow(
-                repo_id=m.repo_id, sha=m.sha, last_modified=None, created_at=None, downloads=10,
+                repo_id=m.repo_id, sha=m.sha, last_modified=None, created_at=m.created, downloads=10,
                 likes=1, gated=None, private=False, pipeline_tag="text-generation",
                 library_name="transformers", tags=[], base_models=m.base, base_relation=None,
                 is_derivative=m.derivative, is_exemplar=m.exemplar, param_total=None,
@@ -74,18 +80,24 @@ def write_snapshot(db: Path, day: int, models: list[Model]) -> None:
 
 HOSTILE_MODELS = [
     Model("deepseek-ai/DeepSeek-V3", "1" * 40, 1, "num_nextn_predict_layers", 1, "model.layers.61.*",
-          "deepseek_v3", "DeepseekV3ForCausalLM", exemplar=True),
-    Model(HOSTILE_ID, "a" * 40, 3, HOSTILE_KEY, 0, None, HOSTILE_TYPE, "A|B,<i>C</i>", exemplar=True),
+          "deepseek_v3", "DeepseekV3ForCausalLM", exemplar=True, created=datetime(2024, 12, 25, 12, 0)),
+    Model(HOSTILE_ID, "a" * 40, 3, HOSTILE_KEY, 0, None, HOSTILE_TYPE, "A|B,<i>C</i>", exemplar=True,
+          created=datetime(2025, 3, 1, 0, 0)),
     Model("MiniMaxAI/MiniMax-M2.7", "2" * 40, 3, "num_mtp_modules", 0, None, "minimax_m2",
-          "MiniMaxM2ForCausalLM"),
+          "MiniMaxM2ForCausalLM", created=datetime(2025, 3, 20, 8, 0)),
     Model("Qwen/Qwen3-Next-80B-A3B-Thinking", "3" * 40, None, None, 1, "mtp.*", "qwen3_next",
           "Qwen3NextForCausalLM"),
     Model("moonshotai/Kimi-K2-Instruct", "4" * 40, 0, "num_nextn_predict_layers", None, None,
           "kimi_k2", "DeepseekV3ForCausalLM"),
     Model("mlx-community/DeepSeek-V3-4bit", "5" * 40, 1, "num_nextn_predict_layers", 0, None,
-          "deepseek_v3", "DeepseekV3ForCausalLM", derivative=True, base=["deepseek-ai/DeepSeek-V3"]),
+          "deepseek_v3", "DeepseekV3ForCausalLM", derivative=True, base=["deepseek-ai/DeepSeek-V3"],
+          created=datetime(2022, 3, 2, 23, 29, 4)),  # the Hub's placeholder: creation date unknown
     Model("meta-llama/Llama-3.3-70B-Instruct", "6" * 40),
+    # made by this project: shown in its own row group, never counted, charted or an exemplar
+    Model("mtp-atlas/byte-mtp-8l", "7" * 40, 1, "num_nextn_predict_layers", 1, "mtp.*", "mellum",
+          "MellumForCausalLM", exemplar=True, created=datetime(2026, 11, 1, 0, 0)),
 ]
+HUB_MODELS = [m for m in HOSTILE_MODELS if not m.ours]
 
 
 def hostile_store(db: Path) -> None:

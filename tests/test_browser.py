@@ -1,7 +1,13 @@
-"""The built site in a real browser: serve it with `atlas site serve` on 127.0.0.1, load module 8
-in headless Chromium, and check the rendered DOM (after the page's scripts ran) holds the declared
-rows and the separate measured section. A screenshot is kept under build/test-artifacts/ (or
-$ATLAS_TEST_ARTIFACTS). Skips only when no Chromium binary exists."""
+"""The built site in a real browser: crawl the bundled mirror, import the committed measurement
+records, build the site, serve it with `atlas site serve` on 127.0.0.1 and drive headless Chromium
+through the DevTools protocol (tests/chromium_cdp.py) at 1400 px and 390 px.
+
+Measured in the DOM, after the pages' own scripts ran, on every page of the site: no table and no
+chart wider than the content column at 1400 px, no horizontal scrolling of the page at 390 px with
+every table shown as cards, chart labels at least 9 px tall at both widths. Also: the measured
+summary shows its fields, a header click sorts, the site search finds a model by part of its id.
+Screenshots of module 8 at both widths go to build/test-artifacts/ (or $ATLAS_TEST_ARTIFACTS).
+Skips only when no Chromium binary exists."""
 
 from __future__ import annotations
 
@@ -17,9 +23,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from site_helpers import REPO, crawl_mirror, declared_repo_ids, parse_html, site_copy
+from chromium_cdp import Chromium
+from site_helpers import REPO, crawl_mirror, declared_repo_ids, site_copy
 
-from atlas.site import evidence, render
+from atlas import store
+from atlas.measure import records
+from atlas.site import evidence, modelpages, render
 
 CHROMIUM = next(
     (found for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -32,16 +41,17 @@ pytestmark = pytest.mark.skipif(
     "browser test cannot run here; .ci/run installs Debian's chromium",
 )
 ARTIFACTS = Path(os.environ.get("ATLAS_TEST_ARTIFACTS") or REPO / "build" / "test-artifacts")
-DECLARED_HEADER = ["model", "num_mtp_layers", "key", "revision", "snapshot", "note"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+PROBE = (Path(__file__).parent / "layout_probe.js").read_text(encoding="utf-8")
+WIDE, PHONE = 1400, 390
+MIN_LABEL_PX = 9.0
+MODULE_8 = "modules/module-08/"
+SUMMARY_HEADER = ["engine (baseline)", "workload", "T", "gate (k shown)", "acceptance",
+                  "accepted length", "speed-up (range)", "ideal", "efficiency", "greedy identical"]
 
 
 def _chromium(*args: str) -> subprocess.CompletedProcess[str]:
+    """One headless Chromium run from the command line (--dump-dom, --screenshot ...), with its
+    own throw-away profile; tests/test_course_browser.py uses it too."""
     with tempfile.TemporaryDirectory() as profile:
         return subprocess.run(
             [CHROMIUM or "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -51,13 +61,28 @@ def _chromium(*args: str) -> subprocess.CompletedProcess[str]:
         )
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, render.Layout]]:
     root = tmp_path_factory.mktemp("browser-site")
     layout = site_copy(root)  # the course's real module pages
     db = root / "atlas.duckdb"
     crawl_mirror(db)
-    evidence.generate(db, layout.evidence / "module-08.evidence.md", layout.evidence / "servable.toml")
+    con = store.connect(db)
+    try:
+        loaded, _, errors = records.import_records(con, REPO / "evidence" / "measurements")
+    finally:
+        con.close()
+    assert not errors, errors
+    evidence.generate(db, layout.evidence / "module-08.evidence.md", layout.evidence / "servable.toml",
+                      REPO / "data" / "hub-mirror" / "SOURCES.tsv")
+    # the per-model pages too, as `atlas evidence` writes them: every page of the site is measured
+    modelpages.generate(db, layout.evidence / modelpages.FILE_NAME, layout.evidence / "servable.toml", REPO)
     render.build(layout)
     port = _free_port()
     server = subprocess.Popen(
@@ -76,47 +101,151 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise AssertionError(f"`atlas site serve` did not answer on {url}")
                 time.sleep(0.2)
-        yield url, db
+        yield url, db, layout
     finally:
         server.terminate()
         server.wait(timeout=10)
 
 
-def test_module_8_in_chromium_shows_declared_rows_and_a_separate_measured_section(
-    served: tuple[str, Path],
-) -> None:
-    url, db = served
-    page_url = url + "modules/module-08/"
-    dom = _chromium("--virtual-time-budget=5000", "--dump-dom", page_url)
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    page = parse_html(dom.stdout)
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Chromium]:
+    with Chromium(CHROMIUM or "chromium") as b:
+        yield b
 
-    declared = [t for t in page.tables if t.header == DECLARED_HEADER]
-    assert len(declared) == 1, [t.header for t in page.tables]
-    assert sorted(row[0] for row in declared[0].rows) == declared_repo_ids(db)
 
-    # The sortable-tables script ran in the browser (it marks every table it wires up).
-    assert ("data-atlas-sortable", "1") in [a for tag, attrs in page.elements if tag == "table" for a in attrs]
+def _pages(layout: render.Layout) -> list[str]:
+    """Every page of the built site, as a path under its root ("" for the home page)."""
+    pages = []
+    for html in sorted(layout.build.rglob("index.html")):
+        rel = html.parent.relative_to(layout.build).as_posix()
+        if rel.startswith(("assets", "search")) or rel == "404":
+            continue
+        pages.append("" if rel == "." else rel + "/")
+    return pages
 
-    # The measured section: its own heading, after every present-claim table, with either the
-    # measured table or the explicit "no measurement yet" notice.
-    classes = [(tag, dict(attrs).get("class") or "", dict(attrs).get("id")) for tag, attrs in page.elements]
-    measured_heading = next(i for i, (tag, _, ident) in enumerate(classes) if tag == "h2" and ident == "measured")
-    measured_box = next(i for i, (tag, cls, _) in enumerate(classes)
-                        if tag == "div" and "admonition" in cls.split() and "measured" in cls.split())
-    servable_box = next(i for i, (tag, cls, _) in enumerate(classes)
-                        if tag == "div" and "admonition" in cls.split() and "servable" in cls.split())
-    assert servable_box < measured_heading < measured_box
-    text = " ".join(page.text.split())
-    measured_tables = [t for t in page.tables if t.header[:4] == ["date", "model", "revision", "hardware"]]
-    assert measured_tables or evidence.NO_MEASUREMENT in text
 
-    # Screenshots: the top of the page, and the whole page (a tall window: headless Chromium
-    # does not paint a page scrolled to a far anchor reliably).
+def _measure(browser: Chromium, url: str, width: int) -> dict:
+    page = browser.open(url, width)
+    try:
+        page.evaluate(PROBE)
+        return page.evaluate("atlasProbe.measure()")
+    finally:
+        page.close()
+
+
+@pytest.fixture(scope="module")
+def layouts(served: tuple[str, Path, render.Layout], browser: Chromium) -> dict[tuple[str, int], dict]:
+    url, _, layout = served
+    return {(p, w): _measure(browser, url + p, w) for p in _pages(layout) for w in (WIDE, PHONE)}
+
+
+def test_no_table_or_chart_overflows_the_column_at_1400px(layouts: dict[tuple[str, int], dict]) -> None:
+    checked = 0
+    for (page, width), m in layouts.items():
+        if width != WIDE:
+            continue
+        right = m["column"]["innerRight"] + 1  # sub-pixel rounding
+        assert m["docScrollWidth"] <= m["width"], (page, "the page scrolls sideways")
+        for t in m["tables"]:
+            assert t["box"]["right"] <= right and t["maxCellRight"] <= right, (page, t["header"], t["box"], right)
+            assert t["hiddenScroll"] <= 1, (page, t["header"], "the table scrolls inside its box")
+            checked += 1
+        for c in m["charts"]:
+            assert c["box"]["right"] <= right, (page, c["title"])
+            assert c["minSvgFont"] >= MIN_LABEL_PX and c["minHtmlFont"] >= MIN_LABEL_PX, (page, c)
+            checked += 1
+    assert checked >= 10, "module 8 alone has more tables and charts than that"
+    assert sum(1 for page, _ in layouts if page.startswith("models/")) > 10, "the model pages were measured"
+    assert any(t["header"] == SUMMARY_HEADER for t in layouts[(MODULE_8, WIDE)]["tables"])
+
+
+def test_every_page_is_usable_at_390px(layouts: dict[tuple[str, int], dict]) -> None:
+    for (page, width), m in layouts.items():
+        if width != PHONE:
+            continue
+        assert m["width"] == PHONE
+        assert m["docScrollWidth"] <= PHONE, (page, "the page scrolls sideways on a phone")
+        right = m["column"]["innerRight"] + 1
+        for t in m["tables"]:
+            # each row of an evidence table a card of "column: value" lines (a widget's table of
+            # inputs stays a table, and must fit as one); nothing cut off at the right edge
+            assert t["cards"] or t["widget"], (page, t["header"], "not shown as cards on a phone")
+            assert t["maxCellRight"] <= right and t["hiddenScroll"] <= 1, (page, t["header"])
+            assert t["minFont"] >= 11, (page, t["header"])
+        for c in m["charts"]:
+            assert c["box"]["right"] <= right, (page, c["title"])
+            assert c["minSvgFont"] >= MIN_LABEL_PX, (page, c["title"], c["minSvgFont"])
+
+
+def test_measured_summary_shows_its_fields(served: tuple[str, Path, render.Layout], browser: Chromium) -> None:
+    url, _, _ = served
+    page = browser.open(url + MODULE_8, WIDE)
+    try:
+        page.evaluate(PROBE)
+        summary = page.evaluate(
+            "Array.from(document.querySelectorAll('article table')).map(t => ["
+            " Array.from(t.tHead.rows[0].cells).map(c => c.textContent.trim()),"
+            " Array.from(t.tBodies[0].rows).map(r => Array.from(r.cells).map(c => c.textContent.trim()))])"
+            ".filter(t => t[0][0] === 'engine (baseline)')")
+    finally:
+        page.close()
+    assert summary, "no measured summary table on module 8"
+    header, rows = summary[0]
+    assert header == SUMMARY_HEADER
+    committed = [records.read_record(p) for p in sorted((REPO / "evidence" / "measurements").glob("*.json"))]
+    groups = {(c.engine, c.workload, c.temperature) for c in committed[0].cells}
+    assert len(rows) == len(groups)  # one row per engine x workload x temperature
+    for row in rows:
+        assert row[3].startswith(("on, k=", "off (best k=", "— (")), row
+        assert float(row[4]) >= 0 and float(row[5]) >= 1  # acceptance, tokens per verify pass
+        median, rng = row[6].split(" ", 1)
+        lo, hi = rng.strip("()").split("–")
+        assert float(lo) <= float(median) <= float(hi)
+        assert row[9] in ("yes", "NO", "n/a (T > 0)")
+
+
+def test_a_header_click_sorts_the_column(served: tuple[str, Path, render.Layout], browser: Chromium) -> None:
+    url, _, _ = served
+    page = browser.open(url + MODULE_8, WIDE)
+    try:
+        page.evaluate(PROBE)
+        index = page.evaluate(
+            "Array.from(document.querySelectorAll('.md-content__inner table'))"
+            ".findIndex(t => t.tHead.rows[0].cells[0].textContent.trim() === 'engine (baseline)')")
+        column = SUMMARY_HEADER.index("acceptance")
+        result = page.evaluate(f"atlasProbe.sort({index}, {column})")
+    finally:
+        page.close()
+    numbers = [float(v) for v in result["before"]]
+    assert [float(v) for v in result["first"]] == sorted(numbers)
+    assert [float(v) for v in result["second"]] == sorted(numbers, reverse=True)
+    assert (result["firstAria"], result["secondAria"]) == ("ascending", "descending")
+    assert result["first"] != result["before"]  # the committed record's rows are not pre-sorted
+
+
+def test_search_finds_a_model_by_part_of_its_id(served: tuple[str, Path, render.Layout], browser: Chromium) -> None:
+    url, db, _ = served
+    assert "moonshotai/Kimi-K2-Instruct" in declared_repo_ids(db)
+    page = browser.open(url + MODULE_8, WIDE)
+    try:
+        page.evaluate(PROBE)
+        found = page.evaluate("atlasProbe.search('Kimi')")
+    finally:
+        page.close()
+    assert any("moonshotai/Kimi-K2-Instruct" in r for r in found["results"]), found
+
+
+def test_module_8_screenshots_at_both_widths(served: tuple[str, Path, render.Layout], browser: Chromium) -> None:
+    url, _, _ = served
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    for name, size in (("module-08", "1280,2400"), ("module-08-full", "1280,16000")):
-        shot = ARTIFACTS / f"{name}.png"
+    for width in (WIDE, PHONE):
+        shot = ARTIFACTS / f"module-08-{width}px.png"
         shot.unlink(missing_ok=True)
-        done = _chromium(f"--window-size={size}", "--hide-scrollbars", f"--screenshot={shot}", page_url)
-        assert done.returncode == 0, done.stderr[-2000:]
+        page = browser.open(url + MODULE_8, width)
+        try:
+            page.evaluate(PROBE)
+            page.evaluate("atlasProbe.measure()")  # opens the collapsible blocks, so they show
+            page.screenshot(shot)
+        finally:
+            page.close()
         assert shot.stat().st_size > 100_000, "a rendered page, not a blank one"

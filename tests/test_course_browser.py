@@ -176,7 +176,7 @@ def test_finder_filters_from_its_url_and_lists_every_model(site) -> None:
     page = parse_html(dom.stdout)
     table = next(t for t in page.tables if t.header[:1] == ["model"])
     assert len(table.rows) == len(models.models)
-    visible = re.findall(r"<tr(?![^>]*hidden)[^>]*><td>(.*?)</td>", dom.stdout.split("<tbody>", 1)[1])
+    visible = re.findall(r"<tr(?![^>]*hidden)[^>]*><td[^>]*>(.*?)</td>", dom.stdout.split("<tbody>", 1)[1])
     assert [re.sub("<[^>]+>", "", v) for v in visible] == ["moonshotai/Kimi-K2-Instruct"]
     assert f"1 of {len(models.models)} models shown" in dom.stdout
     assert 'data-atlas-sortable="1"' in dom.stdout  # sort-tables.js wired the finder's table

@@ -124,8 +124,13 @@ def test_pagination_follows_link_headers(tmp_path: Path, make_hub) -> None:
     summary = run_crawl(tmp_path, hub, write_watchlist(tmp_path / "w.toml", ["Qwen"]))
     qwen = [r for r in EXPECTED_DECLARED if r.startswith("Qwen/")]
     assert summary.listed == len(qwen) == 21
-    pages = [r for r in hub.requests if r["path"] == "/api/models"]
-    assert len(pages) == 7 and all("cursor=" in r["query"] for r in pages[1:])
+    pages = [r for r in hub.requests if r["path"] == "/api/models" and r["query"] != "limit=1"]  # not the reachability check
+    # one listing per pipeline tag, filtered by the server: text-generation 15 repos (5 pages of 3),
+    # image-text-to-text 6 (2 pages); each next page is the Link URL, cursor and filters in it
+    assert len(pages) == 7
+    assert all("pipeline_tag=text-generation" in r["query"] for r in pages[:5])
+    assert all("pipeline_tag=image-text-to-text" in r["query"] for r in pages[5:])
+    assert ["cursor=" in r["query"] for r in pages] == [False, True, True, True, True, False, True]
     assert all("author=Qwen" in r["query"] and "expand=sha" in r["query"] for r in pages)
 
 
@@ -173,14 +178,19 @@ def test_gated_and_missing(tmp_path: Path, make_hub, no_sleep: list[float]) -> N
     mirror = copy_mirror(tmp_path / "m", ["zai-org/GLM-4.5", "zai-org/GLM-4.5-Air", "zai-org/GLM-5-FP8"])
     (mirror / "zai-org/GLM-5-FP8/config.json").rename(mirror / "zai-org/GLM-5-FP8/params.json")
     hub = make_hub(mirror)
-    hub.gated.add("zai-org/GLM-4.5")  # 403 + X-Error-Code: GatedRepo on every file
-    hub.inject(Fault(401, path_contains="/zai-org/GLM-4.5-Air/resolve/", times=1))
+    hub.gated.add("zai-org/GLM-4.5")  # 401 + X-Error-Code: GatedRepo on every file (no token)
+    # the Hub's answer for a private repo without a token: 401 + RepoNotFound, i.e. missing, not gated
+    hub.inject(Fault(401, path_contains="/zai-org/GLM-4.5-Air/resolve/", times=1, error_code="RepoNotFound"))
     watch = write_watchlist(tmp_path / "w.toml", ["zai-org"], repos=["zai-org/absent"])
     summary = run_crawl(tmp_path, hub, watch)
-    assert (summary.gated, summary.missing, summary.fetched, summary.status) == (2, 2, 0, "complete")
+    assert (summary.gated, summary.missing, summary.fetched, summary.status) == (1, 3, 0, "complete")
     rows = dict(query(tmp_path / "atlas.duckdb", "SELECT repo_id, fetch_status FROM mtp_fingerprints"))
-    assert rows == {"zai-org/GLM-4.5": "gated", "zai-org/GLM-4.5-Air": "gated",
+    assert rows == {"zai-org/GLM-4.5": "gated", "zai-org/GLM-4.5-Air": "missing",
                     "zai-org/GLM-5-FP8": "missing", "zai-org/absent": "missing"}
+    errors = dict(query(tmp_path / "atlas.duckdb", "SELECT repo_id, error FROM mtp_fingerprints"))
+    assert "401 RepoNotFound" in errors["zai-org/GLM-4.5-Air"] and "401 RepoNotFound" in errors["zai-org/absent"]
+    assert "GatedRepo" in errors["zai-org/GLM-4.5"]
+    assert [r["status"] for r in hub.requests if r["path"] == "/api/models/zai-org/absent"] == [401]
     # missing config known from the listing's siblings: no request for it
     assert not any("GLM-5-FP8" in r["path"] for r in hub.file_requests())
 
@@ -307,7 +317,8 @@ def test_hf_token_is_sent_but_never_stored_or_printed(tmp_path: Path, make_hub, 
                                       "--cache-dir", str(tmp_path / "c"), "--no-progress"])
     assert result.exit_code == 0, result.output
     assert canary not in result.output
-    assert hub.requests and all(r["auth"] for r in hub.requests)
+    assert hub.requests and all(r["auth"] for r in hub.requests if r["query"] != "limit=1")  # not the reachability check
+    assert hub.cdn_requests == [] or not any(r["auth"] for r in hub.cdn_requests)
     con = duckdb.connect(str(db), read_only=True)
     cols = con.execute("SELECT table_name, column_name FROM information_schema.columns "
                        "WHERE data_type = 'VARCHAR' AND table_schema = 'main'").fetchall()
@@ -441,3 +452,231 @@ def test_single_file_checkpoint_names_come_from_its_header(tmp_path: Path, make_
     assert row == [(None, 1, "mtp.*", "header")]
     weights = [r for r in hub.file_requests() if r["path"].endswith("model.safetensors")]
     assert weights and all(r["method"] == "GET" and r["range"] for r in weights)
+
+
+# ---- the real Hub's answers, end to end ------------------------------------------------------------
+
+
+def _repo(mirror: Path, repo_id: str, meta: str = "", **files: bytes) -> None:
+    folder = mirror / repo_id
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name.replace("__", ".")).write_bytes(data)
+    if meta:
+        with open(mirror / "HUB_METADATA.toml", "a") as fh:
+            fh.write(f'["{repo_id}"]\n{meta}\n')
+
+
+GOOD = (MIRROR / "zai-org/GLM-4.5/config.json").read_bytes()
+
+
+def test_statuses_from_the_hubs_real_answers(tmp_path: Path, make_hub, no_sleep: list[float]) -> None:
+    mirror = tmp_path / "m"
+    _repo(mirror, "org/open", config__json=GOOD)
+    _repo(mirror, "org/gated", 'gated = "manual"', config__json=GOOD)
+    _repo(mirror, "org/off", "disabled = true", config__json=GOOD)
+    _repo(mirror, "org/secret", "private = true", config__json=GOOD)
+    hub = make_hub(mirror)
+    watch = write_watchlist(tmp_path / "w.toml", ["org"], repos=["org/secret", "org/never-was"])
+    summary = run_crawl(tmp_path, hub, watch)
+    rows = {r[0]: r[1:] for r in query(tmp_path / "atlas.duckdb", "SELECT repo_id, fetch_status, error FROM mtp_fingerprints")}
+    assert {r: v[0] for r, v in rows.items()} == {
+        "org/open": "ok", "org/gated": "gated", "org/off": "disabled", "org/secret": "missing", "org/never-was": "missing",
+    }
+    assert "401 RepoNotFound" in rows["org/secret"][1]  # private without a token: missing, never "gated"
+    assert (summary.gated, summary.missing, summary.fetched, summary.status) == (1, 3, 1, "complete")
+    # requests that cannot succeed are not made: nothing for the gated or the disabled repo's files
+    assert {r["path"].split("/resolve/")[0] for r in hub.file_requests()} == {"/org/open"}
+    # one GET per file (no HEAD), answered by a 307 to the resolve cache on the same host
+    assert [(r["method"], r["status"]) for r in hub.file_requests()] == [("GET", 307)]
+    assert [r["status"] for r in hub.requests if r["path"].startswith("/api/resolve-cache/")] == [200]
+    # only listing-valid expand values were sent to the listing
+    listing = [r["query"] for r in hub.requests if r["path"] == "/api/models" and "author=" in r["query"]]
+    assert listing and all("baseModels" not in q for q in listing)
+    assert all(r["status"] != 400 for r in hub.requests)
+
+
+def test_gated_repo_with_a_token_is_asked_and_lfs_headers_come_through_the_cdn(tmp_path: Path, make_hub) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    mirror = copy_mirror(tmp_path / "m", ["Qwen/Qwen3-Next-80B-A3B-Thinking"])
+    save_file({"mtp.fc.weight": np.zeros((2, 2), dtype=np.float32)},
+              str(mirror / "Qwen/Qwen3-Next-80B-A3B-Thinking/model.safetensors"))
+    hub = make_hub(mirror)
+    hub.gated.add("Qwen/Qwen3-Next-80B-A3B-Thinking")
+    hub.granted.add("Qwen/Qwen3-Next-80B-A3B-Thinking")
+    db = tmp_path / "atlas.duckdb"
+    summary = crawler.crawl(db, write_watchlist(tmp_path / "w.toml", ["Qwen"]), endpoint=hub.url, token="hf_granted",
+                            cache_dir=tmp_path / "c", progress=False)
+    assert (summary.fetched, summary.failed) == (1, 0)
+    assert query(db, "SELECT shipped_mtp_layers FROM mtp_fingerprints") == [(1,)]
+    weights = [r for r in hub.file_requests() if r["path"].endswith("model.safetensors")]
+    assert [r["status"] for r in weights] == [302] and all(r["auth"] for r in weights)
+    assert [(r["status"], r["range"], r["auth"]) for r in hub.cdn_requests] == [(206, "bytes=0-100000", False)]
+
+
+def test_coverage_filters_on_the_server_and_pages_only_down_to_the_minimum(tmp_path: Path, make_hub) -> None:
+    mirror = tmp_path / "m"
+    for i in range(12):  # a big mixed org: 12 image models with more downloads than any LLM
+        _repo(mirror, f"big/vision-{i:02d}", f'pipeline_tag = "image-classification"\ndownloads = {10_000 + i}',
+              config__json=b"{}")
+    for i, downloads in enumerate([9000, 800, 700, 50, 40, 30, 20, 10]):
+        _repo(mirror, f"big/llm-{i}", f"downloads = {downloads}", config__json=GOOD)
+    hub = make_hub(mirror, page_size=2)
+    watch = tmp_path / "w.toml"
+    watch.write_text('orgs = [{ author = "big", min_downloads = 500, max_models = 5 }]\n'
+                     '[defaults]\npipeline_tags = ["text-generation"]\n')
+    summary = run_crawl(tmp_path, hub, watch)
+    assert summary.listed == 3 and summary.fetched == 3  # top-N by downloads would have kept only images
+    [cover] = summary.coverage
+    assert (cover.seen, cover.kept, cover.capped) == (4, 3, False)  # stopped at the first under 500
+    pages = [r for r in hub.requests if r["path"] == "/api/models" and "author=" in r["query"]]
+    assert len(pages) == 2 and all("pipeline_tag=text-generation" in r["query"] for r in pages)
+    assert query(tmp_path / "atlas.duckdb", "SELECT n_seen FROM snapshots") == [(4,)]
+    lines = list(crawler.iter_summary_lines(summary))
+    assert any("4 models seen" in line and "3 kept" in line for line in lines)
+
+
+def test_no_network_fails_in_seconds_with_one_line_and_no_snapshot(tmp_path: Path) -> None:
+    import socket
+
+    db = tmp_path / "atlas.duckdb"
+    watch = write_watchlist(tmp_path / "w.toml", ["zai-org"])
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        for endpoint in ("http://127.0.0.1:9", f"http://127.0.0.1:{silent.getsockname()[1]}",
+                         "http://no-such-host.invalid"):
+            result = CliRunner().invoke(cli, ["crawl", "--db", str(db), "--endpoint", endpoint, "--watchlist", str(watch),
+                                              "--no-progress"])
+            assert result.exit_code == 1, result.output
+            [line] = result.output.strip().splitlines()
+            assert line.startswith(f"Error: cannot reach {endpoint}") and "make crawl-mirror" in line
+            assert "No snapshot was written" in line
+            assert not db.exists()  # the store was never opened, let alone locked
+
+
+def test_a_hub_that_stops_answering_midway_ends_the_crawl_without_a_snapshot(tmp_path: Path, make_hub, no_sleep) -> None:
+    hub = make_hub(MIRROR)
+    hub.inject(Fault(0, path_contains="/resolve/", times=-1))  # status 0: the connection is dropped
+    result = CliRunner().invoke(cli, ["crawl", "--db", str(tmp_path / "a.duckdb"), "--endpoint", hub.url,
+                                      "--watchlist", str(write_watchlist(tmp_path / "w.toml", ["Qwen"])),
+                                      "--cache-dir", str(tmp_path / "c"), "--no-progress"])
+    assert result.exit_code == 1 and "stopped answering" in result.output and "no snapshot written" in result.output
+    assert query(tmp_path / "a.duckdb", "SELECT count(*) FROM snapshots") == [(0,)]
+    assert len(hub.file_requests()) < 21 * crawler.MAX_ATTEMPTS  # it stopped asking
+
+
+def test_partial_snapshot_exits_non_zero_naming_the_org(tmp_path: Path, make_hub, no_sleep) -> None:
+    hub = make_hub(MIRROR)
+    hub.inject(Fault(503, path_contains="author=openai", times=-1))
+    db = tmp_path / "a.duckdb"
+    result = CliRunner().invoke(cli, ["crawl", "--db", str(db), "--endpoint", hub.url, "--no-progress",
+                                      "--watchlist", str(write_watchlist(tmp_path / "w.toml", ["zai-org", "openai"])),
+                                      "--cache-dir", str(tmp_path / "c")])
+    assert result.exit_code == 2
+    assert "snapshot 1 (partial)" in result.output and "org 'openai': listing failed: HTTP 503" in result.output
+    assert query(db, "SELECT status, n_listed FROM snapshots") == [("partial", 3)]
+
+
+def test_repos_that_could_not_be_fetched_exit_non_zero_and_are_named(tmp_path: Path, make_hub, no_sleep) -> None:
+    hub = make_hub(MIRROR)
+    hub.inject(Fault(502, path_contains="/zai-org/GLM-4.5-Air/resolve/", times=-1))
+    result = CliRunner().invoke(cli, ["crawl", "--db", str(tmp_path / "a.duckdb"), "--endpoint", hub.url, "--no-progress",
+                                      "--watchlist", str(write_watchlist(tmp_path / "w.toml", ["zai-org"])),
+                                      "--cache-dir", str(tmp_path / "c")])
+    assert result.exit_code == 2 and "snapshot 1 (complete)" in result.output
+    assert "not fetched (a later crawl may get it): zai-org/GLM-4.5-Air: HTTP 502" in result.output
+
+
+def test_ctrl_c_says_whether_the_snapshot_was_committed(tmp_path: Path, make_hub, monkeypatch: pytest.MonkeyPatch) -> None:
+    from atlas import store
+
+    hub = make_hub(MIRROR)
+    db = tmp_path / "a.duckdb"
+    args = ["crawl", "--db", str(db), "--endpoint", hub.url, "--no-progress", "--cache-dir", str(tmp_path / "c"),
+            "--watchlist", str(write_watchlist(tmp_path / "w.toml", ["zai-org"]))]
+    real_write = store.write_snapshot
+
+    def commit_then_interrupt(*a, **k):
+        real_write(*a, **k)
+        raise KeyboardInterrupt  # Ctrl-C right after the commit, before the crawl could report it
+
+    monkeypatch.setattr(store, "write_snapshot", commit_then_interrupt)
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 130 and "after snapshot 1 was committed" in result.output
+    assert query(db, "SELECT snapshot_id, status FROM snapshots") == [(1, "complete")]
+
+    def interrupt_before(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store, "write_snapshot", interrupt_before)
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 130 and "no snapshot written" in result.output
+    assert query(db, "SELECT count(*) FROM snapshots") == [(1,)]
+
+
+def test_sigint_during_the_downloads_exits_130(tmp_path: Path, make_hub) -> None:
+    hub = make_hub(MIRROR, latency_s=0.05)
+    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
+    env.update(HF_HUB_DISABLE_TELEMETRY="1", HF_HOME=str(tmp_path / "hfhome"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "atlas", "crawl", "--db", str(tmp_path / "a.duckdb"), "--endpoint", hub.url,
+         "--watchlist", str(write_watchlist(tmp_path / "w.toml", ALL_ORGS)), "--cache-dir", str(tmp_path / "c"),
+         "--concurrency", "2", "--no-progress"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while len(hub.file_requests()) < 5:
+        assert proc.poll() is None and time.monotonic() < deadline
+        threading.Event().wait(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "no snapshot written" in err and "Traceback" not in err
+    assert query(tmp_path / "a.duckdb", "SELECT count(*) FROM snapshots") == [(0,)]
+
+
+def test_evidence_refuses_a_store_without_a_complete_snapshot(tmp_path: Path) -> None:
+    from atlas import store
+
+    db = tmp_path / "empty.duckdb"
+    store.connect(db).close()
+    out = tmp_path / "ev.md"
+    result = CliRunner().invoke(cli, ["evidence", "--db", str(db), "--out", str(out)])
+    assert result.exit_code == 1 and "has no complete snapshot" in result.output and "atlas crawl" in result.output
+    assert not out.exists()
+
+
+def test_plan_lists_scope_requests_and_durations_without_file_requests(tmp_path: Path, make_hub) -> None:
+    hub = make_hub(MIRROR)
+    db = tmp_path / "atlas.duckdb"  # where run_crawl writes
+    watch = write_watchlist(tmp_path / "w.toml", ["zai-org", "deepseek-ai"], repos=["openai/gpt-oss-20b"])
+    result = CliRunner().invoke(cli, ["crawl", "--plan", "--db", str(db), "--endpoint", hub.url, "--watchlist", str(watch)])
+    assert result.exit_code == 0, result.output
+    assert hub.file_requests() == [] and not db.exists()
+    out = result.output
+    assert "-> 9 models in scope" in out and "to fetch: 9 new or changed" in out
+    assert "resolvers 18" in out  # a config each, 2 requests apiece (the 307 hop)
+    for tier in ("anonymous", "free", "pro"):
+        assert f"  {tier}" in out
+    run_crawl(tmp_path, hub, watch)  # once crawled, the plan knows nothing needs fetching
+    hub.clear_log()
+    result = CliRunner().invoke(cli, ["crawl", "--plan", "--db", str(db), "--endpoint", hub.url, "--watchlist", str(watch)])
+    assert "to fetch: 0 new or changed" in result.output and "resolvers 0" in result.output
+    assert hub.file_requests() == []
+
+
+def test_probe_prints_status_error_code_and_ratelimit(make_hub, tmp_path: Path) -> None:
+    hub = make_hub(MIRROR)
+    watch = write_watchlist(tmp_path / "w.toml", ["mtp-atlas"], exemplars=[TEAM_MODEL])
+    result = CliRunner().invoke(cli, ["crawl", "--probe", "--endpoint", hub.url, "--watchlist", str(watch)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert any("expand=baseModels -> 400" in line for line in lines)
+    assert any("atlas-probe-no-such-repo -> 401" in line and "X-Error-Code: RepoNotFound" in line for line in lines)
+    assert any("config.json -> 307" in line and "/api/resolve-cache/" in line for line in lines)
+    assert all('RateLimit: "' in line for line in lines[1:])
+    if team_model_present():
+        assert any("model.safetensors -> 302" in line and "(another host)" in line for line in lines)

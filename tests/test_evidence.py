@@ -13,6 +13,7 @@ from site_helpers import (
     HOSTILE_ID,
     HOSTILE_KEY,
     HOSTILE_MODELS,
+    HUB_MODELS,
     HOSTILE_TYPE,
     REPO,
     hostile_store,
@@ -82,24 +83,74 @@ def hostile_db(tmp_path: Path) -> Path:
 def test_facts_are_computed_from_the_snapshot(hostile_db: Path, tmp_path: Path) -> None:
     ev = evidence.generate(hostile_db, tmp_path / "ev.md", MATRIX)
     f = ev.facts
-    declaring = [m for m in HOSTILE_MODELS if (m.declared or 0) > 0]
-    assert (f.snapshot_id, f.snapshot_date) == (2, "2026-11-29")
-    assert f.n_models == len(HOSTILE_MODELS)
+    # counted independently from the fixture; the project's own model is never a Hub model
+    declaring = [m for m in HUB_MODELS if (m.declared or 0) > 0]
+    assert (f.snapshot_id, f.snapshot_date, f.mirror_build) == (2, "2026-11-29", False)
+    assert f.n_models == len(HUB_MODELS) == len(HOSTILE_MODELS) - 1
+    assert f.n_project_models == 1
     assert f.n_declaring == len(declaring)
-    assert f.n_declaring_zero == sum(1 for m in HOSTILE_MODELS if m.declared == 0)
+    assert f.n_declaring_zero == sum(1 for m in HUB_MODELS if m.declared == 0)
     layers: dict[int, int] = {}
-    for m in HOSTILE_MODELS:
+    for m in HUB_MODELS:
         if m.declared is not None:
             layers[m.declared] = layers.get(m.declared, 0) + 1
     assert f.n_layers == layers
     assert f.n_derivatives_declaring == sum(1 for m in declaring if m.derivative)
-    assert f.n_shipped_known == sum(1 for m in HOSTILE_MODELS if m.shipped is not None)
+    assert f.n_originals_declaring == sum(1 for m in declaring if not m.derivative)
+    assert f.n_shipped_known == sum(1 for m in HUB_MODELS if m.shipped is not None)
     assert f.n_mismatches == sum(
         1 for m in HOSTILE_MODELS if m.shipped is not None and (m.declared or 0) != m.shipped
     )
-    assert f.exemplars == sorted(m.repo_id for m in HOSTILE_MODELS if m.exemplar)
+    assert f.exemplars == sorted(m.repo_id for m in HUB_MODELS if m.exemplar)
+    assert "mtp-atlas/byte-mtp-8l" not in f.exemplars
+    # creation dates: known for the declaring Hub models with a real createdAt (not the placeholder)
+    assert f.n_created_known == sum(
+        1 for m in declaring if m.created is not None and m.created.year != 2022)
     assert f.n_measurements == 0
     assert f.servable_date == "2026-11-29"
+
+
+def test_project_models_get_their_own_row_group(hostile_db: Path, tmp_path: Path) -> None:
+    s = evidence.generate(hostile_db, tmp_path / "ev.md", MATRIX).sections
+    for name in ("declared", "shipped"):
+        hub, ours = s[name].split(evidence._OURS_NOTE.split(":")[0])
+        assert "mtp-atlas/byte-mtp-8l" in ours and "mtp-atlas/byte-mtp-8l" not in hub, name
+    assert "mtp-atlas" not in s["servable"] + s["layers_chart"] + s["adoption_chart"]
+    assert "Not counted: 1 model(s) this project made itself" in s["aggregate"]
+
+
+def test_adoption_by_creation_month_is_cumulative_by_lab(hostile_db: Path, tmp_path: Path) -> None:
+    s = evidence.generate(hostile_db, tmp_path / "ev.md", MATRIX).sections["adoption_chart"]
+    html = site_markdown(s)
+    page = parse_html(html)
+    months, labs = page.tables[0], page.tables[1]
+    # DeepSeek-V3 (2024-12), the hostile model (2025-03, declares 3) and MiniMax (2025-03): the
+    # derivative has only the Hub's placeholder date, the team model is ours.
+    assert months.header == ["month created", "new", "cumulative", "models"]
+    assert [r[:3] for r in months.rows] == [["2024-12", "1", "1"], ["2025-03", "2", "3"]]
+    assert "1 model(s) with an unknown creation date are not placed" in " ".join(page.text.split())
+    assert {r[0]: r[1] for r in labs.rows} == {"deepseek-ai": "1", "MiniMaxAI": "1",
+                                                shown(HOSTILE_ID).split("/")[0]: "1"}
+    # the chart: four months (2024-12 .. 2025-03), cumulative totals 1, 1, 1, 3 as value labels
+    values = re.findall(r'class="atlas-chart-value"[^>]*>([^<]*)<', s)
+    assert values[:4] == ["1", "1", "1", "3"]
+    # two snapshots in the store: the per-snapshot chart is there too
+    assert "per snapshot" in s and "2026-11-20" in s and "2026-11-29" in s
+
+
+def test_servable_matrix_lists_families_engines_and_models(hostile_db: Path, tmp_path: Path) -> None:
+    s = evidence.generate(hostile_db, tmp_path / "ev.md", MATRIX).sections["servable"]
+    page = parse_html(site_markdown(s))
+    matrix = page.tables[0]
+    assert matrix.header == ["family (model_type)", "models", "vLLM", "SGLang", "transformers"]
+    rows = {r[0]: r for r in matrix.rows}
+    # deepseek_v3: V3 and its mlx derivative; served by all three engines in the matrix
+    assert rows["deepseek_v3"][1] == "2: deepseek-ai/DeepSeek-V3, mlx-community/DeepSeek-V3-4bit"
+    assert all(cell.startswith("yes · M") and "[S" in cell for cell in rows["deepseek_v3"][2:])
+    assert rows["minimax_m2"][2:] == ["—", "—", "—"]
+    # every method and source is in the legend once, not on every row
+    assert s.count("speculative&#95;config") == 1
+    assert "S1" in s and "checked 2026-11-29" in s
 
 
 def test_evidence_file_round_trips_and_is_deterministic(hostile_db: Path, tmp_path: Path) -> None:
@@ -121,23 +172,49 @@ def test_sections_hold_each_claim_level_apart(hostile_db: Path, tmp_path: Path) 
     s = ev.sections
     for present in ("declared", "shipped", "mismatches", "servable", "aggregate"):
         assert "speedup" not in s[present].lower() and "acceptance" not in s[present].lower()
+        assert "speed-up" not in s[present].lower()
     assert evidence.NO_MEASUREMENT in s["measured"]
     assert "declared, not shipped" in s["mismatches"] and "shipped, not declared" in s["mismatches"]
     assert "<svg" in s["adoption_chart"] and "<svg" in s["layers_chart"]
-    assert "2026-11-20" in s["adoption_chart"] and "2026-11-29" in s["adoption_chart"]
     # Exemplars first in the declared table, then by declared value.
     rows = [line for line in s["declared"].splitlines() if line.startswith("| ") and "<code" in line]
-    exemplars = [m for m in HOSTILE_MODELS if m.exemplar]
+    exemplars = [m for m in HUB_MODELS if m.exemplar]
     assert all(line.endswith("| exemplar |") for line in rows[: len(exemplars)])
     assert rows[0].startswith(f"| {mdsafe.escape(HOSTILE_ID)} | 3 |")
     assert rows[1].startswith("| deepseek-ai/DeepSeek-V3 | 1 |")
+
+
+def test_a_live_crawl_links_hub_commits_and_a_mirror_crawl_says_mirror_hash(tmp_path: Path) -> None:
+    live = tmp_path / "live.duckdb"
+    hostile_store(live)
+    s = evidence.generate(live, tmp_path / "a.md", MATRIX).sections
+    assert "| Hub commit |" in s["declared"]
+    links = [dict(a)["href"] for tag, a in parse_html(site_markdown(s["declared"])).elements if tag == "a"]
+    assert "http://127.0.0.1:9/deepseek-ai/DeepSeek-V3/tree/" + "1" * 40 in links
+    assert "Where the mirror" not in s["declared"]
+
+    from site_helpers import crawl_mirror
+
+    mirror = tmp_path / "mirror.duckdb"
+    crawl_mirror(mirror)
+    sources = REPO / "data" / "hub-mirror" / "SOURCES.tsv"
+    ev = evidence.generate(mirror, tmp_path / "b.md", MATRIX, sources)
+    assert ev.facts.mirror_build
+    declared = ev.sections["declared"]
+    assert "| mirror hash |" in declared and "| Hub commit |" not in declared
+    assert "huggingface.co" not in declared  # a mirror hash links nowhere
+    # the config's real origin, from SOURCES.tsv, linked at its commit
+    links = [dict(a)["href"] for tag, a in parse_html(site_markdown(declared)).elements if tag == "a"]
+    assert ("https://github.com/ai-dynamo/aiconfigurator/blob/095f58a51c4ca8e61b66ec108d86f223f8d559ce/"
+            "aic-core/src/aiconfigurator_core/model_configs/deepseek-ai--DeepSeek-V3_config.json") in links
+    assert "not a Hub commit" in ev.sections["provenance"]
 
 
 def test_empty_store_gives_empty_but_complete_evidence(tmp_path: Path) -> None:
     db = tmp_path / "empty.duckdb"
     store.connect(db).close()
     ev = evidence.generate(db, tmp_path / "ev.md", MATRIX)
-    assert ev.facts.n_models == 0 and ev.facts.snapshot_date is None
+    assert ev.facts.n_models == 0 and ev.facts.snapshot_date is None and not ev.facts.mirror_build
     assert evidence.NO_MEASUREMENT in ev.sections["measured"]
     assert "No complete snapshot" in ev.sections["aggregate"]
 
@@ -165,7 +242,7 @@ def test_cli_writes_the_evidence_file(hostile_db: Path, tmp_path: Path) -> None:
                                       "--servable", str(MATRIX)])
     assert result.exit_code == 0, result.output
     assert "snapshot 2 (2026-11-29)" in result.output
-    assert evidence.read(out).facts.n_models == len(HOSTILE_MODELS)
+    assert evidence.read(out).facts.n_models == len(HUB_MODELS)
 
 
 def test_malformed_support_matrix_is_a_clear_error(hostile_db: Path, tmp_path: Path) -> None:

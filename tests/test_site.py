@@ -17,6 +17,7 @@ from site_helpers import (
     HOSTILE_HARDWARE,
     HOSTILE_ID,
     HOSTILE_MODELS,
+    HUB_MODELS,
     PLANTED_SPEED,
     REPO,
     hostile_store,
@@ -64,54 +65,85 @@ def test_hostile_values_neither_break_tables_nor_inject_markup(hostile_site: ren
     for table in page.tables:
         assert table.header, "every evidence table has a header row"
         assert all(len(row) == len(table.header) for row in table.rows), table
-    declared = [t for t in page.tables if t.section == "declared"]
-    assert len(declared) == 1
-    assert shown(HOSTILE_ID) in [row[0] for row in declared[0].rows]
+    hub, ours = [t for t in page.tables if t.section == "declared"]  # Hub models, then our own
+    assert shown(HOSTILE_ID) in [row[0] for row in hub.rows]
+    assert [row[0] for row in ours.rows] == ["mtp-atlas/byte-mtp-8l"]
     # The prose got the hostile exemplar through `facts`, escaped as well: it reads as text.
-    exemplars = ", ".join(sorted(m.repo_id for m in HOSTILE_MODELS if m.exemplar))
+    exemplars = ", ".join(sorted(m.repo_id for m in HUB_MODELS if m.exemplar))
     assert " ".join(("Exemplars: " + exemplars).split()) in " ".join(page.text.split())
 
 
-def test_every_present_claim_row_carries_snapshot_date_and_revision(hostile_site: render.Layout) -> None:
+def test_every_present_claim_row_carries_crawl_date_and_revision(hostile_site: render.Layout) -> None:
     page = parse_html(module_08_html(hostile_site))
     by_id = {shown(m.repo_id): m for m in HOSTILE_MODELS}
-    present = [t for t in page.tables if t.section in ("declared", "shipped", "mismatches", "servable")]
-    assert {t.section for t in present} == {"declared", "shipped", "mismatches", "servable"}
+    present = [t for t in page.tables if t.section in ("declared", "shipped", "mismatches")]
+    assert {t.section for t in present} == {"declared", "shipped", "mismatches"}
     for table in present:
-        assert "revision" in table.header and "snapshot" in table.header
+        # a live crawl (the fixture's endpoint is an http hub): the revision is a Hub commit
+        assert "Hub commit" in table.header and "crawled" in table.header
         model_col = table.header.index("model")
-        rev_col, date_col = table.header.index("revision"), table.header.index("snapshot")
+        rev_col, date_col = table.header.index("Hub commit"), table.header.index("crawled")
         assert not any("speed" in h or "accept" in h for h in table.header)
         for row in table.rows:
             model = by_id[row[model_col]]
             assert row[rev_col] == model.sha[:12], (table.section, row)
             assert row[date_col] == "2026-11-29", (table.section, row)
+    # the servable matrix is per family: each family row lists the models it covers
+    matrix = next(t for t in page.tables if t.section == "servable")
+    covered = " ".join(r[1] for r in matrix.rows)
+    declaring = [m for m in HUB_MODELS if (m.declared or 0) > 0 or (m.shipped or 0) > 0]
+    assert sum(int(r[1].split(":")[0]) for r in matrix.rows) == len(declaring)
+    assert all(shown(m.repo_id) in covered for m in declaring[:4])
 
 
-def test_measured_rows_carry_date_and_record_and_never_leak(hostile_site: render.Layout) -> None:
+def test_measured_summary_has_one_row_per_engine_workload_temperature(hostile_site: render.Layout) -> None:
     page = parse_html(module_08_html(hostile_site))
     record = RECORD_ID["planted"][:12]
     speed = f"{PLANTED_SPEED:.2f}"
     measured = [t for t in page.tables if t.section == "measured"]
-    cells, sources = measured  # the measured table, then its sources table
-    assert len(cells.rows) == 2
-    for row in cells.rows:
-        assert row[cells.header.index("date")] == "2026-11-28"
-        assert row[cells.header.index("source record")] == record
-        assert row[cells.header.index("model")] == shown(HOSTILE_ID)
-        assert row[cells.header.index("hardware")] == shown(HOSTILE_HARDWARE)
-        assert row[cells.header.index("speedup (range)")].startswith(speed)
-        assert row[cells.header.index("baseline")] == shown(HOSTILE_BASELINE)
-        assert row[cells.header.index("revision")] == "b" * 12
-    assert [r[0] for r in sources.rows] == [record]
-    assert "<script>" in sources.rows[0][sources.header.index("command")]  # shown as text
+    summary, *details = measured
+    assert summary.header == ["engine (baseline)", "workload", "T", "gate (k shown)", "acceptance",
+                              "accepted length", "speed-up (range)", "ideal", "efficiency",
+                              "greedy identical"]
+    # the planted record: templated T=0 k=1 and a hostile workload at T=0.7 k=2, 3 equal repeats
+    assert [(r[1], r[2]) for r in summary.rows] == [("templated", "0"), (shown("prose|<i>x</i>"), "0.7")]
+    t0, t07 = summary.rows
+    assert t0[0] == "atlas (B1)"
+    assert t0[3] == "on, k=1" and t07[3] == "on, k=2"  # the gate: every repeat 1.37x faster
+    assert t0[4] == f"{30 / 40:.3f}" and t07[4] == f"{50 / 80:.3f}"  # accepted / drafted
+    assert t0[5] == f"{(30 + 40) / 40:.2f}" and t07[5] == f"{(50 + 40) / 40:.2f}"  # 1 + accepted/passes
+    assert t0[6] == f"{speed} ({speed}–{speed})"
+    ideal = (30 + 40) / 40 * 0.01 / (0.012 + 0.002)
+    assert t0[7] == f"{ideal:.2f}" and t0[8] == f"{PLANTED_SPEED / ideal:.2f}"
+    assert t0[9] == "yes" and t07[9] == "n/a (T > 0)"
+    detail = details[0]
+    assert [r[4] for r in detail.rows] == ["0.75", "0.75 / 0.50"]  # acceptance by draft position
+    text = " ".join(page.text.split())
+    assert f"B1: {shown(HOSTILE_BASELINE)}" in text  # one legend, not a sentence per row
+    assert shown(HOSTILE_HARDWARE) in text and record in text and "2026-11-28 12:00 UTC" in text
+    assert text.count(shown(HOSTILE_BASELINE)) == 1
     # The planted measurement appears in no present-claim table, not even for the model it measured.
     for table in page.tables:
         if table.section == "measured":
             continue
         flat = " ".join(" ".join(r) for r in [table.header, *table.rows])
         assert record not in flat and speed not in flat and "2026-11-28" not in flat, table.section
-        assert not any(h.startswith(("speedup", "acceptance", "accepted")) for h in table.header)
+        assert not any(h.startswith(("speed", "acceptance", "accepted")) for h in table.header)
+
+
+def test_a_record_changed_after_import_is_refused(hostile_site: render.Layout, tmp_path: Path) -> None:
+    import shutil
+
+    db = tmp_path / "atlas.duckdb"
+    shutil.copy(hostile_site.root / "atlas.duckdb", db)
+    (record,) = (hostile_site.evidence / "measurements").glob("*.json")
+    original = record.read_bytes()
+    try:
+        record.write_bytes(original.replace(b'"seed": 0', b'"seed": 1'))
+        with pytest.raises(AtlasError, match="changed since it was imported"):
+            evidence.generate(db, tmp_path / "ev.md", hostile_site.evidence / "servable.toml")
+    finally:
+        record.write_bytes(original)
 
 
 def test_nav_lists_modules_in_order_with_glossary_and_how_made(hostile_site: render.Layout) -> None:

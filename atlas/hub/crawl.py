@@ -1,15 +1,28 @@
 """The crawler: watch list -> Hub listing -> pinned downloads -> fingerprints -> one snapshot.
 
 Same code path for the live Hub and the bundled mirror (served by atlas.hub.server on 127.0.0.1):
-only the endpoint differs. Politeness lives in one place, `Pacer`, an HTTP hook on the
-huggingface_hub client that sees every request and response: a 429 (or `RateLimit: r=0`) pauses
-all workers until the server's reset time, not just the thread that got it. On top of the
-client's own retries, `_call` retries 429/5xx/timeouts with backoff; 401/403 become `gated`,
-404 `missing`, anything else a per-repo `error`. Nothing stops the crawl.
+only the endpoint differs.
 
-Incremental and resumable: files are downloaded pinned to the listed sha into the HF cache, so an
-unchanged sha costs no request (its raw config is already in the store) and a crawl killed
-midway resumes from the cache. The snapshot is written in one transaction at the very end.
+Requests, and what each costs (see atlas.hub.pacing for the three rate-limit buckets):
+- Listing (api bucket): one `list_models` per pipeline tag per org, filtered by the server and
+  sorted by downloads, paged only until downloads fall under the org's minimum. Only expand fields
+  the *listing* accepts are asked for (the Hub answers 400 to others, e.g. `baseModels`); base
+  models come from the card's `base_model` and `base_model:` tags. Explicit repos: `model_info`.
+- Files (resolvers bucket): one GET per file, pinned to the listed sha (the Hub 307s small files to
+  its resolve cache, 302s LFS files to a CDN; the client drops Authorization off the Hub). The
+  size is checked from Content-Length before the body is read. Repos the listing shows as gated
+  or disabled cost no request without a token.
+- Every answer is classified by `X-Error-Code` first (RepoNotFound, GatedRepo, RevisionNotFound,
+  EntryNotFound, a disabled repo's message), then by status: a 401 + RepoNotFound is `missing`
+  (the Hub's answer without a token for missing and private repos alike), not `gated`.
+
+Politeness lives in `Pacer` (HTTP hooks on huggingface_hub's client). On top of the client's own
+retries, `_call` retries 429/5xx/timeouts with backoff. A hub that cannot be reached fails the
+crawl within seconds, before the store is locked; nothing stops the crawl for one repo.
+
+Incremental and resumable: downloaded files are cached by (sha, repo, file) under the cache dir, so
+a killed crawl resumes without asking again, and an unchanged sha costs no request (its raw config
+is already in the store). The snapshot is written in one transaction at the very end.
 
 Side files (weight index, safetensors header, hf_quant_config.json) never make a repo unread:
 their errors go in `side_file_error`. Only errors that cannot change at the same sha (bad bytes,
@@ -27,7 +40,7 @@ import threading
 import time
 import tomllib
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,24 +49,17 @@ from typing import Any, TypeVar
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # must precede the huggingface_hub import
 
 import duckdb  # noqa: E402
-from huggingface_hub import HfApi, hf_hub_download  # noqa: E402
+from huggingface_hub import HfApi, hf_hub_url  # noqa: E402
 from huggingface_hub.errors import (  # noqa: E402
-    EntryNotFoundError,
-    GatedRepoError,
-    HfHubHTTPError,
     HFValidationError,
-    LocalEntryNotFoundError,
     NotASafetensorsRepoError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
     SafetensorsParsingError,
 )
-from huggingface_hub.utils import close_session, set_client_factory  # noqa: E402
+from huggingface_hub.utils import build_hf_headers, close_session, get_session, hf_raise_for_status  # noqa: E402
 from huggingface_hub.utils import logging as hf_logging  # noqa: E402
-from huggingface_hub.utils._http import default_client_factory, parse_ratelimit_headers  # noqa: E402
+from huggingface_hub.utils import set_client_factory  # noqa: E402
+from huggingface_hub.utils._http import default_client_factory  # noqa: E402
 from pydantic import BaseModel, Field, ValidationError  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
 from atlas import AtlasError, store  # noqa: E402
 from atlas.fingerprints import (  # noqa: E402
@@ -65,15 +71,21 @@ from atlas.fingerprints import (  # noqa: E402
     parse_config_bytes,
     parse_weight_index,
 )
+from atlas.hub.pacing import Pacer, retry_after  # noqa: E402
 
 LIVE_ENDPOINT = "https://huggingface.co"
 DEFAULT_WATCHLIST = Path(__file__).with_name("watchlist.toml")
-EXPAND = [
-    "sha", "lastModified", "createdAt", "downloads", "likes", "gated", "private", "pipeline_tag",
-    "library_name", "tags", "baseModels", "cardData", "siblings", "safetensors",
+# What the model listing accepts (not `baseModels`: only repo info does); repo info adds it.
+LISTING_EXPAND = [
+    "sha", "lastModified", "createdAt", "downloads", "likes", "gated", "private", "disabled",
+    "pipeline_tag", "library_name", "tags", "cardData", "siblings", "safetensors",
 ]
+INFO_EXPAND = [*LISTING_EXPAND, "baseModels"]
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 MAX_ATTEMPTS = 4
+UNREACHABLE_AFTER = 6  # consecutive requests without any answer: the hub is gone, stop
+DISABLED_MESSAGE = "Access to this resource is disabled."
+INT64_MAX = 2**63 - 1
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}$")
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 
@@ -86,14 +98,14 @@ T = TypeVar("T")
 class OrgScope(BaseModel):
     author: str
     pipeline_tags: list[str] | None = None
-    min_downloads: int | None = None
-    max_models: int | None = None
+    min_downloads: int | None = Field(default=None, ge=0)
+    max_models: int | None = Field(default=None, ge=1)
 
 
 class Defaults(BaseModel):
     pipeline_tags: list[str] = Field(default_factory=lambda: ["text-generation"])
-    min_downloads: int = 0
-    max_models: int = 200
+    min_downloads: int = Field(default=0, ge=0)
+    max_models: int = Field(default=200, ge=1)
 
 
 class Watchlist(BaseModel):
@@ -122,75 +134,30 @@ def load_watchlist(path: Path) -> tuple[Watchlist, str]:
         raise AtlasError(f"watch list {path}: {where}: {first['msg']}") from None
 
 
-# ---- politeness -----------------------------------------------------------------------------
+# ---- the HTTP client ----------------------------------------------------------------------------
 
 
-class Pacer:
-    """Shared by every request of a crawl: counts requests and 429s, and holds all workers back
-    until the server's announced reset when it says the budget is spent."""
-
-    def __init__(self, sleep: Callable[[float], None] | None = None) -> None:
-        # looked up at call time, so tests that patch time.sleep patch this too
-        self._sleep = sleep or (lambda seconds: time.sleep(seconds))
-        self._lock = threading.Lock()
-        self._until = 0.0
-        self.requests = 0
-        self.rate_limited = 0
-        self.waited_s = 0.0
-
-    def wait_turn(self) -> None:
-        with self._lock:
-            self.requests += 1
-            delay = self._until - time.monotonic()
-        if delay > 0:
-            with self._lock:
-                self.waited_s += delay
-            self._sleep(delay)  # once, not in a loop: a patched sleep must not spin
-
-    def hold(self, seconds: float) -> None:
-        with self._lock:
-            self._until = max(self._until, time.monotonic() + seconds)
-
-    def observe(self, status: int, headers: Any) -> None:
-        """Pause everyone when the server says so."""
-        pause = server_pause(headers)  # also on successes: `r=0` there means the next one fails
-        if status == 429:
-            with self._lock:
-                self.rate_limited += 1
-            pause = pause if pause is not None else 1.0
-        if pause is not None:
-            self.hold(pause)
-
-    def sleep(self, seconds: float) -> None:
-        with self._lock:
-            self.waited_s += seconds
-        self._sleep(seconds)
+class HubUnreachable(AtlasError):
+    """No answer at all from the hub, repeatedly: the crawl stops (and writes no snapshot)."""
 
 
-def server_pause(headers: Any) -> float | None:
-    """Seconds the server asks us to wait: `RateLimit ... r=0;t=N`, else a numeric Retry-After."""
-    info = parse_ratelimit_headers(headers) if headers is not None else None
-    if info is not None and info.remaining == 0:
-        return float(info.reset_in_seconds)
-    value = headers.get("Retry-After") if headers is not None else None
-    if value is not None and str(value).strip().isdigit():
-        return float(value)
-    return None
-
-
-def _install_client(pacer: Pacer, timeout_s: float) -> None:
+def install_client(pacer: Pacer, timeout_s: float, gone: threading.Event) -> None:
     """huggingface_hub's own client plus our two hooks (its request hook stays first)."""
     from huggingface_hub.utils import httpx
 
     def factory() -> Any:
         client = default_client_factory()
-        client.timeout = httpx.Timeout(timeout_s)
+        client.timeout = httpx.Timeout(timeout_s, connect=min(5.0, timeout_s))
 
         def on_request(request: Any) -> None:
-            pacer.wait_turn()
+            if gone.is_set() or pacer.aborted:  # not a network error type, so no client retries it
+                raise HubUnreachable("the hub stopped answering" if gone.is_set() else "crawl interrupted")
+            request.extensions["atlas_ticket"] = pacer.before(str(request.url))
 
         def on_response(response: Any) -> None:
-            pacer.observe(response.status_code, response.headers)
+            ticket = response.request.extensions.get("atlas_ticket")
+            if ticket is not None:
+                pacer.after(ticket, response.status_code, response.headers)
 
         client.event_hooks = {
             "request": [*client.event_hooks["request"], on_request],
@@ -201,7 +168,7 @@ def _install_client(pacer: Pacer, timeout_s: float) -> None:
     set_client_factory(factory)
 
 
-def _restore_client() -> None:
+def restore_client() -> None:
     set_client_factory(default_client_factory)
     close_session()
 
@@ -210,71 +177,68 @@ def _restore_client() -> None:
 
 
 class RepoProblem(Exception):
-    """A per-repo outcome that is not success: kind is 'gated' | 'missing' | 'error'.
+    """A per-repo outcome that is not success: kind is 'gated' | 'missing' | 'disabled' | 'error'.
     `permanent`: asking again at the same sha cannot help (a 404, bad bytes, over a size limit),
     as opposed to a server or network failure that a later crawl may get past."""
 
     def __init__(self, kind: str, message: str, permanent: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
-        self.permanent = permanent or kind == "missing"
+        self.permanent = permanent or kind in ("missing", "disabled")
 
 
-def _status_of(exc: BaseException) -> int | None:
-    response = getattr(exc, "response", None)
-    return getattr(response, "status_code", None)
+def _response(exc: BaseException) -> Any:
+    """The HTTP answer behind an exception from the client (also when wrapped), or None."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        response = getattr(exc, "response", None)
+        if response is not None and hasattr(response, "status_code"):
+            return response
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
-def _classify(exc: BaseException) -> tuple[str, str]:
-    """('retry' | 'gated' | 'missing' | 'error', message) for an exception from the client."""
+def classify(exc: BaseException) -> tuple[str, str]:
+    """('retry' | 'gated' | 'missing' | 'disabled' | 'error' | 'unreachable', message) for an
+    exception from the client: the server's X-Error-Code first, then the status."""
     from huggingface_hub.utils import httpx
 
-    if isinstance(exc, LocalEntryNotFoundError):
-        # hf_hub_download wraps the real failure of its HEAD request
-        cause = exc.__cause__ or exc.__context__
-        if cause is not None and cause is not exc:
-            return _classify(cause)
-        return "error", "file not available (no response from the hub)"
-    status = _status_of(exc)
-    if isinstance(exc, GatedRepoError) or status in (401, 403):
-        return "gated", f"gated or private (HTTP {status or 403}); needs an HF_TOKEN with access"
-    if isinstance(exc, (RepositoryNotFoundError, RevisionNotFoundError)):
-        return "missing", f"repository or revision not found (HTTP {status or 404})"
-    if isinstance(exc, EntryNotFoundError) or status == 404:
-        return "missing", "file not found at this revision (HTTP 404)"
+    response = _response(exc)
+    if response is None:
+        if isinstance(exc, (httpx.TimeoutException, httpx.TransportError, TimeoutError, ConnectionError)):
+            return "unreachable", f"no answer ({type(exc).__name__}: {_first_line(exc)})"
+        if isinstance(exc, HFValidationError):
+            return "error", f"rejected by the hub client: {_first_line(exc)}"
+        if isinstance(exc, (SafetensorsParsingError, NotASafetensorsRepoError)):
+            return "error", f"safetensors header unreadable: {_first_line(exc)}"
+        return "error", f"{type(exc).__name__}: {_first_line(exc)}"
+    status = response.status_code
+    code = response.headers.get("X-Error-Code")
+    message = response.headers.get("X-Error-Message") or ""
+    if code == "GatedRepo":
+        return "gated", f"gated (HTTP {status} GatedRepo): needs an HF_TOKEN of an account with access"
+    if message == DISABLED_MESSAGE:
+        return "disabled", f"disabled on the Hub (HTTP {status})"
+    if code == "RepoNotFound":
+        why = "missing, or private without a token" if status == 401 else "missing"
+        return "missing", f"repository not found (HTTP {status} RepoNotFound: {why})"
+    if code == "RevisionNotFound":
+        return "missing", f"revision not found (HTTP {status} RevisionNotFound)"
+    if code == "EntryNotFound":
+        return "missing", f"file not found at this revision (HTTP {status} EntryNotFound)"
     if status in RETRY_STATUS:
         return "retry", f"HTTP {status}"
-    if isinstance(exc, (httpx.TimeoutException, httpx.TransportError, TimeoutError, ConnectionError)):
-        return "retry", f"network error: {type(exc).__name__}"
-    if isinstance(exc, HFValidationError):
-        return "error", f"rejected by the hub client: {str(exc).splitlines()[0]}"
-    if isinstance(exc, (SafetensorsParsingError, NotASafetensorsRepoError)):
-        return "error", f"safetensors header unreadable: {str(exc).splitlines()[0]}"
-    if isinstance(exc, HfHubHTTPError):
-        return "error", f"HTTP {status}: {str(exc).splitlines()[0]}"
-    return "error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if status == 401:
+        return "missing", "HTTP 401 without an error code: missing, or private without a token"
+    if status == 404:
+        return "missing", "not found (HTTP 404)"
+    return "error", f"HTTP {status}{': ' + message[:200] if message else ''}"
 
 
-def _call(pacer: Pacer, fn: Callable[[], T], backoff_s: float = 1.0) -> T:
-    """Run one hub call; retry 429/5xx/timeouts honouring the server's pause, else raise RepoProblem."""
-    for attempt in range(1, MAX_ATTEMPTS + 1):
-        try:
-            return fn()
-        except RepoProblem:
-            raise
-        except AtlasError as exc:
-            raise RepoProblem("error", str(exc)) from None
-        except Exception as exc:  # the hub client raises many types; _classify sorts them
-            kind, message = _classify(exc)
-            if kind != "retry":
-                unreadable = isinstance(exc, (SafetensorsParsingError, NotASafetensorsRepoError))
-                raise RepoProblem(kind, message, permanent=unreadable) from None
-            if attempt == MAX_ATTEMPTS:
-                raise RepoProblem("error", f"{message} (gave up after {MAX_ATTEMPTS} attempts)") from None
-            response = getattr(exc, "response", None) or getattr(exc.__cause__, "response", None)
-            pause = server_pause(getattr(response, "headers", None))
-            pacer.sleep(pause if pause is not None else min(30.0, backoff_s * 2 ** (attempt - 1)))
-    raise AssertionError("unreachable")
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0][:300] if text else ""
 
 
 # ---- one repo -----------------------------------------------------------------------------------
@@ -288,6 +252,7 @@ class Listed:
     sha: str | None
     siblings: set[str] | None
     row: store.ModelRow
+    transient: bool = False  # not fetched for a reason a later crawl may get past (5xx, timeouts)
 
 
 @dataclass
@@ -310,26 +275,118 @@ class Context:
     token: str | bool
     cache_dir: Path
     pacer: Pacer
+    gone: threading.Event = field(default_factory=threading.Event)
+    silent_streak: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def answered(self) -> None:
+        with self._lock:
+            self.silent_streak = 0
+
+    def unanswered(self) -> None:
+        with self._lock:
+            self.silent_streak += 1
+            if self.silent_streak >= UNREACHABLE_AFTER:
+                self.gone.set()
+                self.pacer.abort()
+
+
+def _call(ctx: Context, fn: Callable[[], T], backoff_s: float = 1.0) -> T:
+    """Run one hub call; retry 429/5xx/timeouts honouring the server's pause, else raise RepoProblem
+    (or HubUnreachable when the hub has stopped answering altogether)."""
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        if ctx.gone.is_set():
+            raise HubUnreachable(f"{ctx.endpoint} stopped answering")
+        try:
+            result = fn()
+            ctx.answered()
+            return result
+        except (RepoProblem, HubUnreachable):
+            raise
+        except AtlasError as exc:
+            raise RepoProblem("error", str(exc)) from None
+        except Exception as exc:  # the hub client raises many types; classify sorts them
+            kind, message = classify(exc)
+            if kind == "unreachable":
+                ctx.unanswered()
+                if ctx.gone.is_set():
+                    raise HubUnreachable(f"{ctx.endpoint} stopped answering: {message}") from None
+            else:
+                ctx.answered()
+            if kind not in ("retry", "unreachable"):
+                unreadable = isinstance(exc, (SafetensorsParsingError, NotASafetensorsRepoError))
+                raise RepoProblem(kind, message, permanent=unreadable) from None
+            if attempt == MAX_ATTEMPTS:
+                raise RepoProblem("error", f"{message} (gave up after {MAX_ATTEMPTS} attempts)") from None
+            response = _response(exc)
+            pause = retry_after(getattr(response, "headers", None))
+            ctx.pacer.pause(pause if pause is not None else min(30.0, backoff_s * 2 ** (attempt - 1)))
+    raise AssertionError("unreachable")
+
+
+def _get(ctx: Context, repo_id: str, sha: str, filename: str, limit: int) -> bytes:
+    """One GET of a file pinned to `sha` (redirects followed by the client), refusing more than
+    `limit` bytes: by the announced length before the body is read, or while it streams."""
+    url = hf_hub_url(repo_id, filename, revision=sha, endpoint=ctx.endpoint)
+    with get_session().stream("GET", url, headers=build_hf_headers(token=ctx.token)) as response:
+        if response.status_code >= 400:
+            response.read()  # error answers are small; the client's error mapping reads them
+            hf_raise_for_status(response)
+        announced = response.headers.get("Content-Length", "")
+        if announced.isdigit() and len(announced) < 19 and int(announced) > limit:
+            raise RepoProblem("error", f"{filename}: {int(announced):,} bytes, over the {limit:,}-byte limit "
+                                       "for this file (not downloaded)", permanent=True)
+        body = bytearray()
+        for chunk in response.iter_bytes():
+            body += chunk
+            if len(body) > limit:
+                raise RepoProblem("error", f"{filename}: over the {limit:,}-byte limit for this file "
+                                           "(download stopped)", permanent=True)
+        return bytes(body)
+
+
+def _cached_path(ctx: Context, repo_id: str, sha: str, filename: str) -> Path:
+    return ctx.cache_dir / "atlas-files" / sha / repo_id.replace("/", "--") / filename.replace("/", "--")
+
+
+def _write_aside(path: Path, data: bytes) -> None:
+    """Best effort: a cache that cannot be written only costs a later request. Written aside and
+    renamed, so a crawl killed mid-write leaves no half file under the real name."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_bytes(data)
+        os.replace(partial, path)
+    except OSError:
+        partial.unlink(missing_ok=True)
 
 
 def _download(ctx: Context, repo_id: str, sha: str, filename: str, limit: int) -> bytes:
-    path = _call(
-        ctx.pacer,
-        lambda: hf_hub_download(
-            repo_id, filename, revision=sha, endpoint=ctx.endpoint, token=ctx.token, cache_dir=ctx.cache_dir
-        ),
-    )
-    size = os.path.getsize(path)
-    if size > limit:
-        raise RepoProblem(
-            "error", f"{filename}: {size:,} bytes, over the {limit:,}-byte limit for this file", permanent=True
-        )
-    return Path(path).read_bytes()
+    """A file at `sha`, from the cache when an earlier crawl got it (or found for good that it
+    cannot be had: absent, over the limit), else by one GET."""
+    cached = _cached_path(ctx, repo_id, sha, filename)
+    failed = cached.with_name(cached.name + ".error")
+    try:
+        if cached.is_file() and cached.stat().st_size <= limit:
+            return cached.read_bytes()
+        if failed.is_file():
+            known = json.loads(failed.read_text(encoding="utf-8"))
+            raise RepoProblem(str(known["kind"]), str(known["message"]), permanent=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # unreadable cache entry: a miss
+    try:
+        data = _call(ctx, lambda: _get(ctx, repo_id, sha, filename, limit))
+    except RepoProblem as exc:
+        if exc.permanent:  # the same answer at the same sha next time: not asked again
+            _write_aside(failed, json.dumps({"kind": exc.kind, "message": str(exc)}).encode("utf-8"))
+        raise
+    _write_aside(cached, data)
+    return data
 
 
 def _header_names(ctx: Context, repo_id: str, sha: str) -> list[str]:
-    """Tensor names from a single-file checkpoint's header (two Range requests, cached on disk
-    because the hub client does not cache headers)."""
+    """Tensor names from a single-file checkpoint's header (one Range request through the CDN
+    redirect, cached on disk because the hub client does not cache headers)."""
     cached = ctx.cache_dir / "atlas-safetensors-headers" / sha / (repo_id.replace("/", "--") + ".json")
     try:
         names = json.loads(cached.read_text(encoding="utf-8"))
@@ -337,19 +394,9 @@ def _header_names(ctx: Context, repo_id: str, sha: str) -> list[str]:
             return names
     except (OSError, ValueError):
         pass  # absent, or damaged (e.g. by a disk error): a miss, read the header again
-    meta = _call(
-        ctx.pacer, lambda: ctx.api.parse_safetensors_file_metadata(repo_id, "model.safetensors", revision=sha)
-    )
+    meta = _call(ctx, lambda: ctx.api.parse_safetensors_file_metadata(repo_id, SINGLE_FILE, revision=sha))
     names = header_tensor_names(meta.tensors)
-    # The cache only saves a later request, so failing to write it must not lose what was read.
-    # Written aside and renamed: a crawl killed mid-write leaves no half file under the real name.
-    partial = cached.with_name(f"{cached.name}.{os.getpid()}.{threading.get_ident()}.partial")
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps(names), encoding="utf-8")
-        os.replace(partial, cached)
-    except OSError:
-        partial.unlink(missing_ok=True)
+    _write_aside(cached, json.dumps(names).encode("utf-8"))
     return names
 
 
@@ -365,7 +412,7 @@ def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> F
     if not _REPO_ID.match(item.repo_id):
         raise RepoProblem("error", f"not a valid Hub repo id: {item.repo_id!r}")
     if item.sha is None or not _SHA.match(item.sha):
-        raise RepoProblem("error", f"the listing gave no commit sha for this repo (got {item.sha!r})")
+        raise RepoProblem("error", f"the listing gave no commit sha for this repo (got {item.sha!r:.60})")
     sha = item.sha
     out = Fetched()
     siblings = item.siblings
@@ -428,11 +475,14 @@ def side_files_pending(siblings: set[str] | None, settled: set[str], errors: dic
 
 def fingerprint_stored(files: dict[str, str], weights: tuple[str, list[str]] | None) -> list[tuple[str, str, str | None]]:
     """Fingerprint rows for one (repo_id, sha) from what the store holds (pure)."""
-    config = json.loads(files["config.json"])
+    config = parse_config_bytes(files["config.json"].encode("utf-8"))
     sidecar = None
     if "hf_quant_config.json" in files:
-        parsed = json.loads(files["hf_quant_config.json"])
-        sidecar = parsed if isinstance(parsed, dict) else None
+        try:
+            parsed = parse_config_bytes(files["hf_quant_config.json"].encode("utf-8"), QUANT_SIDECAR)
+            sidecar = parsed if isinstance(parsed, dict) else None
+        except AtlasError:
+            sidecar = None  # a bad side file never loses the valid config
     source, names = weights if weights is not None else (None, None)
     return fingerprint(config, names, source, sidecar).rows()
 
@@ -440,15 +490,15 @@ def fingerprint_stored(files: dict[str, str], weights: tuple[str, list[str]] | N
 # ---- listing ------------------------------------------------------------------------------------
 
 
-def _naive_utc(value: datetime | None) -> datetime | None:
-    if value is None:
+def _naive_utc(value: Any) -> datetime | None:
+    if not isinstance(value, datetime):
         return None
     return value.astimezone(timezone.utc).replace(tzinfo=None) if value.tzinfo else value
 
 
 def _base_models(info: Any) -> tuple[list[str], str | None]:
     """Base models and the relation (quantized, finetune, adapter, merge) from the hub metadata:
-    `baseModels`, then the card's `base_model`, then `base_model:` tags."""
+    `baseModels` (repo info only), then the card's `base_model`, then `base_model:` tags."""
     bases: list[str] = []
     relation: str | None = None
     raw = getattr(info, "base_models", None)
@@ -464,45 +514,73 @@ def _base_models(info: Any) -> tuple[list[str], str | None]:
         rel = card.get("base_model_relation") if hasattr(card, "get") else None
         relation = rel if isinstance(rel, str) else relation
     for tag in getattr(info, "tags", None) or []:
-        parts = tag.split(":")
-        if parts[0] == "base_model" and len(parts) == 3:
+        parts = tag.split(":") if isinstance(tag, str) else []
+        if parts and parts[0] == "base_model" and len(parts) == 3:
             relation = relation or parts[1]
             bases = bases or [parts[2]]
-        elif parts[0] == "base_model" and len(parts) == 2 and not bases:
+        elif parts and parts[0] == "base_model" and len(parts) == 2 and not bases:
             bases = [parts[1]]
-    return [b for b in bases if b], relation
+    return [b for b in bases if isinstance(b, str) and b], relation
 
 
 def _gated(value: Any) -> str | None:
-    return None if value in (None, False) else str(value)
+    return None if value in (None, False) else str(value)[:20]
 
 
-def to_listed(info: Any, exemplars: set[str]) -> Listed:
+def _text(value: Any, limit: int = 200) -> str | None:
+    return value[:limit] if isinstance(value, str) else None
+
+
+def _int64(value: Any, name: str, notes: list[str]) -> int | None:
+    """A count from the hub metadata if it fits the store's BIGINT; else dropped with a note."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT64_MAX:
+        return value
+    shown = f"{len(str(value))}-digit number" if isinstance(value, int) and abs(value) > INT64_MAX else f"{value!r:.40}"
+    notes.append(f"hub metadata {name} = {shown} is not a count; dropped")
+    return None
+
+
+def to_listed(info: Any, exemplars: set[str], token: str | bool = False) -> Listed:
+    """One repo of a listing (or repo info) as a store row; nothing the hub sends can raise here."""
+    notes: list[str] = []
     bases, relation = _base_models(info)
     safetensors = getattr(info, "safetensors", None)
     siblings = getattr(info, "siblings", None)
+    sha = getattr(info, "sha", None)
     row = store.ModelRow(
         repo_id=info.id,
-        sha=info.sha,
+        sha=sha if isinstance(sha, str) and _SHA.match(sha) else None,
         last_modified=_naive_utc(getattr(info, "last_modified", None)),
         created_at=_naive_utc(getattr(info, "created_at", None)),
-        downloads=getattr(info, "downloads", None),
-        likes=getattr(info, "likes", None),
+        downloads=_int64(getattr(info, "downloads", None), "downloads", notes),
+        likes=_int64(getattr(info, "likes", None), "likes", notes),
         gated=_gated(getattr(info, "gated", None)),
-        private=getattr(info, "private", None),
-        pipeline_tag=getattr(info, "pipeline_tag", None),
-        library_name=getattr(info, "library_name", None),
-        tags=[t for t in getattr(info, "tags", None) or [] if isinstance(t, str)],
-        base_models=bases,
-        base_relation=relation,
+        private=getattr(info, "private", None) if isinstance(getattr(info, "private", None), bool) else None,
+        pipeline_tag=_text(getattr(info, "pipeline_tag", None)),
+        library_name=_text(getattr(info, "library_name", None)),
+        tags=[t[:200] for t in getattr(info, "tags", None) or [] if isinstance(t, str)],
+        base_models=[b[:200] for b in bases],
+        base_relation=_text(relation),
         is_derivative=bool(bases),
         is_exemplar=info.id in exemplars,
-        param_total=getattr(safetensors, "total", None),
+        param_total=_int64(getattr(safetensors, "total", None), "safetensors.total", notes),
         fetch_status="ok",
-        error=None,
+        error="; ".join(notes) or None,
     )
-    names = None if siblings is None else {s.rfilename for s in siblings}
-    return Listed(info.id, info.sha, names, row)
+    if sha is not None and row.sha is None:
+        row.fetch_status, row.error = "error", f"the hub sent a malformed commit sha ({sha!r:.60})"
+    if getattr(info, "disabled", None) is True:
+        row.fetch_status, row.error = "disabled", "disabled on the Hub (listing says so; not requested)"
+    elif row.gated and not token:
+        # its files answer 401 GatedRepo without a token: a request that cannot succeed is not sent
+        row.fetch_status, row.error = "gated", f"gated ({row.gated}); not requested: needs an HF_TOKEN with access"
+    try:
+        names = None if siblings is None else {s.rfilename for s in siblings if isinstance(s.rfilename, str)}
+    except (AttributeError, TypeError):
+        names = None
+    return Listed(info.id, row.sha, names, row)
 
 
 def _missing_row(repo_id: str, kind: str, message: str, exemplars: set[str]) -> Listed:
@@ -513,33 +591,76 @@ def _missing_row(repo_id: str, kind: str, message: str, exemplars: set[str]) -> 
     return Listed(repo_id, None, None, row)
 
 
-def list_scope(ctx: Context, watch: Watchlist, problems: list[str]) -> list[Listed]:
+class OrgCoverage(BaseModel):
+    """How one org's listing went: models seen on the pages fetched, and kept after the filters."""
+
+    author: str
+    pipeline_tags: list[str]
+    min_downloads: int
+    max_models: int
+    seen: int = 0
+    kept: int = 0
+    capped: bool = False  # max_models cut the list
+    error: str | None = None
+
+
+def list_org(ctx: Context, org: OrgScope, defaults: Defaults, exemplars: set[str]) -> tuple[list[Listed], OrgCoverage]:
+    """One listing per pipeline tag, filtered by the server and sorted by downloads, paged until
+    the downloads fall under the minimum (or max_models are kept)."""
+    tags = org.pipeline_tags if org.pipeline_tags is not None else defaults.pipeline_tags
+    cover = OrgCoverage(
+        author=org.author, pipeline_tags=tags,
+        min_downloads=org.min_downloads if org.min_downloads is not None else defaults.min_downloads,
+        max_models=org.max_models if org.max_models is not None else defaults.max_models,
+    )
+    kept: dict[str, tuple[int, Listed]] = {}
+    for tag in tags or [None]:
+        def one_listing(tag: str | None = tag) -> tuple[int, list[Any]]:
+            seen, out = 0, []
+            for info in ctx.api.list_models(author=org.author, pipeline_tag=tag, sort="downloads", expand=LISTING_EXPAND):
+                seen += 1
+                downloads = getattr(info, "downloads", None)
+                downloads = downloads if isinstance(downloads, int) else 0
+                if downloads < cover.min_downloads:
+                    break  # sorted by downloads: every later one is under the minimum too
+                if tag is not None and getattr(info, "pipeline_tag", None) != tag:
+                    continue  # the server's filter is trusted, but not blindly
+                out.append(info)
+                if len(out) >= cover.max_models:
+                    break
+            return seen, out
+
+        seen, infos = _call(ctx, one_listing)
+        cover.seen += seen
+        for info in infos:
+            listed = to_listed(info, exemplars, ctx.token)
+            downloads = listed.row.downloads or 0
+            kept.setdefault(info.id, (downloads, listed))
+    ranked = sorted(kept.values(), key=lambda pair: -pair[0])
+    cover.capped = len(ranked) > cover.max_models
+    chosen = [listed for _, listed in ranked[: cover.max_models]]
+    cover.kept = len(chosen)
+    return chosen, cover
+
+
+def list_scope(ctx: Context, watch: Watchlist, problems: list[str],
+               coverage: list[OrgCoverage] | None = None) -> list[Listed]:
     """Every repo in scope, in watch-list order, each once."""
     exemplars = set(watch.exemplars)
     seen: dict[str, Listed] = {}
     for org in watch.orgs:
-        tags = org.pipeline_tags if org.pipeline_tags is not None else watch.defaults.pipeline_tags
-        min_dl = org.min_downloads if org.min_downloads is not None else watch.defaults.min_downloads
-        limit = org.max_models if org.max_models is not None else watch.defaults.max_models
-        server_tag = tags[0] if len(tags) == 1 else None
         try:
-            infos = _call(
-                ctx.pacer,
-                lambda: list(
-                    ctx.api.list_models(
-                        author=org.author, pipeline_tag=server_tag, sort="downloads", limit=limit, expand=EXPAND
-                    )
-                ),
-            )
+            listed, cover = list_org(ctx, org, watch.defaults, exemplars)
         except RepoProblem as exc:
-            problems.append(f"listing {org.author!r} failed: {exc}")
+            problems.append(f"org {org.author!r}: listing failed: {exc}")
+            if coverage is not None:
+                coverage.append(OrgCoverage(author=org.author, pipeline_tags=[], min_downloads=0, max_models=0,
+                                            error=str(exc)))
             continue
-        for info in infos:
-            if tags and getattr(info, "pipeline_tag", None) not in tags:
-                continue
-            if min_dl and (getattr(info, "downloads", None) or 0) < min_dl:
-                continue
-            seen.setdefault(info.id, to_listed(info, exemplars))
+        if coverage is not None:
+            coverage.append(cover)
+        for item in listed:
+            seen.setdefault(item.repo_id, item)
     for repo_id in [*watch.repos, *watch.exemplars]:
         if repo_id in seen:
             continue
@@ -547,8 +668,8 @@ def list_scope(ctx: Context, watch: Watchlist, problems: list[str]) -> list[List
             seen[repo_id] = _missing_row(repo_id, "error", f"not a valid Hub repo id: {repo_id!r}", exemplars)
             continue
         try:
-            info = _call(ctx.pacer, lambda: ctx.api.model_info(repo_id, expand=EXPAND))
-            seen[repo_id] = to_listed(info, exemplars)
+            info = _call(ctx, lambda: ctx.api.model_info(repo_id, expand=INFO_EXPAND))
+            seen[repo_id] = to_listed(info, exemplars, ctx.token)
         except RepoProblem as exc:
             seen[repo_id] = _missing_row(repo_id, exc.kind, str(exc), exemplars)
     return list(seen.values())
@@ -572,6 +693,43 @@ class CrawlSummary(BaseModel):
     waited_s: float
     elapsed_s: float
     problems: list[str]
+    seen: int = 0
+    coverage: list[OrgCoverage] = Field(default_factory=list)
+    requests_by_bucket: dict[str, int] = Field(default_factory=dict)
+    incomplete: list[str] = Field(default_factory=list)  # repos a later crawl may still get, and why
+
+
+class CrawlInterrupted(AtlasError):
+    """Ctrl-C: says truthfully whether the snapshot was committed before it."""
+
+    def __init__(self, snapshot_id: int | None) -> None:
+        self.snapshot_id = snapshot_id
+        if snapshot_id is None:
+            text = ("crawl interrupted before its snapshot was written: no snapshot written (the last one is "
+                    "intact); rerun to resume, downloaded files are cached")
+        else:
+            text = (f"crawl interrupted after snapshot {snapshot_id} was committed: the snapshot is whole "
+                    "and in the store")
+        super().__init__(text)
+
+
+def reach(endpoint: str, timeout_s: float = 5.0) -> None:
+    """One request that proves the hub answers at all (any HTTP status will do), before the store
+    is locked; else one line saying what was tried and what to check."""
+    from huggingface_hub.utils import httpx
+
+    url = f"{endpoint.rstrip('/')}/api/models?limit=1"
+    try:
+        get_session().get(url, timeout=httpx.Timeout(timeout_s), headers=build_hf_headers(token=False))
+    except HubUnreachable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to get an answer means the same to the user
+        raise AtlasError(
+            f"cannot reach {endpoint}: GET {url} got no answer within {timeout_s:.0f} s "
+            f"({type(exc).__name__}: {_first_line(exc) or 'no detail'}). Check the network connection, "
+            "DNS, a proxy (HTTPS_PROXY) or --endpoint; to crawl the bundled offline mirror instead run "
+            "`make crawl-mirror` (atlas crawl --mirror data/hub-mirror). No snapshot was written."
+        ) from None
 
 
 def crawl(
@@ -597,59 +755,92 @@ def crawl(
     cache_dir = cache_dir or db.parent / "hf-cache"
     started = store.utc_now()
     clock = time.monotonic()
-    con = store.connect(db)  # taken first: a second concurrent crawl fails before any request
-    pacer = Pacer(sleep)
-    _install_client(pacer, timeout_s)
+    pacer = Pacer(endpoint, sleep)
+    ctx = Context(HfApi(endpoint=endpoint, token=token), endpoint, token, cache_dir, pacer)
+    install_client(pacer, timeout_s, ctx.gone)
     # the client logs every retry; our summary counts them instead of scrolling past the bar
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
+    con: duckdb.DuckDBPyConnection | None = None
+    last_before: int | None = None
     try:
-        ctx = Context(HfApi(endpoint=endpoint, token=token), endpoint, token, cache_dir, pacer)
-        problems: list[str] = []
-        listed = list_scope(ctx, watch, problems)
-        readable = [x for x in listed if x.row.fetch_status == "ok"]
-        known = store.stored_pairs(con, [(x.repo_id, x.sha) for x in readable if x.sha])
-        side_state = store.side_file_state(con, known)
-        stored_errors = {pair: errors for pair, (_, errors) in side_state.items() if errors}
-        # a new sha: everything; a stored one: only side files an earlier crawl failed to get
-        todo: list[tuple[Listed, set[str] | None]] = []
-        for x in readable:
-            if x.sha is None or (x.repo_id, x.sha) not in known:
-                todo.append((x, None))
-                continue
-            settled, errors = side_state[(x.repo_id, x.sha)]
-            if side_files_pending(x.siblings, settled, errors):
-                todo.append((x, settled | set(errors)))
-        fetched: dict[str, Fetched] = {}
-        console = Console(stderr=True)
-        with Progress(
-            TextColumn("crawl"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.description}"), console=console, disable=not progress, transient=False,
-        ) as bar:
-            task = bar.add_task("", total=len(todo))
-            with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="crawl") as pool:
-                futures = {pool.submit(_fetch_or_problem, ctx, x, settled): x for x, settled in todo}
-                try:
-                    for fut in as_completed(futures):
-                        item = futures[fut]
-                        result = fut.result()
-                        if isinstance(result, RepoProblem) and (item.repo_id, item.sha) in known:
-                            item.row.side_file_error = str(result)  # its config is stored and read
-                        elif isinstance(result, RepoProblem):
-                            item.row.fetch_status, item.row.error = result.kind, str(result)
-                        else:
-                            fetched[item.repo_id] = result
-                        bar.update(task, advance=1, description=item.repo_id[:60])
-                except BaseException:
-                    for f in futures:
-                        f.cancel()
-                    raise
-        return _finish(con, watch, digest, listed, known, stored_errors, fetched, problems, pacer,
-                       started, clock, endpoint_label or endpoint)
+        reach(endpoint)  # seconds, not minutes, when there is no route to the hub; no lock held
+        con = store.connect(db)  # before the listing: a second concurrent crawl fails at once
+        last_before = _last_snapshot(con)  # we hold the lock: any newer snapshot is this crawl's
+        from atlas.hub.progress import CrawlProgress
+
+        with CrawlProgress(pacer, enabled=progress) as bar:
+            problems: list[str] = []
+            coverage: list[OrgCoverage] = []
+            bar.phase(f"listing {len(watch.orgs)} orgs")
+            listed = list_scope(ctx, watch, problems, coverage)
+            if watch.orgs and len(problems) == len(watch.orgs) and not any(x.row.fetch_status == "ok" for x in listed):
+                raise AtlasError(f"no listing of {endpoint} succeeded, nothing to snapshot: " + "; ".join(problems[:3]))
+            readable = [x for x in listed if x.row.fetch_status == "ok"]
+            known = store.stored_pairs(con, [(x.repo_id, x.sha) for x in readable if x.sha])
+            side_state = store.side_file_state(con, known)
+            stored_errors = {pair: errors for pair, (_, errors) in side_state.items() if errors}
+            # a new sha: everything; a stored one: only side files an earlier crawl failed to get
+            todo: list[tuple[Listed, set[str] | None]] = []
+            for x in readable:
+                if x.sha is None or (x.repo_id, x.sha) not in known:
+                    todo.append((x, None))
+                    continue
+                settled, errors = side_state[(x.repo_id, x.sha)]
+                if side_files_pending(x.siblings, settled, errors):
+                    todo.append((x, settled | set(errors)))
+            bar.phase(f"{len(listed)} models in scope, {len(todo)} to fetch", total=len(todo))
+            fetched = _fetch_all(ctx, todo, known, concurrency, bar)
+            return _finish(con, watch, digest, listed, known, stored_errors, fetched, problems, pacer,
+                           started, clock, endpoint_label or endpoint, coverage)
+    except KeyboardInterrupt:
+        pacer.abort()
+        newest = _last_snapshot(con) if con is not None else None
+        raise CrawlInterrupted(newest if newest is not None and newest != last_before else None) from None
     finally:
         hf_logging.set_verbosity(verbosity)
-        _restore_client()
-        con.close()
+        restore_client()
+        if con is not None:
+            con.close()
+
+
+def _fetch_all(ctx: Context, todo: list[tuple[Listed, set[str] | None]], known: set[tuple[str, str]],
+               concurrency: int, bar: Any) -> dict[str, Fetched]:
+    fetched: dict[str, Fetched] = {}
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="crawl")
+    futures: dict[Future, Listed] = {pool.submit(_fetch_or_problem, ctx, x, settled): x for x, settled in todo}
+    try:
+        for fut in as_completed(futures):
+            item = futures[fut]
+            result = fut.result()
+            if isinstance(result, RepoProblem) and (item.repo_id, item.sha) in known:
+                item.row.side_file_error = str(result)  # its config is stored and read
+            elif isinstance(result, RepoProblem):
+                item.row.fetch_status, item.row.error = result.kind, str(result)
+                item.transient = not result.permanent
+            else:
+                fetched[item.repo_id] = result
+            bar.advance(item.repo_id)
+    except BaseException:  # Ctrl-C: wake every waiting worker and leave without them
+        ctx.pacer.abort()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    if ctx.gone.is_set():
+        raise HubUnreachable(
+            f"{ctx.endpoint} stopped answering in the middle of the crawl ({len(fetched)} of {len(todo)} models "
+            "fetched): no snapshot written; rerun when it answers again, downloaded files are cached"
+        )
+    return fetched
+
+
+def _last_snapshot(con: duckdb.DuckDBPyConnection) -> int | None:
+    """The newest snapshot id in the store (asked of the store, so an interrupted crawl can say
+    truthfully whether its own snapshot was committed)."""
+    try:
+        return con.execute("SELECT max(snapshot_id) FROM snapshots").fetchall()[0][0]
+    except duckdb.Error:
+        return None
 
 
 def _fetch_or_problem(ctx: Context, item: Listed, settled: set[str] | None) -> Fetched | RepoProblem:
@@ -657,11 +848,12 @@ def _fetch_or_problem(ctx: Context, item: Listed, settled: set[str] | None) -> F
     may abort the whole crawl."""
     try:
         return fetch_repo(ctx, item, settled)
+    except HubUnreachable:
+        return RepoProblem("error", "the hub stopped answering")
     except RepoProblem as exc:
         return exc
     except Exception as exc:  # noqa: BLE001 - any one repo's failure is recorded as its error, by design
-        detail = str(exc).splitlines()[0] if str(exc) else ""
-        return RepoProblem("error", f"{type(exc).__name__}: {detail}")
+        return RepoProblem("error", f"{type(exc).__name__}: {_first_line(exc)}")
 
 
 def _finish(
@@ -677,6 +869,7 @@ def _finish(
     started: datetime,
     clock: float,
     endpoint_label: str,
+    coverage: list[OrgCoverage],
 ) -> CrawlSummary:
     files: list[store.RawFile] = []
     weights: list[store.WeightNames] = []
@@ -710,10 +903,16 @@ def _finish(
         inputs.setdefault((f.repo_id, f.sha), {"files": {}, "weights": None})["files"][f.filename] = f.content
     for w in weights:
         inputs[(w.repo_id, w.sha)]["weights"] = (w.source, w.names)
+    rows_by_pair = {(x.repo_id, x.sha): x.row for x in listed}
     fp_rows: store.FingerprintRows = []
     for (repo, sha), entry in inputs.items():
         if (repo, sha) in stale and "config.json" in entry["files"]:
-            fp_rows += [(repo, sha, RULE_VERSION, n, v, p) for n, v, p in fingerprint_stored(entry["files"], entry["weights"])]
+            try:
+                fp_rows += [(repo, sha, RULE_VERSION, n, v, p) for n, v, p in fingerprint_stored(entry["files"], entry["weights"])]
+            except Exception as exc:  # noqa: BLE001 - one repo's values never cost the snapshot
+                row = rows_by_pair.get((repo, sha))
+                if row is not None:
+                    row.fetch_status, row.error = "error", f"cannot fingerprint: {_first_line(exc)}"
 
     rows = [x.row for x in listed]
     count = lambda status: sum(1 for r in rows if r.fetch_status == status)  # noqa: E731
@@ -722,7 +921,7 @@ def _finish(
         n_fetched=len(fetched),
         n_unchanged=sum(1 for x in listed if (x.repo_id, x.sha) in known and x.repo_id not in fetched),
         n_gated=count("gated"),
-        n_missing=count("missing"),
+        n_missing=count("missing") + count("disabled"),
         n_failed=count("error"),
     )
     status = "complete" if not problems else "partial"
@@ -730,14 +929,19 @@ def _finish(
         started_at=started, finished_at=store.utc_now(), endpoint=endpoint_label,
         watchlist_digest=digest, status=status, rule_version=RULE_VERSION, n_requests=pacer.requests,
         n_rate_limited=pacer.rate_limited, problems="; ".join(problems) or None, **summary_counts,
+        n_seen=sum(c.seen for c in coverage),
+        coverage=json.dumps([c.model_dump() for c in coverage]),
     )
     snapshot_id = store.write_snapshot(con, snapshot, rows, files, weights, fp_rows, file_errors)
+    incomplete = [f"{x.repo_id}: {x.row.error}" for x in listed if x.transient]
     return CrawlSummary(
         snapshot_id=snapshot_id, status=status, endpoint=endpoint_label, listed=summary_counts["n_listed"],
         fetched=summary_counts["n_fetched"], unchanged=summary_counts["n_unchanged"],
         gated=summary_counts["n_gated"], missing=summary_counts["n_missing"], failed=summary_counts["n_failed"],
         requests=pacer.requests, rate_limited=pacer.rate_limited, waited_s=round(pacer.waited_s, 3),
-        elapsed_s=round(time.monotonic() - clock, 3), problems=problems,
+        elapsed_s=round(time.monotonic() - clock, 3), problems=problems, seen=snapshot.n_seen or 0,
+        coverage=coverage, requests_by_bucket={**{n: b.requests for n, b in pacer.buckets.items()}, "cdn": pacer.cdn_requests},
+        incomplete=incomplete,
     )
 
 
@@ -749,7 +953,10 @@ def refingerprint(db: Path) -> int:
         rows: store.FingerprintRows = []
         for (repo, sha), entry in inputs.items():
             if "config.json" in entry["files"]:
-                rows += [(repo, sha, RULE_VERSION, n, v, p) for n, v, p in fingerprint_stored(entry["files"], entry["weights"])]
+                try:
+                    rows += [(repo, sha, RULE_VERSION, n, v, p) for n, v, p in fingerprint_stored(entry["files"], entry["weights"])]
+                except Exception:  # noqa: BLE001 - a config the rules cannot read keeps no fingerprint
+                    continue
         store.write_fingerprints(con, rows)
         return len({(r[0], r[1]) for r in rows})
     finally:
@@ -762,9 +969,17 @@ def iter_summary_lines(summary: CrawlSummary) -> Iterable[str]:
         f"listed {summary.listed}, fetched {summary.fetched}, unchanged {summary.unchanged}, "
         f"gated {summary.gated}, missing {summary.missing}, failed {summary.failed}"
     )
+    if summary.coverage:
+        capped = [c.author for c in summary.coverage if c.capped]
+        yield (f"coverage: {len(summary.coverage)} orgs, {summary.seen} models seen in their listings, "
+               f"{sum(c.kept for c in summary.coverage)} kept by the filters"
+               + (f" (max_models cut: {', '.join(capped)})" if capped else ""))
+    by_bucket = ", ".join(f"{n} {k}" for n, k in summary.requests_by_bucket.items() if k)
     yield (
-        f"{summary.requests} requests, {summary.rate_limited} rate-limited (429), "
+        f"{summary.requests} requests ({by_bucket or 'none'}), {summary.rate_limited} rate-limited (429), "
         f"{summary.waited_s:.1f} s waited, {summary.elapsed_s:.1f} s in all"
     )
     for problem in summary.problems:
         yield f"problem: {problem}"
+    for line in summary.incomplete:
+        yield f"not fetched (a later crawl may get it): {line}"

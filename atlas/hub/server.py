@@ -1,21 +1,32 @@
 """A local stand-in for the Hugging Face Hub: serves a mirror folder on 127.0.0.1 with the Hub's
-API shape, so `atlas crawl --mirror DIR` and the tests drive the real `huggingface_hub` client
-through the same code path as a live crawl.
+API shape and answers, so `atlas crawl --mirror DIR` and the tests drive the real `huggingface_hub`
+client through the same code path as a live crawl.
 
 Mirror layout: `<org>/<name>/<files>`. Folders whose name starts with `_` or `.` are skipped:
-`_unattributed/` holds real configs without a known hub id (test data, not atlas rows).
-Optional `HUB_METADATA.toml` at the mirror root gives per-repo hub metadata (base model and its
-relation, pipeline tag, gated, downloads, likes, dates); absent fields stay absent, as on the Hub.
+`_unattributed/` holds real configs without a known hub id (test data, not atlas rows). Symlinks
+are followed only while they stay inside the mirror. Optional `HUB_METADATA.toml` at the mirror
+root gives per-repo hub metadata (base model and its relation, pipeline tag, gated, private,
+disabled, downloads, likes, dates); absent or wrongly typed fields are left out, as on the Hub.
 
-Speaks: GET /api/models (filters, `expand`, `Link` pagination with a cursor), GET
-/api/models/{id}[/revision/{rev}], GET /api/models/{id}/tree/{rev}[/{folder}][?recursive=true]
-(what `snapshot_download` lists; one page, mirror repos are small), HEAD/GET
-/{id}/resolve/{rev}/{file} (X-Repo-Commit, ETag, Range), errors through X-Error-Code. A repo's sha
-is derived from its files' content. As on the Hub, a gated repo's info and tree are public; only
-its files answer 403.
+What it answers like the real Hub (huggingface_hub 2.4.0's view of it):
+- GET /api/models: filters, `expand` (400 for a value the *listing* does not accept, such as
+  `baseModels`, which only repo info accepts), `Link` pagination with a cursor. One repo whose
+  metadata cannot be served never fails the page: its bad fields are left out.
+- GET /api/models/{id}[/revision/{rev}] and /tree/{rev}[/{folder}]: repo info and file tree.
+- Missing, private or disabled repos answer **401 + X-Error-Code: RepoNotFound** to a request
+  without a token; with one, missing/private answer 404 and disabled 403 "Access to this resource
+  is disabled."; gated files answer 401 (no token) or 403 (token without access) + GatedRepo.
+- HEAD/GET /{id}/resolve/{rev}/{file}: a small file **307**s to /api/resolve-cache/models/...
+  (same host), an LFS file **302**s to a second loopback server, the "CDN", with X-Linked-Size and
+  X-Linked-Etag. The CDN rejects a request that still carries `Authorization` (400) and logs the
+  `Range` it got. Range requests answer 206, or 416 past the end; files are streamed, never read
+  whole.
+- `RateLimit` / `RateLimit-Policy` on every answer, per bucket (api, resolvers, pages), fixed
+  windows with a tier's quotas (anonymous without a token, `token_tier` with one); over the quota:
+  429 with the same headers and Retry-After.
 
-Test hooks: fault injection (status, headers, count), a fixed-window request-rate limit answered
-with 429 + Retry-After + RateLimit, injected latency, and a request log (memory + JSONL file).
+Test hooks: fault injection (status, headers, count), injected latency, and a request log
+(memory + optional JSONL file).
 """
 
 from __future__ import annotations
@@ -34,14 +45,49 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlencode, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
+
+from atlas import AtlasError
+from atlas.hub.pacing import TIERS, WINDOW_S
 
 METADATA_FILE = "HUB_METADATA.toml"
-_LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+_LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx")
+_CHUNK = 1 << 20
+MAX_HEADER_BYTES = 25_000_000  # as huggingface_hub: a larger safetensors header is not one
+DISABLED_MESSAGE = "Access to this resource is disabled."
 
 
-def _git_blob_id(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+def _git_blob_id(path_or_bytes: bytes | Path, size: int) -> str:
+    digest = hashlib.sha1(b"blob %d\0" % size)
+    for chunk in _chunks(path_or_bytes):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _sha256(path_or_bytes: bytes | Path) -> str:
+    digest = hashlib.sha256()
+    for chunk in _chunks(path_or_bytes):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _chunks(src: bytes | Path, start: int = 0, end: int | None = None):
+    """The bytes [start, end) of `src` in pieces of at most 1 MiB: big files are never read whole."""
+    if isinstance(src, bytes):
+        data = src[start:end]
+        for i in range(0, len(data), _CHUNK):
+            yield data[i:i + _CHUNK]
+        return
+    with open(src, "rb") as fh:
+        fh.seek(start)
+        left = None if end is None else max(0, end - start)
+        while left is None or left > 0:
+            chunk = fh.read(_CHUNK if left is None else min(_CHUNK, left))
+            if not chunk:
+                return
+            if left is not None:
+                left -= len(chunk)
+            yield chunk
 
 
 @dataclass
@@ -58,49 +104,75 @@ class MirrorRepo:
     def __post_init__(self) -> None:
         digest = hashlib.sha1()
         for name in sorted(self.files):
-            data = self.read(name)
-            self.sizes[name] = len(data)
-            if name.endswith(_LFS_SUFFIXES):
-                etag = hashlib.sha256(data).hexdigest()  # LFS files: the Hub's ETag is the sha256
-            else:
-                etag = _git_blob_id(data)
-            self.etags[name] = etag
-            digest.update(f"{name}\0{etag}\n".encode())
+            src = self.files[name]
+            size = len(src) if isinstance(src, bytes) else src.stat().st_size
+            self.sizes[name] = size
+            # the Hub's ETag: an LFS file's sha256, else git's blob id (both streamed)
+            self.etags[name] = _sha256(src) if is_lfs(name) else _git_blob_id(src, size)
+            digest.update(f"{name}\0{self.etags[name]}\n".encode())
         self.sha = digest.hexdigest()
 
     def read(self, name: str, start: int = 0, end: int | None = None) -> bytes:
-        src = self.files[name]
-        if isinstance(src, bytes):
-            return src[start:end]
-        with open(src, "rb") as fh:
-            fh.seek(start)
-            return fh.read() if end is None else fh.read(max(0, end - start))
+        return b"".join(_chunks(self.files[name], start, end))
+
+
+def is_lfs(filename: str) -> bool:
+    return filename.endswith(_LFS_SUFFIXES)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    """Whether `path`, symlinks resolved, stays under `root` (a link out of the mirror is skipped)."""
+    try:
+        return path.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):  # a link loop
+        return False
+
+
+def load_metadata(path: Path) -> dict[str, Any]:
+    """HUB_METADATA.toml, or AtlasError naming the file and the problem in one line."""
+    if not path.exists():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise AtlasError(f"mirror metadata {path} is not valid TOML: {exc}") from None
+    bad = [k for k, v in data.items() if not isinstance(v, dict)]
+    if bad:
+        raise AtlasError(f"mirror metadata {path}: entry {bad[0]!r} is not a table of fields")
+    return data
 
 
 def load_mirror(root: Path | str) -> dict[str, MirrorRepo]:
     """Read a mirror folder into repos keyed by repo id."""
     root = Path(root)
-    meta_path = root / METADATA_FILE
-    meta_all: dict[str, Any] = tomllib.loads(meta_path.read_text()) if meta_path.exists() else {}
+    real_root = root.resolve()
+    meta_all = load_metadata(root / METADATA_FILE)
     repos: dict[str, MirrorRepo] = {}
-    for org in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))):
-        for repo_dir in sorted(p for p in org.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))):
-            files = {
-                f.relative_to(repo_dir).as_posix(): f
-                for f in sorted(repo_dir.rglob("*"))
-                if f.is_file() and not any(part.startswith(".") for part in f.relative_to(repo_dir).parts)
-            }
+
+    def dirs(parent: Path) -> list[Path]:
+        return sorted(p for p in parent.iterdir()
+                      if p.is_dir() and not p.name.startswith(("_", ".")) and _inside(p, real_root))
+
+    for org in dirs(root):
+        for repo_dir in dirs(org):
+            files: dict[str, bytes | Path] = {}
+            for f in sorted(repo_dir.rglob("*")):
+                rel = f.relative_to(repo_dir)
+                if any(part.startswith(".") for part in rel.parts) or not _inside(f, real_root) or not f.is_file():
+                    continue
+                files[rel.as_posix()] = f
             repo_id = f"{org.name}/{repo_dir.name}"
-            repos[repo_id] = MirrorRepo(repo_id, dict(files), dict(meta_all.get(repo_id, {})))
+            repos[repo_id] = MirrorRepo(repo_id, files, dict(meta_all.get(repo_id, {})))
     return repos
 
 
 @dataclass
 class Fault:
-    """Answer matching requests with `status` (and headers) instead of serving them."""
+    """Answer matching requests with `status` (and headers) instead of serving them; status 0
+    drops the connection without an answer."""
 
     status: int
-    path_contains: str = ""
+    path_contains: str = ""  # matched against the path and its query string
     method: str | None = None
     times: int = 1  # how many requests it hits; -1 = every one
     headers: dict[str, str] = field(default_factory=dict)
@@ -116,8 +188,14 @@ class _QuietServer(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+@dataclass
+class _Window:
+    start: float = -math.inf
+    count: int = 0
+
+
 class HubServer:
-    """The local hub. Use as a context manager; `url` is its endpoint."""
+    """The local hub (plus its CDN). Use as a context manager; `url` is its endpoint."""
 
     def __init__(
         self,
@@ -125,37 +203,53 @@ class HubServer:
         log_path: Path | None = None,
         page_size: int = 100,
         latency_s: float = 0.0,
-        rate_limit: tuple[int, float] | None = None,
+        tier: str = "anonymous",
+        token_tier: str = "free",
+        window_s: float = WINDOW_S,
+        limits: dict[str, int] | None = None,
     ) -> None:
         self.repos = repos
         self.page_size = page_size
         self.latency_s = latency_s
-        self.rate_limit = rate_limit  # (requests allowed, window seconds)
+        self.window_s = window_s
+        # quotas per bucket: `limits` overrides the tier's (both for anonymous and token requests)
+        self.quotas = {False: dict(limits or TIERS[tier]), True: dict(limits or TIERS[token_tier])}
         self.faults: list[Fault] = []
         self.gated: set[str] = {r for r, repo in repos.items() if repo.meta.get("gated")}
+        self.granted: set[str] = set()  # gated repos the token holder has been given access to
         self.requests: list[dict[str, Any]] = []
+        self.cdn_requests: list[dict[str, Any]] = []
         self.rate_limited = 0
+        self._blobs = {repo.etags[name]: (repo, name) for repo in repos.values() for name in repo.files if is_lfs(name)}
         self._log_path = log_path
         self._lock = threading.Lock()
-        self._window_start = 0.0
-        self._window_count = 0
+        self._windows: dict[tuple[bool, str], _Window] = {}
         self._pause = threading.Event()  # never set: its wait() is a sleep that tests can't patch away
         self._httpd = _QuietServer(("127.0.0.1", 0), _make_handler(self))
-        self._thread: threading.Thread | None = None
+        self._cdn = _QuietServer(("127.0.0.1", 0), _make_cdn_handler(self))
+        self._threads: list[threading.Thread] = []
 
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
         return f"http://{host}:{port}"
 
+    @property
+    def cdn_url(self) -> str:
+        host, port = self._cdn.server_address[:2]
+        return f"http://{host}:{port}"
+
     def start(self) -> HubServer:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="hubserver", daemon=True)
-        self._thread.start()
+        for name, httpd in (("hubserver", self._httpd), ("hubcdn", self._cdn)):
+            thread = threading.Thread(target=httpd.serve_forever, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
         return self
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        for httpd in (self._httpd, self._cdn):
+            httpd.shutdown()
+            httpd.server_close()
 
     def __enter__(self) -> HubServer:
         return self.start()
@@ -172,11 +266,13 @@ class HubServer:
     def clear_log(self) -> None:
         with self._lock:
             self.requests.clear()
+            self.cdn_requests.clear()
 
     def file_requests(self) -> list[dict[str, Any]]:
+        """Requests for a file (the /resolve/ entry points; redirect hops are in the log too)."""
         return [r for r in self.requests if "/resolve/" in r["path"]]
 
-    # ---- internals used by the handler -----------------------------------------------------
+    # ---- internals used by the handlers ------------------------------------------------------
 
     def _take_fault(self, method: str, path: str) -> Fault | None:
         with self._lock:
@@ -187,46 +283,66 @@ class HubServer:
                     return fault
         return None
 
-    def _rate_check(self) -> int | None:
-        """Seconds until the window resets when this request is over the limit, else None."""
-        if self.rate_limit is None:
-            return None
-        quota, window = self.rate_limit
+    def _count(self, bucket: str, authed: bool) -> tuple[bool, dict[str, str]]:
+        """Count one request in its bucket's fixed window: (over the quota?, RateLimit headers)."""
+        quota = self.quotas[authed][bucket]
         with self._lock:
             now = time.monotonic()
-            if now - self._window_start >= window:
-                self._window_start, self._window_count = now, 0
-            self._window_count += 1
-            if self._window_count <= quota:
-                return None
-            self.rate_limited += 1
-            return max(1, math.ceil(self._window_start + window - now))
+            window = self._windows.setdefault((authed, bucket), _Window())
+            if now - window.start >= self.window_s:
+                window.start, window.count = now, 0
+            over = window.count >= quota
+            if not over:
+                window.count += 1
+            else:
+                self.rate_limited += 1
+            left = max(0.0, window.start + self.window_s - now)
+            remaining = quota - window.count
+        headers = {
+            "RateLimit": f'"{bucket}";r={remaining};t={math.ceil(left)}',
+            "RateLimit-Policy": f'"fixed window";"{bucket}";q={quota};w={math.ceil(self.window_s)}',
+        }
+        if over:
+            headers["Retry-After"] = str(max(1, math.ceil(left)))
+        return over, headers
 
-    def _log(self, entry: dict[str, Any]) -> None:
+    def _log(self, entry: dict[str, Any], cdn: bool = False) -> None:
         with self._lock:
-            self.requests.append(entry)
+            (self.cdn_requests if cdn else self.requests).append(entry)
             if self._log_path is not None:
                 with open(self._log_path, "a", encoding="utf-8") as fh:
-                    fh.write(json.dumps(entry) + "\n")
+                    fh.write(json.dumps({**entry, "cdn": cdn}) + "\n")
+
+
+# ---- metadata as the Hub serves it ----------------------------------------------------------------
 
 
 def _iso(value: Any) -> str | None:
-    if value is None:
-        return None
     if isinstance(value, datetime):
         value = value.astimezone(timezone.utc) if value.tzinfo else value.replace(tzinfo=timezone.utc)
         return value.strftime("%Y-%m-%dT%H:%M:%S.000Z")
-    return str(value)
+    if isinstance(value, str) and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", value):
+        return value
+    return None  # anything else is not a date the Hub would send
+
+
+def _count_field(value: Any) -> int | None:
+    """A count as the Hub sends it (a JSON integer in int64 range), else absent."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63 else None
+
+
+def _json_file(repo: MirrorRepo, name: str, limit: int = 8 * 1024 * 1024) -> Any:
+    if name not in repo.files or repo.sizes[name] > limit:
+        return None
+    try:
+        return json.loads(repo.read(name))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
 
 
 def _config_subset(repo: MirrorRepo) -> dict[str, Any] | None:
     """What the Hub's `config` expand returns: a small subset, not config.json itself."""
-    if "config.json" not in repo.files:
-        return None
-    try:
-        cfg = json.loads(repo.read("config.json"))
-    except (ValueError, UnicodeDecodeError):
-        return None
+    cfg = _json_file(repo, "config.json")
     if not isinstance(cfg, dict):
         return None
     out = {k: cfg[k] for k in ("architectures", "model_type") if k in cfg}
@@ -237,26 +353,38 @@ def _config_subset(repo: MirrorRepo) -> dict[str, Any] | None:
 
 
 def _pipeline_tag(repo: MirrorRepo) -> str | None:
-    if "pipeline_tag" in repo.meta:
-        return repo.meta["pipeline_tag"]
-    has_vision = _config_subset(repo) is not None and b'"vision_config"' in repo.read("config.json")
-    return "image-text-to-text" if has_vision else "text-generation"
+    tag = repo.meta.get("pipeline_tag")
+    if isinstance(tag, str):
+        return tag
+    cfg = _json_file(repo, "config.json")
+    return "image-text-to-text" if isinstance(cfg, dict) and "vision_config" in cfg else "text-generation"
 
 
 def _safetensors_info(repo: MirrorRepo) -> dict[str, Any] | None:
-    if "model.safetensors" not in repo.files:
+    """Per-dtype parameter counts of a single-file checkpoint's header; None when it has none
+    readable (a git-LFS pointer, a header over the size limit, shapes that are not counts)."""
+    name = "model.safetensors"
+    if name not in repo.files or repo.sizes[name] < 8:
+        return None
+    (n,) = struct.unpack("<Q", repo.read(name, 0, 8))
+    if n > MAX_HEADER_BYTES or 8 + n > repo.sizes[name]:
         return None
     try:
-        (n,) = struct.unpack("<Q", repo.read("model.safetensors", 0, 8))
-        header = json.loads(repo.read("model.safetensors", 8, 8 + n))
-    except (struct.error, ValueError, UnicodeDecodeError):
+        header = json.loads(repo.read(name, 8, 8 + n))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(header, dict):
         return None
     params: dict[str, int] = {}
-    for name, info in header.items():
-        if name == "__metadata__" or not isinstance(info, dict):
+    for key, info in header.items():
+        if key == "__metadata__" or not isinstance(info, dict):
             continue
-        params[info.get("dtype", "?")] = params.get(info.get("dtype", "?"), 0) + math.prod(info.get("shape", []))
-    return {"parameters": params, "total": sum(params.values())}
+        shape, dtype = info.get("shape"), info.get("dtype")
+        if not isinstance(dtype, str) or not isinstance(shape, list) or not all(_count_field(d) is not None for d in shape):
+            return None
+        params[dtype] = params.get(dtype, 0) + math.prod(shape)
+    total = sum(params.values())
+    return {"parameters": params, "total": total} if total < 2**63 else None
 
 
 def _tree_entries(repo: MirrorRepo, folder: str, recursive: bool) -> list[dict[str, Any]] | None:
@@ -275,31 +403,45 @@ def _tree_entries(repo: MirrorRepo, folder: str, recursive: bool) -> list[dict[s
         if path in folders:
             below = "".join(f"{n}\0{repo.etags[n]}\n" for n in sorted(repo.files) if n.startswith(f"{path}/"))
             entries.append({"type": "directory", "oid": hashlib.sha1(below.encode()).hexdigest(), "size": 0, "path": path})
-        elif path.endswith(_LFS_SUFFIXES):
+        elif is_lfs(path):
             size = repo.sizes[path]
             pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{repo.etags[path]}\nsize {size}\n".encode()
-            entries.append({"type": "file", "oid": _git_blob_id(pointer), "size": size, "path": path,
+            entries.append({"type": "file", "oid": _git_blob_id(pointer, len(pointer)), "size": size, "path": path,
                             "lfs": {"oid": repo.etags[path], "size": size, "pointerSize": len(pointer)}})
         else:
             entries.append({"type": "file", "oid": repo.etags[path], "size": repo.sizes[path], "path": path})
     return entries
 
 
+def _strings(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _base(repo: MirrorRepo) -> tuple[str | None, str | None]:
+    base, relation = repo.meta.get("base_model"), repo.meta.get("base_relation")
+    return (base if isinstance(base, str) and base else None), (relation if isinstance(relation, str) else None)
+
+
 def _tags(repo: MirrorRepo) -> list[str]:
-    tags = list(repo.meta.get("tags", []))
-    base = repo.meta.get("base_model")
+    tags = _strings(repo.meta.get("tags"))
+    base, relation = _base(repo)
     if base:
         tags.append(f"base_model:{base}")
-        if repo.meta.get("base_relation"):
-            tags.append(f"base_model:{repo.meta['base_relation']}:{base}")
+        if relation:
+            tags.append(f"base_model:{relation}:{base}")
     if "model.safetensors" in repo.files or "model.safetensors.index.json" in repo.files:
         tags.append("safetensors")
     return tags
 
 
+def _gated_value(repo: MirrorRepo) -> Any:
+    gated = repo.meta.get("gated", False)
+    return gated if gated in ("auto", "manual", False) else ("manual" if gated else False)
+
+
 def _expand(repo: MirrorRepo, field_name: str) -> Any:
     meta = repo.meta
-    base = meta.get("base_model")
+    base, relation = _base(repo)
     if field_name == "sha":
         return repo.sha
     if field_name == "lastModified":
@@ -307,15 +449,16 @@ def _expand(repo: MirrorRepo, field_name: str) -> Any:
     if field_name == "createdAt":
         return _iso(meta.get("created_at"))
     if field_name in ("downloads", "likes"):
-        return meta.get(field_name)
+        return _count_field(meta.get(field_name))
     if field_name == "gated":
-        return meta.get("gated", False)
-    if field_name == "private":
-        return False
+        return _gated_value(repo)
+    if field_name in ("private", "disabled"):
+        return meta.get(field_name) is True
     if field_name == "pipeline_tag":
         return _pipeline_tag(repo)
     if field_name == "library_name":
-        return meta.get("library_name", "transformers")
+        value = meta.get("library_name", "transformers")
+        return value if isinstance(value, str) else None
     if field_name == "tags":
         return _tags(repo)
     if field_name == "author":
@@ -323,15 +466,13 @@ def _expand(repo: MirrorRepo, field_name: str) -> Any:
     if field_name == "siblings":
         return [{"rfilename": name} for name in sorted(repo.files)]
     if field_name == "baseModels":
-        if not base:
-            return None
-        return {"relation": meta.get("base_relation", "finetune"), "models": [{"id": base}]}
+        return {"relation": relation or "finetune", "models": [{"id": base}]} if base else None
     if field_name == "cardData":
         card: dict[str, Any] = {}
         if base:
             card["base_model"] = base
-            if meta.get("base_relation"):
-                card["base_model_relation"] = meta["base_relation"]
+            if relation:
+                card["base_model_relation"] = relation
         return card
     if field_name == "safetensors":
         return _safetensors_info(repo)
@@ -340,117 +481,177 @@ def _expand(repo: MirrorRepo, field_name: str) -> Any:
     raise KeyError(field_name)
 
 
-EXPANDABLE = (
-    "author", "baseModels", "cardData", "config", "createdAt", "downloads", "gated", "lastModified",
+# What the model *listing* accepts in `expand` (huggingface_hub 2.4.0's list_models docstring);
+# repo info accepts these plus the ones only it can compute.
+LISTING_EXPAND = (
+    "author", "cardData", "config", "createdAt", "disabled", "downloads", "gated", "lastModified",
     "library_name", "likes", "pipeline_tag", "private", "safetensors", "sha", "siblings", "tags",
 )
+INFO_ONLY_EXPAND = ("baseModels", "childrenModelCount", "usedStorage")
 _DEFAULT_FIELDS = ("author", "createdAt", "downloads", "likes", "library_name", "pipeline_tag", "private", "tags")
 
 
-def _model_json(repo: MirrorRepo, expand: list[str]) -> dict[str, Any]:
+def _model_json(repo: MirrorRepo, expand: list[str] | tuple[str, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {"_id": repo.sha[:24], "id": repo.repo_id, "modelId": repo.repo_id}
     for name in expand or _DEFAULT_FIELDS:
-        value = _expand(repo, name)
+        try:
+            value = _expand(repo, name)
+            json.dumps(value)  # a value JSON cannot carry (an int of thousands of digits) is left out
+        except (KeyError, ValueError, TypeError, RecursionError, OSError):
+            continue  # one bad field of one repo never fails the answer
         if value is not None:
             out[name] = value
     return out
 
 
+# ---- HTTP plumbing shared by the hub and the CDN --------------------------------------------------
+
+_UNSAFE_HEADER = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _header_value(value: str) -> str:
+    """A header value that cannot split the answer (CR/LF) or fail to encode (non-Latin-1):
+    control characters and anything outside printable ASCII are percent-encoded."""
+    value = _UNSAFE_HEADER.sub(lambda m: quote(m.group()), str(value))
+    return value if value.isascii() else quote(value, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~%")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "atlas-hubserver"
+    _status = 0
+
+    def log_message(self, format: str, *args: Any) -> None:  # the JSON log replaces stderr noise
+        pass
+
+    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
+              head: bool = False, length: int | None = None) -> None:
+        self._status = status
+        self.send_response(status)
+        for key, value in (headers or {}).items():
+            self.send_header(key, _header_value(value))
+        self.send_header("Content-Length", str(len(body) if length is None else length))
+        self.end_headers()
+        if not head and body:
+            self.wfile.write(body)
+
+    def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None, head: bool = False) -> None:
+        body = json.dumps(payload).encode()
+        self._send(status, body, {"Content-Type": "application/json", **(headers or {})}, head)
+
+    def _error(self, status: int, code: str | None, message: str, head: bool, extra: dict[str, str] | None = None) -> None:
+        headers = {"X-Error-Message": message, **(extra or {})}
+        if code:
+            headers["X-Error-Code"] = code
+        self._json(status, {"error": message}, headers, head)
+
+    def _file(self, src: bytes | Path, size: int, headers: dict[str, str], head: bool) -> None:
+        """200 with the whole file, 206 with a Range of it, 416 for a Range past its end; streamed."""
+        headers = {**headers, "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+        rng = _parse_range(self.headers.get("Range"), size)
+        if rng == "unsatisfiable":
+            self._error(416, None, "Requested range not satisfiable", head, {**headers, "Content-Range": f"bytes */{size}"})
+            return
+        start, end = rng if rng is not None else (0, size)
+        if rng is not None:
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        self._send(206 if rng is not None else 200, b"", headers, head=True, length=end - start)
+        if not head:
+            for chunk in _chunks(src, start, end):
+                self.wfile.write(chunk)
+
+
 def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "atlas-hubserver"
-
-        def log_message(self, format: str, *args: Any) -> None:  # the JSONL log replaces stderr noise
-            pass
-
+    class Handler(_Handler):
         def do_GET(self) -> None:
             self._serve(head=False)
 
         def do_HEAD(self) -> None:
             self._serve(head=True)
 
-        # -- plumbing -------------------------------------------------------------------------
-
-        def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None, head: bool = False) -> None:
-            self._status = status
-            self.send_response(status)
-            for key, value in (headers or {}).items():
-                self.send_header(key, value)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if not head and body:
-                self.wfile.write(body)
-
-        def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None, head: bool = False) -> None:
-            body = json.dumps(payload).encode()
-            self._send(status, body, {"Content-Type": "application/json", **(headers or {})}, head)
-
-        def _error(self, status: int, code: str | None, message: str, head: bool, extra: dict[str, str] | None = None) -> None:
-            headers = {"X-Error-Message": message, **(extra or {})}
-            if code:
-                headers["X-Error-Code"] = code
-            self._json(status, {"error": message}, headers, head)
-
         def _serve(self, head: bool) -> None:
-            self._status = 0
+            self._status, self._limits = 0, {}
             started = time.time()
             split = urlsplit(self.path)
-            path = unquote(split.path)
+            path = unquote(split.path, errors="replace")
+            authed = bool(self.headers.get("Authorization"))
             try:
                 if hub.latency_s:
                     hub._pause.wait(hub.latency_s)
-                self._dispatch(path, parse_qs(split.query), head)
+                self._dispatch(path, parse_qs(split.query), head, authed)
             except (BrokenPipeError, ConnectionResetError):
                 pass
             except Exception as exc:  # a server bug must reach the client as a 500, not a dropped socket
                 if not self._status:
                     self._error(500, None, f"hubserver error: {type(exc).__name__}", head)
             finally:
-                hub._log(
-                    {
-                        "ts": round(started, 4), "method": self.command, "path": path,
-                        "query": split.query, "status": self._status, "range": self.headers.get("Range"),
-                        "auth": self.headers.get("Authorization") is not None,
-                    }
-                )
+                hub._log({
+                    "ts": round(started, 4), "method": self.command, "path": path, "query": split.query,
+                    "status": self._status, "range": self.headers.get("Range"), "auth": authed,
+                })
 
-        def _dispatch(self, path: str, query: dict[str, list[str]], head: bool) -> None:
-            fault = hub._take_fault(self.command, path)
+        def _dispatch(self, path: str, query: dict[str, list[str]], head: bool, authed: bool) -> None:
+            fault = hub._take_fault(self.command, f"{path}?{urlsplit(self.path).query}")
+            if fault is not None and fault.status == 0:
+                self.close_connection = True  # no answer at all: the client sees a dropped connection
+                return
             if fault is not None:
                 self._error(fault.status, fault.error_code, f"injected {fault.status}", head, fault.headers)
                 return
-            wait = hub._rate_check()
-            if wait is not None:
-                bucket = "resolvers" if "/resolve/" in path else "api"
-                quota, window = hub.rate_limit or (0, 0)
-                self._error(
-                    429, None, f"You have been rate-limited: retry after {wait} seconds", head,
-                    {
-                        "Retry-After": str(wait),
-                        "RateLimit": f'"{bucket}";r=0;t={wait}',
-                        "RateLimit-Policy": f'"fixed window";"{bucket}";q={quota};w={math.ceil(window)}',
-                    },
-                )
+            if path.startswith("/api/resolve-cache/") or "/resolve/" in path:
+                bucket = "resolvers"
+            else:
+                bucket = "api" if path.startswith("/api/") else "pages"
+            over, self._limits = hub._count(bucket, authed)
+            if over:
+                wait = self._limits["Retry-After"]
+                self._error(429, None, f"You have been rate-limited: retry after {wait} seconds", head, self._limits)
                 return
             if path == "/api/models":
                 self._list(query, head)
+            elif path.startswith("/api/resolve-cache/models/"):
+                self._resolve_cache(path[len("/api/resolve-cache/models/"):], head, authed)
             elif path.startswith("/api/models/"):
-                self._info(path[len("/api/models/"):], query, head)
+                self._info(path[len("/api/models/"):], query, head, authed)
             elif "/resolve/" in path:
-                self._resolve(path, head)
+                self._resolve(path, head, authed)
             else:
-                self._error(404, None, "not found", head)
+                self._error(404, None, "not found", head, self._limits)
+
+        def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
+                  head: bool = False, length: int | None = None) -> None:
+            super()._send(status, body, {**getattr(self, "_limits", {}), **(headers or {})}, head, length)
+
+        # -- access as the Hub decides it ---------------------------------------------------
+
+        def _repo(self, repo_id: str, head: bool, authed: bool) -> MirrorRepo | None:
+            """The repo if this request may see it; else the Hub's answer is sent and None returned."""
+            repo = hub.repos.get(repo_id)
+            hidden = repo is None or repo.meta.get("private") is True
+            if hidden or (repo is not None and repo.meta.get("disabled") is True and not authed):
+                # without a token the Hub cannot tell missing from private or disabled: 401 for all
+                self._error(401 if not authed else 404, "RepoNotFound", "Repository not found", head)
+                return None
+            if repo.meta.get("disabled") is True:
+                self._error(403, None, DISABLED_MESSAGE, head)
+                return None
+            return repo
+
+        def _revision(self, repo: MirrorRepo, rev: str, head: bool) -> bool:
+            if rev in ("main", repo.sha):
+                return True
+            self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}", head)
+            return False
 
         # -- endpoints ------------------------------------------------------------------------
 
         def _list(self, query: dict[str, list[str]], head: bool) -> None:
             expand = query.get("expand", [])
-            unknown = [e for e in expand if e not in EXPANDABLE]
+            unknown = [e for e in expand if e not in LISTING_EXPAND]
             if unknown:
-                self._error(400, None, f"invalid expand value(s): {unknown}", head)
+                self._error(400, None, f'"expand" must be one of the listing\'s fields; got {unknown}', head)
                 return
-            repos = list(hub.repos.values())
+            repos = [r for r in hub.repos.values() if r.meta.get("private") is not True]
             if "author" in query:
                 repos = [r for r in repos if r.repo_id.split("/")[0] == query["author"][0]]
             if "search" in query:
@@ -461,48 +662,45 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 repos = [r for r in repos if tag in _tags(r)]
             sort = query.get("sort", [""])[0]
             if sort in ("downloads", "likes"):
-                repos.sort(key=lambda r: (-(r.meta.get(sort) or 0), r.repo_id))
+                repos.sort(key=lambda r: (-(_count_field(r.meta.get(sort)) or 0), r.repo_id))
             else:
                 repos.sort(key=lambda r: r.repo_id)
             page = hub.page_size
-            if "limit" in query and query["limit"][0].isdigit():
-                page = max(1, min(page, int(query["limit"][0])))
+            limit = query.get("limit", [""])[0]
+            if limit.isdigit() and len(limit) < 10:
+                page = max(1, min(page, int(limit)))
             raw_cursor = query.get("cursor", ["0"])[0]
-            cursor = int(raw_cursor) if raw_cursor.isdigit() else 0
+            cursor = int(raw_cursor) if raw_cursor.isdigit() and len(raw_cursor) < 10 else 0
             chunk = repos[cursor:cursor + page]
             headers: dict[str, str] = {}
             if cursor + page < len(repos):
                 params = [(k, v) for k, vs in query.items() if k != "cursor" for v in vs]
                 params.append(("cursor", str(cursor + page)))
-                host = self.headers.get("Host", "127.0.0.1")
-                headers["Link"] = f'<http://{host}/api/models?{urlencode(params)}>; rel="next"'
+                headers["Link"] = f'<{hub.url}/api/models?{urlencode(params)}>; rel="next"'
             self._json(200, [_model_json(r, expand) for r in chunk], headers, head)
 
-        def _find(self, rest: str) -> tuple[MirrorRepo | None, str]:
+        def _info(self, rest: str, query: dict[str, list[str]], head: bool, authed: bool) -> None:
             parts = rest.split("/")
-            repo = hub.repos.get("/".join(parts[:2]))
-            return repo, "/".join(parts[2:])
-
-        def _info(self, rest: str, query: dict[str, list[str]], head: bool) -> None:
-            repo, tail = self._find(rest)
+            repo = self._repo("/".join(parts[:2]), head, authed)
             if repo is None:
-                self._error(404, "RepoNotFound", "Repository not found", head)
                 return
+            tail = "/".join(parts[2:])
             if tail.startswith("tree/"):
                 self._tree(repo, tail[len("tree/"):], query, head)
                 return
-            if tail:
-                rev = tail[len("revision/"):] if tail.startswith("revision/") else None
-                if rev not in ("main", repo.sha):
-                    self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}", head)
-                    return
-            expand = query.get("expand", []) or [e for e in EXPANDABLE if e not in ("safetensors", "config")]
-            self._json(200, _model_json(repo, expand), None, head)
+            if tail and not self._revision(repo, tail[len("revision/"):] if tail.startswith("revision/") else "", head):
+                return
+            expand = query.get("expand", [])
+            unknown = [e for e in expand if e not in LISTING_EXPAND + INFO_ONLY_EXPAND]
+            if unknown:
+                self._error(400, None, f'"expand" must be one of the repo fields; got {unknown}', head)
+                return
+            fields = expand or [e for e in LISTING_EXPAND + ("baseModels",) if e not in ("safetensors", "config")]
+            self._json(200, _model_json(repo, fields), None, head)
 
         def _tree(self, repo: MirrorRepo, rest: str, query: dict[str, list[str]], head: bool) -> None:
             rev, _, folder = rest.partition("/")
-            if rev not in ("main", repo.sha):
-                self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}", head)
+            if not self._revision(repo, rev, head):
                 return
             entries = _tree_entries(repo, folder.strip("/"), query.get("recursive", ["false"])[0].lower() == "true")
             if entries is None:
@@ -510,60 +708,107 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 return
             self._json(200, entries, None, head)
 
-        def _resolve(self, path: str, head: bool) -> None:
-            before, _, after = path.lstrip("/").partition("/resolve/")
-            repo = hub.repos.get(before)
-            if repo is None:
-                self._error(404, "RepoNotFound", "Repository not found", head)
-                return
-            rev, _, filename = after.partition("/")
-            if rev not in ("main", repo.sha):
-                self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}", head)
-                return
+        def _file_of(self, repo_id: str, rev: str, filename: str, head: bool, authed: bool) -> MirrorRepo | None:
+            """Checks shared by /resolve/ and /api/resolve-cache/: the repo, its revision, the gate, the file."""
+            repo = self._repo(repo_id, head, authed)
+            if repo is None or not self._revision(repo, rev, head):
+                return None
             commit = {"X-Repo-Commit": repo.sha}
-            if repo.repo_id in hub.gated:
+            if repo.repo_id in hub.gated and not (authed and repo.repo_id in hub.granted):
                 self._error(
-                    403, "GatedRepo",
+                    403 if authed else 401, "GatedRepo",
                     f"Access to model {repo.repo_id} is restricted. You must have access to it and be authenticated.",
                     head, commit,
                 )
-                return
+                return None
             if filename not in repo.files:
                 self._error(404, "EntryNotFound", f"{filename} does not exist at this revision", head, commit)
+                return None
+            return repo
+
+        def _resolve(self, path: str, head: bool, authed: bool) -> None:
+            before, _, after = path.lstrip("/").partition("/resolve/")
+            rev, _, filename = after.partition("/")
+            repo = self._file_of(before, rev, filename, head, authed)
+            if repo is None:
                 return
-            size = repo.sizes[filename]
-            headers = {**commit, "ETag": f'"{repo.etags[filename]}"', "Accept-Ranges": "bytes",
-                       "Content-Type": "application/octet-stream"}
-            rng = _parse_range(self.headers.get("Range"), size)
-            if rng is None:
-                if head:
-                    self._status = 200
-                    self.send_response(200)
-                    for k, v in headers.items():
-                        self.send_header(k, v)
-                    self.send_header("Content-Length", str(size))
-                    self.end_headers()
-                    return
-                self._send(200, repo.read(filename), headers)
+            etag, size = repo.etags[filename], repo.sizes[filename]
+            headers = {"X-Repo-Commit": repo.sha, "X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(size),
+                       "ETag": f'"{etag}"'}
+            if is_lfs(filename):  # LFS: a signed URL on another host; the Authorization stays behind
+                location = f"{hub.cdn_url}/repos/{repo.sha[:2]}/{etag}?X-Amz-Expires=3600&X-Amz-Signature=local"
+                self._send(302, b"", {**headers, "Location": location}, head)
+            else:  # a small file: the commit-pinned resolve cache on the same host
+                location = (f"/api/resolve-cache/models/{quote(repo.repo_id)}/{repo.sha}/{quote(filename)}"
+                            f"?etag={quote(chr(34) + etag + chr(34))}")
+                self._send(307, b"", {**headers, "Location": location}, head)
+
+        def _resolve_cache(self, rest: str, head: bool, authed: bool) -> None:
+            parts = rest.split("/")
+            if len(parts) < 4:
+                self._error(404, "EntryNotFound", "no such file", head)
                 return
-            start, end = rng
-            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-            self._send(206, repo.read(filename, start, end), headers, head)
+            repo = self._file_of("/".join(parts[:2]), parts[2], "/".join(parts[3:]), head, authed)
+            if repo is None:
+                return
+            filename = "/".join(parts[3:])
+            headers = {"X-Repo-Commit": repo.sha, "ETag": f'"{repo.etags[filename]}"'}
+            self._file(repo.files[filename], repo.sizes[filename], headers, head)
 
     return Handler
 
 
-_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+def _make_cdn_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
+    class CdnHandler(_Handler):
+        server_version = "atlas-hubcdn"
+
+        def do_GET(self) -> None:
+            self._serve(head=False)
+
+        def do_HEAD(self) -> None:
+            self._serve(head=True)
+
+        def _serve(self, head: bool) -> None:
+            self._status = 0
+            split = urlsplit(self.path)
+            auth = self.headers.get("Authorization") is not None
+            try:
+                etag = split.path.rsplit("/", 1)[-1]
+                found = hub._blobs.get(etag)
+                if auth:  # a client that forwards the Hub token to a CDN leaks it
+                    self._error(400, None, "Authorization header must not be sent to the CDN", head)
+                elif found is None:
+                    self._error(404, None, "no such blob", head)
+                else:
+                    repo, name = found
+                    self._file(repo.files[name], repo.sizes[name], {"ETag": f'"{etag}"'}, head)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            finally:
+                hub._log({"ts": round(time.time(), 4), "method": self.command, "path": split.path,
+                          "status": self._status, "range": self.headers.get("Range"), "auth": auth}, cdn=True)
+
+    return CdnHandler
 
 
-def _parse_range(value: str | None, size: int) -> tuple[int, int] | None:
-    """A single `bytes=a-b` range as [start, end); anything else serves the whole file."""
-    m = _RANGE.match(value or "")
-    if not m:
+_RANGE = re.compile(r"^bytes=(\d{0,18})-(\d{0,18})$")
+
+
+def _parse_range(value: str | None, size: int) -> tuple[int, int] | str | None:
+    """A single `bytes=a-b` / `bytes=a-` / `bytes=-n` range as [start, end); "unsatisfiable" when it
+    starts past the end; None (serve the whole file) for no or an unparsable header."""
+    m = _RANGE.match((value or "").strip())
+    if not m or not (m.group(1) or m.group(2)):
         return None
-    start = int(m.group(1))
-    end = min(size, int(m.group(2)) + 1) if m.group(2) else size
-    return (min(start, size), max(min(start, size), end))
+    first, last = m.group(1), m.group(2)
+    if not first:  # suffix: the last n bytes
+        n = int(last)
+        return "unsatisfiable" if n == 0 or size == 0 else (max(0, size - n), size)
+    start = int(first)
+    if start >= size:
+        return "unsatisfiable"
+    end = min(size, int(last) + 1) if last else size
+    return None if end <= start else (start, end)
 
 
 def _main(argv: list[str]) -> int:

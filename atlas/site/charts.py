@@ -1,20 +1,28 @@
-"""Inline SVG bar charts, written at build time so the site needs no chart library at view time.
+"""Inline SVG charts, written at build time so the site needs no chart library at view time.
 
-Labels come from the store (dates, counts) and are escaped as XML text; the chart is wrapped in a
-<div> so Python-Markdown passes the whole block through as raw HTML without touching its text."""
+Each chart is one figure: an HTML title above, the SVG plot, an HTML legend below. Title and
+legend are HTML so they reflow on a phone; only axes, ticks and value labels are SVG. The SVG is
+drawn in a narrow viewBox with large text, so that scaled down to a 390 px phone the labels stay
+about 10 px tall (the browser test measures this). Series colours come from CSS classes
+(atlas-s0 … atlas-s7, a colour-blind-safe palette in atlas.css), never inline styles.
+
+Labels come from the store (dates, counts, ids) and are escaped as XML text; the figure is one raw
+HTML block without blank lines, so Python-Markdown passes it through untouched."""
 
 from __future__ import annotations
 
+import math
 from html import escape as xml_escape
 
 from pydantic import BaseModel
 
 from atlas.site.mdsafe import Markdown
 
-WIDTH = 640
-HEIGHT = 260
-# _TOP leaves room for the title plus the value label above the tallest bar.
-_TOP, _BOTTOM, _LEFT, _RIGHT = 42, 46, 44, 12
+WIDTH = 440
+HEIGHT = 250
+FONT = 14  # px in viewBox units; in a 330 px column (a phone, inside a box) about 10.5 px
+_TOP, _BOTTOM, _LEFT, _RIGHT = 22, 44, 52, 14
+N_COLOURS = 8
 
 
 class Bar(BaseModel):
@@ -24,45 +32,251 @@ class Bar(BaseModel):
     annotation: str | None = None
 
 
-def bar_chart(title: str, bars: list[Bar], y_label: str, y_max: float | None = None) -> Markdown:
+class Point(BaseModel):
+    x: float
+    y: float
+    lo: float | None = None  # optional range drawn as a whisker
+    hi: float | None = None
+
+
+class Series(BaseModel):
+    name: str
+    points: list[Point]
+
+
+class Stack(BaseModel):
+    """One layer of a stacked bar chart: a value per category, in category order."""
+
+    name: str
+    values: list[float]
+
+
+def _figure(title: str, svg: list[str], legend: list[str], note: str | None = None) -> Markdown:
+    parts = [
+        '<div class="atlas-chart">',
+        f'<p class="atlas-chart-title">{xml_escape(title)}</p>',
+        *svg,
+    ]
+    if legend:
+        items = "".join(
+            f'<span class="atlas-chart-key"><span class="atlas-chart-swatch atlas-s{i % N_COLOURS}">'
+            f"</span>{xml_escape(name)}</span>"
+            for i, name in enumerate(legend)
+        )
+        parts.append(f'<p class="atlas-chart-legend">{items}</p>')
+    if note:
+        parts.append(f'<p class="atlas-chart-note">{xml_escape(note)}</p>')
+    parts.append("</div>")
+    # No blank line inside: Markdown would end the raw HTML block there.
+    return Markdown("".join(parts))
+
+
+def _svg_open(title: str) -> str:
+    t = xml_escape(title)
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="atlas-chart-svg" role="img" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" aria-label="{t}">'
+        f"<title>{t}</title>"
+    )
+
+
+def _axes(y_label: str, y_top: float, y_bottom: float = 0.0, ticks: int = 4) -> list[str]:
+    plot_h = HEIGHT - _TOP - _BOTTOM
+    base = _TOP + plot_h
+    mid = _TOP + plot_h / 2
+    out = [
+        f'<line class="atlas-chart-axis" x1="{_LEFT}" y1="{base}" x2="{WIDTH - _RIGHT}" y2="{base}"/>',
+        f'<text class="atlas-chart-label" x="{FONT}" y="{mid:.1f}" '
+        f'transform="rotate(-90 {FONT} {mid:.1f})" text-anchor="middle">{xml_escape(y_label)}</text>',
+    ]
+    for i in range(ticks + 1):
+        v = y_bottom + (y_top - y_bottom) * i / ticks
+        y = base - plot_h * i / ticks
+        if i:
+            out.append(f'<line class="atlas-chart-grid" x1="{_LEFT}" y1="{y:.1f}" x2="{WIDTH - _RIGHT}" y2="{y:.1f}"/>')
+        out.append(
+            f'<text class="atlas-chart-tick" x="{_LEFT - 4}" y="{y + FONT / 3:.1f}" '
+            f'text-anchor="end">{xml_escape(_number(v))}</text>'
+        )
+    return out
+
+
+def _x_labels(labels: list[tuple[float, str]]) -> list[str]:
+    """Category or tick labels under the axis; every n-th one when they would collide, slanted
+    when even that is crowded."""
+    if not labels:
+        return []
+    plot_w = WIDTH - _LEFT - _RIGHT
+    longest = max(len(text) for _, text in labels)
+    room = plot_w / len(labels)
+    needed = 0.6 * FONT * longest + 4
+    slant = needed > room
+    step = 1 if not slant else max(1, math.ceil((FONT * 1.3) / room))
+    base = HEIGHT - _BOTTOM
+    out = []
+    for i, (x, text) in enumerate(labels):
+        if i % step and i != len(labels) - 1:
+            continue
+        if slant:
+            out.append(
+                f'<text class="atlas-chart-label" x="{x:.1f}" y="{base + FONT + 2}" text-anchor="end" '
+                f'transform="rotate(-35 {x:.1f} {base + FONT + 2})">{xml_escape(text)}</text>'
+            )
+        else:
+            out.append(
+                f'<text class="atlas-chart-label" x="{x:.1f}" y="{base + FONT + 4}" '
+                f'text-anchor="middle">{xml_escape(text)}</text>'
+            )
+    return out
+
+
+def bar_chart(title: str, bars: list[Bar], y_label: str, y_max: float | None = None,
+              note: str | None = None) -> Markdown:
     """A vertical bar chart. y_max fixes the axis top (e.g. 100 for percentages)."""
     if not bars:
         raise ValueError("a chart needs at least one bar")
-    top = y_max if y_max is not None else max(max(b.value for b in bars), 1.0)
+    top = y_max if y_max is not None else _nice(max(max(b.value for b in bars), 1.0))
     plot_w = WIDTH - _LEFT - _RIGHT
     plot_h = HEIGHT - _TOP - _BOTTOM
     slot = plot_w / len(bars)
-    bar_w = min(56.0, slot * 0.7)
-    t = xml_escape(title)
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="atlas-chart-svg" role="img" '
-        f'viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" aria-label="{t}">',
-        f"<title>{t}</title>",
-        f'<text class="atlas-chart-title" x="{_LEFT}" y="16">{t}</text>',
-        f'<line class="atlas-chart-axis" x1="{_LEFT}" y1="{_TOP + plot_h}" '
-        f'x2="{WIDTH - _RIGHT}" y2="{_TOP + plot_h}"/>',
-        f'<text class="atlas-chart-label" x="4" y="{_TOP + plot_h / 2:.1f}" '
-        f'transform="rotate(-90 10 {_TOP + plot_h / 2:.1f})" text-anchor="middle">'
-        f"{xml_escape(y_label)}</text>",
-    ]
+    bar_w = min(48.0, slot * 0.7)
+    svg = [_svg_open(title), *_axes(y_label, top)]
+    centres = []
     for i, bar in enumerate(bars):
         h = 0.0 if top <= 0 else plot_h * max(bar.value, 0.0) / top
         x = _LEFT + slot * i + (slot - bar_w) / 2
         y = _TOP + plot_h - h
         cx = x + bar_w / 2
-        note = bar.annotation if bar.annotation is not None else _number(bar.value)
-        parts += [
-            f'<rect class="atlas-chart-bar" x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" '
-            f'height="{h:.1f}"><title>{xml_escape(bar.label)}: {xml_escape(note)}</title></rect>',
-            f'<text class="atlas-chart-value" x="{cx:.1f}" y="{y - 4:.1f}" '
-            f'text-anchor="middle">{xml_escape(note)}</text>',
-            f'<text class="atlas-chart-label" x="{cx:.1f}" y="{_TOP + plot_h + 16}" '
-            f'text-anchor="middle">{xml_escape(bar.label)}</text>',
-        ]
-    parts.append("</svg>")
-    # No blank line inside: Markdown would end the raw HTML block there.
-    return Markdown('<div class="atlas-chart">' + "".join(parts) + "</div>")
+        centres.append((cx, bar.label))
+        note_text = bar.annotation if bar.annotation is not None else _number(bar.value)
+        svg.append(
+            f'<rect class="atlas-chart-bar atlas-s0" x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" '
+            f'height="{h:.1f}"><title>{xml_escape(bar.label)}: {xml_escape(note_text)}</title></rect>'
+        )
+        if len(bars) <= 12:
+            svg.append(
+                f'<text class="atlas-chart-value" x="{cx:.1f}" y="{max(y - 4, FONT):.1f}" '
+                f'text-anchor="middle">{xml_escape(note_text)}</text>'
+            )
+    svg += _x_labels(centres)
+    svg.append("</svg>")
+    return _figure(title, svg, [], note)
+
+
+def stacked_bar_chart(title: str, categories: list[str], stacks: list[Stack], y_label: str,
+                      note: str | None = None) -> Markdown:
+    """Bars per category, each split into layers (one colour per stack, legend below)."""
+    if not categories or not stacks:
+        raise ValueError("a stacked chart needs categories and stacks")
+    if any(len(s.values) != len(categories) for s in stacks):
+        raise ValueError("every stack needs one value per category")
+    totals = [sum(s.values[i] for s in stacks) for i in range(len(categories))]
+    top = _nice(max(max(totals), 1.0))
+    plot_w = WIDTH - _LEFT - _RIGHT
+    plot_h = HEIGHT - _TOP - _BOTTOM
+    slot = plot_w / len(categories)
+    bar_w = min(40.0, slot * 0.75)
+    svg = [_svg_open(title), *_axes(y_label, top)]
+    centres = []
+    for i, cat in enumerate(categories):
+        x = _LEFT + slot * i + (slot - bar_w) / 2
+        y = _TOP + plot_h
+        for j, stack in enumerate(stacks):
+            v = stack.values[i]
+            if v <= 0:
+                continue
+            h = plot_h * v / top
+            y -= h
+            svg.append(
+                f'<rect class="atlas-chart-bar atlas-s{j % N_COLOURS}" x="{x:.1f}" y="{y:.1f}" '
+                f'width="{bar_w:.1f}" height="{h:.1f}"><title>{xml_escape(cat)} · '
+                f"{xml_escape(stack.name)}: {xml_escape(_number(v))}</title></rect>"
+            )
+        centres.append((x + bar_w / 2, cat))
+        if len(categories) <= 12:
+            svg.append(
+                f'<text class="atlas-chart-value" x="{x + bar_w / 2:.1f}" y="{max(y - 4, FONT):.1f}" '
+                f'text-anchor="middle">{xml_escape(_number(totals[i]))}</text>'
+            )
+    svg += _x_labels(centres)
+    svg.append("</svg>")
+    return _figure(title, svg, [s.name for s in stacks], note)
+
+
+def line_chart(title: str, series: list[Series], x_label: str, y_label: str,
+               x_ticks: list[tuple[float, str]], y_max: float | None = None, y_min: float = 0.0,
+               reference: float | None = None, note: str | None = None) -> Markdown:
+    """Lines with markers, one colour per series; optional lo–hi whiskers per point and a dashed
+    horizontal reference line (e.g. speed-up 1 = no gain)."""
+    points = [p for s in series for p in s.points]
+    if not points or not x_ticks:
+        raise ValueError("a line chart needs points and x ticks")
+    highs = [p.hi if p.hi is not None else p.y for p in points] + ([reference] if reference else [])
+    top = y_max if y_max is not None else _nice(max(highs))
+    xs = [x for x, _ in x_ticks]
+    x_lo, x_hi = min(xs), max(xs)
+    plot_w = WIDTH - _LEFT - _RIGHT
+    plot_h = HEIGHT - _TOP - _BOTTOM
+    pad = plot_w * 0.08
+
+    def px(x: float) -> float:
+        span = (x_hi - x_lo) or 1.0
+        return _LEFT + pad + (plot_w - 2 * pad) * (x - x_lo) / span
+
+    def py(y: float) -> float:
+        span = (top - y_min) or 1.0
+        return _TOP + plot_h * (1 - (min(max(y, y_min), top) - y_min) / span)
+
+    svg = [_svg_open(title), *_axes(y_label, top, y_min)]
+    if reference is not None and y_min <= reference <= top:
+        svg.append(
+            f'<line class="atlas-chart-reference" x1="{_LEFT}" y1="{py(reference):.1f}" '
+            f'x2="{WIDTH - _RIGHT}" y2="{py(reference):.1f}"/>'
+        )
+    n = max(len(series), 1)
+    for j, s in enumerate(series):
+        cls = f"atlas-s{j % N_COLOURS}"
+        # series side by side by a few px, so equal values and their whiskers stay visible
+        shift = (j - (n - 1) / 2) * min(4.0, 24.0 / n)
+        pts = sorted(s.points, key=lambda p: p.x)
+        if len(pts) > 1:
+            path = " ".join(f"{px(p.x) + shift:.1f},{py(p.y):.1f}" for p in pts)
+            svg.append(f'<polyline class="atlas-chart-line {cls}" points="{path}"/>')
+        for p in pts:
+            x = px(p.x) + shift
+            if p.lo is not None and p.hi is not None:
+                svg.append(
+                    f'<line class="atlas-chart-whisker {cls}" x1="{x:.1f}" y1="{py(p.lo):.1f}" '
+                    f'x2="{x:.1f}" y2="{py(p.hi):.1f}"/>'
+                )
+            label = f"{s.name}: {_number(p.y)}"
+            if p.lo is not None and p.hi is not None:
+                label += f" ({_number(p.lo)}–{_number(p.hi)})"
+            svg.append(
+                f'<circle class="atlas-chart-dot {cls}" cx="{x:.1f}" cy="{py(p.y):.1f}" r="3.5">'
+                f"<title>{xml_escape(label)}</title></circle>"
+            )
+    svg += _x_labels([(px(x), text) for x, text in x_ticks])
+    svg.append(
+        f'<text class="atlas-chart-label" x="{WIDTH - _RIGHT}" y="{HEIGHT - 4}" '
+        f'text-anchor="end">{xml_escape(x_label)}</text>'
+    )
+    svg.append("</svg>")
+    return _figure(title, svg, [s.name for s in series], note)
+
+
+def _nice(v: float) -> float:
+    """A round axis top at or above v (1, 2, 2.5, 5 × 10^n)."""
+    if v <= 0:
+        return 1.0
+    mag = 10 ** math.floor(math.log10(v))
+    for m in (1, 2, 2.5, 5, 10):
+        if m * mag >= v:
+            return m * mag
+    return 10 * mag
 
 
 def _number(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() else f"{v:.1f}"
+    if float(v).is_integer():
+        return str(int(v))
+    return f"{v:.2f}".rstrip("0").rstrip(".") if abs(v) < 10 else f"{v:.1f}"

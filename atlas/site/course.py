@@ -13,10 +13,11 @@ from atlas.site.mdsafe import Markdown, escape
 
 
 class Course:
-    def __init__(self, evidence_dir: Path) -> None:
+    def __init__(self, evidence_dir: Path, generated_dir: Path | None = None) -> None:
+        # generated_dir: where `atlas evidence` wrote models.json, when not evidence/ (make demo)
         path = evidence_dir / "reported.toml"
         self.reported = reported.load(path) if path.exists() else None
-        self.models = modelpages.read(evidence_dir / modelpages.FILE_NAME)
+        self.models = modelpages.read((generated_dir or evidence_dir) / modelpages.FILE_NAME)
 
     def render_model_pages(self, docs: Path) -> list[Path]:
         return modelpages.render(self.models, self.reported, docs / "models")

@@ -5,24 +5,34 @@ crawl or an imported measurement is a reviewable diff; it is deterministic for a
 generation timestamp). `atlas site build` reads it back (sections + facts) without the store.
 
 Claim levels stay apart: declared, shipped and servable are *present* claims and never show a
-speed-up; measured rows come only from measurement_cells, in their own table, each with its date
-and record id. Every row of a present-claim table carries its snapshot date and revision.
+speed-up; measured rows come only from imported measurement records (atlas/site/measured.py), in
+their own tables, each run with its date and record id. Every row of a present-claim table carries
+its revision and crawl date, and the revision says what it is: a Hub commit (linked) after a live
+crawl, a content hash of the bundled mirror folder after a mirror crawl, whose files' real origin
+(SOURCES.tsv) is listed beside it.
+
+Models this project made itself (PROJECT_ORGS: the team model, oracle checkpoints) are not the
+Hub: they are left out of every count, chart and exemplar list and shown in their own row group.
 """
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import duckdb
 from pydantic import BaseModel, ValidationError
 
 from atlas import AtlasError
+from atlas.site import measured as measured_section
 from atlas.site import servable as servable_matrix
-from atlas.site.charts import Bar, bar_chart
+from atlas.site.charts import Bar, Stack, bar_chart, stacked_bar_chart
 from atlas.site.mdsafe import Markdown, code, escape, table
 
 SECTIONS = (
@@ -37,19 +47,27 @@ SECTIONS = (
     "provenance",
 )
 
+# Hub orgs whose models this project made (team model, oracle checkpoints): never counted as Hub
+# adoption. Lower-case; the org is the part of the repo id before the first "/".
+PROJECT_ORGS = ("mtp-atlas",)
+_OURS = "lower(split_part(repo_id, '/', 1)) IN (" + ", ".join(f"'{o}'" for o in PROJECT_ORGS) + ")"
+# Repos created before the Hub recorded creation dates all carry this createdAt (Hub API docs).
+HUB_PLACEHOLDER_CREATED = dt.datetime(2022, 3, 2, 23, 29, 4)
+MIRROR_PREFIX = "mirror:"
+
 QUERIES: dict[str, str] = {
     "snapshot": """
         SELECT snapshot_id, started_at, finished_at, endpoint, watchlist_digest,
                n_listed, n_fetched, n_unchanged, n_gated, n_missing, n_failed
         FROM snapshots WHERE status = 'complete'
         ORDER BY finished_at DESC, snapshot_id DESC LIMIT 1""",
-    "declared": """
+    "declared": f"""
         SELECT repo_id, declared_num_mtp_layers, declared_key, revision, snapshot_date,
-               coalesce(is_exemplar, false) AS is_exemplar,
-               coalesce(is_derivative, false) AS is_derivative, base_model
+               coalesce(is_exemplar, false) AND NOT {_OURS} AS is_exemplar,
+               coalesce(is_derivative, false) AS is_derivative, base_model, {_OURS} AS is_ours
         FROM mtp_fingerprints WHERE declared_num_mtp_layers IS NOT NULL
-        ORDER BY is_exemplar DESC, declared_num_mtp_layers DESC, repo_id""",
-    "aggregate": """
+        ORDER BY is_ours, is_exemplar DESC, declared_num_mtp_layers DESC, repo_id""",
+    "aggregate": f"""
         SELECT count(*) AS n_models,
                count(*) FILTER (WHERE declared_num_mtp_layers > 0) AS n_declaring,
                count(*) FILTER (WHERE declared_num_mtp_layers = 0) AS n_declaring_zero,
@@ -62,20 +80,22 @@ QUERIES: dict[str, str] = {
                count(*) FILTER (WHERE fetch_status <> 'ok') AS n_not_fetched,
                count(*) FILTER (WHERE declared_num_mtp_layers IS NULL
                                 AND fetch_status = 'ok') AS n_undeclared
-        FROM mtp_fingerprints""",
-    "layers": """
+        FROM mtp_fingerprints WHERE NOT {_OURS}""",
+    "project_models": f"""
+        SELECT count(*) AS n FROM mtp_fingerprints WHERE {_OURS}""",
+    "layers": f"""
         SELECT declared_num_mtp_layers AS value, count(*) AS n
-        FROM mtp_fingerprints WHERE declared_num_mtp_layers IS NOT NULL
+        FROM mtp_fingerprints WHERE declared_num_mtp_layers IS NOT NULL AND NOT {_OURS}
         GROUP BY value ORDER BY value""",
-    "exemplars": """
-        SELECT repo_id FROM mtp_fingerprints WHERE is_exemplar ORDER BY repo_id""",
-    "shipped": """
+    "exemplars": f"""
+        SELECT repo_id FROM mtp_fingerprints WHERE is_exemplar AND NOT {_OURS} ORDER BY repo_id""",
+    "shipped": f"""
         SELECT repo_id, declared_num_mtp_layers, shipped_mtp_layers, shipped_evidence,
-               revision, snapshot_date
+               revision, snapshot_date, {_OURS} AS is_ours
         FROM mtp_fingerprints
         WHERE shipped_mtp_layers IS NOT NULL
           AND (coalesce(declared_num_mtp_layers, 0) > 0 OR shipped_mtp_layers > 0)
-        ORDER BY coalesce(is_exemplar, false) DESC, repo_id""",
+        ORDER BY is_ours, coalesce(is_exemplar, false) DESC, repo_id""",
     "mismatches": """
         SELECT repo_id, declared_num_mtp_layers, declared_key, shipped_mtp_layers,
                shipped_evidence, revision, snapshot_date,
@@ -88,41 +108,44 @@ QUERIES: dict[str, str] = {
         WHERE shipped_mtp_layers IS NOT NULL
           AND coalesce(declared_num_mtp_layers, 0) <> shipped_mtp_layers
         ORDER BY kind, repo_id""",
-    "servable": """
+    "servable": f"""
         SELECT repo_id, model_type, architectures, declared_num_mtp_layers, shipped_mtp_layers,
-               revision, snapshot_date
+               revision, snapshot_date, {_OURS} AS is_ours
         FROM mtp_fingerprints
         WHERE coalesce(declared_num_mtp_layers, 0) > 0 OR coalesce(shipped_mtp_layers, 0) > 0
         ORDER BY coalesce(is_exemplar, false) DESC, repo_id""",
-    "adoption": """
+    "adoption": f"""
         SELECT snapshot_id, snapshot_date, count(*) AS n_models,
                count(*) FILTER (WHERE declared_num_mtp_layers > 0) AS n_declaring
-        FROM mtp_fingerprints_history
+        FROM mtp_fingerprints_history WHERE NOT {_OURS}
         GROUP BY snapshot_id, snapshot_date ORDER BY snapshot_date, snapshot_id""",
+    # Creation dates come from the Hub listing (createdAt) of the latest snapshot.
+    "created": f"""
+        SELECT f.repo_id, h.created_at
+        FROM mtp_fingerprints f
+        JOIN hub_models h ON h.snapshot_id = f.snapshot_id AND h.repo_id = f.repo_id
+        WHERE f.declared_num_mtp_layers > 0 AND NOT {_OURS.replace('repo_id', 'f.repo_id')}
+        ORDER BY h.created_at NULLS LAST, f.repo_id""",
     "rule_versions": """
         SELECT DISTINCT rule_version FROM mtp_fingerprints
         WHERE rule_version IS NOT NULL ORDER BY rule_version""",
-    "measured": """
-        SELECT run_date, model_id, revision, hardware, engine, engine_version, workload,
-               temperature, draft_tokens, acceptance_rate, mean_accepted_length,
-               speedup, speedup_lo, speedup_hi, baseline, gate_enabled, record_id
-        FROM measurement_cells
-        ORDER BY run_date, model_id, engine, workload, temperature, draft_tokens, record_id""",
     "measurement_sources": """
-        SELECT record_id, any_value(source_path) AS source_path, any_value(command) AS command,
-               min(run_date) AS run_date, count(*) AS n_cells
-        FROM measurement_cells GROUP BY record_id ORDER BY run_date, record_id""",
+        SELECT record_id, any_value(source_path) AS source_path, count(*) AS n_cells
+        FROM measurement_cells GROUP BY record_id ORDER BY record_id""",
 }
 
-NO_MEASUREMENT = "No measurement yet."
+NO_MEASUREMENT = measured_section.NO_MEASUREMENT
 
 
 class Facts(BaseModel):
-    """Numbers the course prose may use. Prose takes every number from here, never types one."""
+    """Numbers the course prose may use. Prose takes every number from here, never types one.
+    Every count is of Hub models: models this project made are only in n_project_models."""
 
     snapshot_date: str | None
     snapshot_id: int | None
+    mirror_build: bool
     n_models: int
+    n_project_models: int
     n_declaring: int
     n_declaring_zero: int
     n_layers: dict[int, int]
@@ -133,6 +156,7 @@ class Facts(BaseModel):
     n_derivatives_declaring: int
     n_not_fetched: int
     n_undeclared: int
+    n_created_known: int
     n_measurements: int
     n_measurement_records: int
     n_servable: int
@@ -143,6 +167,17 @@ class Facts(BaseModel):
 class Evidence(BaseModel):
     facts: Facts
     sections: dict[str, str]
+
+
+class MirrorSource(BaseModel):
+    """One row of the mirror's SOURCES.tsv: where a bundled file was copied from."""
+
+    repo_id: str
+    file: str
+    source_repo: str
+    source_path: str
+    source_commit: str
+    notes: str = ""
 
 
 # ---- running the queries -----------------------------------------------------------------------
@@ -161,7 +196,7 @@ def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
     return bool(found and found[0])
 
 
-def _measured_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+def _measurement_sources(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     if not _has_table(con, "measurement_cells"):
         return []
     found = con.execute(
@@ -172,45 +207,73 @@ def _measured_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         # the store is open read-only here; the import brings the table up to date
         raise AtlasError("the store's measurements predate the baseline column: run "
                          "`atlas measure import` first")
-    return _rows(con, "measured")
+    return _rows(con, "measurement_sources")
+
+
+def load_mirror_sources(path: Path | None) -> list[MirrorSource]:
+    """SOURCES.tsv of the bundled mirror (tab-separated, header row); [] when there is none."""
+    if path is None or not path.exists():
+        return []
+    with path.open(encoding="utf-8", newline="") as fh:
+        reader = csv.DictReader(fh, delimiter="\t")
+        try:
+            return [MirrorSource.model_validate(row) for row in reader]
+        except ValidationError as exc:
+            raise AtlasError(f"{path}: a row does not have the SOURCES.tsv columns: {exc}") from None
 
 
 def _date(value: dt.datetime | dt.date | None) -> str:
     return value.strftime("%Y-%m-%d") if value is not None else "—"
 
 
-def _rev(revision: str | None) -> Markdown:
-    # 12 hex digits identify a commit unambiguously in practice and keep the tables readable;
-    # the provenance section says so. A checkpoint digest keeps its scheme ("sha256:") in front.
-    if not revision:
-        return Markdown("—")
-    scheme, _, digest = revision.rpartition(":")
-    short = f"{scheme}:{digest[:12]}" if scheme else digest[:12]
-    return Markdown(f'<code class="atlas-rev">{escape(short)}</code>')
-
-
 def _num(value: float | None, digits: int) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
-def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path) -> Evidence:
+class _Revisions:
+    """How a revision is shown: after a live crawl a Hub commit, linked to the Hub; after a mirror
+    crawl the mirror folder's content hash, which is no Hub commit and links nowhere."""
+
+    def __init__(self, snap: dict[str, Any] | None) -> None:
+        endpoint = (snap or {}).get("endpoint") or ""
+        self.mirror = endpoint.startswith(MIRROR_PREFIX)
+        self.endpoint = endpoint.rstrip("/") if endpoint.startswith(("http://", "https://")) else None
+        self.header = "mirror hash" if self.mirror else "Hub commit"
+
+    def cell(self, repo_id: str, revision: str | None) -> Markdown:
+        # 12 hex digits identify a commit unambiguously in practice and keep the tables readable.
+        if not revision:
+            return Markdown("—")
+        short = Markdown(f'<code class="atlas-rev">{escape(revision[:12])}</code>')
+        if self.mirror or self.endpoint is None:
+            return short
+        href = f"{self.endpoint}/{quote(repo_id, safe='/')}/tree/{quote(revision, safe='')}"
+        return Markdown(f'<a href="{escape(href)}" title="{escape(revision)}">{short}</a>')
+
+
+def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path,
+            mirror_sources: Path | None = None) -> Evidence:
     """Run every named query and build the sections and facts."""
     matrix = servable_matrix.load(matrix_path)
     snaps = _rows(con, "snapshot")
     snap = snaps[0] if snaps else None
+    revs = _Revisions(snap)
     agg = _rows(con, "aggregate")[0]
+    n_ours = _rows(con, "project_models")[0]["n"]
     layers = {int(r["value"]): int(r["n"]) for r in _rows(con, "layers")}
-    measured = _measured_rows(con)
-    sources = _rows(con, "measurement_sources") if measured else []
+    sources = _measurement_sources(con)
+    runs = measured_section.load_runs([(s["record_id"], s["source_path"]) for s in sources])
     mismatch_rows = _rows(con, "mismatches")
-    servable_rows = _rows(con, "servable")
+    servable_rows = [r for r in _rows(con, "servable") if not r["is_ours"]]
     for r in servable_rows:
         r["engines"] = matrix.engines_for(r["model_type"], _archs(r["architectures"]))
-    n_servable = sum(1 for r in servable_rows if r["engines"])
+    created = _rows(con, "created")
     facts = Facts(
         snapshot_date=_date(snap["finished_at"]) if snap else None,
         snapshot_id=snap["snapshot_id"] if snap else None,
+        mirror_build=revs.mirror,
         n_models=agg["n_models"],
+        n_project_models=n_ours,
         n_declaring=agg["n_declaring"],
         n_declaring_zero=agg["n_declaring_zero"],
         n_layers=layers,
@@ -221,30 +284,35 @@ def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path) -> Evidence:
         n_derivatives_declaring=agg["n_derivatives"],
         n_not_fetched=agg["n_not_fetched"],
         n_undeclared=agg["n_undeclared"],
-        n_measurements=len(measured),
+        n_created_known=sum(1 for r in created if _known_created(r["created_at"])),
+        n_measurements=sum(s["n_cells"] for s in sources),
         n_measurement_records=len(sources),
-        n_servable=n_servable,
+        n_servable=sum(1 for r in servable_rows if r["engines"]),
         servable_date=matrix.date.isoformat(),
         exemplars=[r["repo_id"] for r in _rows(con, "exemplars")],
     )
+    mirror = load_mirror_sources(mirror_sources) if revs.mirror else []
     sections = {
-        "declared": _declared(_rows(con, "declared")),
+        "declared": _declared(_rows(con, "declared"), revs, mirror),
         "aggregate": _aggregate(facts, snap),
-        "shipped": _shipped(_rows(con, "shipped"), facts),
-        "mismatches": _mismatches(mismatch_rows),
+        "shipped": _shipped(_rows(con, "shipped"), facts, revs),
+        "mismatches": _mismatches(mismatch_rows, revs),
         "servable": _servable(servable_rows, matrix),
-        "measured": _measured(measured, sources),
-        "adoption_chart": _adoption_chart(_rows(con, "adoption")),
+        "measured": measured_section.section(runs, _MEASURED_HEAD),
+        "adoption_chart": _adoption(_rows(con, "adoption"), created),
         "layers_chart": _layers_chart(layers, facts),
-        "provenance": _provenance(
-            snap, _rows(con, "rule_versions"), sources, matrix, matrix_path, facts
-        ),
+        "provenance": _provenance(snap, _rows(con, "rule_versions"), runs, matrix, matrix_path,
+                                  facts, revs),
     }
     return Evidence(facts=facts, sections=sections)
 
 
 def _archs(joined: str | None) -> list[str]:
     return [a.strip() for a in (joined or "").split(",") if a.strip()]
+
+
+def _known_created(value: dt.datetime | None) -> bool:
+    return value is not None and value != HUB_PLACEHOLDER_CREATED
 
 
 # ---- sections --------------------------------------------------------------------------------
@@ -255,7 +323,23 @@ def _guardrail(kind: str, title: str, text: str) -> str:
     return f'!!! {kind} "{title}"\n    {text}\n'
 
 
-def _declared(rows: list[dict[str, Any]]) -> str:
+def _indent(text: str) -> str:
+    return "\n".join(("    " + line) if line else "" for line in text.splitlines())
+
+
+_MEASURED_HEAD = _guardrail(
+    "measured",
+    "Measured: one dated run per table",
+    "A measurement holds for its run only: that model revision, hardware, engine, workload, "
+    "temperature and draft length. It is never generalised.",
+)
+
+_OURS_NOTE = (
+    "Made by this project (not Hub models): never counted in the totals, charts or exemplars above."
+)
+
+
+def _declared(rows: list[dict[str, Any]], revs: _Revisions, mirror: list[MirrorSource]) -> str:
     head = _guardrail(
         "declared",
         "Declared: what the config says",
@@ -264,28 +348,66 @@ def _declared(rows: list[dict[str, Any]]) -> str:
     )
     if not rows:
         return head + "\nNo model in this snapshot declares an MTP key.\n"
-    body = []
-    for r in rows:
-        notes: list[str] = []
-        if r["is_exemplar"]:
-            notes.append("exemplar")
-        if r["declared_num_mtp_layers"] == 0:
-            notes.append("0 declares no MTP")
-        if r["is_derivative"]:
-            notes.append("derivative" + (f" of {escape(r['base_model'])}" if r["base_model"] else ""))
-        body.append(
-            [
+
+    def body(group: list[dict[str, Any]]) -> list[list[object]]:
+        out = []
+        for r in group:
+            notes: list[str] = []
+            if r["is_exemplar"]:
+                notes.append("exemplar")
+            if r["declared_num_mtp_layers"] == 0:
+                notes.append("0 declares no MTP")
+            if r["is_derivative"]:
+                notes.append("derivative" + (f" of {escape(r['base_model'])}" if r["base_model"] else ""))
+            out.append([
                 escape(r["repo_id"]),
                 r["declared_num_mtp_layers"],
                 code(r["declared_key"]) if r["declared_key"] else Markdown("—"),
-                _rev(r["revision"]),
+                revs.cell(r["repo_id"], r["revision"]),
                 _date(r["snapshot_date"]),
                 Markdown("; ".join(notes)) if notes else Markdown(""),
-            ]
+            ])
+        return out
+
+    headers = ["model", "#num_mtp_layers", "key", revs.header, "crawled", "note"]
+    hub = [r for r in rows if not r["is_ours"]]
+    ours = [r for r in rows if r["is_ours"]]
+    text = head + "\n" + (table(headers, body(hub)) if hub else "No Hub model declares an MTP key.")
+    if ours:
+        text += "\n\n" + escape(_OURS_NOTE) + "\n\n" + table(headers, body(ours))
+    if mirror:
+        text += "\n\n" + _mirror_sources([r["repo_id"] for r in rows], mirror)
+    return text + "\n"
+
+
+def _github_link(src: MirrorSource) -> Markdown:
+    if not re.fullmatch(r"[0-9a-f]{40}", src.source_commit) or src.source_repo.count("/") != 1:
+        # not copied from a public repository (e.g. made by this project)
+        return Markdown(f"{escape(src.source_repo)}: {escape(src.source_path)}")
+    href = (f"https://github.com/{quote(src.source_repo)}/blob/{src.source_commit}/"
+            f"{quote(src.source_path)}")
+    return Markdown(
+        f'<a href="{escape(href)}">{escape(src.source_repo)}</a> @'
+        f'<code class="atlas-rev">{src.source_commit[:12]}</code>: {code(src.source_path)}'
+    )
+
+
+def _mirror_sources(repo_ids: list[str], mirror: list[MirrorSource]) -> str:
+    wanted = set(repo_ids)
+    rows = [[escape(s.repo_id), code(s.file), _github_link(s)]
+            for s in mirror if s.repo_id in wanted
+            and s.file in ("config.json", "model.safetensors.index.json", "model.safetensors")]
+    if not rows:
+        return ""
+    return (
+        '??? declared "Where the mirror\'s files come from (SOURCES.tsv)"\n'
+        + _indent(
+            "This site was built from a crawl of the bundled offline mirror, so the revisions above "
+            "are content hashes of the mirror's folders, not Hub commits. Each file was copied "
+            "verbatim from the public repository and commit below.\n\n"
+            + table(["model", "file", "copied from"], rows)
         )
-    return head + "\n" + table(
-        ["model", "#num_mtp_layers", "key", "revision", "snapshot", "note"], body
-    ) + "\n"
+    )
 
 
 def _aggregate(facts: Facts, snap: dict[str, Any] | None) -> str:
@@ -295,8 +417,8 @@ def _aggregate(facts: Facts, snap: dict[str, Any] | None) -> str:
         f"{n} with {v}" for v, n in sorted(facts.n_layers.items()) if v > 0
     )
     line = (
-        f"Snapshot #{facts.snapshot_id} of {facts.snapshot_date}: of {facts.n_models} current "
-        f"models, {facts.n_declaring} declare MTP (num_mtp_layers > 0)"
+        f"Snapshot #{facts.snapshot_id}, crawled {facts.snapshot_date}: of {facts.n_models} "
+        f"current Hub models, {facts.n_declaring} declare MTP (num_mtp_layers > 0)"
     )
     line += f": {by_value}." if by_value else "."
     if facts.n_declaring:
@@ -311,10 +433,13 @@ def _aggregate(facts: Facts, snap: dict[str, Any] | None) -> str:
     )
     if facts.n_not_fetched:
         line += f" {facts.n_not_fetched} could not be read (gated, missing or failed)."
+    if facts.n_project_models:
+        line += (f" Not counted: {facts.n_project_models} model(s) this project made itself "
+                 f"(listed separately).")
     return escape(line) + "\n"
 
 
-def _shipped(rows: list[dict[str, Any]], facts: Facts) -> str:
+def _shipped(rows: list[dict[str, Any]], facts: Facts, revs: _Revisions) -> str:
     head = _guardrail(
         "shipped",
         "Shipped: what the weight index holds",
@@ -322,49 +447,48 @@ def _shipped(rows: list[dict[str, Any]], facts: Facts) -> str:
         "mean MTP is enabled when the model is served.",
     )
     known = escape(
-        f"Weight names are known for {facts.n_shipped_known} of {facts.n_models} models in "
-        f"snapshot #{facts.snapshot_id} ({facts.snapshot_date}); elsewhere shipped is unknown, "
-        f"not no."
+        f"Weight names are known for {facts.n_shipped_known} of {facts.n_models} Hub models in "
+        f"snapshot #{facts.snapshot_id} (crawled {facts.snapshot_date}); elsewhere shipped is "
+        f"unknown, not no."
     )
     if not rows:
         return head + "\n" + known + "\n\nNo model with known weight names declares or ships MTP.\n"
-    body = []
-    for r in rows:
-        d, s = r["declared_num_mtp_layers"], r["shipped_mtp_layers"]
-        if (d or 0) > 0 and s == 0:
-            verdict = "declared, not shipped"
-        elif (d or 0) == 0 and s > 0:
-            verdict = "shipped, not declared"
-        elif d != s:
-            verdict = "counts differ"
-        else:
-            verdict = "agrees"
-        body.append(
-            [
+
+    def body(group: list[dict[str, Any]]) -> list[list[object]]:
+        out = []
+        for r in group:
+            d, s = r["declared_num_mtp_layers"], r["shipped_mtp_layers"]
+            if (d or 0) > 0 and s == 0:
+                verdict = "declared, not shipped"
+            elif (d or 0) == 0 and s > 0:
+                verdict = "shipped, not declared"
+            elif d != s:
+                verdict = "counts differ"
+            else:
+                verdict = "agrees"
+            out.append([
                 escape(r["repo_id"]),
                 d,
                 s,
                 code(r["shipped_evidence"]) if r["shipped_evidence"] else Markdown("—"),
-                _rev(r["revision"]),
+                revs.cell(r["repo_id"], r["revision"]),
                 _date(r["snapshot_date"]),
                 verdict,
-            ]
-        )
-    return (
-        head
-        + "\n"
-        + known
-        + "\n\n"
-        + table(
-            ["model", "#declared", "#shipped MTP layers", "weight names", "revision", "snapshot",
-             "config vs weights"],
-            body,
-        )
-        + "\n"
-    )
+            ])
+        return out
+
+    headers = ["model", "#declared", "#shipped", "weight names", revs.header, "crawled",
+               "config vs weights"]
+    hub = [r for r in rows if not r["is_ours"]]
+    ours = [r for r in rows if r["is_ours"]]
+    text = head + "\n" + known + "\n\n"
+    text += table(headers, body(hub)) if hub else "No Hub model with known weight names declares or ships MTP."
+    if ours:
+        text += "\n\n" + escape(_OURS_NOTE) + "\n\n" + table(headers, body(ours))
+    return text + "\n"
 
 
-def _mismatches(rows: list[dict[str, Any]]) -> str:
+def _mismatches(rows: list[dict[str, Any]], revs: _Revisions) -> str:
     if not rows:
         return "No mismatch between declared and shipped among models with known weight names.\n"
     body = [
@@ -375,14 +499,14 @@ def _mismatches(rows: list[dict[str, Any]]) -> str:
             code(r["declared_key"]) if r["declared_key"] else Markdown("—"),
             r["shipped_mtp_layers"],
             code(r["shipped_evidence"]) if r["shipped_evidence"] else Markdown("—"),
-            _rev(r["revision"]),
+            revs.cell(r["repo_id"], r["revision"]),
             _date(r["snapshot_date"]),
         ]
         for r in rows
     ]
     return table(
-        ["mismatch", "model", "#declared", "key", "#shipped", "weight names", "revision",
-         "snapshot"],
+        ["mismatch", "model", "#declared", "key", "#shipped", "weight names", revs.header,
+         "crawled"],
         body,
     ) + "\n"
 
@@ -391,150 +515,174 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix) -> str
     head = _guardrail(
         "servable",
         f"Servable: support matrix of {matrix.date.isoformat()}",
-        "An engine implements MTP drafting for the architecture, at the version shown. This is "
-        "not a measurement, and it does not check that this checkpoint ships the MTP weights.",
+        "An engine has code to draft with this architecture's MTP layers, at the version shown. "
+        "This is not a measurement, and it does not check that a checkpoint ships the MTP weights.",
     )
     if not rows:
-        return head + "\nNo current model declares or ships MTP, so nothing to match.\n"
-    body = []
+        return head + "\nNo current Hub model declares or ships MTP, so nothing to match.\n"
+    engines = list(dict.fromkeys(e.engine for e in matrix.entry))
+    methods = {m: f"M{i}" for i, m in enumerate(dict.fromkeys(e.method for e in matrix.entry), 1)}
+    cites = {id(e): f"S{i}" for i, e in enumerate(matrix.entry, 1)}
+    families: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        engines = r["engines"]
-        common = [
-            escape(r["repo_id"]),
-            code(r["model_type"]) if r["model_type"] else Markdown("—"),
-        ]
-        stamp = [_rev(r["revision"]), _date(r["snapshot_date"])]
-        if not engines:
-            body.append(common + ["no engine in the matrix", "—", "—"] + stamp)
-        for e in engines:
-            body.append(common + [e.engine, e.version, code(e.method)] + stamp)
-    sources = "\n".join(
-        f"- {escape(e.engine)} {escape(e.version)}: {escape(e.source)}"
+        families.setdefault(r["model_type"] or "(no model_type)", []).append(r)
+    body = []
+    for family, members in sorted(families.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        ids = sorted(m["repo_id"] for m in members)
+        shown = ", ".join(escape(i) for i in ids[:4])
+        if len(ids) > 4:
+            shown += f", … ({len(ids) - 4} more)"
+        cells = []
+        for engine in engines:
+            entries = list({id(e): e for m in members for e in m["engines"] if e.engine == engine}.values())
+            if not entries:
+                cells.append(Markdown("—"))
+                continue
+            n_served = sum(1 for m in members if any(e.engine == engine for e in m["engines"]))
+            text = "<br>".join(
+                f"yes · {methods[e.method]} · {escape(e.version)} · [{cites[id(e)]}] "
+                f"{(e.checked or matrix.date).isoformat()}"
+                for e in entries
+            )
+            if n_served < len(members):
+                text += f" ({n_served} of {len(members)} models)"
+            cells.append(Markdown(f'<span class="atlas-servable">{text}</span>'))
+        body.append([code(family), Markdown(f"{len(ids)}: {shown}"), *cells])
+    legend_m = "\n".join(f"- **{mid}** — {code(method)}" for method, mid in methods.items())
+    legend_s = "\n".join(
+        f"- **{cites[id(e)]}** — {escape(e.engine)} {escape(e.version)}, checked "
+        f"{(e.checked or matrix.date).isoformat()}: {escape(e.source)}"
         + (f" ({escape(e.note)})" if e.note else "")
         for e in matrix.entry
     )
     return (
         head
         + "\n"
-        + table(["model", "model_type", "engine", "engine version", "method", "revision",
-                 "snapshot"], body)
-        + f"\n\nSources of the support matrix (dated {matrix.date.isoformat()}):\n\n"
-        + sources
-        + "\n"
+        + table(["family (model_type)", "models", *engines], body)
+        + "\n\nA cell reads: served · method · engine version · [source] date checked. A dash: "
+        "that engine has no MTP drafting for the family in the matrix (not: it cannot run the "
+        "model without MTP). Losslessness of an engine's MTP is a separate, dated check.\n\n"
+        "**Methods**\n\n" + legend_m + "\n\n**Sources**\n\n" + legend_s + "\n"
     )
 
 
-def _measured(rows: list[dict[str, Any]], sources: list[dict[str, Any]]) -> str:
-    head = _guardrail(
-        "measured",
-        "Measured: one dated run per row",
-        "A measurement holds for its row only: that model revision, hardware, engine, workload, "
-        "temperature and draft length. It is never generalised.",
-    )
-    if not rows:
-        return head + "\n" + NO_MEASUREMENT + "\n"
-    body = []
-    for r in rows:
-        speed = _num(r["speedup"], 2)
-        if r["speedup"] is not None and r["speedup_lo"] is not None and r["speedup_hi"] is not None:
-            speed += f" ({r['speedup_lo']:.2f}–{r['speedup_hi']:.2f})"
-        engine = r["engine"] + (f" {r['engine_version']}" if r["engine_version"] else "")
-        body.append(
-            [
-                _date(r["run_date"]),
-                escape(r["model_id"]),
-                _rev(r["revision"]),
-                escape(r["hardware"]),
-                escape(engine),
-                escape(r["workload"]),
-                _num(r["temperature"], 2),
-                r["draft_tokens"],
-                _num(r["acceptance_rate"], 3),
-                _num(r["mean_accepted_length"], 2),
-                speed,
-                escape(r["baseline"]) if r["baseline"] else Markdown("—"),
-                {True: "on", False: "off"}.get(r["gate_enabled"], "—"),
-                _rev(r["record_id"]),
-            ]
-        )
-    src = table(
-        ["record", "file", "command", "date", "#cells"],
-        [
-            [code(s["record_id"][:12]), code(s["source_path"]), code(s["command"]),
-             _date(s["run_date"]), s["n_cells"]]
-            for s in sources
-        ],
-    )
-    return (
-        head
-        + "\n"
-        + table(
-            ["date", "model", "revision", "hardware", "engine", "workload", "#temperature",
-             "#draft tokens", "#acceptance", "#accepted length", "#speedup (range)", "baseline",
-             "gate", "source record"],
-            body,
-        )
-        + "\n\nSpeed-up: plain time over speculative time for the same tokens, median over repeats "
-        "(range in brackets); the plain time is the row's baseline, so speed-ups of rows with "
-        "different baselines do not compare. Gate: on only where the slowest repeat was still faster than plain "
-        "decoding. Sources: each record is a file under evidence/measurements/, made by the "
-        "command shown.\n\n"
-        + src
-        + "\n"
-    )
-
-
-def _adoption_chart(rows: list[dict[str, Any]]) -> str:
+def _adoption(rows: list[dict[str, Any]], created: list[dict[str, Any]]) -> str:
+    """Adoption over time: creation months of the MTP-declaring Hub models of the latest snapshot
+    (cumulative, by lab), and per-snapshot counts when the store holds several snapshots."""
     if not rows:
         return "No complete snapshot yet: no adoption chart.\n"
+    parts = [_by_month(created)]
     dates = [_date(r["snapshot_date"]) for r in rows]
-    bars = [
-        Bar(
-            label=d if dates.count(d) == 1 else f"{d} #{r['snapshot_id']}",
-            value=100.0 * r["n_declaring"] / r["n_models"] if r["n_models"] else 0.0,
-            annotation=f"{r['n_declaring']} of {r['n_models']}",
+    if len(rows) > 1:
+        bars = [
+            Bar(
+                label=d if dates.count(d) == 1 else f"{d} #{r['snapshot_id']}",
+                value=100.0 * r["n_declaring"] / r["n_models"] if r["n_models"] else 0.0,
+                annotation=f"{r['n_declaring']}/{r['n_models']}",
+            )
+            for d, r in zip(dates, rows)
+        ]
+        parts.append(bar_chart(
+            "Hub models declaring MTP, per snapshot", bars, "% of models", y_max=100.0,
+            note=f"Share of the crawled Hub models whose config declares num_mtp_layers > 0, in each "
+                 f"of the {len(rows)} complete snapshots from {dates[0]} to {dates[-1]}. The watch "
+                 f"list can change between snapshots, so read the share, not the count.",
+        ))
+    else:
+        parts.append(escape(
+            f"The store holds one complete snapshot ({dates[0]}), so there is no per-snapshot "
+            f"trend yet; each further crawl adds a point."
+        ))
+    return "\n\n".join(parts) + "\n"
+
+
+def _by_month(created: list[dict[str, Any]]) -> str:
+    known = [r for r in created if _known_created(r["created_at"])]
+    unknown = len(created) - len(known)
+    if not known:
+        return escape(
+            f"Creation dates are unknown for all {len(created)} MTP-declaring Hub models of this "
+            f"snapshot, so there is no release-month chart."
         )
-        for d, r in zip(dates, rows)
-    ]
-    chart = bar_chart("Models declaring MTP, per snapshot", bars, "% of models", y_max=100.0)
-    caption = escape(
-        f"Share of the crawled models whose config declares num_mtp_layers > 0, in each of the "
-        f"{len(rows)} complete snapshots from {dates[0]} to {dates[-1]} (store view "
-        f"mtp_fingerprints_history). The watch list can change between snapshots, so read the "
-        f"share, not the count."
+    months = _month_range(min(r["created_at"] for r in known), max(r["created_at"] for r in known))
+    labs = sorted({r["repo_id"].split("/", 1)[0] for r in known},
+                  key=lambda lab: (min(r["created_at"] for r in known if r["repo_id"].startswith(lab + "/")), lab))
+    stacks = []
+    for lab in labs:
+        running, values = 0, []
+        for m in months:
+            running += sum(1 for r in known if r["repo_id"].startswith(lab + "/")
+                           and r["created_at"].strftime("%Y-%m") == m)
+            values.append(float(running))
+        stacks.append(Stack(name=lab, values=values))
+    note = (f"Cumulative count of the Hub models in this snapshot that declare MTP, by the month "
+            f"their repository was created on the Hub (listing field createdAt), coloured by lab "
+            f"(org). A repository created in a month may have declared MTP only later.")
+    if unknown:
+        note += f" {unknown} model(s) with an unknown creation date are not placed."
+    chart = stacked_bar_chart("MTP-declaring Hub models by creation month, cumulative", months,
+                              stacks, "models", note=note)
+    running = 0
+    rows = []
+    for m in months:
+        new = [r["repo_id"] for r in known if r["created_at"].strftime("%Y-%m") == m]
+        running += len(new)
+        if new:
+            rows.append([m, len(new), running, Markdown(", ".join(escape(i) for i in new))])
+    lab_rows = []
+    for lab in labs:
+        mine = [r for r in known if r["repo_id"].startswith(lab + "/")]
+        lab_rows.append([escape(lab), len(mine), min(r["created_at"] for r in mine).strftime("%Y-%m"),
+                         max(r["created_at"] for r in mine).strftime("%Y-%m")])
+    tables = (
+        table(["month created", "#new", "#cumulative", "models"], rows)
+        + "\n\n"
+        + table(["lab (org)", "#models", "first", "latest"], lab_rows)
     )
-    return chart + "\n\n" + caption + "\n"
+    return chart + "\n\n" + '??? declared "The table behind the chart"\n' + _indent(tables)
+
+
+def _month_range(start: dt.datetime, end: dt.datetime) -> list[str]:
+    months, y, m = [], start.year, start.month
+    while (y, m) <= (end.year, end.month):
+        months.append(f"{y:04d}-{m:02d}")
+        y, m = (y + 1, 1) if m == 12 else (y, m + 1)
+    return months
 
 
 def _layers_chart(layers: dict[int, int], facts: Facts) -> str:
     if not layers:
-        return "No model declares an MTP key in this snapshot: no distribution to chart.\n"
+        return "No Hub model declares an MTP key in this snapshot: no distribution to chart.\n"
     bars = [Bar(label=f"{v} layer" + ("" if v == 1 else "s"), value=n) for v, n in layers.items()]
-    chart = bar_chart("Declared num_mtp_layers, current models", bars, "models")
-    caption = escape(
-        f"Snapshot #{facts.snapshot_id} of {facts.snapshot_date}: the {sum(layers.values())} "
-        f"models that carry an MTP key, by declared value. Models without the key are not counted."
+    chart = bar_chart(
+        "Declared num_mtp_layers, current Hub models", bars, "models",
+        note=f"Snapshot #{facts.snapshot_id}, crawled {facts.snapshot_date}: the "
+             f"{sum(layers.values())} Hub models that carry an MTP key, by declared value. Models "
+             f"without the key, and models this project made, are not counted.",
     )
-    return chart + "\n\n" + caption + "\n"
+    return chart + "\n"
 
 
 def _provenance(
     snap: dict[str, Any] | None,
     rules: list[dict[str, Any]],
-    sources: list[dict[str, Any]],
+    runs: list[measured_section.Run],
     matrix: servable_matrix.Matrix,
     matrix_path: Path,
     facts: Facts,
+    revs: _Revisions,
 ) -> str:
     lines = ["**Provenance of this evidence**", ""]
     if snap is None:
         lines.append("- Store: no complete snapshot yet.")
     else:
+        source = (f"the bundled offline mirror {code(snap['endpoint'].removeprefix(MIRROR_PREFIX))} "
+                  f"served on 127.0.0.1" if revs.mirror else f"the Hub at {code(snap['endpoint'])}")
         lines.append(
-            f"- Store snapshot #{snap['snapshot_id']}: crawl started "
-            f"{escape(_stamp(snap['started_at']))}, finished {escape(_stamp(snap['finished_at']))} "
-            f"UTC, endpoint {code(snap['endpoint'])}, watch list digest "
-            f"{code((snap['watchlist_digest'] or '')[:12])}."
+            f"- Store snapshot #{snap['snapshot_id']}: a crawl of {source}, started "
+            f"{escape(_stamp(snap['started_at']))} and finished {escape(_stamp(snap['finished_at']))} "
+            f"UTC; watch list digest {code((snap['watchlist_digest'] or '')[:12])}. "
+            f"\"Crawled\" dates in the tables are this crawl's date, not a date a file was published."
         )
         lines.append(
             f"- Repositories: {snap['n_listed']} listed, {snap['n_fetched']} fetched, "
@@ -545,17 +693,27 @@ def _provenance(
         lines.append(
             "- Fingerprint rules: " + ", ".join(code(r["rule_version"]) for r in rules) + "."
         )
-    lines.append(
-        "- Revisions are shown as the first 12 hex digits of the Hub commit the files were read at."
-    )
+    if revs.mirror:
+        lines.append(
+            "- Revisions (\"mirror hash\") are the first 12 hex digits of a hash of each mirror "
+            "folder's file contents, made by the local hub server: they identify the bundled "
+            "files, not a Hub commit. Where each file was copied from is listed under the "
+            "declared table (data/hub-mirror/SOURCES.tsv)."
+        )
+    else:
+        lines.append(
+            "- Revisions (\"Hub commit\") are the first 12 hex digits of the Hub commit the files "
+            "were read at, linked to that commit on the Hub."
+        )
     lines.append(
         f"- Servable: {escape(matrix_path.name)}, dated {matrix.date.isoformat()}, "
-        f"{len(matrix.entry)} engines; sources listed under the servable table."
+        f"{len(matrix.entry)} engines; sources listed under the servable matrix."
     )
-    if sources:
+    if runs:
         lines.append(
-            f"- Measured: {facts.n_measurements} cells from {len(sources)} record files; each "
-            f"row names its record (sha256 of the file, first 12 hex digits)."
+            f"- Measured: {facts.n_measurements} cells from {len(runs)} record files; run dates are "
+            f"when each measurement ran (UTC); each run names its record (sha256 of the file, "
+            f"first 12 hex digits)."
         )
     else:
         lines.append("- Measured: no measurement record imported.")
@@ -630,17 +788,25 @@ def write(evidence: Evidence, path: Path) -> bool:
     old = path.read_text(encoding="utf-8") if path.exists() else None
     if old != text:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        # written aside and renamed: a full disk or a kill mid-write never leaves a torn file
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        try:
+            partial.write_text(text, encoding="utf-8")
+            os.replace(partial, path)
+        except OSError as exc:
+            partial.unlink(missing_ok=True)
+            raise AtlasError(f"cannot write the evidence file {path}: {exc.strerror or exc}; the old one is intact") from None
     return old != text
 
 
-def generate(db: Path, out: Path, matrix_path: Path) -> Evidence:
-    """`atlas evidence`: open the store read-only, collect, write the file."""
+def generate(db: Path, out: Path, matrix_path: Path, mirror_sources: Path | None = None) -> Evidence:
+    """`atlas evidence`: open the store read-only, collect, write the file. `mirror_sources` is
+    the mirror's SOURCES.tsv, shown when the latest snapshot is a mirror crawl."""
     from atlas import store
 
     con = store.connect(db, read_only=True)
     try:
-        evidence = collect(con, matrix_path)
+        evidence = collect(con, matrix_path, mirror_sources)
     finally:
         con.close()
     write(evidence, out)

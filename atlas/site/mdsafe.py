@@ -4,7 +4,8 @@ Every character that could end a table cell, open a code span, emphasis, a link,
 list (`{: onclick=...}`) or an HTML tag becomes a numeric character reference. Python-Markdown
 passes references through untouched and the browser shows the original character, so the value
 reads the same but can neither break a table nor inject markup. Line breaks become spaces: a
-newline inside a table row would end the row.
+newline inside a table row would end the row. Bidi controls and zero-width characters are
+shown as their code points, so an id cannot reorder the text around it or pass for another id.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from typing import Iterable
 _ENTITIES = {c: f"&#{ord(c)};" for c in "&<>\"'|`*_[]{}\\~#"}
 _LINE_BREAKS = re.compile(r"[\r\n\u0085\u2028\u2029\x0b\x0c]+")
 _CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
+# Bidi overrides/isolates/marks and zero-width characters: invisible, yet they reorder what is shown
+# or make two different ids look the same. Each is shown as its code point, e.g. [U+202E].
+_INVISIBLE = re.compile("[\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
 _TABLE = str.maketrans(_ENTITIES)
 
 
@@ -28,6 +32,7 @@ def escape(value: object) -> Markdown:
     if isinstance(value, Markdown):
         return value
     text = _CONTROL.sub("", _LINE_BREAKS.sub(" ", str(value)))
+    text = _INVISIBLE.sub(lambda m: f"[U+{ord(m.group()):04X}]", text)
     return Markdown(text.translate(_TABLE))
 
 

@@ -40,6 +40,11 @@ class Layout(BaseModel):
     """Where things live, relative to the repository root (overridable for benchmarks/tests)."""
 
     root: Path
+    # Where the files `atlas evidence` generates (module-NN.evidence.md, models.json) are read
+    # from, when not the committed evidence/ (`make demo` builds from the ones it wrote under
+    # build/, so the committed files stay as they are). Hand-kept files (reported.toml, servable.toml)
+    # are always read from evidence/ of root.
+    evidence_dir: Path | None = None
 
     @property
     def modules(self) -> Path:
@@ -48,6 +53,10 @@ class Layout(BaseModel):
     @property
     def evidence(self) -> Path:
         return self.root / "evidence"
+
+    @property
+    def module_evidence(self) -> Path:
+        return self.evidence_dir or self.evidence
 
     @property
     def site(self) -> Path:
@@ -158,14 +167,15 @@ def render_site(layout: Layout) -> list[RenderedPage]:
         for src, p, _ in parsed
     ]
 
-    course = Course(layout.evidence)  # diagrams, widgets, reported figures, model pages
+    # diagrams, widgets, reported figures, model pages
+    course = Course(layout.evidence, layout.module_evidence)
     out_dir = layout.docs / "modules"
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     pages: list[RenderedPage] = []
     atlas_ev: evidence_file.Evidence | None = None
     for src, page, body in parsed:
-        ev_path = layout.evidence / f"module-{page.number:02d}.evidence.md"
+        ev_path = layout.module_evidence / f"module-{page.number:02d}.evidence.md"
         ev = evidence_file.read(ev_path) if ev_path.exists() else None
         if page.number == ATLAS_EVIDENCE_MODULE:
             atlas_ev = ev

@@ -23,6 +23,7 @@ class Entry(BaseModel):
     architectures: list[str] = []
     note: str = ""
     source: str = Field(min_length=1)
+    checked: dt.date | None = None  # when this entry's source was read; the matrix date otherwise
 
     def serves(self, model_type: str | None, architectures: list[str]) -> bool:
         return (model_type is not None and model_type in self.model_types) or any(

@@ -1,5 +1,5 @@
 // Sortable tables for the MTP Atlas site: click (or Enter/Space on) a header to sort by it; again
-// to reverse. Numbers sort as numbers ("1.23 (1.10–1.35)" counts as 1.23), other text by locale. Self-written and served locally: the site loads nothing from the network.
+// to reverse. Also labels every cell with its column name for the phone card layout. Numbers sort as numbers ("1.23 (1.10–1.35)" counts as 1.23), other text by locale. Self-written and served locally: the site loads nothing from the network.
 (function () {
   "use strict";
 
@@ -33,11 +33,28 @@
     rows.forEach(function (row) { body.appendChild(row); });
   }
 
+  // Each cell learns its column's name, so that on a phone (atlas.css) a row can be shown as a
+  // card of "name: value" lines instead of a table wider than the screen.
+  function label(table) {
+    var names = Array.prototype.map.call(table.tHead.rows[0].cells, function (th) {
+      return (th.textContent || "").trim();
+    });
+    Array.prototype.forEach.call(table.tBodies, function (body) {
+      Array.prototype.forEach.call(body.rows, function (row) {
+        Array.prototype.forEach.call(row.cells, function (td, i) {
+          if (names[i]) td.setAttribute("data-label", names[i]);
+        });
+      });
+    });
+    table.setAttribute("data-atlas-cards", "");
+  }
+
   function enable(root) {
     var tables = root.querySelectorAll("article table");
     Array.prototype.forEach.call(tables, function (table) {
       if (!table.tHead || table.getAttribute("data-atlas-sortable") === "1") return;
       table.setAttribute("data-atlas-sortable", "1");
+      label(table);
       Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th, index) {
         th.setAttribute("data-atlas-sort", "");
         th.setAttribute("tabindex", "0");

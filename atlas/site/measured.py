@@ -1,0 +1,283 @@
+"""The measured section: imported measurement records -> a summary a reader can read, the per-k
+detail beneath it, one legend of runs and baselines, and charts drawn from the same records.
+
+Which records count is decided by the store (`measurement_cells`: what `atlas measure import`
+accepted); their content is read back from the record files it names, because the per-position
+counts and the per-(workload, temperature) gate live only there. A file whose bytes no longer hash
+to the imported record id is refused: the page would otherwise show figures nobody imported.
+
+Layout: per run (one record: one model revision on one machine, one date) a stamp line, then one
+summary row per (engine, workload, temperature) at the draft length the gate chose (or, where the
+gate is off, the best median speed-up, labelled so), then a collapsible table of every cell.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from atlas import AtlasError
+from atlas.measure import records
+from atlas.paths import ROOT
+from atlas.site.charts import Point, Series, line_chart
+from atlas.site.mdsafe import Markdown, code, escape, table
+
+NO_MEASUREMENT = "No measurement yet."
+ENGINE_NAMES = {"atlas": "atlas", "transformers-use_mtp": "transformers use_mtp"}
+
+
+@dataclass
+class Run:
+    """One imported record, with the id (sha256 of the file) the store knows it by."""
+
+    record: records.Record
+    record_id: str
+    source_path: str
+
+
+def load_runs(sources: list[tuple[str, str]]) -> list[Run]:
+    """(record_id, source_path) pairs from the store -> parsed records, checked against their id."""
+    runs = []
+    for record_id, source_path in sources:
+        path = Path(source_path)
+        path = path if path.is_absolute() else ROOT / path
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise AtlasError(
+                f"measurement record {source_path} (imported as {record_id[:12]}) cannot be read: "
+                f"{exc.strerror}; restore it or re-import the records (`atlas measure import`)"
+            ) from None
+        if hashlib.sha256(data).hexdigest() != record_id:
+            raise AtlasError(
+                f"measurement record {source_path} changed since it was imported as "
+                f"{record_id[:12]}: run `atlas measure import` again"
+            )
+        runs.append(Run(records.parse_record(data, path), record_id, source_path))
+    runs.sort(key=lambda r: (r.record.run_date, r.record.model_id, r.record_id))
+    return runs
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _speed(d: records.Derived) -> Markdown:
+    # the range on its own line (atlas.css), still "1.23 (1.10–1.35)" as text for sorting
+    return Markdown(f'{d.speedup:.2f}<span class="atlas-range"> ({d.speedup_lo:.2f}–{d.speedup_hi:.2f})</span>')
+
+
+def _greedy(d: records.Derived) -> str:
+    return {True: "yes", False: "NO"}.get(d.greedy_lossless, "n/a (T > 0)")
+
+
+def _temp(t: float) -> str:
+    return f"{t:g}"
+
+
+def _baseline_ids(runs: list[Run]) -> dict[str, str]:
+    """Each distinct baseline text -> a short id B1, B2, … in order of first appearance."""
+    ids: dict[str, str] = {}
+    for run in runs:
+        for c in run.record.cells:
+            ids.setdefault(c.baseline, f"B{len(ids) + 1}")
+    return ids
+
+
+def _row_cell(group: list[records.Cell], gate: records.GateDecision | None) -> tuple[records.Cell, str]:
+    """The cell a summary row shows and the gate text: the gate's k when on; otherwise the best
+    median speed-up, labelled as not chosen."""
+    if gate is not None and gate.enabled and gate.draft_tokens is not None:
+        chosen = next((c for c in group if c.draft_tokens == gate.draft_tokens), None)
+        if chosen is not None:
+            return chosen, f"on, k={gate.draft_tokens}"
+    best = max(group, key=lambda c: c.derived.speedup)
+    if gate is None:
+        return best, f"— (k={best.draft_tokens})" if len(group) == 1 else f"— (best k={best.draft_tokens})"
+    return best, f"off (best k={best.draft_tokens})"
+
+
+def _groups(record: records.Record) -> dict[tuple[str, str, float], list[records.Cell]]:
+    """Cells by (engine, workload, temperature), ordered engine, temperature, then workload in
+    the record's order, so a reader compares workloads at one temperature."""
+    groups: dict[tuple[str, str, float], list[records.Cell]] = {}
+    for c in record.cells:
+        groups.setdefault((c.engine, c.workload, c.temperature), []).append(c)
+    engines = list(dict.fromkeys(c.engine for c in record.cells))
+    workloads = list(dict.fromkeys(c.workload for c in record.cells))
+    return dict(sorted(groups.items(), key=lambda kv: (
+        engines.index(kv[0][0]), kv[0][2], workloads.index(kv[0][1]))))
+
+
+def _stamp(run: Run, n: int, baselines: dict[str, str]) -> str:
+    r = run.record
+    s = r.settings
+    used = sorted({baselines[c.baseline] for c in r.cells}, key=lambda b: int(b[1:]))
+    return (
+        f"**Run R{n}** — {code(r.model_id)} at {code(_short_rev(r.revision))} · "
+        f"{escape(r.hardware.text)} · {escape(s.device)} {escape(s.dtype)} · run "
+        f"{r.run_date:%Y-%m-%d %H:%M} UTC · {s.repeats} repeats × {s.prompts_per_workload} prompts × "
+        f"{s.max_new_tokens} tokens per workload · baselines {', '.join(used)} · record "
+        f"{code(run.record_id[:12])} ({code(run.source_path)}, made by {code(r.command)})"
+    )
+
+
+def _short_rev(revision: str) -> str:
+    scheme, _, digest = revision.rpartition(":")
+    return f"{scheme}:{digest[:12]}" if scheme else digest[:12]
+
+
+def _summary(run: Run, baselines: dict[str, str]) -> Markdown:
+    gates = {(g.workload, g.temperature): g for g in run.record.gates}
+    rows = []
+    for (engine, workload, t), group in _groups(run.record).items():
+        gate = gates.get((workload, t)) if engine == "atlas" else None
+        cell, gate_text = _row_cell(group, gate)
+        d = cell.derived
+        rows.append([
+            f"{ENGINE_NAMES.get(engine, engine)} ({baselines[cell.baseline]})",
+            escape(workload),
+            _temp(t),
+            gate_text,
+            _num(d.acceptance_rate, 3),
+            _num(d.mean_accepted_length, 2),
+            _speed(d),
+            _num(d.ideal_speedup, 2),
+            _num(d.efficiency, 2),
+            _greedy(d),
+        ])
+    return table(
+        ["engine (baseline)", "workload", "#T", "gate (k shown)", "#acceptance", "#accepted length",
+         "#speed-up (range)", "#ideal", "#efficiency", "greedy identical"],
+        rows,
+    )
+
+
+def _detail(run: Run, baselines: dict[str, str]) -> str:
+    """Every cell of the run, one table per engine (its version and baseline above it)."""
+    by_engine: dict[str, list[list[object]]] = {}
+    heads: dict[str, str] = {}
+    for (engine, workload, t), group in _groups(run.record).items():
+        for c in sorted(group, key=lambda c: c.draft_tokens):
+            d = c.derived
+            heads.setdefault(engine, f"*{escape(ENGINE_NAMES.get(engine, engine))} "
+                                     f"{escape(c.engine_version)}, baseline {baselines[c.baseline]}*")
+            by_pos = " / ".join(_num(p, 2) for p in d.per_position_acceptance) or "—"
+            by_engine.setdefault(engine, []).append([
+                escape(workload),
+                _temp(t),
+                c.draft_tokens,
+                _num(d.acceptance_rate, 3),
+                by_pos,
+                _num(d.mean_accepted_length, 2),
+                _speed(d),
+                _num(d.ideal_speedup, 2),
+                _num(d.efficiency, 2),
+                _greedy(d),
+                "on" if c.gate_enabled else "off",
+            ])
+    headers = ["workload", "#T", "#k", "#acceptance", "by draft position", "#accepted length",
+               "#speed-up (range)", "#ideal", "#efficiency", "greedy identical", "gate at this k"]
+    return "\n\n".join(heads[e] + "\n\n" + table(headers, rows) for e, rows in by_engine.items())
+
+
+def _indent(text: str) -> str:
+    return "\n".join(("    " + line) if line else "" for line in text.splitlines())
+
+
+def _charts(run: Run, n: int) -> list[str]:
+    """Per-position acceptance vs draft depth, speed-up vs k at each temperature, and acceptance
+    by workload — all from our own loop's cells of this run (a peer engine has no draft depth)."""
+    cells = [c for c in run.record.cells if c.engine == "atlas"]
+    if not cells:
+        return []
+    temps = sorted({c.temperature for c in cells})
+    workloads = list(dict.fromkeys(c.workload for c in cells))
+    ks = sorted({c.draft_tokens for c in cells})
+    k_max = ks[-1]
+    out = []
+    for t in temps:
+        deepest = [c for c in cells if c.temperature == t and c.draft_tokens == k_max]
+        series = [
+            Series(name=c.workload, points=[
+                Point(x=i + 1, y=p) for i, p in enumerate(c.derived.per_position_acceptance)
+                if p is not None
+            ])
+            for c in deepest
+        ]
+        if any(s.points for s in series):
+            out.append(line_chart(
+                f"R{n}: acceptance by draft position, T = {_temp(t)}, k = {k_max}",
+                [s for s in series if s.points], "draft position", "share accepted",
+                [(i, str(i)) for i in range(1, k_max + 1)], y_max=1.0,
+                note="Share of drafts at that depth that were accepted (accepted ÷ drafted at "
+                     "position i); a later draft counts only when every earlier one was accepted.",
+            ))
+    for t in temps:
+        series = []
+        for w in workloads:
+            pts = [Point(x=c.draft_tokens, y=c.derived.speedup, lo=c.derived.speedup_lo,
+                         hi=c.derived.speedup_hi)
+                   for c in cells if c.workload == w and c.temperature == t]
+            if pts:
+                series.append(Series(name=w, points=pts))
+        out.append(line_chart(
+            f"R{n}: speed-up vs draft length k, T = {_temp(t)}", series, "draft length k",
+            "speed-up ×", [(k, str(k)) for k in ks], reference=1.0,
+            note="Median over repeats, whiskers from the slowest to the fastest repeat; the "
+                 "dashed line is 1 (as fast as plain decoding).",
+        ))
+    k_low = ks[0]
+    series = [
+        Series(name=f"T = {_temp(t)}", points=[
+            Point(x=i, y=c.derived.acceptance_rate)
+            for i, w in enumerate(workloads)
+            for c in cells
+            if c.workload == w and c.temperature == t and c.draft_tokens == k_low
+            and c.derived.acceptance_rate is not None
+        ])
+        for t in temps
+    ]
+    out.append(line_chart(
+        f"R{n}: acceptance by workload, k = {k_low}", [s for s in series if s.points], "workload",
+        "acceptance", [(i, w) for i, w in enumerate(workloads)], y_max=1.0,
+        note="Accepted ÷ drafted at the shortest draft length measured, one point per workload.",
+    ))
+    return out
+
+
+def section(runs: list[Run], head: str) -> str:
+    """The whole measured section (Markdown)."""
+    if not runs:
+        return head + "\n" + NO_MEASUREMENT + "\n"
+    baselines = _baseline_ids(runs)
+    parts = [head]
+    for n, run in enumerate(runs, start=1):
+        parts.append(_stamp(run, n, baselines))
+        parts.append(_summary(run, baselines))
+        detail = _detail(run, baselines)
+        parts.append(
+            f'??? measured "R{n}: every draft length k ({len(run.record.cells)} cells)"\n'
+            + _indent(detail)
+        )
+        charts = _charts(run, n)
+        if charts:
+            parts.append(
+                f'??? measured "R{n}: charts — acceptance by depth and workload, speed-up by k"\n'
+                + _indent("\n\n".join(charts))
+            )
+    legend = "\n".join(f"- **{bid}**: {escape(text)}" for text, bid in baselines.items())
+    parts.append(
+        "**Columns.** *Gate*: the run's decision for that workload and temperature — on, with the "
+        "draft length k it chose, only where the speed-up's lower bound over the repeats stayed "
+        "above 1; where it is off the row shows the k with the best median, not a recommendation. "
+        "*Acceptance*: accepted ÷ drafted drafts. *Accepted length*: tokens per verify pass, bonus "
+        "included. *Speed-up*: plain time ÷ speculative time for the same tokens, median (slowest–"
+        "fastest repeat). *Ideal*: what the measured acceptance allows with the measured pass costs; "
+        "*efficiency*: speed-up ÷ ideal. *Greedy identical*: at T = 0, whether every repeat's output "
+        "equalled plain decoding token for token.\n\n"
+        "**Baselines** (what each speed-up divides by; rows with different baselines do not "
+        "compare):\n\n" + legend
+    )
+    return "\n\n".join(parts) + "\n"
