@@ -3,8 +3,8 @@ detail beneath it, one legend of runs and baselines, and charts drawn from the s
 
 Which records count is decided by the store (`measurement_cells`: what `atlas measure import`
 accepted); their content is read back from the record files it names, because the per-position
-counts and the per-(workload, temperature) gate live only there. A file whose content no longer
-hashes to the imported record id is refused: the page would otherwise show figures nobody imported.
+counts and the per-(workload, temperature) gate live only there. A file whose bytes no longer hash
+to the imported record id is refused: the page would otherwise show figures nobody imported.
 
 Layout: per run (one record: one model revision on one machine, one date) a stamp line, then one
 summary row per (engine, workload, temperature) at the draft length the gate chose (or, where the
@@ -28,7 +28,7 @@ ENGINE_NAMES = {"atlas": "atlas", "transformers-use_mtp": "transformers use_mtp"
 
 @dataclass
 class Run:
-    """One imported record, with the id (sha256 of its canonical content) the store knows it by."""
+    """One imported record, with the id (sha256 of the file) the store knows it by."""
 
     record: records.Record
     record_id: str
@@ -49,7 +49,9 @@ def load_runs(sources: list[tuple[str, str]]) -> list[Run]:
                 f"{exc.strerror}; restore it or re-import the records (`atlas measure import`)"
             ) from None
         record = records.parse_record(data, path)
-        if records.record_id(record) != record_id:  # ids hash the canonical content (records.canonical_bytes)
+        # the import's identity is the record's canonical serialisation (records.record_id), so a
+        # schema-1 file parsed into the current model is still the record that was imported
+        if records.record_id(record) != record_id:
             raise AtlasError(
                 f"measurement record {source_path} changed since it was imported as "
                 f"{record_id[:12]}: run `atlas measure import` again"
