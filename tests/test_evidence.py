@@ -278,3 +278,29 @@ def test_unreadable_models_are_not_counted_as_undeclared(tmp_path: Path) -> None
         con.close()
     facts = evidence.generate(db, tmp_path / "ev.md", MATRIX).facts
     assert (facts.n_models, facts.n_undeclared, facts.n_not_fetched) == (2, 1, 1)
+
+
+def test_charts_escape_labels_and_draw_what_they_are_given() -> None:
+    from atlas.site import charts
+
+    hostile = "<script>x</script>&"
+    bar = charts.bar_chart(hostile, [charts.Bar(label=hostile, value=2)], hostile)
+    stacked = charts.stacked_bar_chart(
+        "t", ["2025-01", "2025-02"],
+        [charts.Stack(name=hostile, values=[1, 2]), charts.Stack(name="b", values=[0, 1])], "models")
+    line = charts.line_chart(
+        "t", [charts.Series(name=hostile, points=[charts.Point(x=1, y=1.2, lo=1.0, hi=1.5),
+                                                   charts.Point(x=2, y=0.9, lo=0.8, hi=1.1)])],
+        "k", "speed-up", [(1, "1"), (2, "2")], reference=1.0)
+    for svg in (bar, stacked, line):
+        assert "<script>" not in svg and "&lt;script&gt;" in svg
+        assert "\n\n" not in svg  # one raw HTML block for Markdown
+    # stacked: totals 1 and 3 labelled; an empty layer draws no rectangle
+    assert re.findall(r'class="atlas-chart-value"[^>]*>([^<]*)<', stacked) == ["1", "3"]
+    assert stacked.count("<rect") == 3
+    # line: a whisker per point with a range, a dashed reference at 1
+    assert line.count('class="atlas-chart-whisker') == 2 and "atlas-chart-reference" in line
+    # a count axis of whole things has whole-number ticks
+    assert re.findall(r'class="atlas-chart-tick"[^>]*>([^<]*)<', stacked) == ["0", "1", "2", "3"]
+    with pytest.raises(ValueError):
+        charts.bar_chart("t", [], "y")

@@ -80,6 +80,11 @@ def _svg_open(title: str) -> str:
     )
 
 
+def _ticks(top: float) -> int:
+    """Four gridlines, or one per unit when the axis counts a few whole things (no "0.5 models")."""
+    return int(top) if top == int(top) and 1 <= top <= 4 else 4
+
+
 def _axes(y_label: str, y_top: float, y_bottom: float = 0.0, ticks: int = 4) -> list[str]:
     plot_h = HEIGHT - _TOP - _BOTTOM
     base = _TOP + plot_h
@@ -140,7 +145,7 @@ def bar_chart(title: str, bars: list[Bar], y_label: str, y_max: float | None = N
     plot_h = HEIGHT - _TOP - _BOTTOM
     slot = plot_w / len(bars)
     bar_w = min(48.0, slot * 0.7)
-    svg = [_svg_open(title), *_axes(y_label, top)]
+    svg = [_svg_open(title), *_axes(y_label, top, ticks=_ticks(top))]
     centres = []
     for i, bar in enumerate(bars):
         h = 0.0 if top <= 0 else plot_h * max(bar.value, 0.0) / top
@@ -176,7 +181,7 @@ def stacked_bar_chart(title: str, categories: list[str], stacks: list[Stack], y_
     plot_h = HEIGHT - _TOP - _BOTTOM
     slot = plot_w / len(categories)
     bar_w = min(40.0, slot * 0.75)
-    svg = [_svg_open(title), *_axes(y_label, top)]
+    svg = [_svg_open(title), *_axes(y_label, top, ticks=_ticks(top))]
     centres = []
     for i, cat in enumerate(categories):
         x = _LEFT + slot * i + (slot - bar_w) / 2
@@ -269,6 +274,8 @@ def _nice(v: float) -> float:
     """A round axis top at or above v (1, 2, 2.5, 5 × 10^n)."""
     if v <= 0:
         return 1.0
+    if v <= 4 and float(v).is_integer():
+        return float(v)  # a few whole things: the axis ends at the largest
     mag = 10 ** math.floor(math.log10(v))
     for m in (1, 2, 2.5, 5, 10):
         if m * mag >= v:

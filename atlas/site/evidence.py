@@ -226,6 +226,22 @@ def _date(value: dt.datetime | dt.date | None) -> str:
     return value.strftime("%Y-%m-%d") if value is not None else "—"
 
 
+def _day(value: dt.datetime | dt.date | None) -> Markdown:
+    """A date in a table cell, never broken across lines."""
+    return Markdown(f'<span class="atlas-nowrap">{_date(value)}</span>')
+
+
+def _key(value: str | None) -> Markdown:
+    """A config key or weight-name pattern in a cell: breakable after its dots and underscores
+    only, so a narrow column wraps it between words instead of letter by letter."""
+    if not value:
+        return Markdown("—")
+    text = str(escape(value))
+    for sep in (".", "&#95;", "/"):
+        text = text.replace(sep, sep + "<wbr>")
+    return Markdown(f"<code>{text}</code>")
+
+
 def _num(value: float | None, digits: int) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
@@ -362,14 +378,14 @@ def _declared(rows: list[dict[str, Any]], revs: _Revisions, mirror: list[MirrorS
             out.append([
                 escape(r["repo_id"]),
                 r["declared_num_mtp_layers"],
-                code(r["declared_key"]) if r["declared_key"] else Markdown("—"),
+                _key(r["declared_key"]),
                 revs.cell(r["repo_id"], r["revision"]),
-                _date(r["snapshot_date"]),
+                _day(r["snapshot_date"]),
                 Markdown("; ".join(notes)) if notes else Markdown(""),
             ])
         return out
 
-    headers = ["model", "#num_mtp_layers", "key", revs.header, "crawled", "note"]
+    headers = ["model", "#MTP layers", "key", revs.header, "crawled", "note"]
     hub = [r for r in rows if not r["is_ours"]]
     ours = [r for r in rows if r["is_ours"]]
     text = head + "\n" + (table(headers, body(hub)) if hub else "No Hub model declares an MTP key.")
@@ -388,7 +404,7 @@ def _github_link(src: MirrorSource) -> Markdown:
             f"{quote(src.source_path)}")
     return Markdown(
         f'<a href="{escape(href)}">{escape(src.source_repo)}</a> @'
-        f'<code class="atlas-rev">{src.source_commit[:12]}</code>: {code(src.source_path)}'
+        f'<code class="atlas-rev">{src.source_commit[:12]}</code>: {_key(src.source_path)}'
     )
 
 
@@ -470,9 +486,9 @@ def _shipped(rows: list[dict[str, Any]], facts: Facts, revs: _Revisions) -> str:
                 escape(r["repo_id"]),
                 d,
                 s,
-                code(r["shipped_evidence"]) if r["shipped_evidence"] else Markdown("—"),
+                _key(r["shipped_evidence"]),
                 revs.cell(r["repo_id"], r["revision"]),
-                _date(r["snapshot_date"]),
+                _day(r["snapshot_date"]),
                 verdict,
             ])
         return out
@@ -496,11 +512,11 @@ def _mismatches(rows: list[dict[str, Any]], revs: _Revisions) -> str:
             r["kind"],
             escape(r["repo_id"]),
             r["declared_num_mtp_layers"],
-            code(r["declared_key"]) if r["declared_key"] else Markdown("—"),
+            _key(r["declared_key"]),
             r["shipped_mtp_layers"],
-            code(r["shipped_evidence"]) if r["shipped_evidence"] else Markdown("—"),
+            _key(r["shipped_evidence"]),
             revs.cell(r["repo_id"], r["revision"]),
-            _date(r["snapshot_date"]),
+            _day(r["snapshot_date"]),
         ]
         for r in rows
     ]
@@ -540,8 +556,8 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix) -> str
                 continue
             n_served = sum(1 for m in members if any(e.engine == engine for e in m["engines"]))
             text = "<br>".join(
-                f"yes · {methods[e.method]} · {escape(e.version)} · [{cites[id(e)]}] "
-                f"{(e.checked or matrix.date).isoformat()}"
+                f"yes · {methods[e.method]} · {escape(e.version)}<br>"
+                f'<span class="atlas-nowrap">[{cites[id(e)]}] {(e.checked or matrix.date).isoformat()}</span>'
                 for e in entries
             )
             if n_served < len(members):

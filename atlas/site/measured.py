@@ -136,9 +136,9 @@ def _summary(run: Run, baselines: dict[str, str]) -> Markdown:
         cell, gate_text = _row_cell(group, gate)
         d = cell.derived
         rows.append([
-            f"{ENGINE_NAMES.get(engine, engine)} ({baselines[cell.baseline]})",
             escape(workload),
             _temp(t),
+            f"{ENGINE_NAMES.get(engine, engine)} ({baselines[cell.baseline]})",
             gate_text,
             _num(d.acceptance_rate, 3),
             _num(d.mean_accepted_length, 2),
@@ -148,7 +148,7 @@ def _summary(run: Run, baselines: dict[str, str]) -> Markdown:
             _greedy(d),
         ])
     return table(
-        ["engine (baseline)", "workload", "#T", "gate (k shown)", "#acceptance", "#accepted length",
+        ["workload", "#T", "engine (baseline)", "gate (k shown)", "#acceptance", "#accepted length",
          "#speed-up (range)", "#ideal", "#efficiency", "greedy identical"],
         rows,
     )
