@@ -1,12 +1,20 @@
-"""Plain decoding vs our MTP self-speculative loop vs transformers' generate(use_mtp=True), side
-by side per workload, on the bundled team model (or --model). One interleaved run of the real
-runner; the record goes to a scratch folder, not evidence/.
+"""Plain decoding vs our MTP self-speculative loop vs transformers' generate and
+generate(use_mtp=True), side by side per workload, on the bundled team model (or --model); then the
+same run again, back to back, to show whether the gate decisions reproduce. Records go to a scratch
+folder (or --out), not evidence/.
 
-    .venv/bin/python benchmarks/measure.py [--model PATH] [--repeats 5] [--max-new-tokens 128]
+    .venv/bin/python benchmarks/measure.py [--model PATH] [--repeats 5] [--max-new-tokens 128] [--runs 2]
 
-Targets on a 2-core CPU: speed-up > 1 at T=0 and T=1, efficiency >= 0.95 of the ideal on the best
-workload, our speed-up above transformers' use_mtp. Timings on shared cores are noisy: every figure
-is a median over interleaved repeats, with the min-max of the speed-up in brackets.
+What is compared with what, so no two different quantities share a column:
+- engines at EQUAL k: our k = the checkpoint's MTP layer count (1 here) against transformers'
+  use_mtp, which always drafts that many;
+- absolute tokens/s of each engine (ours plain, ours MTP, transformers plain, transformers use_mtp),
+  and each engine's speed-up over its OWN plain baseline, labelled as such;
+- efficiency (measured speed-up over the ideal its own acceptance and pass costs allow, per repeat
+  with the pass costs timed just before it): the headline is the median over cells, with the range;
+- gates: each run's verdict per workload x temperature (on with k / off / undecided, from a 95 %
+  paired confidence bound), and how many agree between the runs.
+Timings on shared cores are noisy: figures are medians over interleaved repeats.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from atlas.measure import runner as measure
-from atlas.measure.records import Cell
+from atlas.measure.records import Cell, Record
 
 
 def row(label: str, tps: float, c: Cell | None, plain_tps: float | None = None) -> str:
@@ -35,35 +43,18 @@ def row(label: str, tps: float, c: Cell | None, plain_tps: float | None = None) 
             f" {ideal:>6} {eff:>5}  {'on' if c.gate_enabled else 'off'}{vs_ours}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default=str(measure.DEFAULT_MODEL))
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--prompts-per-workload", type=int, default=2)
-    parser.add_argument("--draft-tokens", default="1,2,3")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--out", default=None, help="keep the record in this folder (default: a scratch folder)")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as scratch:
-        options = measure.Options(
-            model=args.model, device=args.device, dtype=args.dtype, repeats=args.repeats, max_new_tokens=args.max_new_tokens,
-            prompts_per_workload=args.prompts_per_workload, draft_tokens=tuple(int(k) for k in args.draft_tokens.split(",")),
-            out=Path(args.out or scratch), command=shlex.join(["benchmarks/measure.py", *sys.argv[1:]]),
-        )
-        record, path = measure.run(options, log=lambda line: print(line, flush=True))
-    if args.out:
-        print(f"record: {path}")
+def verdicts(record: Record) -> dict[tuple[str, float], str]:
+    return {(g.workload, g.temperature): (f"on k={g.draft_tokens}" if g.enabled else g.reason.split(":", 1)[0]) for g in record.gates}
+
+
+def report(record: Record) -> None:
     costs = record.pass_costs
     print(f"\n{record.model_id} on {record.hardware.text}, torch threads {record.hardware.torch_threads}, "
-          f"{record.settings.max_new_tokens} new tokens x {record.settings.prompts_per_workload} prompts x {record.settings.repeats} repeats")
+          f"{record.settings.max_new_tokens} new tokens x {record.settings.prompts_per_workload} prompts x {record.settings.repeats} repeats; "
+          f"load average before {record.load_before}, after {record.load_after}")
     print(f"pass costs (median): plain 1-row step {costs.plain * 1e3:.2f} ms; "
           + "; ".join(f"verify {k + 1} rows {v * 1e3:.2f} ms ({v / costs.plain:.2f}x)" for k, v in costs.verify.items())
           + f"; MTP draft step {costs.draft * 1e3:.2f} ms ({costs.draft / costs.plain:.2f}x)")
-    best: dict[float, tuple[float, str]] = {}
-    ours_beats_hf: list[bool] = []
-    throughput: list[float] = []  # our best MTP tok/s over transformers use_mtp tok/s, per cell
     for t in record.settings.temperatures:
         print(f"\nT = {t:g}   {'engine':<16} {'tok/s':>8} {'accept':>6} {'length':>6} {'speedup (min-max)':>19} {'ideal':>6} {'eff':>5}  gate")
         for w in record.settings.workloads:
@@ -75,24 +66,64 @@ def main() -> None:
             print(row("plain (ours)", plain_tps, None))
             for c in ours:
                 print(row(f"atlas k={c.draft_tokens}", c.derived.tokens_per_second, c))
-                if c.derived.efficiency is not None and c.derived.efficiency > best.get(t, (0.0, ""))[0]:
-                    best[t] = (c.derived.efficiency, f"{w} k={c.draft_tokens}")
             if hf is not None:
                 print(row("hf generate", hf.derived.baseline_tokens_per_second, None))
-                print(row("hf use_mtp", hf.derived.tokens_per_second, hf, plain_tps))
-                top = max(ours, key=lambda c: c.derived.speedup)
-                ours_beats_hf.append(top.derived.speedup > hf.derived.speedup)
-                throughput.append(top.derived.tokens_per_second / hf.derived.tokens_per_second)
-    print("\nTargets")
-    for t in record.settings.temperatures:
-        top = max((c for c in record.cells if c.engine == "atlas" and c.temperature == t), key=lambda c: c.derived.speedup)
-        print(f"  T={t:g}: best speed-up {top.derived.speedup:.2f}x ({top.workload}, k={top.draft_tokens}) "
-              f"{'> 1' if top.derived.speedup > 1 else 'NOT > 1'}; best efficiency {best[t][0]:.2f} ({best[t][1]})")
-    if ours_beats_hf:
-        print(f"  our best speed-up above transformers use_mtp on {sum(ours_beats_hf)}/{len(ours_beats_hf)} workload x temperature cells "
-              "(each against its own plain baseline)")
-        print(f"  our MTP tokens/s over transformers use_mtp tokens/s: median {statistics.median(throughput):.2f}x "
-              f"(min {min(throughput):.2f}x)")
+                print(row(f"hf use_mtp k={hf.draft_tokens}", hf.derived.tokens_per_second, hf, plain_tps))
+    effs = [c.derived.efficiency for c in record.cells if c.engine == "atlas" and c.derived.efficiency is not None]
+    if effs:
+        q = statistics.quantiles(effs, n=4) if len(effs) > 1 else [effs[0]] * 3
+        print(f"\nefficiency over {len(effs)} cells: median {statistics.median(effs):.2f} (quartiles {q[0]:.2f}-{q[2]:.2f}, "
+              f"range {min(effs):.2f}-{max(effs):.2f}); per-cell spread over repeats in the record (efficiency_lo/hi)")
+    equal = []
+    for hf in (c for c in record.cells if c.engine != "atlas"):
+        ours = next((c for c in record.cells if c.engine == "atlas" and c.workload == hf.workload
+                     and c.temperature == hf.temperature and c.draft_tokens == hf.draft_tokens), None)
+        if ours is not None:
+            equal.append((ours, hf))
+    if equal:
+        k = equal[0][1].draft_tokens
+        abs_ratio = [o.derived.tokens_per_second / h.derived.tokens_per_second for o, h in equal]
+        plain_ratio = [o.derived.baseline_tokens_per_second / h.derived.baseline_tokens_per_second for o, h in equal]
+        own = sum(o.derived.speedup > h.derived.speedup for o, h in equal)
+        print(f"at equal k={k} over {len(equal)} workload x temperature cells:")
+        print(f"  absolute tokens/s, ours MTP / transformers use_mtp: median {statistics.median(abs_ratio):.2f}x "
+              f"(range {min(abs_ratio):.2f}-{max(abs_ratio):.2f}); plain vs plain {statistics.median(plain_ratio):.2f}x")
+        print(f"  speed-up over each engine's own plain baseline: ours higher in {own} of {len(equal)} cells")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=str(measure.DEFAULT_MODEL))
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--prompts-per-workload", type=int, default=2)
+    parser.add_argument("--draft-tokens", default="1,2,3")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--runs", type=int, default=2, help="back-to-back runs whose gate decisions are compared")
+    parser.add_argument("--out", default=None, help="keep the records in this folder (default: a scratch folder)")
+    args = parser.parse_args()
+    records: list[Record] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for i in range(args.runs):
+            print(f"\n== run {i + 1} of {args.runs}", flush=True)
+            options = measure.Options(
+                model=args.model, device=args.device, dtype=args.dtype, repeats=args.repeats, max_new_tokens=args.max_new_tokens,
+                prompts_per_workload=args.prompts_per_workload, draft_tokens=tuple(int(k) for k in args.draft_tokens.split(",")),
+                out=Path(args.out or scratch), command=shlex.join(["benchmarks/measure.py", *sys.argv[1:]]),
+            )
+            record, path = measure.run(options, log=lambda line: print(line, flush=True))
+            if args.out:
+                print(f"record: {path}")
+            report(record)
+            records.append(record)
+    if len(records) > 1:
+        runs = [verdicts(r) for r in records]
+        keys = sorted(runs[0])
+        agree = sum(all(v[key] == runs[0][key] for v in runs[1:]) for key in keys)
+        print(f"\ngate decisions over {len(records)} back-to-back runs: {agree} of {len(keys)} workload x temperature agree")
+        for key in keys:
+            print(f"  {key[0]:<10} T={key[1]:g}: " + " | ".join(v[key] for v in runs))
 
 
 if __name__ == "__main__":

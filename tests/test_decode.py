@@ -13,6 +13,7 @@ from transformers import MellumConfig, MellumForCausalLM
 from transformers.modeling_layers import MtpModel
 
 from atlas.measure.families import head_from_transformers
+from atlas.measure.theory import round_distribution
 from atlas.measure.loop import (
     Engine,
     FastLayer,
@@ -162,6 +163,8 @@ def g_test_pvalue(counts: dict[tuple[int, ...], int], dist: dict[tuple[int, ...]
     if pooled_e > 0:
         observed.append(pooled_o)
         expected.append(pooled_e)
+    if any(x not in dist for x in counts):
+        return 0.0  # an outcome the exact law gives probability 0
     stat = 2 * sum(o * math.log(o / e) for o, e in zip(observed, expected) if o > 0)
     df = len(observed) - 1
     return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
@@ -265,3 +268,172 @@ def test_team_checkpoint_greedy_lossless_on_every_workload() -> None:
         plain = generate_plain(engine, ids, 32, Sampling(), gen)
         for k in (1, 2, 3):
             assert generate_speculative(engine, ids, 32, k, Sampling(), gen).tokens == plain.tokens, workload.name
+
+
+# ---- the accept rule on its own, against the exact law of a whole multi-draft round ---------------
+
+
+def reused_uniform(p, q, drafts, gen):
+    """Planted bug: one uniform number for every draft position (lossy at k >= 2: after draft 1
+    passed, u is no longer uniform, so draft 2's test is biased)."""
+    k = drafts.shape[0]
+    u = float(torch.rand((), generator=gen))
+    for i, d in enumerate(drafts.tolist()):
+        if u * float(q[i, d]) >= float(p[i, d]):
+            residual = (p[i] - q[i]).clamp_min(0.0)
+            return i, sample(residual, gen)
+    return k, sample(p[k], gen)
+
+
+def round_counts(rule, p: torch.Tensor, q: torch.Tensor, rounds: int, seed: int) -> dict[tuple[int, ...], int]:
+    gen = torch.Generator().manual_seed(seed)
+    counts: dict[tuple[int, ...], int] = {}
+    for _ in range(rounds):
+        drafts = torch.tensor([sample(row, gen) for row in q])
+        n, token = rule(p, q, drafts, gen)
+        key = (*drafts[:n].tolist(), token)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+ROUND_P = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6], [0.6, 0.3, 0.1], [0.3, 0.4, 0.3]], dtype=torch.float64)
+ROUND_Q = torch.tensor([[0.4, 0.4, 0.2], [0.1, 0.3, 0.6], [0.3, 0.3, 0.4]], dtype=torch.float64)
+ROUNDS = 10_000  # power: at 20 000 rounds the reused-uniform rule scored p ≈ 1e-87, at 10 000 about 1e-37
+
+
+@pytest.mark.parametrize(("rule", "exact"), [(speculative_accept, True), (reused_uniform, False),
+                                             (resample_from_p, False), (accept_if_argmax, False)])
+def test_speculative_accept_against_the_exact_round_law(rule, exact: bool) -> None:
+    """k = 3 drafts over a 3-token vocabulary: every emitted tuple's probability is enumerated
+    exactly (atlas.measure.theory.round_distribution, itself checked to be lossless), and the rule's
+    empirical counts over 10 000 rounds are G-tested against it (94 tuples, each expected >= 6
+    times). The lossy rules planted here are rejected far beyond the threshold."""
+    law = round_distribution(ROUND_P.numpy(), ROUND_Q.numpy())
+    counts = round_counts(rule, ROUND_P, ROUND_Q, ROUNDS, seed=3)
+    pvalue = g_test_pvalue(counts, law, ROUNDS)
+    assert pvalue > 1e-3 if exact else pvalue < 1e-9
+
+
+# ---- the draft chain recomputed independently; counts recounted from the emitted tokens ----------
+
+
+@pytest.fixture(scope="module")
+def noisy_oracle(tmp_path_factory):
+    """A MiMo-layout oracle with noise: drafts are right often (so rounds accept 0..k drafts) yet
+    depend on the hidden fed and on the MTP layer's KV cache."""
+    from atlas.measure.oracles import write_checkpoint
+    from atlas.measure.runner import load_checkpoint
+
+    folder = write_checkpoint("mimo", tmp_path_factory.mktemp("noisy"), "oracle", depth=2, noise=0.6, seed=4)
+    got = load_checkpoint(str(folder), torch.device("cpu"), torch.float32)
+    return got.model, got.mtp, build_engine(got.model, got.mtp, 96, [5, 9, 33, 2])
+
+
+def reference_drafts(model, head, seq: list[int], pos: int, k: int) -> list[tuple[int, float]]:
+    """Greedy drafts of the round whose current token sits at `pos`, recomputed without caches:
+    the main model's post-norm hiddens from transformers' own forward over seq[:pos+1]; MTP pairs
+    (h_j, t_{j+1}) at RoPE position j+1 for j < pos, then each draft paired with the MTP output
+    hidden that produced it. Returns (draft, top-1 minus top-2 logit margin) per step."""
+    ids = torch.tensor(seq[: pos + 1])
+    hidden = model(ids[None], output_hidden_states=True).hidden_states[-1][0]
+    hs, toks = list(hidden[:pos]), seq[1 : pos + 1]
+    out = []
+    for _ in range(k):
+        y, logits = head.reference(torch.stack(hs), torch.tensor(toks), torch.arange(1, len(toks) + 1))
+        top = logits[-1].topk(2).values
+        d = int(logits[-1].argmax())
+        out.append((d, float(top[0] - top[1])))
+        hs.append(y[-1])
+        toks.append(d)
+    return out
+
+
+def recount(trace: list[tuple[int, list[int]]], tokens: list[int], prompt_len: int) -> tuple[list[int], list[int], list[int], int]:
+    """(drafted, reached, accepted per position, verify passes) from the rounds' drafts and the
+    emitted tokens alone: a round's accepted drafts are the leading drafts equal to the tokens it
+    emitted (a rejected draft is never the emitted token: at T = 0 it differs from the argmax, at
+    T > 0 the residual max(0, p - q) is zero at a draft that failed its test)."""
+    k = max(len(d) for _, d in trace)
+    drafted, reached, accepted = [0] * k, [0] * k, [0] * k
+    for pos, drafts in trace:
+        emitted = tokens[pos - prompt_len + 1 :]
+        n = 0
+        while n < len(drafts) and drafts[n] == emitted[n]:
+            n += 1
+        for i in range(len(drafts)):
+            drafted[i] += 1
+            reached[i] += i <= n
+            accepted[i] += i < n
+    return drafted, reached, accepted, len(trace)
+
+
+@pytest.mark.parametrize("s", [Sampling(), Sampling(temperature=1.0)], ids=["T0", "T1"])
+def test_draft_chain_and_counts_recomputed_independently(noisy_oracle, s: Sampling) -> None:
+    model, head, engine = noisy_oracle
+    prompt, k = [5, 9, 33, 2, 7, 100], 3
+    gen = torch.Generator().manual_seed(7)
+    checked = 0
+    for _ in range(4):
+        trace: list[tuple[int, list[int]]] = []
+        run = generate_speculative(engine, prompt, 30, k, s, gen, trace=trace)
+        drafted, reached, accepted, passes = recount(trace, run.tokens, len(prompt))
+        assert (run.drafted_per_position, run.reached_per_position, run.accepted_per_position, run.verify_passes) == (drafted, reached, accepted, passes)
+        assert sum(run.accepted_per_position) + run.verify_passes == len(run.tokens) - 1
+        if not s.greedy:
+            continue
+        seq = prompt + run.tokens
+        with torch.inference_mode():
+            for pos, drafts in trace:
+                for i, (want, margin) in enumerate(reference_drafts(model, head, seq, pos, len(drafts))):
+                    if margin > 1e-3:  # a near-tie may flip between cached and uncached arithmetic
+                        assert drafts[i] == want, f"round at slot {pos}, draft {i + 1}"
+                        checked += 1
+                    break_chain = drafts[i] != want
+                    if break_chain:
+                        break
+    if s.greedy:
+        assert checked > 40
+        # both outcomes occur, so catch-up after partial acceptance is on the checked path
+        assert 0 < sum(accepted) < sum(drafted)
+
+
+# ---- what is timed ---------------------------------------------------------------------------------
+
+
+def test_timed_region_covers_all_but_the_shared_prefill(noisy_oracle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain and speculative runs leave out the same thing from their seconds: the main model's
+    prefill over the prompt. Every other forward, the MTP layer's prefill included, is timed."""
+    import atlas.measure.loop as loop
+
+    _, _, engine = noisy_oracle
+    state = {"timing": False}
+    calls: list[tuple[str, int, bool]] = []
+
+    class Watch:
+        def __init__(self, device) -> None:
+            pass
+
+        def start(self) -> None:
+            state["timing"] = True
+
+        def stop(self) -> float:
+            state["timing"] = False
+            return 1.0
+
+    def spy(name, fn):
+        def wrapped(ids, *args):
+            calls.append((name, ids.shape[0], state["timing"]))
+            return fn(ids, *args)
+        return wrapped
+
+    monkeypatch.setattr(loop, "Stopwatch", Watch)
+    monkeypatch.setattr(engine, "main", spy("main", engine.main))
+    monkeypatch.setattr(engine, "draft", spy("draft", engine.draft))
+    prompt = [5, 9, 33, 2, 7]
+    for run in (lambda: generate_plain(engine, prompt, 12, Sampling(), torch.Generator()),
+                lambda: generate_speculative(engine, prompt, 12, 2, Sampling(), torch.Generator())):
+        calls.clear()
+        run()
+        untimed = [c for c in calls if not c[2]]
+        assert untimed == [("main", len(prompt), False)], untimed
+        assert any(name == "main" for name, _, _ in calls[1:])

@@ -78,7 +78,7 @@ def test_family_at_any_depth_is_faithful_and_lossless(tmp_path: Path, family: st
         out = got.model(ids[None], output_hidden_states=True)
         hidden = out.hidden_states[-1][0]
         positions = torch.arange(1, len(PROMPT))
-        ours = got.mtp.reference(hidden[:-1], ids[1:], positions)
+        _, ours = got.mtp.reference(hidden[:-1], ids[1:], positions)
         theirs = wiring_reference(folder, family, got.mtp.block, got.model.get_decoder().rotary_emb, hidden[:-1], ids[1:], positions)
         _, drafted = engine.draft(ids[1:], hidden[:-1], 0)
     assert (ours - theirs).abs().max() < 1e-4
@@ -101,7 +101,7 @@ def test_a_wrong_concat_order_is_caught(tmp_path: Path) -> None:
     with torch.no_grad():
         hidden = model(ids[None], output_hidden_states=True).hidden_states[-1][0]
         positions = torch.arange(1, len(PROMPT))
-        wrong = head.reference(hidden[:-1], ids[1:], positions)
+        _, wrong = head.reference(hidden[:-1], ids[1:], positions)
         right = wiring_reference(folder, "mimo", head.block, model.get_decoder().rotary_emb, hidden[:-1], ids[1:], positions)
     assert (wrong - right).abs().max() > 0.1
 

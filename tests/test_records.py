@@ -10,6 +10,7 @@ import pytest
 
 from atlas import AtlasError
 from atlas.measure.records import (
+    SCHEMA_VERSION,
     Cell,
     Hardware,
     PassCosts,
@@ -23,6 +24,7 @@ from atlas.measure.records import (
     read_record,
     write_record,
 )
+from atlas.paths import ROOT
 from atlas.store import connect
 
 
@@ -32,13 +34,15 @@ def make_record(model_id: str = "mtp-atlas/byte-mtp-8l", speed: float = 1.3) -> 
     for workload, k, temperature in (("code", 1, 0.0), ("code", 2, 1.0), ("random", 2, 0.0)):
         repeats = [
             Repeat(
-                tokens=64,
+                tokens=20 + [15, 9][:k][-1] + (15 if k == 2 else 0),  # accepted drafts + verify passes
                 seconds=0.1 + 0.01 * i,
-                baseline_seconds=(0.1 + 0.01 * i) * speed * (1 if workload == "code" else 0.5),
+                baseline_seconds=(0.1 + 0.01 * i) * speed * (1 if workload == "code" else 0.5) * (1 + 0.02 * i),
                 drafted_per_position=[20] * k,
+                reached_per_position=[20, 15][:k],
                 accepted_per_position=[15, 9][:k],
                 verify_passes=20,
                 identical_to_baseline=True if temperature == 0 else None,
+                pass_costs=PassCosts(plain=0.002 * (1 + 0.01 * i), verify={1: 0.0024, 2: 0.0026}, draft=0.0004),
             )
             for i in range(3)
         ]
@@ -50,13 +54,14 @@ def make_record(model_id: str = "mtp-atlas/byte-mtp-8l", speed: float = 1.3) -> 
                  derived=derived, gate_enabled=enabled, gate_reason=reason)
         )
     return Record(
-        schema_version=1,
+        schema_version=SCHEMA_VERSION,
         run_date=datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc),
         model_id=model_id,
         revision="sha256:" + "ab" * 32,
         hardware=Hardware(text="CPU: test (2 cores)", cpu="test", cpu_cores=2, memory_gib=8.0, torch_threads=1),
-        software=Software(python="3.11", torch="2.13.0", transformers="5.24.0", atlas="0.1.0", atlas_commit=None),
-        command="atlas measure run --quick",
+        software=Software(python="3.11", torch="2.13.0", transformers="5.24.0", atlas="0.1.0", atlas_commit=None,
+                          atlas_tree_dirty=False, numpy="2.3", blas="openblas", os="Linux"),
+        command="atlas measure run",
         seed=0,
         prompt_set="atlas-entropy-v1",
         prompt_set_digest="0" * 64,
@@ -64,6 +69,8 @@ def make_record(model_id: str = "mtp-atlas/byte-mtp-8l", speed: float = 1.3) -> 
                           draft_tokens=[1, 2], max_new_tokens=64, repeats=3, prompts_per_workload=1),
         pass_costs=costs,
         cells=cells,
+        load_before=[0.5, 0.4, 0.3],
+        load_after=[0.6, 0.4, 0.3],
     )
 
 
@@ -74,13 +81,20 @@ def test_round_trip_and_gate(tmp_path: Path) -> None:
     assert again == record
     by_workload = {c.workload: c for c in again.cells if c.draft_tokens == 2}
     assert by_workload["code"].gate_enabled and by_workload["code"].derived.speedup_lo > 1
-    assert not by_workload["random"].gate_enabled and "not above 1" in by_workload["random"].gate_reason
+    assert not by_workload["random"].gate_enabled and by_workload["random"].gate_reason.startswith("off: 95 % bounds")
     decisions = {(g.workload, g.temperature): g for g in again.gates}
     assert decisions[("code", 1.0)].enabled and decisions[("code", 1.0)].draft_tokens == 2
     assert not decisions[("random", 0.0)].enabled and decisions[("random", 0.0)].draft_tokens is None
     first = again.cells[0].derived
     assert first.mean_accepted_length == pytest.approx(1 + 45 / 60)
+    tokens = sum(r.tokens for r in again.cells[0].repeats)
+    passes = sum(r.verify_passes for r in again.cells[0].repeats)
+    assert first.mean_accepted_length == pytest.approx(tokens / passes)  # counted independently: tokens per pass
     assert first.ideal_speedup == pytest.approx(first.mean_accepted_length * 0.002 / (0.0024 + 0.0004))
+    k2 = again.cells[1].derived
+    assert k2.acceptance_rate == pytest.approx(24 / 40)  # pooled accepted / drafted
+    assert k2.per_position_acceptance == pytest.approx([15 / 20, 9 / 20])
+    assert k2.conditional_acceptance == pytest.approx([15 / 20, 9 / 15])  # accepted_i / reached_i
 
 
 def test_import_is_idempotent(tmp_path: Path) -> None:
@@ -106,7 +120,7 @@ def _tamper(path: Path, edit) -> None:
     "edit,message",
     [
         (lambda d: d["cells"][0]["derived"].update(speedup=9.9), "speedup"),
-        (lambda d: d["cells"][0]["repeats"][0].update(accepted_per_position=[20]), "raw counts give"),
+        (lambda d: d["cells"][0]["repeats"][0].update(accepted_per_position=[14]), "raw counts give"),
         (lambda d: d["cells"][1].update(gate_enabled=not d["cells"][1]["gate_enabled"]), "gate"),
         (lambda d: d["pass_costs"].update(draft=0.004), "ideal_speedup"),
         (lambda d: d["gates"][0].update(draft_tokens=3), "gate decisions"),
@@ -146,12 +160,80 @@ def test_a_changed_file_replaces_its_previous_rows(tmp_path: Path) -> None:
     assert con.execute("SELECT count(DISTINCT record_id), count(*) FROM measurement_cells").fetchone() == (1, 3)
 
 
-def test_gate_needs_three_repeats() -> None:
-    fast = [Repeat(tokens=64, seconds=0.1, baseline_seconds=0.2, drafted_per_position=[20], accepted_per_position=[15],
-                   verify_passes=20, identical_to_baseline=True)]
-    assert gate(derive(fast * 2, 0.0, 1, None), 2) == (False, "off: too few repeats (2; the gate needs 3)")
-    enabled, reason = gate(derive(fast * 3, 0.0, 1, None), 3)
-    assert enabled and reason.startswith("on:")
+def fast(ratio: float, i: int = 0) -> Repeat:
+    return Repeat(tokens=35, seconds=0.1, baseline_seconds=0.1 * ratio, drafted_per_position=[20], reached_per_position=[20],
+                  accepted_per_position=[15], verify_passes=20, identical_to_baseline=True)
+
+
+def test_gate_is_a_paired_confidence_rule() -> None:
+    assert gate(derive([fast(2.0)] * 2, 0.0, 1, None), 2)[1] == "undecided: too few repeats (2; the gate needs 3)"
+    enabled, reason = gate(derive([fast(r) for r in (1.30, 1.32, 1.28, 1.31, 1.29)], 0.0, 1, None), 5)
+    assert enabled and reason.startswith("on: 95 % bounds")
+    enabled, reason = gate(derive([fast(r) for r in (0.80, 0.82, 0.79)], 0.0, 1, None), 3)
+    assert not enabled and reason.startswith("off:")
+    # a noisy cell whose median is above 1 is neither on nor off: it could flip on a rerun
+    enabled, reason = gate(derive([fast(r) for r in (1.4, 0.8, 1.1, 0.9, 1.3)], 0.0, 1, None), 5)
+    assert not enabled and reason.startswith("undecided:")
+    assert gate(derive([fast(1.3)] * 5, 0.0, 1, None), 5, quick=True) == (False, "undecided: a --quick run never sets a gate")
+
+
+def test_headline_speedup_is_the_median_and_efficiency_has_bounds() -> None:
+    costs = PassCosts(plain=0.002, verify={1: 0.0024}, draft=0.0004)
+    repeats = [fast(r).model_copy(update={"pass_costs": costs}) for r in (1.1, 1.5, 1.2)]
+    d = derive(repeats, 0.0, 1, costs)
+    assert d.speedup == pytest.approx(1.2) and (d.speedup_lo, d.speedup_hi) == pytest.approx((1.1, 1.5))
+    ideal = (35 / 20) * 0.002 / (0.0024 + 0.0004)
+    assert d.efficiency == pytest.approx(1.2 / ideal)
+    assert (d.efficiency_lo, d.efficiency_hi) == pytest.approx((1.1 / ideal, 1.5 / ideal))
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d["cells"][0]["repeats"][0].update(tokens=30), "accepted drafts \\+ verify passes \\(15 \\+ 20\\) exceed its tokens \\(30\\)"),
+    (lambda d: d["cells"][0]["repeats"][0].update(seconds=1e-9), "is impossible"),
+    (lambda d: d["cells"][1]["repeats"][0].update(reached_per_position=[20, 18]), "reached counts impossible"),
+    (lambda d: d["cells"][0]["repeats"][0].update(verify_passes=10, tokens=25), "first drafts but only 10 verify passes"),
+], ids=["tokens", "seconds", "reached", "passes"])
+def test_impossible_counts_are_rejected_by_name(tmp_path: Path, edit, message: str) -> None:
+    path = write_record(make_record(), tmp_path)
+    _tamper(path, edit)
+    with pytest.raises(AtlasError, match=f"rejected, impossible figures: .*{message}"):
+        read_record(path)
+
+
+def test_efficiency_far_above_one_is_rejected(tmp_path: Path) -> None:
+    record = make_record(speed=30.0)  # thirty times faster than its own acceptance and pass costs allow
+    with pytest.raises(ValueError, match="efficiency"):
+        write_record(record, tmp_path)
+
+
+def test_identity_is_the_canonical_content(tmp_path: Path) -> None:
+    path = write_record(make_record(), tmp_path / "m")
+    con = connect(tmp_path / "db.duckdb")
+    assert import_records(con, tmp_path / "m")[:2] == (1, 0)
+    (tmp_path / "m" / "same-record-other-whitespace.json").write_text(json.dumps(json.loads(path.read_text()), indent=4))
+    assert import_records(con, tmp_path / "m") == (0, 2, [])
+    assert con.execute("SELECT count(DISTINCT record_id), count(*) FROM measurement_cells").fetchone() == (1, 3)
+
+
+def test_an_oversized_file_is_refused_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from atlas.measure import records
+
+    path = write_record(make_record(), tmp_path)
+    monkeypatch.setattr(records, "MAX_RECORD_BYTES", 1000)
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail("read an oversized file"))
+    with pytest.raises(AtlasError, match="over the 1,000-byte limit"):
+        read_record(path)
+
+
+def test_the_committed_schema_1_record_still_imports(tmp_path: Path) -> None:
+    committed = sorted((ROOT / "evidence" / "measurements").glob("*.json"))
+    v1 = [p for p in committed if json.loads(p.read_text())["schema_version"] == 1]
+    for path in v1:
+        record = read_record(path)
+        assert record.schema_version == 1 and record.cells
+    con = connect(tmp_path / "db.duckdb")
+    loaded, _, errors = import_records(con, ROOT / "evidence" / "measurements")
+    assert loaded == len(committed) and not errors
 
 
 def test_import_names_the_baseline_and_migrates_an_old_table(tmp_path: Path) -> None:

@@ -145,8 +145,9 @@ class MtpHead:
     embed: torch.Tensor
     rotary: nn.Module
     rope_layer_type: str | None
-    # (main post-norm hidden [n, d] at positions j, token ids [n] at j+1, positions j+1) -> logits [n, V]
-    reference: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    # (hidden fed [n, d] for pairs j, token ids [n] at j+1, RoPE positions j+1) ->
+    # (output hidden [n, d], the one recycled for the next draft; logits [n, V])
+    reference: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class Norm(nn.Module):
@@ -178,8 +179,9 @@ def head_from_transformers(mtp: nn.Module) -> MtpHead:
     hidden_first = bool(getattr(mtp.config, "mtp_hidden_states_first", False))
     types = getattr(mtp.config, "layer_types", None)
 
-    def reference(hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return mtp._project_to_logits(mtp.forward_layer(0, hidden[None], positions[None], None, input_ids=ids[None]))[0]
+    def reference(hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = mtp.forward_layer(0, hidden[None], positions[None], None, input_ids=ids[None])
+        return out[0], mtp._project_to_logits(out)[0]
 
     return MtpHead(
         family=f"transformers MtpModel ({mtp.config.model_type})",
@@ -312,7 +314,7 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
     per_layer_rope = len(config.nested_rope_parameter_keys(config.rope_parameters)) > 0 if hasattr(config, "nested_rope_parameter_keys") else False
     rope_type = "full_attention" if per_layer_rope else None
 
-    def reference(hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def reference(hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The family's published wiring, module by module over the whole sequence (no cache):
         norms on each input, one projection over the concatenation in the family's order, the block
         under a causal mask, the final norm, the head."""
@@ -327,7 +329,7 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         y = (y[0] if isinstance(y, tuple) else y)[0]
         for norm in post:
             y = norm(y)
-        return head(y)
+        return y, head(y)
 
     return model, MtpHead(
         family=family.name, enorm=enorm, hnorm=hnorm, w_e=w_e, w_h=w_h, block=mtp_block, post_norms=post, head=head,

@@ -485,7 +485,7 @@ class Engine:
         ref_hidden = out.hidden_states[-1][0]
         mtp_ref = self.mtp.reference(ref_hidden[:-1], ids[1:], torch.arange(1, len(prompt), device=self.device))
         _, mtp_logits = self.draft(ids[1:], hidden[:-1], 0)
-        errors = [(logits - out.logits[0]).abs().max().item(), (mtp_logits - mtp_ref[-1]).abs().max().item()]
+        errors = [(logits - out.logits[0]).abs().max().item(), (mtp_logits - mtp_ref[1][-1]).abs().max().item()]
         tolerance = 1e-3 if self.dtype == torch.float32 else 5e-2
         scale = max(1.0, out.logits.abs().max().item())
         if max(errors) > tolerance * scale:
@@ -598,8 +598,11 @@ def generate_speculative(
     s: Sampling,
     gen: torch.Generator,
     rule: AcceptRule = speculative_accept,
+    trace: list[tuple[int, list[int]]] | None = None,
 ) -> RunStats:
     """Draft k tokens with the MTP layer, verify [cur, d_1..d_k] in one forward, accept by `rule`.
+    `trace`, when given, receives each round's (slot of the current token, drafts), so a test can
+    recount and recompute the rounds independently.
 
     Drafts are sampled from q (the MTP logits through the same temperature/top-k/top-p as p) at
     T > 0 and argmax at T = 0, where the rule reduces to comparing with the target's argmax.
@@ -627,6 +630,8 @@ def generate_speculative(
             else:
                 q_rows.append(probs_from_logits(q_logits, s))
                 drafts.append(sample(q_rows[-1], gen))
+        if trace is not None:
+            trace.append((pos, list(drafts)))
         hidden, logits = engine.main(ids.new_tensor([out[-1], *drafts]), pos)
         passes += 1
         if s.greedy:

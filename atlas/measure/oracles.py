@@ -136,10 +136,15 @@ def write_checkpoint(
     overrides: dict[str, Any] | None = None,
     draft_scale: float = 1.0,
     seed: int = 0,
+    noise: float = 0.0,
 ) -> Path:
     """Write a tiny `family` checkpoint (config.json, model.safetensors, a byte-level tokenizer)
     into `out` and return it. `depth` main layers (any depth: the MTP tensor index follows it where
-    the family numbers them after the main layers), one MTP layer."""
+    the family numbers them after the main layers), one MTP layer.
+
+    `noise` (oracle mode): the MTP layer's hidden columns and its block's branch outputs get random
+    weights of this scale instead of zeros, so its drafts depend on the hidden it is fed and on its
+    own KV cache while still being right often: what a check of the draft chain's wiring needs."""
     if family not in LAYOUTS:
         raise AtlasError(f"no oracle layout for {family!r} (known: {', '.join(LAYOUTS)})")
     if mode not in ("oracle", "random"):
@@ -183,6 +188,13 @@ def write_checkpoint(
         main_norm = tensors["model.norm.weight"]
         effective = (1 + main_norm) if layout.gemma_norms else main_norm
         tensors[glue + layout.final_norm] = draft_scale * effective - (1 if layout.gemma_norms else 0)
+        if noise:
+            h_cols = slice(0, d) if layout.hidden_first else slice(d, 2 * d)
+            proj[:, h_cols] = noise * torch.randn(d, d, generator=gen) / d**0.5
+            block = _prefix(layout.block, depth, 0)
+            for name, t in tensors.items():
+                if name.startswith(block) and BRANCH_OUT.search(name):
+                    t.copy_(noise * torch.randn(t.shape, generator=gen) / t.shape[-1] ** 0.5)
     if layout.own_head:
         tensors[glue + layout.own_head] = head.clone()
     if layout.own_embed:

@@ -1,9 +1,21 @@
 """Measurement records: the JSON files under evidence/measurements/ and their import into the store.
 
-A record keeps the raw counts of every run (tokens, seconds, drafted/accepted per draft position,
-verify passes, and the paired baseline's seconds) and the figures derived from them. Import
-recomputes every derived figure from the raw counts and rejects the file when one disagrees, so a
-hand-edited speed-up cannot reach the site. These files are also how a GPU box hands results back.
+A record keeps the raw counts of every run (tokens, seconds, drafted/reached/accepted per draft
+position, verify passes, the paired baseline's seconds, and pass costs timed between repeats) and
+the figures derived from them. Import recomputes every derived figure from the raw counts and
+rejects the file when one disagrees, so a hand-edited speed-up cannot reach the site; counts that
+cannot happen (more accepted drafts plus verify passes than tokens, efficiency far above 1, absurd
+seconds) are rejected by name. These files are also how a GPU box hands results back.
+
+Acceptance, named precisely (atlas.measure.theory has the formulas):
+- `acceptance_rate`: accepted / drafted, pooled over positions (every drafted token counts);
+- `per_position_acceptance`: accepted_i / drafted_i, unconditional per position;
+- `conditional_acceptance`: accepted_i / reached_i, P(draft i accepted | drafts before it accepted),
+  the figure the tokens-per-pass formula 1 + a₁ + a₁a₂ + … takes.
+
+Schema 2 added reached counts, per-repeat pass costs, the paired gate rule, efficiency bounds and
+the stamp (dirty tree, numpy/BLAS/OS, load average). Schema 1 files still import: their figures are
+checked against the fields they had, and their gate fields are kept as recorded under the old rule.
 """
 
 from __future__ import annotations
@@ -11,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import math
 import statistics
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Literal
@@ -19,9 +32,16 @@ import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from atlas import AtlasError
+from atlas.measure.theory import conditional_acceptance, ideal_speedup as ideal_from_costs
 from atlas.paths import ROOT
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+MAX_RECORD_BYTES = 64 * 1024 * 1024  # the largest real record is well under 1 MB; bigger files are refused unread
+# Efficiency this far above 1 is no timing noise (7 of 30 noisy cells exceeded 1, by < 10 %; a
+# loaded 2-core box gave 4.5 on an 8-token, 1-repeat run).
+MAX_EFFICIENCY = 10.0
+MAX_TOKENS_PER_SECOND = 1e7
+GATE_CONFIDENCE = 0.95
 # Derived figures are stored at full precision; recomputing them on import may differ in the last
 # bits (summation order), so the comparison allows this relative slack and nothing more.
 REL_TOL = 1e-6
@@ -47,6 +67,10 @@ class Software(Strict):
     transformers: str
     atlas: str
     atlas_commit: str | None
+    atlas_tree_dirty: bool | None = None  # uncommitted changes in the source tree when it ran
+    numpy: str | None = None
+    blas: str | None = None  # the BLAS/LAPACK torch was built with (its CPU matmuls)
+    os: str | None = None
 
 
 class Settings(Strict):
@@ -60,6 +84,7 @@ class Settings(Strict):
     prompts_per_workload: int = Field(gt=0)
     top_k: int | None = None
     top_p: float | None = None
+    quick: bool = False  # a --quick run: never sets a gate
 
 
 class PassCosts(Strict):
@@ -80,6 +105,9 @@ class Repeat(Strict):
     accepted_per_position: list[int]
     verify_passes: int = Field(ge=0)
     identical_to_baseline: bool | None = None  # greedy only: same tokens as the plain run
+    # rounds whose drafts before position i all passed (schema 2; None in schema 1 files)
+    reached_per_position: list[int] | None = None
+    pass_costs: PassCosts | None = None  # timed just before this repeat (schema 2, atlas cells)
 
     @model_validator(mode="after")
     def _counts(self) -> "Repeat":
@@ -87,27 +115,36 @@ class Repeat(Strict):
             raise ValueError("drafted and accepted per position differ in length")
         if any(a < 0 or a > d for a, d in zip(self.accepted_per_position, self.drafted_per_position)):
             raise ValueError("accepted exceeds drafted at some position")
+        if self.reached_per_position is not None and len(self.reached_per_position) != len(self.drafted_per_position):
+            raise ValueError("reached and drafted per position differ in length")
         return self
 
 
 class Derived(Strict):
     drafted: int
     accepted: int
-    acceptance_rate: float | None
-    per_position_acceptance: list[float | None]
+    acceptance_rate: float | None  # accepted / drafted, pooled over positions
+    per_position_acceptance: list[float | None]  # accepted_i / drafted_i
     mean_accepted_length: float | None  # tokens per verify pass, bonus included = 1 + accepted/passes
     tokens_per_second: float
     baseline_tokens_per_second: float
     speedup: float  # median over repeats of baseline_seconds / seconds
-    speedup_lo: float  # min over repeats: the gate's lower bound
+    speedup_lo: float  # min over repeats
     speedup_hi: float
     ideal_speedup: float | None
-    efficiency: float | None  # speedup / ideal_speedup
+    efficiency: float | None  # median over repeats of speedup / ideal (schema 1: median speedup / ideal)
     greedy_lossless: bool | None  # None when T > 0
+    # schema 2
+    conditional_acceptance: list[float | None] | None = None  # accepted_i / reached_i
+    efficiency_lo: float | None = None  # min / max over repeats, each against its own pass costs
+    efficiency_hi: float | None = None
+    # one-sided GATE_CONFIDENCE bounds on the geometric-mean paired speed-up (t over log ratios)
+    speedup_bound_lo: float | None = None
+    speedup_bound_hi: float | None = None
 
 
 class Cell(Strict):
-    engine: Literal["atlas", "transformers-use_mtp"]
+    engine: str  # "atlas", "transformers-use_mtp", or another engine's name
     engine_version: str
     baseline: str  # what the speed-up divides by, e.g. "atlas plain decoder (same cache)"
     workload: str
@@ -116,7 +153,7 @@ class Cell(Strict):
     repeats: list[Repeat] = Field(min_length=1)
     derived: Derived
     gate_enabled: bool
-    gate_reason: str
+    gate_reason: str  # starts with the verdict: "on", "off" or "undecided"
 
 
 class GateDecision(Strict):
@@ -130,7 +167,7 @@ class GateDecision(Strict):
 
 
 class Record(Strict):
-    schema_version: Literal[SCHEMA_VERSION]
+    schema_version: Literal[1, 2]
     run_date: datetime
     model_id: str
     revision: str  # 40-hex commit, or "sha256:<digest of the checkpoint files>"
@@ -144,6 +181,8 @@ class Record(Strict):
     pass_costs: PassCosts
     cells: list[Cell] = Field(min_length=1)
     gates: list[GateDecision] = []  # derived from the atlas cells; filled in when absent
+    load_before: list[float] | None = None  # 1/5/15-minute load averages before and after the run
+    load_after: list[float] | None = None
 
     @model_validator(mode="after")
     def _fill_gates(self) -> "Record":
@@ -159,15 +198,37 @@ def _ratio(a: float, b: float) -> float | None:
 def ideal_speedup(mean_accepted_length: float | None, k: int, costs: PassCosts) -> float | None:
     """What the measured acceptance allows with the measured pass costs: per verify pass the loop
     emits `mean_accepted_length` tokens and spends one (k+1)-row verify plus k MTP steps, where
-    plain decoding spends one 1-row step per token."""
+    plain decoding spends one 1-row step per token (atlas.measure.theory.ideal_speedup)."""
     verify = costs.verify.get(k)
     if mean_accepted_length is None or verify is None:
         return None
-    return mean_accepted_length * costs.plain / (verify + k * costs.draft)
+    return ideal_from_costs(mean_accepted_length, k, costs.draft / costs.plain, verify / costs.plain)
+
+
+# One-sided 95 % quantiles of Student's t by degrees of freedom (a missing df uses the next lower,
+# which is conservative); the normal quantile beyond.
+_T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812,
+        12: 1.782, 15: 1.753, 20: 1.725, 30: 1.697, 60: 1.671}
+
+
+def _t95(df: int) -> float:
+    return _T95[max(d for d in _T95 if d <= df)] if df <= 60 else 1.645
+
+
+def paired_bounds(ratios: Sequence[float]) -> tuple[float, float] | None:
+    """One-sided 95 % lower and upper bounds on the geometric mean of paired speed-ups
+    (baseline_seconds / seconds of the same prompts run back to back): t over the log ratios."""
+    if len(ratios) < 2:
+        return None
+    logs = [math.log(r) for r in ratios]
+    mean, sd = statistics.fmean(logs), statistics.stdev(logs)
+    half = _t95(len(logs) - 1) * sd / math.sqrt(len(logs))
+    return math.exp(mean - half), math.exp(mean + half)
 
 
 def derive(repeats: list[Repeat], temperature: float, k: int, costs: PassCosts | None) -> Derived:
-    """Every derived figure of a cell, from its raw counts (and, for the ideal, the pass costs)."""
+    """Every derived figure of a cell, from its raw counts (and, for the ideal, the pass costs:
+    each repeat's own when it has them, else the record's)."""
     width = max(len(r.drafted_per_position) for r in repeats)
     drafted_pos = [sum(r.drafted_per_position[i] for r in repeats if i < len(r.drafted_per_position)) for i in range(width)]
     accepted_pos = [sum(r.accepted_per_position[i] for r in repeats if i < len(r.accepted_per_position)) for i in range(width)]
@@ -176,7 +237,19 @@ def derive(repeats: list[Repeat], temperature: float, k: int, costs: PassCosts |
     mal = _ratio(accepted + passes, passes)
     speedups = [r.baseline_seconds / r.seconds for r in repeats]
     speedup = statistics.median(speedups)
+    conditional = None
+    if all(r.reached_per_position is not None for r in repeats):
+        reached_pos = [sum(r.reached_per_position[i] for r in repeats if i < len(r.reached_per_position)) for i in range(width)]
+        conditional = conditional_acceptance(reached_pos, accepted_pos)
     ideal = ideal_speedup(mal, k, costs) if costs is not None else None
+    efficiency = _ratio(speedup, ideal) if ideal else None
+    efficiency_lo = efficiency_hi = None
+    if costs is not None and all(r.pass_costs is not None for r in repeats):
+        per_repeat = [_ratio(r.baseline_seconds / r.seconds, ideal_speedup(_ratio(sum(r.accepted_per_position) + r.verify_passes, r.verify_passes), k, r.pass_costs) or 0.0)
+                      for r in repeats]
+        if all(e is not None for e in per_repeat):
+            efficiency, efficiency_lo, efficiency_hi = statistics.median(per_repeat), min(per_repeat), max(per_repeat)
+    bounds = paired_bounds(speedups)
     greedy = temperature == 0
     return Derived(
         drafted=drafted,
@@ -190,29 +263,41 @@ def derive(repeats: list[Repeat], temperature: float, k: int, costs: PassCosts |
         speedup_lo=min(speedups),
         speedup_hi=max(speedups),
         ideal_speedup=ideal,
-        efficiency=_ratio(speedup, ideal) if ideal else None,
+        efficiency=efficiency,
         greedy_lossless=all(bool(r.identical_to_baseline) for r in repeats) if greedy else None,
+        conditional_acceptance=conditional,
+        efficiency_lo=efficiency_lo,
+        efficiency_hi=efficiency_hi,
+        speedup_bound_lo=bounds[0] if bounds else None,
+        speedup_bound_hi=bounds[1] if bounds else None,
     )
 
 
 MIN_GATE_REPEATS = 3
 
 
-def gate(d: Derived, n_repeats: int) -> tuple[bool, str]:
-    """Enable MTP for a cell only where the speed-up's lower bound over at least MIN_GATE_REPEATS
-    repeats is above 1 (the minimum of one or two samples says little about the slow tail)."""
+def gate(d: Derived, n_repeats: int, quick: bool = False) -> tuple[bool, str]:
+    """Enable MTP for a cell only when the paired repeats show it faster with 95 % confidence: the
+    one-sided lower bound on the geometric-mean paired speed-up is above 1. "off" needs the upper
+    bound below 1; in between the verdict is "undecided" (the data cannot tell, and a rerun might
+    flip a bare point estimate). A --quick run never sets a gate."""
     if d.greedy_lossless is False:
         return False, "off: greedy output differed from plain decoding"
-    if n_repeats < MIN_GATE_REPEATS:
-        return False, f"off: too few repeats ({n_repeats}; the gate needs {MIN_GATE_REPEATS})"
-    if d.speedup_lo > 1:
-        return True, f"on: slowest of {n_repeats} repeats still {d.speedup_lo:.2f}x faster than the baseline"
-    return False, f"off: speed-up lower bound {d.speedup_lo:.2f}x over {n_repeats} repeats is not above 1"
+    if quick:
+        return False, "undecided: a --quick run never sets a gate"
+    if n_repeats < MIN_GATE_REPEATS or d.speedup_bound_lo is None or d.speedup_bound_hi is None:
+        return False, f"undecided: too few repeats ({n_repeats}; the gate needs {MIN_GATE_REPEATS})"
+    bounds = f"95 % bounds on the paired speed-up {d.speedup_bound_lo:.2f}x-{d.speedup_bound_hi:.2f}x over {n_repeats} repeats"
+    if d.speedup_bound_lo > 1:
+        return True, f"on: {bounds}"
+    if d.speedup_bound_hi < 1:
+        return False, f"off: {bounds}"
+    return False, f"undecided: {bounds}"
 
 
 def decide(cells: list[Cell]) -> list[GateDecision]:
     """The gate per workload x temperature over our cells: on with the draft length of the best
-    median speed-up among those whose lower bound is above 1; off when there is none."""
+    median speed-up among those that are on; off when every draft length is off; else undecided."""
     groups: dict[tuple[str, float], list[Cell]] = {}
     for c in cells:
         if c.engine == "atlas":
@@ -222,14 +307,45 @@ def decide(cells: list[Cell]) -> list[GateDecision]:
         on = [c for c in group if c.gate_enabled]
         if on:
             best = max(on, key=lambda c: c.derived.speedup)
-            reason = (f"on with k={best.draft_tokens}: median speed-up {best.derived.speedup:.2f}x, lower bound "
-                      f"{best.derived.speedup_lo:.2f}x over {len(best.repeats)} repeats (k on: {', '.join(str(c.draft_tokens) for c in on)})")
+            reason = (f"on with k={best.draft_tokens}: median speed-up {best.derived.speedup:.2f}x; "
+                      f"{best.gate_reason.removeprefix('on: ')} (k on: {', '.join(str(c.draft_tokens) for c in on)})")
             decisions.append(GateDecision(workload=workload, temperature=t, enabled=True, draft_tokens=best.draft_tokens, reason=reason))
-        else:
-            best = max(group, key=lambda c: c.derived.speedup_lo)
-            reason = f"off: no draft length is faster in every repeat (best lower bound {best.derived.speedup_lo:.2f}x at k={best.draft_tokens})"
-            decisions.append(GateDecision(workload=workload, temperature=t, enabled=False, draft_tokens=None, reason=reason))
+            continue
+        verdict = "off" if all(c.gate_reason.startswith("off") for c in group) else "undecided"
+        best = max(group, key=lambda c: c.derived.speedup)
+        reason = f"{verdict}: no draft length shown faster (best median {best.derived.speedup:.2f}x at k={best.draft_tokens}: {best.gate_reason})"
+        decisions.append(GateDecision(workload=workload, temperature=t, enabled=False, draft_tokens=None, reason=reason))
     return decisions
+
+
+def implausible(record: Record) -> list[str]:
+    """Counts and figures that cannot happen, each named: these reject a record even when its
+    derived figures agree with them."""
+    problems = []
+    for cell in record.cells:
+        where = f"cell {cell.engine}/{cell.workload}/T={cell.temperature}/k={cell.draft_tokens}"
+        for i, r in enumerate(cell.repeats):
+            at = f"{where} repeat {i + 1}"
+            acc, drafted = r.accepted_per_position, r.drafted_per_position
+            if sum(acc) + r.verify_passes > r.tokens:
+                problems.append(f"{at}: accepted drafts + verify passes ({sum(acc)} + {r.verify_passes}) exceed its tokens ({r.tokens})")
+            if drafted and drafted[0] > r.verify_passes:
+                problems.append(f"{at}: {drafted[0]} first drafts but only {r.verify_passes} verify passes")
+            if any(b > a for a, b in zip(drafted, drafted[1:])):
+                problems.append(f"{at}: a later draft position drafted more often than an earlier one")
+            if any(b > a for a, b in zip(acc, acc[1:])):
+                problems.append(f"{at}: a later draft position accepted more often than an earlier one")
+            reached = r.reached_per_position
+            if reached is not None and (any(a > m or m > d for a, m, d in zip(acc, reached, drafted))
+                                        or any(m > a for a, m in zip(acc, reached[1:]))):
+                problems.append(f"{at}: reached counts impossible (need accepted_i <= reached_i <= drafted_i, reached_i+1 <= accepted_i)")
+            for name, seconds in (("seconds", r.seconds), ("baseline_seconds", r.baseline_seconds)):
+                if not math.isfinite(seconds) or r.tokens / seconds > MAX_TOKENS_PER_SECOND:
+                    problems.append(f"{at}: {r.tokens} tokens in {seconds!r} {name} is impossible")
+        eff = cell.derived.efficiency
+        if eff is not None and eff > MAX_EFFICIENCY:
+            problems.append(f"{where}: efficiency {eff:.2f} (speed-up {eff:.1f}x what its own acceptance and pass costs allow)")
+    return problems
 
 
 def _close(a: object, b: object) -> bool:
@@ -240,30 +356,47 @@ def _close(a: object, b: object) -> bool:
     return a == b
 
 
+# The derived fields a schema 1 file had; only these are checked in one.
+V1_DERIVED = ("drafted", "accepted", "acceptance_rate", "per_position_acceptance", "mean_accepted_length", "tokens_per_second",
+              "baseline_tokens_per_second", "speedup", "speedup_lo", "speedup_hi", "ideal_speedup", "efficiency", "greedy_lossless")
+
+
 def check_consistency(record: Record) -> None:
-    """Raise ValueError when a stored derived figure or gate does not follow from the raw counts."""
+    """Raise ValueError when a stored derived figure or gate does not follow from the raw counts, or
+    when a count or figure is impossible (named)."""
+    problems = implausible(record)
+    if problems:
+        raise ValueError("impossible figures: " + "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""))
+    fields = V1_DERIVED if record.schema_version == 1 else tuple(Derived.model_fields)
     for cell in record.cells:
         costs = record.pass_costs if cell.engine == "atlas" else None
         expected = derive(cell.repeats, cell.temperature, cell.draft_tokens, costs)
         where = f"cell {cell.engine}/{cell.workload}/T={cell.temperature}/k={cell.draft_tokens}"
-        for name in Derived.model_fields:
+        for name in fields:
             if not _close(getattr(cell.derived, name), getattr(expected, name)):
                 raise ValueError(
                     f"{where}: {name} is {getattr(cell.derived, name)!r} but the raw counts give {getattr(expected, name)!r}"
                 )
-        if (cell.gate_enabled, cell.gate_reason) != gate(expected, len(cell.repeats)):
+        # schema 1 gates were set by the old rule (min over repeats > 1) and are kept as recorded
+        if record.schema_version > 1 and (cell.gate_enabled, cell.gate_reason) != gate(expected, len(cell.repeats), record.settings.quick):
             raise ValueError(f"{where}: the gate does not follow from the measured speed-ups")
-    if record.gates != decide(record.cells):
+    if record.schema_version > 1 and record.gates != decide(record.cells):
         raise ValueError("the per-workload gate decisions do not follow from the cells")
 
 
 def read_record(path: Path) -> Record:
     """Read, parse, validate and check one record file (AtlasError naming the file on any problem)."""
+    return parse_record(_read_bounded(path), path)
+
+
+def _read_bounded(path: Path) -> bytes:
     try:
-        data = path.read_bytes()
+        size = path.stat().st_size
+        if size > MAX_RECORD_BYTES:
+            raise AtlasError(f"{path}: {size:,} bytes, over the {MAX_RECORD_BYTES:,}-byte limit for a measurement record; not read")
+        return path.read_bytes()
     except OSError as exc:
         raise AtlasError(f"{path}: cannot read: {exc}") from None
-    return parse_record(data, path)
 
 
 def parse_record(data: bytes, path: Path) -> Record:
@@ -276,15 +409,26 @@ def parse_record(data: bytes, path: Path) -> Record:
         loc = ".".join(str(p) for p in first["loc"])
         raise AtlasError(f"{path}: not a valid measurement record ({exc.error_count()} problem(s); first: {loc}: {first['msg']})") from None
     except ValueError as exc:
-        raise AtlasError(f"{path}: rejected, derived figures do not match the raw counts: {exc}") from None
+        what = "" if str(exc).startswith("impossible") else "derived figures do not match the raw counts: "
+        raise AtlasError(f"{path}: rejected, {what}{exc}") from None
     return record
+
+
+def canonical_bytes(record: Record) -> bytes:
+    """The one serialisation of a record (what write_record writes): its identity is the sha256 of
+    these bytes, so the same record re-saved with other whitespace or key order is the same record."""
+    return (record.model_dump_json(indent=1) + "\n").encode()
+
+
+def record_id(record: Record) -> str:
+    return hashlib.sha256(canonical_bytes(record)).hexdigest()
 
 
 def write_record(record: Record, out_dir: Path) -> Path:
     """Write a validated, self-consistent record as <date>-<model>-<digest12>.json."""
     check_consistency(record)
     out_dir.mkdir(parents=True, exist_ok=True)
-    data = (record.model_dump_json(indent=1) + "\n").encode()
+    data = canonical_bytes(record)
     slug = "".join(c if c.isalnum() or c in "-." else "-" for c in record.model_id)[-60:]
     path = out_dir / f"{record.run_date:%Y%m%dT%H%M%SZ}-{slug}-{hashlib.sha256(data).hexdigest()[:12]}.json"
     path.write_bytes(data)
@@ -359,34 +503,30 @@ def _repo_relative(path: Path) -> str:
 def import_records(con: duckdb.DuckDBPyConnection, directory: Path) -> tuple[int, int, list[str]]:
     """Load every *.json under `directory`: (files loaded, files already present, errors).
 
-    Idempotent: a record is keyed by the sha256 of its bytes. A file whose bytes changed replaces
-    the rows from its previous version. Each file is its own transaction, so a rejected file costs
-    nothing but itself."""
+    Idempotent: a record is keyed by the sha256 of its canonical serialisation (canonical_bytes), so
+    a copy re-saved with other whitespace is "already present". A file whose content changed
+    replaces the rows from its previous version. Files over MAX_RECORD_BYTES are refused unread.
+    Each file is its own transaction, so a rejected file costs nothing but itself."""
     ensure_schema(con)
     loaded, present, errors = 0, 0, []
     for path in sorted(directory.glob("*.json")):
         try:
-            data = path.read_bytes()
-        except OSError as exc:
-            errors.append(f"{path}: cannot read: {exc}")
-            continue
-        record_id = hashlib.sha256(data).hexdigest()
-        # rows stored before the baseline column existed are loaded again to fill it
-        if con.execute("SELECT 1 FROM measurement_cells WHERE record_id = ? AND baseline IS NOT NULL LIMIT 1", [record_id]).fetchone():
-            present += 1
-            continue
-        try:
-            record = parse_record(data, path)
+            record = parse_record(_read_bounded(path), path)
         except AtlasError as exc:
             errors.append(str(exc))
             continue
+        rid = record_id(record)
         source = _repo_relative(path)
+        # rows stored before a column existed are loaded again to fill it
+        if con.execute("SELECT 1 FROM measurement_cells WHERE record_id = ? AND baseline IS NOT NULL LIMIT 1", [rid]).fetchone():
+            present += 1
+            continue
         con.execute("BEGIN TRANSACTION")
         try:
-            con.execute("DELETE FROM measurement_cells WHERE source_path = ?", [source])
+            con.execute("DELETE FROM measurement_cells WHERE source_path = ? OR record_id = ?", [source, rid])
             con.executemany(
                 f"INSERT INTO measurement_cells ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
-                _rows(record, record_id, source),
+                _rows(record, rid, source),
             )
             con.execute("COMMIT")
         except duckdb.Error as exc:

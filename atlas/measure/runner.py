@@ -90,12 +90,14 @@ class Options:
     peer: bool = True
     out: Path = ROOT / DEFAULT_OUT_PATH
     command: str = ""
+    quick: bool = False
 
 
 def quick(options: Options) -> Options:
     """`--quick`: every workload still runs (so greedy losslessness is checked on each), but with
-    short horizons, one prompt each and three repeats (the fewest the gate accepts); about 30-40 s
-    on 2 CPU cores."""
+    short horizons, one prompt each and three repeats; about 30-40 s on 2 CPU cores. Its record
+    says so, and its gates stay undecided: too few tokens to decide anything."""
+    options.quick = True
     options.max_new_tokens = min(options.max_new_tokens, 24)
     options.repeats = min(options.repeats, MIN_GATE_REPEATS)
     options.prompts_per_workload = 1
@@ -245,14 +247,40 @@ def hardware(device: torch.device) -> Hardware:
     )
 
 
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _blas() -> str | None:
+    """The BLAS torch's CPU matmuls go through, from its build configuration."""
+    for line in torch.__config__.show().splitlines():
+        if "BLAS_INFO=" in line:
+            return line.split("BLAS_INFO=", 1)[1].split(",")[0].strip()
+    return None
+
+
 def software() -> Software:
+    import numpy
     import transformers
 
+    commit = (_git("rev-parse", "HEAD") or "").strip() or None
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return Software(
+        python=platform.python_version(), torch=torch.__version__, transformers=transformers.__version__, atlas=__version__,
+        atlas_commit=commit, atlas_tree_dirty=None if status is None else bool(status.strip()),
+        numpy=numpy.__version__, blas=_blas(), os=platform.platform(),
+    )
+
+
+def load_average() -> list[float] | None:
     try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    return Software(python=platform.python_version(), torch=torch.__version__, transformers=transformers.__version__, atlas=__version__, atlas_commit=commit)
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 # ---- timing pieces -----------------------------------------------------------------------------
@@ -278,8 +306,10 @@ class PassTimer:
         fn()
         self.samples.setdefault(name, []).append(self.watch.stop())
 
-    def sample(self, reps: int) -> None:
+    def sample(self, reps: int) -> PassCosts:
+        """Time `reps` rounds; returns their medians (the repeat they precede records them)."""
         e, p = self.engine, self.position
+        before = {name: len(times) for name, times in self.samples.items()}
         with torch.inference_mode():
             for _ in range(reps):
                 e.main(self.ids[:1], p)
@@ -288,9 +318,14 @@ class PassTimer:
                     for i in range(k):
                         self._time("draft", lambda i=i: e.draft(self.ids[:1], self.hidden, p + i))
                     self._time(f"verify{k}", lambda k=k: e.main(self.ids[: k + 1], p))
+        return self._costs({name: times[before.get(name, 0):] for name, times in self.samples.items()})
 
     def costs(self) -> PassCosts:
-        med = {name: statistics.median(times) for name, times in self.samples.items()}
+        """Medians over every sample of the run."""
+        return self._costs(self.samples)
+
+    def _costs(self, samples: dict[str, list[float]]) -> PassCosts:
+        med = {name: statistics.median(times) for name, times in samples.items()}
         return PassCosts(plain=med["plain"], verify={k: med[f"verify{k}"] for k in self.ks}, draft=med["draft"])
 
 
@@ -368,10 +403,17 @@ class _Acc:
     baseline_seconds: float = 0.0
     drafted: list[int] | None = None
     accepted: list[int] | None = None
+    reached: list[int] | None = None
     passes: int = 0
     identical: bool = True
+    costs: PassCosts | None = None  # timed just before this repeat
 
     def add(self, spec: RunStats, plain: RunStats, drafted: list[int] | None = None, accepted: list[int] | None = None) -> None:
+        """`drafted`/`accepted` given: counts derived from an engine that reports no per-round
+        detail (transformers' use_mtp), which then has no reached counts either."""
+        if drafted is None:
+            reached = spec.reached_per_position
+            self.reached = reached if self.reached is None else [a + b for a, b in zip(self.reached, reached)]
         drafted = spec.drafted_per_position if drafted is None else drafted
         accepted = spec.accepted_per_position if accepted is None else accepted
         self.tokens += len(spec.tokens) - 1  # the decode phase's tokens (the first comes from the prefill)
@@ -391,27 +433,34 @@ class _Acc:
             accepted_per_position=self.accepted or [],
             verify_passes=self.passes,
             identical_to_baseline=self.identical if greedy else None,
+            reached_per_position=self.reached,
+            pass_costs=self.costs,
         )
 
 
-def _cell(engine: str, version: str, baseline: str, workload: str, t: float, k: int, repeats: list[Repeat], costs: PassCosts | None) -> Cell:
+def _cell(engine: str, version: str, baseline: str, workload: str, t: float, k: int, repeats: list[Repeat], costs: PassCosts | None,
+          quick: bool) -> Cell:
     derived = derive(repeats, t, k, costs)
-    enabled, reason = gate(derived, len(repeats))
+    enabled, reason = gate(derived, len(repeats), quick)
     return Cell(engine=engine, engine_version=version, baseline=baseline, workload=workload, temperature=t, draft_tokens=k,
                 repeats=repeats, derived=derived, gate_enabled=enabled, gate_reason=reason)
 
 
 def _measure_workload(
-    engine: Engine, peer: Peer | None, prompts: list[list[int]], s: Sampling, ks: list[int], mtp_k: int, name: str, options: Options
+    engine: Engine, peer: Peer | None, prompts: list[list[int]], s: Sampling, ks: list[int], mtp_k: int, name: str, options: Options,
+    timer: PassTimer, pass_reps: int,
 ) -> tuple[dict[int, list[Repeat]], list[Repeat]]:
-    """Raw counts of one workload at one temperature: per repeat, every prompt once plainly and once
-    per k (in an order rotated each repeat), then the transformers pair, alternating which goes first."""
+    """Raw counts of one workload at one temperature: per repeat, the pass costs timed afresh (so
+    each repeat's efficiency uses costs measured next to it), then every prompt once plainly and
+    once per k (in an order rotated each repeat), then the transformers pair, alternating which
+    goes first."""
     ours: dict[int, list[Repeat]] = {k: [] for k in ks}
     theirs: list[Repeat] = []
     prefill = [{m: peer.prefill_seconds(p, s, m) for m in (False, True)} for p in prompts] if peer else []
     n = options.max_new_tokens
     for r in range(options.repeats):
-        acc = {k: _Acc() for k in ks}
+        costs = timer.sample(pass_reps)
+        acc = {k: _Acc(costs=costs) for k in ks}
         peer_acc = _Acc()
         for i, prompt in enumerate(prompts):
             order: list[int | None] = [None, *ks]  # None = the plain run
@@ -451,6 +500,7 @@ def pick_device(name: str) -> torch.device:
 
 
 def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, Path]:
+    load_before = load_average()
     device = pick_device(options.device)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(options.dtype)
     if dtype is None:
@@ -476,7 +526,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     longest = max(len(p) for ps in prompts.values() for p in ps)
     engine = build_engine(model, loaded.mtp, longest + options.max_new_tokens + max(ks) + 2, prompts[workloads[0].name][0][:64])
     timer = PassTimer(engine, ks, int(statistics.median(len(p) for ps in prompts.values() for p in ps)) + options.max_new_tokens // 2)
-    pass_reps = 10 if options.repeats <= MIN_GATE_REPEATS else 30
+    pass_reps = 10  # pass-cost rounds before every repeat
     if options.peer and not loaded.transformers_mtp:
         log("transformers has no MTP loader for this checkpoint: no transformers use_mtp peer")
     peer = Peer(model, device) if options.peer and loaded.transformers_mtp else None
@@ -494,17 +544,16 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     for t in options.temperatures:
         s = Sampling(t, options.top_k, options.top_p)
         for w in workloads:
-            timer.sample(pass_reps)
-            ours, theirs = _measure_workload(engine, peer, prompts[w.name], s, ks, mtp_k, w.name, options)
+            ours, theirs = _measure_workload(engine, peer, prompts[w.name], s, ks, mtp_k, w.name, options, timer, pass_reps)
             raw.append((w.name, t, ours, theirs))
             log(progress_line(w.name, t, ours, theirs))
     costs = timer.costs()
     log(f"pass costs: plain {costs.plain * 1e3:.2f} ms, " + ", ".join(f"verify k={k} {v * 1e3:.2f} ms" for k, v in costs.verify.items()) + f", draft {costs.draft * 1e3:.2f} ms")
     cells: list[Cell] = []
     for name, t, ours, theirs in raw:
-        cells.extend(_cell("atlas", __version__, ATLAS_BASELINE, name, t, k, ours[k], costs) for k in ks)
+        cells.extend(_cell("atlas", __version__, ATLAS_BASELINE, name, t, k, ours[k], costs, options.quick) for k in ks)
         if theirs:
-            cells.append(_cell("transformers-use_mtp", peer.version, PEER_BASELINE, name, t, mtp_k, theirs, None))
+            cells.append(_cell("transformers-use_mtp", peer.version, PEER_BASELINE, name, t, mtp_k, theirs, None, options.quick))
     record = Record(
         schema_version=SCHEMA_VERSION,
         run_date=datetime.now(timezone.utc).replace(microsecond=0),
@@ -519,10 +568,12 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         settings=Settings(
             device=str(device), dtype=options.dtype, workloads=[w.name for w in workloads], temperatures=list(options.temperatures),
             draft_tokens=ks, max_new_tokens=options.max_new_tokens, repeats=options.repeats,
-            prompts_per_workload=options.prompts_per_workload, top_k=options.top_k, top_p=options.top_p,
+            prompts_per_workload=options.prompts_per_workload, top_k=options.top_k, top_p=options.top_p, quick=options.quick,
         ),
         pass_costs=costs,
         cells=cells,
+        load_before=load_before,
+        load_after=load_average(),
     )
     path = write_record(record, options.out)
     lossy = [c for c in cells if c.engine == "atlas" and c.derived.greedy_lossless is False]

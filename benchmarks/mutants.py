@@ -1,0 +1,151 @@
+"""Planted bugs: each mutant edits one spot of the decode loop or the records in memory, and the test
+files that guard that code must then fail. Lossy mutants change what is emitted; metric mutants keep
+the output exact but record wrong numbers. Prints caught/missed per mutant; exits 1 if any is missed.
+
+    .venv/bin/python benchmarks/mutants.py [--only NAME,...]
+
+Each mutant runs in its own Python process: the module's source is patched (the original text must
+occur exactly once) and executed in place before pytest imports the tests, so the tests see it.
+A run without any mutant must pass first, or the verdicts would mean nothing. About 5-10 minutes
+on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOOP_TESTS = ["tests/test_decode.py", "tests/test_families.py"]
+RECORD_TESTS = ["tests/test_records.py"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    kind: str  # "lossy" | "metric"
+    module: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    why: str
+
+
+LOOP = "atlas.measure.loop"
+RECORDS = "atlas.measure.records"
+MUTANTS = (
+    Mutant("reused-uniform", "lossy", LOOP,
+           "r = torch.rand(k, generator=gen, device=p.device)",
+           "r = torch.rand(1, generator=gen, device=p.device).expand(k)", tuple(LOOP_TESTS),
+           "one uniform number for every draft position"),
+    Mutant("resample-from-p", "lossy", LOOP,
+           "return j, sample(residual if float(residual.sum()) > 0 else p[j], gen)",
+           "return j, sample(p[j], gen)", tuple(LOOP_TESTS), "a rejection resamples from p, not max(0, p - q)"),
+    Mutant("exact-match-at-T", "lossy", LOOP,
+           "rejected = (r * q.gather(1, at)[:, 0] >= p[:k].gather(1, at)[:, 0]).tolist()",
+           "rejected = (p[:k].argmax(-1) != drafts).tolist()", tuple(LOOP_TESTS),
+           "T > 0 drafts accepted only when equal to the target's argmax"),
+    Mutant("bonus-wrong-row", "lossy", LOOP,
+           "return k, sample(p[k], gen)", "return k, sample(p[k - 1], gen)", tuple(LOOP_TESTS),
+           "the bonus token drawn from the last draft's row"),
+    Mutant("greedy-off-by-one", "lossy", LOOP,
+           "while n < k_now and drafts[n] == target[n]:", "while n < k_now and drafts[n] == target[n + 1]:",
+           tuple(LOOP_TESTS), "greedy drafts compared with the next row's argmax"),
+    Mutant("position-skips-rejected", "lossy", LOOP,
+           "        pos += n + 1\n", "        pos += k_now + 1\n", tuple(LOOP_TESTS),
+           "the next round starts after the rejected drafts' slots"),
+    Mutant("catch-up-last-pair", "metric", LOOP,
+           "h_mtp, q_logits = engine.draft(ids.new_tensor([*drafts[:n], token]), hidden[: n + 1], pos)",
+           "h_mtp, q_logits = engine.draft(ids.new_tensor([token]), hidden[n : n + 1], pos + n)", tuple(LOOP_TESTS),
+           "MTP catch-up only on the last accepted pair"),
+    Mutant("chain-wrong-slot", "metric", LOOP,
+           "engine.draft(ids.new_tensor(drafts[-1:]), h_mtp, pos + i - 1)",
+           "engine.draft(ids.new_tensor(drafts[-1:]), h_mtp, pos + i)", tuple(LOOP_TESTS),
+           "draft chain at the wrong slot / RoPE position"),
+    Mutant("chain-stale-hidden", "metric", LOOP,
+           "engine.draft(ids.new_tensor(drafts[-1:]), h_mtp, pos + i - 1)",
+           "engine.draft(ids.new_tensor(drafts[-1:]), hidden[-1:], pos + i - 1)", tuple(LOOP_TESTS),
+           "draft chain fed the stale main hidden"),
+    Mutant("count-to-first-rejection", "metric", LOOP,
+           "            drafted[i] += 1\n", "            drafted[i] += int(i <= n)\n", tuple(LOOP_TESTS),
+           "drafts counted only up to the first rejection"),
+    Mutant("reached-miscounted", "metric", LOOP,
+           "reached[i] += int(i <= n)", "reached[i] += int(i < n)", tuple(LOOP_TESTS),
+           "a rejected position not counted as reached"),
+    Mutant("passes-count-prefill", "metric", LOOP,
+           "    passes = 0\n", "    passes = 1\n", tuple(LOOP_TESTS), "the prefill counted as a verify pass"),
+    Mutant("mtp-prefill-untimed", "metric", LOOP,
+           "    watch.start()  # the MTP layer's prefill is a cost only speculation pays: timed\n"
+           "    h_mtp, q_logits = engine.draft(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)\n",
+           "    h_mtp, q_logits = engine.draft(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)\n"
+           "    watch.start()\n", tuple(LOOP_TESTS), "MTP prefill left out of the speculative time"),
+    Mutant("tokens-per-pass-no-bonus", "metric", RECORDS,
+           "mal = _ratio(accepted + passes, passes)", "mal = _ratio(accepted, passes)", tuple(RECORD_TESTS),
+           "tokens per verify pass without the token every pass adds"),
+    Mutant("conditional-as-pooled", "metric", RECORDS,
+           "conditional = conditional_acceptance(reached_pos, accepted_pos)",
+           "conditional = [_ratio(a, d) for a, d in zip(accepted_pos, drafted_pos)]", tuple(RECORD_TESTS),
+           "per-position conditional acceptance computed as accepted/drafted"),
+    Mutant("ideal-without-drafts", "metric", RECORDS,
+           "return ideal_from_costs(mean_accepted_length, k, costs.draft / costs.plain, verify / costs.plain)",
+           "return ideal_from_costs(mean_accepted_length, 0, costs.draft / costs.plain, verify / costs.plain)", tuple(RECORD_TESTS),
+           "ideal speed-up ignoring the draft steps' cost"),
+    Mutant("headline-max", "metric", RECORDS,
+           "speedup = statistics.median(speedups)", "speedup = max(speedups)", tuple(RECORD_TESTS),
+           "headline speed-up as the best repeat, not the median"),
+)
+
+
+def apply_and_test(mutant: Mutant | None, tests: list[str]) -> int:
+    """In this process: patch the module (if a mutant), then run pytest on `tests`."""
+    import pytest
+
+    if mutant is not None:
+        module = importlib.import_module(mutant.module)
+        source = inspect.getsource(module)
+        if source.count(mutant.old) != 1:
+            print(f"mutant {mutant.name}: its original text occurs {source.count(mutant.old)} times in {mutant.module}")
+            return 3
+        exec(compile(source.replace(mutant.old, mutant.new), module.__file__, "exec"), module.__dict__)
+    return int(pytest.main(["-q", "-x", "-p", "no:cacheprovider", "--no-header", "-W", "ignore", *tests]))
+
+
+def run_child(name: str, tests: list[str]) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    rc = subprocess.run([sys.executable, __file__, "--child", name, *tests], cwd=ROOT, capture_output=True, text=True).returncode
+    return rc, time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", default=None, help="comma-separated mutant names")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    by_name = {m.name: m for m in MUTANTS}
+    if args.child:
+        name, *tests = args.child
+        sys.exit(apply_and_test(by_name.get(name), tests))
+    chosen = [by_name[n] for n in args.only.split(",")] if args.only else list(MUTANTS)
+    all_tests = sorted({t for m in chosen for t in m.tests})
+    rc, seconds = run_child("none", all_tests)
+    print(f"baseline (no mutant): {'pass' if rc == 0 else 'FAIL'} ({seconds:.0f} s) on {' '.join(all_tests)}")
+    if rc != 0:
+        sys.exit("the unmutated suite must pass first")
+    missed = 0
+    for m in chosen:
+        rc, seconds = run_child(m.name, list(m.tests))
+        verdict = {0: "MISSED", 1: "caught"}.get(rc, f"error (exit {rc})")
+        missed += rc != 1
+        print(f"{m.kind:<6} {m.name:<26} {verdict:<8} {seconds:5.0f} s  {m.why}")
+    print(f"{len(chosen) - missed} of {len(chosen)} mutants caught")
+    sys.exit(1 if missed else 0)
+
+
+if __name__ == "__main__":
+    main()
