@@ -304,3 +304,70 @@ def test_charts_escape_labels_and_draw_what_they_are_given() -> None:
     assert re.findall(r'class="atlas-chart-tick"[^>]*>([^<]*)<', stacked) == ["0", "1", "2", "3"]
     with pytest.raises(ValueError):
         charts.bar_chart("t", [], "y")
+
+
+def _schema2_record(quick: bool, model_id: str) -> "records.Record":
+    """A schema-2 record through the records module: conditional counts, per-repeat pass costs,
+    speed-ups 0.7/1.0/1.3 (the paired bounds straddle 1: undecided)."""
+    from datetime import datetime, timezone
+
+    from atlas.measure import records
+
+    costs = records.PassCosts(plain=0.002, verify={1: 0.0024, 2: 0.0026}, draft=0.0004)
+    cells = []
+    for k in (1, 2):
+        repeats = [
+            records.Repeat(
+                tokens=20 + [15, 9][:k][-1] + (15 if k == 2 else 0), seconds=0.1,
+                baseline_seconds=0.1 * (0.7 + 0.3 * i), drafted_per_position=[20] * k,
+                reached_per_position=[20, 15][:k], accepted_per_position=[15, 9][:k],
+                verify_passes=20, identical_to_baseline=True,
+                pass_costs=records.PassCosts(plain=0.002 * (1 + 0.01 * i), verify={1: 0.0024, 2: 0.0026},
+                                             draft=0.0004))
+            for i in range(3)
+        ]
+        derived = records.derive(repeats, 0.0, k, costs)
+        enabled, reason = records.gate(derived, len(repeats), quick)
+        cells.append(records.Cell(engine="atlas", engine_version="0.1.0", baseline="plain", workload="code",
+                                  temperature=0.0, draft_tokens=k, repeats=repeats, derived=derived,
+                                  gate_enabled=enabled, gate_reason=reason))
+    return records.Record(
+        schema_version=2, run_date=datetime(2026, 11, 30, 9, 0, tzinfo=timezone.utc), model_id=model_id,
+        revision="sha256:" + "ab" * 32,
+        hardware=records.Hardware(text="CPU: test", cpu="test", cpu_cores=2, memory_gib=8.0, torch_threads=1),
+        software=records.Software(python="3.11", torch="2.13.0", transformers="5.24.0", atlas="0.1.0",
+                                  atlas_commit=None, atlas_tree_dirty=False, numpy="2.3", blas="openblas", os="Linux"),
+        command="atlas measure run" + (" --quick" if quick else ""), seed=0, prompt_set="p",
+        prompt_set_digest="0" * 64,
+        settings=records.Settings(device="cpu", dtype="float32", workloads=["code"], temperatures=[0.0],
+                                  draft_tokens=[1, 2], max_new_tokens=64, repeats=3, prompts_per_workload=1,
+                                  quick=quick),
+        pass_costs=costs, cells=cells, load_before=[0.5, 0.4, 0.3], load_after=[0.6, 0.4, 0.3],
+    )
+
+
+def test_schema_2_runs_show_conditional_acceptance_undecided_gates_and_keep_smoke_runs_apart(
+    hostile_db: Path, tmp_path: Path,
+) -> None:
+    from atlas.measure import records
+
+    folder = tmp_path / "measurements"
+    records.write_record(_schema2_record(False, "org/full-run"), folder)
+    records.write_record(_schema2_record(True, "org/smoke-run"), folder)
+    con = store.connect(hostile_db)
+    try:
+        loaded, _, errors = records.import_records(con, folder)
+    finally:
+        con.close()
+    assert loaded == 2 and not errors, errors
+    measured = evidence.generate(hostile_db, tmp_path / "ev.md", MATRIX).sections["measured"]
+    page = parse_html(site_markdown(measured))
+    summary, detail = page.tables  # the full run only: the smoke run has no table
+    assert len(summary.rows) == 1 and summary.rows[0][3] == "undecided (best k=1)"  # equal medians: the first
+    assert [r[4] for r in detail.rows] == ["0.75", "0.75 / 0.60"]  # accepted_i / reached_i
+    assert [r[-1] for r in detail.rows] == ["undecided", "undecided"]
+    assert re.fullmatch(r"\d\.\d\d \(\d\.\d\d–\d\.\d\d\)", summary.rows[0][8])  # efficiency range
+    text = " ".join(page.text.split())
+    assert "Smoke runs — not evidence" in text and "org/smoke-run" in text
+    assert "org/smoke-run" not in " ".join(" ".join(r) for t in page.tables for r in t.rows)
+    assert text.count("Run R") == 1
