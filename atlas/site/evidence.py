@@ -41,6 +41,7 @@ SECTIONS = (
     "shipped",
     "mismatches",
     "servable",
+    "conformance",
     "measured",
     "adoption_chart",
     "layers_chart",
@@ -314,6 +315,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path,
         "shipped": _shipped(_rows(con, "shipped"), facts, revs),
         "mismatches": _mismatches(mismatch_rows, revs),
         "servable": _servable(servable_rows, matrix),
+        "conformance": _conformance(matrix_path.parent / "conformance"),
         "measured": measured_section.section(runs, _MEASURED_HEAD),
         "adoption_chart": _adoption(_rows(con, "adoption"), created),
         "layers_chart": _layers_chart(layers, facts),
@@ -525,6 +527,20 @@ def _mismatches(rows: list[dict[str, Any]], revs: _Revisions) -> str:
          "crawled"],
         body,
     ) + "\n"
+
+
+def _conformance(folder: Path) -> str:
+    """Engine conformance verdicts (evidence/conformance/, beside the support matrix)."""
+    from atlas.measure.conformance import evidence_table
+
+    head = _guardrail(
+        "servable",
+        "Checked lossless: engine conformance records",
+        "Each row is a dated run of the conformance suite against one engine version on one MTP "
+        "layout: oracle checkpoints whose right answers are exact, and random ones. It checks the "
+        "engine's MTP, not a given checkpoint.",
+    )
+    return head + "\n" + evidence_table(folder, folder.parent.parent)
 
 
 def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix) -> str:

@@ -1,0 +1,302 @@
+"""`atlas measure run --engine vllm`: the same workloads, prompts and record schema as our loop,
+measured through vLLM in its own environment.
+
+Two driver processes are resident at once: the k = 0 engine (plain decoding, the baseline, same
+version and options) and the engine of the draft length being measured (one per k, in turn). Each
+prompt runs once on each, in an order that alternates between prompts and repeats; warm-up runs are
+not recorded. Prompts are tokenized here and sent as token ids, so both engines see the same ids as
+our loop would. Per-step drafted/accepted counts come from vLLM's per-request detailed spec-decode
+metrics and must equal the engine's own counter deltas around the same call, or nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from atlas import AtlasError
+from atlas.measure.engines.convert import convert_mellum, needs_conversion
+from atlas.measure.engines.vllm_client import Counters, Driver, Generated, Hello, Result, find_python
+from atlas.measure.loop import RunStats
+from atlas.measure.records import SCHEMA_VERSION, Cell, EngineRun, Hardware, Record, Repeat, Settings, write_record
+from atlas.paths import ROOT
+
+VLLM_BASELINE = "vLLM k=0 engine (plain decoding), same version, options and prompts; runs interleaved"
+SCHEDULES = {
+    "interleaved": "two resident engines, k=0 and the measured k (one k at a time); each prompt once on each, "
+                   "order alternating by prompt and repeat; warm-up excluded",
+    "sequential": "one engine at a time (for models that fit only once): every run on k=0, then on each k; "
+                  "not interleaved, so drift between the phases is not cancelled; warm-up excluded",
+}
+DRAFT_SAMPLING = {
+    "greedy": "greedy drafts (vLLM default): draft = argmax of the MTP head, its distribution treated as one-hot "
+              "in the accept test; at T > 0 this measures a different quantity than sampled drafts",
+    "probabilistic": "sampled drafts: draft ~ q, full q in the accept test (as our loop)",
+}
+# Converted checkpoints (rebuilt from their source when absent; not committed).
+CONVERTED = ROOT / "data" / "engine-models"
+
+
+@dataclass
+class EngineOptions:
+    python: str | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    options: dict[str, Any] = field(default_factory=dict)  # LLM(...) keyword arguments, recorded
+    speculative: dict[str, Any] = field(default_factory=dict)  # extra speculative_config keys
+    schedule: str = "interleaved"  # or "sequential"
+
+
+def layout_of(config: dict) -> str:
+    """The MTP layout name a checkpoint's config declares (conformance records are kept per layout)."""
+    if "MiMoForCausalLM" in (config.get("architectures") or []):
+        return "mimo"
+    return str(config.get("model_type") or "unknown")
+
+
+def prepare_checkpoint(folder: Path) -> tuple[Path, str, dict[str, Any] | None]:
+    """(folder vLLM loads, its layout, conversion record or None): a Mellum checkpoint is rewritten
+    in the Qwen3-Next layout under data/engine-models/<digest>/ (reused while the source is unchanged)."""
+    config = json.loads((folder / "config.json").read_text())
+    if not needs_conversion(config):
+        return folder, layout_of(config), None
+    from atlas.measure.runner import _digest
+
+    target = CONVERTED / _digest(folder).removeprefix("sha256:")[:16]
+    conversion = convert_mellum(folder, target)
+    return target, "qwen3_next", conversion.model_dump()
+
+
+def to_run_stats(result: Result, max_new: int) -> RunStats:
+    """One vLLM request as our loop's RunStats. vLLM drafts (and counts) a full k in a request's
+    last step even where output stops at max_tokens; that step is cut to the drafts that could be
+    emitted, as our loop drafts (at most one step per request differs). The cut counts then satisfy
+    sum(accepted + 1) = decode tokens exactly, which is checked."""
+    if len(result.tokens) != max_new:
+        raise AtlasError(f"vLLM returned {len(result.tokens)} tokens where {max_new} were asked (ignore_eos)")
+    if result.decode_seconds is None or result.decode_seconds <= 0:
+        raise AtlasError("vLLM reported no decode time for a request (engine timestamps missing)")
+    if len(result.per_step_drafted) != len(result.per_step_accepted):
+        raise AtlasError("vLLM per-step drafted and accepted arrays differ in length")
+    decode = max_new - 1
+    k = max(result.per_step_drafted, default=0)
+    drafted, reached, accepted = [0] * k, [0] * k, [0] * k
+    emitted = 0
+    for d, a in zip(result.per_step_drafted, result.per_step_accepted):
+        if not 0 <= a <= d:
+            raise AtlasError(f"vLLM reported {a} accepted of {d} drafted in one step")
+        room = decode - emitted - 1  # drafts that can still be emitted before the bonus token
+        if room < 0:
+            raise AtlasError("vLLM reported a verify step after the last token was emitted")
+        d, a = min(d, room), min(a, room)
+        for i in range(d):
+            drafted[i] += 1
+            reached[i] += int(i <= a)  # drafts before i all passed, so i was tested
+            accepted[i] += int(i < a)
+        emitted += a + 1
+    if result.per_step_drafted and emitted != decode:
+        raise AtlasError(f"vLLM's steps account for {emitted} decode tokens, the output has {decode}")
+    return RunStats(result.tokens, result.decode_seconds, drafted, accepted, len(result.per_step_drafted), reached)
+
+
+def cross_check(generated: Generated, k: int) -> None:
+    """The per-request arrays summed must equal the engine's counter deltas around the same call."""
+    c = generated.counters
+    if c is None:
+        raise AtlasError("the speculative engine reported no spec-decode counters")
+    steps = [(d, a) for r in generated.results for d, a in zip(r.per_step_drafted, r.per_step_accepted)]
+    sums = Counters(
+        num_drafts=len(steps),
+        num_draft_tokens=sum(d for d, _ in steps),
+        num_accepted_tokens=sum(a for _, a in steps),
+        accepted_per_position=[sum(a > i for _, a in steps) for i in range(k)],
+    )
+    if sums != c:
+        raise AtlasError(f"vLLM's per-request spec-decode metrics {sums.model_dump()} disagree with its counter deltas "
+                         f"{c.model_dump()}; counts that do not agree are not recorded")
+
+
+def _hardware(hello: Hello) -> Hardware:
+    import torch
+
+    from atlas.measure.runner import hardware
+
+    base = hardware(torch.device("cpu"))
+    if not hello.gpus:
+        return base
+    names = sorted(set(hello.gpus))
+    gpu = f"{len(hello.gpus)} x {names[0]}" if len(names) == 1 else ", ".join(hello.gpus)
+    return base.model_copy(update={"text": f"GPU: {gpu}", "gpu": gpu})
+
+
+def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = print) -> tuple[Record, Path]:
+    """Measure `options` (runner.Options: model, workloads, temperatures, k, horizon, repeats,
+    prompts, seed, dtype) through vLLM; write and return the record."""
+    from transformers import AutoTokenizer
+
+    from atlas.measure import conformance
+    from atlas.measure.runner import MAX_PROMPT_TOKENS, Options, _Acc, _cell, _seed, load_average, resolve, software
+    from atlas.measure.workloads import load_prompt_set
+
+    assert isinstance(options, Options)
+    python = find_python(engine.python)
+    prompt_set = load_prompt_set()
+    workloads = prompt_set.get(options.workloads)
+    folder, model_id, revision = resolve(options.model, options.revision, options.endpoint)
+    served, layout, conversion = prepare_checkpoint(folder)
+    if conversion:
+        log(f"converted {model_id} to the Qwen3-Next layout for vLLM: {served}")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    prompts = {
+        w.name: [tokenizer.encode(p, add_special_tokens=False)[-MAX_PROMPT_TOKENS:] for p in w.prompts[: options.prompts_per_workload]]
+        for w in workloads
+    }
+    ks = sorted(set(options.draft_tokens))
+    n = options.max_new_tokens
+    longest = max(len(p) for ps in prompts.values() for p in ps)
+    common = {
+        "model": str(served), "dtype": options.dtype, "seed": options.seed, "max_model_len": longest + n + max(ks) + 8,
+        "tensor_parallel_size": engine.tensor_parallel_size, "pipeline_parallel_size": engine.pipeline_parallel_size,
+        "options": engine.options,
+    }
+    sampling = {"top_k": options.top_k, "top_p": options.top_p}
+    # runs[(k, pair, t, workload, repeat, prompt)]: k = 0 runs are keyed by the k they are paired
+    # with (interleaved) or by None (sequential: one baseline run serves every k)
+    runs: dict[tuple, RunStats] = {}
+    cells_at = [(t, w.name, r, i, p) for t in options.temperatures for w in workloads
+                for r in range(options.repeats) for i, p in enumerate(prompts[w.name])]
+    warm = prompts[workloads[0].name][0]
+
+    def load(driver: Driver, k: int) -> Any:
+        log(f"vLLM: loading the k={k} engine" + (" (plain decoding, the baseline)" if k == 0 else ""))
+        loaded = driver.load(draft_tokens=k, speculative=engine.speculative if k else {}, **common)
+        for t in options.temperatures:  # warm-up, not recorded
+            driver.generate(requests=[{"prompt": warm, "seed": 0}], max_tokens=8, temperature=t, **sampling)
+        return loaded
+
+    def run(driver: Driver, k: int, t: float, name: str, r: int, i: int, prompt: list[int]) -> RunStats:
+        out = driver.generate(requests=[{"prompt": prompt, "seed": _seed(options.seed, t, name, i, r, k)}],
+                              max_tokens=n, temperature=t, **sampling)
+        if k:
+            cross_check(out, k)
+        return to_run_stats(out.results[0], n)
+
+    spec_loaded = {}
+    load_before = load_average()
+    with Driver(python) as base, (Driver(python) if engine.schedule == "interleaved" else base) as spec:
+        hello = base.hello()
+        draft_method = str(engine.speculative.get("draft_sample_method", "greedy"))
+        conformance.require_conforming(hello.package, hello.version, layout, options.temperatures, draft_method)
+        log(f"vLLM: {hello.package} {hello.version} in {python.parent.parent} ({hello.device}"
+            f"{', ' + str(len(hello.gpus)) + ' GPU(s)' if hello.gpus else ''}), {engine.schedule} schedule")
+        loaded = load(base, 0)
+        if engine.schedule == "sequential":
+            for t, name, r, i, prompt in cells_at:
+                runs[(0, None, t, name, r, i)] = run(base, 0, t, name, r, i, prompt)
+        for k in ks:
+            spec_loaded[k] = load(spec, k)
+            for t, name, r, i, prompt in cells_at:
+                if engine.schedule == "sequential":
+                    runs[(k, k, t, name, r, i)] = run(spec, k, t, name, r, i, prompt)
+                    continue
+                for kk in ([0, k] if (r + i) % 2 == 0 else [k, 0]):
+                    runs[(kk, k, t, name, r, i)] = run(base if kk == 0 else spec, kk, t, name, r, i, prompt)
+    draft_method = next((x.draft_sample_method for x in spec_loaded.values() if x.draft_sample_method), draft_method)
+    raw: dict[tuple[str, float, int], list[Repeat]] = {}
+    for k in ks:
+        pair = k if engine.schedule == "interleaved" else None
+        for t in options.temperatures:
+            for w in workloads:
+                repeats = []
+                for r in range(options.repeats):
+                    acc = _Acc()
+                    for i in range(len(prompts[w.name])):
+                        acc.add(runs[(k, k, t, w.name, r, i)], runs[(0, pair, t, w.name, r, i)])
+                    repeats.append(acc.repeat(t == 0))
+                raw[(w.name, t, k)] = repeats
+                drafted = sum(sum(x.drafted_per_position) for x in repeats)
+                accepted = sum(sum(x.accepted_per_position) for x in repeats)
+                speedup = statistics.median(x.baseline_seconds / x.seconds for x in repeats)
+                log(f"  {w.name:<10} T={t:g} k={k}: acc {accepted / drafted if drafted else 0:.2f} x{speedup:.2f}")
+    version = f"{hello.package} {hello.version}"
+    cells: list[Cell] = [
+        _cell("vllm", version, VLLM_BASELINE, name, t, k, repeats, None, options.quick) for (name, t, k), repeats in raw.items()
+    ]
+    engine_run = EngineRun(
+        name="vllm", package=hello.package, version=hello.version, python=hello.python, torch=hello.torch,
+        transformers=hello.transformers, device=hello.device, gpus=hello.gpus, dtype=options.dtype,
+        tensor_parallel_size=engine.tensor_parallel_size, pipeline_parallel_size=engine.pipeline_parallel_size,
+        draft_sample_method=DRAFT_SAMPLING.get(draft_method, draft_method), options=engine.options,
+        engine_args=loaded.engine_args, speculative_config={"method": "mtp", **engine.speculative},
+        layout=layout, conversion=conversion,
+        counter_check="every speculative request: per-step drafted/accepted sums equal the spec-decode counter deltas",
+        schedule=SCHEDULES[engine.schedule],
+    )
+    record = Record(
+        schema_version=SCHEMA_VERSION,
+        run_date=datetime.now(timezone.utc).replace(microsecond=0),
+        model_id=model_id,
+        revision=revision,
+        hardware=_hardware(hello),
+        software=software(),
+        command=options.command,
+        seed=options.seed,
+        prompt_set=prompt_set.name,
+        prompt_set_digest=prompt_set.digest,
+        settings=Settings(
+            device=hello.device, dtype=options.dtype, workloads=[w.name for w in workloads], temperatures=list(options.temperatures),
+            draft_tokens=ks, max_new_tokens=n, repeats=options.repeats, prompts_per_workload=options.prompts_per_workload,
+            top_k=options.top_k, top_p=options.top_p, quick=options.quick,
+        ),
+        pass_costs=None,
+        cells=cells,
+        engine_run=engine_run,
+        load_before=load_before,
+        load_after=load_average(),
+    )
+    path = write_record(record, options.out)
+    differed = [c for c in cells if c.derived.greedy_lossless is False]
+    if differed:
+        log(f"note: greedy output differed from the k=0 engine in {len(differed)} cell(s) (recorded, e.g. "
+            f"{differed[0].workload} k={differed[0].draft_tokens}); vLLM documents one-ULP verify/plain differences")
+    return record, path
+
+
+# LLM(...) arguments atlas sets itself (from its own options), and one it never allows.
+_RESERVED = {"model", "dtype", "seed", "tensor_parallel_size", "pipeline_parallel_size", "speculative_config",
+             "skip_tokenizer_init", "max_model_len", "per_request_spec_decode_metrics", "disable_log_stats"}
+
+
+def parse_engine_options(pairs: Iterable[str], python: str | None, tp: int, pp: int, schedule: str = "interleaved") -> EngineOptions:
+    """`--engine-option KEY=VALUE` pairs: VALUE is JSON when it parses (numbers, true, lists), else
+    text; `speculative.KEY` goes into speculative_config."""
+    options: dict[str, Any] = {}
+    speculative: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise AtlasError(f"--engine-option expects KEY=VALUE, got {pair!r}")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        if key == "trust_remote_code":
+            raise AtlasError("--engine-option trust_remote_code: never; checkpoints run only through the engine's own code")
+        if key.startswith("speculative."):
+            name = key.removeprefix("speculative.")
+            if name in ("method", "num_speculative_tokens"):
+                raise AtlasError(f"--engine-option {key}: set by atlas (method mtp, k from --draft-tokens)")
+            speculative[name] = value
+        elif key in _RESERVED:
+            raise AtlasError(f"--engine-option {key}: set by atlas from its own options (--dtype, --seed, "
+                             "--tensor-parallel-size, --pipeline-parallel-size, --draft-tokens)")
+        else:
+            options[key] = value
+    return EngineOptions(python=python, tensor_parallel_size=tp, pipeline_parallel_size=pp, options=options,
+                         speculative=speculative, schedule=schedule)

