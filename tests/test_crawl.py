@@ -568,6 +568,18 @@ def test_a_hub_that_stops_answering_midway_ends_the_crawl_without_a_snapshot(tmp
     assert len(hub.file_requests()) < 21 * crawler.MAX_ATTEMPTS  # it stopped asking
 
 
+def test_a_listing_that_gets_no_answer_stops_after_a_few_attempts(tmp_path: Path, make_hub, no_sleep) -> None:
+    hub = make_hub(MIRROR)
+    hub.inject(Fault(0, path_contains="author=", times=-1))  # the reachability check passes, then silence
+    db = tmp_path / "a.duckdb"
+    result = CliRunner().invoke(cli, ["crawl", "--db", str(db), "--endpoint", hub.url, "--no-progress",
+                                      "--watchlist", str(write_watchlist(tmp_path / "w.toml", ALL_ORGS))])
+    assert result.exit_code == 1 and "stopped answering" in result.output
+    # the client's own retries count too: no minutes of retrying org after org
+    assert len([r for r in hub.requests if "author=" in r["query"]]) == crawler.UNREACHABLE_AFTER
+    assert query(db, "SELECT count(*) FROM snapshots") == [(0,)]
+
+
 def test_partial_snapshot_exits_non_zero_naming_the_org(tmp_path: Path, make_hub, no_sleep) -> None:
     hub = make_hub(MIRROR)
     hub.inject(Fault(503, path_contains="author=openai", times=-1))

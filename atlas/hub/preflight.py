@@ -13,6 +13,7 @@ from atlas import AtlasError, store
 from atlas.hub.crawl import (
     QUANT_SIDECAR,
     SINGLE_FILE,
+    Silence,
     WEIGHT_INDEX,
     Context,
     OrgCoverage,
@@ -35,8 +36,8 @@ def _session(endpoint: str, token: str | bool) -> tuple[Context, Pacer]:
     from huggingface_hub import HfApi
 
     pacer = Pacer(endpoint)
-    ctx = Context(HfApi(endpoint=endpoint, token=token), endpoint, token, Path(os.devnull), pacer)
-    install_client(pacer, 30.0, ctx.gone)
+    ctx = Context(HfApi(endpoint=endpoint, token=token), endpoint, token, Path(os.devnull), pacer, Silence(pacer))
+    install_client(pacer, 30.0, ctx.silence)
     return ctx, pacer
 
 

@@ -48,6 +48,8 @@ def load_runs(sources: list[tuple[str, str]]) -> list[Run]:
                 f"restore it or re-import the records (`atlas measure import`)"
             )
         record = records.read_record(path)
+        # the import's identity is the record's canonical serialisation (records.record_id), so a
+        # schema-1 file parsed into the current model is still the record that was imported
         if records.record_id(record) != record_id:
             raise AtlasError(
                 f"measurement record {source_path} changed since it was imported as "
