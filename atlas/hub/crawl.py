@@ -176,6 +176,7 @@ def install_client(pacer: Pacer, timeout_s: float, silence: Silence) -> None:
             try:
                 response = super().handle_request(request)
             except httpx.TransportError:
+                pacer.forget(request.extensions.get("atlas_ticket"))
                 silence.unanswered()
                 raise
             silence.answered()
@@ -640,6 +641,7 @@ def list_org(ctx: Context, org: OrgScope, defaults: Defaults, exemplars: set[str
                     continue  # the server's filter is trusted, but not blindly
                 out.append(info)
                 if len(out) >= cover.max_models:
+                    cover.capped = True  # more may be eligible: max_models cuts the list here
                     break
             return seen, out
 
@@ -650,7 +652,7 @@ def list_org(ctx: Context, org: OrgScope, defaults: Defaults, exemplars: set[str
             downloads = listed.row.downloads or 0
             kept.setdefault(info.id, (downloads, listed))
     ranked = sorted(kept.values(), key=lambda pair: -pair[0])
-    cover.capped = len(ranked) > cover.max_models
+    cover.capped = cover.capped or len(ranked) > cover.max_models
     chosen = [listed for _, listed in ranked[: cover.max_models]]
     cover.kept = len(chosen)
     return chosen, cover
@@ -681,7 +683,7 @@ def list_scope(ctx: Context, watch: Watchlist, problems: list[str],
             seen[repo_id] = _missing_row(repo_id, "error", f"not a valid Hub repo id: {repo_id!r}", exemplars)
             continue
         try:
-            info = _call(ctx, lambda: ctx.api.model_info(repo_id, expand=INFO_EXPAND))
+            info = _call(ctx, lambda repo_id=repo_id: ctx.api.model_info(repo_id, expand=INFO_EXPAND))
             seen[repo_id] = to_listed(info, exemplars, ctx.token)
         except RepoProblem as exc:
             seen[repo_id] = _missing_row(repo_id, exc.kind, str(exc), exemplars)
