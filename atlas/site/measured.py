@@ -13,7 +13,6 @@ gate is off, the best median speed-up, labelled so), then a collapsible table of
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,12 +48,15 @@ def load_runs(sources: list[tuple[str, str]]) -> list[Run]:
                 f"measurement record {source_path} (imported as {record_id[:12]}) cannot be read: "
                 f"{exc.strerror}; restore it or re-import the records (`atlas measure import`)"
             ) from None
-        if hashlib.sha256(data).hexdigest() != record_id:
+        record = records.parse_record(data, path)
+        # the import's identity is the record's canonical serialisation (records.record_id), so a
+        # schema-1 file parsed into the current model is still the record that was imported
+        if records.record_id(record) != record_id:
             raise AtlasError(
                 f"measurement record {source_path} changed since it was imported as "
                 f"{record_id[:12]}: run `atlas measure import` again"
             )
-        runs.append(Run(records.parse_record(data, path), record_id, source_path))
+        runs.append(Run(record, record_id, source_path))
     runs.sort(key=lambda r: (r.record.run_date, r.record.model_id, r.record_id))
     return runs
 
