@@ -730,21 +730,35 @@ class CrawlInterrupted(AtlasError):
 
 def reach(endpoint: str, timeout_s: float = 5.0) -> None:
     """One request that proves the hub answers at all (any HTTP status will do), before the store
-    is locked; else one line saying what was tried and what to check."""
+    is locked; else one line saying what was tried and what to check. The request runs in a
+    daemon thread with a deadline, because a DNS lookup that hangs is bounded by no HTTP timeout."""
     from huggingface_hub.utils import httpx
 
     url = f"{endpoint.rstrip('/')}/api/models?limit=1"
-    try:
-        get_session().get(url, timeout=httpx.Timeout(timeout_s), headers=build_hf_headers(token=False))
-    except HubUnreachable:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any failure to get an answer means the same to the user
-        raise AtlasError(
-            f"cannot reach {endpoint}: GET {url} got no answer ({type(exc).__name__}: "
-            f"{_first_line(exc) or 'no detail'}; waited at most {timeout_s:.0f} s). Check the network connection, "
-            "DNS, a proxy (HTTPS_PROXY) or --endpoint; to crawl the bundled offline mirror instead run "
-            "`make crawl-mirror` (atlas crawl --mirror data/hub-mirror). No snapshot was written."
-        ) from None
+    failure: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            get_session().get(url, timeout=httpx.Timeout(timeout_s), headers=build_hf_headers(token=False))
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            failure.append(exc)
+
+    asking = threading.Thread(target=ask, name="reach", daemon=True)
+    asking.start()
+    asking.join(timeout_s + 1.0)
+    if asking.is_alive():
+        failure.append(TimeoutError(f"no answer, DNS lookup included, within {timeout_s + 1.0:.0f} s"))
+    if not failure:
+        return
+    exc = failure[0]
+    if isinstance(exc, HubUnreachable):
+        raise exc
+    raise AtlasError(
+        f"cannot reach {endpoint}: GET {url} got no answer ({type(exc).__name__}: "
+        f"{_first_line(exc) or 'no detail'}; waited at most {timeout_s + 1.0:.0f} s). Check the network connection, "
+        "DNS, a proxy (HTTPS_PROXY) or --endpoint; to crawl the bundled offline mirror instead run "
+        "`make crawl-mirror` (atlas crawl --mirror data/hub-mirror). No snapshot was written."
+    ) from None
 
 
 def crawl(
