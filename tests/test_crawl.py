@@ -536,6 +536,9 @@ def test_coverage_filters_on_the_server_and_pages_only_down_to_the_minimum(tmp_p
     assert query(tmp_path / "atlas.duckdb", "SELECT n_seen FROM snapshots") == [(4,)]
     lines = list(crawler.iter_summary_lines(summary))
     assert any("4 models seen" in line and "3 kept" in line for line in lines)
+    watch.write_text(watch.read_text().replace("max_models = 5", "max_models = 2"))
+    [cover] = run_crawl(tmp_path, hub, watch).coverage
+    assert (cover.seen, cover.kept, cover.capped) == (2, 2, True)  # said, not silent
 
 
 def test_no_network_fails_in_seconds_with_one_line_and_no_snapshot(tmp_path: Path) -> None:

@@ -83,6 +83,7 @@ LISTING_EXPAND = [
 INFO_EXPAND = [*LISTING_EXPAND, "baseModels"]
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 MAX_ATTEMPTS = 4
+MAX_REDIRECTS = 5
 UNREACHABLE_AFTER = 4  # consecutive attempts without any answer: the hub is gone, stop
 DISABLED_MESSAGE = "Access to this resource is disabled."
 INT64_MAX = 2**63 - 1
@@ -176,6 +177,7 @@ def install_client(pacer: Pacer, timeout_s: float, silence: Silence) -> None:
             try:
                 response = super().handle_request(request)
             except httpx.TransportError:
+                pacer.forget(request.extensions.get("atlas_ticket"))
                 silence.unanswered()
                 raise
             silence.answered()
@@ -192,8 +194,9 @@ def install_client(pacer: Pacer, timeout_s: float, silence: Silence) -> None:
             pacer.after(ticket, response.status_code, response.headers)
 
     def factory() -> Any:
-        return httpx.Client(
-            transport=Watched(), follow_redirects=True, timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)),
+        return httpx.Client(  # the Hub redirects once (307 or 302): a loop is cut short, not followed 20 times
+            transport=Watched(), follow_redirects=True, max_redirects=MAX_REDIRECTS,
+            timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)),
             event_hooks={"request": [hf_request_event_hook, on_request], "response": [on_response]},
         )
 
@@ -640,6 +643,7 @@ def list_org(ctx: Context, org: OrgScope, defaults: Defaults, exemplars: set[str
                     continue  # the server's filter is trusted, but not blindly
                 out.append(info)
                 if len(out) >= cover.max_models:
+                    cover.capped = True  # more may be eligible: max_models cuts the list here
                     break
             return seen, out
 
@@ -650,7 +654,7 @@ def list_org(ctx: Context, org: OrgScope, defaults: Defaults, exemplars: set[str
             downloads = listed.row.downloads or 0
             kept.setdefault(info.id, (downloads, listed))
     ranked = sorted(kept.values(), key=lambda pair: -pair[0])
-    cover.capped = len(ranked) > cover.max_models
+    cover.capped = cover.capped or len(ranked) > cover.max_models
     chosen = [listed for _, listed in ranked[: cover.max_models]]
     cover.kept = len(chosen)
     return chosen, cover
@@ -681,7 +685,7 @@ def list_scope(ctx: Context, watch: Watchlist, problems: list[str],
             seen[repo_id] = _missing_row(repo_id, "error", f"not a valid Hub repo id: {repo_id!r}", exemplars)
             continue
         try:
-            info = _call(ctx, lambda: ctx.api.model_info(repo_id, expand=INFO_EXPAND))
+            info = _call(ctx, lambda repo_id=repo_id: ctx.api.model_info(repo_id, expand=INFO_EXPAND))
             seen[repo_id] = to_listed(info, exemplars, ctx.token)
         except RepoProblem as exc:
             seen[repo_id] = _missing_row(repo_id, exc.kind, str(exc), exemplars)
@@ -728,21 +732,35 @@ class CrawlInterrupted(AtlasError):
 
 def reach(endpoint: str, timeout_s: float = 5.0) -> None:
     """One request that proves the hub answers at all (any HTTP status will do), before the store
-    is locked; else one line saying what was tried and what to check."""
+    is locked; else one line saying what was tried and what to check. The request runs in a
+    daemon thread with a deadline, because a DNS lookup that hangs is bounded by no HTTP timeout."""
     from huggingface_hub.utils import httpx
 
     url = f"{endpoint.rstrip('/')}/api/models?limit=1"
-    try:
-        get_session().get(url, timeout=httpx.Timeout(timeout_s), headers=build_hf_headers(token=False))
-    except HubUnreachable:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any failure to get an answer means the same to the user
-        raise AtlasError(
-            f"cannot reach {endpoint}: GET {url} got no answer ({type(exc).__name__}: "
-            f"{_first_line(exc) or 'no detail'}; waited at most {timeout_s:.0f} s). Check the network connection, "
-            "DNS, a proxy (HTTPS_PROXY) or --endpoint; to crawl the bundled offline mirror instead run "
-            "`make crawl-mirror` (atlas crawl --mirror data/hub-mirror). No snapshot was written."
-        ) from None
+    failure: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            get_session().get(url, timeout=httpx.Timeout(timeout_s), headers=build_hf_headers(token=False))
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            failure.append(exc)
+
+    asking = threading.Thread(target=ask, name="reach", daemon=True)
+    asking.start()
+    asking.join(timeout_s + 1.0)
+    if asking.is_alive():
+        failure.append(TimeoutError(f"no answer, DNS lookup included, within {timeout_s + 1.0:.0f} s"))
+    if not failure:
+        return
+    exc = failure[0]
+    if isinstance(exc, HubUnreachable):
+        raise exc
+    raise AtlasError(
+        f"cannot reach {endpoint}: GET {url} got no answer ({type(exc).__name__}: "
+        f"{_first_line(exc) or 'no detail'}; waited at most {timeout_s + 1.0:.0f} s). Check the network connection, "
+        "DNS, a proxy (HTTPS_PROXY) or --endpoint; to crawl the bundled offline mirror instead run "
+        "`make crawl-mirror` (atlas crawl --mirror data/hub-mirror). No snapshot was written."
+    ) from None
 
 
 def crawl(
