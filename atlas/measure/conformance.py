@@ -35,6 +35,7 @@ SCHEMA_VERSION = 1
 DEFAULT_DIR = "evidence/conformance"
 ALPHA = 1e-4  # per check; about 30 checks a run keep a false failure under 0.5 %
 POWER = 0.99
+SINGLES = 4  # requests rerun one at a time for the batching control
 # vLLM's shape limits on CPU (head sizes 32..256; MLA with kv_lora_rank 512 and qk_rope_head_dim 64)
 # and the DeepSeek-V3 router as its real configs declare it (vLLM keeps e_score_correction_bias
 # only for noaux_tc).
@@ -341,6 +342,16 @@ def run_suite(
             for mode in ("random", "oracle"):
                 load(mode, 0)
                 reference = _tokens(generate(0.0))
+                if mode == "random":
+                    # control: is plain decoding itself independent of how requests are batched? If
+                    # not, a k > 0 difference below can be numerics rather than the MTP path
+                    single = [driver.generate(requests=[{"prompt": pr, "seed": 0}], max_tokens=max_new_tokens,
+                                              temperature=0.0).results[0].tokens for pr in prompts[:SINGLES]]
+                    figures = _identity(single, reference[:SINGLES])
+                    same = figures["identical"] == SINGLES
+                    add(mode, 0.0, 0, "greedy", "identity", same, f"k=0 batched output equals one-request-at-a-time output in "
+                        f"{figures['identical']} of {SINGLES} requests" + ("" if same else f" (first difference at output token "
+                        f"{figures['first_difference']}: plain decoding itself depends on batching here)"), figures)
                 if mode == "oracle":
                     chain = all(b == int(p[a].argmax()) for out in reference for a, b in zip(out, out[1:]))
                     add(mode, 0.0, 0, "greedy", "identity", chain, "k=0 output is the exact argmax chain" if chain
@@ -413,10 +424,14 @@ def _dist_summary(f: dict) -> str:
 
 
 def evidence_table(folder: Path, root: Path | None = None) -> str:
-    """Markdown: one row per engine version, layout and temperature class, newest first."""
+    """Markdown: per engine version and hardware, its latest record's verdicts (layout x temperature
+    class x draft sampling), newest first; older records stay in the folder, named by date."""
     from atlas.site.mdsafe import Markdown, code, table
 
-    rows = verdicts(load_records(folder), root)
+    latest: dict[tuple[str, str, str], tuple[Path, ConformanceRecord]] = {}
+    for path, rec in load_records(folder):  # sorted by date: the last one wins
+        latest[(rec.package, rec.version, rec.hardware)] = (path, rec)
+    rows = verdicts(latest.values(), root)
     if not rows:
         return "_No engine conformance record yet (`atlas conformance run`)._\n"
     rows.sort(key=lambda v: (v.date, v.package, v.version, v.layout, v.temperature, v.draft_sampling), reverse=True)
