@@ -209,7 +209,7 @@ def test_t_above_zero_from_an_unchecked_engine_is_refused(fake_engine: Path, tmp
 @needs_team
 def test_engine_transformers_measures_only_its_generate_pair(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["measure", "run", "--engine", "transformers", "--workloads", "templated", "--temperatures", "0",
-                                      "--max-new-tokens", "12", "--repeats", "1", "--prompts-per-workload", "1", "--out", str(tmp_path)])
+                                      "--max-new-tokens", "32", "--repeats", "1", "--prompts-per-workload", "1", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     [path] = tmp_path.glob("*.json")
     record = read_record(path)
