@@ -171,6 +171,8 @@ def _numbers(text: str, option: str, kind: type[int] | type[float]) -> tuple:
 @click.option("--revision", default=None, help="hub revision (branch, tag or commit); hub ids only")
 @click.option("--endpoint", default=None, help="hub endpoint for hub ids (default: huggingface_hub's, $HF_ENDPOINT or huggingface.co)")
 @click.option("--device", default="auto", show_default=True, help="auto (CUDA when present), cpu, cuda, cuda:N")
+@click.option("--device-map", default=None,
+              help="place layers across devices: auto (all visible GPUs), auto+cpu (may spill to CPU memory), or cuda:0=0-29,cuda:1=30-60")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
 @click.option("--workloads", default=None, help="comma-separated workload names (default: all bundled)")
 @click.option("--temperatures", default="0,1", show_default=True)

@@ -65,7 +65,7 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def bucket_rates(hub: HubServer, window_s: float) -> dict[str, tuple[int, float, list[float]]]:
+def bucket_rates(hub: HubServer) -> dict[str, tuple[int, float, list[float]]]:
     """Per bucket: requests served, seconds from the first window's start to the last request,
     and how full each complete window was (served / quota)."""
     out: dict[str, tuple[int, float, list[float]]] = {}
@@ -112,7 +112,7 @@ def main() -> int:
             t0 = time.perf_counter()
             first = run()
             first_s = time.perf_counter() - t0
-            rates = bucket_rates(hub, args.window_s)
+            rates = bucket_rates(hub)
             limited_first = hub.rate_limited
             hub.clear_log()
             t0 = time.perf_counter()
@@ -141,7 +141,10 @@ def main() -> int:
         allowed = quotas[bucket] / args.window_s
         achieved = served / span if span > 0 else float("nan")
         ratios[bucket] = achieved / allowed
-        windows = ", ".join(f"{f:.2f}" for f in full) or "none (the crawl fits in one window)"
+        if served < quotas[bucket]:  # never limited: its rate is the crawl's, not the pacing's
+            print(f"{bucket:10} {served:>9} {allowed:>10.1f} {achieved:>11.1f} {'-':>6}   under one window's quota")
+            continue
+        windows = ", ".join(f"{f:.2f}" for f in full) or "none complete"
         print(f"{bucket:10} {served:>9} {allowed:>10.1f} {achieved:>11.1f} {achieved / allowed:>6.2f}   {windows}")
     tight = max(rates, key=lambda b: rates[b][0] / quotas[b]) if rates else None
     verdict = float("nan")

@@ -10,8 +10,10 @@
 # retrained one gets a new digest).
 #   4. the vLLM path: conformance suite on the CUDA build, then the team model through vLLM with
 #      tensor parallelism over all visible GPUs (see step 4 below).
+#   5. multi-GPU placement: our own loop with the layers split over every visible GPU (see placement()).
 # Usage: benchmarks/gpu.sh [minutes]      (env: OUT=data/gpu-team-model, PY=.venv/bin/python,
 #        VLLM_PACKAGE=vllm==0.32.0, VLLM_ENV=~/.cache/mtp-atlas/vllm, VLLM_DTYPE=float32)
+#        benchmarks/gpu.sh placement      only step 5; PLACEMENT_DEVICE=cpu runs it as a CPU smoke test
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINUTES=${1:-4}
@@ -19,6 +21,45 @@ OUT=${OUT:-data/gpu-team-model}
 PY=${PY:-.venv/bin/python}
 ATLAS=${ATLAS:-.venv/bin/atlas}
 MODEL="$OUT/byte-mtp-12l-d512"
+
+# 5. A DeepSeek-V3-layout checkpoint (MLA + MoE, random weights, real tensor names; 24 main layers at
+# hidden 1024 on GPUs) measured by our loop with its layers split evenly over all visible GPUs
+# (--device-map cuda:0=0-11,cuda:1=12-23 for two): each GPU keeps its own layers' static caches and
+# only one hidden row per token crosses a boundary. fp32, so greedy output must match plain decoding.
+# The record (settings.placement says which GPU held which layers) goes to evidence/measurements/.
+placement() {
+    local device=${PLACEMENT_DEVICE:-cuda} gpus=1 depth=24 hidden=1024 tokens=128 repeats=5 out=evidence/measurements
+    if [ "$device" = cuda ]; then
+        gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+    else  # CPU smoke test of the same path: tiny model, short run, scratch output
+        depth=4 hidden=128 tokens=16 repeats=1 out=$(mktemp -d)
+    fi
+    local ckpt="$OUT/deepseek-v3-layout-${depth}l-d${hidden}"
+    "$PY" -c "
+import sys
+from pathlib import Path
+from atlas.measure.oracles import write_checkpoint
+write_checkpoint('deepseek_v3', Path(sys.argv[1]), 'random', depth=$depth, overrides=dict(
+    hidden_size=$hidden, intermediate_size=4 * $hidden, moe_intermediate_size=$hidden // 2, num_attention_heads=8,
+    num_key_value_heads=8, n_routed_experts=8, q_lora_rank=$hidden // 2, kv_lora_rank=$hidden // 4,
+    qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=64, max_position_embeddings=4096))
+" "$ckpt"
+    local plan="" per=$(( (depth + gpus - 1) / gpus )) first=0 i=0
+    while [ "$first" -lt "$depth" ]; do
+        local last=$(( first + per - 1 < depth - 1 ? first + per - 1 : depth - 1 ))
+        local name=$([ "$device" = cuda ] && echo "cuda:$i" || echo cpu)
+        plan="${plan:+$plan,}$name=$first-$last"
+        first=$(( last + 1 )) i=$(( i + 1 ))
+    done
+    echo "placement over $gpus device(s): $plan"
+    "$ATLAS" measure run --model "$ckpt" --device-map "$plan" --dtype float32 --temperatures 0,1 --draft-tokens 1,2,3 \
+        --max-new-tokens "$tokens" --repeats "$repeats" --prompts-per-workload 1 --no-peer --out "$out"
+}
+
+if [ "${1:-}" = placement ]; then
+    placement
+    exit 0
+fi
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "torch sees no CUDA device (CPU build of torch?)")'
@@ -50,3 +91,6 @@ VLLM_RUN=("$ATLAS" measure run --engine vllm --model "$MODEL" --tensor-parallel-
           --engine-option gpu_memory_utilization=0.4)
 "${VLLM_RUN[@]}" --temperatures 0,1 || "${VLLM_RUN[@]}" --temperatures 0
 "$ATLAS" conformance show
+
+# 5. multi-GPU placement with our own loop
+placement

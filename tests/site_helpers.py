@@ -234,9 +234,11 @@ PLANTED_SPEED = 1.37  # distinctive: must show in the measured table only
 HOSTILE_BASELINE = "plain <b>decoder</b> | `same cache`"
 
 
-def plant_measurement(db: Path, directory: Path, model_id: str) -> str:
+def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list[int] | None = None,
+                      quick: bool = False, day: int = 28) -> str:
     """Write a real record file through the measurement module's public interface and import it
-    into the store; returns its record id (sha256 of the file)."""
+    into the store; returns its record id (sha256 of the file). `reached` adds schema-2 reached
+    counts per draft position (cut to each cell's k); `quick` marks a smoke run."""
     import hashlib
 
     from atlas.measure import records
@@ -247,18 +249,20 @@ def plant_measurement(db: Path, directory: Path, model_id: str) -> str:
         repeats = [
             records.Repeat(tokens=100, seconds=1.0, baseline_seconds=PLANTED_SPEED,
                            drafted_per_position=[40] * k, accepted_per_position=[30, 20][:k],
+                           reached_per_position=reached[:k] if reached else None,
                            verify_passes=40, identical_to_baseline=True if temperature == 0 else None)
             for _ in range(3)
         ]
         derived = records.derive(repeats, temperature, k, costs)
-        enabled, reason = records.gate(derived, len(repeats))
+        enabled, reason = records.gate(derived, len(repeats), quick)
         cells.append(records.Cell(
             engine="atlas", engine_version="0.1.0", baseline=HOSTILE_BASELINE,
             workload=workload, temperature=temperature, draft_tokens=k, repeats=repeats,
             derived=derived, gate_enabled=enabled, gate_reason=reason,
         ))
     record = records.Record(
-        schema_version=1, run_date=datetime(2026, 11, 28, 12, 0), model_id=model_id,
+        schema_version=2 if reached or quick else 1, run_date=datetime(2026, 11, day, 12, 0),
+        model_id=model_id,
         revision="b" * 40,
         hardware=records.Hardware(text=HOSTILE_HARDWARE, cpu="test", cpu_cores=2, memory_gib=8.0,
                                   torch_threads=1),
@@ -268,7 +272,7 @@ def plant_measurement(db: Path, directory: Path, model_id: str) -> str:
         prompt_set_digest="0" * 64,
         settings=records.Settings(device="cpu", dtype="float32", workloads=["templated"],
                                   temperatures=[0.0, 0.7], draft_tokens=[1, 2], max_new_tokens=100,
-                                  repeats=3, prompts_per_workload=1),
+                                  repeats=3, prompts_per_workload=1, quick=quick),
         pass_costs=costs, cells=cells,
     )
     path = records.write_record(record, directory)

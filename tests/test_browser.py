@@ -45,7 +45,7 @@ PROBE = (Path(__file__).parent / "layout_probe.js").read_text(encoding="utf-8")
 WIDE, PHONE = 1400, 390
 MIN_LABEL_PX = 9.0
 MODULE_8 = "modules/module-08/"
-SUMMARY_HEADER = ["engine (baseline)", "workload", "T", "gate (k shown)", "acceptance",
+SUMMARY_HEADER = ["workload", "T", "engine (baseline)", "gate (k shown)", "acceptance",
                   "accepted length", "speed-up (range)", "ideal", "efficiency", "greedy identical"]
 
 
@@ -186,7 +186,7 @@ def test_measured_summary_shows_its_fields(served: tuple[str, Path, render.Layou
             "Array.from(document.querySelectorAll('article table')).map(t => ["
             " Array.from(t.tHead.rows[0].cells).map(c => c.textContent.trim()),"
             " Array.from(t.tBodies[0].rows).map(r => Array.from(r.cells).map(c => c.textContent.trim()))])"
-            ".filter(t => t[0][0] === 'engine (baseline)')")
+            ".filter(t => t[0][2] === 'engine (baseline)')")
     finally:
         page.close()
     assert summary, "no measured summary table on module 8"
@@ -211,7 +211,7 @@ def test_a_header_click_sorts_the_column(served: tuple[str, Path, render.Layout]
         page.evaluate(PROBE)
         index = page.evaluate(
             "Array.from(document.querySelectorAll('.md-content__inner table'))"
-            ".findIndex(t => t.tHead.rows[0].cells[0].textContent.trim() === 'engine (baseline)')")
+            ".findIndex(t => t.tHead.rows[0].cells[2].textContent.trim() === 'engine (baseline)')")
         column = SUMMARY_HEADER.index("acceptance")
         result = page.evaluate(f"atlasProbe.sort({index}, {column})")
     finally:

@@ -390,3 +390,17 @@ def test_a_measured_model_outside_the_snapshot_still_gets_its_page(tmp_path: Pat
     text = (tmp_path / "docs" / "models" / f"{lone.slug}.md").read_text(encoding="utf-8")
     assert (tmp_path / "docs" / "models" / f"{lone.slug}.md") in written
     assert "not in the latest snapshot" in text and "Record " in text
+
+
+def test_prefill_uses_the_records_reached_counts_and_skips_smoke_runs(tmp_path: Path) -> None:
+    db = tmp_path / "atlas.duckdb"
+    hostile_store(db)
+    # an older full record with schema-2 reached counts, then a newer --quick one
+    plant_measurement(db, tmp_path / "full", HOSTILE_ID, reached=[40, 25], day=20)
+    plant_measurement(db, tmp_path / "quick", HOSTILE_ID, quick=True, day=29)
+    models = modelpages.generate(db, tmp_path / "models.json", MATRIX, tmp_path)
+    pre = models.prefill
+    assert pre is not None and pre.run_date == "2026-11-20"
+    assert pre.conditional == pytest.approx([30 / 40, 20 / 25])  # accepted_i / reached_i, exact
+    assert pre.conditional == pytest.approx(
+        theory.conditional_acceptance([3 * 40, 3 * 25], [3 * 30, 3 * 20]))

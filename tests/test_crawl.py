@@ -536,6 +536,9 @@ def test_coverage_filters_on_the_server_and_pages_only_down_to_the_minimum(tmp_p
     assert query(tmp_path / "atlas.duckdb", "SELECT n_seen FROM snapshots") == [(4,)]
     lines = list(crawler.iter_summary_lines(summary))
     assert any("4 models seen" in line and "3 kept" in line for line in lines)
+    watch.write_text(watch.read_text().replace("max_models = 5", "max_models = 2"))
+    [cover] = run_crawl(tmp_path, hub, watch).coverage
+    assert (cover.seen, cover.kept, cover.capped) == (2, 2, True)  # said, not silent
 
 
 def test_no_network_fails_in_seconds_with_one_line_and_no_snapshot(tmp_path: Path) -> None:
@@ -566,6 +569,18 @@ def test_a_hub_that_stops_answering_midway_ends_the_crawl_without_a_snapshot(tmp
     assert result.exit_code == 1 and "stopped answering" in result.output and "no snapshot written" in result.output
     assert query(tmp_path / "a.duckdb", "SELECT count(*) FROM snapshots") == [(0,)]
     assert len(hub.file_requests()) < 21 * crawler.MAX_ATTEMPTS  # it stopped asking
+
+
+def test_a_listing_that_gets_no_answer_stops_after_a_few_attempts(tmp_path: Path, make_hub, no_sleep) -> None:
+    hub = make_hub(MIRROR)
+    hub.inject(Fault(0, path_contains="author=", times=-1))  # the reachability check passes, then silence
+    db = tmp_path / "a.duckdb"
+    result = CliRunner().invoke(cli, ["crawl", "--db", str(db), "--endpoint", hub.url, "--no-progress",
+                                      "--watchlist", str(write_watchlist(tmp_path / "w.toml", ALL_ORGS))])
+    assert result.exit_code == 1 and "stopped answering" in result.output
+    # the client's own retries count too: no minutes of retrying org after org
+    assert len([r for r in hub.requests if "author=" in r["query"]]) == crawler.UNREACHABLE_AFTER
+    assert query(db, "SELECT count(*) FROM snapshots") == [(0,)]
 
 
 def test_partial_snapshot_exits_non_zero_naming_the_org(tmp_path: Path, make_hub, no_sleep) -> None:

@@ -410,7 +410,7 @@ def test_timed_region_covers_all_but_the_shared_prefill(noisy_oracle, monkeypatc
     calls: list[tuple[str, int, bool]] = []
 
     class Watch:
-        def __init__(self, device) -> None:
+        def __init__(self, *devices) -> None:
             pass
 
         def start(self) -> None:

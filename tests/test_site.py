@@ -102,13 +102,13 @@ def test_measured_summary_has_one_row_per_engine_workload_temperature(hostile_si
     speed = f"{PLANTED_SPEED:.2f}"
     measured = [t for t in page.tables if t.section == "measured"]
     summary, *details = measured
-    assert summary.header == ["engine (baseline)", "workload", "T", "gate (k shown)", "acceptance",
+    assert summary.header == ["workload", "T", "engine (baseline)", "gate (k shown)", "acceptance",
                               "accepted length", "speed-up (range)", "ideal", "efficiency",
                               "greedy identical"]
     # the planted record: templated T=0 k=1 and a hostile workload at T=0.7 k=2, 3 equal repeats
-    assert [(r[1], r[2]) for r in summary.rows] == [("templated", "0"), (shown("prose|<i>x</i>"), "0.7")]
+    assert [(r[0], r[1]) for r in summary.rows] == [("templated", "0"), (shown("prose|<i>x</i>"), "0.7")]
     t0, t07 = summary.rows
-    assert t0[0] == "atlas (B1)"
+    assert t0[2] == "atlas (B1)"
     assert t0[3] == "on, k=1" and t07[3] == "on, k=2"  # the gate: every repeat 1.37x faster
     assert t0[4] == f"{30 / 40:.3f}" and t07[4] == f"{50 / 80:.3f}"  # accepted / drafted
     assert t0[5] == f"{(30 + 40) / 40:.2f}" and t07[5] == f"{(50 + 40) / 40:.2f}"  # 1 + accepted/passes

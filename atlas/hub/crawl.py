@@ -83,7 +83,7 @@ LISTING_EXPAND = [
 INFO_EXPAND = [*LISTING_EXPAND, "baseModels"]
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 MAX_ATTEMPTS = 4
-UNREACHABLE_AFTER = 6  # consecutive requests without any answer: the hub is gone, stop
+UNREACHABLE_AFTER = 4  # consecutive attempts without any answer: the hub is gone, stop
 DISABLED_MESSAGE = "Access to this resource is disabled."
 INT64_MAX = 2**63 - 1
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}$")
@@ -141,29 +141,62 @@ class HubUnreachable(AtlasError):
     """No answer at all from the hub, repeatedly: the crawl stops (and writes no snapshot)."""
 
 
-def install_client(pacer: Pacer, timeout_s: float, gone: threading.Event) -> None:
-    """huggingface_hub's own client plus our two hooks (its request hook stays first)."""
+class Silence:
+    """Counts consecutive requests that got no answer at all, every attempt included (the hub
+    client's own retries too, which it would otherwise spend minutes on); after
+    UNREACHABLE_AFTER of them the hub is taken as gone: every waiting request is woken and every
+    new one refused, so the crawl ends in seconds."""
+
+    def __init__(self, pacer: Pacer) -> None:
+        self.gone = threading.Event()
+        self._pacer = pacer
+        self._streak = 0
+        self._lock = threading.Lock()
+
+    def answered(self) -> None:
+        with self._lock:
+            self._streak = 0
+
+    def unanswered(self) -> None:
+        with self._lock:
+            self._streak += 1
+            if self._streak >= UNREACHABLE_AFTER:
+                self.gone.set()
+                self._pacer.abort()
+
+
+def install_client(pacer: Pacer, timeout_s: float, silence: Silence) -> None:
+    """huggingface_hub's client (its own request hook first) with our hooks and a transport that
+    tells `silence` whether each attempt got an answer."""
     from huggingface_hub.utils import httpx
+    from huggingface_hub.utils._http import hf_request_event_hook
+
+    class Watched(httpx.HTTPTransport):
+        def handle_request(self, request: Any) -> Any:
+            try:
+                response = super().handle_request(request)
+            except httpx.TransportError:
+                pacer.forget(request.extensions.get("atlas_ticket"))
+                silence.unanswered()
+                raise
+            silence.answered()
+            return response
+
+    def on_request(request: Any) -> None:
+        if silence.gone.is_set() or pacer.aborted:  # not a network error type: no client retries it
+            raise HubUnreachable("the hub stopped answering" if silence.gone.is_set() else "crawl interrupted")
+        request.extensions["atlas_ticket"] = pacer.before(str(request.url))
+
+    def on_response(response: Any) -> None:
+        ticket = response.request.extensions.get("atlas_ticket")
+        if ticket is not None:
+            pacer.after(ticket, response.status_code, response.headers)
 
     def factory() -> Any:
-        client = default_client_factory()
-        client.timeout = httpx.Timeout(timeout_s, connect=min(5.0, timeout_s))
-
-        def on_request(request: Any) -> None:
-            if gone.is_set() or pacer.aborted:  # not a network error type, so no client retries it
-                raise HubUnreachable("the hub stopped answering" if gone.is_set() else "crawl interrupted")
-            request.extensions["atlas_ticket"] = pacer.before(str(request.url))
-
-        def on_response(response: Any) -> None:
-            ticket = response.request.extensions.get("atlas_ticket")
-            if ticket is not None:
-                pacer.after(ticket, response.status_code, response.headers)
-
-        client.event_hooks = {
-            "request": [*client.event_hooks["request"], on_request],
-            "response": [*client.event_hooks["response"], on_response],
-        }
-        return client
+        return httpx.Client(
+            transport=Watched(), follow_redirects=True, timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)),
+            event_hooks={"request": [hf_request_event_hook, on_request], "response": [on_response]},
+        )
 
     set_client_factory(factory)
 
@@ -275,44 +308,25 @@ class Context:
     token: str | bool
     cache_dir: Path
     pacer: Pacer
-    gone: threading.Event = field(default_factory=threading.Event)
-    silent_streak: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def answered(self) -> None:
-        with self._lock:
-            self.silent_streak = 0
-
-    def unanswered(self) -> None:
-        with self._lock:
-            self.silent_streak += 1
-            if self.silent_streak >= UNREACHABLE_AFTER:
-                self.gone.set()
-                self.pacer.abort()
+    silence: Silence
 
 
 def _call(ctx: Context, fn: Callable[[], T], backoff_s: float = 1.0) -> T:
     """Run one hub call; retry 429/5xx/timeouts honouring the server's pause, else raise RepoProblem
     (or HubUnreachable when the hub has stopped answering altogether)."""
     for attempt in range(1, MAX_ATTEMPTS + 1):
-        if ctx.gone.is_set():
+        if ctx.silence.gone.is_set():
             raise HubUnreachable(f"{ctx.endpoint} stopped answering")
         try:
-            result = fn()
-            ctx.answered()
-            return result
+            return fn()
         except (RepoProblem, HubUnreachable):
             raise
         except AtlasError as exc:
             raise RepoProblem("error", str(exc)) from None
         except Exception as exc:  # the hub client raises many types; classify sorts them
             kind, message = classify(exc)
-            if kind == "unreachable":
-                ctx.unanswered()
-                if ctx.gone.is_set():
-                    raise HubUnreachable(f"{ctx.endpoint} stopped answering: {message}") from None
-            else:
-                ctx.answered()
+            if ctx.silence.gone.is_set():
+                raise HubUnreachable(f"{ctx.endpoint} stopped answering: {message}") from None
             if kind not in ("retry", "unreachable"):
                 unreadable = isinstance(exc, (SafetensorsParsingError, NotASafetensorsRepoError))
                 raise RepoProblem(kind, message, permanent=unreadable) from None
@@ -627,6 +641,7 @@ def list_org(ctx: Context, org: OrgScope, defaults: Defaults, exemplars: set[str
                     continue  # the server's filter is trusted, but not blindly
                 out.append(info)
                 if len(out) >= cover.max_models:
+                    cover.capped = True  # more may be eligible: max_models cuts the list here
                     break
             return seen, out
 
@@ -637,7 +652,7 @@ def list_org(ctx: Context, org: OrgScope, defaults: Defaults, exemplars: set[str
             downloads = listed.row.downloads or 0
             kept.setdefault(info.id, (downloads, listed))
     ranked = sorted(kept.values(), key=lambda pair: -pair[0])
-    cover.capped = len(ranked) > cover.max_models
+    cover.capped = cover.capped or len(ranked) > cover.max_models
     chosen = [listed for _, listed in ranked[: cover.max_models]]
     cover.kept = len(chosen)
     return chosen, cover
@@ -668,7 +683,7 @@ def list_scope(ctx: Context, watch: Watchlist, problems: list[str],
             seen[repo_id] = _missing_row(repo_id, "error", f"not a valid Hub repo id: {repo_id!r}", exemplars)
             continue
         try:
-            info = _call(ctx, lambda: ctx.api.model_info(repo_id, expand=INFO_EXPAND))
+            info = _call(ctx, lambda repo_id=repo_id: ctx.api.model_info(repo_id, expand=INFO_EXPAND))
             seen[repo_id] = to_listed(info, exemplars, ctx.token)
         except RepoProblem as exc:
             seen[repo_id] = _missing_row(repo_id, exc.kind, str(exc), exemplars)
@@ -715,21 +730,35 @@ class CrawlInterrupted(AtlasError):
 
 def reach(endpoint: str, timeout_s: float = 5.0) -> None:
     """One request that proves the hub answers at all (any HTTP status will do), before the store
-    is locked; else one line saying what was tried and what to check."""
+    is locked; else one line saying what was tried and what to check. The request runs in a
+    daemon thread with a deadline, because a DNS lookup that hangs is bounded by no HTTP timeout."""
     from huggingface_hub.utils import httpx
 
     url = f"{endpoint.rstrip('/')}/api/models?limit=1"
-    try:
-        get_session().get(url, timeout=httpx.Timeout(timeout_s), headers=build_hf_headers(token=False))
-    except HubUnreachable:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any failure to get an answer means the same to the user
-        raise AtlasError(
-            f"cannot reach {endpoint}: GET {url} got no answer ({type(exc).__name__}: "
-            f"{_first_line(exc) or 'no detail'}; waited at most {timeout_s:.0f} s). Check the network connection, "
-            "DNS, a proxy (HTTPS_PROXY) or --endpoint; to crawl the bundled offline mirror instead run "
-            "`make crawl-mirror` (atlas crawl --mirror data/hub-mirror). No snapshot was written."
-        ) from None
+    failure: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            get_session().get(url, timeout=httpx.Timeout(timeout_s), headers=build_hf_headers(token=False))
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            failure.append(exc)
+
+    asking = threading.Thread(target=ask, name="reach", daemon=True)
+    asking.start()
+    asking.join(timeout_s + 1.0)
+    if asking.is_alive():
+        failure.append(TimeoutError(f"no answer, DNS lookup included, within {timeout_s + 1.0:.0f} s"))
+    if not failure:
+        return
+    exc = failure[0]
+    if isinstance(exc, HubUnreachable):
+        raise exc
+    raise AtlasError(
+        f"cannot reach {endpoint}: GET {url} got no answer ({type(exc).__name__}: "
+        f"{_first_line(exc) or 'no detail'}; waited at most {timeout_s + 1.0:.0f} s). Check the network connection, "
+        "DNS, a proxy (HTTPS_PROXY) or --endpoint; to crawl the bundled offline mirror instead run "
+        "`make crawl-mirror` (atlas crawl --mirror data/hub-mirror). No snapshot was written."
+    ) from None
 
 
 def crawl(
@@ -756,8 +785,8 @@ def crawl(
     started = store.utc_now()
     clock = time.monotonic()
     pacer = Pacer(endpoint, sleep)
-    ctx = Context(HfApi(endpoint=endpoint, token=token), endpoint, token, cache_dir, pacer)
-    install_client(pacer, timeout_s, ctx.gone)
+    ctx = Context(HfApi(endpoint=endpoint, token=token), endpoint, token, cache_dir, pacer, Silence(pacer))
+    install_client(pacer, timeout_s, ctx.silence)
     # the client logs every retry; our summary counts them instead of scrolling past the bar
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
@@ -772,7 +801,7 @@ def crawl(
         with CrawlProgress(pacer, enabled=progress) as bar:
             problems: list[str] = []
             coverage: list[OrgCoverage] = []
-            bar.phase(f"listing {len(watch.orgs)} orgs")
+            bar.phase("listing", f"listing {len(watch.orgs)} orgs of {endpoint_label or endpoint}")
             listed = list_scope(ctx, watch, problems, coverage)
             if watch.orgs and len(problems) == len(watch.orgs) and not any(x.row.fetch_status == "ok" for x in listed):
                 raise AtlasError(f"no listing of {endpoint} succeeded, nothing to snapshot: " + "; ".join(problems[:3]))
@@ -789,7 +818,7 @@ def crawl(
                 settled, errors = side_state[(x.repo_id, x.sha)]
                 if side_files_pending(x.siblings, settled, errors):
                     todo.append((x, settled | set(errors)))
-            bar.phase(f"{len(listed)} models in scope, {len(todo)} to fetch", total=len(todo))
+            bar.phase("fetching", f"{len(listed)} models in scope, {len(todo)} to fetch", total=len(todo))
             fetched = _fetch_all(ctx, todo, known, concurrency, bar)
             return _finish(con, watch, digest, listed, known, stored_errors, fetched, problems, pacer,
                            started, clock, endpoint_label or endpoint, coverage)
@@ -826,7 +855,7 @@ def _fetch_all(ctx: Context, todo: list[tuple[Listed, set[str] | None]], known: 
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
-    if ctx.gone.is_set():
+    if ctx.silence.gone.is_set():
         raise HubUnreachable(
             f"{ctx.endpoint} stopped answering in the middle of the crawl ({len(fetched)} of {len(todo)} models "
             "fetched): no snapshot written; rerun when it answers again, downloaded files are cached"

@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
 BUCKETS = ("api", "resolvers", "pages")
@@ -89,15 +88,13 @@ class Bucket:
     """What we know of one bucket's current window."""
 
     quota: int | None = None
-    window_s: float | None = None
     reset_at: float | None = None  # monotonic time of the window's end (tightest estimate)
     remaining: int | None = None  # the server's last count minus what we sent since
     held_until: float = 0.0  # requests of this bucket wait until then (a window's reset)
-    inflight: dict[int, float] = field(default_factory=dict)  # request number -> send time
+    inflight: set[int] = field(default_factory=set)  # numbers of the requests sent, not yet answered
     requests: int = 0
     rate_limited: int = 0
     waited_s: float = 0.0
-    last: RateLimit | None = None
 
 
 @dataclass
@@ -164,7 +161,7 @@ class Pacer:
             b.requests += 1
             now = self._clock()
             delay, reason = self._reserve(b, now)
-            b.inflight[seq] = now + delay
+            b.inflight.add(seq)
             if delay > 0:
                 b.waited_s += delay
         if delay > 0.05 and reason:
@@ -196,6 +193,13 @@ class Pacer:
         b.reset_at = None
         b.remaining = b.quota
 
+    def forget(self, ticket: tuple[str | None, int] | None) -> None:
+        """A request that got no answer: it is no longer in flight."""
+        if ticket is not None:
+            with self._lock:
+                for b in self.buckets.values():
+                    b.inflight.discard(ticket[1])
+
     def after(self, ticket: tuple[str | None, int], status: int, headers: Mapping[str, str] | None) -> None:
         """Called with each answer: learn the bucket's state; a 429 pauses the bucket."""
         predicted, seq = ticket
@@ -204,7 +208,7 @@ class Pacer:
         with self._lock:
             now = self._clock()
             for b in self.buckets.values():
-                b.inflight.pop(seq, None)
+                b.inflight.discard(seq)
             name = info.bucket if info is not None and info.bucket in self.buckets else predicted
             if name is None:
                 return
@@ -222,9 +226,8 @@ class Pacer:
             self._note(pause)
 
     def _learn(self, b: Bucket, info: RateLimit, seq: int, now: float) -> None:
-        b.last = info
         if info.quota:
-            b.quota, b.window_s = info.quota, float(info.window_s or WINDOW_S)
+            b.quota = info.quota
         end = now + info.reset_s  # t is rounded up to whole seconds: the smallest end seen is the truest
         later = sum(1 for k in b.inflight if k > seq)  # sent after this one, maybe not yet counted
         left = max(0, info.remaining - later)

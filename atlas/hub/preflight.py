@@ -13,6 +13,7 @@ from atlas import AtlasError, store
 from atlas.hub.crawl import (
     QUANT_SIDECAR,
     SINGLE_FILE,
+    Silence,
     WEIGHT_INDEX,
     Context,
     OrgCoverage,
@@ -23,7 +24,7 @@ from atlas.hub.crawl import (
     restore_client,
     side_files_pending,
 )
-from atlas.hub.pacing import TIERS, WINDOW_S, Pacer, parse_ratelimit
+from atlas.hub.pacing import TIERS, WINDOW_S, Pacer
 
 # Requests one file costs on the Hub: a small file is a GET of /resolve/ answered by a 307 to the
 # resolve cache (both count as resolvers); an LFS file's /resolve/ answers a 302 to the CDN, which
@@ -35,8 +36,8 @@ def _session(endpoint: str, token: str | bool) -> tuple[Context, Pacer]:
     from huggingface_hub import HfApi
 
     pacer = Pacer(endpoint)
-    ctx = Context(HfApi(endpoint=endpoint, token=token), endpoint, token, Path(os.devnull), pacer)
-    install_client(pacer, 30.0, ctx.gone)
+    ctx = Context(HfApi(endpoint=endpoint, token=token), endpoint, token, Path(os.devnull), pacer, Silence(pacer))
+    install_client(pacer, 30.0, ctx.silence)
     return ctx, pacer
 
 
@@ -146,7 +147,7 @@ def probe(watchlist: Path, endpoint: str, token: str | bool | None = None) -> It
 
         def ask(method: str, path: str, expect: str) -> dict:
             response = session.request(method, base + path, headers=headers, follow_redirects=False, timeout=30)
-            info = parse_ratelimit(response.headers)
+            message = response.headers.get("X-Error-Message")
             where = response.headers.get("Location")
             host = ""
             if where:
@@ -157,7 +158,7 @@ def probe(watchlist: Path, endpoint: str, token: str | bool | None = None) -> It
                 f"X-Error-Code: {response.headers.get('X-Error-Code', '-')}; "
                 f"RateLimit: {response.headers.get('RateLimit', '-')}; RateLimit-Policy: {response.headers.get('RateLimit-Policy', '-')}"
                 + (f"; Location{host}: {where[:100]}" if where else "")
-                + (f"; bucket {info.bucket}: {info.remaining} left, resets in {info.reset_s} s" if info else "")
+                + (f"; X-Error-Message: {message[:100]}" if message else "")
             )
             return response.json() if response.status_code == 200 and method == "GET" and path.startswith("/api/") else {}
 

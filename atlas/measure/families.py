@@ -76,10 +76,11 @@ FAMILIES: tuple[Family, ...] = (
         source="vLLM deepseek_mtp.py; SGLang deepseek_nextn.py; DeepSeek-V3 README_WEIGHTS.md",
     ),
     Family(
-        "GLM-4-MoE", ("glm4_moe",), "deepseek_glm", glue="model.layers.{N}.", block="model.layers.{N}.",
+        "GLM-4-MoE", ("glm4_moe", "glm4_moe_lite"), "deepseek_glm", glue="model.layers.{N}.", block="model.layers.{N}.",
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
         own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
-        block_type="GLM-4-MoE decoder layer", source="vLLM glm4_moe_mtp.py (DeepSeek wiring, post-norm recycled)",
+        block_type="GLM-4-MoE decoder layer (GLM-4.7-Flash / glm4_moe_lite: MLA attention)",
+        source="vLLM glm4_moe_mtp.py (DeepSeek wiring, post-norm recycled)",
     ),
     Family(
         "Qwen3-Next", ("qwen3_next",), "qwen3_next", glue="mtp.", block="mtp.layers.0.",
@@ -98,8 +99,9 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "ERNIE-4.5", ("ernie4_5_moe", "ernie4_5"), "ernie",
-        refuse="whether a final norm follows the MTP block differs between published implementations (vLLM applies none); "
-        "not run until one is confirmed against the authors' code",
+        refuse="the published implementations disagree: the authors' PaddleFormers code feeds the main model's pre-norm "
+        "hidden and puts the MTP output through the main final norm, vLLM's ernie_mtp applies no final norm; our loop "
+        "recycles post-norm hiddens, so neither is run until the wiring is settled",
     ),
     Family(
         "LongCat-Flash", ("longcat_flash",), "longcat",
@@ -263,12 +265,16 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         raise AtlasError(f"{family.name}: the checkpoint lacks MTP tensor(s) {', '.join(missing)}")
 
     # One more main layer, of the type the MTP block is, loaded from the block's tensors.
+    # Its kind comes from its tensors: full attention, and MoE exactly when it ships experts.
+    moe = any(n.startswith(block + "mlp.experts.") for n in names)
     extended = copy.deepcopy(config)
     extended.num_hidden_layers = depth + 1
     if types:
         extended.layer_types = [*types[:depth], "full_attention"]
-    if getattr(extended, "mlp_only_layers", None):
-        extended.mlp_only_layers = [i for i in extended.mlp_only_layers if i < depth]  # the MTP block is MoE
+    if isinstance(getattr(extended, "mlp_layer_types", None), list):
+        extended.mlp_layer_types = [*extended.mlp_layer_types[:depth], "sparse" if moe else "dense"]
+    if getattr(extended, "mlp_only_layers", None) is not None:
+        extended.mlp_only_layers = [i for i in extended.mlp_only_layers if i < depth] + ([] if moe else [depth])
     main_block = f"model.layers.{depth}."
     mapping = None if block == main_block else {"^" + block.replace(".", r"\."): main_block}
     verbosity = hf_logging.get_verbosity()
@@ -292,6 +298,8 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
     model.config.num_hidden_layers = depth
     if types:
         model.config.layer_types = types[:depth]
+    if isinstance(getattr(model.config, "mlp_layer_types", None), list):
+        model.config.mlp_layer_types = model.config.mlp_layer_types[:depth]
 
     def tensor(name: str) -> torch.Tensor:
         with safe_open(str(names[name]), "pt", device="cpu") as f:
@@ -318,7 +326,8 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         """The family's published wiring, module by module over the whole sequence (no cache):
         norms on each input, one projection over the concatenation in the family's order, the block
         under a causal mask, the final norm, the head."""
-        e = F.embedding(ids, embed)
+        e = F.embedding(ids.to(embed.device), embed)
+        hidden = hidden.to(embed.device)
         pair = [hnorm(hidden), enorm(e)] if family.order == "hidden_first" else [enorm(e), hnorm(hidden)]
         x = F.linear(torch.cat(pair, dim=-1), proj)[None]
         n = ids.shape[0]

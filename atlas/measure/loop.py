@@ -281,6 +281,13 @@ def _fast_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: tor
     )
 
 
+def _device_of(module: nn.Module, default: torch.device) -> torch.device:
+    tensor = next(module.parameters(), None)
+    if tensor is None:
+        tensor = next(module.buffers(), None)
+    return default if tensor is None else tensor.device
+
+
 def _build_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: torch.dtype, fast: bool) -> Layer:
     built = _fast_layer(layer, max_len, device, dtype) if fast else None
     if built is None:
@@ -405,35 +412,45 @@ class Engine:
         d = config.hidden_size
         if type(base.embed_tokens) is not nn.Embedding:
             raise AtlasError(f"unsupported embedding module {type(base.embed_tokens).__name__}")
+        # Each piece stays on the device it was placed on (atlas.measure.placement); a layer's static
+        # caches, masks and RoPE tables live with it, and only the hidden rows cross devices.
         self.embed = base.embed_tokens.weight.detach()
-        self.layers = [_build_layer(layer, self.max_len, self.device, self.dtype, self.fast) for layer in base.layers[: config.num_hidden_layers]]
+        modules = list(base.layers[: config.num_hidden_layers])
+        self.layer_devices = [_device_of(m, self.device) for m in modules]
+        self.layers = [_build_layer(m, self.max_len, dev, self.dtype, self.fast) for m, dev in zip(modules, self.layer_devices)]
+        self.head_device = self.model.lm_head.weight.device
         self.norm = self._norm(base.norm)
-        self.head = _fused([self.model.lm_head], self.device)
-        self.masks = Masks(self.max_len, self.device, self.dtype)
+        self.head = _fused([self.model.lm_head], self.head_device)
+        self._masks: dict[torch.device, Masks] = {}
         per_layer_rope = len(config.nested_rope_parameter_keys(config.rope_parameters)) > 0
         types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
-        self._ropes: dict[str | None, Rope] = {}
-        self.layer_ropes = [self._rope(base.rotary_emb, t if per_layer_rope else None) for t in types[: len(self.layers)]]
+        self._ropes: dict[tuple[str | None, torch.device], Rope] = {}
+        self.stack = [
+            (layer, self._rope(base.rotary_emb, t if per_layer_rope else None, dev), self.masks(dev), dev)
+            for layer, t, dev in zip(self.layers, types, self.layer_devices)
+        ]
         # The MTP layer: e and h norms folded into the two halves of its projection (split by the
         # loader, so no concat is needed and the family's input order is already settled), its
         # decoder block, and the norm(s) whose output is both the logits input and the hidden
         # recycled for the next draft.
         head = self.mtp
-        self.mtp_embed = head.embed
-        self.enorm, self.mtp_e = self._folded(head.enorm, head.w_e)
-        self.hnorm, self.mtp_h = self._folded(head.hnorm, head.w_h)
-        self.mtp_block = _build_layer(head.block, self.max_len, self.device, self.dtype, self.fast)
+        self.mtp_device = _device_of(head.block, self.device)
+        self.devices = list(dict.fromkeys([self.device, *self.layer_devices, self.head_device, self.mtp_device]))
+        self.mtp_embed = head.embed.to(self.mtp_device)
+        self.enorm, self.mtp_e = self._folded(head.enorm, head.w_e.to(self.mtp_device))
+        self.hnorm, self.mtp_h = self._folded(head.hnorm, head.w_h.to(self.mtp_device))
+        self.mtp_block = _build_layer(head.block, self.max_len, self.mtp_device, self.dtype, self.fast)
         self.mtp_post = [self._norm(m) for m in head.post_norms]
-        self.mtp_head = self.head if head.head is self.model.lm_head else _fused([head.head], self.device)
-        self.mtp_rope = self._rope(head.rotary, head.rope_layer_type)
+        self.mtp_head = self.head if head.head is self.model.lm_head else _fused([head.head], self.mtp_device)
+        self.mtp_rope = self._rope(head.rotary, head.rope_layer_type, self.mtp_device)
 
     def _folded(self, norm: nn.Module, w: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], Linear]:
         """A norm followed by a projection: a plain RMS norm's weight goes into the projection;
         any other norm stays its own module."""
         rms = _rms_of(norm)
         if rms is None:
-            return norm, Linear(w, None, self.device)
-        return (lambda x: _unit(x, rms.c)), Linear(w * rms.weight[None, :], None, self.device)
+            return norm, Linear(w, None, w.device)
+        return (lambda x: _unit(x, rms.c)), Linear(w * rms.weight[None, :], None, w.device)
 
     @staticmethod
     def _norm(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -442,10 +459,16 @@ class Engine:
             return module
         return lambda x: _unit(x, rms.c) * rms.weight
 
-    def _rope(self, rotary: nn.Module, layer_type: str | None) -> Rope:
-        if layer_type not in self._ropes:
-            self._ropes[layer_type] = _rope_table(rotary, layer_type, self.max_len + 1, self.device, self.dtype)
-        return self._ropes[layer_type]
+    def _rope(self, rotary: nn.Module, layer_type: str | None, device: torch.device) -> Rope:
+        if (layer_type, device) not in self._ropes:
+            table = _rope_table(rotary, layer_type, self.max_len + 1, _device_of(rotary, device), self.dtype)
+            self._ropes[(layer_type, device)] = Rope(*(t.to(device) for t in (table.cos, table.sin, table.sin_signed)))
+        return self._ropes[(layer_type, device)]
+
+    def masks(self, device: torch.device) -> "Masks":
+        if device not in self._masks:
+            self._masks[device] = Masks(self.max_len, device, self.dtype)
+        return self._masks[device]
 
     @staticmethod
     def _step(rope: Rope, start: int, n: int, rope_start: int) -> Step:
@@ -457,10 +480,12 @@ class Engine:
         x = F.embedding(ids, self.embed)
         n = ids.shape[0]
         steps: dict[int, Step] = {}
-        for layer, rope in zip(self.layers, self.layer_ropes):
+        for layer, rope, masks, dev in self.stack:
+            if x.device != dev:
+                x = x.to(dev)
             st = steps.get(id(rope)) or steps.setdefault(id(rope), self._step(rope, start, n, start))
-            x = _layer_forward(layer, x, st, self.masks)
-        h = self.norm(x)
+            x = _layer_forward(layer, x, st, masks)
+        h = self.norm(x.to(self.head_device))
         return h, self.head(h)
 
     def draft(self, ids: torch.Tensor, hidden: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -468,9 +493,10 @@ class Engine:
 
         Returns (the output hidden of the last row, to feed back for the next draft step;
         the logits of the last row, the draft distribution for the token two ahead of hidden's)."""
-        e = F.embedding(ids, self.mtp_embed)
-        x = self.mtp_h(self.hnorm(hidden), residual=self.mtp_e(self.enorm(e)))
-        x = _layer_forward(self.mtp_block, x, self._step(self.mtp_rope, start, ids.shape[0], start + 1), self.masks)[-1:]
+        e = F.embedding(ids.to(self.mtp_device), self.mtp_embed)
+        x = self.mtp_h(self.hnorm(hidden.to(self.mtp_device)), residual=self.mtp_e(self.enorm(e)))
+        st = self._step(self.mtp_rope, start, ids.shape[0], start + 1)
+        x = _layer_forward(self.mtp_block, x, st, self.masks(self.mtp_device))[-1:]
         for norm in self.mtp_post:
             x = norm(x)
         return x, self.mtp_head(x)[0]
@@ -485,7 +511,8 @@ class Engine:
         ref_hidden = out.hidden_states[-1][0]
         mtp_ref = self.mtp.reference(ref_hidden[:-1], ids[1:], torch.arange(1, len(prompt), device=self.device))
         _, mtp_logits = self.draft(ids[1:], hidden[:-1], 0)
-        errors = [(logits - out.logits[0]).abs().max().item(), (mtp_logits - mtp_ref[1][-1]).abs().max().item()]
+        errors = [(logits - out.logits[0].to(logits.device)).abs().max().item(),
+                  (mtp_logits - mtp_ref[1][-1].to(mtp_logits.device)).abs().max().item()]
         tolerance = 1e-3 if self.dtype == torch.float32 else 5e-2
         scale = max(1.0, out.logits.abs().max().item())
         if max(errors) > tolerance * scale:
@@ -544,11 +571,13 @@ class RunStats:
 
 
 class Stopwatch:
-    """Wall time of device work: CUDA events on a GPU (no host timing of asynchronous launches),
-    perf_counter on the CPU."""
+    """Wall time of device work: CUDA events on one GPU (no host timing of asynchronous launches);
+    across several GPUs, perf_counter between synchronisations of all of them; perf_counter on CPU."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
+    def __init__(self, device: torch.device, others: list[torch.device] | None = None) -> None:
+        gpus = {d for d in [device, *(others or [])] if d.type == "cuda"}
+        self.cuda = len(gpus) == 1 and device.type == "cuda"
+        self.sync = sorted(gpus, key=str) if len(gpus) > 1 else []
         self.t0 = 0.0
 
     def start(self) -> None:
@@ -556,10 +585,14 @@ class Stopwatch:
             self.begin = torch.cuda.Event(enable_timing=True)
             self.begin.record()
         else:
+            for d in self.sync:
+                torch.cuda.synchronize(d)
             self.t0 = time.perf_counter()
 
     def stop(self) -> float:
         if not self.cuda:
+            for d in self.sync:
+                torch.cuda.synchronize(d)
             return time.perf_counter() - self.t0
         end = torch.cuda.Event(enable_timing=True)
         end.record()
@@ -578,7 +611,7 @@ def generate_plain(engine: Engine, prompt: list[int], max_new: int, s: Sampling,
     _, logits = engine.main(ids, 0)
     out = [_pick(logits[-1], s, gen)]
     pos = len(prompt)
-    watch = Stopwatch(engine.device)
+    watch = Stopwatch(engine.device, engine.devices)
     watch.start()
     cur = torch.empty(1, dtype=torch.long, device=engine.device)
     while len(out) < max_new:
@@ -613,7 +646,7 @@ def generate_speculative(
     hidden, logits = engine.main(ids, 0)
     out = [_pick(logits[-1], s, gen)]
     pos = len(prompt)  # slot of the current (last emitted, not yet forwarded) token
-    watch = Stopwatch(dev)
+    watch = Stopwatch(dev, engine.devices)
     watch.start()  # the MTP layer's prefill is a cost only speculation pays: timed
     h_mtp, q_logits = engine.draft(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)
     drafted, reached, accepted = [0] * k, [0] * k, [0] * k

@@ -81,6 +81,23 @@ LAYOUTS: dict[str, Layout] = {
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
         hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
     ),
+    "glm4_moe": Layout(
+        model_type="glm4_moe", architectures=("Glm4MoeForCausalLM",), count_key="num_nextn_predict_layers",
+        defaults=dict(_TINY, head_dim=16, moe_intermediate_size=32, first_k_dense_replace=1, n_routed_experts=4,
+                      num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1),
+        glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
+        e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
+        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+    ),
+    "glm4_moe_lite": Layout(  # GLM-4.7-Flash: MLA attention, DeepSeek-style MTP glue
+        model_type="glm4_moe_lite", architectures=("Glm4MoeLiteForCausalLM",), count_key="num_nextn_predict_layers",
+        defaults=dict(_TINY, num_key_value_heads=4, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                      n_shared_experts=1, n_group=1, topk_group=1, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16,
+                      qk_nope_head_dim=16, v_head_dim=16),
+        glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
+        e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
+        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+    ),
     "qwen3_next": Layout(
         model_type="qwen3_next", architectures=("Qwen3NextForCausalLM",), count_key="num_nextn_predict_layers",
         defaults=dict(_TINY, head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
@@ -110,6 +127,8 @@ def _main_config(layout: Layout, depth: int, overrides: dict[str, Any]):
             raise AtlasError(f"layer_types has {len(main_types)} entries for {depth} main layers")
         kwargs["layer_types"] = [*main_types, "full_attention"]
         kwargs["mlp_only_layers"] = [i for i in overrides.get("mlp_only_layers", []) if i < depth]
+    if "mlp_layer_types" in AutoConfig.for_model(layout.model_type).to_dict():
+        kwargs["mlp_layer_types"] = ["dense"] + ["sparse"] * depth  # first layer dense, the MTP block MoE
     return AutoConfig.for_model(layout.model_type, **kwargs)
 
 
@@ -204,8 +223,9 @@ def write_checkpoint(
     save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, str(out / "model.safetensors"), metadata={"format": "pt"})
     saved = config.to_dict()
     saved.update(num_hidden_layers=depth, architectures=list(layout.architectures), **{layout.count_key: 1})
-    if "layer_types" in saved and isinstance(saved["layer_types"], list):
-        saved["layer_types"] = saved["layer_types"][:depth]
+    for key in ("layer_types", "mlp_layer_types"):
+        if isinstance(saved.get(key), list):
+            saved[key] = saved[key][:depth]
     saved.pop("transformers_version", None)
     (out / "config.json").write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n")
     build_tokenizer().save_pretrained(out)

@@ -32,6 +32,7 @@ import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from atlas import AtlasError
+from atlas.measure.placement import Placement
 from atlas.measure.theory import conditional_acceptance, ideal_speedup as ideal_from_costs
 from atlas.paths import ROOT
 
@@ -85,6 +86,7 @@ class Settings(Strict):
     top_k: int | None = None
     top_p: float | None = None
     quick: bool = False  # a --quick run: never sets a gate
+    placement: Placement | None = None  # --device-map: which device held which layers
 
 
 class PassCosts(Strict):

@@ -27,6 +27,7 @@ import torch
 from atlas import AtlasError, __version__
 from atlas.fingerprints import fingerprint, parse_config_bytes
 from atlas.measure.families import MtpHead, head_from_transformers, identify, load_family, tensor_names
+from atlas.measure.placement import Placement, auto_plan, parse_plan, place, place_head
 from atlas.measure.loop import (
     Engine,
     RunStats,
@@ -76,6 +77,7 @@ class Options:
     revision: str | None = None
     endpoint: str | None = None
     device: str = "auto"
+    device_map: str | None = None  # auto, auto+cpu or DEVICE=FIRST-LAST,... (atlas.measure.placement)
     dtype: str = "float32"
     workloads: list[str] | None = None
     temperatures: tuple[float, ...] = (0.0, 1.0)
@@ -210,6 +212,23 @@ def load_checkpoint(folder: str, device: torch.device, dtype: torch.dtype) -> Lo
     return Loaded(model, head, tokenizer, via, peer_layers)
 
 
+def place_model(loaded: Loaded, spec: str) -> Placement:
+    """Plan (auto / auto+cpu / explicit) and move the main model and its MTP layer."""
+    n_layers = len(loaded.model.get_decoder().layers)
+    if spec in ("auto", "auto+cpu"):
+        mtp_bytes = sum(p.numel() * p.element_size() for m in (loaded.mtp.block, *loaded.mtp.post_norms) for p in m.parameters())
+        placement = auto_plan(loaded.model, mtp_bytes, offload_cpu=spec == "auto+cpu")
+    else:
+        placement = parse_plan(spec, n_layers)
+    for name in placement.devices():
+        if name != "cpu":
+            pick_device(name)  # a GPU that torch does not see is an AtlasError here
+    place(loaded.model, placement)
+    loaded.model.eval()
+    loaded.mtp = place_head(loaded.mtp, torch.device(placement.head))
+    return placement
+
+
 # ---- the machine -------------------------------------------------------------------------------
 
 
@@ -233,12 +252,13 @@ def _memory_gib() -> float:
     return 0.0
 
 
-def hardware(device: torch.device) -> Hardware:
+def hardware(device: torch.device, placement: Placement | None = None) -> Hardware:
     cpu, cores = _cpu_name(), os.cpu_count() or 1
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     gpu_mem = round(torch.cuda.get_device_properties(device).total_memory / 2**30, 1) if gpu else None
+    gpus = [d for d in placement.devices() if d.startswith("cuda")] if placement else [str(device)] if gpu else []
     return Hardware(
-        text=f"GPU: {gpu}" if gpu else f"CPU: {cpu} ({cores} cores)",
+        text=(f"GPU: {len(gpus)} x {gpu}" if len(gpus) > 1 else f"GPU: {gpu}") if gpu else f"CPU: {cpu} ({cores} cores)",
         cpu=cpu,
         cpu_cores=cores,
         memory_gib=_memory_gib(),
@@ -300,7 +320,7 @@ class PassTimer:
         self.ids = torch.zeros(max(ks) + 1, dtype=torch.long, device=engine.device)
         self.hidden = torch.zeros(1, engine.embed.shape[1], dtype=engine.dtype, device=engine.device)
         self.samples: dict[str, list[float]] = {}
-        self.watch = Stopwatch(engine.device)
+        self.watch = Stopwatch(engine.device, engine.devices)
 
     def _time(self, name: str, fn: Callable[[], object]) -> None:
         self.watch.start()
@@ -515,8 +535,16 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     prompt_set = load_prompt_set()
     workloads = prompt_set.get(options.workloads)
     folder, model_id, revision = resolve(options.model, options.revision, options.endpoint)
-    log(f"loading {model_id} ({revision[:19]}) on {device} as {options.dtype}")
-    loaded = load_checkpoint(str(folder), device, dtype)
+    placement = None
+    if options.device_map:  # loaded in CPU memory, then each piece moved to its device
+        log(f"loading {model_id} ({revision[:19]}) for placement {options.device_map} as {options.dtype}")
+        loaded = load_checkpoint(str(folder), torch.device("cpu"), dtype)
+        placement = place_model(loaded, options.device_map)
+        device = torch.device(placement.embed)
+        log("placement: " + ", ".join(f"{d}: {placement.layers.count(d)} layers" for d in placement.devices()) + f"; head and MTP on {placement.head}")
+    else:
+        log(f"loading {model_id} ({revision[:19]}) on {device} as {options.dtype}")
+        loaded = load_checkpoint(str(folder), device, dtype)
     model, tokenizer = loaded.model, loaded.tokenizer
     log(f"MTP layer built by: {loaded.family}")
     prompts = {
@@ -565,7 +593,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         run_date=datetime.now(timezone.utc).replace(microsecond=0),
         model_id=model_id,
         revision=revision,
-        hardware=hardware(device),
+        hardware=hardware(device, placement),
         software=software(),
         command=options.command,
         seed=options.seed,
@@ -575,6 +603,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
             device=str(device), dtype=options.dtype, workloads=[w.name for w in workloads], temperatures=list(options.temperatures),
             draft_tokens=ks if options.ours else [mtp_k], max_new_tokens=options.max_new_tokens, repeats=options.repeats,
             prompts_per_workload=options.prompts_per_workload, top_k=options.top_k, top_p=options.top_p, quick=options.quick,
+            placement=placement,
         ),
         pass_costs=costs,
         cells=cells,

@@ -80,6 +80,15 @@ def _svg_open(title: str) -> str:
     )
 
 
+def _ticks(top: float, counts: bool = False) -> int:
+    """Gridlines at round steps: one per unit when the axis counts a few whole things (no "0.5
+    models"); else 4 or 5 so that a step is 1, 2, 2.5 or 5 times a power of ten."""
+    if counts and top == int(top) and 1 <= top <= 4:
+        return int(top)
+    mantissa = top / 10 ** math.floor(math.log10(top)) if top > 0 else 1.0
+    return 5 if round(mantissa, 6) in (2.5, 5.0) else 4
+
+
 def _axes(y_label: str, y_top: float, y_bottom: float = 0.0, ticks: int = 4) -> list[str]:
     plot_h = HEIGHT - _TOP - _BOTTOM
     base = _TOP + plot_h
@@ -140,7 +149,8 @@ def bar_chart(title: str, bars: list[Bar], y_label: str, y_max: float | None = N
     plot_h = HEIGHT - _TOP - _BOTTOM
     slot = plot_w / len(bars)
     bar_w = min(48.0, slot * 0.7)
-    svg = [_svg_open(title), *_axes(y_label, top)]
+    counts = all(float(b.value).is_integer() for b in bars)
+    svg = [_svg_open(title), *_axes(y_label, top, ticks=_ticks(top, counts))]
     centres = []
     for i, bar in enumerate(bars):
         h = 0.0 if top <= 0 else plot_h * max(bar.value, 0.0) / top
@@ -176,7 +186,8 @@ def stacked_bar_chart(title: str, categories: list[str], stacks: list[Stack], y_
     plot_h = HEIGHT - _TOP - _BOTTOM
     slot = plot_w / len(categories)
     bar_w = min(40.0, slot * 0.75)
-    svg = [_svg_open(title), *_axes(y_label, top)]
+    counts = all(float(v).is_integer() for st in stacks for v in st.values)
+    svg = [_svg_open(title), *_axes(y_label, top, ticks=_ticks(top, counts))]
     centres = []
     for i, cat in enumerate(categories):
         x = _LEFT + slot * i + (slot - bar_w) / 2
@@ -227,7 +238,7 @@ def line_chart(title: str, series: list[Series], x_label: str, y_label: str,
         span = (top - y_min) or 1.0
         return _TOP + plot_h * (1 - (min(max(y, y_min), top) - y_min) / span)
 
-    svg = [_svg_open(title), *_axes(y_label, top, y_min)]
+    svg = [_svg_open(title), *_axes(y_label, top, y_min, ticks=_ticks(top - y_min))]
     if reference is not None and y_min <= reference <= top:
         svg.append(
             f'<line class="atlas-chart-reference" x1="{_LEFT}" y1="{py(reference):.1f}" '
@@ -269,6 +280,8 @@ def _nice(v: float) -> float:
     """A round axis top at or above v (1, 2, 2.5, 5 × 10^n)."""
     if v <= 0:
         return 1.0
+    if 1 <= v <= 4 and float(v).is_integer():
+        return float(v)  # a few whole things: the axis ends at the largest
     mag = 10 ** math.floor(math.log10(v))
     for m in (1, 2, 2.5, 5, 10):
         if m * mag >= v:

@@ -102,9 +102,9 @@ def wiring() -> Markdown:
     b.append(_arrow(n, 200, 165, 200, 146))
     b.append(_box(60, 55, 280, 36, "output head (shared) → token t+2", SHARED, SHARED_EDGE))
     b.append(_arrow(n, 200, 110, 200, 91))
-    b.append(_text(10, 490, "Input: the real next token's embedding, so the causal chain holds.",
+    b.append(_text(10, 490, "It is given the real token t+1: the causal chain holds.",
                    size=12, colour="#495057"))
-    b.append(_text(10, 507, "Depth d chains module d on module d−1's hidden state.", size=12,
+    b.append(_text(10, 507, "Depth d runs on module d−1's hidden state.", size=12,
                    colour="#495057"))
     # Right: parallel heads on one trunk.
     ox = 420

