@@ -334,6 +334,13 @@ def test_statistics_pass_a_correct_sampler_and_catch_planted_bugs(greedy: bool) 
     assert conformance.acceptance_test(p, q, greedy, k, squared)["p_value"] < conformance.ALPHA
 
 
+def test_a_chi_square_p_value_of_zero_fails() -> None:
+    base = {"p_value": 0.5, "chi2_p_value": 0.0}
+    assert not conformance.distribution_passed(base)
+    assert conformance.distribution_passed({**base, "chi2_p_value": None})
+    assert not conformance.distribution_passed({**base, "p_value": 0.0, "chi2_p_value": 0.9})
+
+
 def test_step_starts_and_exact_acceptance_on_an_oracle() -> None:
     assert conformance.step_starts([5, 6, 7, 8, 9], [1, 0, 2]) == [5, 7, 8]
     with pytest.raises(AtlasError):
