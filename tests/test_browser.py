@@ -71,6 +71,8 @@ def _free_port() -> int:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, render.Layout]]:
     root = tmp_path_factory.mktemp("browser-site")
     layout = site_copy(root)  # the course's real module pages
+    if (REPO / "evidence" / "conformance").is_dir():  # the verdicts in the servable matrix's cells
+        shutil.copytree(REPO / "evidence" / "conformance", layout.evidence / "conformance")
     db = root / "atlas.duckdb"
     crawl_mirror(db)
     con = store.connect(db)

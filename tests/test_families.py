@@ -176,6 +176,43 @@ def test_unknown_layout_is_refused_not_guessed(tmp_path: Path) -> None:
         load_checkpoint(str(folder), CPU, torch.float32)
 
 
+def test_declared_but_not_shipped_is_refused(tmp_path: Path) -> None:
+    """A DeepSeek-V3 config whose checkpoint dropped the MTP layer (as some re-uploads do)."""
+    folder = write_checkpoint("deepseek_v3", tmp_path, "random", depth=2)
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        kept = {n: f.get_tensor(n) for n in f.keys() if not n.startswith("model.layers.2.")}
+    save_file(kept, str(folder / "model.safetensors"))
+    with pytest.raises(AtlasError, match=r"DeepSeek-V3: the config declares 1 MTP layer\(s\) \(num_nextn_predict_layers\) but the checkpoint ships no MTP tensors"):
+        load_checkpoint(str(folder), CPU, torch.float32)
+
+
+def test_real_configs_from_the_mirror_get_a_row(tmp_path: Path) -> None:
+    """Every bundled real config that declares MTP is matched to its row (tensor names as the
+    family ships them), measured or refused by name."""
+    from atlas.fingerprints import fingerprint
+    from atlas.measure.families import identify
+    from atlas.paths import ROOT
+
+    shipped = {"deepseek_v3": "model.layers.{N}.eh_proj.weight", "glm4_moe": "model.layers.{N}.eh_proj.weight",
+               "mimo": "model.mtp_layers.0.input_proj.weight"}
+    seen = {}
+    for path in sorted((ROOT / "data" / "hub-mirror").glob("*/*/config.json")):
+        config = json.loads(path.read_text())
+        if not fingerprint(config).declared_num_mtp_layers:
+            continue
+        text = config.get("text_config") or config
+        model_type = text.get("model_type", config.get("model_type"))
+        depth = text.get("num_hidden_layers", 0)
+        names = [shipped[model_type].replace("{N}", str(depth))] if model_type in shipped else []
+        family = identify(config, names)
+        seen[path.parent.name] = family.name if family else None
+    assert seen["DeepSeek-V3"] == "DeepSeek-V3" and seen["GLM-4.5"] == "GLM-4-MoE"
+    assert seen["Qwen3.5-397B-A17B"] == "Qwen3.5" and seen["NVIDIA-Nemotron-3-Super-120B-A12B-FP8"] == "Nemotron-H / Nemotron-3"
+    assert seen["MiniMax-M2.7"] == "MiniMax-M2" and seen["GLM-5-FP8"] == "DeepSeek-V3.2 / GLM-5"
+    assert seen.pop("byte-mtp-8l") is None  # the team model: transformers' own MTP loader
+    assert all(seen.values()), seen
+
+
 def test_every_fingerprinted_family_has_a_row() -> None:
     from atlas.fingerprints import WEIGHT_RULES
 

@@ -18,6 +18,7 @@ from huggingface_hub.hf_api import ModelInfo
 from atlas import AtlasError, store
 from atlas.cli import cli
 from atlas.hub import crawl as crawler
+from atlas.hub.server import Fault
 from atlas.site import evidence, mdsafe
 
 GOOD = json.loads((MIRROR / "zai-org/GLM-4.5/config.json").read_text())
@@ -219,3 +220,14 @@ def test_bidi_and_zero_width_characters_are_shown_not_obeyed(char: str) -> None:
     assert char not in shown and f"U+{ord(char):04X}" in shown
     assert mdsafe.escape("org/model") != shown  # cannot pass for the plain id
     assert char not in mdsafe.code(f"x{char}y") and char not in mdsafe.table(["id"], [[f"a{char}b"]])
+
+
+def test_a_redirect_loop_is_cut_short_and_is_the_repos_error(tmp_path: Path, make_hub) -> None:
+    hub = make_hub(build(tmp_path / "m", {"h/fine": HOSTILE["h/fine"], "h/loop": HOSTILE["h/fine"]}))
+    hub.inject(Fault(307, path_contains="/h/loop/resolve/", times=-1, headers={"Location": "/h/loop/resolve/main/config.json"}))
+    summary = crawl(tmp_path, hub, ["h"])
+    got = dict(rows(tmp_path / "atlas.duckdb", "SELECT repo_id, error FROM mtp_fingerprints"))
+    assert got["h/fine"] is None and summary.fetched == 1
+    assert got["h/loop"].startswith("TooManyRedirects")
+    hops = [r for r in hub.requests if r["path"].startswith("/h/loop/")]
+    assert len(hops) == crawler.MAX_REDIRECTS + 1  # not the client's default 20, and not retried

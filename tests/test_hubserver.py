@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
-import os
 import socket
 import struct
 import tracemalloc
@@ -96,7 +95,7 @@ def test_listing_rejects_expand_values_only_repo_info_accepts() -> None:
     assert info.base_models == {"relation": "finetune", "models": [{"id": "org/base"}]}
 
 
-def test_missing_private_disabled_and_gated_answer_as_on_the_hub() -> None:
+def test_missing_private_disabled_and_gated_answer_as_on_the_hub(tmp_path: Path) -> None:
     repos = [
         MirrorRepo("org/open", {"config.json": b"{}"}),
         MirrorRepo("org/private", {"config.json": b"{}"}, {"private": True}),
@@ -121,7 +120,7 @@ def test_missing_private_disabled_and_gated_answer_as_on_the_hub() -> None:
         # a gated repo's info is public; its files are not
         assert anon.model_info("org/gated").gated == "manual"
         with pytest.raises(GatedRepoError) as info:
-            hf_hub_download("org/gated", "config.json", endpoint=hub.url, token=False, cache_dir=os.devnull + "x")
+            hf_hub_download("org/gated", "config.json", endpoint=hub.url, token=False, cache_dir=tmp_path)
         assert info.value.response.status_code == 401
         hub.granted.add("org/gated")
         listed = {m.id: m for m in anon.list_models(author="org", expand=["disabled", "gated"])}

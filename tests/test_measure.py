@@ -44,7 +44,7 @@ def test_run_then_import(tmp_path: Path) -> None:
     runner = CliRunner()
     result = runner.invoke(cli, [
         "measure", "run", "--workloads", "templated,random", "--temperatures", "0,1", "--draft-tokens", "1,2",
-        "--max-new-tokens", "12", "--repeats", "1", "--prompts-per-workload", "1", "--out", str(out),
+        "--max-new-tokens", "24", "--repeats", "1", "--prompts-per-workload", "1", "--out", str(out),
     ])
     assert result.exit_code == 0, result.output
     [path] = out.glob("*.json")
@@ -53,7 +53,7 @@ def test_run_then_import(tmp_path: Path) -> None:
     engines = {(c.engine, c.workload, c.temperature, c.draft_tokens) for c in record.cells}
     assert ("atlas", "random", 1.0, 2) in engines and ("transformers-use_mtp", "templated", 0.0, 1) in engines
     assert all(c.derived.greedy_lossless for c in record.cells if c.temperature == 0)
-    assert all(sum(r.tokens for r in c.repeats) == 11 for c in record.cells)  # decode-phase tokens
+    assert all(sum(r.tokens for r in c.repeats) == 23 for c in record.cells)  # decode-phase tokens
 
     first = runner.invoke(cli, ["measure", "import", "--db", str(db), "--dir", str(out)])
     second = runner.invoke(cli, ["measure", "import", "--db", str(db), "--dir", str(out)])

@@ -112,3 +112,14 @@ def test_abort_wakes_the_default_wait() -> None:
     pacer.abort()
     pacer.pause(3600)  # returns at once: an interrupted crawl does not wait out a reset
     assert pacer.aborted
+
+
+def test_the_hubs_answers_decide_which_bucket_a_kind_of_request_counts_in() -> None:
+    clock = Clock()
+    pacer = Pacer(HUB, sleep=clock.sleep, clock=clock)
+    hop = f"{HUB}/api/resolve-cache/models/org/m/abc/config.json?etag=x"
+    assert pacer.before(hop)[0] == "resolve-cache" and pacer.buckets["resolvers"].requests == 1
+    pacer.after(("resolve-cache", 1), 200, headers("api", 0, 30))  # the Hub counted it as api
+    assert pacer.buckets["api"].remaining == 0
+    pacer.before(hop)  # so the next hop waits for the api window, not the resolvers one
+    assert pacer.buckets["api"].requests == 1 and clock.slept

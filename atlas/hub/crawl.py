@@ -83,6 +83,7 @@ LISTING_EXPAND = [
 INFO_EXPAND = [*LISTING_EXPAND, "baseModels"]
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 MAX_ATTEMPTS = 4
+MAX_REDIRECTS = 5
 UNREACHABLE_AFTER = 4  # consecutive attempts without any answer: the hub is gone, stop
 DISABLED_MESSAGE = "Access to this resource is disabled."
 INT64_MAX = 2**63 - 1
@@ -193,8 +194,9 @@ def install_client(pacer: Pacer, timeout_s: float, silence: Silence) -> None:
             pacer.after(ticket, response.status_code, response.headers)
 
     def factory() -> Any:
-        return httpx.Client(
-            transport=Watched(), follow_redirects=True, timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)),
+        return httpx.Client(  # the Hub redirects once (307 or 302): a loop is cut short, not followed 20 times
+            transport=Watched(), follow_redirects=True, max_redirects=MAX_REDIRECTS,
+            timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)),
             event_hooks={"request": [hf_request_event_hook, on_request], "response": [on_response]},
         )
 

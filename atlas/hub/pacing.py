@@ -72,15 +72,30 @@ def retry_after(headers: Mapping[str, str] | None) -> float | None:
     return float(value) if value.isdigit() and len(value) < 10 else None
 
 
-def bucket_of(url: str, endpoint: str) -> str | None:
-    """Which bucket a request to `url` counts in; None off the Hub's origin (the LFS CDN)."""
+def route_of(url: str, endpoint: str) -> str | None:
+    """What kind of request `url` is: "resolve", "resolve-cache", "api" or "pages"; None off the
+    Hub's origin (the LFS CDN, which no bucket counts)."""
     target, hub = urlsplit(url), urlsplit(endpoint)
     if (target.scheme, target.netloc) != (hub.scheme, hub.netloc):
         return None
     path = target.path
-    if path.startswith("/api/resolve-cache/") or "/resolve/" in path:
-        return "resolvers"
+    if path.startswith("/api/resolve-cache/"):
+        return "resolve-cache"
+    if "/resolve/" in path:
+        return "resolve"
     return "api" if path.startswith("/api/") else "pages"
+
+
+# The bucket each kind of request is expected to count in. The Hub's answers name the bucket that
+# counted them, and the pacer follows the answers where they differ (the resolve-cache hop is not
+# documented; it is taken as a resolver until the Hub says otherwise).
+ROUTES = {"resolve": "resolvers", "resolve-cache": "resolvers", "api": "api", "pages": "pages"}
+
+
+def bucket_of(url: str, endpoint: str) -> str | None:
+    """Which bucket a request to `url` is expected to count in; None off the Hub's origin."""
+    route = route_of(url, endpoint)
+    return None if route is None else ROUTES[route]
 
 
 @dataclass
@@ -116,6 +131,7 @@ class Pacer:
         self._lock = threading.Lock()
         self._seq = 0
         self.buckets: dict[str, Bucket] = {b: Bucket() for b in BUCKETS}
+        self._routes = dict(ROUTES)
         self.cdn_requests = 0
         self.pauses: list[Pause] = []
         self.on_pause: Callable[[Pause], None] | None = None
@@ -150,13 +166,14 @@ class Pacer:
 
     def before(self, url: str) -> tuple[str | None, int]:
         """Called before each request: waits for its bucket's turn; returns its ticket."""
-        bucket_name = bucket_of(url, self.endpoint)
+        route = route_of(url, self.endpoint)
         with self._lock:
             self._seq += 1
             seq = self._seq
-            if bucket_name is None:
+            if route is None:
                 self.cdn_requests += 1
                 return None, seq
+            bucket_name = self._routes[route]
             b = self.buckets[bucket_name]
             b.requests += 1
             now = self._clock()
@@ -168,7 +185,7 @@ class Pacer:
             self._note(Pause(bucket_name, delay, reason))
         if delay > 0:
             self._sleep(delay)  # once, never in a loop: a patched sleep must not spin
-        return bucket_name, seq
+        return route, seq
 
     def _reserve(self, b: Bucket, now: float) -> tuple[float, str]:
         """Claim one request of `b`'s window (under the lock): (seconds to wait, why). The window's
@@ -202,16 +219,18 @@ class Pacer:
 
     def after(self, ticket: tuple[str | None, int], status: int, headers: Mapping[str, str] | None) -> None:
         """Called with each answer: learn the bucket's state; a 429 pauses the bucket."""
-        predicted, seq = ticket
+        route, seq = ticket
         info = parse_ratelimit(headers)
         pause: Pause | None = None
         with self._lock:
             now = self._clock()
             for b in self.buckets.values():
                 b.inflight.discard(seq)
-            name = info.bucket if info is not None and info.bucket in self.buckets else predicted
-            if name is None:
+            if route is None:
                 return
+            if info is not None and info.bucket in self.buckets:
+                self._routes[route] = info.bucket  # the Hub says where this kind of request counts
+            name = self._routes[route]
             b = self.buckets[name]
             if status == 429:
                 b.rate_limited += 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -116,7 +117,8 @@ def plan(db: Path, watchlist: Path, endpoint: str, token: str | bool | None = No
     yield (f"to fetch: {new} new or changed, {pending} with side files pending, "
            f"{len(readable) - new - pending} unchanged (no request){note}" + (f"; not requested: {skipped}" if skipped else ""))
     yield (f"expected requests: api {requests['api']} (the listing, made again by the crawl), "
-           f"resolvers {requests['resolvers']}, CDN {cdn} (not rate-limited)")
+           f"resolvers {requests['resolvers']} (the resolve-cache hop of small files counted here; "
+           f"`--probe` shows where the Hub counts it), CDN {cdn} (not rate-limited)")
     for tier, quotas in TIERS.items():
         seconds, bucket = _duration(requests, quotas)
         share = ", ".join(f"{b} {n}/{quotas[b]}" for b, n in requests.items() if n)
@@ -145,7 +147,7 @@ def probe(watchlist: Path, endpoint: str, token: str | bool | None = None) -> It
         headers = build_hf_headers(token=token)
         session = get_session()
 
-        def ask(method: str, path: str, expect: str) -> dict:
+        def ask(method: str, path: str, expect: str) -> Any:
             response = session.request(method, base + path, headers=headers, follow_redirects=False, timeout=30)
             message = response.headers.get("X-Error-Message")
             where = response.headers.get("Location")
@@ -160,15 +162,19 @@ def probe(watchlist: Path, endpoint: str, token: str | bool | None = None) -> It
                 + (f"; Location{host}: {where[:100]}" if where else "")
                 + (f"; X-Error-Message: {message[:100]}" if message else "")
             )
-            return response.json() if response.status_code == 200 and method == "GET" and path.startswith("/api/") else {}
+            return response
 
         ask("GET", f"/api/models?author={org}&limit=1&expand=sha", "200 with the listing")
         ask("GET", f"/api/models?author={org}&limit=1&expand=baseModels", "400 (baseModels is not a listing field)")
         ask("GET", f"/api/models/{org}/atlas-probe-no-such-repo", "401 RepoNotFound without a token, 404 with one")
         if repo is not None:
             info = ask("GET", f"/api/models/{repo}?" + "&".join(f"expand={e}" for e in ("sha", "siblings")), "200")
-            siblings = [s.get("rfilename") for s in info.get("siblings", []) if isinstance(s, dict)]
-            ask("HEAD", f"/{repo}/resolve/main/config.json", "307 to /api/resolve-cache/ (a small file)")
+            body = info.json() if info.status_code == 200 else {}
+            siblings = [s.get("rfilename") for s in body.get("siblings", []) if isinstance(s, dict)]
+            small = ask("HEAD", f"/{repo}/resolve/main/config.json", "307 to /api/resolve-cache/ (a small file)")
+            hop = small.headers.get("Location", "")
+            if small.status_code == 307 and hop.startswith("/"):
+                ask("HEAD", hop, "200 (which bucket counts this hop: the crawler assumes resolvers)")
             lfs = next((s for s in siblings if isinstance(s, str) and s.endswith(".safetensors")), None)
             if lfs is not None:
                 ask("HEAD", f"/{repo}/resolve/main/{lfs}", "302 to the CDN (an LFS file)")

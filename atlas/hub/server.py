@@ -242,7 +242,8 @@ class HubServer:
 
     def start(self) -> HubServer:
         for name, httpd in (("hubserver", self._httpd), ("hubcdn", self._cdn)):
-            thread = threading.Thread(target=httpd.serve_forever, name=name, daemon=True)
+            # a short poll: stop() waits up to one poll interval per server (tests start many hubs)
+            thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
         return self

@@ -111,6 +111,14 @@ def load_records(folder: Path) -> list[tuple[Path, ConformanceRecord]]:
     return out
 
 
+def latest_records(folder: Path) -> list[tuple[Path, ConformanceRecord]]:
+    """Per engine package, version and hardware, its newest record (older ones stay, by date)."""
+    latest: dict[tuple[str, str, str], tuple[Path, ConformanceRecord]] = {}
+    for path, rec in load_records(folder):  # sorted by date: the last one wins
+        latest[(rec.package, rec.version, rec.hardware)] = (path, rec)
+    return list(latest.values())
+
+
 def write_record(record: ConformanceRecord, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{record.run_date:%Y%m%dT%H%M%SZ}-{record.package}-{record.version}.json"
@@ -428,21 +436,33 @@ def _dist_summary(f: dict) -> str:
 # ---- the site's table ----------------------------------------------------------------------------
 
 
-def evidence_table(folder: Path, root: Path | None = None) -> str:
-    """Markdown: per engine version and hardware, its latest record's verdicts (layout x temperature
-    class x draft sampling), newest first; older records stay in the folder, named by date."""
-    from atlas.site.mdsafe import Markdown, code, table
+def record_ids(rows: Iterable[Verdict]) -> dict[str, str]:
+    """Short ids C1, C2, … for the records behind these verdicts, newest first: the same ids in the
+    conformance table and wherever a verdict is cited (the servable matrix)."""
+    newest = sorted(rows, key=lambda v: (v.date, v.source), reverse=True)
+    return {src: f"C{i}" for i, src in enumerate(dict.fromkeys(v.source for v in newest), 1)}
 
-    latest: dict[tuple[str, str, str], tuple[Path, ConformanceRecord]] = {}
-    for path, rec in load_records(folder):  # sorted by date: the last one wins
-        latest[(rec.package, rec.version, rec.hardware)] = (path, rec)
-    rows = verdicts(latest.values(), root)
+
+def evidence_table(folder: Path, root: Path | None = None) -> str:
+    """Markdown: per engine version and hardware, its latest record's verdicts (one row per layout,
+    temperature class and draft sampling), newest first; older records stay in the folder, named
+    by date. What is the same for a whole record (file, hardware, date, command) is said once,
+    under the table, by its short id, so the table fits the page."""
+    from atlas.site.mdsafe import Markdown, code, escape, table
+
+    rows = verdicts(latest_records(folder), root)
     if not rows:
         return "_No engine conformance record yet (`atlas conformance run`)._\n"
     rows.sort(key=lambda v: (v.date, v.package, v.version, v.layout, v.temperature, v.draft_sampling), reverse=True)
+    ids = record_ids(rows)
     body = [
-        [f"{v.package} {v.version}", v.hardware, v.date, v.layout, v.temperature, v.draft_sampling,
-         Markdown("**checked lossless**") if v.passed else Markdown("**fails**"), v.detail, code(v.command), code(v.source)]
+        [f"{v.package} {v.version}", v.layout, v.temperature, v.draft_sampling,
+         Markdown("**checked lossless**") if v.passed else Markdown("**fails**"), v.detail, ids[v.source]]
         for v in rows
     ]
-    return table(["Engine", "Hardware", "Date", "Layout", "T", "Drafts", "Verdict", "Figures", "Command", "Record"], body) + "\n"
+    first = {v.source: v for v in reversed(rows)}
+    legend = "\n".join(
+        f"- **{cid}**: {code(src)} — {escape(first[src].hardware)}, {first[src].date}, made by {code(first[src].command)}"
+        for src, cid in ids.items()
+    )
+    return table(["Engine", "Layout", "T", "Drafts", "Verdict", "Figures", "Record"], body) + "\n\n" + legend + "\n"

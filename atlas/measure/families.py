@@ -220,13 +220,21 @@ def tensor_names(folder: Path) -> dict[str, Path]:
 
 def identify(config: dict, names: list[str]) -> Family | None:
     """The table row for this config (model_type) and tensor layout (fingerprint family); None when
-    no row matches. A refused row matches on model_type alone, so it is named whatever it ships."""
+    no row matches. A refused row matches on model_type alone, so it is named whatever it ships; a
+    measured family's config that declares MTP layers its tensors do not hold is an AtlasError."""
     fp = fingerprint(config, names)
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     model_type = str(text.get("model_type", config.get("model_type", "")))
-    for family in FAMILIES:
-        if model_type in family.model_types and (family.refuse or family.shipped_family == fp.shipped_family):
+    rows = [f for f in FAMILIES if model_type in f.model_types]
+    for family in rows:
+        if family.refuse or family.shipped_family == fp.shipped_family:
             return family
+    if rows and fp.declared_num_mtp_layers:
+        # e.g. a re-upload that dropped the MTP layer: transformers would build one from nothing
+        raise AtlasError(
+            f"{rows[0].name}: the config declares {fp.declared_num_mtp_layers} MTP layer(s) ({fp.declared_key}) but the "
+            f"checkpoint ships no MTP tensors in the family's layout ({rows[0].glue.replace('{N}', 'N')}*); nothing to measure"
+        )
     return None
 
 

@@ -545,7 +545,7 @@ def _conformance(folder: Path) -> str:
 
 
 def _verdicts(folder: Path) -> list[conformance.Verdict]:
-    return conformance.verdicts(conformance.load_records(folder), folder.parent.parent)
+    return conformance.verdicts(conformance.latest_records(folder), folder.parent.parent)
 
 
 def _checked(family: str, archs: set[str], engine: str,
@@ -590,7 +590,7 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix,
     engines = list(dict.fromkeys(e.engine for e in matrix.entry))
     methods = {m: f"M{i}" for i, m in enumerate(dict.fromkeys(e.method for e in matrix.entry), 1)}
     cites = {id(e): f"S{i}" for i, e in enumerate(matrix.entry, 1)}
-    checks = {src: f"C{i}" for i, src in enumerate(dict.fromkeys(v.source for v in verdicts), 1)}
+    checks = conformance.record_ids(verdicts)
     used: set[str] = set()
     families: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
@@ -629,7 +629,7 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix,
         + (f" ({escape(e.note)})" if e.note else "")
         for e in matrix.entry
     )
-    legend_c = "\n".join(f"- **{cid}** — {code(src)} (conformance record; verdicts in the table below)"
+    legend_c = "\n".join(f"- **{cid}** — {code(src)} (all its verdicts: the conformance table below)"
                           for src, cid in checks.items() if src in used)
     return (
         head
