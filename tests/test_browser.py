@@ -126,11 +126,12 @@ def _pages(layout: render.Layout) -> list[str]:
     return pages
 
 
-def _measure(browser: Chromium, url: str, width: int) -> dict:
+def _in_page(browser: Chromium, url: str, width: int, script: str):
+    """Open the page at that width, load the probe, run one expression; its value."""
     page = browser.open(url, width)
     try:
         page.evaluate(PROBE)
-        return page.evaluate("atlasProbe.measure()")
+        return page.evaluate(script)
     finally:
         page.close()
 
@@ -138,7 +139,8 @@ def _measure(browser: Chromium, url: str, width: int) -> dict:
 @pytest.fixture(scope="module")
 def layouts(served: tuple[str, Path, render.Layout], browser: Chromium) -> dict[tuple[str, int], dict]:
     url, _, layout = served
-    return {(p, w): _measure(browser, url + p, w) for p in _pages(layout) for w in (WIDE, PHONE)}
+    return {(p, w): _in_page(browser, url + p, w, "atlasProbe.measure()")
+            for p in _pages(layout) for w in (WIDE, PHONE)}
 
 
 def test_no_table_or_chart_overflows_the_column_at_1400px(layouts: dict[tuple[str, int], dict]) -> None:
@@ -181,16 +183,12 @@ def test_every_page_is_usable_at_390px(layouts: dict[tuple[str, int], dict]) -> 
 
 def test_measured_summary_shows_its_fields(served: tuple[str, Path, render.Layout], browser: Chromium) -> None:
     url, _, _ = served
-    page = browser.open(url + MODULE_8, WIDE)
-    try:
-        page.evaluate(PROBE)
-        summary = page.evaluate(
-            "Array.from(document.querySelectorAll('article table')).map(t => ["
-            " Array.from(t.tHead.rows[0].cells).map(c => c.textContent.trim()),"
-            " Array.from(t.tBodies[0].rows).map(r => Array.from(r.cells).map(c => c.textContent.trim()))])"
-            ".filter(t => t[0][2] === 'engine (baseline)')")
-    finally:
-        page.close()
+    summary = _in_page(
+        browser, url + MODULE_8, WIDE,
+        "Array.from(document.querySelectorAll('article table')).map(t => ["
+        " Array.from(t.tHead.rows[0].cells).map(c => c.textContent.trim()),"
+        " Array.from(t.tBodies[0].rows).map(r => Array.from(r.cells).map(c => c.textContent.trim()))])"
+        ".filter(t => t[0][2] === 'engine (baseline)')")
     assert summary, "no measured summary table on module 8"
     header, rows = summary[0]
     assert header == SUMMARY_HEADER
@@ -208,16 +206,10 @@ def test_measured_summary_shows_its_fields(served: tuple[str, Path, render.Layou
 
 def test_a_header_click_sorts_the_column(served: tuple[str, Path, render.Layout], browser: Chromium) -> None:
     url, _, _ = served
-    page = browser.open(url + MODULE_8, WIDE)
-    try:
-        page.evaluate(PROBE)
-        index = page.evaluate(
-            "Array.from(document.querySelectorAll('.md-content__inner table'))"
-            ".findIndex(t => t.tHead.rows[0].cells[2].textContent.trim() === 'engine (baseline)')")
-        column = SUMMARY_HEADER.index("acceptance")
-        result = page.evaluate(f"atlasProbe.sort({index}, {column})")
-    finally:
-        page.close()
+    summary = ("Array.from(document.querySelectorAll('.md-content__inner table'))"
+               ".findIndex(t => t.tHead.rows[0].cells[2].textContent.trim() === 'engine (baseline)')")
+    result = _in_page(browser, url + MODULE_8, WIDE,
+                      f"atlasProbe.sort({summary}, {SUMMARY_HEADER.index('acceptance')})")
     numbers = [float(v) for v in result["before"]]
     assert [float(v) for v in result["first"]] == sorted(numbers)
     assert [float(v) for v in result["second"]] == sorted(numbers, reverse=True)
@@ -228,12 +220,7 @@ def test_a_header_click_sorts_the_column(served: tuple[str, Path, render.Layout]
 def test_search_finds_a_model_by_part_of_its_id(served: tuple[str, Path, render.Layout], browser: Chromium) -> None:
     url, db, _ = served
     assert "moonshotai/Kimi-K2-Instruct" in declared_repo_ids(db)
-    page = browser.open(url + MODULE_8, WIDE)
-    try:
-        page.evaluate(PROBE)
-        found = page.evaluate("atlasProbe.search('Kimi')")
-    finally:
-        page.close()
+    found = _in_page(browser, url + MODULE_8, WIDE, "atlasProbe.search('Kimi')")
     assert any("moonshotai/Kimi-K2-Instruct" in r for r in found["results"]), found
 
 
