@@ -188,8 +188,9 @@ def _numbers(text: str, option: str, kind: type[int] | type[float]) -> tuple:
 @click.option("--quick", is_flag=True, help="short run for `make demo`: every workload, 24 tokens, 1 prompt, 3 repeats")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="record folder (default: evidence/measurements/ of the project)")
-@click.option("--engine", type=click.Choice(["atlas", "vllm"]), default="atlas", show_default=True,
-              help="atlas: our loop (transformers' generate as the peer); vllm: vLLM in its own environment (`make vllm-env`)")
+@click.option("--engine", type=click.Choice(["atlas", "transformers", "vllm"]), default="atlas", show_default=True,
+              help="atlas: our loop (transformers' generate as the peer); transformers: only transformers' generate / "
+                   "generate(use_mtp=True); vllm: vLLM in its own environment (`make vllm-env`)")
 @click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True, help="vLLM: GPUs per pipeline stage")
 @click.option("--pipeline-parallel-size", type=click.IntRange(min=1), default=1, show_default=True, help="vLLM: pipeline stages")
 @click.option("--engine-option", "engine_options", multiple=True, metavar="KEY=VALUE",
@@ -226,12 +227,15 @@ def measure_run(model: str | None, workloads: str | None, temperatures: str, dra
         raise AtlasError("--tensor-parallel-size, --pipeline-parallel-size, --engine-option, --engine-python and "
                          "--engine-schedule need --engine vllm")
     measure.pick_device(str(options["device"]))  # a bad --device fails before anything loads
+    if engine == "transformers" and no_peer:
+        raise AtlasError("--engine transformers measures transformers' generate pair itself; --no-peer leaves nothing to run")
     opts = measure.Options(
         model=model or str(project_path(measure.DEFAULT_MODEL_PATH)),
         workloads=[w.strip() for w in workloads.split(",")] if workloads else None,
         temperatures=_numbers(temperatures, "--temperatures", float),
         draft_tokens=ks,
         peer=not no_peer,
+        ours=engine == "atlas",
         out=Path(out) if out else project_path(measure.DEFAULT_OUT_PATH),
         command=measure.command_line(),
         **options,  # type: ignore[arg-type]

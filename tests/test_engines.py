@@ -206,6 +206,19 @@ def test_t_above_zero_from_an_unchecked_engine_is_refused(fake_engine: Path, tmp
     assert not list(tmp_path.glob("*.json"))
 
 
+@needs_team
+def test_engine_transformers_measures_only_its_generate_pair(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["measure", "run", "--engine", "transformers", "--workloads", "templated", "--temperatures", "0",
+                                      "--max-new-tokens", "32", "--repeats", "1", "--prompts-per-workload", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    [path] = tmp_path.glob("*.json")
+    record = read_record(path)
+    assert {(c.engine, c.draft_tokens) for c in record.cells} == {("transformers-use_mtp", 1)}
+    assert record.pass_costs is None and record.settings.draft_tokens == [1] and record.engine_run is None
+    result = CliRunner().invoke(cli, ["measure", "run", "--engine", "transformers", "--no-peer"])
+    assert result.exit_code == 1 and "leaves nothing to run" in result.output
+
+
 def test_engine_flags_need_engine_vllm() -> None:
     result = CliRunner().invoke(cli, ["measure", "run", "--tensor-parallel-size", "2", "--no-peer"])
     assert result.exit_code == 1 and "need --engine vllm" in result.output
@@ -319,6 +332,13 @@ def test_statistics_pass_a_correct_sampler_and_catch_planted_bugs(greedy: bool) 
     # a wrong accept test shows in the acceptance check
     squared = runs("squared")
     assert conformance.acceptance_test(p, q, greedy, k, squared)["p_value"] < conformance.ALPHA
+
+
+def test_a_chi_square_p_value_of_zero_fails() -> None:
+    base = {"p_value": 0.5, "chi2_p_value": 0.0}
+    assert not conformance.distribution_passed(base)
+    assert conformance.distribution_passed({**base, "chi2_p_value": None})
+    assert not conformance.distribution_passed({**base, "p_value": 0.0, "chi2_p_value": 0.9})
 
 
 def test_step_starts_and_exact_acceptance_on_an_oracle() -> None:

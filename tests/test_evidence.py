@@ -360,7 +360,9 @@ def test_schema_2_runs_show_conditional_acceptance_undecided_gates_and_keep_smok
     finally:
         con.close()
     assert loaded == 2 and not errors, errors
-    measured = evidence.generate(hostile_db, tmp_path / "ev.md", MATRIX).sections["measured"]
+    ev = evidence.generate(hostile_db, tmp_path / "ev.md", MATRIX)
+    assert (ev.facts.n_measurement_records, ev.facts.n_measurements) == (1, 2)  # the smoke run is not counted
+    measured = ev.sections["measured"]
     page = parse_html(site_markdown(measured))
     summary, detail = page.tables  # the full run only: the smoke run has no table
     assert len(summary.rows) == 1 and summary.rows[0][3] == "undecided (best k=1)"  # equal medians: the first

@@ -90,6 +90,7 @@ class Options:
     top_p: float | None = None
     threads: int | None = None
     peer: bool = True
+    ours: bool = True  # False (--engine transformers): only transformers' generate / use_mtp pair is measured
     out: Path = ROOT / DEFAULT_OUT_PATH
     command: str = ""
     quick: bool = False
@@ -474,22 +475,22 @@ def _measure_workload(
     each repeat's efficiency uses costs measured next to it), then every prompt once plainly and
     once per k (in an order rotated each repeat), then the transformers pair, alternating which
     goes first."""
-    ours: dict[int, list[Repeat]] = {k: [] for k in ks}
+    ours: dict[int, list[Repeat]] = {k: [] for k in ks} if options.ours else {}
     theirs: list[Repeat] = []
     prefill = [{m: peer.prefill_seconds(p, s, m) for m in (False, True)} for p in prompts] if peer else []
     n = options.max_new_tokens
     for r in range(options.repeats):
-        costs = timer.sample(pass_reps)
+        costs = timer.sample(pass_reps) if options.ours else None
         acc = {k: _Acc(costs=costs) for k in ks}
         peer_acc = _Acc()
         for i, prompt in enumerate(prompts):
-            order: list[int | None] = [None, *ks]  # None = the plain run
-            shift = r % len(order)
+            order: list[int | None] = [None, *ks] if options.ours else []  # None = the plain run
+            shift = r % max(1, len(order))
             runs: dict[int | None, RunStats] = {}
             for k in order[shift:] + order[:shift]:
                 gen = _generator(engine.device, _seed(options.seed, s.temperature, name, i, r, k))
                 runs[k] = generate_plain(engine, prompt, n, s, gen) if k is None else generate_speculative(engine, prompt, n, k, s, gen)
-            for k in ks:
+            for k in ks if options.ours else []:
                 acc[k].add(runs[k], runs[None])
             if peer:
                 pair = [False, True] if r % 2 == 0 else [True, False]
@@ -497,7 +498,7 @@ def _measure_workload(
                 spec = got[True]
                 # each verify pass of transformers' loop checks num_mtp_layers drafts and emits accepted + 1
                 peer_acc.add(spec, got[False], [spec.verify_passes * mtp_k], [len(spec.tokens) - 1 - spec.verify_passes])
-        for k in ks:
+        for k in ks if options.ours else []:
             ours[k].append(acc[k].repeat(s.greedy))
         if peer:
             theirs.append(peer_acc.repeat(s.greedy))
@@ -558,11 +559,15 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     if options.peer and not loaded.transformers_mtp:
         log("transformers has no MTP loader for this checkpoint: no transformers use_mtp peer")
     peer = Peer(model, device) if options.peer and loaded.transformers_mtp else None
+    if not options.ours and peer is None:
+        raise AtlasError(f"--engine transformers: transformers' own use_mtp cannot run {model_id} (no MTP loader for it)")
+    if not options.ours:
+        log(f"--engine transformers: generate(use_mtp=True) drafts num_mtp_layers = {loaded.transformers_mtp} per pass; --draft-tokens is not used")
     warm = prompts[workloads[0].name][0]
     for t in options.temperatures:  # warm-up: allocator, kernels, caches; not timed
         s = Sampling(t, options.top_k, options.top_p)
         generate_plain(engine, warm, 8, s, _generator(device, 0))
-        for k in ks:
+        for k in ks if options.ours else []:
             generate_speculative(engine, warm, 8, k, s, _generator(device, 0))
         if peer:
             peer.run(warm, 4, s, False, 0, 0.0)
@@ -575,11 +580,12 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
             ours, theirs = _measure_workload(engine, peer, prompts[w.name], s, ks, mtp_k, w.name, options, timer, pass_reps)
             raw.append((w.name, t, ours, theirs))
             log(progress_line(w.name, t, ours, theirs))
-    costs = timer.costs()
-    log(f"pass costs: plain {costs.plain * 1e3:.2f} ms, " + ", ".join(f"verify k={k} {v * 1e3:.2f} ms" for k, v in costs.verify.items()) + f", draft {costs.draft * 1e3:.2f} ms")
+    costs = timer.costs() if options.ours else None
+    if costs:
+        log(f"pass costs: plain {costs.plain * 1e3:.2f} ms, " + ", ".join(f"verify k={k} {v * 1e3:.2f} ms" for k, v in costs.verify.items()) + f", draft {costs.draft * 1e3:.2f} ms")
     cells: list[Cell] = []
     for name, t, ours, theirs in raw:
-        cells.extend(_cell("atlas", __version__, ATLAS_BASELINE, name, t, k, ours[k], costs, options.quick) for k in ks)
+        cells.extend(_cell("atlas", __version__, ATLAS_BASELINE, name, t, k, ours[k], costs, options.quick) for k in ours)
         if theirs:
             cells.append(_cell("transformers-use_mtp", peer.version, PEER_BASELINE, name, t, mtp_k, theirs, None, options.quick))
     record = Record(
@@ -595,7 +601,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         prompt_set_digest=prompt_set.digest,
         settings=Settings(
             device=str(device), dtype=options.dtype, workloads=[w.name for w in workloads], temperatures=list(options.temperatures),
-            draft_tokens=ks, max_new_tokens=options.max_new_tokens, repeats=options.repeats,
+            draft_tokens=ks if options.ours else [mtp_k], max_new_tokens=options.max_new_tokens, repeats=options.repeats,
             prompts_per_workload=options.prompts_per_workload, top_k=options.top_k, top_p=options.top_p, quick=options.quick,
             placement=placement,
         ),

@@ -132,7 +132,7 @@ QUERIES: dict[str, str] = {
         SELECT DISTINCT rule_version FROM mtp_fingerprints
         WHERE rule_version IS NOT NULL ORDER BY rule_version""",
     "measurement_sources": """
-        SELECT record_id, any_value(source_path) AS source_path, count(*) AS n_cells
+        SELECT record_id, any_value(source_path) AS source_path
         FROM measurement_cells GROUP BY record_id ORDER BY record_id""",
 }
 
@@ -303,8 +303,9 @@ def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path,
         n_not_fetched=agg["n_not_fetched"],
         n_undeclared=agg["n_undeclared"],
         n_created_known=sum(1 for r in created if _known_created(r["created_at"])),
-        n_measurements=sum(s["n_cells"] for s in sources),
-        n_measurement_records=len(sources),
+        # smoke runs (--quick) are never evidence, so never counted
+        n_measurements=sum(len(r.record.cells) for r in runs if not r.record.settings.quick),
+        n_measurement_records=sum(1 for r in runs if not r.record.settings.quick),
         n_servable=sum(1 for r in servable_rows if r["engines"]),
         servable_date=matrix.date.isoformat(),
         exemplars=[r["repo_id"] for r in _rows(con, "exemplars")],
@@ -545,7 +546,7 @@ def _conformance(folder: Path) -> str:
 
 
 def _verdicts(folder: Path) -> list[conformance.Verdict]:
-    return conformance.verdicts(conformance.load_records(folder), folder.parent.parent)
+    return conformance.verdicts(conformance.latest_records(folder), folder.parent.parent)
 
 
 def _checked(family: str, archs: set[str], engine: str,
@@ -790,9 +791,10 @@ def _provenance(
     )
     if runs:
         lines.append(
-            f"- Measured: {facts.n_measurements} cells from {len(runs)} record files; run dates are "
-            f"when each measurement ran (UTC); each run names its record (sha256 of the file, "
-            f"first 12 hex digits)."
+            f"- Measured: {facts.n_measurements} cells from {facts.n_measurement_records} record files "
+            f"(smoke runs not counted); run dates are "
+            f"when each measurement ran (UTC); each run names its record (sha256 of its canonical "
+            f"serialisation, first 12 hex digits)."
         )
     else:
         lines.append("- Measured: no measurement record imported.")

@@ -29,7 +29,7 @@ ENGINE_NAMES = {"atlas": "atlas", "transformers-use_mtp": "transformers use_mtp"
 
 @dataclass
 class Run:
-    """One imported record, with the id (sha256 of the file) the store knows it by."""
+    """One imported record, with the id the store knows it by (records.record_id)."""
 
     record: records.Record
     record_id: str
