@@ -766,9 +766,10 @@ def reach(endpoint: str, timeout_s: float = 5.0) -> None:
 
 
 def _looks_like_a_hub(endpoint: str, url: str, response: Any) -> None:
-    """Something answered: a Hub's listing is a JSON array (or a 429, which the pacing handles).
-    A proxy, captive portal or wrong --endpoint answers otherwise: say so before the store is opened."""
-    if response.status_code == 429:
+    """Something answered: a Hub's listing is a JSON array (or a 429/5xx, which the crawl's pacing
+    and retries handle). A proxy, captive portal or wrong --endpoint answers otherwise: say so
+    before the store is opened."""
+    if response.status_code in RETRY_STATUS:
         return
     try:
         listing_ok = response.status_code == 200 and isinstance(response.json(), list)
