@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import TYPE_CHECKING
 
-import torch
 from pydantic import BaseModel, model_validator
-from torch import nn
 
 from atlas import AtlasError
-from atlas.measure.families import MtpHead
+
+if TYPE_CHECKING:  # torch only where pieces move: records (and the site) import Placement
+    import torch
+    from torch import nn
+
+    from atlas.measure.families import MtpHead
 
 # Share of a GPU's free memory that weights may take; the rest is for caches and activations.
 WEIGHT_SHARE = 0.85
@@ -94,6 +98,8 @@ def plan(layer_bytes: list[int], embed_bytes: int, head_bytes: int, budgets: dic
 def budgets(offload_cpu: bool) -> dict[str, int]:
     """Bytes weights may use on each visible GPU (WEIGHT_SHARE of its free memory), and on CPU
     (half the available RAM) only when offload is asked for."""
+    import torch
+
     out: dict[str, int] = {}
     for i in range(torch.cuda.device_count()):
         free, _ = torch.cuda.mem_get_info(i)
@@ -118,6 +124,8 @@ def auto_plan(model: nn.Module, mtp_bytes: int, offload_cpu: bool) -> Placement:
 
 
 def _to(value: object, device: torch.device) -> object:
+    import torch
+
     if isinstance(value, torch.Tensor):
         return value.to(device)
     if isinstance(value, tuple):
@@ -138,6 +146,8 @@ def _follow_inputs(module: nn.Module, device: torch.device) -> None:
 def place(model: nn.Module, placement: Placement) -> None:
     """Move the main model's pieces where `placement` says (the MTP layer is moved by the caller,
     to placement.head)."""
+    import torch
+
     base = model.get_decoder()
     if len(base.layers) != len(placement.layers):
         raise AtlasError(f"placement has {len(placement.layers)} layers; the model has {len(base.layers)}")
