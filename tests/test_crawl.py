@@ -560,6 +560,36 @@ def test_no_network_fails_in_seconds_with_one_line_and_no_snapshot(tmp_path: Pat
             assert not db.exists()  # the store was never opened, let alone locked
 
 
+def test_something_that_answers_but_not_as_a_hub_fails_before_the_store_is_opened(tmp_path: Path) -> None:
+    import http.server
+
+    class Portal(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<html>Please log in to the Wi-Fi</html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    portal = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Portal)
+    threading.Thread(target=portal.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        db = tmp_path / "atlas.duckdb"
+        endpoint = f"http://127.0.0.1:{portal.server_address[1]}"
+        result = CliRunner().invoke(cli, ["crawl", "--db", str(db), "--endpoint", endpoint, "--no-progress",
+                                          "--watchlist", str(write_watchlist(tmp_path / "w.toml", ["zai-org"]))])
+    finally:
+        portal.shutdown()
+        portal.server_close()
+    assert result.exit_code == 1
+    [line] = result.output.strip().splitlines()
+    assert "HTTP 200 (text/html), not with a Hugging Face Hub model listing" in line and not db.exists()
+
+
 def test_a_hub_that_stops_answering_midway_ends_the_crawl_without_a_snapshot(tmp_path: Path, make_hub, no_sleep) -> None:
     hub = make_hub(MIRROR)
     hub.inject(Fault(0, path_contains="/resolve/", times=-1))  # status 0: the connection is dropped

@@ -738,10 +738,11 @@ def reach(endpoint: str, timeout_s: float = 5.0) -> None:
 
     url = f"{endpoint.rstrip('/')}/api/models?limit=1"
     failure: list[BaseException] = []
+    answers: list[Any] = []
 
     def ask() -> None:
         try:
-            get_session().get(url, timeout=httpx.Timeout(timeout_s), headers=build_hf_headers(token=False))
+            answers.append(get_session().get(url, timeout=httpx.Timeout(timeout_s), headers=build_hf_headers(token=False)))
         except BaseException as exc:  # noqa: BLE001 - reported by the caller
             failure.append(exc)
 
@@ -751,6 +752,7 @@ def reach(endpoint: str, timeout_s: float = 5.0) -> None:
     if asking.is_alive():
         failure.append(TimeoutError(f"no answer, DNS lookup included, within {timeout_s + 1.0:.0f} s"))
     if not failure:
+        _looks_like_a_hub(endpoint, url, answers[0])
         return
     exc = failure[0]
     if isinstance(exc, HubUnreachable):
@@ -761,6 +763,25 @@ def reach(endpoint: str, timeout_s: float = 5.0) -> None:
         "DNS, a proxy (HTTPS_PROXY) or --endpoint; to crawl the bundled offline mirror instead run "
         "`make crawl-mirror` (atlas crawl --mirror data/hub-mirror). No snapshot was written."
     ) from None
+
+
+def _looks_like_a_hub(endpoint: str, url: str, response: Any) -> None:
+    """Something answered: a Hub's listing is a JSON array (or a 429/5xx, which the crawl's pacing
+    and retries handle). A proxy, captive portal or wrong --endpoint answers otherwise: say so
+    before the store is opened."""
+    if response.status_code in RETRY_STATUS:
+        return
+    try:
+        listing_ok = response.status_code == 200 and isinstance(response.json(), list)
+    except ValueError:
+        listing_ok = False
+    if not listing_ok:
+        kind = response.headers.get("Content-Type", "no content type").split(";")[0]
+        raise AtlasError(
+            f"{endpoint} answered GET {url} with HTTP {response.status_code} ({kind}), not with a Hugging Face Hub "
+            "model listing: check --endpoint, a proxy (HTTPS_PROXY) or a captive portal; to crawl the bundled "
+            "offline mirror instead run `make crawl-mirror`. No snapshot was written."
+        )
 
 
 def crawl(

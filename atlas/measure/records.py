@@ -342,7 +342,8 @@ def decide(cells: list[Cell]) -> list[GateDecision]:
             continue
         verdict = "off" if all(c.gate_reason.startswith("off") for c in group) else "undecided"
         best = max(group, key=lambda c: c.derived.speedup)
-        reason = f"{verdict}: no draft length shown faster (best median {best.derived.speedup:.2f}x at k={best.draft_tokens}: {best.gate_reason})"
+        detail = best.gate_reason.split(": ", 1)[-1]
+        reason = f"{verdict}: no draft length shown faster; best median {best.derived.speedup:.2f}x at k={best.draft_tokens} ({detail})"
         decisions.append(GateDecision(workload=workload, temperature=t, enabled=False, draft_tokens=None, reason=reason))
     return decisions
 
