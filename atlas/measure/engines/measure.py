@@ -150,7 +150,7 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
     folder, model_id, revision = resolve(options.model, options.revision, options.endpoint)
     served, layout, conversion = prepare_checkpoint(folder)
     if conversion:
-        log(f"converted {model_id} to the Qwen3-Next layout for vLLM: {served}")
+        log(f"vLLM loads {model_id} rewritten in the Qwen3-Next layout (exact; reused while the source is unchanged): {served}")
     tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     prompts = {
         w.name: [tokenizer.encode(p, add_special_tokens=False)[-MAX_PROMPT_TOKENS:] for p in w.prompts[: options.prompts_per_workload]]
