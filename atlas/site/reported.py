@@ -12,13 +12,12 @@ from __future__ import annotations
 import datetime as dt
 import html
 import re
-import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from atlas import AtlasError
+from atlas.site.curated import load_toml
 from atlas.site.mdsafe import Markdown, escape, table
 
 # A plain https URL: no spaces, quotes, brackets or angle brackets, so it cannot leave an href.
@@ -86,16 +85,7 @@ class Reported(BaseModel):
 
 
 def load(path: Path) -> Reported:
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise AtlasError(f"reported figures not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise AtlasError(f"reported figures {path} are not valid TOML: {exc}") from None
-    try:
-        return Reported.model_validate(raw)
-    except ValidationError as exc:
-        raise AtlasError(f"reported figures {path} are malformed: {exc}") from None
+    return load_toml(path, Reported, "reported figures")
 
 
 HEADER = ["reported figure", "conditions as stated", "source, and when we read it"]

@@ -5,12 +5,11 @@ matching nothing."""
 from __future__ import annotations
 
 import datetime as dt
-import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from atlas import AtlasError
+from atlas.site.curated import load_toml
 
 
 class Entry(BaseModel):
@@ -42,13 +41,4 @@ class Matrix(BaseModel):
 
 
 def load(path: Path) -> Matrix:
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise AtlasError(f"support matrix not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise AtlasError(f"support matrix {path} is not valid TOML: {exc}") from None
-    try:
-        return Matrix.model_validate(raw)
-    except ValidationError as exc:
-        raise AtlasError(f"support matrix {path} is malformed: {exc}") from None
+    return load_toml(path, Matrix, "support matrix")
