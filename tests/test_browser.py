@@ -196,7 +196,7 @@ def test_measured_summary_shows_its_fields(served: tuple[str, Path, render.Layou
     groups = {(c.engine, c.workload, c.temperature) for c in committed[0].cells}
     assert len(rows) == len(groups)  # one row per engine x workload x temperature
     for row in rows:
-        assert row[3].startswith(("on, k=", "off (best k=", "— (")), row
+        assert row[3].startswith(("on, k=", "off (best k=", "undecided (best k=", "— (")), row
         assert float(row[4]) >= 0 and float(row[5]) >= 1  # acceptance, tokens per verify pass
         median, rng = row[6].split(" ", 1)
         lo, hi = rng.strip("()").split("–")
