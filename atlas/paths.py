@@ -35,3 +35,20 @@ def default_db() -> Path:
 
     path = default_db_path()
     return path if os.environ.get("ATLAS_DB") or path.is_absolute() else project_root() / path
+
+
+def replace_text(path: Path, text: str, what: str) -> bool:
+    """Write a generated file only when its content changes; returns whether it did. Written aside
+    and renamed, so a full disk or a kill mid-write never leaves a torn file. `what` names the
+    file in the error ("the evidence file")."""
+    old = path.read_text(encoding="utf-8") if path.exists() else None
+    if old != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        try:
+            partial.write_text(text, encoding="utf-8")
+            os.replace(partial, path)
+        except OSError as exc:
+            partial.unlink(missing_ok=True)
+            raise AtlasError(f"cannot write {what} {path}: {exc.strerror or exc}; the old one is intact") from None
+    return old != text

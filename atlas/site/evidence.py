@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import duckdb
 from pydantic import BaseModel, ValidationError
 
 from atlas import AtlasError
+from atlas.paths import replace_text
 from atlas.measure import conformance
 from atlas.site import measured as measured_section
 from atlas.site import servable as servable_matrix
@@ -865,19 +865,7 @@ def read(path: Path) -> Evidence:
 
 def write(evidence: Evidence, path: Path) -> bool:
     """Write the evidence file; returns whether its content changed."""
-    text = dumps(evidence)
-    old = path.read_text(encoding="utf-8") if path.exists() else None
-    if old != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # written aside and renamed: a full disk or a kill mid-write never leaves a torn file
-        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        try:
-            partial.write_text(text, encoding="utf-8")
-            os.replace(partial, path)
-        except OSError as exc:
-            partial.unlink(missing_ok=True)
-            raise AtlasError(f"cannot write the evidence file {path}: {exc.strerror or exc}; the old one is intact") from None
-    return old != text
+    return replace_text(path, dumps(evidence), "the evidence file")
 
 
 def generate(db: Path, out: Path, matrix_path: Path, mirror_sources: Path | None = None) -> Evidence:

@@ -25,6 +25,7 @@ import duckdb
 from pydantic import BaseModel, ValidationError
 
 from atlas import AtlasError
+from atlas.paths import replace_text
 from atlas.site import reported as reported_figures
 from atlas.site import servable as servable_matrix
 from atlas.site.mdsafe import Markdown, code, escape, table
@@ -274,14 +275,7 @@ def dumps(models: Models) -> str:
 
 
 def write(models: Models, path: Path) -> bool:
-    text = dumps(models)
-    old = path.read_text(encoding="utf-8") if path.exists() else None
-    if old != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-    return old != text
+    return replace_text(path, dumps(models), "the model pages' data")
 
 
 def generate(db: Path, out: Path, matrix_path: Path, root: Path) -> Models:
