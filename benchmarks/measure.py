@@ -26,7 +26,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from atlas.measure import runner as measure
+from atlas.measure.checkpoint import DEFAULT_MODEL
+from atlas.measure.engines.atlas_engine import run
+from atlas.measure.options import Options
 from atlas.measure.records import Cell, Record
 
 
@@ -93,7 +95,7 @@ def report(record: Record) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default=str(measure.DEFAULT_MODEL))
+    parser.add_argument("--model", default=str(DEFAULT_MODEL))
     parser.add_argument("--device", default="auto")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -107,12 +109,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for i in range(args.runs):
             print(f"\n== run {i + 1} of {args.runs}", flush=True)
-            options = measure.Options(
+            options = Options(
                 model=args.model, device=args.device, dtype=args.dtype, repeats=args.repeats, max_new_tokens=args.max_new_tokens,
                 prompts_per_workload=args.prompts_per_workload, draft_tokens=tuple(int(k) for k in args.draft_tokens.split(",")),
                 out=Path(args.out or scratch), command=shlex.join(["benchmarks/measure.py", *sys.argv[1:]]),
             )
-            record, path = measure.run(options, log=lambda line: print(line, flush=True))
+            record, path = run(options, log=lambda line: print(line, flush=True))
             if args.out:
                 print(f"record: {path}")
             report(record)

@@ -255,7 +255,7 @@ def test_processed_probabilities_match_transformers_warpers() -> None:
 def test_team_checkpoint_greedy_lossless_on_every_workload() -> None:
     """The team checkpoint loads through transformers' own MTP path, and greedy speculative output is
     token-identical to plain greedy on every bundled workload, for k = 1..3 (fp32, short horizon)."""
-    from atlas.measure.runner import load_checkpoint
+    from atlas.measure.checkpoint import load_checkpoint
     from atlas.measure.workloads import load_prompt_set
 
     loaded = load_checkpoint(str(TEAM), torch.device("cpu"), torch.float32)
@@ -322,7 +322,7 @@ def noisy_oracle(tmp_path_factory):
     """A MiMo-layout oracle with noise: drafts are right often (so rounds accept 0..k drafts) yet
     depend on the hidden fed and on the MTP layer's KV cache."""
     from atlas.measure.oracles import write_checkpoint
-    from atlas.measure.runner import load_checkpoint
+    from atlas.measure.checkpoint import load_checkpoint
 
     folder = write_checkpoint("mimo", tmp_path_factory.mktemp("noisy"), "oracle", depth=2, noise=0.6, seed=4)
     got = load_checkpoint(str(folder), torch.device("cpu"), torch.float32)

@@ -24,7 +24,7 @@ from atlas.cli import cli
 from atlas.measure import conformance
 from atlas.measure.engines.vllm_client import Driver, find_python
 from atlas.measure.records import read_record
-from atlas.measure.runner import DEFAULT_MODEL
+from atlas.measure.checkpoint import DEFAULT_MODEL
 from atlas.paths import project_path
 
 
@@ -76,9 +76,9 @@ def test_every_layout_and_draft_length_was_checked(live: conformance.Conformance
 
 @pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="team checkpoint not built yet")
 def test_converted_team_model_matches_our_loop(python: Path) -> None:
-    from atlas.measure.engines.measure import prepare_checkpoint, to_run_stats
+    from atlas.measure.engines.vllm_engine import prepare_checkpoint, to_run_stats
     from atlas.measure.loop import Sampling, build_engine, generate_speculative
-    from atlas.measure.runner import load_checkpoint
+    from atlas.measure.checkpoint import load_checkpoint
 
     served, layout, conversion = prepare_checkpoint(DEFAULT_MODEL)
     assert layout == "qwen3_next" and conversion["norm_shift_exact"]

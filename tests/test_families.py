@@ -20,7 +20,7 @@ from atlas import AtlasError
 from atlas.measure.families import FAMILIES, load_family
 from atlas.measure.loop import Sampling, build_engine, generate_plain, generate_speculative
 from atlas.measure.oracles import LAYOUTS, bigram_tables, write_checkpoint
-from atlas.measure.runner import load_checkpoint
+from atlas.measure.checkpoint import load_checkpoint
 from atlas.measure.theory import bigram_acceptance
 
 CPU = torch.device("cpu")
