@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from atlas.measure.loop import RunStats
+from atlas.measure.generate import RunStats
 from atlas.measure.records import Cell, PassCosts, Repeat, derive, gate
 
 

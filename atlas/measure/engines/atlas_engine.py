@@ -20,15 +20,8 @@ from atlas import AtlasError, __version__
 from atlas.measure.cells import RepeatCounts, build_cell, seed_for
 from atlas.measure.checkpoint import load_checkpoint, pick_device, place_model, resolve
 from atlas.measure.engines.transformers_engine import PEER_BASELINE, Peer
-from atlas.measure.loop import (
-    Engine,
-    RunStats,
-    Sampling,
-    Stopwatch,
-    build_engine,
-    generate_plain,
-    generate_speculative,
-)
+from atlas.measure.generate import RunStats, Sampling, Stopwatch, generate_plain, generate_speculative
+from atlas.measure.model import FusedModel, build_fused_model
 from atlas.measure.options import MAX_PROMPT_TOKENS, Options
 from atlas.measure.records import SCHEMA_VERSION, Cell, PassCosts, Record, Repeat, Settings, write_record
 from atlas.measure.stamp import hardware, load_average, software
@@ -45,12 +38,12 @@ class PassTimer:
     again before every workload so the samples see the same machine load as the runs; the record
     keeps their medians. Cache contents do not affect timing, so overwritten slots need no restoring."""
 
-    def __init__(self, engine: Engine, ks: list[int], position: int) -> None:
-        self.engine, self.ks, self.position = engine, ks, position
-        self.ids = torch.zeros(max(ks) + 1, dtype=torch.long, device=engine.device)
-        self.hidden = torch.zeros(1, engine.embed.shape[1], dtype=engine.dtype, device=engine.device)
+    def __init__(self, fused: FusedModel, ks: list[int], position: int) -> None:
+        self.fused, self.ks, self.position = fused, ks, position
+        self.ids = torch.zeros(max(ks) + 1, dtype=torch.long, device=fused.device)
+        self.hidden = torch.zeros(1, fused.embed.shape[1], dtype=fused.dtype, device=fused.device)
         self.samples: dict[str, list[float]] = {}
-        self.watch = Stopwatch(engine.device, engine.devices)
+        self.watch = Stopwatch(fused.device, fused.devices)
 
     def _time(self, name: str, fn: Callable[[], object]) -> None:
         self.watch.start()
@@ -59,16 +52,16 @@ class PassTimer:
 
     def sample(self, reps: int) -> PassCosts:
         """Time `reps` rounds; returns their medians (the repeat they precede records them)."""
-        e, p = self.engine, self.position
+        f, p = self.fused, self.position
         before = {name: len(times) for name, times in self.samples.items()}
         with torch.inference_mode():
             for _ in range(reps):
-                e.main(self.ids[:1], p)
-                self._time("plain", lambda: e.main(self.ids[:1], p))
+                f.main(self.ids[:1], p)
+                self._time("plain", lambda: f.main(self.ids[:1], p))
                 for k in self.ks:
                     for i in range(k):
-                        self._time("draft", lambda i=i: e.draft(self.ids[:1], self.hidden, p + i))
-                    self._time(f"verify{k}", lambda k=k: e.main(self.ids[: k + 1], p))
+                        self._time("draft", lambda i=i: f.draft(self.ids[:1], self.hidden, p + i))
+                    self._time(f"verify{k}", lambda k=k: f.main(self.ids[: k + 1], p))
         return self._costs({name: times[before.get(name, 0):] for name, times in self.samples.items()})
 
     def costs(self) -> PassCosts:
@@ -85,7 +78,7 @@ def _generator(device: torch.device, seed: int) -> torch.Generator:
 
 
 def _measure_workload(
-    engine: Engine, peer: Peer | None, prompts: list[list[int]], s: Sampling, ks: list[int], mtp_k: int, name: str, options: Options,
+    fused: FusedModel, peer: Peer | None, prompts: list[list[int]], s: Sampling, ks: list[int], mtp_k: int, name: str, options: Options,
     timer: PassTimer, pass_reps: int,
 ) -> tuple[dict[int, list[Repeat]], list[Repeat]]:
     """Raw counts of one workload at one temperature: per repeat, the pass costs timed afresh (so
@@ -105,8 +98,8 @@ def _measure_workload(
             shift = r % max(1, len(order))
             runs: dict[int | None, RunStats] = {}
             for k in order[shift:] + order[:shift]:
-                gen = _generator(engine.device, seed_for(options.seed, s.temperature, name, i, r, k))
-                runs[k] = generate_plain(engine, prompt, n, s, gen) if k is None else generate_speculative(engine, prompt, n, k, s, gen)
+                gen = _generator(fused.device, seed_for(options.seed, s.temperature, name, i, r, k))
+                runs[k] = generate_plain(fused, prompt, n, s, gen) if k is None else generate_speculative(fused, prompt, n, k, s, gen)
             for k in ks if options.ours else []:
                 acc[k].add(runs[k], runs[None])
             if peer:
@@ -155,8 +148,8 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     }
     ks = sorted(set(options.draft_tokens))
     longest = max(len(p) for ps in prompts.values() for p in ps)
-    engine = build_engine(model, loaded.mtp, longest + options.max_new_tokens + max(ks) + 2, prompts[workloads[0].name][0][:64])
-    timer = PassTimer(engine, ks, int(statistics.median(len(p) for ps in prompts.values() for p in ps)) + options.max_new_tokens // 2)
+    fused = build_fused_model(model, loaded.mtp, longest + options.max_new_tokens + max(ks) + 2, prompts[workloads[0].name][0][:64])
+    timer = PassTimer(fused, ks, int(statistics.median(len(p) for ps in prompts.values() for p in ps)) + options.max_new_tokens // 2)
     pass_reps = 10  # pass-cost rounds before every repeat
     if options.peer and not loaded.transformers_mtp:
         log("transformers has no MTP loader for this checkpoint: no transformers use_mtp peer")
@@ -168,9 +161,9 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     warm = prompts[workloads[0].name][0]
     for t in options.temperatures:  # warm-up: allocator, kernels, caches; not timed
         s = Sampling(t, options.top_k, options.top_p)
-        generate_plain(engine, warm, 8, s, _generator(device, 0))
+        generate_plain(fused, warm, 8, s, _generator(device, 0))
         for k in ks if options.ours else []:
-            generate_speculative(engine, warm, 8, k, s, _generator(device, 0))
+            generate_speculative(fused, warm, 8, k, s, _generator(device, 0))
         if peer:
             peer.run(warm, 4, s, False, 0, 0.0)
             peer.run(warm, 4, s, True, 0, 0.0)
@@ -179,7 +172,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     for t in options.temperatures:
         s = Sampling(t, options.top_k, options.top_p)
         for w in workloads:
-            ours, theirs = _measure_workload(engine, peer, prompts[w.name], s, ks, mtp_k, w.name, options, timer, pass_reps)
+            ours, theirs = _measure_workload(fused, peer, prompts[w.name], s, ks, mtp_k, w.name, options, timer, pass_reps)
             raw.append((w.name, t, ours, theirs))
             log(progress_line(w.name, t, ours, theirs))
     costs = timer.costs() if options.ours else None

@@ -8,7 +8,7 @@ import statistics
 import torch
 
 from atlas import AtlasError
-from atlas.measure.loop import RunStats, Sampling, Stopwatch
+from atlas.measure.generate import RunStats, Sampling, Stopwatch
 
 # Each mode's time is its generate() minus a 1-token generate() in the same mode: that removes the
 # main prefill and, for use_mtp, the MTP module's load from disk that transformers repeats per call.

@@ -22,7 +22,7 @@ from typing import Any
 from atlas import AtlasError
 from atlas.measure.engines.convert import convert_mellum, needs_conversion
 from atlas.measure.engines.vllm_client import Counters, Driver, Generated, Hello, Result, find_python
-from atlas.measure.loop import RunStats
+from atlas.measure.generate import RunStats
 from atlas.measure.records import SCHEMA_VERSION, Cell, EngineRun, Hardware, Record, Repeat, Settings, write_record
 from atlas.paths import ROOT
 
