@@ -42,11 +42,11 @@ def row(label: str, tps: float, c: Cell | None, plain_tps: float | None = None) 
     eff = "-" if d.efficiency is None else f"{d.efficiency:.2f}"
     vs_ours = "" if plain_tps is None else f"   ({tps / plain_tps:.2f}x our plain)"
     return (f"  {label:<16} {tps:8.1f} {acc:>6} {length:>6} {d.speedup:6.2f} ({d.speedup_lo:.2f}-{d.speedup_hi:.2f})"
-            f" {ideal:>6} {eff:>5}  {c.gate_reason.split(':', 1)[0]}{vs_ours}")
+            f" {ideal:>6} {eff:>5}  {c.gate_verdict}{vs_ours}")
 
 
 def verdicts(record: Record) -> dict[tuple[str, float], str]:
-    return {(g.workload, g.temperature): (f"on k={g.draft_tokens}" if g.enabled else g.reason.split(":", 1)[0]) for g in record.gates}
+    return {(g.workload, g.temperature): (f"on k={g.draft_tokens}" if g.enabled else g.verdict) for g in record.gates}
 
 
 def report(record: Record) -> None:

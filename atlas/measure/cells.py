@@ -59,9 +59,9 @@ class RepeatCounts:
 def build_cell(engine: str, version: str, baseline: str, workload: str, t: float, k: int, repeats: list[Repeat],
                costs: PassCosts | None, quick: bool) -> Cell:
     derived = derive(repeats, t, k, costs)
-    enabled, reason = gate(derived, len(repeats), quick)
+    g = gate(derived, len(repeats), quick)
     return Cell(engine=engine, engine_version=version, baseline=baseline, workload=workload, temperature=t, draft_tokens=k,
-                repeats=repeats, derived=derived, gate_enabled=enabled, gate_reason=reason)
+                repeats=repeats, derived=derived, gate_enabled=g.enabled, gate_verdict=g.verdict, gate_reason=g.reason)
 
 
 def seed_for(*parts: object) -> int:
