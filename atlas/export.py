@@ -279,11 +279,9 @@ def _load_side_tables(con: duckdb.DuckDBPyConnection, evidence_dir: Path, root: 
 
     folder = evidence_dir / "conformance"
     records = conformance.load_records(folder)
-    latest = {id(rec) for _, rec in conformance.latest_records(folder)}
-    rows = []
-    for path, rec in records:
-        for v in conformance.verdicts([(path, rec)], root):
-            rows.append(v.model_dump() | {"latest": id(rec) in latest})
+    latest = {path for path, _ in conformance.latest_records(folder)}
+    rows = [v.model_dump() | {"latest": path in latest}
+            for path, rec in records for v in conformance.verdicts([(path, rec)], root)]
     _temp_table(con, "_conformance", conformance.Verdict, rows, {"latest": "BOOLEAN"})
 
     figures = reported_figures.load(evidence_dir / "reported.toml").figure

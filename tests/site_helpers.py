@@ -110,7 +110,8 @@ def site_copy(root: Path, module_08: str | None = None) -> Layout:
     """A throwaway project root holding the real site/ sources and modules/ (optionally with a
     replacement module 8), so tests never write into the work tree."""
     shutil.copytree(REPO / "site", root / "site",
-                    ignore=shutil.ignore_patterns("build", "modules", "models", "glossary.md", "how-made.md"))
+                    ignore=shutil.ignore_patterns("build", "modules", "models", "data", "glossary.md", "how-made.md",
+                                                 "changelog.md"))
     shutil.copytree(REPO / "modules", root / "modules")
     (root / "evidence").mkdir()
     shutil.copy(REPO / "evidence" / "servable.toml", root / "evidence" / "servable.toml")
