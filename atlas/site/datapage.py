@@ -51,7 +51,8 @@ def _record_rows(evidence: Path, out: Path) -> tuple[list[list[object]], dict[st
                 what, when = f"{crec.package} {crec.version}, {crec.hardware}", crec.run_date
             rel = f"records/{kind}/{path.name}"
             links[f"evidence/{kind}/{path.name}"] = f"data/{rel}"
-            rows.append([Markdown(f"[{escape(path.name)}]({rel})"), kind, f"{when:%Y-%m-%d %H:%M}",
+            rows.append([Markdown(f"[{escape(path.name)}]({rel})"), kind,
+                         Markdown(f'<span class="atlas-nowrap">{when:%Y-%m-%d %H:%M}</span>'),
                          escape(what), _sha(hashlib.sha256(path.read_bytes()).hexdigest())])
     return rows, links
 
@@ -63,7 +64,8 @@ def _tables(manifest: export.Manifest, data: Path, out: Path) -> list[str]:
         shutil.copyfile(data / f.path, files / f.path)
     shutil.copyfile(data / export.MANIFEST, files / export.MANIFEST)
     rows = [[Markdown(f"[{escape(f.path)}](files/{f.path})"), code(f.table), f.format, f.rows,
-             f.as_of or "—", _sha(f.sha256)] for f in manifest.files]
+             Markdown(f'<span class="atlas-nowrap">{f.as_of or "—"}</span>'), _sha(f.sha256)]
+            for f in manifest.files]
     snaps = "\n".join(f"- snapshot #{s['snapshot_id']}: crawl finished {escape(s['finished'])} UTC, "
                       f"from {code(s['source'])}" for s in manifest.snapshots)
     described = "\n".join(f"- {code(t)}: {escape(d)}" for t, d in manifest.description.items())
