@@ -262,7 +262,11 @@ class _Servable(BaseModel):
     servable_engines: list[str]
 
 
-def _load_side_tables(con: duckdb.DuckDBPyConnection, evidence_dir: Path, root: Path) -> dict[str, Any]:
+def _load_side_tables(con: duckdb.DuckDBPyConnection, evidence_dir: Path,
+                      root: Path) -> tuple[list[measured_section.Run], list[Path]]:
+    """What the tables need beyond the store, as temporary tables: the servable engines per model,
+    the evidence records' ids (smoke runs left out), the conformance verdicts, the reported
+    figures. Returns the evidence runs and the conformance record files."""
     matrix = servable_matrix.load(evidence_dir / "servable.toml")
     facts = con.execute("SELECT repo_id, model_type, architectures, declared_num_mtp_layers, "
                         "shipped_mtp_layers FROM mtp_fingerprints").fetchall()
@@ -286,7 +290,7 @@ def _load_side_tables(con: duckdb.DuckDBPyConnection, evidence_dir: Path, root: 
 
     figures = reported_figures.load(evidence_dir / "reported.toml").figure
     _temp_table(con, "_reported", reported_figures.Figure, [f.model_dump() for f in figures])
-    return {"runs": runs, "conformance": [p for p, _ in records], "root": root}
+    return runs, [p for p, _ in records]
 
 
 def _measurement_sources(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
@@ -337,7 +341,7 @@ def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        side = _load_side_tables(con, evidence_dir, root)
+        runs, checked = _load_side_tables(con, evidence_dir, root)
         dictionary: list[tuple[str, str, str, str]] = []
         files: list[FileEntry] = []
         for t in TABLES:
@@ -350,13 +354,13 @@ def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
         con.executemany("INSERT INTO _dictionary VALUES (?, ?, ?, ?)", dictionary)
         files += _write(con, staging, DICTIONARY, "SELECT * FROM _dictionary", None)
         log = changelog.collect(con, servable_matrix.load(evidence_dir / "servable.toml"),
-                                side["runs"], evidence_dir / "conformance", root)
+                                runs, evidence_dir / "conformance", root)
         manifest = Manifest(
             description={t.name: t.description for t in TABLES}
             | {DICTIONARY: "One row per exported column: its table, name, type and meaning."},
             files=files, snapshots=_snapshots(con),
-            measurement_records=[{"record_id": r.record_id, "source_path": r.source_path} for r in side["runs"]],
-            conformance_records=[_relative(p, root) for p in side["conformance"]],
+            measurement_records=[{"record_id": r.record_id, "source_path": r.source_path} for r in runs],
+            conformance_records=[_relative(p, root) for p in checked],
         )
     finally:
         con.close()
