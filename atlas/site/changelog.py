@@ -218,7 +218,8 @@ def _record_row(r: RecordChange, links: dict[str, str]) -> list[object]:
     name = Path(r.source).name
     source = (Markdown(f"[{escape(name)}]({links[r.source]})") if r.source in links else code(name))
     again = "; ".join(f"{n} of {Path(src).name}" for src, n in r.remeasured.items()) or "—"
-    return [r.date, r.kind, escape(r.subject), source, r.n_rows, r.added, escape(again)]
+    return [Markdown(f'<span class="atlas-nowrap">{escape(r.date)}</span>'), r.kind, escape(r.subject), source,
+            r.n_rows, r.added, escape(again)]
 
 
 def page(log: Changelog | None, links: dict[str, str]) -> str:
