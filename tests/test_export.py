@@ -179,7 +179,7 @@ def test_measured_cells_equal_the_records_the_site_reads_and_the_model_page(expo
 
 
 def test_conformance_and_reported_equal_what_renders_their_tables(exported) -> None:
-    _, out, _, layout, _ = exported
+    _, out, _, layout, models = exported
     folder = layout.evidence / "conformance"
     have = rows(out / "conformance_verdicts.parquet")
     everything = [v.model_dump() for v in conformance.verdicts(conformance.load_records(folder), REPO)]
@@ -190,7 +190,14 @@ def test_conformance_and_reported_equal_what_renders_their_tables(exported) -> N
     assert sorted((r["source"], r["layout"], r["temperature"], r["draft_sampling"]) for r in have if r["latest"]) \
         == sorted((v.source, v.layout, v.temperature, v.draft_sampling) for v in site_rows)
     figures = reported.load(layout.evidence / "reported.toml").figure
-    assert rows(out / "reported_figures.parquet") == [f.model_dump() for f in sorted(figures, key=lambda f: f.id)]
+    exported_figures = rows(out / "reported_figures.parquet")
+    assert exported_figures == [f.model_dump() for f in sorted(figures, key=lambda f: f.id)]
+    # and as a model page shows them: one row per figure about that model, subject and figure first
+    base = next(m for m in models.models if m.repo_id == "deepseek-ai/DeepSeek-V3")
+    page = parse_html(built(layout, "models", base.slug))
+    shown = next(t for t in page.tables if t.header == reported.HEADER)
+    about = [f for f in exported_figures if base.repo_id in f["models"]]
+    assert about and sorted(r[0] for r in shown.rows) == sorted(f"{f['subject']}: {f['figure']}" for f in about)
 
 
 # ---- the dataset card -----------------------------------------------------------------------------
