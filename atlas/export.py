@@ -219,6 +219,7 @@ class Manifest(BaseModel):
     snapshots: list[dict[str, Any]]  # id, finished (UTC), source of every complete snapshot
     measurement_records: list[dict[str, str]]  # record_id, source_path
     conformance_records: list[str]
+    servable_date: str  # the support matrix model_facts.servable_engines comes from
 
 
 # ---- temporary tables: what is not in the store -------------------------------------------------
@@ -353,14 +354,15 @@ def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
                     "(\"table\" VARCHAR, \"column\" VARCHAR, \"type\" VARCHAR, meaning VARCHAR)")
         con.executemany("INSERT INTO _dictionary VALUES (?, ?, ?, ?)", dictionary)
         files += _write(con, staging, DICTIONARY, "SELECT * FROM _dictionary", None)
-        log = changelog.collect(con, servable_matrix.load(evidence_dir / "servable.toml"),
-                                runs, evidence_dir / "conformance", root)
+        matrix = servable_matrix.load(evidence_dir / "servable.toml")
+        log = changelog.collect(con, matrix, runs, evidence_dir / "conformance", root)
         manifest = Manifest(
             description={t.name: t.description for t in TABLES}
             | {DICTIONARY: "One row per exported column: its table, name, type and meaning."},
             files=files, snapshots=_snapshots(con),
             measurement_records=[{"record_id": r.record_id, "source_path": r.source_path} for r in runs],
             conformance_records=[_relative(p, root) for p in checked],
+            servable_date=matrix.date.isoformat(),
         )
     finally:
         con.close()
@@ -477,6 +479,9 @@ Measurement records (ids are the sha256 of each record's canonical serialisation
 Conformance records:
 
 {conf}
+
+Servable engines (`model_facts.servable_engines`): the support matrix `evidence/servable.toml` of
+{manifest.servable_date}, which cites the engine source it was read from.
 
 License: {LICENSE}, the atlas project's. The tables hold facts read from public model
 repositories' configs and weight names at the revisions given, not their weights.

@@ -226,6 +226,7 @@ def test_the_card_is_a_hugging_face_dataset_card_whose_configs_read_with_duckdb(
     for r in manifest.measurement_records:
         assert r["record_id"] in body
     assert all(c in body for c in manifest.conformance_records)
+    assert f"support matrix `evidence/servable.toml` of\n{servable.load(MATRIX).date.isoformat()}" in body
 
 
 def test_export_refuses_a_store_without_a_complete_snapshot(tmp_path: Path) -> None:
