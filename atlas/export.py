@@ -27,8 +27,9 @@ import duckdb
 import yaml
 from pydantic import BaseModel
 
-from atlas import AtlasError
+from atlas import AtlasError, store
 from atlas.measure import conformance
+from atlas.site import changelog
 from atlas.site import measured as measured_section
 from atlas.site import reported as reported_figures
 from atlas.site import servable as servable_matrix
@@ -263,12 +264,11 @@ class _Servable(BaseModel):
     servable_engines: list[str]
 
 
-def _load_side_tables(con: duckdb.DuckDBPyConnection, evidence_dir: Path,
+def _load_side_tables(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, evidence_dir: Path,
                       root: Path) -> tuple[list[measured_section.Run], list[Path]]:
     """What the tables need beyond the store, as temporary tables: the servable engines per model,
     the evidence records' ids (smoke runs left out), the conformance verdicts, the reported
     figures. Returns the evidence runs and the conformance record files."""
-    matrix = servable_matrix.load(evidence_dir / "servable.toml")
     facts = con.execute("SELECT repo_id, model_type, architectures, declared_num_mtp_layers, "
                         "shipped_mtp_layers FROM mtp_fingerprints").fetchall()
     _temp_table(con, "_servable", _Servable, [
@@ -333,16 +333,34 @@ def _snapshots(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
     """Write every table (Parquet and CSV), the data dictionary, the manifest, the card and the
     changelog's data into `out` (rebuilt whole). The store is opened read-only."""
-    from atlas import store
-    from atlas.site import changelog
-
     store.require_complete_snapshot(db)
-    con = store.connect(db, read_only=True)
+    matrix = servable_matrix.load(evidence_dir / "servable.toml")
+    # written aside and renamed: a failed export leaves the previous one whole
     staging = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
     try:
-        runs, checked = _load_side_tables(con, evidence_dir, root)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        manifest, log = _export_into(staging, db, matrix, evidence_dir, root)
+        (staging / MANIFEST).write_text(manifest.model_dump_json(indent=1) + "\n", encoding="utf-8")
+        (staging / CARD).write_text(card(manifest), encoding="utf-8")
+        (staging / changelog.FILE_NAME).write_text(changelog.dumps(log), encoding="utf-8")
+        if out.is_dir():
+            shutil.rmtree(out)
+        staging.rename(out)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise AtlasError(f"cannot write the export to {out}: {exc.strerror or exc}") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _export_into(staging: Path, db: Path, matrix: servable_matrix.Matrix, evidence_dir: Path,
+                 root: Path) -> tuple[Manifest, changelog.Changelog]:
+    con = store.connect(db, read_only=True)
+    try:
+        runs, checked = _load_side_tables(con, matrix, evidence_dir, root)
         dictionary: list[tuple[str, str, str, str]] = []
         files: list[FileEntry] = []
         for t in TABLES:
@@ -354,7 +372,6 @@ def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
                     "(\"table\" VARCHAR, \"column\" VARCHAR, \"type\" VARCHAR, meaning VARCHAR)")
         con.executemany("INSERT INTO _dictionary VALUES (?, ?, ?, ?)", dictionary)
         files += _write(con, staging, DICTIONARY, "SELECT * FROM _dictionary", None)
-        matrix = servable_matrix.load(evidence_dir / "servable.toml")
         log = changelog.collect(con, matrix, runs, evidence_dir / "conformance", root)
         manifest = Manifest(
             description={t.name: t.description for t in TABLES}
@@ -366,12 +383,7 @@ def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
         )
     finally:
         con.close()
-    (staging / MANIFEST).write_text(manifest.model_dump_json(indent=1) + "\n", encoding="utf-8")
-    (staging / CARD).write_text(card(manifest), encoding="utf-8")
-    (staging / changelog.FILE_NAME).write_text(changelog.dumps(log), encoding="utf-8")
-    shutil.rmtree(out, ignore_errors=True)
-    staging.rename(out)
-    return manifest
+    return manifest, log
 
 
 def _relative(path: Path, root: Path) -> str:

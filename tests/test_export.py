@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from hub_fixtures import copy_mirror, make_hub, write_watchlist  # noqa: F401  (fixture)
 from site_helpers import REPO, crawl_mirror, engines_in, parse_html, site_copy
 
-from atlas import export, store
+from atlas import AtlasError, export, store
 from atlas.cli import cli
 from atlas.hub import crawl as crawler
 from atlas.measure import conformance, records
@@ -235,6 +235,20 @@ def test_export_refuses_a_store_without_a_complete_snapshot(tmp_path: Path) -> N
     result = CliRunner().invoke(cli, ["export", "--db", str(db), "--out", str(tmp_path / "out")])
     assert result.exit_code == 1 and "no complete snapshot" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_export_leaves_the_previous_one_whole(exported, tmp_path: Path) -> None:
+    db, out, manifest, layout, _ = exported
+    evidence_dir = tmp_path / "evidence"
+    shutil.copytree(layout.evidence, evidence_dir)
+    target = tmp_path / "data"
+    export.export(db, target, evidence_dir, REPO)
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    (evidence_dir / "reported.toml").write_text("[[figure]]\nid = 'x'\n", encoding="utf-8")
+    with pytest.raises(AtlasError, match="reported figures"):
+        export.export(db, target, evidence_dir, REPO)
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "evidence"]  # no partial folder left
 
 
 # ---- the Data page ----------------------------------------------------------------------------------
