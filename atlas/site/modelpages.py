@@ -481,8 +481,9 @@ def finder(data: Models | None) -> str:
         "their own page (linked). Type to filter (all words must match, anywhere in the row; a link "
         "can carry the filter as ?find=words, or as the site search's ?h=words); "
         "click a column header to sort. Declared and shipped are layer counts (— unknown); "
-        f"servable is the support matrix of {data.servable_date}; measured counts the atlas's own "
-        "dated cells."
+        f"servable is the support matrix of {data.servable_date}, for models that declare or ship "
+        "MTP layers (an engine marked \"measured run\" ran the model's MTP in a dated record); "
+        "measured counts the atlas's own dated cells and names their engines."
     )
     table_html = (
         '<div class="atlas-finder"><p><label>Filter models <input type="search" data-atlas-finder '
