@@ -176,6 +176,12 @@ def test_measured_cells_equal_the_records_the_site_reads_and_the_model_page(expo
     shown = [r for t in page.tables if "speed-up (range)" in t.header for r in t.rows]
     assert len(shown) == len(exported_cells)
     assert sorted(r[-1].split(" ")[0] for r in shown) == sorted(f"{r['speedup']:.2f}" for r in exported_cells)
+    # each record's line links the record file the Data page ships
+    html = built(layout, "models", team.slug)
+    for source in {r["source_path"] for r in exported_cells}:
+        name = Path(source).name
+        assert f'href="../../data/records/measurements/{name}"' in html
+        assert (layout.build / "data" / "records" / "measurements" / name).is_file()
 
 
 def test_conformance_and_reported_equal_what_renders_their_tables(exported) -> None:

@@ -21,6 +21,7 @@ from atlas.site import changelog
 from atlas.site.mdsafe import Markdown, code, escape, table
 
 RECORD_KINDS = ("measurements", "conformance")
+RECORDS = "data/records"  # under docs/: the record files, one folder per kind
 
 
 def _sha(digest: str) -> Markdown:
@@ -29,8 +30,8 @@ def _sha(digest: str) -> Markdown:
     return Markdown('<code class="atlas-rev">' + "<wbr>".join(str(escape(p)) for p in parts) + "</code>")
 
 
-def _record_rows(evidence: Path, out: Path) -> tuple[list[list[object]], dict[str, str]]:
-    """Copy the record files into out/records/KIND/ and describe each; also the link of each
+def _record_rows(evidence: Path, docs: Path) -> tuple[list[list[object]], dict[str, str]]:
+    """Copy the record files into docs/data/records/KIND/ and describe each; also the link of each
     record, by its repository path, relative to the docs root (for the changelog)."""
     rows: list[list[object]] = []
     links: dict[str, str] = {}
@@ -38,7 +39,7 @@ def _record_rows(evidence: Path, out: Path) -> tuple[list[list[object]], dict[st
         folder = evidence / kind
         checked = dict(conformance.load_records(folder)) if kind == "conformance" else {}
         for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-            target = out / "records" / kind / path.name
+            target = docs / RECORDS / kind / path.name
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
             if kind == "measurements":
@@ -49,8 +50,8 @@ def _record_rows(evidence: Path, out: Path) -> tuple[list[list[object]], dict[st
             else:
                 crec = checked[path]
                 what, when = f"{crec.package} {crec.version}, {crec.hardware}", crec.run_date
-            rel = f"records/{kind}/{path.name}"
-            links[f"evidence/{kind}/{path.name}"] = f"data/{rel}"
+            rel = f"records/{kind}/{path.name}"  # from the Data page, docs/data/index.md
+            links[f"evidence/{kind}/{path.name}"] = f"{RECORDS}/{kind}/{path.name}"
             rows.append([Markdown(f"[{escape(path.name)}]({rel})"), kind,
                          Markdown(f'<span class="atlas-nowrap">{when:%Y-%m-%d %H:%M}</span>'),
                          escape(what), _sha(hashlib.sha256(path.read_bytes()).hexdigest())])
@@ -96,7 +97,7 @@ def render(data: Path, evidence: Path, docs: Path) -> list[Path]:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     manifest = export.read_manifest(data) if data.is_dir() else None
-    record_rows, links = _record_rows(evidence, out)
+    record_rows, links = _record_rows(evidence, docs)
     lines = ["# Data", "",
              "Everything the atlas's tables show, as files: the exported tables and the dated record "
              "files the measured and conformance tables are drawn from.", ""]

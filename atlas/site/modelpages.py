@@ -20,12 +20,14 @@ import re
 import shutil
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import duckdb
 from pydantic import BaseModel, ValidationError
 
 from atlas import AtlasError
 from atlas.paths import replace_text
+from atlas.site import datapage
 from atlas.site import reported as reported_figures
 from atlas.site import servable as servable_matrix
 from atlas.site.mdsafe import Markdown, code, escape, table
@@ -66,6 +68,7 @@ class Measured(BaseModel):
     speedup_lo: float | None
     speedup_hi: float | None
     record_id: str
+    source_path: str | None = None  # the record file; None in models.json files written before it
 
 
 class Model(BaseModel):
@@ -174,7 +177,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
                      draft_tokens=m["draft_tokens"], acceptance_rate=m["acceptance_rate"],
                      mean_accepted_length=m["mean_accepted_length"], speedup=m["speedup"],
                      speedup_lo=m["speedup_lo"], speedup_hi=m["speedup_hi"],
-                     record_id=m["record_id"])
+                     record_id=m["record_id"], source_path=m["source_path"])
             for m in measured.get(rid, [])
         ]
         declares = bool(now and (now["declared_num_mtp_layers"] or 0) > 0)
@@ -390,7 +393,9 @@ def _levels(m: Model, figures: list[reported_figures.Figure], snapshot_date: str
 
 
 def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figure],
-         data: Models) -> str:
+         data: Models, downloads: set[str] = frozenset()) -> str:
+    """`downloads`: the record files the Data page ships (docs/data/records/measurements/), which
+    a record's line links."""
     lines = [f"# {escape(m.repo_id)}", ""]
     facts = [f"organisation {code(m.org or '—')}", f"family {code(m.family) if m.family else '—'}"]
     if m.architectures:
@@ -426,8 +431,11 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
         for record_id in dict.fromkeys(x.record_id for x in m.measured):
             cells = [x for x in m.measured if x.record_id == record_id]
             first = cells[0]
+            name = Path(first.source_path).name if first.source_path else None
+            link = (f" ([{escape(name)}](../{datapage.RECORDS}/measurements/{quote(name)}))"
+                    if name in downloads else "")
             lines += [
-                f"Record {code(record_id[:12])}: run {escape(first.run_date)}, revision "
+                f"Record {code(record_id[:12])}{link}: run {escape(first.run_date)}, revision "
                 f"{_rev(first.revision)}, hardware {escape(first.hardware)}.", "",
                 table(["engine", "workload", "#T", "#k", "#acceptance", "#accepted length",
                        "#speed-up (range)"],
@@ -507,12 +515,14 @@ def render(data: Models | None, reported: reported_figures.Reported | None, out_
     if data is None:
         return written
     by_id = {m.repo_id: m for m in data.models}
+    shipped = out_dir.parent / datapage.RECORDS / "measurements"
+    downloads = {p.name for p in shipped.glob("*.json")} if shipped.is_dir() else set()
     for m in data.models:
         if not m.has_page:
             continue
         figures = reported.about(m.repo_id) if reported else []
         path = out_dir / f"{m.slug}.md"
-        path.write_text(_front(m.repo_id) + page(m, by_id, figures, data), encoding="utf-8")
+        path.write_text(_front(m.repo_id) + page(m, by_id, figures, data, downloads), encoding="utf-8")
         written.append(path)
     return written
 

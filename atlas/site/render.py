@@ -213,10 +213,11 @@ def render_site(layout: Layout) -> list[RenderedPage]:
         out = layout.docs / src.name
         out.write_text(_page_file(title, _render(env, src, body, context)), encoding="utf-8")
         pages.append(RenderedPage(source=src, output=out, title=title))
-    for out in course.render_model_pages(layout.docs):
-        pages.append(RenderedPage(source=layout.evidence / "models.json", output=out, title=out.stem))
+    # the Data page first: it ships the record files that the model pages link
     for out in datapage.render(layout.data, layout.evidence, layout.docs):
         pages.append(RenderedPage(source=layout.data, output=out, title=out.stem))
+    for out in course.render_model_pages(layout.docs):
+        pages.append(RenderedPage(source=layout.evidence / "models.json", output=out, title=out.stem))
     return pages
 
 
