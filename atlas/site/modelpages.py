@@ -432,11 +432,11 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
             cells = [x for x in m.measured if x.record_id == record_id]
             first = cells[0]
             name = Path(first.source_path).name if first.source_path else None
-            link = (f" ([{escape(name)}](../{datapage.RECORDS}/measurements/{quote(name)}))"
+            link = (f" Record file: [{escape(name)}](../{datapage.RECORDS}/measurements/{quote(name)})."
                     if name in downloads else "")
             lines += [
-                f"Record {code(record_id[:12])}{link}: run {escape(first.run_date)}, revision "
-                f"{_rev(first.revision)}, hardware {escape(first.hardware)}.", "",
+                f"Record {code(record_id[:12])}: run {escape(first.run_date)}, revision "
+                f"{_rev(first.revision)}, hardware {escape(first.hardware)}.{link}", "",
                 table(["engine", "workload", "#T", "#k", "#acceptance", "#accepted length",
                        "#speed-up (range)"],
                       [[escape(x.engine), escape(x.workload), f"{x.temperature:g}", x.draft_tokens,
