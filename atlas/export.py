@@ -475,7 +475,7 @@ duckdb.sql("SELECT * FROM read_parquet('{first}.parquet')")
 
 from datasets import load_dataset
 load_dataset("parquet", data_files="{first}.parquet")   # one table
-load_dataset(".", "{first}")                            # this folder, by its configs
+load_dataset("/path/to/this/folder", "{first}")        # by the configs above (a folder path, not ".")
 ```
 
 ## Provenance
