@@ -34,9 +34,9 @@ from atlas.fingerprints import fingerprint
 Order = Literal["embedding_first", "hidden_first"]
 NormStyle = Literal["rms", "gemma"]
 
-# Main-model layer kinds our static, position-addressed caches can roll back by overwriting. A
-# recurrent layer (linear attention, Mamba) would need its state saved at every verified position.
-ROLLBACK_OK = {"full_attention", "sliding_attention"}
+# Main-model layer kinds the loop can roll back: attention by overwriting its position-addressed
+# cache, Gated DeltaNet ("linear_attention") by its per-position state slots (atlas.measure.recurrent).
+ROLLBACK_OK = {"full_attention", "sliding_attention", "linear_attention"}
 
 
 @dataclass(frozen=True)
@@ -253,8 +253,8 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
     bad = sorted({t for t in types[:depth] if t not in ROLLBACK_OK})
     if bad:
         raise AtlasError(
-            f"{family.name}: not measured: main-model layer types {', '.join(bad)} keep a recurrent state that a rejected "
-            "draft would corrupt (our loop rolls back only attention caches)"
+            f"{family.name}: not measured: main-model layer types {', '.join(bad)} have no rollback in our loop "
+            "(it keeps per-position state slots only for Gated DeltaNet and Mamba2 layers)"
         )
     declared = max((int(v) for k in ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
                     if isinstance(v := getattr(config, k, None), int)), default=1)
