@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -64,14 +64,15 @@ class Family:
     reuse: str = "k > 1: the one layer again on its own output hidden and draft (vLLM: layer i mod n)"
     source: str = ""
     refuse: str | None = None
+    transformers_type: str | None = None  # the transformers model_type that runs a main model transformers has no class for
 
 
 FAMILIES: tuple[Family, ...] = (
     Family(
-        "MiMo", ("qwen2", "mimo"), "mimo", glue="model.mtp_layers.0.", block="model.mtp_layers.0.",
+        "MiMo", ("qwen2", "mimo"), "mimo", glue="model.mtp_layers.{m}.", block="model.mtp_layers.{m}.",
         e_norm="token_layernorm.weight", h_norm="hidden_layernorm.weight", proj="input_proj.weight",
         final_norm="final_layernorm.weight", order="hidden_first", block_type="Qwen2 decoder layer (qkv biases)",
-        source="XiaomiMiMo/MiMo modeling_mimo.py; vLLM mimo_mtp.py",
+        source="XiaomiMiMo/MiMo modeling_mimo.py; vLLM mimo_mtp.py", transformers_type="qwen2",
     ),
     Family(
         "DeepSeek-V3", ("deepseek_v3", "deepseek_v2"), "deepseek_glm", glue="model.layers.{N}.", block="model.layers.{N}.",
@@ -158,6 +159,8 @@ class MtpHead:
     # (hidden fed [n, d] for pairs j, token ids [n] at j+1, RoPE positions j+1) ->
     # (output hidden [n, d], the one recycled for the next draft; logits [n, V])
     reference: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    # Layers 1..n-1 of a chain of n shipped MTP layers (draft i uses layer i mod n, as vLLM)
+    next_layers: list[MtpHead] = field(default_factory=list)
 
 
 class Norm(nn.Module):
@@ -280,6 +283,25 @@ def _sublayers(folder: Path, family: Family, config: object) -> list[str]:
     return [MTP_SUBLAYERS[c] for c in pattern]
 
 
+def _at(template: str, depth: int, m: int) -> str:
+    """A row's tensor prefix for MTP layer m: {N} = num_hidden_layers + m (DeepSeek numbers its MTP
+    layers after the main ones), {m} = m."""
+    return template.replace("{N}", str(depth + m)).replace("{m}", str(m))
+
+
+def _config(folder: Path, family: Family):
+    """transformers' config for the checkpoint; a model_type transformers has no class for is read
+    into the class the row names (MiMo: Qwen2, as vLLM runs it), remote code never run."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    raw = json.loads((folder / "config.json").read_text())
+    if raw.get("model_type") in CONFIG_MAPPING or not family.transformers_type:
+        return AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    kept = {k: v for k, v in raw.items() if k not in ("model_type", "auto_map", "architectures", "transformers_version")}
+    return AutoConfig.for_model(family.transformers_type, **kept)
+
+
 def load_family(folder: Path, family: Family, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, MtpHead]:
     """The main model (transformers' class, `num_hidden_layers` layers) and the MTP layer built from
     the checkpoint's own tensors by `family`'s row. AtlasError naming the family when it is refused
@@ -291,7 +313,7 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         raise AtlasError(f"{family.name}: not measured: {family.refuse}")
     # A vision-language config (Qwen3.5) holds the language model's under text_config; the
     # causal-LM class loads its tensors from model.language_model.* (transformers' own renaming).
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=False).get_text_config()
+    config = _config(folder, family).get_text_config()
     depth = int(config.num_hidden_layers)
     types = list(getattr(config, "layer_types", None) or [])
     bad = sorted({t for t in types[:depth] if t not in ROLLBACK_OK})
@@ -300,10 +322,11 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
             f"{family.name}: not measured: main-model layer types {', '.join(bad)} have no rollback in our loop "
             "(it keeps per-position state slots only for Gated DeltaNet and Mamba2 layers)"
         )
-    declared = max((int(v) for k in ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
-                    if isinstance(v := getattr(config, k, None), int)), default=1)
-    if declared != 1:
-        raise AtlasError(f"{family.name}: {declared} chained MTP layers declared; only one layer (reused for k > 1) is run")
+    chain = max((int(v) for k in ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
+                 if isinstance(v := getattr(config, k, None), int)), default=1)
+    if chain > 1 and ("{N}" not in family.glue and "{m}" not in family.glue or family.sublayers_key):
+        raise AtlasError(f"{family.name}: not measured: {chain} MTP layers declared, but the family's glue ({family.glue}*) is one "
+                         "set of tensors, not one per layer; only families with per-layer glue (DeepSeek, GLM, MiMo) are chained")
     if getattr(config, "kv_lora_rank", None) and config.num_key_value_heads != config.num_attention_heads:
         # MLA expands keys and values to every head from the shared latent (kv_b_proj has a row
         # block per attention head), so a smaller num_key_value_heads has no meaning; transformers
@@ -311,11 +334,11 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         config.num_key_value_heads = config.num_attention_heads
     sub = _sublayers(folder, family, config)
     names = tensor_names(folder)
-    glue = family.glue.replace("{N}", str(depth))
-    final_glue = (family.final_glue or glue).replace("{last}", str(len(sub) - 1))
-    blocks = [family.block.replace("{N}", str(depth)).replace("{i}", str(i)) for i in range(len(sub))]
-    wanted = [glue + n for n in (family.e_norm, family.h_norm, family.proj, family.own_head, family.own_embed) if n]
-    wanted += [final_glue + family.final_norm] if family.final_norm else []
+    glues = [_at(family.glue, depth, m) for m in range(chain)]
+    final_glues = [(_at(family.final_glue, depth, m) if family.final_glue else g).replace("{last}", str(len(sub) - 1)) for m, g in enumerate(glues)]
+    blocks = [_at(family.block, depth, m).replace("{i}", str(i)) for m in range(chain) for i in range(len(sub))]
+    wanted = [g + n for g in glues for n in (family.e_norm, family.h_norm, family.proj, family.own_head, family.own_embed) if n]
+    wanted += [g + family.final_norm for g in final_glues] if family.final_norm else []
     missing = [n for n in wanted if n not in names]
     if missing:
         raise AtlasError(f"{family.name}: the checkpoint lacks MTP tensor(s) {', '.join(missing)}")
@@ -324,13 +347,13 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
     # tensors. A Qwen-style block is full attention, and MoE exactly when it ships experts.
     moe = any(n.startswith(blocks[0] + "mlp.experts.") for n in names)
     extended = copy.deepcopy(config)
-    extended.num_hidden_layers = depth + len(sub)
+    extended.num_hidden_layers = depth + len(blocks)
     if types:
-        extended.layer_types = [*types[:depth], *sub]
+        extended.layer_types = [*types[:depth], *sub * chain]
     if isinstance(getattr(extended, "mlp_layer_types", None), list):
-        extended.mlp_layer_types = [*extended.mlp_layer_types[:depth], "sparse" if moe else "dense"]
+        extended.mlp_layer_types = [*extended.mlp_layer_types[:depth], *["sparse" if moe else "dense"] * chain]
     if getattr(extended, "mlp_only_layers", None) is not None:
-        extended.mlp_only_layers = [i for i in extended.mlp_only_layers if i < depth] + ([] if moe else [depth])
+        extended.mlp_only_layers = [i for i in extended.mlp_only_layers if i < depth] + ([] if moe else list(range(depth, depth + chain)))
     mapping = {"^" + b.replace(".", r"\."): f"model.layers.{depth + i}." for i, b in enumerate(blocks) if b != f"model.layers.{depth + i}."}
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its load report lists the glue tensors as unexpected: they are read below
@@ -348,7 +371,8 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         raise AtlasError(f"{family.name}: tensors missing or mis-shaped for the main model or MTP block: {', '.join(map(str, unloaded[:5]))}")
     model = model.to(device).eval()
     base = model.get_decoder()
-    mtp_block = Chain(list(base.layers)[depth:]) if len(sub) > 1 else base.layers[depth]
+    extra = list(base.layers)[depth:]
+    mtp_blocks = [Chain(extra[m * len(sub) : (m + 1) * len(sub)]) if len(sub) > 1 else extra[m] for m in range(chain)]
     base.layers = nn.ModuleList(list(base.layers)[:depth])
     model.config.num_hidden_layers = depth
     if types:
@@ -369,41 +393,47 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
 
     eps = float(getattr(config, "rms_norm_eps", None) or getattr(config, "layer_norm_epsilon", 1e-6))
     d = int(config.hidden_size)
-    proj = tensor(glue + family.proj)
-    if tuple(proj.shape) != (d, 2 * d):
-        raise AtlasError(f"{family.name}: {glue + family.proj} is {list(proj.shape)}, expected [{d}, {2 * d}]")
-    first, second = proj.split(d, dim=1)
-    w_e, w_h = (second, first) if family.order == "hidden_first" else (first, second)
-    enorm, hnorm = Norm(tensor(glue + family.e_norm), eps, family.norm), Norm(tensor(glue + family.h_norm), eps, family.norm)
-    post = [Norm(tensor(final_glue + family.final_norm), eps, family.norm)] if family.final_norm else []
-    head: nn.Module = model.lm_head
-    if family.own_head:
-        head = nn.Linear(d, int(config.vocab_size), bias=False, device=device, dtype=dtype)
-        head.weight = nn.Parameter(tensor(glue + family.own_head), requires_grad=False)
-    embed = tensor(glue + family.own_embed) if family.own_embed else base.get_input_embeddings().weight.detach()
     rotary = getattr(base, "rotary_emb", None)  # None: attention without position embedding (Nemotron-H)
     per_layer_rope = hasattr(config, "rope_parameters") and len(config.nested_rope_parameter_keys(config.rope_parameters)) > 0
     rope_type = "full_attention" if per_layer_rope else None
 
-    def reference(hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The family's published wiring, module by module over the whole sequence (no cache):
-        norms on each input, one projection over the concatenation in the family's order, the block
-        under a causal mask, the final norm, the head."""
-        e = F.embedding(ids.to(embed.device), embed)
-        hidden = hidden.to(embed.device)
-        pair = [hnorm(hidden), enorm(e)] if family.order == "hidden_first" else [enorm(e), hnorm(hidden)]
-        x = F.linear(torch.cat(pair, dim=-1), proj)[None]
-        n = ids.shape[0]
-        mask = torch.full((n, n), float("-inf"), device=x.device, dtype=x.dtype).triu(1)[None, None]
-        kwargs = {"layer_type": rope_type} if rope_type else {}
-        cos_sin = None if rotary is None else rotary(x, position_ids=positions[None], **kwargs)
-        y = mtp_block(x, attention_mask=mask, position_ids=positions[None], position_embeddings=cos_sin)
-        y = (y[0] if isinstance(y, tuple) else y)[0]
-        for norm in post:
-            y = norm(y)
-        return y, head(y)
+    def head_of(glue: str, final_glue: str, mtp_block: nn.Module) -> MtpHead:
+        proj = tensor(glue + family.proj)
+        if tuple(proj.shape) != (d, 2 * d):
+            raise AtlasError(f"{family.name}: {glue + family.proj} is {list(proj.shape)}, expected [{d}, {2 * d}]")
+        first, second = proj.split(d, dim=1)
+        w_e, w_h = (second, first) if family.order == "hidden_first" else (first, second)
+        enorm, hnorm = Norm(tensor(glue + family.e_norm), eps, family.norm), Norm(tensor(glue + family.h_norm), eps, family.norm)
+        post = [Norm(tensor(final_glue + family.final_norm), eps, family.norm)] if family.final_norm else []
+        head: nn.Module = model.lm_head
+        if family.own_head:
+            head = nn.Linear(d, int(config.vocab_size), bias=False, device=device, dtype=dtype)
+            head.weight = nn.Parameter(tensor(glue + family.own_head), requires_grad=False)
+        embed = tensor(glue + family.own_embed) if family.own_embed else base.get_input_embeddings().weight.detach()
 
-    return model, MtpHead(
-        family=family.name, enorm=enorm, hnorm=hnorm, w_e=w_e, w_h=w_h, block=mtp_block, post_norms=post, head=head,
-        embed=embed, rotary=rotary, rope_layer_type=rope_type, reference=reference,
-    )
+        def reference(hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """The family's published wiring, module by module over the whole sequence (no cache):
+            norms on each input, one projection over the concatenation in the family's order, the block
+            under a causal mask, the final norm, the head."""
+            e = F.embedding(ids.to(embed.device), embed)
+            hidden = hidden.to(embed.device)
+            pair = [hnorm(hidden), enorm(e)] if family.order == "hidden_first" else [enorm(e), hnorm(hidden)]
+            x = F.linear(torch.cat(pair, dim=-1), proj)[None]
+            n = ids.shape[0]
+            mask = torch.full((n, n), float("-inf"), device=x.device, dtype=x.dtype).triu(1)[None, None]
+            kwargs = {"layer_type": rope_type} if rope_type else {}
+            cos_sin = None if rotary is None else rotary(x, position_ids=positions[None], **kwargs)
+            y = mtp_block(x, attention_mask=mask, position_ids=positions[None], position_embeddings=cos_sin)
+            y = (y[0] if isinstance(y, tuple) else y)[0]
+            for norm in post:
+                y = norm(y)
+            return y, head(y)
+
+        return MtpHead(
+            family=family.name, enorm=enorm, hnorm=hnorm, w_e=w_e, w_h=w_h, block=mtp_block, post_norms=post, head=head,
+            embed=embed, rotary=rotary, rope_layer_type=rope_type, reference=reference,
+        )
+
+    first, *rest = (head_of(g, f, b) for g, f, b in zip(glues, final_glues, mtp_blocks))
+    first.next_layers = rest
+    return model, first

@@ -333,6 +333,22 @@ class Masks:
 
 
 @dataclass
+class MtpPieces:
+    """One MTP layer's pieces over its own static cache."""
+
+    device: torch.device
+    embed: torch.Tensor
+    enorm: Callable[[torch.Tensor], torch.Tensor]
+    w_e: Linear
+    hnorm: Callable[[torch.Tensor], torch.Tensor]
+    w_h: Linear
+    block: Layer
+    post: list[Callable[[torch.Tensor], torch.Tensor]]
+    head: Linear
+    rope: Rope
+
+
+@dataclass
 class FusedModel:
     """A loaded checkpoint (main model + its MTP layer) split into pieces over static caches."""
 
@@ -369,20 +385,27 @@ class FusedModel:
             (layer, self._rope(getattr(base, "rotary_emb", None), t if per_layer_rope else None, dev), self.masks(dev), dev)
             for layer, t, dev in zip(self.layers, types, self.layer_devices)
         ]
-        # The MTP layer: e and h norms folded into the two halves of its projection (split by the
-        # loader, so no concat is needed and the family's input order is already settled), its
-        # decoder block, and the norm(s) whose output is both the logits input and the hidden
-        # recycled for the next draft.
-        head = self.mtp
-        self.mtp_device = _device_of(head.block, self.device)
-        self.devices = list(dict.fromkeys([self.device, *self.layer_devices, self.head_device, self.mtp_device]))
-        self.mtp_embed = head.embed.to(self.mtp_device)
-        self.enorm, self.mtp_e = self._folded(head.enorm, head.w_e.to(self.mtp_device))
-        self.hnorm, self.mtp_h = self._folded(head.hnorm, head.w_h.to(self.mtp_device))
-        self.mtp_block = _build_layer(head.block, self.max_len, self.mtp_device, self.dtype, self.fast, self.max_draft)
-        self.mtp_post = [self._norm(m) for m in head.post_norms]
-        self.mtp_head = self.head if head.head is self.model.lm_head else _fused([head.head], self.mtp_device)
-        self.mtp_rope = self._rope(head.rotary, head.rope_layer_type, self.mtp_device)
+        # The MTP layers (one, or a chain of n): e and h norms folded into the two halves of each
+        # projection (split by the loader, so no concat is needed and the family's input order is
+        # already settled), the decoder block, and the norm(s) whose output is both the logits input
+        # and the hidden recycled for the next draft.
+        heads = [self.mtp, *self.mtp.next_layers]
+        self.mtp_layers = [self._mtp_pieces(head) for head in heads]
+        self.mtp_device = self.mtp_layers[0].device
+        self.devices = list(dict.fromkeys([self.device, *self.layer_devices, self.head_device, *(p.device for p in self.mtp_layers)]))
+        self._carry: list[torch.Tensor | None] = [None] * len(heads)
+
+    def _mtp_pieces(self, head: MtpHead) -> "MtpPieces":
+        device = _device_of(head.block, self.device)
+        enorm, w_e = self._folded(head.enorm, head.w_e.to(device))
+        hnorm, w_h = self._folded(head.hnorm, head.w_h.to(device))
+        return MtpPieces(
+            device=device, embed=head.embed.to(device), enorm=enorm, w_e=w_e, hnorm=hnorm, w_h=w_h,
+            block=_build_layer(head.block, self.max_len, device, self.dtype, self.fast, self.max_draft),
+            post=[self._norm(m) for m in head.post_norms],
+            head=self.head if head.head is self.model.lm_head else _fused([head.head], device),
+            rope=self._rope(head.rotary, head.rope_layer_type, device),
+        )
 
     def _folded(self, norm: nn.Module, w: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], Linear]:
         """A norm followed by a projection: a plain RMS norm's weight goes into the projection;
@@ -432,18 +455,47 @@ class FusedModel:
         h = self.norm(x.to(self.head_device))
         return h, self.head(h)
 
-    def draft(self, ids: torch.Tensor, hidden: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """MTP layer over pairs (hidden_j, ids_j) at MTP slots [start, start+n), RoPE position j+1.
+    def draft(self, ids: torch.Tensor, hidden: torch.Tensor, start: int, layer: int = 0, rows: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """MTP layer `layer` over pairs (hidden_j, ids_j) at its slots [start, start+n), RoPE position j+1.
 
-        Returns (the output hidden of the last row, to feed back for the next draft step;
-        the logits of the last row, the draft distribution for the token two ahead of hidden's)."""
-        e = F.embedding(ids.to(self.mtp_device), self.mtp_embed)
-        x = self.mtp_h(self.hnorm(hidden.to(self.mtp_device)), residual=self.mtp_e(self.enorm(e)))
-        st = self._step(self.mtp_rope, start, ids.shape[0], start + 1)
-        x = _layer_forward(self.mtp_block, x, st, self.masks(self.mtp_device))[-1:]
-        for norm in self.mtp_post:
+        Returns (the output hidden of the last row, or of every row with `rows`, to feed back for
+        the next draft step; the logits of the last row, the draft distribution for the token two
+        ahead of hidden's). Layer m > 0 of a chain keeps its slot j at cache index j - m (its first
+        pair is at slot m: see `catch_up`), so no cache row is ever read unwritten."""
+        p = self.mtp_layers[layer]
+        e = F.embedding(ids.to(p.device), p.embed)
+        x = p.w_h(p.hnorm(hidden.to(p.device)), residual=p.w_e(p.enorm(e)))
+        st = self._step(p.rope, start - layer, ids.shape[0], start + 1)
+        x = _layer_forward(p.block, x, st, self.masks(p.device))
+        x = x if rows else x[-1:]
+        for norm in p.post:
             x = norm(x)
-        return x, self.mtp_head(x)[0]
+        return x, p.head(x[-1:])[0]
+
+    def catch_up(self, ids: torch.Tensor, hidden: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write every MTP layer's slots [start, start+n) from verified inputs, and return layer 0's
+        last row (output hidden, logits): the next round's first draft.
+
+        Layer 0's slot j takes (main hidden at j, token j+1). A chained layer m > 0 takes, at its
+        slot j, (layer m-1's output at slot j-1, token j+1): the trained chain, where layer m at
+        sequence position i reads layer m-1's output at i and the token m+1 ahead, numbered so that
+        the draft chain's step i writes slot (current + i - 1) whatever layer runs it. Layer m-1's
+        output at slot start-1 is the last row of the previous catch-up (kept in `_carry`); at the
+        prefill (start 0) there is none, so layer m starts at slot m."""
+        if start == 0:
+            self._carry = [None] * len(self.mtp_layers)
+        out, logits = self.draft(ids, hidden, start, 0, rows=len(self.mtp_layers) > 1)
+        last, first = out[-1:], start
+        for m in range(1, len(self.mtp_layers)):
+            carry, self._carry[m - 1] = self._carry[m - 1], out[-1:]
+            if carry is not None and first == start:
+                fed = torch.cat([carry.to(out.device), out[:-1]])
+            else:
+                fed, first = out[:-1], first + 1
+            if fed.shape[0] == 0:
+                break
+            out, _ = self.draft(ids[first - start :], fed, first, m, rows=True)
+        return last, logits
 
     @torch.inference_mode()
     def validate(self, prompt: list[int]) -> float:
@@ -453,16 +505,23 @@ class FusedModel:
         out = self.model(ids[None], output_hidden_states=True)
         hidden, logits = self.main(ids, 0)
         ref_hidden = out.hidden_states[-1][0]
-        mtp_ref = self.mtp.reference(ref_hidden[:-1], ids[1:], torch.arange(1, len(prompt), device=self.device))
-        _, mtp_logits = self.draft(ids[1:], hidden[:-1], 0)
-        errors = [(logits - out.logits[0].to(logits.device)).abs().max().item(),
-                  (mtp_logits - mtp_ref[1][-1].to(mtp_logits.device)).abs().max().item()]
+        errors = [(logits - out.logits[0].to(logits.device)).abs().max().item()]
+        # Each MTP layer against its own reference, fed the previous layer's reference output
+        # one slot back (layer m's first pair is at slot m), as catch_up feeds it.
+        fed, ours = ref_hidden[:-1], hidden[:-1]
+        for m, head in enumerate([self.mtp, *self.mtp.next_layers]):
+            if fed.shape[0] == 0:
+                break
+            ref_out, ref_logits = head.reference(fed, ids[m + 1 :], torch.arange(m + 1, len(prompt), device=self.device))
+            got, mtp_logits = self.draft(ids[m + 1 :], ours, m, m, rows=True)
+            errors.append((mtp_logits - ref_logits[-1].to(mtp_logits.device)).abs().max().item())
+            fed, ours = ref_out[:-1], got[:-1]
         tolerance = 1e-3 if self.dtype == torch.float32 else 5e-2
         scale = max(1.0, out.logits.abs().max().item())
         if max(errors) > tolerance * scale:
             raise AtlasError(
                 f"the decode loop does not reproduce this architecture (max logit difference main "
-                f"{errors[0]:.3g}, MTP {errors[1]:.3g}); refusing to measure it"
+                f"{errors[0]:.3g}, MTP {max(errors[1:], default=0.0):.3g}); refusing to measure it"
             )
         return max(errors)
 

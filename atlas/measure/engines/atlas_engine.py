@@ -60,7 +60,7 @@ class PassTimer:
                 self._time("plain", lambda: f.main(self.ids[:1], p))
                 for k in self.ks:
                     for i in range(k):
-                        self._time("draft", lambda i=i: f.draft(self.ids[:1], self.hidden, p + i))
+                        self._time("draft", lambda i=i: f.draft(self.ids[:1], self.hidden, p + i, i % len(f.mtp_layers)))
                     self._time(f"verify{k}", lambda k=k: f.main(self.ids[: k + 1], p))
         return self._costs({name: times[before.get(name, 0):] for name, times in self.samples.items()})
 
