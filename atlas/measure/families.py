@@ -64,6 +64,9 @@ class Family:
     reuse: str = "k > 1: the one layer again on its own output hidden and draft (vLLM: layer i mod n)"
     source: str = ""
     refuse: str | None = None
+    # A config key bounding the sequence length below which the family's sparse attention selects
+    # every key (DSA: index_topk): measured there as dense attention, refused beyond.
+    dense_limit: str | None = None
     transformers_type: str | None = None  # the transformers model_type that runs a main model transformers has no class for
 
 
@@ -95,8 +98,18 @@ FAMILIES: tuple[Family, ...] = (
         source="vLLM qwen3_next_mtp.py; transformers Qwen3NextRMSNorm (x̂·(1+w))",
     ),
     Family(
-        "DeepSeek-V3.2 / GLM-5", ("deepseek_v32", "glm_moe_dsa"), "deepseek_glm",
-        refuse="the MTP block carries a DSA sparse-attention indexer whose top-k selection our static cache does not reproduce",
+        "DeepSeek-V3.2", ("deepseek_v32",), "deepseek_glm", glue="model.layers.{N}.", block="model.layers.{N}.",
+        e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
+        own_head="shared_head.head.weight", own_embed="embed_tokens.weight", dense_limit="index_topk",
+        block_type="DeepSeek-V3.2 decoder layer (MLA with a DSA indexer, MoE), run dense-equivalent",
+        source="vLLM deepseek_mtp.py (DeepseekV32MTPModel); DeepSeek-V3.2-Exp inference/model.py (topk = min(index_topk, T))",
+    ),
+    Family(
+        "GLM-5", ("glm_moe_dsa",), "deepseek_glm", glue="model.layers.{N}.", block="model.layers.{N}.",
+        e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
+        own_embed="embed_tokens.weight", dense_limit="index_topk",
+        block_type="GLM-5 decoder layer (DeepSeek-V3.2 attention with a DSA indexer, MoE), run dense-equivalent",
+        source="vLLM deepseek_mtp.py (DeepseekV32MTPModel); no shared_head.head, the main lm_head is shared (vLLM PR #34385)",
     ),
     Family(
         "DeepSeek-V4", ("deepseek_v4",), "deepseek_glm",
@@ -283,6 +296,30 @@ def _sublayers(folder: Path, family: Family, config: object) -> list[str]:
     return [MTP_SUBLAYERS[c] for c in pattern]
 
 
+class AllKeys(nn.Module):
+    """Stands in for a DSA indexer (same call) in the dense-equivalent regime: with at most
+    index_topk keys the indexer's top-k (k = min(index_topk, keys)) selects every key, so its
+    scores change nothing and are not computed; its loaded weights are dropped."""
+
+    def forward(self, hidden_states: torch.Tensor, q_resid: torch.Tensor, position_embeddings: object,
+                attention_mask: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        b, s, t = hidden_states.shape[0], hidden_states.shape[1], attention_mask.shape[-1]
+        return torch.arange(t, device=hidden_states.device, dtype=torch.int32).expand(b, s, t)
+
+
+def dense_attention(model: nn.Module) -> int:
+    """Every DSA indexer in `model` (main layers and the MTP blocks) replaced by AllKeys; returns
+    how many. Exact only while no forward sees more than index_topk keys (FusedModel guards it)."""
+    count = 0
+    for module in model.modules():
+        # GLM-5's "shared" layers reuse the previous layer's selection: every key there too
+        if (isinstance(getattr(module, "indexer", None), nn.Module) or hasattr(module, "skip_topk")) and not isinstance(module.indexer, AllKeys):
+            module.indexer = AllKeys()
+            module.skip_topk = False
+            count += 1
+    return count
+
+
 def _at(template: str, depth: int, m: int) -> str:
     """A row's tensor prefix for MTP layer m: {N} = num_hidden_layers + m (DeepSeek numbers its MTP
     layers after the main ones), {m} = m."""
@@ -316,7 +353,8 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
     config = _config(folder, family).get_text_config()
     depth = int(config.num_hidden_layers)
     types = list(getattr(config, "layer_types", None) or [])
-    bad = sorted({t for t in types[:depth] if t not in ROLLBACK_OK})
+    # DSA's "indexed_attention" is attention with an indexer: rolled back as attention, in the dense regime
+    bad = sorted({t for t in types[:depth] if t not in ROLLBACK_OK | ({"indexed_attention"} if family.dense_limit else set())})
     if bad:
         raise AtlasError(
             f"{family.name}: not measured: main-model layer types {', '.join(bad)} have no rollback in our loop "
@@ -332,7 +370,7 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         # block per attention head), so a smaller num_key_value_heads has no meaning; transformers
         # 5.24 would still repeat the expanded heads by its ratio and fail on a size mismatch.
         config.num_key_value_heads = config.num_attention_heads
-    sub = _sublayers(folder, family, config)
+    sub = ["indexed_attention"] if family.dense_limit else _sublayers(folder, family, config)
     names = tensor_names(folder)
     glues = [_at(family.glue, depth, m) for m in range(chain)]
     final_glues = [(_at(family.final_glue, depth, m) if family.final_glue else g).replace("{last}", str(len(sub) - 1)) for m, g in enumerate(glues)]
@@ -352,6 +390,8 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         extended.layer_types = [*types[:depth], *sub * chain]
     if isinstance(getattr(extended, "mlp_layer_types", None), list):
         extended.mlp_layer_types = [*extended.mlp_layer_types[:depth], *["sparse" if moe else "dense"] * chain]
+    if isinstance(getattr(extended, "indexer_types", None), list):  # GLM-5: each MTP layer has its own indexer
+        extended.indexer_types = [*extended.indexer_types[:depth], *["full"] * chain]
     if getattr(extended, "mlp_only_layers", None) is not None:
         extended.mlp_only_layers = [i for i in extended.mlp_only_layers if i < depth] + ([] if moe else list(range(depth, depth + chain)))
     mapping = {"^" + b.replace(".", r"\."): f"model.layers.{depth + i}." for i, b in enumerate(blocks) if b != f"model.layers.{depth + i}."}
@@ -371,6 +411,8 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         raise AtlasError(f"{family.name}: tensors missing or mis-shaped for the main model or MTP block: {', '.join(map(str, unloaded[:5]))}")
     model = model.to(device).eval()
     base = model.get_decoder()
+    if family.dense_limit:
+        dense_attention(model)
     extra = list(base.layers)[depth:]
     mtp_blocks = [Chain(extra[m * len(sub) : (m + 1) * len(sub)]) if len(sub) > 1 else extra[m] for m in range(chain)]
     base.layers = nn.ModuleList(list(base.layers)[:depth])

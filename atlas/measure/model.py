@@ -163,6 +163,7 @@ class ModuleLayer:
     module: nn.Module
     slot: SlotCache
     window: int | None
+    always_mask: bool = False  # its attention reads the mask even for one query (DSA layers)
 
 
 Layer = FastLayer | ModuleLayer | RecurrentLayer
@@ -227,7 +228,8 @@ def _build_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: to
         return recurrent
     built = _fast_layer(layer, max_len, device, dtype) if fast else None
     if built is None:
-        return ModuleLayer(layer, SlotCache(max_len), getattr(getattr(layer, "self_attn", None), "sliding_window", None))
+        attn = getattr(layer, "self_attn", None)
+        return ModuleLayer(layer, SlotCache(max_len), getattr(attn, "sliding_window", None), hasattr(attn, "indexer"))
     return built
 
 
@@ -239,14 +241,29 @@ class Rope:
     cos: torch.Tensor
     sin: torch.Tensor
     sin_signed: torch.Tensor
+    # A rotary module that returns one tensor per position (DeepSeek-V2's complex freqs_cis), not
+    # a (cos, sin) pair: its rows, handed to the layer modules as they are (cos/sin then unused).
+    raw: torch.Tensor | None = None
+
+    def to(self, device: torch.device) -> "Rope":
+        return Rope(*(None if t is None else t.to(device) for t in (self.cos, self.sin, self.sin_signed, self.raw)))
+
+    def embeddings(self, start: int, n: int) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """What transformers' layer modules take as position_embeddings for positions [start, start+n)."""
+        if self.raw is not None:
+            return self.raw[start : start + n][None]
+        return self.cos[start : start + n][None], self.sin[start : start + n][None]
 
 
 def _rope_table(rotary: nn.Module, layer_type: str | None, max_pos: int, device: torch.device, dtype: torch.dtype) -> Rope:
     positions = torch.arange(max_pos, device=device)[None]
     x = torch.zeros(1, device=device, dtype=dtype)
     kwargs = {} if layer_type is None else {"layer_type": layer_type}
-    cos, sin = rotary(x, position_ids=positions, **kwargs)
-    cos, sin = cos[0], sin[0]
+    out = rotary(x, position_ids=positions, **kwargs)
+    if isinstance(out, torch.Tensor):
+        empty = x.new_zeros(max_pos, 0)
+        return Rope(empty, empty, empty, raw=out[0])
+    cos, sin = out[0][0], out[1][0]
     half = sin.shape[-1] // 2
     return Rope(cos, sin, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1))
 
@@ -294,19 +311,20 @@ def _fast_forward(L: FastLayer, x: torch.Tensor, st: Step, mask: torch.Tensor | 
 def _module_forward(L: ModuleLayer, x: torch.Tensor, st: Step, mask: torch.Tensor | None) -> torch.Tensor:
     L.slot.start = st.start
     rs = st.rope_start
-    return L.module(
+    y = L.module(
         x[None],
         attention_mask=None if mask is None else mask[None, None],
         position_ids=torch.arange(rs, rs + st.n, device=x.device)[None],
         cache=L.slot,
-        position_embeddings=(st.rope.cos[rs : rs + st.n][None], st.rope.sin[rs : rs + st.n][None]),
-    )[0]
+        position_embeddings=st.rope.embeddings(rs, st.n),
+    )
+    return (y[0] if isinstance(y, tuple) else y)[0]  # GLM-5's layers also return their top-k selection
 
 
 def _layer_forward(L: Layer, x: torch.Tensor, st: Step, masks: "Masks") -> torch.Tensor:
     if isinstance(L, RecurrentLayer):
         return recurrent_forward(L, x, st.start)
-    mask = masks.get(L.window, st.start, st.n)
+    mask = masks.get(L.window, st.start, st.n, isinstance(L, ModuleLayer) and L.always_mask)
     if isinstance(L, FastLayer):
         return _fast_forward(L, x, st, mask)
     return _module_forward(L, x, st, mask)
@@ -321,15 +339,20 @@ class Masks:
         self.dtype = dtype
         self._tables: dict[int | None, torch.Tensor] = {}
 
-    def get(self, window: int | None, start: int, n: int) -> torch.Tensor | None:
+    def get(self, window: int | None, start: int, n: int, always: bool = False) -> torch.Tensor | None:
         # One query at the end of the cache sees every earlier slot unless a window cuts it off.
-        if n == 1 and (window is None or start < window):
+        if n == 1 and (window is None or start < window) and not always:
             return None
         if window not in self._tables:
             allowed = self.rel >= 0 if window is None else (self.rel >= 0) & (self.rel < window)
             table = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
             self._tables[window] = table.masked_fill_(~allowed, float("-inf"))
         return self._tables[window][start : start + n, : start + n]
+
+
+def beyond_dense(keys: int, limit: int) -> str:
+    return (f"DSA sparse attention: not measured beyond index_topk = {limit} keys ({keys} asked): past it the indexer "
+            "selects a subset, and transformers' own cached and uncached paths already disagree there")
 
 
 @dataclass
@@ -371,6 +394,9 @@ class FusedModel:
         # Each piece stays on the device it was placed on (atlas.measure.placement); a layer's static
         # caches, masks and RoPE tables live with it, and only the hidden rows cross devices.
         self.embed = embed.weight.detach()
+        # DSA families run as dense attention (atlas.measure.families.AllKeys): exact only while
+        # no forward sees more than index_topk keys, so a longer one is refused, never approximated.
+        self.dense_limit: int | None = getattr(config, "index_topk", None)
         modules = list(base.layers[: config.num_hidden_layers])
         self.layer_devices = [_device_of(m, self.device) for m in modules]
         self.layers = [_build_layer(m, self.max_len, dev, self.dtype, self.fast, self.max_draft) for m, dev in zip(modules, self.layer_devices)]
@@ -429,7 +455,7 @@ class FusedModel:
                 self._ropes[(layer_type, device)] = Rope(one, zero, zero)
                 return self._ropes[(layer_type, device)]
             table = _rope_table(rotary, layer_type, self.max_len + 1, _device_of(rotary, device), self.dtype)
-            self._ropes[(layer_type, device)] = Rope(*(t.to(device) for t in (table.cos, table.sin, table.sin_signed)))
+            self._ropes[(layer_type, device)] = table.to(device)
         return self._ropes[(layer_type, device)]
 
     def masks(self, device: torch.device) -> "Masks":
@@ -446,6 +472,8 @@ class FusedModel:
         """Tokens at positions [start, start+n) -> (post-norm hidden [n, d], logits [n, V])."""
         x = F.embedding(ids, self.embed)
         n = ids.shape[0]
+        if self.dense_limit is not None and start + n > self.dense_limit:
+            raise AtlasError(beyond_dense(start + n, self.dense_limit))
         steps: dict[int, Step] = {}
         for layer, rope, masks, dev in self.stack:
             if x.device != dev:
@@ -463,6 +491,8 @@ class FusedModel:
         ahead of hidden's). Layer m > 0 of a chain keeps its slot j at cache index j - m (its first
         pair is at slot m: see `catch_up`), so no cache row is ever read unwritten."""
         p = self.mtp_layers[layer]
+        if self.dense_limit is not None and start + ids.shape[0] > self.dense_limit:
+            raise AtlasError(beyond_dense(start + ids.shape[0], self.dense_limit))
         e = F.embedding(ids.to(p.device), p.embed)
         x = p.w_h(p.hnorm(hidden.to(p.device)), residual=p.w_e(p.enorm(e)))
         st = self._step(p.rope, start - layer, ids.shape[0], start + 1)

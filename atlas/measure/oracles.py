@@ -115,6 +115,12 @@ LAYOUTS: dict[str, Layout] = {
         hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
         mirror="deepseek-ai/DeepSeek-V3",
     ),
+    "deepseek_v2": Layout(  # no DeepSeek-V2 config in the mirror: a fixture with the DeepSeek MTP glue
+        model_type="deepseek_v2", architectures=("DeepseekV2ForCausalLM",), count_key="num_nextn_predict_layers",
+        defaults=dict(_TINY, **_MLA), glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
+        e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
+        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+    ),
     "deepseek_v32": Layout(  # DSA: every key selected while the sequence fits in index_topk
         model_type="deepseek_v32", architectures=("DeepseekV32ForCausalLM",), count_key="num_nextn_predict_layers",
         defaults=dict(_SHRUNK, **_MLA, **_INDEXER), glue="model.layers.{N+i}.", block="model.layers.{N+i}.",

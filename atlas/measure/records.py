@@ -110,6 +110,9 @@ class Settings(Strict):
     top_p: float | None = None
     quick: bool = False  # a --quick run: never sets a gate
     placement: Placement | None = None  # --device-map: which device held which layers
+    # The attention regime the figures hold in, when the family is measured in one only (DSA:
+    # dense-equivalent, every sequence within index_topk keys); None: no such restriction.
+    regime: str | None = None
 
 
 class PassCosts(Strict):
@@ -258,6 +261,8 @@ class Record(Strict):
         """A record older than schema 3 serialises without the verdicts derived on reading it, as
         it was written: its canonical bytes, and so its id, stay what they were."""
         data = handler(self)
+        if data["settings"].get("regime") is None:  # records written before the field keep their bytes
+            data["settings"].pop("regime", None)
         if self.schema_version < 3:
             for cell in data["cells"]:
                 cell.pop("gate_verdict", None)

@@ -21,7 +21,7 @@ from atlas.measure.cells import RepeatCounts, build_cell, seed_for
 from atlas.measure.checkpoint import load_checkpoint, pick_device, place_model, resolve
 from atlas.measure.engines.transformers_engine import PEER_BASELINE, Peer
 from atlas.measure.generate import RunStats, Sampling, Stopwatch, generate_plain, generate_speculative
-from atlas.measure.model import FusedModel, build_fused_model
+from atlas.measure.model import FusedModel, beyond_dense, build_fused_model
 from atlas.measure.options import MAX_PROMPT_TOKENS, Options
 from atlas.measure.records import SCHEMA_VERSION, Cell, PassCosts, Record, Repeat, Settings, write_record
 from atlas.measure.stamp import hardware, load_average, software
@@ -148,6 +148,13 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     ks = sorted(set(options.draft_tokens))
     longest = max(len(p) for ps in prompts.values() for p in ps)
     fused = build_fused_model(model, loaded.mtp, longest + options.max_new_tokens + max(ks) + 2, prompts[workloads[0].name][0][:64], max_draft=max(ks))
+    regime = None
+    if fused.dense_limit is not None:
+        if longest + options.max_new_tokens > fused.dense_limit:
+            raise AtlasError(f"{loaded.family}: " + beyond_dense(longest + options.max_new_tokens, fused.dense_limit))
+        regime = (f"dense-equivalent DSA: prompt + new tokens <= index_topk = {fused.dense_limit}, so the indexer selects every "
+                  "key and attention is exactly dense MLA; the indexer weights are loaded and not run")
+        log(f"regime: {regime}")
     timer = PassTimer(fused, ks, int(statistics.median(len(p) for ps in prompts.values() for p in ps)) + options.max_new_tokens // 2)
     pass_reps = 10  # pass-cost rounds before every repeat
     if options.peer and not loaded.transformers_mtp:
@@ -197,7 +204,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
             device=str(device), dtype=options.dtype, workloads=[w.name for w in workloads], temperatures=list(options.temperatures),
             draft_tokens=ks if options.ours else [mtp_k], max_new_tokens=options.max_new_tokens, repeats=options.repeats,
             prompts_per_workload=options.prompts_per_workload, top_k=options.top_k, top_p=options.top_p, quick=options.quick,
-            placement=placement,
+            placement=placement, regime=regime,
         ),
         pass_costs=costs,
         cells=cells,
