@@ -24,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LOOP_TESTS = ["tests/test_decode.py", "tests/test_families.py"]
 RECORD_TESTS = ["tests/test_records.py"]
+# where the runner sums runs into a record: several prompts and repeats, the stamp against the facts
+AGGREGATION_TESTS = ["tests/test_aggregation.py"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class Mutant:
 
 LOOP = "atlas.measure.generate"
 RECORDS = "atlas.measure.records"
+CELLS = "atlas.measure.cells"
 MUTANTS = (
     Mutant("reused-uniform", "lossy", LOOP,
            "r = torch.rand(k, generator=gen, device=p.device)",
@@ -99,6 +102,22 @@ MUTANTS = (
     Mutant("headline-max", "metric", RECORDS,
            "speedup = statistics.median(speedups)", "speedup = max(speedups)", tuple(RECORD_TESTS),
            "headline speed-up as the best repeat, not the median"),
+    Mutant("speedup-other-repeat", "metric", RECORDS,
+           "speedups = [r.baseline_seconds / r.seconds for r in repeats]",
+           "speedups = [a.baseline_seconds / b.seconds for a, b in zip(repeats, repeats[1:] + repeats[:1])]",
+           tuple(AGGREGATION_TESTS), "each repeat's speed-up paired with the next repeat's baseline"),
+    Mutant("counts-overwritten", "metric", CELLS,
+           "self.drafted = drafted if self.drafted is None else [a + b for a, b in zip(self.drafted, drafted)]",
+           "self.drafted = drafted", tuple(AGGREGATION_TESTS), "per-position drafted counts overwritten by each prompt, not summed"),
+    Mutant("identity-last-prompt", "metric", CELLS,
+           "self.identical &= spec.tokens == plain.tokens", "self.identical = spec.tokens == plain.tokens",
+           tuple(AGGREGATION_TESTS), "the greedy-identity flag taken from the last prompt only"),
+    Mutant("tree-dirty-constant", "metric", "atlas.measure.stamp",
+           "atlas_tree_dirty=None if status is None else bool(status.strip())", "atlas_tree_dirty=False",
+           tuple(AGGREGATION_TESTS), "the stamp's atlas_tree_dirty a constant"),
+    Mutant("top-p-unrecorded", "metric", "atlas.measure.engines.atlas_engine",
+           "top_k=options.top_k, top_p=options.top_p,", "top_k=options.top_k, top_p=None,",
+           tuple(AGGREGATION_TESTS), "--top-p used by the runs but not recorded in the settings"),
 )
 
 

@@ -113,8 +113,9 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "DeepSeek-V4", ("deepseek_v4",), "deepseek_glm",
-        refuse="V4's MTP adds e_proj and h_proj outputs and has an hc_head (hyper-connection head) whose wiring no published "
-        "implementation we have checked spells out; V4.1 ships DSpark stages instead",
+        refuse="its MTP layer reads the main model's multi-stream hyper-connection residual from before hc_head, which "
+        "transformers' DeepseekV4 class does not expose, and its CSA/HCA compressed attention caches have no per-position "
+        "rollback in our loop; V4.1 ships DSpark stages instead of an MTP layer",
     ),
     Family(
         "ERNIE-4.5", ("ernie4_5_moe", "ernie4_5"), "ernie",
@@ -145,9 +146,45 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family("Step-3.5", ("step3p5", "step3p7", "step3"), "", refuse="no published MTP tensor layout checked for this family"),
     Family("Bailing hybrid", ("bailing_hybrid", "bailing_moe"), "",
-           refuse="hybrid linear-attention main model (no per-position rollback) and no checked MTP layout"),
+           refuse="its linear-attention main layers are a kind our loop keeps no per-position state for, and no MTP tensor layout is checked"),
     Family("Inkling", ("inkling", "inkling2"), "", refuse="no published MTP tensor layout checked for this family"),
 )
+
+
+Status = Literal["measurable", "refused", "no row"]
+
+
+@dataclass(frozen=True)
+class Measurability:
+    """Whether the atlas's own runner (`atlas measure run`) can measure a model_type, and why."""
+
+    model_type: str
+    family: str | None  # the table row, None when no row reads this model_type
+    status: Status
+    reason: str
+
+
+def measurability(model_type: str) -> Measurability:
+    """The family table's answer for one config model_type (text_config's for a multimodal model)."""
+    row = next((f for f in FAMILIES if model_type in f.model_types), None)
+    if row is None:
+        return Measurability(model_type, None, "no row", "no family-table row: measured only if transformers' own MTP loader "
+                             "(MtpModel, num_mtp_layers) loads it, refused by name otherwise")
+    if row.refuse:
+        return Measurability(model_type, row.name, "refused", row.refuse)
+    how = f"MTP layer built from the checkpoint's own tensors ({row.block_type})"
+    if row.transformers_type and model_type != row.transformers_type:
+        how += f"; main model on transformers' {row.transformers_type} classes, no remote code"
+    if row.dense_limit:
+        how += f"; only while prompt + new tokens <= {row.dense_limit}, where its sparse attention is exactly dense"
+    if "{N}" in row.glue or "{m}" in row.glue:
+        how += "; n > 1 shipped MTP layers chained (draft i from layer i mod n)"
+    return Measurability(model_type, row.name, "measurable", how)
+
+
+def measurability_table() -> list[Measurability]:
+    """One entry per model_type the family table names, in table order."""
+    return [measurability(t) for f in FAMILIES for t in f.model_types]
 
 
 @dataclass
