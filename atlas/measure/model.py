@@ -514,7 +514,7 @@ class FusedModel:
         prefill (start 0) there is none, so layer m starts at slot m."""
         if start == 0:
             self._carry = [None] * len(self.mtp_layers)
-        out, logits = self.draft(ids, hidden, start, 0, rows=len(self.mtp_layers) > 1)
+        out, logits = self.draft(ids, hidden, start, 0, len(self.mtp_layers) > 1)
         last, first = out[-1:], start
         for m in range(1, len(self.mtp_layers)):
             carry, self._carry[m - 1] = self._carry[m - 1], out[-1:]
@@ -524,7 +524,7 @@ class FusedModel:
                 fed, first = out[:-1], first + 1
             if fed.shape[0] == 0:
                 break
-            out, _ = self.draft(ids[first - start :], fed, first, m, rows=True)
+            out, _ = self.draft(ids[first - start :], fed, first, m, True)
         return last, logits
 
     @torch.inference_mode()
