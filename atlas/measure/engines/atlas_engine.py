@@ -147,14 +147,15 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     }
     ks = sorted(set(options.draft_tokens))
     longest = max(len(p) for ps in prompts.values() for p in ps)
-    fused = build_fused_model(model, loaded.mtp, longest + options.max_new_tokens + max(ks) + 2, prompts[workloads[0].name][0][:64], max_draft=max(ks))
     regime = None
-    if fused.dense_limit is not None:
-        if longest + options.max_new_tokens > fused.dense_limit:
-            raise AtlasError(f"{loaded.family}: " + beyond_dense(longest + options.max_new_tokens, fused.dense_limit))
-        regime = (f"dense-equivalent DSA: prompt + new tokens <= index_topk = {fused.dense_limit}, so the indexer selects every "
+    dense_limit = getattr(model.config.get_text_config(), "index_topk", None)  # DSA: see atlas.measure.families.AllKeys
+    if dense_limit is not None:
+        if longest + options.max_new_tokens > dense_limit:
+            raise AtlasError(f"{loaded.family}: " + beyond_dense(longest + options.max_new_tokens, dense_limit))
+        regime = (f"dense-equivalent DSA: prompt + new tokens <= index_topk = {dense_limit}, so the indexer selects every "
                   "key and attention is exactly dense MLA; the indexer weights are loaded and not run")
         log(f"regime: {regime}")
+    fused = build_fused_model(model, loaded.mtp, longest + options.max_new_tokens + max(ks) + 2, prompts[workloads[0].name][0][:64], max_draft=max(ks))
     timer = PassTimer(fused, ks, int(statistics.median(len(p) for ps in prompts.values() for p in ps)) + options.max_new_tokens // 2)
     pass_reps = 10  # pass-cost rounds before every repeat
     if options.peer and not loaded.transformers_mtp:
