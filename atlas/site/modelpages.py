@@ -271,7 +271,12 @@ def _conditional(cell: Any) -> list[float]:
 
 
 def dumps(models: Models) -> str:
-    return json.dumps(models.model_dump(mode="json"), indent=1, sort_keys=True, ensure_ascii=True) + "\n"
+    # allow_nan=False: strict JSON parsers (and browsers' JSON.parse) reject Infinity and NaN
+    try:
+        return json.dumps(models.model_dump(mode="json"), indent=1, sort_keys=True, ensure_ascii=True,
+                          allow_nan=False) + "\n"
+    except ValueError as exc:
+        raise AtlasError(f"the model pages' data holds a value JSON cannot hold ({exc}); not written") from None
 
 
 def write(models: Models, path: Path) -> bool:
@@ -280,11 +285,14 @@ def write(models: Models, path: Path) -> bool:
 
 def generate(db: Path, out: Path, matrix_path: Path, root: Path) -> Models:
     from atlas import store
+    from atlas.site.evidence import unreadable_store
 
     matrix = servable_matrix.load(matrix_path)
     con = store.connect(db, read_only=True)
     try:
         models = collect(con, matrix, root)
+    except duckdb.Error as exc:
+        raise unreadable_store(db, exc) from None
     finally:
         con.close()
     write(models, out)
