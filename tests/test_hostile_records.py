@@ -557,3 +557,134 @@ def test_a_read_only_file_system_is_one_line_from_evidence_and_site_build(tmp_pa
         assert "Read-only file system" in line and str(out) in line, line
     line = _one_line_error(["site", "build", "--root", str(layout.root)])
     assert "Read-only file system" in line and str(layout.docs) in line, line
+
+
+# ---- 5. scale: the finder pages its data ---------------------------------------------------------
+
+N_FINDER = 2 * modelpages.PART_ROWS + 345  # three parts, the last one short
+
+FINDER_ONLY_MODULE = """---
+number: 8
+title: Finder only
+prev: null
+next: null
+---
+# Module {{ page.number }} — {{ page.title }}
+
+[All tracked models](../models/index.md)
+"""
+
+
+def many_models(n: int) -> modelpages.Models:
+    """n models as `atlas evidence` writes them; every 50th declares MTP (and has a page)."""
+    snap = modelpages.Snapshot(snapshot_id=1, snapshot_date="2026-11-29", revision="d" * 40, declared=None,
+                               declared_key=None, shipped=None, shipped_evidence=None, fetch_status="ok")
+    models = []
+    for i in range(n):
+        rid = f"org{i % 7}/model-{i:05d}"
+        declares = i % 50 == 0
+        current = snap.model_copy(update=dict(declared=1 if declares else None,
+                                              declared_key="num_nextn_predict_layers" if declares else None))
+        models.append(modelpages.Model(
+            repo_id=rid, slug=modelpages.slug(rid), org=f"org{i % 7}", family="deepseek_v3" if declares else "llama",
+            architectures=None, is_derivative=False, base_models=[], derivatives=[], has_page=declares,
+            current=current, history=[current] if declares else [], servable=[], measured=[]))
+    models.sort(key=lambda m: m.repo_id)
+    return modelpages.Models(snapshot_id=1, snapshot_date="2026-11-29", servable_date="2026-11-01",
+                             models=models, prefill=None)
+
+
+@pytest.fixture(scope="module")
+def big_finder(tmp_path_factory: pytest.TempPathFactory) -> render.Layout:
+    root = tmp_path_factory.mktemp("big-finder")
+    layout = site_copy(root, FINDER_ONLY_MODULE)
+    for other in layout.modules.glob("module-*.md"):
+        if other.name != "module-08.md":
+            other.unlink()
+    for extra in layout.modules.glob("*.md"):
+        if not extra.name.startswith("module-"):
+            extra.unlink()
+    modelpages.write(many_models(N_FINDER), layout.evidence / modelpages.FILE_NAME)
+    render.build(layout)
+    return layout
+
+
+def test_the_finder_page_holds_its_first_screen_and_every_row_is_in_a_part(big_finder: render.Layout) -> None:
+    finder = big_finder.build / "models" / "index.html"
+    page = parse_html(finder.read_text(encoding="utf-8"))
+    table = next(t for t in page.tables if t.header[:1] == ["model"])
+    assert len(table.rows) == modelpages.FIRST_ROWS
+    parts = sorted((big_finder.build / "models" / modelpages.FINDER_PARTS).glob("part-*.js"))
+    assert [p.name for p in parts] == ["part-0000.js", "part-0001.js", "part-0002.js"]
+    rows = []
+    for i, part in enumerate(parts):
+        text = part.read_text(encoding="utf-8")
+        prefix = f"atlasFinderPart({i}, "
+        assert text.startswith(prefix) and text.endswith(");\n")
+        rows += json.loads(text[len(prefix):-3])
+    data = many_models(N_FINDER)
+    assert [r[0] for r in rows] == [m.repo_id for m in data.models]
+    assert [r[1] for r in rows] == [m.slug if m.has_page else None for m in data.models]
+    assert table.rows == [[r[0], *r[2:]] for r in rows[:modelpages.FIRST_ROWS]]  # the same text either way
+    # pages only for models that declare, ship or measure MTP
+    pages = {p.parent.name for p in (big_finder.build / "models").glob("*/index.html")}
+    assert pages == {m.slug for m in data.models if m.has_page}
+
+
+def _wait_for_count(expression: str) -> str:
+    """JavaScript: run `expression`, then wait (up to 20 s) until the finder's count shows a result."""
+    return ("new Promise(function (done) { " + expression + "; var t0 = Date.now(); (function poll() {"
+            " var c = document.querySelector('[data-atlas-finder-count]').textContent;"
+            " if (/^\\d+ of /.test(c) || Date.now() - t0 > 20000) done(c); else setTimeout(poll, 20); })(); })")
+
+
+def _rows_js() -> str:
+    return ("Array.prototype.map.call(document.querySelectorAll('[data-atlas-finder-table] tbody tr'),"
+            " function (tr) { return tr.cells[0].textContent; })")
+
+
+def test_the_paged_finder_filters_and_sorts_every_model_in_the_browser(big_finder: render.Layout) -> None:
+    from chromium_cdp import Chromium
+    from test_browser import CHROMIUM
+
+    if CHROMIUM is None:
+        pytest.skip("no Chromium binary on PATH")
+    finder = (big_finder.build / "models" / "index.html").as_uri()
+    last = f"org{(N_FINDER - 1) % 7}/model-{N_FINDER - 1:05d}"
+    with Chromium(CHROMIUM) as browser:
+        page = browser.open(finder, 1400)
+        try:
+            # the first screen: its own rows, no part loaded yet
+            assert page.evaluate("document.querySelectorAll('script[src*=\"finder/part-\"]').length") == 0
+            assert page.evaluate(_rows_js())[:2] == ["org0/model-00000", "org0/model-00007"]
+            assert page.evaluate("document.querySelector('[data-atlas-finder-count]').textContent") == \
+                f"the first {modelpages.FIRST_ROWS} of {N_FINDER} models listed: type to search them all"
+            # typing searches all parts: the last model is in the last one
+            count = page.evaluate(_wait_for_count(
+                f"var i = document.querySelector('input[data-atlas-finder]'); i.value = '{last.split('/')[1]}';"
+                " i.dispatchEvent(new Event('input'))"))
+            assert count == f"1 of {N_FINDER} models shown" and page.evaluate(_rows_js()) == [last]
+            # a page model's row links to its page; words match anywhere in the row
+            count = page.evaluate(_wait_for_count(
+                "var i = document.querySelector('input[data-atlas-finder]'); i.value = 'deepseek org3';"
+                " i.dispatchEvent(new Event('input'))"))
+            expected = sorted(m.repo_id for m in many_models(N_FINDER).models if m.has_page and m.org == "org3")
+            assert count == f"{len(expected)} of {N_FINDER} models shown" and page.evaluate(_rows_js()) == expected
+            assert page.evaluate("document.querySelector('[data-atlas-finder-table] tbody a').getAttribute('href')") \
+                == modelpages.slug(expected[0]) + "/"
+            # sorting sorts all rows, not the listed ones: model id descending puts the last first
+            count = page.evaluate(_wait_for_count(
+                "var i = document.querySelector('input[data-atlas-finder]'); i.value = '';"
+                " i.dispatchEvent(new Event('input'));"
+                " var th = document.querySelector('[data-atlas-finder-table] th'); th.click(); th.click()"))
+            assert count.startswith(f"{N_FINDER} of {N_FINDER} models shown (the first 200 listed")
+            assert page.evaluate(_rows_js())[0] == max(m.repo_id for m in many_models(N_FINDER).models)
+            assert len(page.evaluate(_rows_js())) == 200
+        finally:
+            page.close()
+        page = browser.open(finder + "?find=model-00049", 390)  # ?find= on a phone
+        try:
+            assert page.evaluate(_wait_for_count("0")) == f"1 of {N_FINDER} models shown"
+            assert page.evaluate(_rows_js()) == [f"org0/model-00049"]
+        finally:
+            page.close()

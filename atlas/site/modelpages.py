@@ -7,6 +7,13 @@ declares, ships or was measured with MTP (claim levels side by side, each with i
 base model and derivatives linked; its history when the store holds more than one snapshot), and
 models/index.md, a client-side filterable, sortable table of every tracked model.
 
+At the Hub's scale (10^5 tracked models and more) nothing here may grow faster than the models:
+only models with a page keep their history and links in models.json (one model per line, so a
+crawl's effect stays a readable diff), and the finder's page embeds only its first screen of rows.
+Every row is in static parts under models/finder/ (part-NNNN.js, PART_ROWS rows each) that the
+finder's script loads when a reader filters or sorts: script files, not fetched JSON, so the
+finder works from file:// as well as from any static server.
+
 Claim levels stay apart here as everywhere: the present levels come from the fingerprints and the
 support matrix, reported figures from evidence/reported.toml, and only the measured level shows an
 acceptance or a speed-up, each row with its date and record.
@@ -15,6 +22,7 @@ acceptance or a speed-up, each row with its date and record.
 from __future__ import annotations
 
 import hashlib
+import html
 import json
 import re
 import shutil
@@ -32,6 +40,9 @@ from atlas.site.mdsafe import Markdown, code, escape, table
 from atlas.site.widgets import Prefill
 
 FILE_NAME = "models.json"
+FIRST_ROWS = 100  # rows the finder's page itself holds: its first screen, the same at any size
+PART_ROWS = 2000  # rows per part file the finder loads on demand
+FINDER_PARTS = "finder"  # folder of the part files, under models/
 
 
 class Snapshot(BaseModel):
@@ -178,14 +189,17 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
         ]
         declares = bool(now and (now["declared_num_mtp_layers"] or 0) > 0)
         ships = bool(now and (now["shipped_mtp_layers"] or 0) > 0)
+        has_page = declares or ships or bool(cells)
+        # history and links are shown on a model's own page only: a model without one is a
+        # finder row, and keeps only what the row shows
         models.append(Model(
             repo_id=rid, slug=slug(rid), org=rid.split("/", 1)[0] if "/" in rid else "",
             family=(now or {}).get("model_type"), architectures=(now or {}).get("architectures"),
             is_derivative=bool((now or {}).get("is_derivative")),
-            base_models=list((now or {}).get("base_models") or []),
-            derivatives=sorted(derivatives.get(rid, [])),
-            has_page=declares or ships or bool(cells),
-            current=snaps_of[-1] if now else None, history=snaps_of,
+            base_models=list((now or {}).get("base_models") or []) if has_page else [],
+            derivatives=sorted(derivatives.get(rid, [])) if has_page else [],
+            has_page=has_page,
+            current=snaps_of[-1] if now else None, history=snaps_of if has_page else [],
             servable=[Engine(engine=e.engine, version=e.version, method=e.method, source=e.source)
                       for e in engines],
             measured=cells,
@@ -271,12 +285,19 @@ def _conditional(cell: Any) -> list[float]:
 
 
 def dumps(models: Models) -> str:
-    # allow_nan=False: strict JSON parsers (and browsers' JSON.parse) reject Infinity and NaN
+    """models.json: the header fields indented, then one model per line (a crawl's change to a
+    model is a one-line diff, and 10^5 models are not 10^7 lines). allow_nan=False: strict JSON
+    parsers (and browsers' JSON.parse) reject Infinity and NaN."""
+    data = models.model_dump(mode="json")
+    rows = data.pop("models")
     try:
-        return json.dumps(models.model_dump(mode="json"), indent=1, sort_keys=True, ensure_ascii=True,
-                          allow_nan=False) + "\n"
+        head = json.dumps(data, indent=1, sort_keys=True, ensure_ascii=True, allow_nan=False)
+        lines = [json.dumps(m, sort_keys=True, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+                 for m in rows]
     except ValueError as exc:
         raise AtlasError(f"the model pages' data holds a value JSON cannot hold ({exc}); not written") from None
+    body = ' "models": [\n' + ",\n".join(lines) + "\n ]" if lines else ' "models": []'
+    return head[:-2] + ",\n" + body + "\n}\n"  # head ends "\n}": the models go in before it
 
 
 def write(models: Models, path: Path) -> bool:
@@ -430,8 +451,25 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
     return "\n".join(lines)
 
 
-def _cell(value: object) -> str:
-    return "—" if value is None else str(escape(value))
+def _shown(value: object) -> str:
+    """The text a reader sees for an untrusted value (what mdsafe's escaping renders as): the
+    finder's parts hold it as is, and its script only ever sets it as text."""
+    return "—" if value is None else html.unescape(escape(value))
+
+
+def finder_row(m: Model) -> list[str | None]:
+    """One model as the finder shows it: id, its page's slug (None without a page), then the text
+    of the org, family, declared, shipped, servable and measured cells."""
+    c = m.current
+    return [
+        _shown(m.repo_id), m.slug if m.has_page else None, _shown(m.org), _shown(m.family),
+        _shown(c.declared if c else None), _shown(c.shipped if c else None),
+        ", ".join(_shown(e.engine) for e in m.servable) or "—",
+        f"{len(m.measured)} cells" if m.measured else "—",
+    ]
+
+
+FINDER_COLUMNS = ["model", "org", "family", "declared", "shipped", "servable", "measured"]
 
 
 def finder(data: Models | None) -> str:
@@ -439,39 +477,54 @@ def finder(data: Models | None) -> str:
     if data is None or not data.models:
         return "\n".join(head + ["No models yet: run `atlas crawl` (or `make crawl-mirror`) and "
                                  "`atlas evidence`, then rebuild the site.", ""])
-    by_id = {m.repo_id: m for m in data.models}
     rows = []
-    for m in data.models:
-        c = m.current
-        name = (f'<a href="{m.slug}/">{escape(m.repo_id)}</a>' if m.has_page
-                else str(escape(m.repo_id)))
-        servable = ", ".join(str(escape(e.engine)) for e in m.servable) or "—"
-        measured = f"{len(m.measured)} cells" if m.measured else "—"
-        rows.append(
-            "<tr><td>" + name + "</td><td>" + _cell(m.org) + "</td><td>" + _cell(m.family)
-            + "</td><td>" + _cell(c.declared if c else None) + "</td><td>"
-            + _cell(c.shipped if c else None) + "</td><td>" + servable + "</td><td>" + measured
-            + "</td></tr>"
-        )
-    n_pages = sum(1 for m in by_id.values() if m.has_page)
+    for m in data.models[:FIRST_ROWS]:
+        row = finder_row(m)
+        cells = [str(escape(text)) for text in row[2:]]
+        name = str(escape(row[0]))
+        name = f'<a href="{row[1]}/">{name}</a>' if row[1] else name
+        rows.append("<tr><td>" + "</td><td>".join([name, *cells]) + "</td></tr>")
+    n_pages = sum(1 for m in data.models if m.has_page)
+    n_parts = -(-len(data.models) // PART_ROWS)
+    listed = ("" if len(data.models) <= FIRST_ROWS else
+              f" The first {FIRST_ROWS} are listed below; filtering or sorting searches all of them.")
     intro = (
         f"Every model of snapshot #{data.snapshot_id} ({data.snapshot_date}), plus any measured "
-        f"model. {n_pages} of {len(data.models)} declare, ship or were measured with MTP and have "
-        "their own page (linked). Type to filter (all words must match, anywhere in the row; a link "
-        "can carry the filter as ?find=words); "
+        f"model: {len(data.models)} in all.{listed} {n_pages} declare, ship or were measured with "
+        "MTP and have their own page (linked). Type to filter (all words must match, anywhere in "
+        "the row; a link can carry the filter as ?find=words); "
         "click a column header to sort. Declared and shipped are layer counts (— unknown); "
         f"servable is the support matrix of {data.servable_date}; measured counts the atlas's own "
         "dated cells."
     )
+    # raw HTML on one line, which Python-Markdown passes through; its text escaped by mdsafe all
+    # the same. The script sets the rows it loads as text.
     table_html = (
-        '<div class="atlas-finder"><p><label>Filter models <input type="search" data-atlas-finder '
+        f'<div class="atlas-finder" data-atlas-finder-total="{len(data.models)}" '
+        f'data-atlas-finder-parts="{n_parts}" data-atlas-finder-src="{FINDER_PARTS}/part-">'
+        '<p><label>Filter models <input type="search" data-atlas-finder '
         'placeholder="e.g. deepseek, qwen3_next, vLLM" autocomplete="off"></label> '
         '<span data-atlas-finder-count aria-live="polite"></span></p>'
-        '<table data-atlas-finder-table><thead><tr><th>model</th><th>org</th><th>family</th>'
-        "<th>declared</th><th>shipped</th><th>servable</th><th>measured</th></tr></thead><tbody>"
+        "<table data-atlas-finder-table><thead><tr>"
+        + "".join(f"<th>{c}</th>" for c in FINDER_COLUMNS) + "</tr></thead><tbody>"
         + "".join(rows) + "</tbody></table></div>"
     )
     return "\n".join(head + [escape(intro), "", table_html, ""])
+
+
+def finder_parts(data: Models, folder: Path) -> list[Path]:
+    """Every finder row, PART_ROWS to a file: `atlasFinderPart(i, rows);`, which the finder's
+    script defines before it adds the parts as <script> elements."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for i, start in enumerate(range(0, len(data.models), PART_ROWS)):
+        rows = [finder_row(m) for m in data.models[start:start + PART_ROWS]]
+        path = folder / f"part-{i:04d}.js"
+        # ensure_ascii: no raw U+2028/U+2029, which end a line in older JavaScript
+        path.write_text(f"atlasFinderPart({i}, {json.dumps(rows, ensure_ascii=True, separators=(',', ':'))});\n",
+                        encoding="utf-8")
+        written.append(path)
+    return written
 
 
 def render(data: Models | None, reported: reported_figures.Reported | None, out_dir: Path) -> list[Path]:
@@ -482,6 +535,7 @@ def render(data: Models | None, reported: reported_figures.Reported | None, out_
     written[0].write_text(_front("Model finder") + finder(data), encoding="utf-8")
     if data is None:
         return written
+    finder_parts(data, out_dir / FINDER_PARTS)
     by_id = {m.repo_id: m for m in data.models}
     for m in data.models:
         if not m.has_page:
