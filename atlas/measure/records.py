@@ -156,7 +156,7 @@ class Derived(Strict):
     drafted: int
     accepted: int
     acceptance_rate: float | None  # accepted / drafted, pooled over positions
-    per_position_acceptance: list[float | None]  # accepted_i / drafted_i
+    per_position_acceptance: list[float | None] = Field(max_length=MAX_DRAFT_TOKENS)  # accepted_i / drafted_i
     mean_accepted_length: float | None  # tokens per verify pass, bonus included = 1 + accepted/passes
     tokens_per_second: float
     baseline_tokens_per_second: float
@@ -167,7 +167,7 @@ class Derived(Strict):
     efficiency: float | None  # median over repeats of speedup / ideal (schema 1: median speedup / ideal)
     greedy_lossless: bool | None  # None when T > 0
     # schema 2
-    conditional_acceptance: list[float | None] | None = None  # accepted_i / reached_i
+    conditional_acceptance: list[float | None] | None = Field(default=None, max_length=MAX_DRAFT_TOKENS)  # accepted_i / reached_i
     efficiency_lo: float | None = None  # min / max over repeats, each against its own pass costs
     efficiency_hi: float | None = None
     # one-sided GATE_CONFIDENCE bounds on the geometric-mean paired speed-up (t over log ratios)

@@ -45,15 +45,16 @@ PART_ROWS = 2000  # rows per part file the finder loads on demand
 FINDER_PARTS = "finder"  # folder of the part files, under models/
 
 
+# Defaults are what models.json leaves out (most of 10^5 models have no MTP key, page or history).
 class Snapshot(BaseModel):
     snapshot_id: int
     snapshot_date: str
-    revision: str | None
-    declared: int | None
-    declared_key: str | None
-    shipped: int | None
-    shipped_evidence: str | None
-    fetch_status: str | None
+    revision: str | None = None
+    declared: int | None = None
+    declared_key: str | None = None
+    shipped: int | None = None
+    shipped_evidence: str | None = None
+    fetch_status: str | None = None
 
 
 class Engine(BaseModel):
@@ -83,16 +84,16 @@ class Model(BaseModel):
     repo_id: str
     slug: str
     org: str
-    family: str | None  # model_type
-    architectures: str | None
-    is_derivative: bool
-    base_models: list[str]
-    derivatives: list[str]
-    has_page: bool
-    current: Snapshot | None  # None: measured, but not in the latest snapshot
-    history: list[Snapshot]  # every complete snapshot holding the model, oldest first
-    servable: list[Engine]
-    measured: list[Measured]
+    family: str | None = None  # model_type
+    architectures: str | None = None
+    is_derivative: bool = False
+    base_models: list[str] = []
+    derivatives: list[str] = []
+    has_page: bool = False
+    current: Snapshot | None = None  # None: measured, but not in the latest snapshot
+    history: list[Snapshot] = []  # every complete snapshot holding the model, oldest first (pages only)
+    servable: list[Engine] = []
+    measured: list[Measured] = []
 
 
 class Models(BaseModel):
@@ -112,7 +113,13 @@ _HISTORY = """
            hm.base_models
     FROM mtp_fingerprints_history h
     JOIN hub_models hm ON hm.snapshot_id = h.snapshot_id AND hm.repo_id = h.repo_id
+    WHERE {where}
     ORDER BY h.repo_id, h.snapshot_date, h.snapshot_id"""
+# Whose history is read: a model with a page (it declares or ships MTP in the latest snapshot, or
+# was measured). Every other model is a finder row, read from the latest snapshot alone.
+_WITH_PAGE = """h.repo_id IN (
+    SELECT repo_id FROM mtp_fingerprints_history WHERE snapshot_id = $latest
+      AND (coalesce(declared_num_mtp_layers, 0) > 0 OR coalesce(shipped_mtp_layers, 0) > 0))"""
 
 _MEASURED = """
     SELECT model_id, run_date, revision, hardware, engine, engine_version, workload, temperature,
@@ -133,10 +140,17 @@ def _date(value: Any) -> str:
     return value.strftime("%Y-%m-%d") if value is not None else "—"
 
 
-def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
-    cur = con.execute(sql)
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    cur = con.execute(sql, params) if params else con.execute(sql)
     cols = [d[0] for d in cur.description]
     return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def _snapshot(h: dict[str, Any]) -> Snapshot:
+    return Snapshot(snapshot_id=h["snapshot_id"], snapshot_date=_date(h["snapshot_date"]),
+                    revision=h["revision"], declared=h["declared_num_mtp_layers"],
+                    declared_key=h["declared_key"], shipped=h["shipped_mtp_layers"],
+                    shipped_evidence=h["shipped_evidence"], fetch_status=h["fetch_status"])
 
 
 def _has_measurements(con: duckdb.DuckDBPyConnection) -> bool:
@@ -151,15 +165,17 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
     record files' repo-relative paths (the calculator's prefill reads its record's pass costs)."""
     snaps = _rows(con, "SELECT max(snapshot_id) AS id FROM snapshots WHERE status = 'complete'")
     latest = snaps[0]["id"] if snaps else None
+    has_measurements = _has_measurements(con)
+    with_page = _WITH_PAGE + (" OR h.repo_id IN (SELECT model_id FROM measurement_cells)" if has_measurements else "")
     history: dict[str, list[dict[str, Any]]] = {}
-    for r in _rows(con, _HISTORY):
+    for r in _rows(con, _HISTORY.format(where=with_page), {"latest": latest}):
         history.setdefault(r["repo_id"], []).append(r)
-    measured_rows = _rows(con, _MEASURED) if _has_measurements(con) else []
+    measured_rows = _rows(con, _MEASURED) if has_measurements else []
     measured: dict[str, list[dict[str, Any]]] = {}
     for r in measured_rows:
         measured.setdefault(r["model_id"], []).append(r)
 
-    current = {rid: rows[-1] for rid, rows in history.items() if rows[-1]["snapshot_id"] == latest}
+    current = {r["repo_id"]: r for r in _rows(con, _HISTORY.format(where="h.snapshot_id = $latest"), {"latest": latest})}
     derivatives: dict[str, list[str]] = {}
     for rid, r in current.items():
         for base in r["base_models"] or []:
@@ -168,13 +184,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
     models: list[Model] = []
     for rid in sorted(set(current) | set(measured)):
         now = current.get(rid)
-        snaps_of = [
-            Snapshot(snapshot_id=h["snapshot_id"], snapshot_date=_date(h["snapshot_date"]),
-                     revision=h["revision"], declared=h["declared_num_mtp_layers"],
-                     declared_key=h["declared_key"], shipped=h["shipped_mtp_layers"],
-                     shipped_evidence=h["shipped_evidence"], fetch_status=h["fetch_status"])
-            for h in history.get(rid, [])
-        ]
+        snaps_of = [_snapshot(h) for h in history.get(rid) or ([now] if now else [])]
         archs = [a.strip() for a in ((now or {}).get("architectures") or "").split(",") if a.strip()]
         engines = matrix.engines_for((now or {}).get("model_type"), archs) if now else []
         cells = [
@@ -288,12 +298,12 @@ def dumps(models: Models) -> str:
     """models.json: the header fields indented, then one model per line (a crawl's change to a
     model is a one-line diff, and 10^5 models are not 10^7 lines). allow_nan=False: strict JSON
     parsers (and browsers' JSON.parse) reject Infinity and NaN."""
-    data = models.model_dump(mode="json")
-    rows = data.pop("models")
+    data = models.model_dump(mode="json", exclude={"models"})
     try:
         head = json.dumps(data, indent=1, sort_keys=True, ensure_ascii=True, allow_nan=False)
-        lines = [json.dumps(m, sort_keys=True, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
-                 for m in rows]
+        lines = [json.dumps(m.model_dump(mode="json", exclude_defaults=True), sort_keys=True, ensure_ascii=True,
+                            allow_nan=False, separators=(",", ":"))
+                 for m in models.models]
     except ValueError as exc:
         raise AtlasError(f"the model pages' data holds a value JSON cannot hold ({exc}); not written") from None
     body = ' "models": [\n' + ",\n".join(lines) + "\n ]" if lines else ' "models": []'
