@@ -367,18 +367,14 @@ def test_import_command_names_the_bad_file_stores_the_rest_and_exits_1(tmp_path:
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
-def test_a_bounded_record_costs_the_import_a_bounded_size() -> None:
+def test_a_bounded_record_costs_the_import_a_bounded_size(tmp_path: Path) -> None:
     """What a record may hold is bounded before anything is copied per cell: the file, each string
     and each list (a 20 MB command was copied into every cell's row: 3.66 GB)."""
     assert records.MAX_RECORD_BYTES <= 8 * 1024 * 1024
     big = json.dumps(_set(GOOD, ("command",), "x" * (20 * 1024 * 1024))).encode()
+    (tmp_path / "big.json").write_bytes(big)
     with pytest.raises(AtlasError, match="over the .*-byte limit"):
-        path = Path(os.environ.get("TMPDIR", "/tmp")) / f"atlas-big-{os.getpid()}.json"
-        path.write_bytes(big)
-        try:
-            records.read_record(path)
-        finally:
-            path.unlink()
+        records.read_record(tmp_path / "big.json")
     with pytest.raises(AtlasError, match=r"command \(20,971,520 characters\): String should have at most 4096"):
         records.parse_record(big, Path("big.json"))
 
