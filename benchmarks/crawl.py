@@ -8,10 +8,12 @@ depend on the window length: it reads both quota and window from the RateLimit h
 
 Prints, side by side: each bucket's allowance vs the achieved rate (as ratios), how full each
 complete window was, 429s, lost repos, the no-change recrawl's file requests, the fingerprint pass,
-and peak RSS.
+and peak RSS. First, the local hub's listing on its own at 2 000 and 8 000 repos (every org listed
+as the crawler lists it, 100 models a page, no rate limit): the time at 8 000 over the time at
+2 000 is ~4 when the listing is linear in the mirror's size, ~16 when it is quadratic.
 
     .venv/bin/python benchmarks/crawl.py [--repos 5000] [--tier anonymous] [--window-s 30]
-                                         [--latency-ms 20] [--concurrency 16]
+                                         [--latency-ms 20] [--concurrency 16] [--listing-only]
 """
 
 from __future__ import annotations
@@ -61,6 +63,29 @@ def synthetic_repos(n: int) -> dict[str, MirrorRepo]:
     return repos
 
 
+def listing_seconds(n: int) -> tuple[float, int]:
+    """Seconds to list every org of an n-repo hub as the crawler does, and the models listed."""
+    from huggingface_hub import HfApi
+
+    repos = synthetic_repos(n)
+    unlimited = {bucket: 10**9 for bucket in TIERS["anonymous"]}
+    with HubServer(repos, page_size=100, limits=unlimited) as hub:
+        api = HfApi(endpoint=hub.url, token=False)
+        t0 = time.perf_counter()
+        listed = sum(1 for k in range(ORGS) for _ in api.list_models(
+            author=f"bench-org-{k}", pipeline_tag="text-generation", sort="downloads", expand=crawler.LISTING_EXPAND))
+        return time.perf_counter() - t0, listed
+
+
+def print_listing_scale() -> float:
+    """The listing at 2 000 and 8 000 repos; returns the ratio of their times."""
+    (small_s, small_n), (big_s, big_n) = listing_seconds(2000), listing_seconds(8000)
+    ratio = big_s / small_s
+    print(f"hub listing (100 a page, {ORGS} orgs): 2000 repos {small_s:.2f} s ({small_n} listed), "
+          f"8000 repos {big_s:.2f} s ({big_n} listed); ratio 8000/2000 = {ratio:.1f} (linear ~4, quadratic ~16)")
+    return ratio
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
@@ -89,7 +114,12 @@ def main() -> int:
     parser.add_argument("--window-s", type=float, default=30.0, help=f"rate-limit window (the Hub's: {WINDOW_S} s)")
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--listing-only", action="store_true", help="only the hub listing at 2000 and 8000 repos")
     args = parser.parse_args()
+
+    listing_ratio = print_listing_scale()
+    if args.listing_only:
+        return 0 if listing_ratio < 8 else 1
 
     t0 = time.perf_counter()
     repos = synthetic_repos(args.repos)
@@ -164,7 +194,7 @@ def main() -> int:
     print(f"fingerprint pass: pure rules {pure_s:.2f} s for {len(configs)} configs "
           f"({len(configs) / pure_s:,.0f}/s); --refingerprint (store read+write) {refp_s:.2f} s for {n_refp}")
     print(f"peak RSS (crawler + hub server, one process): {peak_rss_mb():.0f} MiB; store file {db_mb:.1f} MiB")
-    ok = lost == 0 and first.failed == 0 and file_requests_second == 0 and verdict >= 0.95
+    ok = lost == 0 and first.failed == 0 and file_requests_second == 0 and verdict >= 0.95 and listing_ratio < 8
     return 0 if ok else 1
 
 
