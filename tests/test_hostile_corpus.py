@@ -146,24 +146,6 @@ def test_a_malformed_sha_from_the_hub_is_the_repos_error() -> None:
     assert listed.row.fetch_status == "error" and "malformed commit sha" in listed.row.error and listed.sha is None
 
 
-def test_disk_full_while_writing_a_snapshot_leaves_the_store_whole(tmp_path: Path, make_hub, monkeypatch) -> None:
-    hub = make_hub(build(tmp_path / "m", {"h/fine": HOSTILE["h/fine"]}))
-    crawl(tmp_path, hub, ["h"])
-    real = store._bulk_insert
-
-    def full_disk(con, table, *args, **kwargs):
-        if table == "hub_models":
-            raise duckdb.IOException("Could not write file: No space left on device")
-        return real(con, table, *args, **kwargs)
-
-    monkeypatch.setattr(store, "_bulk_insert", full_disk)
-    with pytest.raises(duckdb.IOException):
-        crawl(tmp_path, hub, ["h"])
-    db = tmp_path / "atlas.duckdb"
-    assert rows(db, "SELECT snapshot_id, status FROM snapshots") == [(1, "complete")]
-    assert rows(db, "SELECT count(*) FROM hub_models") == [(1,)]
-
-
 def test_disk_full_while_writing_the_evidence_never_tears_the_file(tmp_path: Path, monkeypatch) -> None:
     out = tmp_path / "module-08.evidence.md"
     out.write_text("the previous evidence\n")
