@@ -161,7 +161,7 @@ def test_listings_without_end_are_given_up_by_name(tmp_path: Path, make_hub) -> 
 
 def test_a_listing_has_a_deadline_and_a_repeated_cursor_ends_it() -> None:
     now = [0.0]
-    guard = ListingGuard("org", Bounds(listing_s=10.0), clock=lambda: now[0])
+    guard = ListingGuard(Bounds(listing_s=10.0), clock=lambda: now[0])
     for page in range(3):
         guard.page(f"https://hub/api/models?author=org&cursor={page}")
         guard.item(f"org/m{page}")
@@ -170,7 +170,7 @@ def test_a_listing_has_a_deadline_and_a_repeated_cursor_ends_it() -> None:
     now[0] = 11.0
     with pytest.raises(GaveUp, match="still listing after 10 s \\(3 pages\\)"):
         guard.page("https://hub/api/models?author=org&cursor=3")
-    guard = ListingGuard("org", Bounds())
+    guard = ListingGuard(Bounds())
     guard.page("https://hub/api/models?author=org&cursor=a")
     guard.item("org/x")
     guard.answered(200)

@@ -273,7 +273,7 @@ class ListingGuard:
     on must have brought a model not seen on an earlier one (an empty page linking to another, or
     one repeating itself, is a listing without end)."""
 
-    def __init__(self, author: str, bounds: Bounds, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, bounds: Bounds, clock: Callable[[], float] = time.monotonic) -> None:
         self._bounds = bounds
         self._clock = clock
         self._ends = clock() + bounds.listing_s
@@ -338,17 +338,15 @@ def _is_listing(url: str) -> bool:
 def install_client(pacer: Pacer, timeout_s: float, silence: Silence, request_s: float = DEFAULT_BOUNDS.request_s) -> None:
     """huggingface_hub's client (its own request hook first) with our hooks and a transport that
     tells `silence` whether each attempt got an answer and holds every request to `request_s`."""
-    from huggingface_hub.utils import httpx
     from huggingface_hub.utils._http import hf_request_event_hook
 
     class Watched(httpx.HTTPTransport):
         def __init__(self) -> None:
             super().__init__()
-            # httpx2 offers no public hook below the per-read timeout; the pool's backend is it
+            # httpx2 offers no public hook below its per-read timeout: the pool's network backend is it
             self._pool._network_backend = _DeadlineBackend(self._pool._network_backend)
 
         def handle_request(self, request: Any) -> Any:
-            _DEADLINE.at, _DEADLINE.seconds = time.monotonic() + request_s, request_s
             try:
                 response = super().handle_request(request)
             except httpx.TransportError:
@@ -372,6 +370,7 @@ def install_client(pacer: Pacer, timeout_s: float, silence: Silence, request_s: 
         if guard is not None and _is_listing(str(request.url)):
             guard.page(str(request.url))
         request.extensions["atlas_ticket"] = pacer.before(str(request.url))
+        _DEADLINE.at, _DEADLINE.seconds = time.monotonic() + request_s, request_s  # from now, not from the hold
 
     def on_response(response: Any) -> None:
         ticket = response.request.extensions.get("atlas_ticket")
@@ -636,9 +635,9 @@ def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> F
         data = _download(ctx, item.repo_id, sha, "config.json", MAX_CONFIG_BYTES)
         try:
             parse_config_bytes(data)
-        except AtlasError as exc:  # the same bytes at the same sha every time: not worth asking again
-            raise RepoProblem("error", f"{exc} (a malformed config at this sha; read again only when the "
-                                       "repo changes)", permanent=True) from None
+        except AtlasError as exc:  # the same bytes at the same sha every time: no later crawl can do better
+            raise RepoProblem("error", f"{exc} (a malformed config at this sha; that changes only with the repo)",
+                              permanent=True) from None
         out.files["config.json"] = data.decode("utf-8")
         settled = set()
 
@@ -832,7 +831,7 @@ def list_org(ctx: Context, org: OrgScope, defaults: Defaults, exemplars: set[str
     for tag in tags or [None]:
         def one_listing(tag: str | None = tag) -> tuple[int, list[Any]]:
             seen, out = 0, []
-            guard = _LISTING.guard = ListingGuard(org.author, ctx.bounds)  # a fresh one per attempt
+            guard = _LISTING.guard = ListingGuard(ctx.bounds)  # a fresh one per attempt
             try:
                 for info in ctx.api.list_models(author=org.author, pipeline_tag=tag, sort="downloads", expand=LISTING_EXPAND):
                     seen += 1

@@ -280,7 +280,8 @@ class Pacer:
                 wait_s = retry_after(headers)
                 wait_s = 1.0 if wait_s is None else wait_s
                 b.remaining, b.reset_at = 0, max(b.reset_at or 0.0, now + wait_s)
-                pause = Pause(name, wait_s, f"HTTP 429 from the {name} bucket")
+                if wait_s <= self.max_wait_s:  # a longer one is never waited: no pause to show
+                    pause = Pause(name, wait_s, f"HTTP 429 from the {name} bucket")
         if pause is not None:
             self._note(pause)
 
