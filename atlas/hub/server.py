@@ -26,9 +26,9 @@ What it answers like the real Hub (huggingface_hub 2.4.0's view of it):
   429 with the same headers and Retry-After.
 
 Test hooks: fault injection (status, headers, count; or a served answer with extra headers, sent
-a byte at a time, or a listing without end), injected latency, error answers that echo the
-request's Authorization header (as a careless proxy does), and a request log (memory + optional
-JSONL file).
+a byte at a time, or a listing without end), injected latency, file requests held unanswered
+(`hold_files`), error answers that echo the request's Authorization header (as a careless proxy
+does), and a request log (memory + optional JSONL file).
 
 Files are served only when they stay inside the mirror: symlinks out of it are skipped, and so are
 hard links whose other names are not all inside the mirror (st_nlink counts them).
@@ -305,6 +305,10 @@ class HubServer:
         self._lock = threading.Lock()
         self._windows: dict[tuple[bool, str], _Window] = {}
         self._pause = threading.Event()  # never set: its wait() is a sleep that tests can't patch away
+        self._hold_after: int | None = None  # file requests after this many get no answer until release()
+        self._files_started = 0
+        self.held = 0
+        self._release = threading.Event()
         self._httpd = _QuietServer(("127.0.0.1", 0), _make_handler(self))
         self._cdn = _QuietServer(("127.0.0.1", 0), _make_cdn_handler(self))
         self._threads: list[threading.Thread] = []
@@ -328,6 +332,7 @@ class HubServer:
         return self
 
     def stop(self) -> None:
+        self.release()
         for httpd in (self._httpd, self._cdn):
             httpd.shutdown()
             httpd.server_close()
@@ -343,6 +348,25 @@ class HubServer:
     def inject(self, fault: Fault) -> None:
         with self._lock:
             self.faults.append(fault)
+
+    def hold_files(self, after: int) -> None:
+        """Answer the first `after` file requests, then hold every later one unanswered until
+        `release()`: a crawl is then provably in the middle of its downloads."""
+        with self._lock:
+            self._hold_after, self._files_started, self.held = after, 0, 0
+            self._release.clear()
+
+    def release(self) -> None:
+        self._release.set()
+
+    def _maybe_hold(self) -> None:
+        with self._lock:
+            self._files_started += 1
+            hold = self._hold_after is not None and self._files_started > self._hold_after
+            if hold:
+                self.held += 1
+        if hold:
+            self._release.wait(120)  # bounded: a test that forgets release() still ends
 
     def clear_log(self) -> None:
         with self._lock:
@@ -701,6 +725,8 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             try:
                 if hub.latency_s:
                     hub._pause.wait(hub.latency_s)
+                if "/resolve/" in path:
+                    hub._maybe_hold()
                 self._dispatch(path, parse_qs(split.query), head, authed)
             except (BrokenPipeError, ConnectionResetError):
                 pass
