@@ -1116,8 +1116,8 @@ def _fetch_all(ctx: Context, todo: list[tuple[Listed, set[str] | None]], known: 
     try:
         for _ in todo:
             item, result = done.get()  # a Condition wait: Ctrl-C interrupts it
-            if isinstance(result, BaseException):
-                raise result
+            if isinstance(result, BaseException) and not isinstance(result, RepoProblem):
+                raise result  # a worker's crash; a RepoProblem is that repo's outcome, not the crawl's
             if isinstance(result, RepoProblem) and (item.repo_id, item.sha) in known:
                 item.row.side_file_error = str(result)  # its config is stored and read
             elif isinstance(result, RepoProblem):
