@@ -517,7 +517,7 @@ def write_snapshot(
         _bulk_insert(con, "hub_models", columns, scrub=scrub)
         con.execute("COMMIT")
     except BaseException:
-        _rollback(con)
+        rollback(con)
         raise
     return int(snapshot_id)
 
@@ -529,11 +529,11 @@ def write_fingerprints(con: duckdb.DuckDBPyConnection, rows: FingerprintRows) ->
         _replace_fingerprints(con, rows)
         con.execute("COMMIT")
     except BaseException:
-        _rollback(con)
+        rollback(con)
         raise
 
 
-def _rollback(con: duckdb.DuckDBPyConnection) -> None:
+def rollback(con: duckdb.DuckDBPyConnection) -> None:
     """Undo a failed write. A COMMIT that failed (a full disk) has already ended the transaction,
     and DuckDB then refuses the ROLLBACK: the error worth reporting is the first one."""
     with suppress(duckdb.Error):

@@ -215,6 +215,12 @@ def test_a_token_echoed_by_the_hub_is_never_stored_or_shown(tmp_path: Path, make
     assert CANARY.encode() not in db.read_bytes()
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and CANARY.encode() in p.read_bytes()]
     assert CANARY not in result.output and CANARY not in (result.stderr or "")
+    # credentials no one registered are hidden in their header forms; ordinary words are not
+    for form in ("Authorization: Bearer hf_unregistered0123", "{'authorization': 'Bearer abc.def'}",
+                 "authorization=hf_unregistered0123", "Authorization: token hf_unregistered0123"):
+        assert "unregistered" not in redact.text(form) and "abc.def" not in redact.text(form), form
+        assert redact.text(redact.text(form)) == redact.text(form)
+    assert redact.text("needs a token of an account with access") == "needs a token of an account with access"
     # an error that ends the crawl (every listing failed) is scrubbed as it is printed
     failed = cli_crawl(tmp_path, hub, ["x"], db=tmp_path / "other.duckdb")
     line = one_clear_line(failed, "no listing of", "[token hidden]")
