@@ -231,7 +231,15 @@ def _render_pages(layout: Layout) -> list[RenderedPage]:
 
 
 def mkdocs_build(layout: Layout) -> Path:
-    """`mkdocs build --strict` in a subprocess (its own logging, exactly what `make site` runs)."""
+    """`mkdocs build --strict` in a subprocess (its own logging, exactly what `make site` runs).
+    A build folder that cannot be written is one line here, not mkdocs's traceback."""
+    probe = layout.build / ".atlas-write-probe"
+    try:
+        layout.build.mkdir(parents=True, exist_ok=True)
+        probe.write_text("", encoding="utf-8")
+        probe.unlink()
+    except OSError as exc:
+        raise AtlasError(f"cannot write the built site into {layout.build}: {exc.strerror or exc}") from None
     config = layout.site / "mkdocs.yml"
     cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean",
            "--config-file", str(config), "--site-dir", str(layout.build)]
