@@ -54,7 +54,7 @@ def shown(text: str) -> str:
 
 
 WORKLOADS = [hostile("workload-a"), hostile("workload-b")]
-PEER = hostile("engine")
+PEER = "vllm " + hostile("engine")  # a serving engine's name: the model page names it as one
 
 
 def hostile_record() -> records.Record:
@@ -161,6 +161,7 @@ def test_every_record_string_is_inert_text_on_every_page(hostile_site: render.La
     page_text = " ".join(parse_html(pages[modelpages.slug(hostile("model"))]).text.split())
     for field in ("model", "hardware", "workload-a"):
         assert shown(hostile(field)) in page_text, field
+    assert f"ran its MTP in a measured run: {shown(PEER)}" in page_text  # the servable level names it
 
 
 _CHART = re.compile(r'<div class="atlas-chart">.*?</div>', re.S)
