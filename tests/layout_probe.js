@@ -49,8 +49,18 @@
                 minSvgFont: Math.min.apply(null, svgFonts.concat([99])),
                 minHtmlFont: Math.min.apply(null, htmlFonts.concat([99]))};
       });
+      // diagrams and widgets: their box, and whether anything inside scrolls sideways
+      var blocks = Array.prototype.map.call(main.querySelectorAll(".atlas-diagram, .atlas-widget"), function (d) {
+        var svg = d.querySelector("svg");
+        return {kind: d.getAttribute("data-atlas-diagram") || d.getAttribute("data-atlas-widget"),
+                box: box(d), inner: svg ? box(svg) : null, hiddenScroll: d.scrollWidth - d.clientWidth,
+                // HTML content only: an SVG's drawing is clipped to its own (measured) box
+                maxChildRight: Math.max.apply(null, Array.prototype.filter.call(
+                  d.querySelectorAll("*"), function (c) { return !c.closest("svg"); }).map(function (c) {
+                    return box(c).right; }).concat([0]))};
+      });
       return {width: window.innerWidth, docScrollWidth: document.documentElement.scrollWidth,
-              column: col, tables: tables, charts: charts};
+              column: col, tables: tables, charts: charts, blocks: blocks};
     });
   }
 

@@ -159,6 +159,14 @@ def _bound(d: records.Derived) -> Markdown | str:
     return Markdown(f'{d.speedup_bound_lo:.2f}<span class="atlas-range"> (upper {d.speedup_bound_hi:.2f})</span>')
 
 
+def _gate_at_k(c: records.Cell) -> Markdown | str:
+    """A cell's own gate verdict with the lower bound it was decided on, in one cell."""
+    d = c.derived
+    if d.speedup_bound_lo is None:
+        return _verdict(c.gate_reason)
+    return Markdown(f'{_verdict(c.gate_reason)}<span class="atlas-range"> (lower {d.speedup_bound_lo:.2f})</span>')
+
+
 SUMMARY_HEADERS = ["workload", "#T", "engine", "gate (k shown)", "#gate's lower bound",
                    "#acceptance", "#accepted length", "#speed-up (range)", "#ideal", "#efficiency",
                    "greedy identical"]
@@ -211,12 +219,11 @@ def _detail(run: Run, baselines: dict[str, str]) -> str:
                 _num(d.ideal_speedup, 2),
                 _efficiency(d),
                 _greedy(d),
-                _bound(d) if engine == "atlas" else "—",
-                _verdict(c.gate_reason),
+                _gate_at_k(c) if engine == "atlas" else _verdict(c.gate_reason),
             ])
     headers = ["workload", "#T", "#k", "#acceptance", "acceptance by depth", "#accepted length",
-               "#speed-up (range)", "#ideal", "#efficiency", "greedy identical", "#lower bound",
-               "gate at this k"]
+               "#speed-up (range)", "#ideal", "#efficiency", "greedy identical",
+               "gate at this k (lower bound)"]
     return "\n\n".join(heads[e] + "\n\n" + table(headers, rows) for e, rows in by_engine.items())
 
 

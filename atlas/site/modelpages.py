@@ -238,6 +238,7 @@ def _prefill_from(record: Any, best: dict[str, Any]) -> Prefill | None:
         temperature=cell.temperature, conditional=conditional,
         draft_cost=record.pass_costs.draft / record.pass_costs.plain,
         verify_cost=verify / record.pass_costs.plain,
+        verify_costs={k: v / record.pass_costs.plain for k, v in record.pass_costs.verify.items()},
         measured_tokens_per_pass=cell.derived.mean_accepted_length,
         measured_speedup=cell.derived.speedup,
         ideal_speedup=cell.derived.ideal_speedup,
