@@ -221,6 +221,11 @@ def test_one_name_for_the_revision_and_the_mirrors_own_date(demo) -> None:
     if day != fixed.isoformat():
         assert f"(the mirror's data is of {fixed.isoformat()})" in text
     assert f"snapshot of {day}" not in text
+    # the model pages and the finder say it the same way
+    words = f"mirror crawl #1 of {day} (data of {fixed.isoformat()})"
+    assert words in _text(_html(layout, "models"))
+    team = next(p for p in (layout.build / "models").iterdir() if p.name.startswith("mtp-atlas"))
+    assert words in _text((team / "index.html").read_text(encoding="utf-8"))
     glossary = _text(_html(layout, "glossary")).replace("¶", " ")
     glossary = " ".join(glossary.split())
     entry = glossary[glossary.index("Revision The exact files"):][:700]

@@ -87,6 +87,9 @@ class Model(BaseModel):
 class Models(BaseModel):
     snapshot_id: int | None
     snapshot_date: str | None
+    # after a crawl of the bundled mirror: the mirror's own date (its MIRROR.toml), which is the
+    # data's date; the crawl's date is only when the same files were read again
+    mirror_date: str | None
     servable_date: str
     models: list[Model]
     prefill: Prefill | None
@@ -138,8 +141,10 @@ def _has_measurements(con: duckdb.DuckDBPyConnection) -> bool:
 def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root: Path) -> Models:
     """Every model of the store's complete snapshots, and every measured model. `root` resolves the
     record files' repo-relative paths (the calculator's prefill reads its record's pass costs)."""
-    snaps = _rows(con, "SELECT max(snapshot_id) AS id FROM snapshots WHERE status = 'complete'")
+    snaps = _rows(con, "SELECT snapshot_id AS id, endpoint FROM snapshots WHERE status = 'complete' "
+                       "ORDER BY snapshot_id DESC LIMIT 1")
     latest = snaps[0]["id"] if snaps else None
+    mirror_date = _mirror_date(snaps[0]["endpoint"] if snaps else None, root)
     history: dict[str, list[dict[str, Any]]] = {}
     for r in _rows(con, _HISTORY):
         history.setdefault(r["repo_id"], []).append(r)
@@ -191,8 +196,27 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
             measured=cells,
         ))
     snap_date = next((m.current.snapshot_date for m in models if m.current), None)
-    return Models(snapshot_id=latest, snapshot_date=snap_date, servable_date=matrix.date.isoformat(),
-                  models=models, prefill=_prefill(measured_rows, root))
+    return Models(snapshot_id=latest, snapshot_date=snap_date, mirror_date=mirror_date,
+                  servable_date=matrix.date.isoformat(), models=models,
+                  prefill=_prefill(measured_rows, root))
+
+
+def _mirror_date(endpoint: str | None, root: Path) -> str | None:
+    """The crawled mirror's own date, when the snapshot is a mirror crawl whose folder has one."""
+    from atlas.site.evidence import MIRROR_PREFIX, load_mirror_date
+
+    if not endpoint or not endpoint.startswith(MIRROR_PREFIX):
+        return None
+    folder = Path(endpoint.removeprefix(MIRROR_PREFIX))
+    fixed = load_mirror_date(folder if folder.is_absolute() else root / folder)
+    return fixed.isoformat() if fixed else None
+
+
+def snapshot_words(snapshot_id: int | None, crawled: str | None, mirror_date: str | None) -> str:
+    """A snapshot as prose, as module 8 says it: after a mirror crawl, the mirror's own date too."""
+    if mirror_date:
+        return f"mirror crawl #{snapshot_id} of {crawled} (data of {mirror_date})"
+    return f"snapshot #{snapshot_id} of {crawled}"
 
 
 def _prefill(rows: list[dict[str, Any]], root: Path) -> Prefill | None:
@@ -323,10 +347,10 @@ def _num(v: float | None, digits: int) -> str:
     return "—" if v is None else f"{v:.{digits}f}"
 
 
-def _levels(m: Model, figures: list[reported_figures.Figure], snapshot_date: str | None,
+def _levels(m: Model, figures: list[reported_figures.Figure], mirror_date: str | None,
             servable_date: str) -> Markdown:
     c = m.current
-    where = (f"snapshot #{c.snapshot_id} of {c.snapshot_date}, revision " if c else "")
+    where = (snapshot_words(c.snapshot_id, c.snapshot_date, mirror_date) + ", revision " if c else "")
     if c is None:
         declared: list[Any] = ["not in the latest snapshot", "—"]
         shipped: list[Any] = ["not in the latest snapshot", "—"]
@@ -380,7 +404,7 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
         "Five separate claims, each with where it comes from. Only the measured level shows a "
         "speed-up of the atlas's own; a reported figure is someone else's, with their conditions. "
         f"What each level means: [module 8]({_MODULE}).", "",
-        _levels(m, figures, data.snapshot_date, data.servable_date), "",
+        _levels(m, figures, data.mirror_date, data.servable_date), "",
     ]
     if m.servable:
         lines += ["## Servable", "",
@@ -448,7 +472,7 @@ def finder(data: Models | None) -> str:
         )
     n_pages = sum(1 for m in by_id.values() if m.has_page)
     intro = (
-        f"Every model of snapshot #{data.snapshot_id} ({data.snapshot_date}), plus any measured "
+        f"Every model of {snapshot_words(data.snapshot_id, data.snapshot_date, data.mirror_date)}, plus any measured "
         f"model. {n_pages} of {len(data.models)} declare, ship or were measured with MTP and have "
         "their own page (linked). Type to filter (all words must match, anywhere in the row; a link "
         "can carry the filter as ?find=words); "
