@@ -29,7 +29,8 @@
         var fonts = Array.prototype.map.call(t.querySelectorAll("td"), function (c) {
           return parseFloat(getComputedStyle(c).fontSize); });
         return {index: i, box: box(t), maxCellRight: Math.max.apply(null, rights.concat([0])),
-                hiddenScroll: wrap.scrollWidth - wrap.clientWidth,
+                // sideways scrolling of its wrapper, or of the table itself (a display: block table)
+                hiddenScroll: Math.max(wrap.scrollWidth - wrap.clientWidth, t.scrollWidth - t.clientWidth),
                 header: Array.prototype.map.call(t.tHead ? t.tHead.rows[0].cells : [], function (th) {
                   return (th.textContent || "").trim(); }),
                 cards: t.hasAttribute("data-atlas-cards") && getComputedStyle(t).display === "block",
