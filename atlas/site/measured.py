@@ -86,12 +86,6 @@ def _baseline_ids(runs: list[Run]) -> dict[str, str]:
     return ids
 
 
-def _verdict(reason: str) -> str:
-    """The gate's verdict word ("on", "off" or "undecided") at the start of its reason."""
-    word = reason.split(":", 1)[0].split(" ", 1)[0].strip()
-    return word if word in ("on", "off", "undecided") else "—"
-
-
 def _row_cell(group: list[records.Cell], gate: records.GateDecision | None) -> tuple[records.Cell, str]:
     """The cell a summary row shows and the gate text: the gate's k when on; otherwise the best
     median speed-up, labelled with the verdict (off, or undecided: the repeats cannot tell)."""
@@ -102,7 +96,7 @@ def _row_cell(group: list[records.Cell], gate: records.GateDecision | None) -> t
     best = max(group, key=lambda c: c.derived.speedup)
     if gate is None:
         return best, f"— (k={best.draft_tokens})" if len(group) == 1 else f"— (best k={best.draft_tokens})"
-    return best, f"{_verdict(gate.reason)} (best k={best.draft_tokens})"
+    return best, f"{gate.verdict or '—'} (best k={best.draft_tokens})"
 
 
 def _by_position(d: records.Derived) -> tuple[list[float | None], bool]:
@@ -162,9 +156,10 @@ def _bound(d: records.Derived) -> Markdown | str:
 def _gate_at_k(c: records.Cell) -> Markdown | str:
     """A cell's own gate verdict with the lower bound it was decided on, in one cell."""
     d = c.derived
+    word = c.gate_verdict or "—"
     if d.speedup_bound_lo is None:
-        return _verdict(c.gate_reason)
-    return Markdown(f'{_verdict(c.gate_reason)}<span class="atlas-range"> (lower {d.speedup_bound_lo:.2f})</span>')
+        return word
+    return Markdown(f'{word}<span class="atlas-range"> (lower {d.speedup_bound_lo:.2f})</span>')
 
 
 SUMMARY_HEADERS = ["workload", "#T", "engine", "gate (k shown)", "#gate's lower bound",
@@ -219,7 +214,7 @@ def _detail(run: Run, baselines: dict[str, str]) -> str:
                 _num(d.ideal_speedup, 2),
                 _efficiency(d),
                 _greedy(d),
-                _gate_at_k(c) if engine == "atlas" else _verdict(c.gate_reason),
+                _gate_at_k(c) if engine == "atlas" else c.gate_verdict or "—",
             ])
     headers = ["workload", "#T", "#k", "#acceptance", "acceptance by depth", "#accepted length",
                "#speed-up (range)", "#ideal", "#efficiency", "greedy identical",
