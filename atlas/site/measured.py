@@ -7,9 +7,14 @@ counts and the per-(workload, temperature) gate live only there. A file whose re
 has the imported record id (records.record_id) is refused: the page would otherwise show figures
 nobody imported.
 
-Layout: per run (one record: one model revision on one machine, one date) a stamp line, then one
-summary row per (engine, workload, temperature) at the draft length the gate chose (or, where the
-gate is off, the best median speed-up, labelled so), then a collapsible table of every cell.
+Layout: the gate's rule as records.gate computes it, then per run (one record: one model revision
+on one machine, one date) a stamp line, then one summary table per baseline (speed-ups over
+different baselines never share a table) with one row per (engine, workload, temperature) at the
+draft length the gate chose (or, where the gate is not on, the best median speed-up, labelled so)
+and the paired bound the gate decided on, then a collapsible table of every cell.
+
+Module 8's verdict reads its measured facts from here too: the cells slower than plain decoding
+(`backfires_text`) and the dated line of what the atlas itself measured (`measured_line`).
 """
 
 from __future__ import annotations
