@@ -13,6 +13,24 @@
 
   function content() { return document.querySelector(".md-content__inner") || document.body; }
 
+  // Words of a widget's table drawn on more than one line ("outp/ut"): one Range per word, and a
+  // word whose Range has several line boxes was broken inside.
+  function brokenWords(root) {
+    var out = [];
+    var walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    for (var node = walker.nextNode(); node; node = walker.nextNode()) {
+      var re = /\S+/g, m;
+      while ((m = re.exec(node.data))) {
+        var r = document.createRange();
+        r.setStart(node, m.index);
+        r.setEnd(node, m.index + m[0].length);
+        var tops = Array.prototype.map.call(r.getClientRects(), function (b) { return Math.round(b.top); });
+        if (new Set(tops).size > 1) out.push(m[0]);
+      }
+    }
+    return out;
+  }
+
   // Every table and chart of the page, with every collapsible block opened so hidden content is
   // laid out (and measured) too.
   function measure() {
@@ -35,6 +53,7 @@
                   return (th.textContent || "").trim(); }),
                 cards: t.hasAttribute("data-atlas-cards") && getComputedStyle(t).display === "block",
                 widget: !!t.closest(".atlas-widget"),
+                brokenWords: t.closest(".atlas-widget") ? brokenWords(t) : [],
                 minFont: Math.min.apply(null, fonts.concat([99])),
                 rows: t.tBodies.length ? t.tBodies[0].rows.length : 0};
       });

@@ -177,6 +177,7 @@ def test_every_page_is_usable_at_390px(layouts: dict[tuple[str, int], dict]) -> 
             assert t["cards"] or t["widget"], (page, t["header"], "not shown as cards on a phone")
             assert t["maxCellRight"] <= right and t["hiddenScroll"] <= 1, (page, t["header"])
             assert t["minFont"] >= 11, (page, t["header"])
+            assert not t["brokenWords"], (page, t["header"], "words broken inside", t["brokenWords"])
         for c in m["charts"]:
             assert c["box"]["right"] <= right, (page, c["title"])
             assert c["minSvgFont"] >= MIN_LABEL_PX, (page, c["title"], c["minSvgFont"])
