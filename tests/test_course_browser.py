@@ -233,7 +233,9 @@ def test_widgets_follow_k_show_one_mode_and_clear_stale_results(site) -> None:
       var p = a[0].querySelector('[data-in="p"]'); p.value = "-1";
       p.dispatchEvent(new Event("input", {bubbles: true}));
     }, 200); });</script>""" % (", ".join(f"{a:.3f}" for a in short), too_long)
-    page = _page(layout, "widget-states.html", calc * 4 + accept * 2 + act)
+    diagram = _DIAGRAM.findall(built)[1]  # the round diagram: tapped once, it shows at its drawn width
+    act = act.replace("}, 200); });</script>", "document.querySelector('.atlas-diagram').click(); }, 200); });</script>")
+    page = _page(layout, "widget-states.html", calc * 4 + accept * 2 + diagram + act)
     dom = _chromium("--virtual-time-budget=3000", "--dump-dom", page.as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
@@ -263,3 +265,6 @@ def test_widgets_follow_k_show_one_mode_and_clear_stale_results(site) -> None:
     assert 'data-out="output" data-value' not in acc[0] and 'data-out="empirical" data-value' not in acc[0]
     assert 'data-out="acceptance" data-value' not in acc[0]
     assert 'data-out="output" data-value' in acc[1]  # the untouched copy still computes
+    tapped = re.search(r'<div class="atlas-diagram"[^>]*>\s*<svg[^>]*>', html).group(0)
+    drawn = re.search(r'viewBox="0 0 (\d+) ', tapped).group(1)
+    assert "data-zoomed" in tapped and f"width: {drawn}px" in tapped.split("max-width", 1)[1]

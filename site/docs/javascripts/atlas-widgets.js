@@ -243,7 +243,27 @@
     apply();
   }
 
+  // ---- diagrams ---------------------------------------------------------------------------------
+  // A diagram scales to the column; on a narrow screen its labels get small, so a tap shows it at
+  // the width it was drawn, in a box the reader scrolls sideways (and a second tap scales it back).
+  function diagram(box) {
+    var svg = box.querySelector("svg");
+    if (!svg) return;
+    box.setAttribute("tabindex", "0");
+    box.setAttribute("title", "Tap or press Enter: full size / fit to the column");
+    function toggle() {
+      var zoomed = box.hasAttribute("data-zoomed");
+      if (zoomed) { box.removeAttribute("data-zoomed"); svg.style.width = ""; }
+      else { box.setAttribute("data-zoomed", ""); svg.style.width = svg.style.maxWidth; }
+    }
+    box.addEventListener("click", toggle);
+    box.addEventListener("keydown", function (ev) { if (ev.key === "Enter") toggle(); });
+  }
+
   function enable(doc) {
+    Array.prototype.forEach.call(doc.querySelectorAll(".atlas-diagram"), function (el) {
+      if (!el.hasAttribute("data-atlas-live")) { el.setAttribute("data-atlas-live", "1"); diagram(el); }
+    });
     Array.prototype.forEach.call(doc.querySelectorAll('[data-atlas-widget="calculator"]'), function (el) {
       if (!el.hasAttribute("data-atlas-live")) { el.setAttribute("data-atlas-live", "1"); calculator(el); }
     });
