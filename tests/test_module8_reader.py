@@ -170,7 +170,11 @@ def test_the_gate_is_described_as_computed_and_its_bound_shown(demo) -> None:
     assert "lower bound of the measured speed-up, over repeats" not in text  # the old, wrong rule
     rule = " ".join(re.sub(r"<[^>]+>", "", measured.GATE_RULE.replace("*", "")).split())
     assert rule.replace("**", "") in text.replace("*", "")
-    assert f"one-sided {records.GATE_CONFIDENCE:.0%} bounds" in rule and f"fewer than {records.MIN_GATE_REPEATS}" in rule
+    confidence = f"{records.GATE_CONFIDENCE * 100:g} %"
+    assert f"one-sided {confidence} bounds" in rule and f"fewer than {records.MIN_GATE_REPEATS}" in rule
+    glossary = _text(_html(layout, "glossary"))
+    assert (f"one-sided {confidence} lower bound" in glossary
+            and f"fewer than {records.MIN_GATE_REPEATS} repeats" in glossary)
     # the rule as stated, against records.gate: on iff lower > 1, off iff upper < 1, else undecided
     for lo, hi, word in ((1.01, 1.3, "on"), (0.7, 0.99, "off"), (0.98, 1.2, "undecided")):
         d = records.Derived(drafted=1, accepted=1, acceptance_rate=1, per_position_acceptance=[1.0],

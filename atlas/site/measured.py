@@ -409,11 +409,13 @@ def section(runs: list[Run], head: str) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+# The gate's confidence as the site writes a percentage ("95 %").
+GATE_CONFIDENCE_TEXT = f"{records.GATE_CONFIDENCE:.0%}".replace("%", " %")
 # The gate as records.gate and records.decide compute it (schema 2); constants from that module.
 GATE_RULE = (
     f"**The gate.** For each draft length k the run has one speed-up per repeat (plain time ÷ "
     f"speculative time of the same prompts, run back to back). From these paired speed-ups it "
-    f"takes one-sided {records.GATE_CONFIDENCE:.0%} bounds on their geometric mean (Student's t "
+    f"takes one-sided {GATE_CONFIDENCE_TEXT} bounds on their geometric mean (Student's t "
     f"over their logarithms). A draft length is *off* when greedy output differed from plain "
     f"decoding; otherwise *undecided* with fewer than {records.MIN_GATE_REPEATS} repeats; "
     f"otherwise *on* when the lower bound is above 1, *off* when the upper bound is below 1, "
