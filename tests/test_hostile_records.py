@@ -393,7 +393,8 @@ def test_a_bounded_record_costs_the_import_a_bounded_size(tmp_path: Path) -> Non
 def test_models_json_and_the_evidence_never_hold_non_finite_numbers(tmp_path: Path) -> None:
     """Strict JSON parsers reject Infinity and NaN: the writers refuse them by name (no record can
     carry one in any more, see above), so a bad value can never reach the finder."""
-    empty = modelpages.Models(snapshot_id=None, snapshot_date=None, servable_date="2026-11-01", models=[], prefill=None)
+    empty = modelpages.Models(snapshot_id=None, snapshot_date=None, mirror_date=None, servable_date="2026-11-01",
+                              models=[], prefill=None)
     assert json.loads(modelpages.dumps(empty))["models"] == []
     measured = modelpages.Measured(run_date="2026-11-28", revision="c" * 40, hardware="h", engine="atlas",
                                    workload="w", temperature=math.inf, draft_tokens=1, acceptance_rate=None,
@@ -601,7 +602,7 @@ def many_models(n: int) -> modelpages.Models:
             architectures=None, is_derivative=False, base_models=[], derivatives=[], has_page=declares,
             current=current, history=[current] if declares else [], servable=[], measured=[]))
     models.sort(key=lambda m: m.repo_id)
-    return modelpages.Models(snapshot_id=1, snapshot_date="2026-11-29", servable_date="2026-11-01",
+    return modelpages.Models(snapshot_id=1, snapshot_date="2026-11-29", mirror_date=None, servable_date="2026-11-01",
                              models=models, prefill=None)
 
 

@@ -102,6 +102,9 @@ class Model(BaseModel):
 class Models(BaseModel):
     snapshot_id: int | None
     snapshot_date: str | None
+    # after a crawl of the bundled mirror: the mirror's own date (its MIRROR.toml), which is the
+    # data's date; the crawl's date is only when the same files were read again
+    mirror_date: str | None
     servable_date: str
     models: list[Model]
     prefill: Prefill | None
@@ -166,10 +169,12 @@ def _has_measurements(con: duckdb.DuckDBPyConnection) -> bool:
 def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root: Path) -> Models:
     """Every model of the store's complete snapshots, and every measured model. `root` resolves the
     record files' repo-relative paths (the calculator's prefill reads its record's pass costs)."""
-    snaps = _rows(con, "SELECT max(snapshot_id) AS id FROM snapshots WHERE status = 'complete'")
+    snaps = _rows(con, "SELECT snapshot_id AS id, endpoint FROM snapshots WHERE status = 'complete' "
+                       "ORDER BY snapshot_id DESC LIMIT 1")
     latest = snaps[0]["id"] if snaps else None
     has_measurements = _has_measurements(con)
     with_page = _WITH_PAGE + (" OR h.repo_id IN (SELECT model_id FROM measurement_cells)" if has_measurements else "")
+    mirror_date = _mirror_date(snaps[0]["endpoint"] if snaps else None, root)
     history: dict[str, list[dict[str, Any]]] = {}
     for r in _rows(con, _HISTORY.format(where=with_page), {"latest": latest}):
         history.setdefault(r["repo_id"], []).append(r)
@@ -219,8 +224,27 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
             measured=cells,
         ))
     snap_date = next((m.current.snapshot_date for m in models if m.current), None)
-    return Models(snapshot_id=latest, snapshot_date=snap_date, servable_date=matrix.date.isoformat(),
-                  models=models, prefill=_prefill(measured_rows, root))
+    return Models(snapshot_id=latest, snapshot_date=snap_date, mirror_date=mirror_date,
+                  servable_date=matrix.date.isoformat(), models=models,
+                  prefill=_prefill(measured_rows, root))
+
+
+def _mirror_date(endpoint: str | None, root: Path) -> str | None:
+    """The crawled mirror's own date, when the snapshot is a mirror crawl whose folder has one."""
+    from atlas.site.evidence import MIRROR_PREFIX, load_mirror_date
+
+    if not endpoint or not endpoint.startswith(MIRROR_PREFIX):
+        return None
+    folder = Path(endpoint.removeprefix(MIRROR_PREFIX))
+    fixed = load_mirror_date(folder if folder.is_absolute() else root / folder)
+    return fixed.isoformat() if fixed else None
+
+
+def snapshot_words(snapshot_id: int | None, crawled: str | None, mirror_date: str | None) -> str:
+    """A snapshot as prose, as module 8 says it: after a mirror crawl, the mirror's own date too."""
+    if mirror_date:
+        return f"mirror crawl #{snapshot_id} of {crawled} (data of {mirror_date})"
+    return f"snapshot #{snapshot_id} of {crawled}"
 
 
 def _prefill(rows: list[dict[str, Any]], root: Path) -> Prefill | None:
@@ -266,6 +290,7 @@ def _prefill_from(record: Any, best: dict[str, Any]) -> Prefill | None:
         temperature=cell.temperature, conditional=conditional,
         draft_cost=record.pass_costs.draft / record.pass_costs.plain,
         verify_cost=verify / record.pass_costs.plain,
+        verify_costs={k: v / record.pass_costs.plain for k, v in record.pass_costs.verify.items()},
         measured_tokens_per_pass=cell.derived.mean_accepted_length,
         measured_speedup=cell.derived.speedup,
         ideal_speedup=cell.derived.ideal_speedup,
@@ -385,10 +410,10 @@ def measured_serving(m: Model) -> list[str]:
     return [e for e in dict.fromkeys(found) if e is not None and e not in listed]
 
 
-def _levels(m: Model, figures: list[reported_figures.Figure], snapshot_date: str | None,
+def _levels(m: Model, figures: list[reported_figures.Figure], mirror_date: str | None,
             servable_date: str) -> Markdown:
     c = m.current
-    where = (f"snapshot #{c.snapshot_id} of {c.snapshot_date}, revision " if c else "")
+    where = (snapshot_words(c.snapshot_id, c.snapshot_date, mirror_date) + ", revision " if c else "")
     if c is None:
         declared: list[Any] = ["not in the latest snapshot", "—"]
         shipped: list[Any] = ["not in the latest snapshot", "—"]
@@ -450,7 +475,7 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
         "Five separate claims, each with where it comes from. Only the measured level shows a "
         "speed-up of the atlas's own; a reported figure is someone else's, with their conditions. "
         f"What each level means: [module 8]({_MODULE}).", "",
-        _levels(m, figures, data.snapshot_date, data.servable_date), "",
+        _levels(m, figures, data.mirror_date, data.servable_date), "",
     ]
     if m.servable:
         lines += ["## Servable", "",
@@ -535,8 +560,8 @@ def finder(data: Models | None) -> str:
     listed = ("" if len(data.models) <= FIRST_ROWS else
               f" The first {FIRST_ROWS} are listed below; filtering or sorting searches all of them.")
     intro = (
-        f"Every model of snapshot #{data.snapshot_id} ({data.snapshot_date}), plus any measured "
-        f"model: {len(data.models)} in all.{listed} {n_pages} declare, ship or were measured with "
+        f"Every model of {snapshot_words(data.snapshot_id, data.snapshot_date, data.mirror_date)}, plus any "
+        f"measured model: {len(data.models)} in all.{listed} {n_pages} declare, ship or were measured with "
         "MTP and have their own page (linked). Type to filter (all words must match, anywhere in "
         "the row; a link can carry the filter as ?find=words, or as the site search's ?h=words); "
         "click a column header to sort. Declared and shipped are layer counts (— unknown); "
