@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -12,13 +13,17 @@ from atlas import AtlasError, __version__
 
 
 class AtlasGroup(click.Group):
-    """Print AtlasError as a one-line message and exit 1, instead of a traceback."""
+    """Print AtlasError as a one-line message and exit 1, instead of a traceback; $HF_TOKEN is
+    scrubbed from it (a hub or proxy may echo it in an error text)."""
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
+        from atlas.hub import redact
+
+        redact.keep_secret(os.environ.get("HF_TOKEN"))
         try:
             return super().invoke(ctx)
         except AtlasError as exc:
-            click.secho(f"Error: {exc}", fg="red", err=True)
+            click.secho(f"Error: {redact.text(str(exc))}", fg="red", err=True)
             sys.exit(1)
 
 
@@ -62,6 +67,7 @@ def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint
     from contextlib import ExitStack
 
     from atlas.hub import crawl as crawler
+    from atlas.hub.redact import text as shown
     from atlas.paths import default_db
 
     db = db or default_db()
@@ -89,7 +95,7 @@ def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint
             lines = (preflight.plan(db, watch, url, token=token) if plan
                      else preflight.probe(watch, url, token=token))
             for line in lines:
-                click.echo(line)
+                click.echo(shown(line))
             return
         try:
             summary = crawler.crawl(db, watch, endpoint=url, endpoint_label=label, token=token, cache_dir=cache_dir,
@@ -98,10 +104,10 @@ def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint
             click.secho(f"Interrupted: {exc}", fg="yellow", err=True)
             sys.exit(130)
     for line in crawler.iter_summary_lines(summary):
-        click.echo(line)
+        click.echo(shown(line))
     if summary.status != "complete" or summary.incomplete:
-        click.secho("Snapshot is " + ("partial: " + "; ".join(summary.problems) if summary.status != "complete"
-                    else f"complete, but {len(summary.incomplete)} repos could not be fetched (listed above)"),
+        click.secho(shown("Snapshot is " + ("partial: " + "; ".join(summary.problems) if summary.status != "complete"
+                          else f"complete, but {len(summary.incomplete)} repos could not be fetched (listed above)")),
                     fg="yellow", err=True)
         sys.exit(2)
 
