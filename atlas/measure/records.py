@@ -120,6 +120,17 @@ class PassCosts(Strict):
     draft: float = Field(gt=0)  # MTP layer, 1 row (one draft step)
 
 
+class RecurrentState(Strict):
+    """How a hybrid main model's recurrent layers (Gated DeltaNet, Mamba2) were run and what their
+    per-position state slots cost (atlas.measure.recurrent)."""
+
+    layers: int = Field(gt=0)  # recurrent main-model layers
+    path: str  # the computation the plain baseline and the verify pass both use
+    state_slots: int = Field(gt=0)  # states kept per layer: the one read plus one per verified row
+    state_bytes: int = Field(gt=0)  # all slots (states and conv windows), every recurrent layer
+    extra_slot_bytes: int = Field(ge=0)  # what keeping one per verified row adds over one state and window
+
+
 class Repeat(Strict):
     """Raw counts of one repeat of a cell: every prompt of the workload, summed."""
 
@@ -244,6 +255,7 @@ class Record(Strict):
     cells: list[Cell] = Field(min_length=1)
     gates: list[GateDecision] = []  # derived from the atlas cells; filled in when absent
     engine_run: EngineRun | None = None  # set when the cells come from an external engine
+    recurrent_state: RecurrentState | None = None  # set when the main model has recurrent layers
     load_before: list[float] | None = None  # 1/5/15-minute load averages before and after the run
     load_after: list[float] | None = None
 
@@ -258,6 +270,8 @@ class Record(Strict):
         """A record older than schema 3 serialises without the verdicts derived on reading it, as
         it was written: its canonical bytes, and so its id, stay what they were."""
         data = handler(self)
+        if data.get("recurrent_state") is None:  # absent, not null, in records without recurrent layers
+            data.pop("recurrent_state", None)
         if self.schema_version < 3:
             for cell in data["cells"]:
                 cell.pop("gate_verdict", None)

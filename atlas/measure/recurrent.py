@@ -216,3 +216,13 @@ def state_bytes(layers: list[object]) -> tuple[int, int]:
     """(bytes of every recurrent layer's slots, the part the extra per-position slots add)."""
     slots = [layer.slots for layer in layers if isinstance(layer, RecurrentLayer)]
     return sum(s.bytes for s in slots), sum(s.extra_bytes for s in slots)
+
+
+def summary(layers: list[object]) -> dict[str, object] | None:
+    """The record's recurrent_state fields for a fused model's layers; None without recurrent layers."""
+    recurrent = [layer for layer in layers if isinstance(layer, RecurrentLayer)]
+    if not recurrent:
+        return None
+    total, extra = state_bytes(layers)
+    return {"layers": len(recurrent), "path": PATH, "state_slots": recurrent[0].slots.state.shape[0],
+            "state_bytes": total, "extra_slot_bytes": extra}
