@@ -187,3 +187,31 @@ def test_nemotron_loaded_model_generates_what_our_loop_decodes(tmp_path: Path) -
         out = got.model.generate(torch.tensor([PROMPT]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert plain.tokens == out[0, len(PROMPT):].tolist()
     assert generate_speculative(model, PROMPT, 24, 3, Sampling(), gen).tokens == plain.tokens
+
+
+@pytest.mark.parametrize(("family", "depth"), [("qwen3_next", 5), ("qwen3_5_moe", 6), ("nemotron_h", 4)])
+def test_measure_run_on_a_hybrid_oracle(tmp_path: Path, family: str, depth: int) -> None:
+    """`atlas measure run --model DIR` end to end on a tiny real-layout hybrid oracle: greedy
+    identical to plain decoding, every draft accepted at T = 0, and the record says how the
+    recurrent layers ran and what their slots cost."""
+    from click.testing import CliRunner
+
+    from atlas.cli import cli
+    from atlas.measure.records import read_record
+
+    folder = write_checkpoint(family, tmp_path / family, "oracle", depth=depth)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, [
+        "measure", "run", "--model", str(folder), "--workloads", "templated,code", "--temperatures", "0", "--draft-tokens", "1,4",
+        "--max-new-tokens", "16", "--repeats", "2", "--prompts-per-workload", "2", "--no-peer", "--out", str(out), "--device", "cpu",
+    ])
+    assert result.exit_code == 0, result.output
+    [path] = out.glob("*.json")
+    record = read_record(path)
+    assert {c.draft_tokens for c in record.cells} == {1, 4}
+    for cell in record.cells:
+        assert cell.derived.greedy_lossless and cell.derived.acceptance_rate == 1.0
+    state = record.recurrent_state
+    layers = sum(isinstance(layer, RecurrentLayer) for layer in fused(tmp_path / "again", family, depth, mode="oracle")[1].layers)
+    assert state is not None and state.layers == layers and state.state_slots == 4 + 2 and "token-by-token" in state.path
+    assert 0 < state.extra_slot_bytes < state.state_bytes
