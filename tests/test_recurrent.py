@@ -215,3 +215,17 @@ def test_measure_run_on_a_hybrid_oracle(tmp_path: Path, family: str, depth: int)
     layers = sum(isinstance(layer, RecurrentLayer) for layer in fused(tmp_path / "again", family, depth, mode="oracle")[1].layers)
     assert state is not None and state.layers == layers and state.state_slots == 4 + 2 and "token-by-token" in state.path
     assert 0 < state.extra_slot_bytes < state.state_bytes
+
+
+def test_half_precision_model_keeps_fp32_recurrent_state(tmp_path: Path) -> None:
+    """In bf16 the conv windows follow the model's dtype but every recurrent state stays fp32 (as
+    Nemotron-H's mamba_ssm_cache_dtype and Qwen3.5's mamba_ssm_dtype ask); an oracle still accepts
+    every draft."""
+    for family, depth in (("qwen3_5", 4), ("nemotron_h", 3)):
+        folder = write_checkpoint(family, tmp_path / family, "oracle", depth=depth)
+        got = load_checkpoint(str(folder), CPU, torch.bfloat16)
+        model = build_fused_model(got.model, got.mtp, 64, PROMPT, max_draft=2)
+        slots = [layer.slots for layer in model.layers if isinstance(layer, RecurrentLayer)]
+        assert slots and all(s.state.dtype == torch.float32 and s.conv.dtype == torch.bfloat16 for s in slots)
+        spec = generate_speculative(model, PROMPT, 16, 2, Sampling(), torch.Generator().manual_seed(0))
+        assert spec.accepted_per_position == spec.drafted_per_position, family
