@@ -453,7 +453,7 @@ class FusedModel:
         """Largest |difference| between our logits and transformers' own forward, for the main model
         and the MTP layer, over `prompt` (raises AtlasError beyond tolerance)."""
         ids = torch.tensor(prompt, device=self.device)
-        out = self.model(ids[None], output_hidden_states=True)
+        out = self.model(ids[None], output_hidden_states=True, use_cache=False)  # no cache: a recurrent-only model has none transformers can size
         hidden, logits = self.main(ids, 0)
         ref_hidden = out.hidden_states[-1][0]
         mtp_ref = self.mtp.reference(ref_hidden[:-1], ids[1:], torch.arange(1, len(prompt), device=self.device))
