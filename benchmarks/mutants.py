@@ -26,6 +26,7 @@ LOOP_TESTS = ["tests/test_decode.py", "tests/test_families.py"]
 RECORD_TESTS = ["tests/test_records.py"]
 # where the runner sums runs into a record: several prompts and repeats, the stamp against the facts
 AGGREGATION_TESTS = ["tests/test_aggregation.py"]
+RECURRENT_TESTS = ["tests/test_recurrent.py"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class Mutant:
 
 
 LOOP = "atlas.measure.generate"
+RECURRENT = "atlas.measure.recurrent"
 RECORDS = "atlas.measure.records"
 CELLS = "atlas.measure.cells"
 MUTANTS = (
@@ -118,6 +120,14 @@ MUTANTS = (
     Mutant("top-p-unrecorded", "metric", "atlas.measure.engines.atlas_engine",
            "top_k=options.top_k, top_p=options.top_p,", "top_k=options.top_k, top_p=None,",
            tuple(AGGREGATION_TESTS), "--top-p used by the runs but not recorded in the settings"),
+    Mutant("state-slot-off-by-one", "lossy", RECURRENT,
+           "return self.zero if start == 0 else self.state[(start - 1) % self.state.shape[0]]",
+           "return self.zero if start == 0 else self.state[(start - 2) % self.state.shape[0]]", tuple(RECURRENT_TESTS),
+           "a round starts from the recurrent state one position before the last accepted one"),
+    Mutant("conv-window-not-rolled-back", "lossy", RECURRENT,
+           "before = [p % c for p in range(start - self.kernel + 1, start) if p >= 0]",
+           "before = [p % c for p in range(start - self.kernel + 2, start + 1) if p >= 0]", tuple(RECURRENT_TESTS),
+           "the conv window keeps the newest column written, a rejected draft's input after a rejection"),
 )
 
 

@@ -146,7 +146,8 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family("Step-3.5", ("step3p5", "step3p7", "step3"), "", refuse="no published MTP tensor layout checked for this family"),
     Family("Bailing hybrid", ("bailing_hybrid", "bailing_moe"), "",
-           refuse="its linear-attention main layers are a kind our loop keeps no per-position state for, and no MTP tensor layout is checked"),
+           refuse="no checked MTP tensor layout; its linear-attention main layers are not a kind checked against our "
+                  "per-position state slots (Gated DeltaNet, Mamba2)"),
     Family("Inkling", ("inkling", "inkling2"), "", refuse="no published MTP tensor layout checked for this family"),
 )
 

@@ -7,6 +7,8 @@ from the family table or from transformers' own MtpModel); this module takes the
 (embedding, decoder layers, final norm, lm_head, the MTP layer's norms/projection/block) and runs them against
 its own static, position-addressed KV caches. Rollback is free: a rejected draft's cache slots are
 simply overwritten by the next round, and the attention mask never lets a query see a later slot.
+Recurrent layers (Gated DeltaNet, Mamba2) keep position-addressed state slots instead
+(atlas.measure.recurrent), so the same holds for them.
 
 Why not call `model(...)`: on CPU a transformers forward spends most of its time in per-call Python
 (mask creation, output capture, kwargs plumbing), and a small model's step is dominated by per-op
@@ -449,13 +451,14 @@ class FusedModel:
         return lambda x: _unit(x, rms.c) * rms.weight
 
     def _rope(self, rotary: nn.Module | None, layer_type: str | None, device: torch.device) -> Rope:
-        if (layer_type, device) not in self._ropes:
-            if rotary is None:  # no position embedding (Nemotron-H attention): an identity table
-                one, zero = torch.ones(self.max_len + 1, 1, device=device, dtype=self.dtype), torch.zeros(self.max_len + 1, 1, device=device, dtype=self.dtype)
-                self._ropes[(layer_type, device)] = Rope(one, zero, zero)
-                return self._ropes[(layer_type, device)]
+        if (layer_type, device) in self._ropes:
+            return self._ropes[(layer_type, device)]
+        if rotary is None:  # attention without position embedding (Nemotron-H): an identity table
+            zero = torch.zeros(self.max_len + 1, 1, device=device, dtype=self.dtype)
+            table = Rope(torch.ones_like(zero), zero, zero)
+        else:
             table = _rope_table(rotary, layer_type, self.max_len + 1, _device_of(rotary, device), self.dtype)
-            self._ropes[(layer_type, device)] = table.to(device)
+        self._ropes[(layer_type, device)] = table.to(device)
         return self._ropes[(layer_type, device)]
 
     def masks(self, device: torch.device) -> "Masks":
@@ -532,7 +535,7 @@ class FusedModel:
         """Largest |difference| between our logits and transformers' own forward, for the main model
         and the MTP layer, over `prompt` (raises AtlasError beyond tolerance)."""
         ids = torch.tensor(prompt, device=self.device)
-        out = self.model(ids[None], output_hidden_states=True)
+        out = self.model(ids[None], output_hidden_states=True, use_cache=False)  # no cache: a recurrent-only model has none transformers can size
         hidden, logits = self.main(ids, 0)
         ref_hidden = out.hidden_states[-1][0]
         errors = [(logits - out.logits[0].to(logits.device)).abs().max().item()]

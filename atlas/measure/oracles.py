@@ -16,7 +16,9 @@ The layouts are written here from the families' published inference code (names 
 slip in one is caught by tests that load the other. The main model's own tensors come from
 transformers' save_pretrained of its class, so they carry the checkpoint names transformers loads.
 Overrides let an engine's shape limits be met (e.g. vLLM on CPU: head sizes 32..256, MLA with
-kv_lora_rank 512 and qk_rope_head_dim 64).
+kv_lora_rank 512 and qk_rope_head_dim 64). The hybrid families (Qwen3-Next, Qwen3.5, Nemotron-H)
+start from a real config in the bundled mirror and shrink only its sizes (`shrunk_config`), so their
+checkpoints carry the shipped keys, layer pattern rule and multimodal nesting.
 """
 
 from __future__ import annotations

@@ -153,6 +153,17 @@ class PassCosts(Strict):
     draft: Seconds  # MTP layer, 1 row (one draft step)
 
 
+class RecurrentState(Strict):
+    """How a hybrid main model's recurrent layers (Gated DeltaNet, Mamba2) were run and what their
+    per-position state slots cost (atlas.measure.recurrent)."""
+
+    layers: int = Field(gt=0, le=10_000)  # recurrent main-model layers
+    path: Text  # the computation the plain baseline and the verify pass both use
+    state_slots: int = Field(gt=0, le=MAX_DRAFT_TOKENS + 2)  # states kept per layer: the one read plus one per verified row
+    state_bytes: int = Field(gt=0, le=2**50)  # all slots (states and conv windows), every recurrent layer
+    extra_slot_bytes: int = Field(ge=0, le=2**50)  # what keeping one per verified row adds over one state and window
+
+
 class Repeat(Strict):
     """Raw counts of one repeat of a cell: every prompt of the workload, summed."""
 
@@ -284,6 +295,7 @@ class Record(Strict):
     cells: list[Cell] = Field(min_length=1, max_length=MAX_CELLS)
     gates: list[GateDecision] = Field(default=[], max_length=MAX_CELLS)  # derived from the atlas cells; filled in when absent
     engine_run: EngineRun | None = None  # set when the cells come from an external engine
+    recurrent_state: RecurrentState | None = None  # set when the main model has recurrent layers
     # 1/5/15-minute load averages before and after the run
     load_before: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(default=None, max_length=3)
     load_after: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(default=None, max_length=3)
@@ -314,6 +326,8 @@ class Record(Strict):
         data = handler(self)
         if data["settings"].get("regime") is None:  # records written before the field keep their bytes
             data["settings"].pop("regime", None)
+        if data.get("recurrent_state") is None:  # absent, not null, in records without recurrent layers
+            data.pop("recurrent_state", None)
         if self.schema_version < 3:
             for cell in data["cells"]:
                 cell.pop("gate_verdict", None)

@@ -36,7 +36,7 @@ from atlas import AtlasError
 PATH = "token-by-token recurrence (atlas.measure.recurrent) for prefill, plain step and verify pass alike; fp32 state"
 
 
-class _Slots:
+class StateSlots:
     """The two position-addressed buffers every recurrent mixer keeps: conv inputs and states."""
 
     def __init__(self, conv_dim: int, kernel: int, state_shape: tuple[int, ...], max_draft: int,
@@ -94,7 +94,7 @@ class GatedDeltaNet:
         self.dk, self.dv = mixer.head_k_dim, mixer.head_v_dim
         if self.hv % self.hk:
             raise AtlasError(f"Gated DeltaNet with {self.hv} value heads over {self.hk} key heads (not a multiple)")
-        self.slots = _Slots(mixer.conv_dim, mixer.conv_kernel_size, (self.hv, self.dk, self.dv), max_draft, device, dtype)
+        self.slots = StateSlots(mixer.conv_dim, mixer.conv_kernel_size, (self.hv, self.dk, self.dv), max_draft, device, dtype)
         self.neg_a = -mixer.A_log.detach().float().exp()
         self.dt_bias = mixer.dt_bias.detach().float()
 
@@ -145,7 +145,7 @@ class Mamba2:
         self.g, self.inner = mixer.n_groups, mixer.intermediate_size
         if self.h % self.g:
             raise AtlasError(f"Mamba2 with {self.h} heads over {self.g} groups (not a multiple)")
-        self.slots = _Slots(mixer.conv_dim, mixer.conv_kernel_size, (self.h, self.p, self.n), max_draft, device, dtype)
+        self.slots = StateSlots(mixer.conv_dim, mixer.conv_kernel_size, (self.h, self.p, self.n), max_draft, device, dtype)
         self.a = -mixer.A_log.detach().float().exp()
         self.dt_bias, self.d = mixer.dt_bias.detach().float(), mixer.D.detach().float()
         self.limit = tuple(float(v) for v in mixer.config.time_step_limit)
@@ -188,7 +188,7 @@ class RecurrentLayer:
     window: int | None = None
 
     @property
-    def slots(self) -> _Slots:
+    def slots(self) -> StateSlots:
         return self.mixer.slots
 
 
@@ -216,3 +216,13 @@ def state_bytes(layers: list[object]) -> tuple[int, int]:
     """(bytes of every recurrent layer's slots, the part the extra per-position slots add)."""
     slots = [layer.slots for layer in layers if isinstance(layer, RecurrentLayer)]
     return sum(s.bytes for s in slots), sum(s.extra_bytes for s in slots)
+
+
+def summary(layers: list[object]) -> dict[str, object] | None:
+    """The record's recurrent_state fields for a fused model's layers; None without recurrent layers."""
+    recurrent = [layer for layer in layers if isinstance(layer, RecurrentLayer)]
+    if not recurrent:
+        return None
+    total, extra = state_bytes(layers)
+    return {"layers": len(recurrent), "path": PATH, "state_slots": recurrent[0].slots.state.shape[0],
+            "state_bytes": total, "extra_slot_bytes": extra}

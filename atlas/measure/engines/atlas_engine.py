@@ -22,7 +22,8 @@ from atlas.measure.engines.transformers_engine import PEER_BASELINE, Peer
 from atlas.measure.generate import RunStats, Sampling, Stopwatch, generate_plain, generate_speculative
 from atlas.measure.model import FusedModel, beyond_dense, build_fused_model
 from atlas.measure.options import MAX_PROMPT_TOKENS, Options
-from atlas.measure.records import SCHEMA_VERSION, Cell, PassCosts, Record, Repeat, Settings, write_record
+from atlas.measure.recurrent import summary as recurrent_summary
+from atlas.measure.records import SCHEMA_VERSION, Cell, PassCosts, Record, RecurrentState, Repeat, Settings, write_record
 from atlas.measure.stamp import hardware, load_average, software
 from atlas.measure.workloads import load_prompt_set
 
@@ -210,6 +211,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         cells=cells,
         load_before=load_before,
         load_after=load_average(),
+        recurrent_state=RecurrentState(**state) if (state := recurrent_summary(fused.layers)) else None,
     )
     path = write_record(record, options.out)
     lossy = [c for c in cells if c.engine == "atlas" and c.derived.greedy_lossless is False]
