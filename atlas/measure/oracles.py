@@ -249,10 +249,12 @@ def _transformers_config(layout: Layout, saved: dict[str, Any], types: list[str]
     main layers (so its class builds them, and save_pretrained names them), in the class the
     layout names (MiMo's mimo config read as Qwen2's)."""
     from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     text = dict(saved["text_config"] if isinstance(saved.get("text_config"), dict) else saved)
-    text.pop("model_type")
-    model_type = layout.model_type
+    model_type = text.pop("model_type")
+    if model_type not in CONFIG_MAPPING:  # MiMo's "mimo": read as the class the layout runs it on
+        model_type = layout.model_type
     for key in ("architectures", "auto_map", "transformers_version", "torch_dtype", "dtype", "num_nextn_predict_layers"):
         text.pop(key, None)
     if "hybrid_override_pattern" in text:
