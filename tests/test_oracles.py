@@ -26,7 +26,7 @@ EXPECTED = {
                     "model.layers.3.mlp.experts.3.down_proj.weight", "model.layers.3.mlp.shared_experts.up_proj.weight"],
     "deepseek_v32": ["model.layers.3.eh_proj.weight", "model.layers.3.shared_head.head.weight",
                      "model.layers.3.self_attn.indexer.wk.weight", "model.layers.3.self_attn.indexer.weights_proj.weight",
-                     "model.layers.0.self_attn.indexer.wq_b.weight", "model.layers.3.mlp.experts.gate_up_proj"],
+                     "model.layers.0.self_attn.indexer.wq_b.weight", "model.layers.3.mlp.experts.3.down_proj.weight"],
     "glm_moe_dsa": ["model.layers.3.eh_proj.weight", "model.layers.3.shared_head.norm.weight", "model.layers.3.embed_tokens.weight",
                     "model.layers.3.self_attn.indexer.wk.weight"],
     "qwen3_next": ["mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight",
