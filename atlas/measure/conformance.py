@@ -75,6 +75,9 @@ class AppliedPatch(Strict):
     file: str  # the patch file, under atlas/measure/engines/
 
 
+GITHUB_THREAD = r"^https://github\.com/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/(issues|pull)/[0-9]+$"  # linked on the page
+
+
 class KnownCause(Strict):
     """A defect found in the engine's code, attached to every record of a build it applies to, so a
     failed verdict names its cause (or, in a patched build, what the patch took out)."""
@@ -82,8 +85,8 @@ class KnownCause(Strict):
     id: str
     applies_to: str  # which builds, and which checks it can break
     mechanism: str
-    upstream_issue: str
-    upstream_fix: str
+    upstream_issue: str = Field(pattern=GITHUB_THREAD)
+    upstream_fix: str = Field(pattern=GITHUB_THREAD)
     other_paths: str  # what reading says of the builds it does not apply to, and how far that is checked
     status: Literal["present", "patched"]
     patch: str | None = None  # the AppliedPatch name that removes it
@@ -561,26 +564,53 @@ def record_ids(rows: Iterable[Verdict]) -> dict[str, str]:
     return {src: f"C{i}" for i, src in enumerate(dict.fromkeys(v.source for v in newest), 1)}
 
 
+VERDICT_WORDS = {"lossless": "checked lossless", "fails": "fails", "inconclusive": "inconclusive"}
+
+
 def evidence_table(folder: Path, root: Path | None = None) -> str:
-    """Markdown: per engine version and hardware, its latest record's verdicts (one row per layout,
-    temperature class and draft sampling), newest first; older records stay in the folder, named
-    by date. What is the same for a whole record (file, hardware, date, command) is said once,
-    under the table, by its short id, so the table fits the page."""
+    """Markdown: per build (release or patched) and hardware, its latest record's verdicts (one row
+    per layout, temperature class and draft sampling), newest first; older records stay in the
+    folder, named by date. What is the same for a whole record (file, build, hardware, date,
+    command) is said once, under the table, by its short id, and so is each known cause. A row
+    that fails with a known cause present shows the cause instead of figures: those figures are
+    what the defect left in memory, not a property of the engine."""
     from atlas.site.mdsafe import Markdown, code, escape, table
 
     rows = verdicts(latest_records(folder), root)
     if not rows:
         return "_No engine conformance record yet (`atlas conformance run`)._\n"
-    rows.sort(key=lambda v: (v.date, v.package, v.version, v.layout, v.temperature, v.draft_sampling), reverse=True)
+    rows.sort(key=lambda v: (v.date, v.build, v.layout, v.temperature, v.draft_sampling), reverse=True)
     ids = record_ids(rows)
+    causes: dict[str, KnownCause] = {}
+    for v in rows:
+        for k in v.causes:
+            causes.setdefault(k.id, k)
+    cause_ids = {cid: f"K{i}" for i, cid in enumerate(causes, 1)}
+
+    def why(v: Verdict) -> str:
+        present = [k for k in v.causes if k.status == "present"]
+        if v.result == "fails" and present:
+            return (f"{v.reason}; cause: " + ", ".join(f"{cause_ids[k.id]} ({k.upstream_issue.rsplit('/', 1)[-1]})" for k in present)
+                    + " (the failure figures are uninitialised memory, not characteristic: see the record)")
+        patched = [k for k in v.causes if k.status == "patched"]
+        tail = "".join(f"; {cause_ids[k.id]} patched out" for k in patched)
+        return f"{v.reason}{tail}; {v.detail}"
+
     body = [
-        [f"{v.package} {v.version}", v.layout, v.temperature, v.draft_sampling,
-         Markdown("**checked lossless**") if v.passed else Markdown("**fails**"), v.detail, ids[v.source]]
+        [v.build, v.layout, v.temperature, v.draft_sampling, Markdown(f"**{VERDICT_WORDS[v.result]}**"), why(v), ids[v.source]]
         for v in rows
     ]
     first = {v.source: v for v in reversed(rows)}
     legend = "\n".join(
-        f"- **{cid}**: {code(src)} — {escape(first[src].hardware)}, {first[src].date}, made by {code(first[src].command)}"
+        f"- **{cid}**: {code(src)} — {escape(first[src].build)}{' (a patched build, not the release)' if first[src].patched else ''}, "
+        f"{escape(first[src].hardware)} ({escape(first[src].device)}), {first[src].date}, made by {code(first[src].command)}"
         for src, cid in ids.items()
     )
-    return table(["Engine", "Layout", "T", "Drafts", "Verdict", "Figures", "Record"], body) + "\n\n" + legend + "\n"
+    known = "\n".join(
+        f"- **{cause_ids[k.id]}** ({escape(k.id)}): {escape(k.mechanism)}. Applies to {escape(k.applies_to)}. Upstream: "
+        f"[issue]({k.upstream_issue}), [fix]({k.upstream_fix}). Other builds: {escape(k.other_paths)}. "
+        f"Run-time patch: {code(k.patch or '—')} (`atlas conformance run --patch {k.patch}`)."
+        for k in causes.values()
+    )
+    return (table(["Build", "Layout", "T", "Drafts", "Verdict", "Why", "Record"], body) + "\n\n" + legend + "\n"
+            + ("\n**Known causes**\n\n" + known + "\n" if known else ""))

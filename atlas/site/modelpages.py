@@ -46,10 +46,11 @@ class Snapshot(BaseModel):
 
 
 class Engine(BaseModel):
-    engine: str
+    engine: str  # the support claim: engine, version, method, source (evidence/servable.toml)
     version: str
     method: str
     source: str
+    conformance: list[servable_matrix.Checked] = []  # the conformance results (none: not checked)
 
 
 class Measured(BaseModel):
@@ -135,9 +136,11 @@ def _has_measurements(con: duckdb.DuckDBPyConnection) -> bool:
     return bool(found and found[0])
 
 
-def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root: Path) -> Models:
+def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root: Path,
+            verdicts: list[Any] | None = None) -> Models:
     """Every model of the store's complete snapshots, and every measured model. `root` resolves the
-    record files' repo-relative paths (the calculator's prefill reads its record's pass costs)."""
+    record files' repo-relative paths (the calculator's prefill reads its record's pass costs);
+    `verdicts` are the conformance verdicts shown beside each support claim."""
     snaps = _rows(con, "SELECT max(snapshot_id) AS id FROM snapshots WHERE status = 'complete'")
     latest = snaps[0]["id"] if snaps else None
     history: dict[str, list[dict[str, Any]]] = {}
@@ -186,7 +189,9 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
             derivatives=sorted(derivatives.get(rid, [])),
             has_page=declares or ships or bool(cells),
             current=snaps_of[-1] if now else None, history=snaps_of,
-            servable=[Engine(engine=e.engine, version=e.version, method=e.method, source=e.source)
+            servable=[Engine(engine=e.engine, version=e.version, method=e.method, source=e.source,
+                             conformance=servable_matrix.checked_for((now or {}).get("model_type"), archs, e.engine,
+                                                                     verdicts or []))
                       for e in engines],
             measured=cells,
         ))
@@ -281,10 +286,14 @@ def write(models: Models, path: Path) -> bool:
 def generate(db: Path, out: Path, matrix_path: Path, root: Path) -> Models:
     from atlas import store
 
+    from atlas.measure import conformance
+
     matrix = servable_matrix.load(matrix_path)
+    folder = matrix_path.parent / "conformance"
+    verdicts = conformance.verdicts(conformance.latest_records(folder), folder.parent.parent)
     con = store.connect(db, read_only=True)
     try:
-        models = collect(con, matrix, root)
+        models = collect(con, matrix, root, verdicts)
     finally:
         con.close()
     write(models, out)
@@ -343,8 +352,8 @@ def _levels(m: Model, figures: list[reported_figures.Figure], snapshot_date: str
         ]
     if m.servable:
         servable: list[Any] = [
-            Markdown("; ".join(f"{escape(e.engine)} {escape(e.version)}" for e in m.servable)),
-            f"support matrix of {servable_date} (sources below)",
+            Markdown("; ".join(f"{escape(e.engine)} {escape(e.version)} ({_conformance_words(e)})" for e in m.servable)),
+            f"support matrix of {servable_date}; conformance records under evidence/conformance/ (below)",
         ]
     else:
         servable = ["no engine in the support matrix", f"support matrix of {servable_date}"]
@@ -384,9 +393,20 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
     if m.servable:
         lines += ["## Servable", "",
                   f"From the support matrix of {escape(data.servable_date)}:", ""]
-        lines += [f"- **{escape(e.engine)}** {escape(e.version)}: {code(e.method)}. Source: "
-                  f"{escape(e.source)}." for e in m.servable]
-        lines += [""]
+        for e in m.servable:
+            lines += [f"- **{escape(e.engine)}** — support claim: {escape(e.version)}, {code(e.method)}. Source: "
+                      f"{escape(e.source)}."]
+            if not e.conformance:
+                lines += ["    - Conformance: not checked (no conformance run covers this engine on this family's MTP layout)."]
+            for c in e.conformance:
+                causes = "".join(f" Cause: {escape(k.id)} ([issue]({k.upstream_issue}), [fix]({k.upstream_fix}))."
+                                 for k in c.causes if k.status == "present")
+                lines += [f"    - Conformance of {escape(c.build)}{' (a patched build, not the release)' if c.patched else ''}: "
+                          f"**{escape(servable_matrix.results_text(c))}**. Layout {code(c.layout)}: {escape(c.layout_note)}. "
+                          f"Run {escape(c.date)} on {escape(c.hardware)}, record {code(c.record)}.{causes}"]
+        lines += ["", "The support claim says the engine has code for this family (nothing was run); a conformance "
+                  f"result says what the atlas's suite found when it ran one engine build on checkpoints with exact "
+                  f"right answers ([module 8]({_MODULE})).", ""]
     if figures:
         lines += ["## Reported", "", reported_figures.section(figures), ""]
     lines += ["## Measured", ""]
@@ -422,6 +442,13 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
     return "\n".join(lines)
 
 
+def _conformance_words(e: Engine) -> str:
+    """One engine's conformance in a few words: per build checked, its results; else not checked."""
+    if not e.conformance:
+        return "conformance not checked"
+    return "; ".join(f"{c.build}: {servable_matrix.results_text(c)}" for c in e.conformance)
+
+
 def _cell(value: object) -> str:
     return "—" if value is None else str(escape(value))
 
@@ -437,7 +464,7 @@ def finder(data: Models | None) -> str:
         c = m.current
         name = (f'<a href="{m.slug}/">{escape(m.repo_id)}</a>' if m.has_page
                 else str(escape(m.repo_id)))
-        servable = ", ".join(str(escape(e.engine)) for e in m.servable) or "—"
+        servable = ", ".join(f"{escape(e.engine)} ({escape(_conformance_words(e))})" for e in m.servable) or "—"
         measured = f"{len(m.measured)} cells" if m.measured else "—"
         rows.append(
             "<tr><td>" + name + "</td><td>" + _cell(m.org) + "</td><td>" + _cell(m.family)
@@ -452,8 +479,9 @@ def finder(data: Models | None) -> str:
         "their own page (linked). Type to filter (all words must match, anywhere in the row; a link "
         "can carry the filter as ?find=words); "
         "click a column header to sort. Declared and shipped are layer counts (— unknown); "
-        f"servable is the support matrix of {data.servable_date}; measured counts the atlas's own "
-        "dated cells."
+        f"servable is the support matrix of {data.servable_date}, each engine with its conformance "
+        "result (lossless / fails / inconclusive, per build checked; or not checked); measured counts "
+        "the atlas's own dated cells."
     )
     table_html = (
         '<div class="atlas-finder"><p><label>Filter models <input type="search" data-atlas-finder '
