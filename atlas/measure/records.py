@@ -26,15 +26,17 @@ import statistics
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from atlas import AtlasError
 from atlas.measure.placement import Placement
 from atlas.measure.theory import conditional_acceptance, ideal_speedup as ideal_from_costs
 from atlas.paths import ROOT
+
+if TYPE_CHECKING:  # the store's engine is needed to import records, not to write them (a GPU run ships without it)
+    import duckdb
 
 SCHEMA_VERSION = 2
 MAX_RECORD_BYTES = 64 * 1024 * 1024  # the largest real record is well under 1 MB; bigger files are refused unread
@@ -537,6 +539,8 @@ def import_records(con: duckdb.DuckDBPyConnection, directory: Path) -> tuple[int
     a copy re-saved with other whitespace is "already present". A file whose content changed
     replaces the rows from its previous version. Files over MAX_RECORD_BYTES are refused unread.
     Each file is its own transaction, so a rejected file costs nothing but itself."""
+    import duckdb
+
     ensure_schema(con)
     loaded, present, errors = 0, 0, []
     for path in sorted(directory.glob("*.json")):
