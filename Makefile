@@ -47,8 +47,7 @@ serve: site
 # The demo writes only gitignored paths: the store (data/), a smoke measurement and the demo's own
 # evidence file (build/demo/), the site (site/build/). A --quick run is a smoke test of the loop,
 # never evidence: it stays out of evidence/measurements/ and out of the site's tables and gates.
-# --no-peer: the smoke run checks our loop; timing transformers' generate over 24 tokens on a busy
-# machine only adds a way for the demo to fail ("timings too noisy"); the tests cover the peer.
+# --no-peer: the smoke run checks our loop and stays short; the tests cover transformers' peer.
 DEMO := build/demo
 demo: setup  ## the whole job on the bundled offline data: crawl mirror, smoke-run the team model, build the site
 	$(MAKE) crawl-mirror
