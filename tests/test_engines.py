@@ -223,6 +223,9 @@ def test_measure_run_engine_vllm_then_import(fake_engine: Path, tmp_path: Path) 
     assert run.options == {"enforce_eager": True} and run.conversion["norm_shift_exact"] is True
     assert "greedy" in run.draft_sample_method and run.tensor_parallel_size == 1 and record.pass_costs is None
     assert {(c.engine, c.workload, c.draft_tokens) for c in record.cells} == {("vllm", w, k) for w in ("templated", "random") for k in (1, 2)}
+    # the same paired gate as our loop's, over vLLM's cells (2 repeats: too few to decide)
+    assert {(g.workload, g.temperature) for g in record.gates} == {("templated", 0.0), ("random", 0.0)}
+    assert all(g.verdict == "undecided" and "too few repeats" in g.reason for g in record.gates)
     for c in record.cells:
         assert c.engine_version == "vllm 0.0.0+fake" and c.derived.greedy_lossless is True
         for r in c.repeats:  # the stand-in's chain: step s accepts s mod (k+1), cut at the end
@@ -267,6 +270,37 @@ def test_engine_transformers_measures_only_its_generate_pair(tmp_path: Path) -> 
     assert record.pass_costs is None and record.settings.draft_tokens == [1] and record.engine_run is None
     result = CliRunner().invoke(cli, ["measure", "run", "--engine", "transformers", "--no-peer"])
     assert result.exit_code == 1 and "leaves nothing to run" in result.output
+
+
+def test_transformers_rounds_are_counted_like_ours() -> None:
+    from atlas.measure.engines.transformers_engine import round_counts
+
+    # 47 decode tokens in 24 passes: 23 accepted one draft, the last had one token left to emit
+    assert round_counts([2] * 23 + [1], 1) == ([23], [23], [23])
+    # a rejection mid-run is a drafted, tested, unaccepted position; the final single token is no draft
+    assert round_counts([2, 1, 2, 1], 1) == ([3], [3], [2])
+    assert round_counts([3, 1, 2], 2) == ([3, 2], [3, 1], [2, 1])  # k = 2: the last pass, 2 tokens left, drafts 1
+    with pytest.raises(AtlasError, match="not a speculative round"):
+        round_counts([3, 1], 1)
+
+
+@needs_team
+def test_transformers_peer_and_our_loop_report_the_same_acceptance_on_the_same_rounds() -> None:
+    from atlas.measure.checkpoint import load_checkpoint
+    from atlas.measure.engines.transformers_engine import Peer
+    from atlas.measure.generate import Sampling, generate_speculative
+    from atlas.measure.model import build_fused_model
+
+    loaded = load_checkpoint(str(DEFAULT_MODEL), torch.device("cpu"), torch.float32)
+    peer = Peer(loaded.model, torch.device("cpu"), loaded.transformers_mtp)
+    for text, n in (("def parse(self, text):\n    ", 48), ("Permission is hereby granted, ", 31)):
+        prompt = loaded.tokenizer.encode(text, add_special_tokens=False)
+        fused = build_fused_model(loaded.model, loaded.mtp, len(prompt) + n + 8, prompt)
+        ours = generate_speculative(fused, prompt, n, 1, Sampling(0.0), torch.Generator().manual_seed(0))
+        theirs = peer.run(prompt, n, Sampling(0.0), True, seed=0)
+        assert theirs.tokens == ours.tokens and theirs.verify_passes == ours.verify_passes, text
+        assert (theirs.drafted_per_position, theirs.reached_per_position, theirs.accepted_per_position) == (
+            ours.drafted_per_position, ours.reached_per_position, ours.accepted_per_position), text
 
 
 def test_engine_flags_need_engine_vllm() -> None:

@@ -244,7 +244,7 @@ class Record(Strict):
     settings: Settings
     pass_costs: PassCosts | None  # single forwards timed by our loop; None for an external engine
     cells: list[Cell] = Field(min_length=1)
-    gates: list[GateDecision] = []  # derived from the atlas cells; filled in when absent
+    gates: list[GateDecision] = []  # derived from the gated engine's cells (decide); filled in when absent
     engine_run: EngineRun | None = None  # set when the cells come from an external engine
     load_before: list[float] | None = None  # 1/5/15-minute load averages before and after the run
     load_after: list[float] | None = None
@@ -265,6 +265,8 @@ class Record(Strict):
                 cell.pop("gate_verdict", None)
             for g in data["gates"]:
                 g.pop("verdict", None)
+            if self.engine_run is not None:  # --engine vllm records were written without gates before schema 3
+                data["gates"] = []
         return data
 
 
@@ -381,12 +383,23 @@ def gate(d: Derived, n_repeats: int, quick: bool = False) -> Gate:
     return Gate("undecided", f"undecided: {bounds}")
 
 
+GATED_ENGINES = ("atlas", "vllm")  # engines that choose among draft lengths; transformers' use_mtp drafts one fixed k
+
+
+def gated_engine(cells: list[Cell]) -> str | None:
+    """The engine a record's gate decides for: our loop where the record has its cells, else vLLM's
+    (an --engine vllm record), the same paired rule either way."""
+    return next((e for e in GATED_ENGINES if any(c.engine == e for c in cells)), None)
+
+
 def decide(cells: list[Cell]) -> list[GateDecision]:
-    """The gate per workload x temperature over our cells: on with the draft length of the best
-    median speed-up among those that are on; off when every draft length is off; else undecided."""
+    """The gate per workload x temperature over the gated engine's cells (our loop's, or vLLM's in
+    an --engine vllm record): on with the draft length of the best median speed-up among those that
+    are on; off when every draft length is off; else undecided."""
     groups: dict[tuple[str, float], list[Cell]] = {}
+    engine = gated_engine(cells)
     for c in cells:
-        if c.engine == "atlas":
+        if c.engine == engine:
             groups.setdefault((c.workload, c.temperature), []).append(c)
     decisions = []
     for (workload, t), group in groups.items():

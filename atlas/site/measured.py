@@ -149,7 +149,7 @@ def _summary(run: Run, baselines: dict[str, str]) -> Markdown:
     gates = {(g.workload, g.temperature): g for g in run.record.gates}
     rows = []
     for (engine, workload, t), group in _groups(run.record).items():
-        gate = gates.get((workload, t)) if engine == "atlas" else None
+        gate = gates.get((workload, t)) if engine == records.gated_engine(run.record.cells) else None
         cell, gate_text = _row_cell(group, gate)
         d = cell.derived
         rows.append([
