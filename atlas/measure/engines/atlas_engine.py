@@ -1,6 +1,5 @@
 """Our own loop as an engine: load a checkpoint and its MTP layer, run plain and self-speculative
-decoding interleaved over the bundled workloads, with transformers' generate pair as the peer, and
-write one dated record.
+decoding interleaved over the bundled workloads, and write one dated record.
 
 Per workload x temperature x repeat, every prompt runs once plainly and once per draft length, in an
 order that rotates between repeats (so drift in a shared machine's speed does not favour one side).

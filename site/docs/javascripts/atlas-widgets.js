@@ -48,22 +48,50 @@
     err.hidden = !message;
     err.textContent = message || "";
   }
+  // An input became invalid: no result of the previous input may stay on screen.
+  function clear(els) {
+    els.forEach(function (el) {
+      if (!el) return;
+      el.removeAttribute("data-value");
+      el.textContent = "–";
+    });
+  }
 
   // ---- calculator ------------------------------------------------------------------------------
   function calculator(root) {
     function val(name) { return root.querySelector('[data-in="' + name + '"]'); }
-    function update() {
+    var results = [root.querySelector('[data-out="tokens"]'), root.querySelector('[data-out="speedup"]')];
+    var formulaEl = root.querySelector('[data-out="formula"]');
+    var blankFormula = formulaEl.textContent;
+    var note = root.querySelector('[data-out="verify-note"]');
+    // The record's verify cost at each k it timed ("1:1.3 2:1.5"); the verify input follows k
+    // from these until the reader types a cost of their own.
+    var measuredCosts = {};
+    (root.getAttribute("data-verify-costs") || "").split(/\s+/).forEach(function (pair) {
+      var kv = pair.split(":");
+      if (kv.length === 2 && isFinite(Number(kv[1]))) measuredCosts[Number(kv[0])] = Number(kv[1]);
+    });
+    var follows = Object.keys(measuredCosts).length > 0;
+    function invalid(message) {
+      clear(results);
+      formulaEl.textContent = blankFormula;
+      showError(root, message);
+    }
+    function showMode(mode) {
+      Array.prototype.forEach.call(root.querySelectorAll("[data-mode]"), function (el) {
+        el.hidden = el.getAttribute("data-mode") !== mode;
+      });
+    }
+    function update(ev) {
       var mode = val("mode").value;
-      var draft = Number(val("draft").value), verify = Number(val("verify").value);
+      showMode(mode);
+      if (ev && ev.target === val("verify")) follows = false;
       var conditional, k, tokens, formula;
-      if (!(draft >= 0) || !(verify > 0)) {
-        return showError(root, "Costs must be numbers: draft ≥ 0, verify > 0.");
-      }
       if (mode === "alpha") {
         var alpha = Number(val("alpha").value);
         k = Math.round(Number(val("k").value));
         if (!(alpha >= 0 && alpha <= 1) || !(k >= 0)) {
-          return showError(root, "α must lie in [0, 1] and k be a whole number ≥ 0.");
+          return invalid("α must lie in [0, 1] and k be a whole number ≥ 0.");
         }
         tokens = tokensPerPassIid(alpha, k);
         formula = "E = (1 − α^(k+1)) / (1 − α) = (1 − " + fmt(alpha, 3) + "^" + (k + 1) + ") / (1 − " +
@@ -71,13 +99,29 @@
       } else {
         conditional = numbers(val("conditional").value);
         if (!conditional || conditional.some(function (a) { return a < 0 || a > 1; })) {
-          return showError(root, "List acceptance probabilities between 0 and 1, separated by commas.");
+          return invalid("List acceptance probabilities between 0 and 1, separated by commas.");
         }
         k = conditional.length;
         tokens = tokensPerPass(conditional);
         var terms = ["1"], prod = [];
         conditional.forEach(function (a) { prod.push(fmt(a, 3)); terms.push(prod.join("·")); });
         formula = "E = " + terms.join(" + ") + " = " + fmt(tokens, 3);
+      }
+      if (follows) {
+        var timed = Object.keys(measuredCosts).join(", ");
+        if (!(k in measuredCosts)) {
+          if (note) note.textContent = "";
+          return invalid("The record timed a verify pass only at k = " + timed + ", not at k = " + k +
+                         ": type a verify cost for this k.");
+        }
+        val("verify").value = measuredCosts[k].toFixed(3);
+        if (note) note.textContent = "Verify cost v at k = " + k + " from the record (it timed k = " + timed + ").";
+      } else if (note) {
+        note.textContent = "";
+      }
+      var draft = Number(val("draft").value), verify = Number(val("verify").value);
+      if (!(draft >= 0) || !(verify > 0)) {
+        return invalid("Costs must be numbers: draft ≥ 0, verify > 0.");
       }
       showError(root, "");
       var speedup = idealSpeedup(tokens, k, draft, verify);
@@ -119,7 +163,14 @@
     }
     function update() {
       var p = read("p"), q = read("q");
-      if (!p || !q) { state = null; return showError(root, "p and q need non-negative numbers, not all zero."); }
+      if (!p || !q) {
+        state = null;
+        rows.forEach(function (r) {
+          clear(["accept", "residual", "output", "empirical"].map(function (n) { return r.querySelector('[data-out="' + n + '"]'); }));
+        });
+        clear([root.querySelector('[data-out="acceptance"]'), root.querySelector('[data-out="maxdiff"]')]);
+        return showError(root, "p and q need non-negative numbers, not all zero.");
+      }
       showError(root, "");
       var law = acceptResample(p, q);
       state = { p: p, q: q, law: law };
@@ -185,14 +236,35 @@
       });
       if (count) count.textContent = shown + " of " + table.tBodies[0].rows.length + " models shown";
     }
-    // ?find= (not ?q=, which the theme's search box claims)
-    var initial = new URLSearchParams(window.location.search).get("find");
+    // ?find= (not ?q=, which the theme's search box claims), or ?h=, which a search hit's link carries
+    var params = new URLSearchParams(window.location.search);
+    var initial = params.get("find") || params.get("h");
     if (initial) input.value = initial;
     input.addEventListener("input", apply);
     apply();
   }
 
+  // ---- diagrams ---------------------------------------------------------------------------------
+  // A diagram scales to the column; on a narrow screen its labels get small, so a tap shows it at
+  // the width it was drawn, in a box the reader scrolls sideways (and a second tap scales it back).
+  function diagram(box) {
+    var svg = box.querySelector("svg");
+    if (!svg) return;
+    box.setAttribute("tabindex", "0");
+    box.setAttribute("title", "Tap or press Enter: full size / fit to the column");
+    function toggle() {
+      var zoomed = box.hasAttribute("data-zoomed");
+      if (zoomed) { box.removeAttribute("data-zoomed"); svg.style.width = ""; }
+      else { box.setAttribute("data-zoomed", ""); svg.style.width = svg.style.maxWidth; }
+    }
+    box.addEventListener("click", toggle);
+    box.addEventListener("keydown", function (ev) { if (ev.key === "Enter") toggle(); });
+  }
+
   function enable(doc) {
+    Array.prototype.forEach.call(doc.querySelectorAll(".atlas-diagram"), function (el) {
+      if (!el.hasAttribute("data-atlas-live")) { el.setAttribute("data-atlas-live", "1"); diagram(el); }
+    });
     Array.prototype.forEach.call(doc.querySelectorAll('[data-atlas-widget="calculator"]'), function (el) {
       if (!el.hasAttribute("data-atlas-live")) { el.setAttribute("data-atlas-live", "1"); calculator(el); }
     });
