@@ -143,13 +143,12 @@ class Verdict(Strict):
     source: str
 
 
-Outcome = Literal["lossless", "fails", "inconclusive"]
+Outcome = Result
 
 
 def outcome(v: Verdict) -> Outcome:
-    """The one reading of a verdict that pages use (the grid, the summary box), so the verdict's
-    own fields can grow (an inconclusive test) without every reader changing."""
-    return "lossless" if v.passed else "fails"
+    """The one reading of a verdict that pages use (the grid, the summary box): its rule-given result."""
+    return v.result
 
 
 # ---- records -------------------------------------------------------------------------------------

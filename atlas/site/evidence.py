@@ -428,13 +428,15 @@ def _summary(facts: Facts, revs: _Revisions, verdicts: list[conformance.Verdict]
             f"family an engine can draft for (support matrix of {facts.servable_date}).",
         ]
     if verdicts:
-        words = [conformance.outcome(v) for v in verdicts]
-        engines = ", ".join(dict.fromkeys(f"{v.package} {v.version}" for v in verdicts))
-        counts = ", ".join(f"{word} in {words.count(word)}"
-                           for word in ("lossless", "inconclusive", "fails") if word in words)
-        checked = (f"**Checked lossless:** {escape(engines)}, conformance run of "
-                   f"{max(v.date for v in verdicts)}: {counts} of its {len(verdicts)} layout × "
-                   f"temperature × draft-method cells.")
+        per_build = []
+        for build in dict.fromkeys(v.build for v in verdicts):  # the release and a patched build apart
+            mine = [v for v in verdicts if v.build == build]
+            words = [conformance.outcome(v) for v in mine]
+            counts = ", ".join(f"{word} in {words.count(word)}"
+                               for word in ("lossless", "inconclusive", "fails") if word in words)
+            per_build.append(f"{escape(build)}{' (a patched build, not the release)' if mine[0].patched else ''}, run of "
+                             f"{max(v.date for v in mine)}: {counts} of its {len(mine)} layout × temperature × draft-method cells")
+        checked = "**Checked lossless:** " + "; ".join(per_build) + "."
     else:
         checked = "**Checked lossless:** no engine conformance record yet."
     numbered = measured_section.evidence_runs(runs)
@@ -647,15 +649,14 @@ def _conformance(folder: Path, verdicts: list[conformance.Verdict]) -> str:
     ids = conformance.record_ids(verdicts)
     grid: dict[tuple[str, str, str], dict[tuple[str, str], conformance.Verdict]] = {}
     for v in verdicts:
-        grid.setdefault((f"{v.package} {v.version}", v.layout, v.source), {})[(v.temperature, v.draft_sampling)] = v
+        grid.setdefault((v.build, v.layout, v.source), {})[(v.temperature, v.draft_sampling)] = v
     body = []
     for (engine, layout, source), cells in sorted(grid.items()):
         row: list[object] = [escape(engine), code(layout)]
         for col in columns:
             v = cells.get(col)
             word = conformance.outcome(v) if v else None
-            row.append(Markdown(f'<span class="atlas-{"verified" if word == "lossless" else "fails"}">'
-                                f"{word}</span>") if word else "—")
+            row.append(Markdown(f'<span class="atlas-{VERDICT_CSS[word]}">{word}</span>') if word else "—")
         row.append(ids[source])
         body.append(row)
     headers = ["engine", "layout", *(
@@ -673,16 +674,15 @@ def _verdicts(folder: Path) -> list[conformance.Verdict]:
     return conformance.verdicts(conformance.latest_records(folder), folder.parent.parent)
 
 
+VERDICT_CSS = {"lossless": "verified", "fails": "fails", "inconclusive": "inconclusive"}  # the marks' colours (atlas.css)
+
+
 def _checked_text(checked: list[servable_matrix.Checked], sources: dict[str, str]) -> str:
     """The conformance half of a cell: per build checked, its results, record and date, and the
     layout checked (named where it is not this family's own)."""
-    words = {"lossless": ("verified", "lossless"), "fails": ("fails", "fails"), "inconclusive": ("inconclusive", "inconclusive")}
     parts = []
     for c in checked:
-        results = []
-        for key, result in c.results.items():
-            css, word = words[result]
-            results.append(f'<span class="atlas-{css}">{escape(key)}: {word}</span>')
+        results = [f'<span class="atlas-{VERDICT_CSS[result]}">{escape(key)}: {result}</span>' for key, result in c.results.items()]
         causes = "".join(f" (cause: {escape(k.id)}, {escape(k.upstream_issue.rsplit('/', 1)[-1])})"
                          for k in c.causes if k.status == "present")
         parts.append(" · ".join(results) + causes + f"<br>{escape(c.build)} on {escape(c.device)} "
