@@ -589,11 +589,7 @@ def evidence_table(folder: Path, root: Path | None = None) -> str:
         return "_No engine conformance record yet (`atlas conformance run`)._\n"
     rows.sort(key=lambda v: (v.date, v.build, v.layout, v.temperature, v.draft_sampling), reverse=True)
     ids = record_ids(rows)
-    causes: dict[str, KnownCause] = {}
-    for v in rows:
-        for k in v.causes:
-            causes.setdefault(k.id, k)
-    cause_ids = {cid: f"K{i}" for i, cid in enumerate(causes, 1)}
+    cause_ids = _cause_ids(rows)
 
     def why(v: Verdict) -> str:
         present = [k for k in v.causes if k.status == "present"]
@@ -614,11 +610,24 @@ def evidence_table(folder: Path, root: Path | None = None) -> str:
         f"{escape(first[src].hardware)} ({escape(first[src].device)}), {first[src].date}, made by {code(first[src].command)}"
         for src, cid in ids.items()
     )
-    known = "\n".join(
-        f"- **{cause_ids[k.id]}** ({escape(k.id)}): {escape(k.mechanism)}. Applies to {escape(k.applies_to)}. Upstream: "
+    return table(["Build", "Layout", "T", "Drafts", "Verdict", "Why", "Record"], body) + "\n\n" + legend + "\n"
+
+
+def _cause_ids(rows: Iterable[Verdict]) -> dict[str, str]:
+    return {cid: f"K{i}" for i, cid in enumerate(dict.fromkeys(k.id for v in rows for k in v.causes), 1)}
+
+
+def causes_text(rows: list[Verdict]) -> str:
+    """Markdown: each known cause behind these verdicts, by its short id (K1, …, as the table cites
+    them): the mechanism, which builds and checks it breaks, the upstream issue and fix, what
+    reading says of the other builds, and the run-time patch that takes it out."""
+    from atlas.site.mdsafe import code, escape
+
+    ids = _cause_ids(rows)
+    causes = {k.id: k for v in rows for k in v.causes}
+    return "\n".join(
+        f"- **{ids[k.id]}** ({escape(k.id)}): {escape(k.mechanism)}. Applies to {escape(k.applies_to)}. Upstream: "
         f"[issue]({k.upstream_issue}), [fix]({k.upstream_fix}). Other builds: {escape(k.other_paths)}. "
-        f"Run-time patch: {code(k.patch or '—')} (`atlas conformance run --patch {k.patch}`)."
+        f"Run-time patch: {code(k.patch or '—')} (`atlas conformance run --patch {k.patch}`), recorded as a patched build."
         for k in causes.values()
     )
-    return (table(["Build", "Layout", "T", "Drafts", "Verdict", "Why", "Record"], body) + "\n\n" + legend + "\n"
-            + ("\n**Known causes**\n\n" + known + "\n" if known else ""))

@@ -647,6 +647,7 @@ def _conformance(folder: Path, verdicts: list[conformance.Verdict]) -> str:
         (v.temperature, v.draft_sampling)
         for v in sorted(verdicts, key=lambda v: (v.temperature != "0", v.draft_sampling))))
     ids = conformance.record_ids(verdicts)
+    causes = conformance.causes_text(verdicts)
     grid: dict[tuple[str, str, str], dict[tuple[str, str], conformance.Verdict]] = {}
     for v in verdicts:
         grid.setdefault((v.build, v.layout, v.source), {})[(v.temperature, v.draft_sampling)] = v
@@ -663,10 +664,13 @@ def _conformance(folder: Path, verdicts: list[conformance.Verdict]) -> str:
         "T = 0" if t == "0" else f"T {t}, {sampling} drafts" for t, sampling in columns), "record"]
     return (head + "\n" + table(headers, body)
             + "\n\nA cell: whether the engine's MTP kept the model's output at that temperature "
-            "with that draft method — *lossless* (every check passed), *fails* (a check failed), "
-            "*inconclusive* (the tests could not decide). At T = 0 the draft method does not matter: "
+            "with that draft method — *lossless* (every check with drafts passed), *fails* (one failed "
+            "while the plain engine passed its own control there), *inconclusive* (the only failures sit "
+            "where the plain engine already failed its control, so they cannot be laid on the MTP path); "
+            "a build with a run-time patch is its own row, never the release. At T = 0 the draft method does not matter: "
             "output must equal plain decoding token for token.\n\n"
-            '??? servable "The statistics behind each verdict"\n'
+            + (f"**Known causes** of the failures (K1, …: the statistics below cite them):\n\n{causes}\n\n" if causes else "")
+            + '??? servable "The statistics behind each verdict"\n'
             + _indent(conformance.evidence_table(folder, folder.parent.parent)) + "\n")
 
 
