@@ -399,6 +399,17 @@ def test_committed_records_give_the_verdicts_by_rule() -> None:
     patched = [v for v in rows if v.patched]
     assert patched and all("expand-kernel-fix" in v.build for v in patched)
     assert all(c.status == "patched" for v in patched for c in v.causes)
+    # the positive control: with the defect patched out, every layout passes at T > 0
+    assert {v.result for v in patched if v.temperature == "> 0"} == {"lossless"}
+    assert {v.layout for v in patched if v.temperature == "> 0"} == set(conformance.LAYOUTS)
+    # and the newest patched record names the patch file in this tree by its hash
+    import hashlib
+
+    from atlas.measure.engines import vllm_driver
+
+    [(_, newest)] = [(p, r) for p, r in conformance.latest_records(folder) if r.patches]
+    patch_file = Path(vllm_driver.__file__).with_name(vllm_driver.PATCHES["expand-kernel-fix"])
+    assert newest.patches[0].sha256 == hashlib.sha256(patch_file.read_bytes()).hexdigest()
 
 
 def test_committed_records_load() -> None:
