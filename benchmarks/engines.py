@@ -8,7 +8,7 @@ repeat runs all six modes in a rotating order, so drift in the machine's load hi
         .venv/bin/python benchmarks/engines.py [--max-new-tokens 64] [--repeats 3] [--prompts-per-workload 1]
 
 It prints two quantities that never share a column:
-- absolute decode tokens per second of each engine's plain and MTP mode (the decode phase only:
+- absolute decode tokens per second of each engine's plain and MTP mode (median over runs; the decode phase only:
   each engine's own clock from its first new token to its last; our loop and transformers on this
   process's torch threads, vLLM on its own),
 - each engine's speed-up over its OWN plain decoding (median of the paired per-prompt ratios) with
@@ -46,10 +46,10 @@ LABELS = {"ours": "our loop", "transformers": "transformers use_mtp", "vllm": "v
 
 @dataclass
 class Tally:
-    """One engine's runs: decode tokens and seconds per mode, and the paired per-prompt ratios."""
+    """One engine's runs: decode tokens per second of each run per mode, and the paired per-prompt
+    ratios (medians of both are reported, so one run stalled by the machine does not set a figure)."""
 
-    tokens: dict[str, int] = field(default_factory=lambda: {"plain": 0, "mtp": 0})
-    seconds: dict[str, list[float]] = field(default_factory=lambda: {"plain": [], "mtp": []})
+    rates: dict[str, list[float]] = field(default_factory=lambda: {"plain": [], "mtp": []})
     ratios: list[float] = field(default_factory=list)
     drafted: int = 0
     accepted: int = 0
@@ -57,15 +57,14 @@ class Tally:
 
     def add(self, plain: RunStats, spec: RunStats) -> None:
         for mode, run in (("plain", plain), ("mtp", spec)):
-            self.tokens[mode] += len(run.tokens) - 1
-            self.seconds[mode].append(run.seconds)
+            self.rates[mode].append((len(run.tokens) - 1) / run.seconds)
         self.ratios.append(plain.seconds / spec.seconds)
         self.drafted += sum(spec.drafted_per_position)
         self.accepted += sum(spec.accepted_per_position)
         self.identical &= plain.tokens == spec.tokens
 
     def tokens_per_second(self, mode: str) -> float:
-        return self.tokens[mode] / sum(self.seconds[mode])
+        return statistics.median(self.rates[mode])
 
 
 def main() -> int:
@@ -136,7 +135,8 @@ def main() -> int:
     ours = tallies["ours"].tokens_per_second("mtp")
     print("\n  absolute, MTP mode against our loop's MTP mode (not a speed-up of MTP): "
           + "; ".join(f"{LABELS[e]} {tallies[e].tokens_per_second('mtp') / ours:.2f}x" for e in ENGINES if e != "ours"))
-    print(f"  (threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; tokens/s = decode tokens / decode seconds, summed)")
+    print(f"  (threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; tok/s: median over runs of decode "
+          "tokens / decode seconds; speed-up: median of the paired per-run ratios)")
     return 0
 
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field
 
+from atlas.measure.conformance import Result
 from atlas.site.curated import load_toml
 
 
@@ -59,9 +58,6 @@ def load(path: Path) -> Matrix:
 
 
 # ---- conformance results beside the support claims -----------------------------------------------
-
-Result = Literal["lossless", "fails", "inconclusive"]
-
 
 @dataclass(frozen=True)
 class Coverage:
