@@ -176,9 +176,9 @@ def test_finder_filters_from_its_url_and_lists_every_model(site, parameter: str)
     assert dom.returncode == 0, dom.stderr[-2000:]
     page = parse_html(dom.stdout)
     table = next(t for t in page.tables if t.header[:1] == ["model"])
-    assert len(table.rows) == len(models.models)
-    visible = re.findall(r"<tr(?![^>]*hidden)[^>]*><td[^>]*>(.*?)</td>", dom.stdout.split("<tbody>", 1)[1])
-    assert [re.sub("<[^>]+>", "", v) for v in visible] == ["moonshotai/Kimi-K2-Instruct"]
+    # the finder lists the matching rows of every model (its data loaded in parts, see
+    # tests/test_hostile_records.py for 10^3 models), and counts them against all
+    assert [r[0] for r in table.rows] == ["moonshotai/Kimi-K2-Instruct"]
     assert f"1 of {len(models.models)} models shown" in dom.stdout
     assert 'data-atlas-sortable="1"' in dom.stdout  # sort-tables.js wired the finder's table
 

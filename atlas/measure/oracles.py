@@ -38,7 +38,7 @@ from atlas import AtlasError
 Mode = Literal["oracle", "random"]
 # Output projections of residual branches (attention, linear attention, dense MLP, experts, shared
 # experts): zeroing them makes a layer the identity on its residual stream.
-BRANCH_OUT = re.compile(r"\.(o_proj|out_proj|down_proj)\.(weight|bias)$")
+BRANCH_OUT = re.compile(r"\.(o_proj|out_proj|down_proj)\.(weight|bias)\Z")  # \Z: `$` also matches before a final newline
 
 
 @dataclass(frozen=True)

@@ -954,7 +954,10 @@ _SECTION_RE = re.compile(
 
 def _json_for_comment(data: dict[str, Any]) -> str:
     # Escaping <, > and & keeps `-->` (from a hostile id among the exemplars) out of the comment.
-    text = json.dumps(data, ensure_ascii=True, sort_keys=True)
+    try:
+        text = json.dumps(data, ensure_ascii=True, sort_keys=True, allow_nan=False)
+    except ValueError as exc:
+        raise AtlasError(f"the evidence facts hold a value JSON cannot hold ({exc}); not written") from None
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
@@ -1003,6 +1006,15 @@ def write(evidence: Evidence, path: Path) -> bool:
     return replace_text(path, dumps(evidence), "the evidence file")
 
 
+def unreadable_store(db: Path, exc: duckdb.Error) -> AtlasError:
+    """The one-line error for a store that opened but cannot be read (a corrupt block, a file
+    truncated by a full disk): DuckDB's first line, and what to do."""
+    text = str(exc).strip().splitlines()
+    first = text[0][:300] if text else type(exc).__name__
+    return AtlasError(f"the atlas store {db} cannot be read, it is damaged or not an atlas store ({first}); "
+                      "nothing was written: restore the file or rebuild it with `atlas crawl`")
+
+
 def generate(db: Path, out: Path, matrix_path: Path, mirror_sources: Path | None = None) -> Evidence:
     """`atlas evidence`: open the store read-only, collect, write the file. `mirror_sources` is
     the mirror's SOURCES.tsv, shown when the latest snapshot is a mirror crawl."""
@@ -1011,6 +1023,8 @@ def generate(db: Path, out: Path, matrix_path: Path, mirror_sources: Path | None
     con = store.connect(db, read_only=True)
     try:
         evidence = collect(con, matrix_path, mirror_sources)
+    except duckdb.Error as exc:
+        raise unreadable_store(db, exc) from None
     finally:
         con.close()
     write(evidence, out)

@@ -141,8 +141,16 @@ def _stamp(run: Run, n: int, baselines: dict[str, str]) -> str:
         f"{escape(r.hardware.text)} · {escape(s.device)} {escape(s.dtype)} · run "
         f"{r.run_date:%Y-%m-%d %H:%M} UTC · {s.repeats} repeats × {s.prompts_per_workload} prompts × "
         f"{s.max_new_tokens} tokens per workload · baselines {', '.join(used)} · record "
-        f"{code(run.record_id[:12])} ({code(run.source_path)}, made by {code(r.command)})"
+        f"{code(run.record_id[:12])} ({code(shown_source(run.source_path))}, made by {code(r.command)})"
     )
+
+
+def shown_source(source_path: str) -> str:
+    """Where a record file is, as the site may show it: relative to the checkout as stored; a record
+    imported from outside the checkout by its file name only (its absolute path would publish the
+    importer's folders, and means nothing to a reader)."""
+    path = Path(source_path)
+    return f"{path.name}, imported from outside the checkout" if path.is_absolute() else source_path
 
 
 def _short_rev(revision: str) -> str:
@@ -402,7 +410,7 @@ def section(runs: list[Run], head: str) -> str:
     if smoke:
         lines = "\n".join(
             f"- {code(r.record.model_id)}, run {r.record.run_date:%Y-%m-%d %H:%M} UTC, record "
-            f"{code(r.record_id[:12])} ({code(r.source_path)})" for r in smoke)
+            f"{code(r.record_id[:12])} ({code(shown_source(r.source_path))})" for r in smoke)
         parts.append('!!! note "Smoke runs — not evidence"\n' + _indent(
             "These records come from `--quick` runs (few tokens, one prompt): they show the loop "
             "runs, not how fast. Their figures are in no table and set no gate.\n\n" + lines))

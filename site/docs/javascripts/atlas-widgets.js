@@ -221,21 +221,99 @@
   }
 
   // ---- model finder ----------------------------------------------------------------------------
+  // The page holds the first rows only; every row is in part files (models/finder/part-NNNN.js,
+  // each calling atlasFinderPart(i, rows)), loaded as scripts the first time a reader filters or
+  // sorts, so the page opens as fast with 10^5 models as with 10. At most LISTED matching rows are
+  // put in the table at once (a DOM of 10^5 rows is what made the page slow); the count says how
+  // many match. Rows are built as text nodes: no model string is ever parsed as HTML.
+  var LISTED = 200;
+
   function finder(input) {
-    var table = document.querySelector("table[data-atlas-finder-table]");
+    var box = input.closest(".atlas-finder");
+    var table = box && box.querySelector("table[data-atlas-finder-table]");
     if (!table) return;
-    var count = document.querySelector("[data-atlas-finder-count]");
-    function apply() {
-      var words = input.value.toLowerCase().split(/\s+/).filter(function (w) { return w.length; });
-      var shown = 0;
-      Array.prototype.forEach.call(table.tBodies[0].rows, function (row) {
-        var text = row.textContent.toLowerCase();
-        var hit = words.every(function (w) { return text.indexOf(w) !== -1; });
-        row.hidden = !hit;
-        if (hit) shown += 1;
-      });
-      if (count) count.textContent = shown + " of " + table.tBodies[0].rows.length + " models shown";
+    var count = box.querySelector("[data-atlas-finder-count]");
+    var total = parseInt(box.getAttribute("data-atlas-finder-total"), 10) || table.tBodies[0].rows.length;
+    var nParts = parseInt(box.getAttribute("data-atlas-finder-parts"), 10) || 0;
+    var src = box.getAttribute("data-atlas-finder-src");
+    var names = Array.prototype.map.call(table.tHead.rows[0].cells, function (th) { return th.textContent.trim(); });
+    var rows = null, waiting = [], loading = false, sortIndex = null, descending = false;
+
+    function words() {
+      return input.value.toLowerCase().split(/\s+/).filter(function (w) { return w.length; });
     }
+
+    function load(done) {
+      if (rows) { done(); return; }
+      waiting.push(done);
+      if (loading) return;
+      loading = true;
+      var parts = new Array(nParts), left = nParts;
+      window.atlasFinderPart = function (i, data) {
+        if (parts[i]) return;
+        parts[i] = data;
+        left -= 1;
+        if (left === 0) {
+          rows = [].concat.apply([], parts).map(function (r) { return { cells: r, text: [r[0]].concat(r.slice(2)).join(" ").toLowerCase() }; });
+          waiting.splice(0).forEach(function (f) { f(); });
+        }
+      };
+      if (count) count.textContent = "loading all " + total + " models …";
+      for (var i = 0; i < nParts; i++) {
+        var script = document.createElement("script");
+        script.src = src + ("000" + i).slice(-4) + ".js";
+        script.onerror = function (ev) {
+          if (count) count.textContent = "could not load " + ev.target.getAttribute("src") + " (the finder's data)";
+        };
+        document.head.appendChild(script);
+      }
+    }
+
+    function cell(text, slug, label) {
+      var td = document.createElement("td");
+      td.setAttribute("data-label", label);
+      if (slug) {
+        var a = document.createElement("a");
+        a.setAttribute("href", slug + "/");
+        a.textContent = text;
+        td.appendChild(a);
+      } else {
+        td.textContent = text;
+      }
+      return td;
+    }
+
+    function show() {
+      var ws = words();
+      var hits = rows.filter(function (r) { return ws.every(function (w) { return r.text.indexOf(w) !== -1; }); });
+      if (sortIndex !== null) {
+        var col = sortIndex === 0 ? 0 : sortIndex + 1, order = window.atlasTableSort;
+        var keyed = hits.map(function (r, i) { return { k: order.keyOf(r.cells[col]), i: i, r: r }; });
+        keyed.sort(function (a, b) { return (descending ? -1 : 1) * order.compare(a.k, b.k) || a.i - b.i; });
+        hits = keyed.map(function (x) { return x.r; });
+      }
+      var body = document.createElement("tbody");
+      hits.slice(0, LISTED).forEach(function (r) {
+        var tr = document.createElement("tr");
+        tr.appendChild(cell(r.cells[0], r.cells[1], names[0]));
+        for (var i = 2; i < r.cells.length; i++) tr.appendChild(cell(r.cells[i], null, names[i - 1]));
+        body.appendChild(tr);
+      });
+      table.replaceChild(body, table.tBodies[0]);
+      if (count) {
+        count.textContent = hits.length + " of " + total + " models shown" +
+          (hits.length > LISTED ? " (the first " + LISTED + " listed: add words to narrow)" : "");
+      }
+    }
+
+    function apply() {
+      if (rows || words().length || sortIndex !== null) { load(show); return; }
+      var here = table.tBodies[0].rows.length;
+      if (count) count.textContent = here === total ? total + " of " + total + " models shown"
+        : "the first " + here + " of " + total + " models listed: type to search them all";
+    }
+
+    table.atlasSortRows = function (index, desc) { sortIndex = index; descending = desc; load(show); };
     // ?find= (not ?q=, which the theme's search box claims), or ?h=, which a search hit's link carries
     var params = new URLSearchParams(window.location.search);
     var initial = params.get("find") || params.get("h");
