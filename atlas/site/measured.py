@@ -186,7 +186,7 @@ def _summary(run: Run, baselines: dict[str, str]) -> list[tuple[str, Markdown]]:
     gates = {(g.workload, g.temperature): g for g in run.record.gates}
     by_baseline: dict[str, list[list[object]]] = {}
     for (engine, workload, t), group in _groups(run.record).items():
-        gate = gates.get((workload, t)) if engine == "atlas" else None
+        gate = gates.get((workload, t)) if engine == records.gated_engine(run.record.cells) else None
         cell, gate_text = _row_cell(group, gate)
         d = cell.derived
         by_baseline.setdefault(baselines[cell.baseline], []).append([

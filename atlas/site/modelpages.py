@@ -60,10 +60,11 @@ class Snapshot(BaseModel):
 
 
 class Engine(BaseModel):
-    engine: str
+    engine: str  # the support claim: engine, version, method, source (evidence/servable.toml)
     version: str
     method: str
     source: str
+    conformance: list[servable_matrix.Checked] = []  # the conformance results (none: not checked)
 
 
 class Measured(BaseModel):
@@ -166,9 +167,11 @@ def _has_measurements(con: duckdb.DuckDBPyConnection) -> bool:
     return bool(found and found[0])
 
 
-def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root: Path) -> Models:
+def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root: Path,
+            verdicts: list[Any] | None = None) -> Models:
     """Every model of the store's complete snapshots, and every measured model. `root` resolves the
-    record files' repo-relative paths (the calculator's prefill reads its record's pass costs)."""
+    record files' repo-relative paths (the calculator's prefill reads its record's pass costs);
+    `verdicts` are the conformance verdicts shown beside each support claim."""
     snaps = _rows(con, "SELECT snapshot_id AS id, endpoint FROM snapshots WHERE status = 'complete' "
                        "ORDER BY snapshot_id DESC LIMIT 1")
     latest = snaps[0]["id"] if snaps else None
@@ -219,7 +222,9 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
             derivatives=sorted(derivatives.get(rid, [])) if has_page else [],
             has_page=has_page,
             current=snaps_of[-1] if now else None, history=snaps_of if has_page else [],
-            servable=[Engine(engine=e.engine, version=e.version, method=e.method, source=e.source)
+            servable=[Engine(engine=e.engine, version=e.version, method=e.method, source=e.source,
+                             conformance=servable_matrix.checked_for((now or {}).get("model_type"), archs, e.engine,
+                                                                     verdicts or []))
                       for e in engines],
             measured=cells,
         ))
@@ -347,10 +352,14 @@ def generate(db: Path, out: Path, matrix_path: Path, root: Path) -> Models:
     from atlas import store
     from atlas.site.evidence import unreadable_store
 
+    from atlas.measure import conformance
+
     matrix = servable_matrix.load(matrix_path)
+    folder = matrix_path.parent / "conformance"
+    verdicts = conformance.verdicts(conformance.latest_records(folder), folder.parent.parent)
     con = store.connect(db, read_only=True)
     try:
-        models = collect(con, matrix, root)
+        models = collect(con, matrix, root, verdicts)
     except duckdb.Error as exc:
         raise unreadable_store(db, exc) from None
     finally:
@@ -431,8 +440,8 @@ def _levels(m: Model, figures: list[reported_figures.Figure], mirror_date: str |
         ]
     if m.servable:
         servable: list[Any] = [
-            Markdown("; ".join(f"{escape(e.engine)} {escape(e.version)}" for e in m.servable)),
-            f"support matrix of {servable_date} (sources below)",
+            Markdown("; ".join(f"{escape(e.engine)} {escape(e.version)} ({_conformance_words(e)})" for e in m.servable)),
+            f"support matrix of {servable_date}; conformance records under evidence/conformance/ (below)",
         ]
     else:
         servable = ["no engine in the support matrix", f"support matrix of {servable_date}"]
@@ -480,9 +489,20 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
     if m.servable:
         lines += ["## Servable", "",
                   f"From the support matrix of {escape(data.servable_date)}:", ""]
-        lines += [f"- **{escape(e.engine)}** {escape(e.version)}: {code(e.method)}. Source: "
-                  f"{escape(e.source)}." for e in m.servable]
-        lines += [""]
+        for e in m.servable:
+            lines += [f"- **{escape(e.engine)}** — support claim: {escape(e.version)}, {code(e.method)}. Source: "
+                      f"{escape(e.source)}."]
+            if not e.conformance:
+                lines += ["    - Conformance: not checked (no conformance run covers this engine on this family's MTP layout)."]
+            for c in e.conformance:
+                causes = "".join(f" Cause: {escape(k.id)} ([issue]({k.upstream_issue}), [fix]({k.upstream_fix}))."
+                                 for k in c.causes if k.status == "present")
+                lines += [f"    - Conformance of {escape(c.build)}{' (a patched build, not the release)' if c.patched else ''}: "
+                          f"**{escape(servable_matrix.results_text(c))}**. Layout {code(c.layout)}: {escape(c.layout_note)}. "
+                          f"Run {escape(c.date)} on {escape(c.hardware)}, record {code(c.record)}.{causes}"]
+        lines += ["", "The support claim says the engine has code for this family (nothing was run); a conformance "
+                  f"result says what the atlas's suite found when it ran one engine build on checkpoints with exact "
+                  f"right answers ([module 8]({_MODULE})).", ""]
     if figures:
         lines += ["## Reported", "", reported_figures.section(figures), ""]
     lines += ["## Measured", ""]
@@ -535,6 +555,13 @@ def runner_line(model_type: str | None) -> Markdown:
     return Markdown(f"The atlas's own runner {verdict} {code(model_type)}{row}: {escape(got.reason)}.")
 
 
+def _conformance_words(e: Engine) -> str:
+    """One engine's conformance in a few words: per build checked, its results; else not checked."""
+    if not e.conformance:
+        return "conformance not checked"
+    return "; ".join(f"{c.build}: {servable_matrix.results_text(c)}" for c in e.conformance)
+
+
 def _shown(value: object) -> str:
     """The text a reader sees for an untrusted value (what mdsafe's escaping renders as): the
     finder's parts hold it as is, and its script only ever sets it as text."""
@@ -548,7 +575,7 @@ def finder_row(m: Model) -> list[str | None]:
     return [
         _shown(m.repo_id), m.slug if m.has_page else None, _shown(m.org), _shown(m.family),
         _shown(c.declared if c else None), _shown(c.shipped if c else None),
-        ", ".join([_shown(e.engine) for e in m.servable]
+        ", ".join([f"{_shown(e.engine)} ({_shown(_conformance_words(e))})" for e in m.servable]
                   + [f"{_shown(e)} (measured run)" for e in measured_serving(m)]) or "—",
         f"{len(m.measured)} cells: " + ", ".join(_shown(e) for e in measured_engines(m)) if m.measured else "—",
     ]
@@ -580,8 +607,9 @@ def finder(data: Models | None) -> str:
         "the row; a link can carry the filter as ?find=words, or as the site search's ?h=words); "
         "click a column header to sort. Declared and shipped are layer counts (— unknown); "
         f"servable is the support matrix of {data.servable_date}, for models that declare or ship "
-        "MTP layers (an engine marked \"measured run\" ran the model's MTP in a dated record); "
-        "measured counts the atlas's own dated cells and names their engines."
+        "MTP layers, each engine with its conformance result (lossless / fails / inconclusive, per "
+        "build checked; or not checked; an engine marked \"measured run\" ran the model's MTP in a "
+        "dated record); measured counts the atlas's own dated cells and names their engines."
     )
     # raw HTML on one line, which Python-Markdown passes through; its text escaped by mdsafe all
     # the same. The script sets the rows it loads as text.

@@ -104,9 +104,7 @@ def _measure_workload(
             if peer:
                 pair = [False, True] if r % 2 == 0 else [True, False]
                 got = {m: peer.run(prompt, n, s, m, seed_for(options.seed, s.temperature, name, i, r, "peer", m)) for m in pair}
-                spec = got[True]
-                # each verify pass of transformers' loop checks num_mtp_layers drafts and emits accepted + 1
-                peer_acc.add(spec, got[False], [spec.verify_passes * mtp_k], [len(spec.tokens) - 1 - spec.verify_passes])
+                peer_acc.add(got[True], got[False])
         for k in ks if options.ours else []:
             ours[k].append(acc[k].repeat(s.greedy))
         if peer:
@@ -160,7 +158,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     pass_reps = 10  # pass-cost rounds before every repeat
     if options.peer and not loaded.transformers_mtp:
         log("transformers has no MTP loader for this checkpoint: no transformers use_mtp peer")
-    peer = Peer(model, device) if options.peer and loaded.transformers_mtp else None
+    peer = Peer(model, device, loaded.transformers_mtp) if options.peer and loaded.transformers_mtp else None
     if not options.ours and peer is None:
         raise AtlasError(f"--engine transformers: transformers' own use_mtp cannot run {model_id} (no MTP loader for it)")
     if not options.ours:
