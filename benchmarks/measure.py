@@ -26,7 +26,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from atlas.measure import runner as measure
+from atlas.measure.checkpoint import DEFAULT_MODEL
+from atlas.measure.engines.atlas_engine import run
+from atlas.measure.options import Options
 from atlas.measure.records import Cell, Record
 
 
@@ -40,11 +42,11 @@ def row(label: str, tps: float, c: Cell | None, plain_tps: float | None = None) 
     eff = "-" if d.efficiency is None else f"{d.efficiency:.2f}"
     vs_ours = "" if plain_tps is None else f"   ({tps / plain_tps:.2f}x our plain)"
     return (f"  {label:<16} {tps:8.1f} {acc:>6} {length:>6} {d.speedup:6.2f} ({d.speedup_lo:.2f}-{d.speedup_hi:.2f})"
-            f" {ideal:>6} {eff:>5}  {c.gate_reason.split(':', 1)[0]}{vs_ours}")
+            f" {ideal:>6} {eff:>5}  {c.gate_verdict}{vs_ours}")
 
 
 def verdicts(record: Record) -> dict[tuple[str, float], str]:
-    return {(g.workload, g.temperature): (f"on k={g.draft_tokens}" if g.enabled else g.reason.split(":", 1)[0]) for g in record.gates}
+    return {(g.workload, g.temperature): (f"on k={g.draft_tokens}" if g.enabled else g.verdict) for g in record.gates}
 
 
 def report(record: Record) -> None:
@@ -93,7 +95,7 @@ def report(record: Record) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default=str(measure.DEFAULT_MODEL))
+    parser.add_argument("--model", default=str(DEFAULT_MODEL))
     parser.add_argument("--device", default="auto")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -107,12 +109,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for i in range(args.runs):
             print(f"\n== run {i + 1} of {args.runs}", flush=True)
-            options = measure.Options(
+            options = Options(
                 model=args.model, device=args.device, dtype=args.dtype, repeats=args.repeats, max_new_tokens=args.max_new_tokens,
                 prompts_per_workload=args.prompts_per_workload, draft_tokens=tuple(int(k) for k in args.draft_tokens.split(",")),
                 out=Path(args.out or scratch), command=shlex.join(["benchmarks/measure.py", *sys.argv[1:]]),
             )
-            record, path = measure.run(options, log=lambda line: print(line, flush=True))
+            record, path = run(options, log=lambda line: print(line, flush=True))
             if args.out:
                 print(f"record: {path}")
             report(record)

@@ -37,7 +37,7 @@ class Mutant:
     why: str
 
 
-LOOP = "atlas.measure.loop"
+LOOP = "atlas.measure.generate"
 RECORDS = "atlas.measure.records"
 MUTANTS = (
     Mutant("reused-uniform", "lossy", LOOP,
@@ -61,16 +61,16 @@ MUTANTS = (
            "        pos += n + 1\n", "        pos += k_now + 1\n", tuple(LOOP_TESTS),
            "the next round starts after the rejected drafts' slots"),
     Mutant("catch-up-last-pair", "metric", LOOP,
-           "h_mtp, q_logits = engine.draft(ids.new_tensor([*drafts[:n], token]), hidden[: n + 1], pos)",
-           "h_mtp, q_logits = engine.draft(ids.new_tensor([token]), hidden[n : n + 1], pos + n)", tuple(LOOP_TESTS),
+           "h_mtp, q_logits = model.draft(ids.new_tensor([*drafts[:n], token]), hidden[: n + 1], pos)",
+           "h_mtp, q_logits = model.draft(ids.new_tensor([token]), hidden[n : n + 1], pos + n)", tuple(LOOP_TESTS),
            "MTP catch-up only on the last accepted pair"),
     Mutant("chain-wrong-slot", "metric", LOOP,
-           "engine.draft(ids.new_tensor(drafts[-1:]), h_mtp, pos + i - 1)",
-           "engine.draft(ids.new_tensor(drafts[-1:]), h_mtp, pos + i)", tuple(LOOP_TESTS),
+           "model.draft(ids.new_tensor(drafts[-1:]), h_mtp, pos + i - 1)",
+           "model.draft(ids.new_tensor(drafts[-1:]), h_mtp, pos + i)", tuple(LOOP_TESTS),
            "draft chain at the wrong slot / RoPE position"),
     Mutant("chain-stale-hidden", "metric", LOOP,
-           "engine.draft(ids.new_tensor(drafts[-1:]), h_mtp, pos + i - 1)",
-           "engine.draft(ids.new_tensor(drafts[-1:]), hidden[-1:], pos + i - 1)", tuple(LOOP_TESTS),
+           "model.draft(ids.new_tensor(drafts[-1:]), h_mtp, pos + i - 1)",
+           "model.draft(ids.new_tensor(drafts[-1:]), hidden[-1:], pos + i - 1)", tuple(LOOP_TESTS),
            "draft chain fed the stale main hidden"),
     Mutant("count-to-first-rejection", "metric", LOOP,
            "            drafted[i] += 1\n", "            drafted[i] += int(i <= n)\n", tuple(LOOP_TESTS),
@@ -82,8 +82,8 @@ MUTANTS = (
            "    passes = 0\n", "    passes = 1\n", tuple(LOOP_TESTS), "the prefill counted as a verify pass"),
     Mutant("mtp-prefill-untimed", "metric", LOOP,
            "    watch.start()  # the MTP layer's prefill is a cost only speculation pays: timed\n"
-           "    h_mtp, q_logits = engine.draft(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)\n",
-           "    h_mtp, q_logits = engine.draft(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)\n"
+           "    h_mtp, q_logits = model.draft(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)\n",
+           "    h_mtp, q_logits = model.draft(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)\n"
            "    watch.start()\n", tuple(LOOP_TESTS), "MTP prefill left out of the speculative time"),
     Mutant("tokens-per-pass-no-bonus", "metric", RECORDS,
            "mal = _ratio(accepted + passes, passes)", "mal = _ratio(accepted, passes)", tuple(RECORD_TESTS),

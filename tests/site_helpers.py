@@ -254,11 +254,11 @@ def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list
             for _ in range(3)
         ]
         derived = records.derive(repeats, temperature, k, costs)
-        enabled, reason = records.gate(derived, len(repeats), quick)
+        g = records.gate(derived, len(repeats), quick)
         cells.append(records.Cell(
             engine="atlas", engine_version="0.1.0", baseline=HOSTILE_BASELINE,
             workload=workload, temperature=temperature, draft_tokens=k, repeats=repeats,
-            derived=derived, gate_enabled=enabled, gate_reason=reason,
+            derived=derived, gate_enabled=g.enabled, gate_reason=g.reason,
         ))
     record = records.Record(
         schema_version=2 if reached or quick else 1, run_date=datetime(2026, 11, day, 12, 0),

@@ -662,8 +662,14 @@ def test_ctrl_c_says_whether_the_snapshot_was_committed(tmp_path: Path, make_hub
     assert query(db, "SELECT count(*) FROM snapshots") == [(1,)]
 
 
-def test_sigint_during_the_downloads_exits_130(tmp_path: Path, make_hub) -> None:
-    hub = make_hub(MIRROR, latency_s=0.05)
+@pytest.mark.parametrize("inherited", [signal.SIG_DFL, signal.SIG_IGN], ids=["default", "inherited-ignored"])
+def test_sigint_during_the_downloads_exits_130(tmp_path: Path, make_hub, inherited: int) -> None:
+    """Deterministic: the hub holds every file request after the fifth unanswered, so the signal
+    lands while downloads are provably in flight (and hung). A crawl started with SIGINT ignored (a
+    background job of a shell without job control, as test runners and CI scripts often are) must
+    still stop; so must one whose downloads sit in a read that would only time out after 30 s."""
+    hub = make_hub(MIRROR)
+    hub.hold_files(after=5)
     env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
     env.update(HF_HUB_DISABLE_TELEMETRY="1", HF_HOME=str(tmp_path / "hfhome"))
     proc = subprocess.Popen(
@@ -671,13 +677,22 @@ def test_sigint_during_the_downloads_exits_130(tmp_path: Path, make_hub) -> None
          "--watchlist", str(write_watchlist(tmp_path / "w.toml", ALL_ORGS)), "--cache-dir", str(tmp_path / "c"),
          "--concurrency", "2", "--no-progress"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, inherited),
     )
-    deadline = time.monotonic() + 60
-    while len(hub.file_requests()) < 5:
-        assert proc.poll() is None and time.monotonic() < deadline
-        threading.Event().wait(0.05)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 120
+        while hub.held < 2:  # both download threads are stuck on an unanswered request
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the crawl never reached its downloads"
+            threading.Event().wait(0.05)
+        proc.send_signal(signal.SIGINT)
+        try:  # the held requests are still unanswered: exiting must not wait for them (30 s timeout)
+            out, err = proc.communicate(timeout=25)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail("Ctrl-C did not end a crawl whose downloads hang: " + proc.communicate()[1][-2000:])
+    finally:
+        hub.release()
     assert proc.returncode == 130, err
     assert "no snapshot written" in err and "Traceback" not in err
     assert query(tmp_path / "a.duckdb", "SELECT count(*) FROM snapshots") == [(0,)]

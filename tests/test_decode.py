@@ -14,18 +14,8 @@ from transformers.modeling_layers import MtpModel
 
 from atlas.measure.families import head_from_transformers
 from atlas.measure.theory import round_distribution
-from atlas.measure.loop import (
-    Engine,
-    FastLayer,
-    ModuleLayer,
-    Sampling,
-    build_engine,
-    generate_plain,
-    generate_speculative,
-    probs_from_logits,
-    sample,
-    speculative_accept,
-)
+from atlas.measure.generate import Sampling, generate_plain, generate_speculative, probs_from_logits, sample, speculative_accept
+from atlas.measure.model import FastLayer, FusedModel, ModuleLayer, build_fused_model
 
 TEAM = Path(__file__).resolve().parents[1] / "data/hub-mirror/mtp-atlas/byte-mtp-8l"
 
@@ -75,7 +65,7 @@ def tiny_model(vocab: int = 16, layers: int = 2, d: int = 32, mlp: str = "dense"
 @pytest.mark.parametrize("mlp,window", [("dense", None), ("sparse", None), ("dense", 3)])
 def test_engine_reproduces_transformers(mlp: str, window: int | None) -> None:
     model, mtp = tiny_model(mlp=mlp, window=window)
-    engine = build_engine(model, mtp, 64, [1, 2, 3, 4, 5, 6])
+    engine = build_fused_model(model, mtp, 64, [1, 2, 3, 4, 5, 6])
     assert isinstance(engine.layers[0], FastLayer), "the fast path should recognise a Mellum layer"
     assert engine.validate([7, 3, 9, 1, 1, 0, 15, 4]) < 1e-4
     if window:  # the window cuts single-row steps too: decode past it, spec against plain
@@ -90,7 +80,7 @@ def test_module_fallback_path() -> None:
     """Layers the fast path does not recognise run as whole transformers modules over slot caches;
     that path must reproduce transformers and stay lossless too."""
     model, mtp = tiny_model(mlp="sparse")
-    engine = Engine(model, head_from_transformers(mtp), 64, torch.device("cpu"), torch.float32, fast=False)
+    engine = FusedModel(model, head_from_transformers(mtp), 64, torch.device("cpu"), torch.float32, fast=False)
     assert isinstance(engine.layers[0], ModuleLayer)
     assert engine.validate([7, 3, 9, 1, 1, 0, 15, 4]) < 1e-4
     gen = torch.Generator().manual_seed(0)
@@ -100,7 +90,7 @@ def test_module_fallback_path() -> None:
 
 def test_greedy_speculative_equals_plain_and_transformers() -> None:
     model, mtp = tiny_model()
-    engine = build_engine(model, mtp, 128, [1, 2, 3])
+    engine = build_fused_model(model, mtp, 128, [1, 2, 3])
     gen = torch.Generator().manual_seed(0)
     for prompt in ([1, 2, 3, 4, 5], [9], [15, 0, 15, 0, 3, 3, 3]):
         plain = generate_plain(engine, prompt, 40, Sampling(), gen)
@@ -173,7 +163,7 @@ def g_test_pvalue(counts: dict[tuple[int, ...], int], dist: dict[tuple[int, ...]
 @pytest.fixture(scope="module")
 def small_vocab():
     model, mtp = tiny_model(vocab=4, layers=1, d=16, seed=5)
-    return model, build_engine(model, mtp, 32, [0, 1, 2, 3])
+    return model, build_fused_model(model, mtp, 32, [0, 1, 2, 3])
 
 
 def draw(engine, prompt, n, k, s, rule, runs, seed):
@@ -255,13 +245,13 @@ def test_processed_probabilities_match_transformers_warpers() -> None:
 def test_team_checkpoint_greedy_lossless_on_every_workload() -> None:
     """The team checkpoint loads through transformers' own MTP path, and greedy speculative output is
     token-identical to plain greedy on every bundled workload, for k = 1..3 (fp32, short horizon)."""
-    from atlas.measure.runner import load_checkpoint
+    from atlas.measure.checkpoint import load_checkpoint
     from atlas.measure.workloads import load_prompt_set
 
     loaded = load_checkpoint(str(TEAM), torch.device("cpu"), torch.float32)
     model, mtp, tokenizer = loaded.model, loaded.mtp, loaded.tokenizer
     prompts = load_prompt_set()
-    engine = build_engine(model, mtp, 512, tokenizer.encode("def main():"))
+    engine = build_fused_model(model, mtp, 512, tokenizer.encode("def main():"))
     gen = torch.Generator().manual_seed(0)
     for workload in prompts.workloads:
         ids = tokenizer.encode(workload.prompts[0])[-256:]
@@ -322,11 +312,11 @@ def noisy_oracle(tmp_path_factory):
     """A MiMo-layout oracle with noise: drafts are right often (so rounds accept 0..k drafts) yet
     depend on the hidden fed and on the MTP layer's KV cache."""
     from atlas.measure.oracles import write_checkpoint
-    from atlas.measure.runner import load_checkpoint
+    from atlas.measure.checkpoint import load_checkpoint
 
     folder = write_checkpoint("mimo", tmp_path_factory.mktemp("noisy"), "oracle", depth=2, noise=0.6, seed=4)
     got = load_checkpoint(str(folder), torch.device("cpu"), torch.float32)
-    return got.model, got.mtp, build_engine(got.model, got.mtp, 96, [5, 9, 33, 2])
+    return got.model, got.mtp, build_fused_model(got.model, got.mtp, 96, [5, 9, 33, 2])
 
 
 def reference_drafts(model, head, seq: list[int], pos: int, k: int) -> list[tuple[int, float]]:
@@ -403,7 +393,7 @@ def test_draft_chain_and_counts_recomputed_independently(noisy_oracle, s: Sampli
 def test_timed_region_covers_all_but_the_shared_prefill(noisy_oracle, monkeypatch: pytest.MonkeyPatch) -> None:
     """Plain and speculative runs leave out the same thing from their seconds: the main model's
     prefill over the prompt. Every other forward, the MTP layer's prefill included, is timed."""
-    import atlas.measure.loop as loop
+    import atlas.measure.generate as generate
 
     _, _, engine = noisy_oracle
     state = {"timing": False}
@@ -426,7 +416,7 @@ def test_timed_region_covers_all_but_the_shared_prefill(noisy_oracle, monkeypatc
             return fn(ids, *args)
         return wrapped
 
-    monkeypatch.setattr(loop, "Stopwatch", Watch)
+    monkeypatch.setattr(generate, "Stopwatch", Watch)
     monkeypatch.setattr(engine, "main", spy("main", engine.main))
     monkeypatch.setattr(engine, "draft", spy("draft", engine.draft))
     prompt = [5, 9, 33, 2, 7]

@@ -24,7 +24,7 @@ from atlas.cli import cli
 from atlas.measure import conformance
 from atlas.measure.engines.vllm_client import Driver, find_python
 from atlas.measure.records import read_record
-from atlas.measure.runner import DEFAULT_MODEL
+from atlas.measure.checkpoint import DEFAULT_MODEL
 from atlas.paths import project_path
 
 
@@ -76,9 +76,10 @@ def test_every_layout_and_draft_length_was_checked(live: conformance.Conformance
 
 @pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="team checkpoint not built yet")
 def test_converted_team_model_matches_our_loop(python: Path) -> None:
-    from atlas.measure.engines.measure import prepare_checkpoint, to_run_stats
-    from atlas.measure.loop import Sampling, build_engine, generate_speculative
-    from atlas.measure.runner import load_checkpoint
+    from atlas.measure.engines.vllm_engine import prepare_checkpoint, to_run_stats
+    from atlas.measure.generate import Sampling, generate_speculative
+    from atlas.measure.model import build_fused_model
+    from atlas.measure.checkpoint import load_checkpoint
 
     served, layout, conversion = prepare_checkpoint(DEFAULT_MODEL)
     assert layout == "qwen3_next" and conversion["norm_shift_exact"]
@@ -86,7 +87,7 @@ def test_converted_team_model_matches_our_loop(python: Path) -> None:
     prompts = [loaded.tokenizer.encode(t, add_special_tokens=False) for t in
                ("def parse(self, text):\n    ", "Permission is hereby granted, free of charge, ", "x7#Qp!2 mz")]
     n = 48
-    engine = build_engine(loaded.model, loaded.mtp, 160, prompts[0])
+    engine = build_fused_model(loaded.model, loaded.mtp, 160, prompts[0])
     with Driver(python) as driver:
         for k in (1, 2, 3):
             driver.load(model=str(served), draft_tokens=k, dtype="float32", max_model_len=160, options={"enforce_eager": True})

@@ -19,10 +19,10 @@ from atlas import AtlasError
 from atlas.cli import cli
 from atlas.measure import conformance
 from atlas.measure.engines.convert import convert_mellum, qwen3_next_config
-from atlas.measure.engines.measure import cross_check, parse_engine_options, to_run_stats
+from atlas.measure.engines.vllm_engine import cross_check, parse_engine_options, to_run_stats
 from atlas.measure.engines.vllm_client import Driver, Generated, Result
 from atlas.measure.records import read_record
-from atlas.measure.runner import DEFAULT_MODEL
+from atlas.measure.checkpoint import DEFAULT_MODEL
 
 FAKE = Path(__file__).parent / "fake_vllm"
 needs_team = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="team checkpoint not built yet")

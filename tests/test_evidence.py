@@ -327,10 +327,10 @@ def _schema2_record(quick: bool, model_id: str) -> "records.Record":
             for i in range(3)
         ]
         derived = records.derive(repeats, 0.0, k, costs)
-        enabled, reason = records.gate(derived, len(repeats), quick)
+        g = records.gate(derived, len(repeats), quick)
         cells.append(records.Cell(engine="atlas", engine_version="0.1.0", baseline="plain", workload="code",
                                   temperature=0.0, draft_tokens=k, repeats=repeats, derived=derived,
-                                  gate_enabled=enabled, gate_reason=reason))
+                                  gate_enabled=g.enabled, gate_reason=g.reason))
     return records.Record(
         schema_version=2, run_date=datetime(2026, 11, 30, 9, 0, tzinfo=timezone.utc), model_id=model_id,
         revision="sha256:" + "ab" * 32,

@@ -18,9 +18,10 @@ from safetensors.torch import save_file
 
 from atlas import AtlasError
 from atlas.measure.families import FAMILIES, load_family
-from atlas.measure.loop import Sampling, build_engine, generate_plain, generate_speculative
+from atlas.measure.generate import Sampling, generate_plain, generate_speculative
+from atlas.measure.model import build_fused_model
 from atlas.measure.oracles import LAYOUTS, bigram_tables, write_checkpoint
-from atlas.measure.runner import load_checkpoint
+from atlas.measure.checkpoint import load_checkpoint
 from atlas.measure.theory import bigram_acceptance
 
 CPU = torch.device("cpu")
@@ -72,7 +73,7 @@ def loaded(tmp_path: Path, family: str, mode: str, depth: int, **kwargs):
 def test_family_at_any_depth_is_faithful_and_lossless(tmp_path: Path, family: str, depth: int) -> None:
     folder, got = loaded(tmp_path, family, "random", depth)
     assert got.family != "transformers MtpModel" and len(got.model.get_decoder().layers) == depth
-    engine = build_engine(got.model, got.mtp, 96, PROMPT)  # validates main + MTP against transformers / the reference
+    engine = build_fused_model(got.model, got.mtp, 96, PROMPT)  # validates main + MTP against transformers / the reference
     ids = torch.tensor(PROMPT)
     with torch.inference_mode():
         out = got.model(ids[None], output_hidden_states=True)
@@ -109,7 +110,7 @@ def test_a_wrong_concat_order_is_caught(tmp_path: Path) -> None:
 @pytest.mark.parametrize("family", sorted(LAYOUTS))
 def test_oracle_greedy_acceptance_is_exactly_one(tmp_path: Path, family: str) -> None:
     _, got = loaded(tmp_path, family, "oracle", 2)
-    engine = build_engine(got.model, got.mtp, 96, PROMPT)
+    engine = build_fused_model(got.model, got.mtp, 96, PROMPT)
     gen = torch.Generator().manual_seed(0)
     plain = generate_plain(engine, PROMPT, 20, Sampling(), gen)
     for k in (1, 2, 3, 4):
@@ -125,7 +126,7 @@ def test_oracle_sampled_acceptance_matches_the_closed_form(tmp_path: Path, famil
     (atlas.measure.theory.bigram_acceptance); the loop's means must agree within 4.5 standard errors."""
     folder, got = loaded(tmp_path, family, "oracle", 2, draft_scale=0.6)
     p, q = bigram_tables(folder, family)
-    engine = build_engine(got.model, got.mtp, 64, PROMPT)
+    engine = build_fused_model(got.model, got.mtp, 64, PROMPT)
     runs, max_new, s = 150, 12, Sampling(temperature=1.0)
     exact = bigram_acceptance(p, q, p[PROMPT[-1]], max_new, k)
     gen = torch.Generator().manual_seed(1)
@@ -143,7 +144,7 @@ def test_deepseek_with_fewer_kv_heads_than_heads(tmp_path: Path) -> None:
     """MLA has no key/value head count of its own (kv_b_proj expands the latent to every head); a
     config that states a smaller one is measured, not a tensor-size traceback."""
     _, got = loaded(tmp_path, "deepseek_v3", "random", 2, overrides=dict(num_key_value_heads=2))
-    engine = build_engine(got.model, got.mtp, 64, PROMPT)
+    engine = build_fused_model(got.model, got.mtp, 64, PROMPT)
     gen = torch.Generator().manual_seed(0)
     plain = generate_plain(engine, PROMPT, 12, Sampling(), gen)
     assert generate_speculative(engine, PROMPT, 12, 2, Sampling(), gen).tokens == plain.tokens

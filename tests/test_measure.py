@@ -17,7 +17,7 @@ from atlas import AtlasError
 from atlas.cli import cli
 from atlas.hub.server import HubServer, MirrorRepo, load_mirror
 from atlas.measure.oracles import write_checkpoint
-from atlas.measure.runner import DEFAULT_MODEL, load_checkpoint, resolve
+from atlas.measure.checkpoint import DEFAULT_MODEL, load_checkpoint, resolve
 from atlas.measure.records import read_record
 
 needs_team = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="team checkpoint not built yet")

@@ -18,10 +18,13 @@ from atlas.measure.records import (
     Repeat,
     Settings,
     Software,
+    canonical_bytes,
     derive,
     gate,
     import_records,
+    parse_record,
     read_record,
+    record_id,
     write_record,
 )
 from atlas.paths import ROOT
@@ -47,11 +50,11 @@ def make_record(model_id: str = "mtp-atlas/byte-mtp-8l", speed: float = 1.3) -> 
             for i in range(3)
         ]
         derived = derive(repeats, temperature, k, costs)
-        enabled, reason = gate(derived, len(repeats))
+        g = gate(derived, len(repeats))
         cells.append(
             Cell(engine="atlas", engine_version="0.1.0", baseline="atlas plain decoder (same cache)",
                  workload=workload, temperature=temperature, draft_tokens=k, repeats=repeats,
-                 derived=derived, gate_enabled=enabled, gate_reason=reason)
+                 derived=derived, gate_enabled=g.enabled, gate_verdict=g.verdict, gate_reason=g.reason)
         )
     return Record(
         schema_version=SCHEMA_VERSION,
@@ -166,15 +169,15 @@ def fast(ratio: float, i: int = 0) -> Repeat:
 
 
 def test_gate_is_a_paired_confidence_rule() -> None:
-    assert gate(derive([fast(2.0)] * 2, 0.0, 1, None), 2)[1] == "undecided: too few repeats (2; the gate needs 3)"
-    enabled, reason = gate(derive([fast(r) for r in (1.30, 1.32, 1.28, 1.31, 1.29)], 0.0, 1, None), 5)
-    assert enabled and reason.startswith("on: 95 % bounds")
-    enabled, reason = gate(derive([fast(r) for r in (0.80, 0.82, 0.79)], 0.0, 1, None), 3)
-    assert not enabled and reason.startswith("off:")
+    assert gate(derive([fast(2.0)] * 2, 0.0, 1, None), 2) == ("undecided", "undecided: too few repeats (2; the gate needs 3)")
+    g = gate(derive([fast(r) for r in (1.30, 1.32, 1.28, 1.31, 1.29)], 0.0, 1, None), 5)
+    assert g.enabled and g.verdict == "on" and g.reason.startswith("on: 95 % bounds")
+    g = gate(derive([fast(r) for r in (0.80, 0.82, 0.79)], 0.0, 1, None), 3)
+    assert not g.enabled and g.verdict == "off" and g.reason.startswith("off:")
     # a noisy cell whose median is above 1 is neither on nor off: it could flip on a rerun
-    enabled, reason = gate(derive([fast(r) for r in (1.4, 0.8, 1.1, 0.9, 1.3)], 0.0, 1, None), 5)
-    assert not enabled and reason.startswith("undecided:")
-    assert gate(derive([fast(1.3)] * 5, 0.0, 1, None), 5, quick=True) == (False, "undecided: a --quick run never sets a gate")
+    g = gate(derive([fast(r) for r in (1.4, 0.8, 1.1, 0.9, 1.3)], 0.0, 1, None), 5)
+    assert not g.enabled and g.verdict == "undecided" and g.reason.startswith("undecided:")
+    assert gate(derive([fast(1.3)] * 5, 0.0, 1, None), 5, quick=True) == ("undecided", "undecided: a --quick run never sets a gate")
 
 
 def test_headline_speedup_is_the_median_and_efficiency_has_bounds() -> None:
@@ -234,6 +237,39 @@ def test_the_committed_schema_1_record_still_imports(tmp_path: Path) -> None:
     con = connect(tmp_path / "db.duckdb")
     loaded, _, errors = import_records(con, ROOT / "evidence" / "measurements")
     assert loaded == len(committed) and not errors
+
+
+def test_older_records_get_the_typed_verdict_and_keep_their_identity() -> None:
+    """Files written before schema 3 have the gate's verdict only as the first word of its reason:
+    it is derived on reading, and they still serialise byte for byte as written (same record id)."""
+    committed = sorted((ROOT / "evidence" / "measurements").glob("*.json"))
+    old = [p for p in committed if json.loads(p.read_text())["schema_version"] < 3]
+    assert old
+    for path in old:
+        raw = json.loads(path.read_text())
+        record = read_record(path)
+        assert canonical_bytes(record) == path.read_bytes()
+        assert record_id(record).startswith(path.stem.rsplit("-", 1)[1])
+        for cell, stored in zip(record.cells, raw["cells"]):
+            assert "gate_verdict" not in stored
+            assert cell.gate_verdict == stored["gate_reason"].split(":")[0].split()[0]
+            assert cell.gate_enabled == (cell.gate_verdict == "on")
+        for g, stored in zip(record.gates, raw["gates"]):
+            assert g.verdict == stored["reason"].split(":")[0].split()[0]
+
+
+def test_the_verdict_is_a_field_of_new_records_and_must_follow_the_rule(tmp_path: Path) -> None:
+    record = make_record()
+    data = json.loads(read_record(write_record(record, tmp_path)).model_dump_json())
+    assert [c["gate_verdict"] for c in data["cells"]] == [c.gate_verdict for c in record.cells]
+    assert {c["gate_verdict"] for c in data["cells"]} == {"on", "off"}
+    assert [g["verdict"] for g in data["gates"]] == [g.verdict for g in record.gates] == ["on", "on", "off"]
+    data["cells"][1]["gate_verdict"] = "undecided"
+    with pytest.raises(AtlasError, match="the gate does not follow"):
+        parse_record(json.dumps(data).encode(), tmp_path / "x.json")
+    data["cells"][1]["gate_verdict"] = "maybe"
+    with pytest.raises(AtlasError, match="gate_verdict"):
+        parse_record(json.dumps(data).encode(), tmp_path / "x.json")
 
 
 def test_import_names_the_baseline_and_migrates_an_old_table(tmp_path: Path) -> None:

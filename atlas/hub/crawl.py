@@ -35,12 +35,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import re
+import signal
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -813,9 +815,11 @@ def crawl(
     # the client logs every retry; our summary counts them instead of scrolling past the bar
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
+    stack = ExitStack()
     con: duckdb.DuckDBPyConnection | None = None
     last_before: int | None = None
     try:
+        stack.enter_context(ctrl_c_interrupts())
         reach(endpoint)  # seconds, not minutes, when there is no route to the hub; no lock held
         con = store.connect(db)  # before the listing: a second concurrent crawl fails at once
         last_before = _last_snapshot(con)  # we hold the lock: any newer snapshot is this crawl's
@@ -854,17 +858,55 @@ def crawl(
         restore_client()
         if con is not None:
             con.close()
+        stack.close()
+
+
+@contextmanager
+def ctrl_c_interrupts() -> Iterator[None]:
+    """SIGINT interrupts the crawl even when the process inherited it ignored. A shell without job
+    control starts background jobs that way (`atlas crawl &` in a script, a test runner run as such a
+    job, some CI runners), and Python then installs no handler: the signal was dropped and the crawl
+    ran to its end. An interrupted crawl loses nothing (a snapshot is whole or absent, files are
+    cached), so honouring the signal is always safe."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _fetch_all(ctx: Context, todo: list[tuple[Listed, set[str] | None]], known: set[tuple[str, str]],
                concurrency: int, bar: Any) -> dict[str, Fetched]:
     fetched: dict[str, Fetched] = {}
-    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="crawl")
-    futures: dict[Future, Listed] = {pool.submit(_fetch_or_problem, ctx, x, settled): x for x, settled in todo}
+    jobs: queue.SimpleQueue[tuple[Listed, set[str] | None]] = queue.SimpleQueue()
+    for job in todo:
+        jobs.put(job)
+    done: queue.Queue[tuple[Listed, Fetched | RepoProblem | BaseException]] = queue.Queue()
+
+    def work() -> None:
+        while True:
+            try:
+                item, settled = jobs.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                done.put((item, _fetch_or_problem(ctx, item, settled)))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+                done.put((item, exc))
+
+    # Daemon threads, not an executor's: after Ctrl-C the interpreter exits at once instead of
+    # joining a download that sits in a hung read for the whole request timeout.
+    workers = [threading.Thread(target=work, name=f"crawl-{i}", daemon=True) for i in range(min(concurrency, len(todo)))]
+    for worker in workers:
+        worker.start()
     try:
-        for fut in as_completed(futures):
-            item = futures[fut]
-            result = fut.result()
+        for _ in todo:
+            item, result = done.get()  # a Condition wait: Ctrl-C interrupts it
+            if isinstance(result, BaseException):
+                raise result
             if isinstance(result, RepoProblem) and (item.repo_id, item.sha) in known:
                 item.row.side_file_error = str(result)  # its config is stored and read
             elif isinstance(result, RepoProblem):
@@ -875,9 +917,9 @@ def _fetch_all(ctx: Context, todo: list[tuple[Listed, set[str] | None]], known: 
             bar.advance(item.repo_id)
     except BaseException:  # Ctrl-C: wake every waiting worker and leave without them
         ctx.pacer.abort()
-        pool.shutdown(wait=False, cancel_futures=True)
         raise
-    pool.shutdown(wait=True)
+    for worker in workers:
+        worker.join()
     if ctx.silence.gone.is_set():
         raise HubUnreachable(
             f"{ctx.endpoint} stopped answering in the middle of the crawl ({len(fetched)} of {len(todo)} models "

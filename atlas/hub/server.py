@@ -25,7 +25,8 @@ What it answers like the real Hub (huggingface_hub 2.4.0's view of it):
   windows with a tier's quotas (anonymous without a token, `token_tier` with one); over the quota:
   429 with the same headers and Retry-After.
 
-Test hooks: fault injection (status, headers, count), injected latency, and a request log
+Test hooks: fault injection (status, headers, count), injected latency, file requests held
+unanswered (`hold_files`), and a request log
 (memory + optional JSONL file).
 """
 
@@ -226,6 +227,10 @@ class HubServer:
         self._lock = threading.Lock()
         self._windows: dict[tuple[bool, str], _Window] = {}
         self._pause = threading.Event()  # never set: its wait() is a sleep that tests can't patch away
+        self._hold_after: int | None = None  # file requests after this many get no answer until release()
+        self._files_started = 0
+        self.held = 0
+        self._release = threading.Event()
         self._httpd = _QuietServer(("127.0.0.1", 0), _make_handler(self))
         self._cdn = _QuietServer(("127.0.0.1", 0), _make_cdn_handler(self))
         self._threads: list[threading.Thread] = []
@@ -249,6 +254,7 @@ class HubServer:
         return self
 
     def stop(self) -> None:
+        self.release()
         for httpd in (self._httpd, self._cdn):
             httpd.shutdown()
             httpd.server_close()
@@ -264,6 +270,25 @@ class HubServer:
     def inject(self, fault: Fault) -> None:
         with self._lock:
             self.faults.append(fault)
+
+    def hold_files(self, after: int) -> None:
+        """Answer the first `after` file requests, then hold every later one unanswered until
+        `release()`: a crawl is then provably in the middle of its downloads."""
+        with self._lock:
+            self._hold_after, self._files_started, self.held = after, 0, 0
+            self._release.clear()
+
+    def release(self) -> None:
+        self._release.set()
+
+    def _maybe_hold(self) -> None:
+        with self._lock:
+            self._files_started += 1
+            hold = self._hold_after is not None and self._files_started > self._hold_after
+            if hold:
+                self.held += 1
+        if hold:
+            self._release.wait(120)  # bounded: a test that forgets release() still ends
 
     def clear_log(self) -> None:
         with self._lock:
@@ -588,6 +613,8 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             try:
                 if hub.latency_s:
                     hub._pause.wait(hub.latency_s)
+                if "/resolve/" in path:
+                    hub._maybe_hold()
                 self._dispatch(path, parse_qs(split.query), head, authed)
             except (BrokenPipeError, ConnectionResetError):
                 pass

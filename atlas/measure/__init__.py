@@ -1,1 +1,1 @@
-"""Measurement: the self-speculative decoding loop, the runner that times it, its records, workloads and the team model."""
+"""Measurement: the self-speculative decoding loop, the engines that time it, its records, workloads and the team model."""

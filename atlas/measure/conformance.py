@@ -397,7 +397,7 @@ def run_suite(
                         f = distribution_test(p, _tokens(out))
                         ok = distribution_passed(f)
                         add(mode, 1.0, k, sampling, "distribution", ok, _dist_summary(f), f)
-    from atlas.measure.runner import hardware
+    from atlas.measure.stamp import hardware
 
     import torch
 

@@ -16,6 +16,9 @@ Acceptance, named precisely (atlas.measure.theory has the formulas):
 Schema 2 added reached counts, per-repeat pass costs, the paired gate rule, efficiency bounds and
 the stamp (dirty tree, numpy/BLAS/OS, load average). Schema 1 files still import: their figures are
 checked against the fields they had, and their gate fields are kept as recorded under the old rule.
+Schema 3 gave the gate's verdict (on / off / undecided) a typed field of its own (`Cell.gate_verdict`,
+`GateDecision.verdict`); an older file gets it derived on reading from the word its reason starts
+with, and still serialises as it was written, so its identity (record_id) does not change.
 """
 
 from __future__ import annotations
@@ -26,17 +29,17 @@ import statistics
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple, cast
 
 import duckdb
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer, model_validator
 
 from atlas import AtlasError
 from atlas.measure.placement import Placement
 from atlas.measure.theory import conditional_acceptance, ideal_speedup as ideal_from_costs
 from atlas.paths import ROOT
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MAX_RECORD_BYTES = 64 * 1024 * 1024  # the largest real record is well under 1 MB; bigger files are refused unread
 # Efficiency this far above 1 is no timing noise but a unit or counting error: noise alone gave up to
 # 10.8 on a 2-core box at load average 24 (an 8-token or 64-token run against pass costs timed
@@ -49,8 +52,27 @@ GATE_CONFIDENCE = 0.95
 REL_TOL = 1e-6
 
 
+Verdict = Literal["on", "off", "undecided"]
+VERDICTS: tuple[Verdict, ...] = ("on", "off", "undecided")
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def verdict_in(reason: str) -> Verdict | None:
+    """The verdict a record older than schema 3 gave only as the first word of a gate's reason
+    ("on: ...", "on with k=2: ...", "off: ...", "undecided: ..."); None when it names none."""
+    word = reason.split(":", 1)[0].split(" ", 1)[0].strip()
+    return cast(Verdict, word) if word in VERDICTS else None
+
+
+def _with_verdict(data: Any, field: str, reason: str) -> Any:
+    """Raw input of a cell or gate that lacks its verdict field (written before schema 3): the
+    verdict derived from its reason."""
+    if isinstance(data, dict) and field not in data and isinstance(data.get(reason), str):
+        return {**data, field: verdict_in(data[reason])}
+    return data
 
 
 class Hardware(Strict):
@@ -156,7 +178,13 @@ class Cell(Strict):
     repeats: list[Repeat] = Field(min_length=1)
     derived: Derived
     gate_enabled: bool
-    gate_reason: str  # starts with the verdict: "on", "off" or "undecided"
+    gate_verdict: Verdict | None = None  # schema 3; derived from gate_reason in older files (None: it names none)
+    gate_reason: str  # the verdict, then why
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_verdict(cls, data: Any) -> Any:
+        return _with_verdict(data, "gate_verdict", "gate_reason")
 
 
 class EngineRun(Strict):
@@ -217,12 +245,18 @@ class GateDecision(Strict):
     workload: str
     temperature: float
     enabled: bool
+    verdict: Verdict | None = None  # schema 3; derived from reason in older files
     draft_tokens: int | None
     reason: str
 
+    @model_validator(mode="before")
+    @classmethod
+    def _old_verdict(cls, data: Any) -> Any:
+        return _with_verdict(data, "verdict", "reason")
+
 
 class Record(Strict):
-    schema_version: Literal[1, 2]
+    schema_version: Literal[1, 2, 3]
     run_date: datetime
     model_id: str
     revision: str  # 40-hex commit, or "sha256:<digest of the checkpoint files>"
@@ -246,6 +280,18 @@ class Record(Strict):
         if not self.gates:
             self.gates = decide(self.cells)
         return self
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A record older than schema 3 serialises without the verdicts derived on reading it, as
+        it was written: its canonical bytes, and so its id, stay what they were."""
+        data = handler(self)
+        if self.schema_version < 3:
+            for cell in data["cells"]:
+                cell.pop("gate_verdict", None)
+            for g in data["gates"]:
+                g.pop("verdict", None)
+        return data
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -333,23 +379,32 @@ def derive(repeats: list[Repeat], temperature: float, k: int, costs: PassCosts |
 MIN_GATE_REPEATS = 3
 
 
-def gate(d: Derived, n_repeats: int, quick: bool = False) -> tuple[bool, str]:
+class Gate(NamedTuple):
+    verdict: Verdict
+    reason: str  # the verdict, then why
+
+    @property
+    def enabled(self) -> bool:
+        return self.verdict == "on"
+
+
+def gate(d: Derived, n_repeats: int, quick: bool = False) -> Gate:
     """Enable MTP for a cell only when the paired repeats show it faster with 95 % confidence: the
     one-sided lower bound on the geometric-mean paired speed-up is above 1. "off" needs the upper
     bound below 1; in between the verdict is "undecided" (the data cannot tell, and a rerun might
     flip a bare point estimate). A --quick run never sets a gate."""
     if d.greedy_lossless is False:
-        return False, "off: greedy output differed from plain decoding"
+        return Gate("off", "off: greedy output differed from plain decoding")
     if quick:
-        return False, "undecided: a --quick run never sets a gate"
+        return Gate("undecided", "undecided: a --quick run never sets a gate")
     if n_repeats < MIN_GATE_REPEATS or d.speedup_bound_lo is None or d.speedup_bound_hi is None:
-        return False, f"undecided: too few repeats ({n_repeats}; the gate needs {MIN_GATE_REPEATS})"
+        return Gate("undecided", f"undecided: too few repeats ({n_repeats}; the gate needs {MIN_GATE_REPEATS})")
     bounds = f"95 % bounds on the paired speed-up {d.speedup_bound_lo:.2f}x-{d.speedup_bound_hi:.2f}x over {n_repeats} repeats"
     if d.speedup_bound_lo > 1:
-        return True, f"on: {bounds}"
+        return Gate("on", f"on: {bounds}")
     if d.speedup_bound_hi < 1:
-        return False, f"off: {bounds}"
-    return False, f"undecided: {bounds}"
+        return Gate("off", f"off: {bounds}")
+    return Gate("undecided", f"undecided: {bounds}")
 
 
 def decide(cells: list[Cell]) -> list[GateDecision]:
@@ -366,13 +421,14 @@ def decide(cells: list[Cell]) -> list[GateDecision]:
             best = max(on, key=lambda c: c.derived.speedup)
             reason = (f"on with k={best.draft_tokens}: median speed-up {best.derived.speedup:.2f}x; "
                       f"{best.gate_reason.removeprefix('on: ')} (k on: {', '.join(str(c.draft_tokens) for c in on)})")
-            decisions.append(GateDecision(workload=workload, temperature=t, enabled=True, draft_tokens=best.draft_tokens, reason=reason))
+            decisions.append(GateDecision(workload=workload, temperature=t, enabled=True, verdict="on", draft_tokens=best.draft_tokens,
+                                          reason=reason))
             continue
-        verdict = "off" if all(c.gate_reason.startswith("off") for c in group) else "undecided"
+        verdict: Verdict = "off" if all(c.gate_verdict == "off" for c in group) else "undecided"
         best = max(group, key=lambda c: c.derived.speedup)
         detail = best.gate_reason.split(": ", 1)[-1]
         reason = f"{verdict}: no draft length shown faster; best median {best.derived.speedup:.2f}x at k={best.draft_tokens} ({detail})"
-        decisions.append(GateDecision(workload=workload, temperature=t, enabled=False, draft_tokens=None, reason=reason))
+        decisions.append(GateDecision(workload=workload, temperature=t, enabled=False, verdict=verdict, draft_tokens=None, reason=reason))
     return decisions
 
 
@@ -436,7 +492,8 @@ def check_consistency(record: Record) -> None:
                     f"{where}: {name} is {getattr(cell.derived, name)!r} but the raw counts give {getattr(expected, name)!r}"
                 )
         # schema 1 gates were set by the old rule (min over repeats > 1) and are kept as recorded
-        if record.schema_version > 1 and (cell.gate_enabled, cell.gate_reason) != gate(expected, len(cell.repeats), record.settings.quick):
+        g = gate(expected, len(cell.repeats), record.settings.quick)
+        if record.schema_version > 1 and (cell.gate_enabled, cell.gate_verdict, cell.gate_reason) != (g.enabled, g.verdict, g.reason):
             raise ValueError(f"{where}: the gate does not follow from the measured speed-ups")
     if record.schema_version > 1 and record.gates != decide(record.cells):
         raise ValueError("the per-workload gate decisions do not follow from the cells")

@@ -86,12 +86,6 @@ def _baseline_ids(runs: list[Run]) -> dict[str, str]:
     return ids
 
 
-def _verdict(reason: str) -> str:
-    """The gate's verdict word ("on", "off" or "undecided") at the start of its reason."""
-    word = reason.split(":", 1)[0].split(" ", 1)[0].strip()
-    return word if word in ("on", "off", "undecided") else "—"
-
-
 def _row_cell(group: list[records.Cell], gate: records.GateDecision | None) -> tuple[records.Cell, str]:
     """The cell a summary row shows and the gate text: the gate's k when on; otherwise the best
     median speed-up, labelled with the verdict (off, or undecided: the repeats cannot tell)."""
@@ -102,7 +96,7 @@ def _row_cell(group: list[records.Cell], gate: records.GateDecision | None) -> t
     best = max(group, key=lambda c: c.derived.speedup)
     if gate is None:
         return best, f"— (k={best.draft_tokens})" if len(group) == 1 else f"— (best k={best.draft_tokens})"
-    return best, f"{_verdict(gate.reason)} (best k={best.draft_tokens})"
+    return best, f"{gate.verdict or '—'} (best k={best.draft_tokens})"
 
 
 def _by_position(d: records.Derived) -> tuple[list[float | None], bool]:
@@ -198,7 +192,7 @@ def _detail(run: Run, baselines: dict[str, str]) -> str:
                 _num(d.ideal_speedup, 2),
                 _efficiency(d),
                 _greedy(d),
-                _verdict(c.gate_reason),
+                c.gate_verdict or "—",
             ])
     headers = ["workload", "#T", "#k", "#acceptance", "acceptance by depth", "#accepted length",
                "#speed-up (range)", "#ideal", "#efficiency", "greedy identical", "gate at this k"]

@@ -22,7 +22,7 @@ from typing import Any
 from atlas import AtlasError
 from atlas.measure.engines.convert import convert_mellum, needs_conversion
 from atlas.measure.engines.vllm_client import Counters, Driver, Generated, Hello, Result, find_python
-from atlas.measure.loop import RunStats
+from atlas.measure.generate import RunStats
 from atlas.measure.records import SCHEMA_VERSION, Cell, EngineRun, Hardware, Record, Repeat, Settings, write_record
 from atlas.paths import ROOT
 
@@ -65,9 +65,9 @@ def prepare_checkpoint(folder: Path) -> tuple[Path, str, dict[str, Any] | None]:
     config = json.loads((folder / "config.json").read_text())
     if not needs_conversion(config):
         return folder, layout_of(config), None
-    from atlas.measure.runner import _digest
+    from atlas.measure.checkpoint import digest
 
-    target = CONVERTED / _digest(folder).removeprefix("sha256:")[:16]
+    target = CONVERTED / digest(folder).removeprefix("sha256:")[:16]
     conversion = convert_mellum(folder, target)
     return target, "qwen3_next", conversion.model_dump()
 
@@ -124,7 +124,7 @@ def cross_check(generated: Generated, k: int) -> None:
 def _hardware(hello: Hello) -> Hardware:
     import torch
 
-    from atlas.measure.runner import hardware
+    from atlas.measure.stamp import hardware
 
     base = hardware(torch.device("cpu"))
     if not hello.gpus:
@@ -135,12 +135,15 @@ def _hardware(hello: Hello) -> Hardware:
 
 
 def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = print) -> tuple[Record, Path]:
-    """Measure `options` (runner.Options: model, workloads, temperatures, k, horizon, repeats,
+    """Measure `options` (atlas.measure.options.Options: model, workloads, temperatures, k, horizon, repeats,
     prompts, seed, dtype) through vLLM; write and return the record."""
     from transformers import AutoTokenizer
 
     from atlas.measure import conformance
-    from atlas.measure.runner import MAX_PROMPT_TOKENS, Options, _Acc, _cell, _seed, load_average, resolve, software
+    from atlas.measure.cells import RepeatCounts, build_cell, seed_for
+    from atlas.measure.checkpoint import resolve
+    from atlas.measure.options import MAX_PROMPT_TOKENS, Options
+    from atlas.measure.stamp import load_average, software
     from atlas.measure.workloads import load_prompt_set
 
     assert isinstance(options, Options)
@@ -180,7 +183,7 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
         return loaded
 
     def run(driver: Driver, k: int, t: float, name: str, r: int, i: int, prompt: list[int]) -> RunStats:
-        out = driver.generate(requests=[{"prompt": prompt, "seed": _seed(options.seed, t, name, i, r, k)}],
+        out = driver.generate(requests=[{"prompt": prompt, "seed": seed_for(options.seed, t, name, i, r, k)}],
                               max_tokens=n, temperature=t, **sampling)
         if k:
             cross_check(out, k)
@@ -214,7 +217,7 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
             for w in workloads:
                 repeats = []
                 for r in range(options.repeats):
-                    acc = _Acc()
+                    acc = RepeatCounts()
                     for i in range(len(prompts[w.name])):
                         acc.add(runs[(k, k, t, w.name, r, i)], runs[(0, pair, t, w.name, r, i)])
                     repeats.append(acc.repeat(t == 0))
@@ -225,7 +228,7 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
                 log(f"  {w.name:<10} T={t:g} k={k}: acc {accepted / drafted if drafted else 0:.2f} x{speedup:.2f}")
     version = f"{hello.package} {hello.version}"
     cells: list[Cell] = [
-        _cell("vllm", version, VLLM_BASELINE, name, t, k, repeats, None, options.quick) for (name, t, k), repeats in raw.items()
+        build_cell("vllm", version, VLLM_BASELINE, name, t, k, repeats, None, options.quick) for (name, t, k), repeats in raw.items()
     ]
     engine_run = EngineRun(
         name="vllm", package=hello.package, version=hello.version, python=hello.python, torch=hello.torch,

@@ -1,0 +1,228 @@
+"""Our own loop as an engine: load a checkpoint and its MTP layer, run plain and self-speculative
+decoding interleaved over the bundled workloads, with transformers' generate pair as the peer, and
+write one dated record.
+
+Per workload x temperature x repeat, every prompt runs once plainly and once per draft length, in an
+order that rotates between repeats (so drift in a shared machine's speed does not favour one side).
+transformers' own `generate` and `generate(use_mtp=True)` run on the same prompts as the peer.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from atlas import AtlasError, __version__
+from atlas.measure.cells import RepeatCounts, build_cell, seed_for
+from atlas.measure.checkpoint import load_checkpoint, pick_device, place_model, resolve
+from atlas.measure.engines.transformers_engine import PEER_BASELINE, Peer
+from atlas.measure.generate import RunStats, Sampling, Stopwatch, generate_plain, generate_speculative
+from atlas.measure.model import FusedModel, build_fused_model
+from atlas.measure.options import MAX_PROMPT_TOKENS, Options
+from atlas.measure.records import SCHEMA_VERSION, Cell, PassCosts, Record, Repeat, Settings, write_record
+from atlas.measure.stamp import hardware, load_average, software
+from atlas.measure.workloads import load_prompt_set
+
+ATLAS_BASELINE = "atlas plain decoder, same model and static cache (MTP prefill counted on the speculative side)"
+
+
+class PassTimer:
+    """Times single forwards: a 1-row main step, a (k+1)-row verify pass per k, and a 1-row MTP draft
+    step, at `position` (mid-generation, so attention spans a typical cache). Each is timed in the
+    company it keeps in the loops (a plain step after a plain step; a verify pass right after its k
+    draft steps, which have pushed some main-model weights out of the CPU caches), round-robin, and
+    again before every workload so the samples see the same machine load as the runs; the record
+    keeps their medians. Cache contents do not affect timing, so overwritten slots need no restoring."""
+
+    def __init__(self, fused: FusedModel, ks: list[int], position: int) -> None:
+        self.fused, self.ks, self.position = fused, ks, position
+        self.ids = torch.zeros(max(ks) + 1, dtype=torch.long, device=fused.device)
+        self.hidden = torch.zeros(1, fused.embed.shape[1], dtype=fused.dtype, device=fused.device)
+        self.samples: dict[str, list[float]] = {}
+        self.watch = Stopwatch(fused.device, fused.devices)
+
+    def _time(self, name: str, fn: Callable[[], object]) -> None:
+        self.watch.start()
+        fn()
+        self.samples.setdefault(name, []).append(self.watch.stop())
+
+    def sample(self, reps: int) -> PassCosts:
+        """Time `reps` rounds; returns their medians (the repeat they precede records them)."""
+        f, p = self.fused, self.position
+        before = {name: len(times) for name, times in self.samples.items()}
+        with torch.inference_mode():
+            for _ in range(reps):
+                f.main(self.ids[:1], p)
+                self._time("plain", lambda: f.main(self.ids[:1], p))
+                for k in self.ks:
+                    for i in range(k):
+                        self._time("draft", lambda i=i: f.draft(self.ids[:1], self.hidden, p + i))
+                    self._time(f"verify{k}", lambda k=k: f.main(self.ids[: k + 1], p))
+        return self._costs({name: times[before.get(name, 0):] for name, times in self.samples.items()})
+
+    def costs(self) -> PassCosts:
+        """Medians over every sample of the run."""
+        return self._costs(self.samples)
+
+    def _costs(self, samples: dict[str, list[float]]) -> PassCosts:
+        med = {name: statistics.median(times) for name, times in samples.items()}
+        return PassCosts(plain=med["plain"], verify={k: med[f"verify{k}"] for k in self.ks}, draft=med["draft"])
+
+
+def _generator(device: torch.device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _measure_workload(
+    fused: FusedModel, peer: Peer | None, prompts: list[list[int]], s: Sampling, ks: list[int], mtp_k: int, name: str, options: Options,
+    timer: PassTimer, pass_reps: int,
+) -> tuple[dict[int, list[Repeat]], list[Repeat]]:
+    """Raw counts of one workload at one temperature: per repeat, the pass costs timed afresh (so
+    each repeat's efficiency uses costs measured next to it), then every prompt once plainly and
+    once per k (in an order rotated each repeat), then the transformers pair, alternating which
+    goes first."""
+    ours: dict[int, list[Repeat]] = {k: [] for k in ks} if options.ours else {}
+    theirs: list[Repeat] = []
+    prefill = [{m: peer.prefill_seconds(p, s, m) for m in (False, True)} for p in prompts] if peer else []
+    n = options.max_new_tokens
+    for r in range(options.repeats):
+        costs = timer.sample(pass_reps) if options.ours else None
+        acc = {k: RepeatCounts(costs=costs) for k in ks}
+        peer_acc = RepeatCounts()
+        for i, prompt in enumerate(prompts):
+            order: list[int | None] = [None, *ks] if options.ours else []  # None = the plain run
+            shift = r % max(1, len(order))
+            runs: dict[int | None, RunStats] = {}
+            for k in order[shift:] + order[:shift]:
+                gen = _generator(fused.device, seed_for(options.seed, s.temperature, name, i, r, k))
+                runs[k] = generate_plain(fused, prompt, n, s, gen) if k is None else generate_speculative(fused, prompt, n, k, s, gen)
+            for k in ks if options.ours else []:
+                acc[k].add(runs[k], runs[None])
+            if peer:
+                pair = [False, True] if r % 2 == 0 else [True, False]
+                got = {m: peer.run(prompt, n, s, m, seed_for(options.seed, s.temperature, name, i, r, "peer", m), prefill[i][m]) for m in pair}
+                spec = got[True]
+                # each verify pass of transformers' loop checks num_mtp_layers drafts and emits accepted + 1
+                peer_acc.add(spec, got[False], [spec.verify_passes * mtp_k], [len(spec.tokens) - 1 - spec.verify_passes])
+        for k in ks if options.ours else []:
+            ours[k].append(acc[k].repeat(s.greedy))
+        if peer:
+            theirs.append(peer_acc.repeat(s.greedy))
+    return ours, theirs
+
+
+def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, Path]:
+    load_before = load_average()
+    device = pick_device(options.device)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(options.dtype)
+    if dtype is None:
+        raise AtlasError(f"unknown dtype {options.dtype!r} (float32, bfloat16, float16)")
+    # On CPU one thread by default: the matmuls of a small model are too small to share, and on
+    # busy shared cores OpenMP threads waiting on each other made a step several times slower.
+    torch.set_num_threads(options.threads or (1 if device.type == "cpu" else torch.get_num_threads()))
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # use_mtp reloads the MTP weights on every generate() call
+    prompt_set = load_prompt_set()
+    workloads = prompt_set.get(options.workloads)
+    folder, model_id, revision = resolve(options.model, options.revision, options.endpoint)
+    placement = None
+    if options.device_map:  # loaded in CPU memory, then each piece moved to its device
+        log(f"loading {model_id} ({revision[:19]}) for placement {options.device_map} as {options.dtype}")
+        loaded = load_checkpoint(str(folder), torch.device("cpu"), dtype)
+        placement = place_model(loaded, options.device_map)
+        device = torch.device(placement.embed)
+        log("placement: " + ", ".join(f"{d}: {placement.layers.count(d)} layers" for d in placement.devices()) + f"; head and MTP on {placement.head}")
+    else:
+        log(f"loading {model_id} ({revision[:19]}) on {device} as {options.dtype}")
+        loaded = load_checkpoint(str(folder), device, dtype)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    log(f"MTP layer built by: {loaded.family}")
+    prompts = {
+        w.name: [tokenizer.encode(p, add_special_tokens=False)[-MAX_PROMPT_TOKENS:] for p in w.prompts[: options.prompts_per_workload]]
+        for w in workloads
+    }
+    ks = sorted(set(options.draft_tokens))
+    longest = max(len(p) for ps in prompts.values() for p in ps)
+    fused = build_fused_model(model, loaded.mtp, longest + options.max_new_tokens + max(ks) + 2, prompts[workloads[0].name][0][:64])
+    timer = PassTimer(fused, ks, int(statistics.median(len(p) for ps in prompts.values() for p in ps)) + options.max_new_tokens // 2)
+    pass_reps = 10  # pass-cost rounds before every repeat
+    if options.peer and not loaded.transformers_mtp:
+        log("transformers has no MTP loader for this checkpoint: no transformers use_mtp peer")
+    peer = Peer(model, device) if options.peer and loaded.transformers_mtp else None
+    if not options.ours and peer is None:
+        raise AtlasError(f"--engine transformers: transformers' own use_mtp cannot run {model_id} (no MTP loader for it)")
+    if not options.ours:
+        log(f"--engine transformers: generate(use_mtp=True) drafts num_mtp_layers = {loaded.transformers_mtp} per pass; --draft-tokens is not used")
+    warm = prompts[workloads[0].name][0]
+    for t in options.temperatures:  # warm-up: allocator, kernels, caches; not timed
+        s = Sampling(t, options.top_k, options.top_p)
+        generate_plain(fused, warm, 8, s, _generator(device, 0))
+        for k in ks if options.ours else []:
+            generate_speculative(fused, warm, 8, k, s, _generator(device, 0))
+        if peer:
+            peer.run(warm, 4, s, False, 0, 0.0)
+            peer.run(warm, 4, s, True, 0, 0.0)
+    mtp_k = loaded.transformers_mtp
+    raw: list[tuple[str, float, dict[int, list[Repeat]], list[Repeat]]] = []
+    for t in options.temperatures:
+        s = Sampling(t, options.top_k, options.top_p)
+        for w in workloads:
+            ours, theirs = _measure_workload(fused, peer, prompts[w.name], s, ks, mtp_k, w.name, options, timer, pass_reps)
+            raw.append((w.name, t, ours, theirs))
+            log(progress_line(w.name, t, ours, theirs))
+    costs = timer.costs() if options.ours else None
+    if costs:
+        log(f"pass costs: plain {costs.plain * 1e3:.2f} ms, " + ", ".join(f"verify k={k} {v * 1e3:.2f} ms" for k, v in costs.verify.items()) + f", draft {costs.draft * 1e3:.2f} ms")
+    cells: list[Cell] = []
+    for name, t, ours, theirs in raw:
+        cells.extend(build_cell("atlas", __version__, ATLAS_BASELINE, name, t, k, ours[k], costs, options.quick) for k in ours)
+        if theirs:
+            cells.append(build_cell("transformers-use_mtp", peer.version, PEER_BASELINE, name, t, mtp_k, theirs, None, options.quick))
+    record = Record(
+        schema_version=SCHEMA_VERSION,
+        run_date=datetime.now(timezone.utc).replace(microsecond=0),
+        model_id=model_id,
+        revision=revision,
+        hardware=hardware(device, placement),
+        software=software(),
+        command=options.command,
+        seed=options.seed,
+        prompt_set=prompt_set.name,
+        prompt_set_digest=prompt_set.digest,
+        settings=Settings(
+            device=str(device), dtype=options.dtype, workloads=[w.name for w in workloads], temperatures=list(options.temperatures),
+            draft_tokens=ks if options.ours else [mtp_k], max_new_tokens=options.max_new_tokens, repeats=options.repeats,
+            prompts_per_workload=options.prompts_per_workload, top_k=options.top_k, top_p=options.top_p, quick=options.quick,
+            placement=placement,
+        ),
+        pass_costs=costs,
+        cells=cells,
+        load_before=load_before,
+        load_after=load_average(),
+    )
+    path = write_record(record, options.out)
+    lossy = [c for c in cells if c.engine == "atlas" and c.derived.greedy_lossless is False]
+    # Only fp32 must match bit for bit: in bf16/fp16 a (k+1)-row verify and a 1-row step round
+    # differently and near-ties may flip (expected numerics); the record and the gate still say so.
+    if lossy and dtype == torch.float32:
+        raise AtlasError(
+            f"greedy speculative output differed from plain greedy in {len(lossy)} cell(s) "
+            f"(e.g. {lossy[0].workload}, k={lossy[0].draft_tokens}); record kept at {path} for inspection"
+        )
+    return record, path
+
+
+def progress_line(workload: str, t: float, ours: dict[int, list[Repeat]], theirs: list[Repeat]) -> str:
+    """Acceptance and median speed-up per engine, as the run goes (the record has everything)."""
+    parts = []
+    for label, repeats in [*((f"k={k}", r) for k, r in ours.items()), *([("hf", theirs)] if theirs else [])]:
+        drafted = sum(sum(r.drafted_per_position) for r in repeats)
+        accepted = sum(sum(r.accepted_per_position) for r in repeats)
+        speedup = statistics.median(r.baseline_seconds / r.seconds for r in repeats)
+        parts.append(f"{label} acc {accepted / drafted if drafted else 0:.2f} x{speedup:.2f}")
+    return f"  {workload:<10} T={t:g}: " + "; ".join(parts)

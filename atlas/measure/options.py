@@ -1,0 +1,50 @@
+"""What a measurement run is asked to do (`atlas measure run`'s options), for every engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from atlas.measure.checkpoint import DEFAULT_MODEL
+from atlas.measure.records import MIN_GATE_REPEATS
+from atlas.paths import ROOT
+
+# relative to the project root (atlas.paths), where the CLI resolves its defaults
+DEFAULT_OUT_PATH = "evidence/measurements"
+MAX_PROMPT_TOKENS = 256
+
+
+@dataclass
+class Options:
+    model: str = str(DEFAULT_MODEL)
+    revision: str | None = None
+    endpoint: str | None = None
+    device: str = "auto"
+    device_map: str | None = None  # auto, auto+cpu or DEVICE=FIRST-LAST,... (atlas.measure.placement)
+    dtype: str = "float32"
+    workloads: list[str] | None = None
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    draft_tokens: tuple[int, ...] = (1, 2, 3)
+    max_new_tokens: int = 128
+    repeats: int = 5
+    prompts_per_workload: int = 3
+    seed: int = 0
+    top_k: int | None = None
+    top_p: float | None = None
+    threads: int | None = None
+    peer: bool = True
+    ours: bool = True  # False (--engine transformers): only transformers' generate / use_mtp pair is measured
+    out: Path = ROOT / DEFAULT_OUT_PATH
+    command: str = ""
+    quick: bool = False
+
+
+def quick(options: Options) -> Options:
+    """`--quick`: every workload still runs (so greedy losslessness is checked on each), but with
+    short horizons, one prompt each and three repeats; about 30-40 s on 2 CPU cores. Its record
+    says so, and its gates stay undecided: too few tokens to decide anything."""
+    options.quick = True
+    options.max_new_tokens = min(options.max_new_tokens, 24)
+    options.repeats = min(options.repeats, MIN_GATE_REPEATS)
+    options.prompts_per_workload = 1
+    return options
