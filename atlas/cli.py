@@ -203,6 +203,8 @@ def _numbers(text: str, option: str, kind: type[int] | type[float]) -> tuple:
               help="place layers across devices: auto (all visible GPUs), auto+cpu (may spill to CPU memory), or cuda:0=0-29,cuda:1=30-60")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
 @click.option("--workloads", default=None, help="comma-separated workload names (default: all bundled)")
+@click.option("--prompt-set", default=None,
+              help="bundled prompt set: atlas-entropy-v1 (default; byte-level text) or atlas-chat-v1 (chat models, through their chat template)")
 @click.option("--temperatures", default="0,1", show_default=True)
 @click.option("--draft-tokens", default="1,2,3", show_default=True, help="draft lengths k (the MTP layer is reused for k > 1)")
 @click.option("--max-new-tokens", type=click.IntRange(min=2), default=128, show_default=True)

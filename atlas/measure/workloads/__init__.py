@@ -48,6 +48,11 @@ class PromptSet(BaseModel):
             raise AtlasError(f"prompt set {self.name!r} uses the chat template, and this checkpoint's tokenizer has none")
         return chat_ids(tokenizer, text)
 
+    def encode_workloads(self, tokenizer: Any, workloads: list[Workload], per_workload: int, max_tokens: int) -> dict[str, list[list[int]]]:
+        """The first `per_workload` prompts of each workload as token ids, each cut to its last
+        `max_tokens` tokens."""
+        return {w.name: [self.encode(tokenizer, p)[-max_tokens:] for p in w.prompts[:per_workload]] for w in workloads}
+
     def get(self, names: list[str] | None) -> list[Workload]:
         if not names:
             return self.workloads
