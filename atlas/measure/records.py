@@ -284,8 +284,11 @@ class Record(Strict):
     @model_serializer(mode="wrap")
     def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """A record older than schema 3 serialises without the verdicts derived on reading it, as
-        it was written: its canonical bytes, and so its id, stay what they were."""
+        it was written: its canonical bytes, and so its id, stay what they were. A record of a
+        checkpoint with no provenance file leaves the field out for the same reason."""
         data = handler(self)
+        if self.provenance is None:
+            data.pop("provenance", None)
         if self.schema_version < 3:
             for cell in data["cells"]:
                 cell.pop("gate_verdict", None)
