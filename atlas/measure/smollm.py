@@ -267,13 +267,17 @@ def provenance(recipe: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def build(out: Path, head_dir: Path = HEAD_DIR, log: Callable[[str], None] = print) -> dict[str, Any]:
+def build(out: Path, head_dir: Path = HEAD_DIR, log: Callable[[str], None] = print,
+          original: tuple[Any, Any] | None = None) -> dict[str, Any]:
     """The real team checkpoint: check the package, dequantize, convert to GLM-4-MoE, attach the
-    committed head, save, verify. Returns the provenance."""
+    committed head, save, verify. `original`: the (model, tokenizer) of load_original, when the
+    caller has them already. Returns the provenance."""
     head, recipe = read_head(head_dir)
-    path = gguf_path()
-    log(f"{PACKAGE} {PACKAGE_VERSION}: {path.name} sha256 {GGUF_SHA256[:12]}… checked")
-    llama, tokenizer = load_original(path)
+    if original is None:
+        path = gguf_path()
+        log(f"{PACKAGE} {PACKAGE_VERSION}: {path.name} sha256 {GGUF_SHA256[:12]}… checked")
+        original = load_original(path)
+    llama, tokenizer = original
     record = provenance(recipe)
     write_checkpoint(out, llama, tokenizer, head, int(recipe["head_intermediate"]), record)
     problems = verify(out, llama)
