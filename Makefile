@@ -10,7 +10,7 @@ TEAM    := $(MIRROR)/mtp-atlas/byte-mtp-8l
 export HF_HUB_DISABLE_TELEMETRY := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup crawl crawl-mirror measure measure-import team-model evidence site serve demo test bench vllm-env conformance \
+.PHONY: setup crawl crawl-mirror measure measure-import team-model evidence export site serve demo test bench vllm-env conformance \
 	real-model-deps real-model real-model-head measure-real-model
 
 # Idempotent: the stamp is newer than pyproject.toml once the venv holds what it asks for.
@@ -39,7 +39,10 @@ evidence: setup  ## deliberate: import the committed records and rewrite the com
 	$(ATLAS) measure import --db $(DB)
 	$(ATLAS) evidence --db $(DB)
 
-site: setup  ## module pages from the committed evidence + mkdocs build --strict
+export: setup  ## the store's tables as Parquet + CSV, data dictionary, dataset card, changelog data -> build/data/
+	$(ATLAS) export --db $(DB)
+
+site: setup  ## module pages from the committed evidence (+ build/data/ from `make export`, when there) + mkdocs build --strict
 	$(ATLAS) site build
 
 serve: site
@@ -66,17 +69,17 @@ measure-real-model: real-model  ## measure the real team model on the chat promp
 	$(ATLAS) measure import --db $(DB)
 
 # The demo writes only gitignored paths: the store (data/), a smoke measurement and the demo's own
-# evidence file (build/demo/), the site (site/build/). A --quick run is a smoke test of the loop,
+# evidence file and export (build/demo/), the site (site/build/). A --quick run is a smoke test of the loop,
 # never evidence: it stays out of evidence/measurements/ and out of the site's tables and gates.
-# --no-peer: the smoke run checks our loop; timing transformers' generate over 24 tokens on a busy
-# machine only adds a way for the demo to fail ("timings too noisy"); the tests cover the peer.
+# --no-peer: the smoke run checks our loop and stays short; the tests cover transformers' peer.
 DEMO := build/demo
-demo: setup  ## the whole job on the bundled offline data: crawl mirror, smoke-run the team model, build the site
+demo: setup  ## the whole job on the bundled offline data: crawl mirror, smoke-run the team model, export, build the site
 	$(MAKE) crawl-mirror
 	$(ATLAS) measure run --model $(TEAM) --quick --no-peer --out $(DEMO)/smoke-run
 	$(ATLAS) measure import --db $(DB)
 	$(ATLAS) evidence --db $(DB) --out $(DEMO)/evidence/module-08.evidence.md
-	$(ATLAS) site build --evidence $(DEMO)/evidence
+	$(ATLAS) export --db $(DB) --out $(DEMO)/data
+	$(ATLAS) site build --evidence $(DEMO)/evidence --data $(DEMO)/data
 	@echo "Site built in site/build/ from this crawl (evidence: $(DEMO)/evidence/). Open it with: $(ATLAS) site serve  (http://127.0.0.1:8000/)"
 
 # vLLM lives in its own environment (its transformers pin conflicts with ours), outside the clone

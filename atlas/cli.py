@@ -391,6 +391,26 @@ def evidence_cmd(db: str | None, out: str | None, servable_path: str | None,
     )
 
 
+@cli.command("export")
+@click.option("--db", type=click.Path(dir_okay=False), default=None,
+              help="The atlas store (default: $ATLAS_DB or data/atlas.duckdb).")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Output folder, rebuilt whole (default: build/data/ of the project, where "
+                   "`atlas site build` finds it).")
+def export_cmd(db: str | None, out: str | None) -> None:
+    """Write the store's tables as Parquet and CSV (DuckDB COPY), with a data dictionary, a dataset
+    card (README.md), a manifest and the changelog's data."""
+    from atlas import export
+    from atlas.paths import default_db, project_path, project_root
+
+    out_path = Path(out) if out else project_path(export.DEFAULT_OUT)
+    manifest = export.export(Path(db) if db else default_db(), out_path, project_path("evidence"), project_root())
+    for f in manifest.files:
+        if f.format == "parquet":
+            click.echo(f"  {f.table:<22} {f.rows:>6} rows  (data as of {f.as_of or '—'})")
+    click.echo(f"Wrote {out_path}: {len(manifest.files)} files (Parquet and CSV), README.md, manifest and changelog.")
+
+
 @cli.group("site")
 def site_group() -> None:
     """Render the course pages and build or serve the static site."""
@@ -402,11 +422,11 @@ _ROOT_OPTION = click.option(
 )
 
 
-def _layout(root: Path | None, evidence_dir: Path | None = None):
+def _layout(root: Path | None, evidence_dir: Path | None = None, data_dir: Path | None = None):
     from atlas.site import render
     from atlas.paths import project_root
 
-    return render.Layout(root=root or project_root(), evidence_dir=evidence_dir)
+    return render.Layout(root=root or project_root(), evidence_dir=evidence_dir, data_dir=data_dir)
 
 
 @site_group.command("build")
@@ -414,11 +434,14 @@ def _layout(root: Path | None, evidence_dir: Path | None = None):
 @click.option("--evidence", "evidence_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               default=None, help="Folder of the module evidence files (default: evidence/ of --root); "
                                  "`make demo` builds from its own, under build/.")
-def site_build(root: Path | None, evidence_dir: Path | None) -> None:
+@click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=None, help="Folder `atlas export` wrote, for the Data and Changelog pages "
+                                 "(default: build/data/ of --root, when there is one).")
+def site_build(root: Path | None, evidence_dir: Path | None, data_dir: Path | None) -> None:
     """Render modules/ + evidence/ into site/docs/, then `mkdocs build --strict` into site/build/."""
     from atlas.site import render
 
-    layout = _layout(root, evidence_dir)
+    layout = _layout(root, evidence_dir, data_dir)
     pages = render.build(layout)
     click.echo(f"Rendered {len(pages)} pages; built {layout.build}/ (mkdocs build --strict).")
 

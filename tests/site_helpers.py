@@ -4,6 +4,7 @@ rendered HTML tables."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from atlas import store
 from atlas.site.render import Layout
+from atlas.site.servable import Matrix
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,7 +112,8 @@ def site_copy(root: Path, module_08: str | None = None) -> Layout:
     """A throwaway project root holding the real site/ sources and modules/ (optionally with a
     replacement module 8), so tests never write into the work tree."""
     shutil.copytree(REPO / "site", root / "site",
-                    ignore=shutil.ignore_patterns("build", "modules", "models", "glossary.md", "how-made.md"))
+                    ignore=shutil.ignore_patterns("build", "modules", "models", "data", "glossary.md", "how-made.md",
+                                                 "changelog.md"))
     shutil.copytree(REPO / "modules", root / "modules")
     (root / "evidence").mkdir()
     shutil.copy(REPO / "evidence" / "servable.toml", root / "evidence" / "servable.toml")
@@ -283,3 +286,13 @@ def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list
         con.close()
     assert loaded == 1 and not errors, errors
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ---- the model finder (helper DATA) ------------------------------------------------------
+
+
+def engines_in(cell: str, matrix: Matrix) -> list[str]:
+    """The support-matrix engines a finder cell lists, in the matrix's order (whatever words follow
+    each name), leaving out those named only as having run in a measured record."""
+    names = dict.fromkeys(e.engine for e in matrix.entry)
+    return [n for n in names if re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])(?! \(measured run\))", cell)]

@@ -26,7 +26,7 @@ import pytest
 from chromium_cdp import Chromium
 from site_helpers import REPO, crawl_mirror, declared_repo_ids, site_copy
 
-from atlas import store
+from atlas import export, store
 from atlas.measure import records
 from atlas.site import evidence, modelpages, render
 
@@ -85,6 +85,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
                       REPO / "data" / "hub-mirror" / "SOURCES.tsv")
     # the per-model pages too, as `atlas evidence` writes them: every page of the site is measured
     modelpages.generate(db, layout.evidence / modelpages.FILE_NAME, layout.evidence / "servable.toml", REPO)
+    # and the Data and Changelog pages with an export, as `make demo` builds them
+    export.export(db, layout.data, layout.evidence, REPO)
     render.build(layout)
     port = _free_port()
     server = subprocess.Popen(

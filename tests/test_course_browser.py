@@ -168,10 +168,11 @@ def test_widget_numbers_match_the_python_formulas(site) -> None:
     assert _value(html, found[-1], "acceptance") == pytest.approx(0.7)
 
 
-def test_finder_filters_from_its_url_and_lists_every_model(site) -> None:
+@pytest.mark.parametrize("parameter", ["find", "h"])  # h: what a site-search hit's link carries
+def test_finder_filters_from_its_url_and_lists_every_model(site, parameter: str) -> None:
     layout, models = site
     finder = layout.build / "models" / "index.html"
-    dom = _chromium("--virtual-time-budget=3000", "--dump-dom", finder.as_uri() + "?find=kimi")
+    dom = _chromium("--virtual-time-budget=3000", "--dump-dom", finder.as_uri() + f"?{parameter}=kimi")
     assert dom.returncode == 0, dom.stderr[-2000:]
     page = parse_html(dom.stdout)
     table = next(t for t in page.tables if t.header[:1] == ["model"])

@@ -138,3 +138,32 @@ def test_hub_repo_id_errors(tmp_path: Path, hub: HubServer, args: list[str], mes
     result = CliRunner().invoke(cli, ["measure", "run", *args, "--endpoint", hub.url, *TINY, "--out", str(tmp_path)])
     assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
     assert not list(tmp_path.glob("*.json"))
+
+
+@needs_team
+@pytest.mark.parametrize("use_mtp", [False, True], ids=["plain", "use_mtp"])
+def test_the_peer_times_the_decode_phase_only(monkeypatch: pytest.MonkeyPatch, use_mtp: bool) -> None:
+    """On a clock that ticks once per main-model decode forward and by a random amount per prefill
+    (a busy machine's noise), transformers' decode phase lasts exactly its forwards after the
+    prefill: the prefill (and use_mtp's MTP load before it) never leaks in, and no run can come out
+    shorter than nothing, as one did when a separately timed 1-token call was subtracted."""
+    import random
+
+    from atlas.measure import generate
+    from atlas.measure.engines.transformers_engine import Peer
+
+    loaded = load_checkpoint(str(DEFAULT_MODEL), torch.device("cpu"), torch.float32)
+    prompt = loaded.tokenizer("The cat sat on the")["input_ids"]
+    clock, noise = {"now": 0.0}, random.Random(0)
+
+    def tick(module: object, args: tuple, kwargs: dict, output: object) -> None:
+        prefill = kwargs["input_ids"].shape[1] == len(prompt)
+        clock["now"] += noise.uniform(0.0, 50.0) if prefill else 1.0
+
+    monkeypatch.setattr(generate.time, "perf_counter", lambda: clock["now"])
+    loaded.model.register_forward_hook(tick, with_kwargs=True)
+    peer = Peer(loaded.model, torch.device("cpu"))
+    for n in (5, 12):
+        stats = peer.run(prompt, n, generate.Sampling(0.0, None, None), use_mtp, seed=0)
+        assert len(stats.tokens) == n and stats.verify_passes == peer.forwards - 1
+        assert stats.seconds == float(stats.verify_passes)

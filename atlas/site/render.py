@@ -27,6 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from atlas import AtlasError
+from atlas.site import datapage
 from atlas.site import evidence as evidence_file
 from atlas.site.course import Course
 from atlas.site.mdsafe import Markdown, escape
@@ -45,6 +46,9 @@ class Layout(BaseModel):
     # build/, so the committed files stay as they are). Hand-kept files (reported.toml, servable.toml)
     # are always read from evidence/ of root.
     evidence_dir: Path | None = None
+    # What `atlas export` wrote (tables, card, manifest, changelog data), for the Data and
+    # Changelog pages; default build/data/ of root, and those pages say so when it is absent.
+    data_dir: Path | None = None
 
     @property
     def modules(self) -> Path:
@@ -57,6 +61,10 @@ class Layout(BaseModel):
     @property
     def module_evidence(self) -> Path:
         return self.evidence_dir or self.evidence
+
+    @property
+    def data(self) -> Path:
+        return self.data_dir or self.root / "build" / "data"
 
     @property
     def site(self) -> Path:
@@ -205,6 +213,9 @@ def render_site(layout: Layout) -> list[RenderedPage]:
         out = layout.docs / src.name
         out.write_text(_page_file(title, _render(env, src, body, context)), encoding="utf-8")
         pages.append(RenderedPage(source=src, output=out, title=title))
+    # the Data page first: it ships the record files that the model pages link
+    for out in datapage.render(layout.data, layout.evidence, layout.docs):
+        pages.append(RenderedPage(source=layout.data, output=out, title=out.stem))
     for out in course.render_model_pages(layout.docs):
         pages.append(RenderedPage(source=layout.evidence / "models.json", output=out, title=out.stem))
     return pages
@@ -226,6 +237,7 @@ def mkdocs_build(layout: Layout) -> Path:
 def build(layout: Layout) -> list[RenderedPage]:
     pages = render_site(layout)
     mkdocs_build(layout)
+    datapage.add_card(layout.data, layout.build)
     return pages
 
 

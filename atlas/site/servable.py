@@ -39,6 +39,17 @@ class Matrix(BaseModel):
     def engines_for(self, model_type: str | None, architectures: list[str]) -> list[Entry]:
         return [e for e in self.entry if e.serves(model_type, architectures)]
 
+    def serving(self, model_type: str | None, architectures: list[str], declared: int | None,
+                shipped: int | None) -> list[Entry]:
+        """The engines that can draft with this model's MTP layers. An entry is about an
+        architecture's MTP code, so it speaks for a checkpoint only when the checkpoint declares or
+        ships MTP layers: a config that sets the count to 0 (Kimi-K2) or has no MTP key (most
+        Nemotron-H checkpoints, where vLLM drafts only when num_nextn_predict_layers > 0) has
+        nothing to draft with."""
+        if (declared or 0) <= 0 and (shipped or 0) <= 0:
+            return []
+        return self.engines_for(model_type, architectures)
+
 
 def load(path: Path) -> Matrix:
     return load_toml(path, Matrix, "support matrix")

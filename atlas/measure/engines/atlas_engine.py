@@ -1,6 +1,5 @@
 """Our own loop as an engine: load a checkpoint and its MTP layer, run plain and self-speculative
-decoding interleaved over the bundled workloads, with transformers' generate pair as the peer, and
-write one dated record.
+decoding interleaved over the bundled workloads, and write one dated record.
 
 Per workload x temperature x repeat, every prompt runs once plainly and once per draft length, in an
 order that rotates between repeats (so drift in a shared machine's speed does not favour one side).
@@ -87,7 +86,6 @@ def _measure_workload(
     goes first."""
     ours: dict[int, list[Repeat]] = {k: [] for k in ks} if options.ours else {}
     theirs: list[Repeat] = []
-    prefill = [{m: peer.prefill_seconds(p, s, m) for m in (False, True)} for p in prompts] if peer else []
     n = options.max_new_tokens
     for r in range(options.repeats):
         costs = timer.sample(pass_reps) if options.ours else None
@@ -104,7 +102,7 @@ def _measure_workload(
                 acc[k].add(runs[k], runs[None])
             if peer:
                 pair = [False, True] if r % 2 == 0 else [True, False]
-                got = {m: peer.run(prompt, n, s, m, seed_for(options.seed, s.temperature, name, i, r, "peer", m), prefill[i][m]) for m in pair}
+                got = {m: peer.run(prompt, n, s, m, seed_for(options.seed, s.temperature, name, i, r, "peer", m)) for m in pair}
                 spec = got[True]
                 # each verify pass of transformers' loop checks num_mtp_layers drafts and emits accepted + 1
                 peer_acc.add(spec, got[False], [spec.verify_passes * mtp_k], [len(spec.tokens) - 1 - spec.verify_passes])
@@ -162,8 +160,8 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         for k in ks if options.ours else []:
             generate_speculative(fused, warm, 8, k, s, _generator(device, 0))
         if peer:
-            peer.run(warm, 4, s, False, 0, 0.0)
-            peer.run(warm, 4, s, True, 0, 0.0)
+            peer.run(warm, 4, s, False, 0)
+            peer.run(warm, 4, s, True, 0)
     mtp_k = loaded.transformers_mtp
     raw: list[tuple[str, float, dict[int, list[Repeat]], list[Repeat]]] = []
     for t in options.temperatures:

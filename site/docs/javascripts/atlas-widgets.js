@@ -185,8 +185,9 @@
       });
       if (count) count.textContent = shown + " of " + table.tBodies[0].rows.length + " models shown";
     }
-    // ?find= (not ?q=, which the theme's search box claims)
-    var initial = new URLSearchParams(window.location.search).get("find");
+    // ?find= (not ?q=, which the theme's search box claims), or ?h=, which a search hit's link carries
+    var params = new URLSearchParams(window.location.search);
+    var initial = params.get("find") || params.get("h");
     if (initial) input.value = initial;
     input.addEventListener("input", apply);
     apply();

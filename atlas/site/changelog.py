@@ -1,0 +1,251 @@
+"""The changelog: what each snapshot and each record changed, from the store and the record files.
+
+`atlas export` collects it (it has the store) into changelog.json beside the exported tables;
+`atlas site build` renders that file as the Changelog page, without the store.
+
+Per complete snapshot, against the one before it: models that newly declare or ship MTP, changed
+values (declared and shipped layer counts, declared key, model_type) with the new revision, models
+added to or gone from the crawl, and families (model_type) that have a servable model now and had
+none before. Per record, in run order: what it added (cells, or verdict rows, for conditions no
+earlier record covered) and which earlier records it re-measured. Models this project made are
+left out of the snapshot entries, as out of every Hub count.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import duckdb
+from pydantic import BaseModel, ValidationError
+
+from atlas import AtlasError
+from atlas.measure import conformance
+from atlas.site import measured as measured_section
+from atlas.site import servable as servable_matrix
+from atlas.site.mdsafe import Markdown, code, escape, table
+
+FILE_NAME = "changelog.json"
+COMPARED = ("declared_num_mtp_layers", "shipped_mtp_layers", "declared_key", "model_type")
+
+
+class ValueChange(BaseModel):
+    repo_id: str
+    field: str
+    old: str | None
+    new: str | None
+    revision: str | None  # the revision the new value was read at
+
+
+class SnapshotChanges(BaseModel):
+    snapshot_id: int
+    date: str
+    n_models: int
+    previous: int | None  # the snapshot compared against; None for the first
+    added: list[str]
+    removed: list[str]
+    new_mtp: list[str]  # declare or ship MTP now, did not in the previous snapshot (or were not in it)
+    changed: list[ValueChange]
+    newly_servable: list[str]  # families with a servable model now and none in the previous snapshot
+
+
+class RecordChange(BaseModel):
+    kind: Literal["measurement", "conformance"]
+    source: str
+    record_id: str | None
+    date: str
+    subject: str  # the model measured, or the engine package and version checked
+    n_rows: int
+    added: int  # rows for conditions no earlier record covered
+    remeasured: dict[str, int]  # earlier record (source) -> rows of it this record measured again
+
+
+class Changelog(BaseModel):
+    servable_date: str
+    snapshots: list[SnapshotChanges]  # oldest first
+    records: list[RecordChange]  # oldest first
+
+
+_HISTORY = """
+    SELECT snapshot_id, snapshot_date, repo_id, revision, model_type, architectures,
+           declared_num_mtp_layers, declared_key, shipped_mtp_layers
+    FROM mtp_fingerprints_history WHERE NOT ({ours})
+    ORDER BY snapshot_id, repo_id"""
+
+
+def _mtp(row: dict[str, Any]) -> bool:
+    return (row["declared_num_mtp_layers"] or 0) > 0 or (row["shipped_mtp_layers"] or 0) > 0
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _snapshots(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix) -> list[SnapshotChanges]:
+    from atlas.site.evidence import _OURS
+
+    cur = con.execute(_HISTORY.format(ours=_OURS))
+    cols = [d[0] for d in cur.description]
+    by_snap: dict[int, dict[str, dict[str, Any]]] = {}
+    dates: dict[int, str] = {}
+    for values in cur.fetchall():
+        r = dict(zip(cols, values))
+        by_snap.setdefault(r["snapshot_id"], {})[r["repo_id"]] = r
+        dates[r["snapshot_id"]] = r["snapshot_date"].strftime("%Y-%m-%d")
+
+    def servable_families(rows: dict[str, dict[str, Any]]) -> set[str]:
+        return {r["model_type"] or "(no model_type)" for r in rows.values() if matrix.serving(
+            r["model_type"], [a.strip() for a in (r["architectures"] or "").split(",") if a.strip()],
+            r["declared_num_mtp_layers"], r["shipped_mtp_layers"])}
+
+    out: list[SnapshotChanges] = []
+    before: dict[str, dict[str, Any]] = {}
+    previous: int | None = None
+    for sid in sorted(by_snap):
+        now = by_snap[sid]
+        changed = [
+            ValueChange(repo_id=rid, field=f, old=_text(before[rid][f]), new=_text(r[f]), revision=r["revision"])
+            for rid, r in now.items() if rid in before
+            for f in COMPARED if before[rid][f] != r[f]
+        ]
+        out.append(SnapshotChanges(
+            snapshot_id=sid, date=dates[sid], n_models=len(now), previous=previous,
+            added=sorted(set(now) - set(before)) if previous is not None else [],
+            removed=sorted(set(before) - set(now)),
+            new_mtp=sorted(rid for rid, r in now.items() if _mtp(r) and not (rid in before and _mtp(before[rid]))),
+            changed=changed,
+            newly_servable=sorted(servable_families(now) - servable_families(before)),
+        ))
+        before, previous = now, sid
+    return out
+
+
+def _records(runs: list[measured_section.Run], conformance_dir: Path, root: Path) -> list[RecordChange]:
+    """Every evidence record in run order, each against the records before it: a row's condition
+    is (model, engine, workload, T, k) for a measurement, (engine build, hardware, layout, T class,
+    draft sampling) for a conformance verdict."""
+    entries: list[tuple[str, RecordChange, list[tuple[Any, ...]]]] = []
+    for run in runs:
+        r = run.record
+        keys = [(r.model_id, c.engine, c.workload, c.temperature, c.draft_tokens) for c in r.cells]
+        entries.append((r.run_date.isoformat(), RecordChange(
+            kind="measurement", source=run.source_path, record_id=run.record_id,
+            date=r.run_date.strftime("%Y-%m-%d %H:%M"), subject=r.model_id, n_rows=len(keys),
+            added=0, remeasured={}), keys))
+    for path, rec in conformance.load_records(conformance_dir):
+        rows = conformance.verdicts([(path, rec)], root)
+        keys = [("conformance", v.package, v.version, v.hardware, v.layout, v.temperature, v.draft_sampling)
+                for v in rows]
+        source = rows[0].source if rows else path.name
+        entries.append((rec.run_date.isoformat(), RecordChange(
+            kind="conformance", source=source, record_id=None, date=rec.run_date.strftime("%Y-%m-%d %H:%M"),
+            subject=f"{rec.package} {rec.version}", n_rows=len(keys), added=0, remeasured={}), keys))
+    entries.sort(key=lambda e: (e[0], e[1].source))
+    seen: dict[tuple[Any, ...], str] = {}  # condition -> the newest record that covered it
+    out = []
+    for _, change, keys in entries:
+        for key in dict.fromkeys(keys):
+            if key in seen:
+                change.remeasured[seen[key]] = change.remeasured.get(seen[key], 0) + 1
+            else:
+                change.added += 1
+            seen[key] = change.source
+        out.append(change)
+    return out
+
+
+def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix,
+            runs: list[measured_section.Run], conformance_dir: Path, root: Path) -> Changelog:
+    """`runs`: the evidence records (smoke runs already left out), as the measured section has them."""
+    return Changelog(servable_date=matrix.date.isoformat(), snapshots=_snapshots(con, matrix),
+                     records=_records(runs, conformance_dir, root))
+
+
+def dumps(log: Changelog) -> str:
+    return json.dumps(log.model_dump(mode="json"), indent=1, sort_keys=True, ensure_ascii=True) + "\n"
+
+
+def read(path: Path) -> Changelog | None:
+    if not path.exists():
+        return None
+    try:
+        return Changelog.model_validate_json(path.read_text(encoding="utf-8"))
+    except ValidationError as exc:
+        raise AtlasError(f"{path} does not match this version; run `atlas export` again: {exc}") from None
+
+
+# ---- the page ------------------------------------------------------------------------------------
+
+
+def _ids(ids: list[str]) -> Markdown:
+    return Markdown(", ".join(str(code(i)) for i in ids))
+
+
+def _snapshot_section(s: SnapshotChanges, servable_date: str) -> list[str]:
+    lines = [f"### Snapshot #{s.snapshot_id} — {s.date}", ""]
+    if s.previous is None:
+        lines += [escape(f"The first snapshot in the store: {s.n_models} Hub models, "
+                         f"{len(s.new_mtp)} of them declare or ship MTP."), ""]
+        if s.new_mtp:
+            lines += [Markdown("Declare or ship MTP: ") + _ids(s.new_mtp) + ".", ""]
+        if s.newly_servable:
+            lines += [Markdown("Families with a servable model: ") + _ids(s.newly_servable) + ".", ""]
+        return lines
+    lines += [escape(f"Against snapshot #{s.previous}: {s.n_models} Hub models, {len(s.added)} added, "
+                     f"{len(s.removed)} gone."), ""]
+    if s.new_mtp:
+        lines += [Markdown("**Newly declare or ship MTP:** ") + _ids(s.new_mtp) + ".", ""]
+    if s.newly_servable:
+        lines += [Markdown(f"**Newly servable families** (support matrix of {servable_date}): ")
+                  + _ids(s.newly_servable) + ".", ""]
+    if s.changed:
+        lines += ["**Changed values**", "", table(
+            ["model", "value", "before", "now", "revision now"],
+            [[escape(c.repo_id), code(c.field), escape(c.old if c.old is not None else "—"),
+              escape(c.new if c.new is not None else "—"),
+              code((c.revision or "—")[:12])] for c in s.changed]), ""]
+    if s.added:
+        lines += [Markdown("Added to the crawl: ") + _ids(s.added) + ".", ""]
+    if s.removed:
+        lines += [Markdown("Gone from the crawl: ") + _ids(s.removed) + ".", ""]
+    if not (s.new_mtp or s.newly_servable or s.changed or s.added or s.removed):
+        lines += ["No model changed a compared value.", ""]
+    return lines
+
+
+def _record_row(r: RecordChange, links: dict[str, str]) -> list[object]:
+    name = Path(r.source).name
+    source = (Markdown(f"[{escape(name)}]({links[r.source]})") if r.source in links else code(name))
+    again = "; ".join(f"{n} of {Path(src).name}" for src, n in r.remeasured.items()) or "—"
+    return [Markdown(f'<span class="atlas-nowrap">{escape(r.date)}</span>'), r.kind, escape(r.subject), source,
+            r.n_rows, r.added, escape(again)]
+
+
+def page(log: Changelog | None, links: dict[str, str]) -> str:
+    """The Changelog page (Markdown). `links`: record source path -> its link on the site."""
+    lines = ["# Changelog", ""]
+    if log is None:
+        return "\n".join(lines + ["No changelog in this build: `atlas export` writes it from the store "
+                                  "(`make demo` does), then `atlas site build --data` renders it.", ""])
+    lines += [
+        "What each crawl and each record changed, newest first, generated from the store and the "
+        "record files. Snapshots compare each model's declared and shipped MTP layers, declared key "
+        "and model type with the snapshot before; a record's rows are its measured cells (model, "
+        "engine, workload, temperature, draft length) or its conformance verdicts (engine build, "
+        "hardware, layout, temperature class, draft sampling). Models this project made are not "
+        "listed under snapshots.", "",
+        "## Records", "",
+    ]
+    if log.records:
+        lines += [table(["run (UTC)", "kind", "subject", "record file", "#rows", "#new conditions",
+                         "measured again (rows of earlier records)"],
+                        [_record_row(r, links) for r in reversed(log.records)]), ""]
+    else:
+        lines += ["No record yet.", ""]
+    lines += ["## Snapshots", ""]
+    for s in reversed(log.snapshots):
+        lines += _snapshot_section(s, log.servable_date)
+    if not log.snapshots:
+        lines += ["No complete snapshot yet.", ""]
+    return "\n".join(lines)

@@ -1,0 +1,131 @@
+"""The Data and Changelog pages: what a reader can take away.
+
+`atlas site build` copies what `atlas export` wrote (atlas.export: tables as Parquet and CSV, the
+data dictionary, the manifest) into docs/data/files/, and the committed record files
+(evidence/measurements/*.json, evidence/conformance/*.json) into docs/data/records/, so mkdocs
+ships them as downloadable files; docs/data/index.md lists each with its rows, date and sha256,
+and docs/changelog.md renders the changelog's data. The dataset card (README.md) would be a page
+to mkdocs, so it is copied into the built site after mkdocs ran (add_card), byte for byte.
+Without an export both pages say how to make one; the record files are listed either way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+from atlas import export
+from atlas.measure import conformance, records
+from atlas.site import changelog
+from atlas.site.mdsafe import Markdown, code, escape, table
+
+RECORD_KINDS = ("measurements", "conformance")
+RECORDS = "data/records"  # under docs/: the record files, one folder per kind
+
+
+def _sha(digest: str) -> Markdown:
+    # 64 hex digits, breakable every 16 so a narrow column wraps them instead of overflowing
+    parts = [digest[i:i + 16] for i in range(0, len(digest), 16)]
+    return Markdown('<code class="atlas-rev">' + "<wbr>".join(str(escape(p)) for p in parts) + "</code>")
+
+
+def _record_rows(evidence: Path, docs: Path) -> tuple[list[list[object]], dict[str, str]]:
+    """Copy the record files into docs/data/records/KIND/ and describe each; also the link of each
+    record, by its repository path, relative to the docs root (for the changelog)."""
+    rows: list[list[object]] = []
+    links: dict[str, str] = {}
+    for kind in RECORD_KINDS:
+        folder = evidence / kind
+        checked = dict(conformance.load_records(folder)) if kind == "conformance" else {}
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            target = docs / RECORDS / kind / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+            if kind == "measurements":
+                rec = records.read_record(path)
+                what = f"{rec.model_id}, record id {records.record_id(rec)[:12]}" + (
+                    " (smoke run, not evidence)" if rec.settings.quick else "")
+                when = rec.run_date
+            else:
+                crec = checked[path]
+                what, when = f"{crec.package} {crec.version}, {crec.hardware}", crec.run_date
+            rel = f"records/{kind}/{path.name}"  # from the Data page, docs/data/index.md
+            links[f"evidence/{kind}/{path.name}"] = f"{RECORDS}/{kind}/{path.name}"
+            rows.append([Markdown(f"[{escape(path.name)}]({rel})"), kind,
+                         Markdown(f'<span class="atlas-nowrap">{when:%Y-%m-%d %H:%M}</span>'),
+                         escape(what), _sha(hashlib.sha256(path.read_bytes()).hexdigest())])
+    return rows, links
+
+
+def _tables(manifest: export.Manifest, data: Path, out: Path) -> list[str]:
+    files = out / "files"
+    files.mkdir(parents=True)
+    for f in manifest.files:
+        shutil.copyfile(data / f.path, files / f.path)
+    shutil.copyfile(data / export.MANIFEST, files / export.MANIFEST)
+    rows = [[Markdown(f"[{escape(f.path)}](files/{f.path})"), code(f.table), f.format, f.rows,
+             Markdown(f'<span class="atlas-nowrap">{f.as_of or "—"}</span>'), _sha(f.sha256)]
+            for f in manifest.files]
+    snaps = "\n".join(f"- snapshot #{s['snapshot_id']}: crawl finished {escape(s['finished'])} UTC, "
+                      f"from {code(s['source'])}" for s in manifest.snapshots)
+    described = "\n".join(f"- {code(t)}: {escape(d)}" for t, d in manifest.description.items())
+    first = manifest.files[0].path if manifest.files else "fingerprints.parquet"
+    return [
+        "## Tables", "",
+        "Written by `atlas export` from the atlas store with DuckDB's `COPY ... TO`. *Data as of*: "
+        "the newest snapshot, run or reading date among a table's rows (the export adds no date of "
+        "its own, so the same data always gives the same files and sha256).", "",
+        table(["file", "table", "format", "#rows", "data as of", "sha256"], rows), "",
+        described, "",
+        Markdown('The folder is a dataset as it is: its card, <a href="files/README.md">README.md</a> '
+                 "(Hugging Face dataset-card format, one config per table), the "
+                 f"[manifest](files/{export.MANIFEST}) and the files above."), "",
+        "```python",
+        "import duckdb",
+        f"duckdb.sql(\"SELECT * FROM read_parquet('{first}')\")",
+        "from datasets import load_dataset",
+        f"load_dataset(\"parquet\", data_files=\"{first}\")",
+        "```", "",
+        "Snapshots in these files:", "", snaps, "",
+    ]
+
+
+def render(data: Path, evidence: Path, docs: Path) -> list[Path]:
+    """Write docs/data/ (page and files) and docs/changelog.md; both rebuilt whole."""
+    out = docs / "data"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    manifest = export.read_manifest(data) if data.is_dir() else None
+    record_rows, links = _record_rows(evidence, docs)
+    lines = ["# Data", "",
+             "Everything the atlas's tables show, as files: the exported tables and the dated record "
+             "files the measured and conformance tables are drawn from.", ""]
+    if manifest is None:
+        lines += ["No export in this build: `atlas export` writes the tables from the store "
+                  "(`make demo` does), then `atlas site build` lists them here.", ""]
+    else:
+        lines += _tables(manifest, data, out)
+    lines += ["## Record files", "",
+              "The committed records, byte for byte (the sha256 is the file's; a measurement's "
+              "record id is the sha256 of its canonical serialisation, which the tables cite).", ""]
+    lines += [table(["file", "kind", "run (UTC)", "what", "sha256"], record_rows) if record_rows
+              else "No record file yet.", ""]
+    page = out / "index.md"
+    page.write_text(_front("Data") + "\n".join(str(x) for x in lines), encoding="utf-8")
+    log_page = docs / changelog.FILE_NAME.replace(".json", ".md")
+    log = changelog.read(data / changelog.FILE_NAME) if manifest is not None else None
+    # docs/changelog.md sits at the docs root, so the records' links from there start at data/
+    log_page.write_text(_front("Changelog") + changelog.page(log, links), encoding="utf-8")
+    return [page, log_page]
+
+
+def _front(title: str) -> str:
+    return f"---\ntitle: {title}\n---\n\n"
+
+
+def add_card(data: Path, build: Path) -> None:
+    """Copy the dataset card into the built site beside the files it describes."""
+    card = data / export.CARD
+    if (build / "data" / "files").is_dir() and card.is_file():
+        shutil.copyfile(card, build / "data" / "files" / export.CARD)

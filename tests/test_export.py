@@ -1,0 +1,371 @@
+"""`atlas export` and the Data and Changelog pages: a crawl of the bundled mirror with the committed
+records imported is exported, every file is read back with DuckDB and compared, row for row, with
+what the site shows (the finder's table, the per-model measured tables, the functions that render
+the conformance and reported tables); the dataset card is checked against the Hugging Face
+dataset-card format; the changelog is checked on a store holding two snapshots of a changed mirror."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+import yaml
+from click.testing import CliRunner
+from hub_fixtures import copy_mirror, make_hub, write_watchlist  # noqa: F401  (fixture)
+from site_helpers import REPO, crawl_mirror, engines_in, parse_html, site_copy
+
+from atlas import AtlasError, export, store
+from atlas.cli import cli
+from atlas.hub import crawl as crawler
+from atlas.measure import conformance, records
+from atlas.site import changelog, evidence, measured, modelpages, render, reported, servable
+
+MATRIX = REPO / "evidence" / "servable.toml"
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory):
+    """Mirror crawl + committed records -> export -> a site built with the export."""
+    root = tmp_path_factory.mktemp("export")
+    layout = site_copy(root)
+    shutil.copytree(REPO / "evidence" / "measurements", layout.evidence / "measurements")
+    shutil.copytree(REPO / "evidence" / "conformance", layout.evidence / "conformance")
+    db = root / "atlas.duckdb"
+    crawl_mirror(db)
+    con = store.connect(db)
+    try:
+        _, _, errors = records.import_records(con, REPO / "evidence" / "measurements")
+    finally:
+        con.close()
+    assert not errors, errors
+    out = root / "build" / "data"
+    manifest = export.export(db, out, layout.evidence, REPO)
+    evidence.generate(db, layout.evidence / "module-08.evidence.md", layout.evidence / "servable.toml")
+    models = modelpages.generate(db, layout.evidence / modelpages.FILE_NAME, layout.evidence / "servable.toml", REPO)
+    render.build(layout)  # data_dir defaults to build/data/ of root, where the export went
+    return db, out, manifest, layout, models
+
+
+def rows(path: Path) -> list[dict]:
+    con = duckdb.connect()
+    try:
+        reader = "read_parquet" if path.suffix == ".parquet" else "read_csv_auto"
+        cur = con.execute(f"SELECT * FROM {reader}(?)", [str(path)])
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur.fetchall()]
+    finally:
+        con.close()
+
+
+def built(layout: render.Layout, *parts: str) -> str:
+    return (layout.build.joinpath(*parts) / "index.html").read_text(encoding="utf-8")
+
+
+# ---- the files ------------------------------------------------------------------------------------
+
+
+def test_every_file_reads_back_with_its_manifest_rows_and_sha256(exported) -> None:
+    _, out, manifest, _, _ = exported
+    tables = [t.name for t in export.TABLES] + [export.DICTIONARY]
+    assert sorted((f.table, f.format) for f in manifest.files) == sorted(
+        (t, fmt) for t in tables for fmt in export.FORMATS)
+    for f in manifest.files:
+        path = out / f.path
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == f.sha256
+        assert path.stat().st_size == f.bytes
+        assert len(rows(path)) == f.rows, f.path
+    # Parquet and CSV hold the same table, value for value, once the CSV is read with its types
+    con = duckdb.connect()
+    try:
+        for t in tables:
+            parquet = str(out / f"{t}.parquet")
+            types = con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [parquet]).fetchall()
+            spec = "{" + ", ".join(f"'{n}': '{ty}'" for n, ty, *_ in types) + "}"
+            as_csv = con.execute(f"SELECT * FROM read_csv(?, header = true, columns = {spec})",
+                                 [str(out / f"{t}.csv")]).fetchall()
+            assert as_csv == con.execute("SELECT * FROM read_parquet(?)", [parquet]).fetchall(), t
+    finally:
+        con.close()
+
+
+def test_the_data_dictionary_describes_every_column_with_its_type(exported) -> None:
+    _, out, _, _, _ = exported
+    dictionary = rows(out / "data_dictionary.parquet")
+    described = {(d["table"], d["column"]): d for d in dictionary}
+    assert len(described) == len(dictionary)
+    con = duckdb.connect()
+    try:
+        for t in [t.name for t in export.TABLES] + [export.DICTIONARY]:
+            columns = con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [str(out / f"{t}.parquet")]).fetchall()
+            assert {c for tab, c in described if tab == t} == {c[0] for c in columns}, t
+            for name, ctype, *_ in columns:
+                d = described[(t, name)]
+                assert d["meaning"].strip(), f"{t}.{name} has no meaning in export.MEANINGS"
+                assert d["type"] == ctype, (t, name)
+    finally:
+        con.close()
+
+
+def test_export_is_deterministic(exported, tmp_path: Path) -> None:
+    db, out, manifest, layout, _ = exported
+    again = export.export(db, tmp_path / "again", layout.evidence, REPO)
+    assert again == manifest
+    for name in (export.CARD, export.MANIFEST, changelog.FILE_NAME):
+        assert (tmp_path / "again" / name).read_bytes() == (out / name).read_bytes()
+
+
+def test_fingerprints_and_model_facts_equal_the_finders_rows(exported) -> None:
+    db, out, _, layout, models = exported
+    matrix = servable.load(MATRIX)
+    page = parse_html(built(layout, "models"))
+    finder = next(t for t in page.tables if t.header[0] == "model")
+    col = {h: i for i, h in enumerate(finder.header)}
+    latest = max(r["snapshot_id"] for r in rows(out / "fingerprints.parquet"))
+    fingerprints = {r["repo_id"]: r for r in rows(out / "fingerprints.parquet") if r["snapshot_id"] == latest}
+    facts = {r["repo_id"]: r for r in rows(out / "model_facts.parquet")}
+    assert set(fingerprints) == set(facts) == {r[0] for r in finder.rows}
+
+    def shown(v: object) -> str:
+        return "—" if v is None else str(v)
+
+    for r in finder.rows:
+        fp, fact = fingerprints[r[0]], facts[r[0]]
+        assert r[col["family"]] == shown(fact["model_type"]) == shown(fp["model_type"])
+        assert r[col["declared"]] == shown(fp["declared_num_mtp_layers"])
+        assert r[col["shipped"]] == shown(fp["shipped_mtp_layers"])
+        assert engines_in(r[col["servable"]], matrix) == list(fact["servable_engines"]), r[0]
+    # every snapshot is exported, as the store's history view holds it
+    con = store.connect(db, read_only=True)
+    try:
+        (n,) = con.execute("SELECT count(*) FROM mtp_fingerprints_history").fetchone()
+    finally:
+        con.close()
+    assert len(rows(out / "fingerprints.parquet")) == n
+    # the project's own models are marked, as the site keeps them out of Hub counts
+    assert {r["repo_id"] for r in fingerprints.values() if r["made_by_atlas"]} == {"mtp-atlas/byte-mtp-8l"}
+
+
+def test_measured_cells_equal_the_records_the_site_reads_and_the_model_page(exported) -> None:
+    db, out, manifest, layout, models = exported
+    exported_cells = rows(out / "measured_cells.parquet")
+    con = store.connect(db, read_only=True)
+    try:
+        sources = con.execute("SELECT record_id, any_value(source_path) FROM measurement_cells "
+                              "GROUP BY record_id").fetchall()
+    finally:
+        con.close()
+    runs = [r for r in measured.load_runs(sources) if not r.record.settings.quick]
+    want = sorted(
+        (run.record_id, c.engine, c.workload, c.temperature, c.draft_tokens, c.derived.acceptance_rate,
+         c.derived.speedup, c.derived.speedup_lo, c.derived.speedup_hi, c.derived.ideal_speedup,
+         c.derived.efficiency, c.derived.greedy_lossless)
+        for run in runs for c in run.record.cells)
+    have = sorted(
+        (r["record_id"], r["engine"], r["workload"], r["temperature"], r["draft_tokens"], r["acceptance_rate"],
+         r["speedup"], r["speedup_lo"], r["speedup_hi"], r["ideal_speedup"], r["efficiency"], r["greedy_lossless"])
+        for r in exported_cells)
+    assert have == want and len(have) == 55
+    assert {r["record_id"] for r in manifest.measurement_records} == {r.record_id for r in runs}
+    # the team model's page shows the same cells, one row each, with the same speed-ups
+    team = next(m for m in models.models if m.repo_id == "mtp-atlas/byte-mtp-8l")
+    page = parse_html(built(layout, "models", team.slug))
+    shown = [r for t in page.tables if "speed-up (range)" in t.header for r in t.rows]
+    assert len(shown) == len(exported_cells)
+    assert sorted(r[-1].split(" ")[0] for r in shown) == sorted(f"{r['speedup']:.2f}" for r in exported_cells)
+    # each record's line links the record file the Data page ships
+    html = built(layout, "models", team.slug)
+    for source in {r["source_path"] for r in exported_cells}:
+        name = Path(source).name
+        assert f'href="../../data/records/measurements/{name}"' in html
+        assert (layout.build / "data" / "records" / "measurements" / name).is_file()
+
+
+def test_conformance_and_reported_equal_what_renders_their_tables(exported) -> None:
+    _, out, _, layout, models = exported
+    folder = layout.evidence / "conformance"
+    have = rows(out / "conformance_verdicts.parquet")
+    everything = [v.model_dump() for v in conformance.verdicts(conformance.load_records(folder), REPO)]
+    assert [{k: v for k, v in r.items() if k != "latest"} for r in have] == sorted(
+        everything, key=lambda v: (v["date"], v["source"], v["layout"], v["temperature"], v["draft_sampling"]))
+    # the rows the site's conformance table shows are the latest ones
+    site_rows = conformance.verdicts(conformance.latest_records(folder), REPO)
+    assert sorted((r["source"], r["layout"], r["temperature"], r["draft_sampling"]) for r in have if r["latest"]) \
+        == sorted((v.source, v.layout, v.temperature, v.draft_sampling) for v in site_rows)
+    figures = reported.load(layout.evidence / "reported.toml").figure
+    exported_figures = rows(out / "reported_figures.parquet")
+    assert exported_figures == [f.model_dump() for f in sorted(figures, key=lambda f: f.id)]
+    # and as a model page shows them: one row per figure about that model, subject and figure first
+    base = next(m for m in models.models if m.repo_id == "deepseek-ai/DeepSeek-V3")
+    page = parse_html(built(layout, "models", base.slug))
+    shown = next(t for t in page.tables if t.header == reported.HEADER)
+    about = [f for f in exported_figures if base.repo_id in f["models"]]
+    assert about and sorted(r[0] for r in shown.rows) == sorted(f"{f['subject']}: {f['figure']}" for f in about)
+
+
+# ---- the dataset card -----------------------------------------------------------------------------
+
+
+def test_the_card_is_a_hugging_face_dataset_card_whose_configs_read_with_duckdb(exported) -> None:
+    _, out, manifest, _, _ = exported
+    text = (out / export.CARD).read_text(encoding="utf-8")
+    found = re.match(r"\A---\n(.*?)\n---\n", text, re.S)
+    assert found, "the card opens with YAML front matter between --- lines"
+    meta = yaml.safe_load(found.group(1))
+    assert meta["license"] == "apache-2.0" and meta["pretty_name"]
+    configs = meta["configs"]
+    assert [c["config_name"] for c in configs] == [t.name for t in export.TABLES] + [export.DICTIONARY]
+    assert sum(1 for c in configs if c.get("default")) == 1
+    for c in configs:
+        assert set(c) <= {"config_name", "data_files", "default"}
+        (split,) = c["data_files"]
+        assert set(split) == {"split", "path"} and split["split"] == "train"
+        entry = next(f for f in manifest.files if f.path == split["path"])
+        assert entry.table == c["config_name"] and entry.format == "parquet"
+        assert len(rows(out / split["path"])) == entry.rows
+    body = text[found.end():]
+    for s in manifest.snapshots:
+        assert f"snapshot #{s['snapshot_id']}: crawl finished {s['finished']}" in body
+    for r in manifest.measurement_records:
+        assert r["record_id"] in body
+    assert all(c in body for c in manifest.conformance_records)
+    assert f"support matrix `evidence/servable.toml` of\n{servable.load(MATRIX).date.isoformat()}" in body
+
+
+def test_export_refuses_a_store_without_a_complete_snapshot(tmp_path: Path) -> None:
+    db = tmp_path / "empty.duckdb"
+    store.connect(db).close()
+    result = CliRunner().invoke(cli, ["export", "--db", str(db), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "no complete snapshot" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_export_leaves_the_previous_one_whole(exported, tmp_path: Path) -> None:
+    db, out, manifest, layout, _ = exported
+    evidence_dir = tmp_path / "evidence"
+    shutil.copytree(layout.evidence, evidence_dir)
+    target = tmp_path / "data"
+    export.export(db, target, evidence_dir, REPO)
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    (evidence_dir / "reported.toml").write_text("[[figure]]\nid = 'x'\n", encoding="utf-8")
+    with pytest.raises(AtlasError, match="reported figures"):
+        export.export(db, target, evidence_dir, REPO)
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "evidence"]  # no partial folder left
+
+
+# ---- the Data page ----------------------------------------------------------------------------------
+
+
+def test_data_page_lists_and_links_every_file_and_record(exported) -> None:
+    _, out, manifest, layout, _ = exported
+    html = built(layout, "data")
+    page = parse_html(html)
+    files = next(t for t in page.tables if t.header[:2] == ["file", "table"])
+    assert [(r[0], int(r[3]), r[4], r[5]) for r in files.rows] == [
+        (f.path, f.rows, f.as_of or "—", f.sha256) for f in manifest.files]
+    for f in manifest.files:
+        assert f'href="files/{f.path}"' in html
+        assert (layout.build / "data" / "files" / f.path).read_bytes() == (out / f.path).read_bytes()
+    # the card, byte for byte, beside the files (mkdocs would have made it a page)
+    assert 'href="files/README.md"' in html
+    assert (layout.build / "data" / "files" / export.CARD).read_bytes() == (out / export.CARD).read_bytes()
+    recs = next(t for t in page.tables if t.header[:2] == ["file", "kind"])
+    committed = sorted(p for kind in ("measurements", "conformance") for p in (REPO / "evidence" / kind).glob("*.json"))
+    assert sorted(r[0] for r in recs.rows) == sorted(p.name for p in committed)
+    for p in committed:
+        copy = layout.build / "data" / "records" / p.parent.name / p.name
+        assert copy.read_bytes() == p.read_bytes()
+        assert f'href="records/{p.parent.name}/{p.name}"' in html
+        assert hashlib.sha256(p.read_bytes()).hexdigest() in [r[-1] for r in recs.rows]
+    # both pages are in the nav
+    home = parse_html(built(layout))
+    hrefs = [dict(a).get("href") for tag, a in home.elements if tag == "a"]
+    assert "data/" in hrefs and "changelog/" in hrefs
+
+
+def test_without_an_export_the_data_page_says_how_and_still_lists_the_records(tmp_path: Path) -> None:
+    layout = site_copy(tmp_path)
+    shutil.copytree(REPO / "evidence" / "measurements", layout.evidence / "measurements")
+    from atlas.site import datapage
+
+    pages = datapage.render(layout.data, layout.evidence, layout.docs)
+    data_page, log_page = (p.read_text(encoding="utf-8") for p in pages)
+    assert "No export in this build" in data_page and "atlas export" in data_page
+    assert all(p.name in data_page for p in (REPO / "evidence" / "measurements").glob("*.json"))
+    assert "No changelog in this build" in log_page
+
+
+# ---- the changelog ------------------------------------------------------------------------------------
+
+
+def test_changelog_of_two_snapshots_names_what_changed(tmp_path: Path, make_hub) -> None:
+    repos = ["moonshotai/Kimi-K2-Instruct", "zai-org/GLM-4.5", "zai-org/GLM-4.5-Air", "zai-org/GLM-5-FP8"]
+    mirror = copy_mirror(tmp_path / "m", repos)
+    watch = write_watchlist(tmp_path / "w.toml", ["moonshotai", "zai-org"])
+    db = tmp_path / "atlas.duckdb"
+
+    def crawl() -> None:
+        crawler.crawl(db, watch, endpoint=make_hub(mirror).url, endpoint_label="mirror:test", token=False,
+                      cache_dir=tmp_path / "cache", concurrency=2, progress=False)
+
+    crawl()
+    kimi = mirror / "moonshotai/Kimi-K2-Instruct/config.json"
+    kimi.write_text(kimi.read_text().replace('"num_nextn_predict_layers": 0', '"num_nextn_predict_layers": 1'))
+    glm = mirror / "zai-org/GLM-4.5/config.json"
+    glm.write_text(glm.read_text().replace('"num_nextn_predict_layers": 1', '"num_nextn_predict_layers": 2'))
+    shutil.rmtree(mirror / "zai-org/GLM-5-FP8")
+    crawl()
+
+    con = store.connect(db, read_only=True)
+    try:
+        log = changelog.collect(con, servable.load(MATRIX), [], REPO / "evidence" / "conformance", REPO)
+    finally:
+        con.close()
+    first, second = log.snapshots
+    assert (first.snapshot_id, first.previous, second.snapshot_id, second.previous) == (1, None, 2, 1)
+    assert first.new_mtp == ["zai-org/GLM-4.5", "zai-org/GLM-4.5-Air", "zai-org/GLM-5-FP8"]
+    assert second.new_mtp == ["moonshotai/Kimi-K2-Instruct"]  # 0 -> 1: now declares
+    assert second.removed == ["zai-org/GLM-5-FP8"] and second.added == []
+    assert {(c.repo_id, c.field, c.old, c.new) for c in second.changed} == {
+        ("moonshotai/Kimi-K2-Instruct", "declared_num_mtp_layers", "0", "1"),
+        ("zai-org/GLM-4.5", "declared_num_mtp_layers", "1", "2"),
+    }
+    revisions = dict(con_rows(db, "SELECT repo_id, revision FROM mtp_fingerprints"))
+    assert all(c.revision == revisions[c.repo_id] for c in second.changed)
+    # Kimi-K2 (kimi_k2, DeepseekV3ForCausalLM) becomes servable by SGLang once it declares a layer
+    assert second.newly_servable == ["kimi_k2"]
+    assert "kimi_k2" not in first.newly_servable
+    # conformance records: the second one re-checks every condition of the first
+    one, two = (r for r in log.records if r.kind == "conformance")
+    assert (one.added, one.remeasured) == (one.n_rows, {})
+    assert two.added == 0 and two.remeasured == {one.source: two.n_rows}
+    text = changelog.page(log, {})
+    assert "### Snapshot #2" in text and "Newly declare or ship MTP" in text and "kimi&#95;k2" in text
+
+
+def con_rows(db: Path, sql: str) -> list[tuple]:
+    con = store.connect(db, read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def test_changelog_records_count_new_and_remeasured_cells(exported) -> None:
+    _, out, _, _, _ = exported
+    log = changelog.read(out / changelog.FILE_NAME)
+    assert log is not None
+    measurements = [r for r in log.records if r.kind == "measurement"]
+    cells = rows(out / "measured_cells.parquet")
+    assert sum(r.n_rows for r in measurements) == len(cells)
+    for r in measurements:
+        mine = [c for c in cells if c["record_id"] == r.record_id]
+        assert r.n_rows == len(mine)
+        earlier = {(c["engine"], c["workload"], c["temperature"], c["draft_tokens"]) for c in cells
+                   if c["run_date"] < mine[0]["run_date"]}
+        again = sum(1 for c in mine if (c["engine"], c["workload"], c["temperature"], c["draft_tokens"]) in earlier)
+        assert (r.added, sum(r.remeasured.values())) == (r.n_rows - again, again)

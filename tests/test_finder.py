@@ -1,0 +1,113 @@
+"""The model finder and per-model pages say what the evidence says, by rule: an engine is listed as
+serving a model's MTP only when the model declares or ships MTP layers and the support matrix
+matches it; engines that ran a model's MTP in a measured record are named from the records; the
+finder's table stays out of the search index (per-model pages are the models' entries)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from site_helpers import REPO, crawl_mirror, engines_in, parse_html, site_copy
+
+from atlas import store
+from atlas.measure import records
+from atlas.site import evidence, modelpages, render, servable
+
+TEAM = "mtp-atlas/byte-mtp-8l"
+MATRIX = REPO / "evidence" / "servable.toml"
+
+
+@pytest.fixture(scope="module")
+def finder_site(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("finder")
+    layout = site_copy(root)
+    db = root / "atlas.duckdb"
+    crawl_mirror(db)
+    con = store.connect(db)
+    try:
+        _, _, errors = records.import_records(con, REPO / "evidence" / "measurements")
+    finally:
+        con.close()
+    assert not errors, errors
+    ev = evidence.generate(db, layout.evidence / "module-08.evidence.md", layout.evidence / "servable.toml")
+    models = modelpages.generate(db, layout.evidence / modelpages.FILE_NAME, layout.evidence / "servable.toml", REPO)
+    render.build(layout)
+    return layout, models, ev
+
+
+def finder_rows(layout: render.Layout) -> dict[str, dict[str, str]]:
+    page = parse_html((layout.build / "models" / "index.html").read_text(encoding="utf-8"))
+    table = next(t for t in page.tables if t.header[0] == "model")
+    return {r[0]: dict(zip(table.header, r)) for r in table.rows}
+
+
+def test_a_model_declaring_zero_mtp_layers_is_served_by_no_engine(finder_site) -> None:
+    layout, models, _ = finder_site
+    kimi = next(m for m in models.models if m.repo_id == "moonshotai/Kimi-K2-Instruct")
+    assert kimi.current is not None and kimi.current.declared == 0
+    # its architecture is one SGLang's entry names: the architecture alone must not make it servable
+    matrix = servable.load(MATRIX)
+    assert [e.engine for e in matrix.engines_for(kimi.family, ["DeepseekV3ForCausalLM"])] == ["SGLang"]
+    assert kimi.servable == []
+    assert finder_rows(layout)[kimi.repo_id]["servable"] == "—"
+
+
+
+def test_servable_only_where_the_model_declares_or_ships_and_the_matrix_matches(finder_site) -> None:
+    layout, models, ev = finder_site
+    matrix = servable.load(MATRIX)
+    rows = finder_rows(layout)
+    nemotron_without_key = [m for m in models.models if m.family == "nemotron_h" and m.current
+                            and m.current.declared is None]
+    assert len(nemotron_without_key) == 2
+    for m in models.models:
+        archs = [a.strip() for a in (m.architectures or "").split(",") if a.strip()]
+        has_mtp = m.current is not None and ((m.current.declared or 0) > 0 or (m.current.shipped or 0) > 0)
+        want = [e.engine for e in matrix.engines_for(m.family, archs)] if has_mtp else []
+        assert [e.engine for e in m.servable] == want, m.repo_id
+        assert engines_in(rows[m.repo_id]["servable"], matrix) == want, m.repo_id
+        if not want:
+            assert rows[m.repo_id]["servable"] == "—" or m.measured, m.repo_id
+    for m in nemotron_without_key:
+        assert m.servable == [] and "vLLM" not in rows[m.repo_id]["servable"]
+    # the same rule as the module's servable matrix: as many servable Hub models in both
+    hub = [m for m in models.models if not m.repo_id.startswith("mtp-atlas/")]
+    assert sum(1 for m in hub if m.servable) == ev.facts.n_servable
+
+
+def test_engines_that_measured_a_model_are_named_from_its_records(finder_site) -> None:
+    layout, models, _ = finder_site
+    team = next(m for m in models.models if m.repo_id == TEAM)
+    engines = {x.engine for x in team.measured}
+    assert any(e.startswith("vllm ") for e in engines)  # the committed vLLM record
+    row = finder_rows(layout)[TEAM]
+    assert "vLLM (measured run)" in row["servable"]
+    assert row["measured"].startswith(f"{len(team.measured)} cells: ")
+    assert all(e in row["measured"] for e in engines)
+    page = parse_html((layout.build / "models" / team.slug / "index.html").read_text(encoding="utf-8"))
+    levels = next(t for t in page.tables if t.header == ["claim level", "what it says", "provenance"])
+    said = {r[0]: r[1] for r in levels.rows}
+    vllm = next(e for e in engines if e.startswith("vllm "))
+    assert vllm in said["servable"].split("ran its MTP in a measured run: ", 1)[1]
+    assert all(e in said["measured"] for e in engines)
+
+
+def test_the_finder_table_is_out_of_the_search_index_and_model_pages_are_in(finder_site) -> None:
+    layout, models, _ = finder_site
+    index = json.loads((layout.build / "search" / "search_index.json").read_text(encoding="utf-8"))
+    docs = index["docs"]
+    finder = [d for d in docs if d["location"].split("#")[0] == "models/"]
+    assert finder, "the finder page itself is still found"
+    no_page = [m.repo_id for m in models.models if not m.has_page]
+    assert no_page
+    for d in finder:
+        assert not any(rid in d["text"] for rid in no_page), d["text"][:300]
+    for m in models.models:
+        if m.has_page:
+            entries = [d for d in docs if d["location"].startswith(f"models/{m.slug}/")]
+            assert entries, m.repo_id
+            first = re.sub("<[^>]+>", "", entries[0]["text"])
+            assert len(first) < 400, (m.repo_id, first)  # a preview, not a table
+
