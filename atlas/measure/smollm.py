@@ -52,6 +52,8 @@ DEFAULT_OUT_PATH = "data/real-models/smollm2-135m-mtp"
 HEAD_DIR = ROOT / "data" / "real-heads" / "smollm2-135m-mtp"
 HEAD_FILE = "head.safetensors"
 RECIPE_FILE = "recipe.json"
+# the committed head (make real-model-head rewrites it; this pin makes a changed file fail the tests)
+HEAD_SHA256 = "db7b677012d60b58fb7c727621d4052f0a77d94acea977681c00d1a35ff005a3"
 
 MAIN_LAYERS = 30
 # The router's score-correction bias: expert 0 always wins the top-1 (scores are sigmoid(0) = 0.5).
