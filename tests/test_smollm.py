@@ -238,3 +238,11 @@ def test_real_checkpoint_speculative_greedy_identity(real) -> None:
         plain = generate_plain(fused, prompt, 20, Sampling(), torch.Generator())
         for k in (1, 3):
             assert generate_speculative(fused, prompt, 20, k, Sampling(), torch.Generator()).tokens == plain.tokens
+    # transformers' own use_mtp on the same checkpoint (pointed at its MTP layer 30)
+    smollm.let_transformers_find_mtp(model)
+    ids = torch.tensor([prompts[0]])
+    with torch.inference_mode():
+        ref = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+        mtp = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0,
+                             use_mtp=True)
+    assert torch.equal(mtp, ref)
