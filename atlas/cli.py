@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -12,13 +13,17 @@ from atlas import AtlasError, __version__
 
 
 class AtlasGroup(click.Group):
-    """Print AtlasError as a one-line message and exit 1, instead of a traceback."""
+    """Print AtlasError as a one-line message and exit 1, instead of a traceback; $HF_TOKEN is
+    scrubbed from it (a hub or proxy may echo it in an error text)."""
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
+        from atlas.hub import redact
+
+        redact.keep_secret(os.environ.get("HF_TOKEN"))
         try:
             return super().invoke(ctx)
         except AtlasError as exc:
-            click.secho(f"Error: {exc}", fg="red", err=True)
+            click.secho(f"Error: {redact.text(str(exc))}", fg="red", err=True)
             sys.exit(1)
 
 
@@ -62,6 +67,7 @@ def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint
     from contextlib import ExitStack
 
     from atlas.hub import crawl as crawler
+    from atlas.hub.redact import text as shown
     from atlas.paths import default_db
 
     db = db or default_db()
@@ -89,7 +95,7 @@ def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint
             lines = (preflight.plan(db, watch, url, token=token) if plan
                      else preflight.probe(watch, url, token=token))
             for line in lines:
-                click.echo(line)
+                click.echo(shown(line))
             return
         try:
             summary = crawler.crawl(db, watch, endpoint=url, endpoint_label=label, token=token, cache_dir=cache_dir,
@@ -98,10 +104,10 @@ def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint
             click.secho(f"Interrupted: {exc}", fg="yellow", err=True)
             sys.exit(130)
     for line in crawler.iter_summary_lines(summary):
-        click.echo(line)
+        click.echo(shown(line))
     if summary.status != "complete" or summary.incomplete:
-        click.secho("Snapshot is " + ("partial: " + "; ".join(summary.problems) if summary.status != "complete"
-                    else f"complete, but {len(summary.incomplete)} repos could not be fetched (listed above)"),
+        click.secho(shown("Snapshot is " + ("partial: " + "; ".join(summary.problems) if summary.status != "complete"
+                          else f"complete, but {len(summary.incomplete)} repos could not be fetched (listed above)")),
                     fg="yellow", err=True)
         sys.exit(2)
 
@@ -318,9 +324,12 @@ def conformance_group() -> None:
 @click.option("--max-new-tokens", type=click.IntRange(min=8), default=64, show_default=True)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--patch", "patches", multiple=True, type=click.Choice(["expand-kernel-fix"]),
+              help="a named run-time patch applied in the driver process first; the record names a patched build (with the "
+                   "patch's sha256), never the release")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="record folder (default: evidence/conformance/ of the project)")
 def conformance_run(engine: str, engine_python: str | None, layouts: str, draft_tokens: str, draft_sampling: str,
-                    requests: int, max_new_tokens: int, dtype: str, seed: int, out: str | None) -> None:
+                    requests: int, max_new_tokens: int, dtype: str, seed: int, patches: tuple[str, ...], out: str | None) -> None:
     """Run the conformance suite against an engine and write one dated record."""
     from atlas.measure import conformance
     from atlas.measure.engines.vllm_client import find_python
@@ -332,11 +341,13 @@ def conformance_run(engine: str, engine_python: str | None, layouts: str, draft_
         raise AtlasError(f"--draft-sampling expects greedy and/or probabilistic, got {draft_sampling!r}")
     record = conformance.run_suite(
         find_python(engine_python), [x.strip() for x in layouts.split(",") if x.strip()], _numbers(draft_tokens, "--draft-tokens", int),
-        samplings, requests, max_new_tokens, seed, dtype, command_line(), log=click.echo,
+        samplings, requests, max_new_tokens, seed, dtype, command_line(), log=click.echo, patches=patches,
     )
     path = conformance.write_record(record, Path(out) if out else project_path(conformance.DEFAULT_DIR))
     failed = [c for c in record.checks if not c.passed]
-    click.echo(f"wrote {path}: {len(record.checks) - len(failed)} of {len(record.checks)} checks passed")
+    click.echo(f"wrote {path} ({record.build}): {len(record.checks) - len(failed)} of {len(record.checks)} checks passed")
+    for v in conformance.verdicts([(path, record)]):
+        click.echo(f"  {v.layout:<12} T {v.temperature:<3} drafts {v.draft_sampling:<13} {v.result}: {v.reason}")
 
 
 @conformance_group.command("show")
@@ -348,8 +359,8 @@ def conformance_show(directory: str | None) -> None:
 
     folder = Path(directory) if directory else project_path(conformance.DEFAULT_DIR)
     for v in conformance.verdicts(conformance.load_records(folder)):
-        click.echo(f"{v.date} {v.package} {v.version} {v.layout:<12} T {v.temperature:<3} drafts {v.draft_sampling:<13} "
-                   f"{'checked lossless' if v.passed else 'FAILS'}: {v.detail}")
+        click.echo(f"{v.date} {v.build} {v.layout:<12} T {v.temperature:<3} drafts {v.draft_sampling:<13} "
+                   f"{v.result}: {v.reason}; {v.detail}")
 
 
 # ---- evidence and site (store -> evidence -> site) ---------------------------------------------

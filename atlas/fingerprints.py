@@ -119,7 +119,8 @@ FACT_RULES: tuple[FactRule, ...] = (
     FactRule("mtp_transformer_layers", ("mtp_transformer_layers",), "int"),
 )
 
-_IDENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
+# Used with fullmatch: `$` would accept one trailing newline ("deepseek_v3\n", a second family).
+_IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}")
 _COMPILED = tuple((rule, re.compile(rule.pattern)) for rule in WEIGHT_RULES)
 
 
@@ -298,9 +299,9 @@ def _coerce(raw: Any, kind: str) -> Any:
     if kind == "bool":
         return raw if isinstance(raw, bool) else None
     if kind == "ident":
-        return raw if isinstance(raw, str) and _IDENT.match(raw) else None
+        return raw if isinstance(raw, str) and _IDENT.fullmatch(raw) else None
     if kind == "ident_list":
-        if isinstance(raw, list) and raw and all(isinstance(x, str) and _IDENT.match(x) for x in raw):
+        if isinstance(raw, list) and raw and all(isinstance(x, str) and _IDENT.fullmatch(x) for x in raw):
             return list(raw)
         return None
     raise ValueError(kind)

@@ -41,11 +41,14 @@ def replace_text(path: Path, text: str, what: str) -> bool:
     """Write a generated file only when its content changes; returns whether it did. Written aside
     and renamed, so a full disk or a kill mid-write never leaves a torn file. `what` names the
     file in the error ("the evidence file")."""
-    old = path.read_text(encoding="utf-8") if path.exists() else None
+    try:
+        old = path.read_text(encoding="utf-8") if path.exists() else None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AtlasError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
     if old != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             partial.write_text(text, encoding="utf-8")
             os.replace(partial, path)
         except OSError as exc:

@@ -8,14 +8,18 @@ Rules this module keeps:
 - Raw files and tensor names are keyed by (repo_id, sha) and written once; fingerprints are a
   pure function of them, keyed by (repo_id, sha) and stamped with the rule version.
 - Bulk writes go through registered numpy columns, never row-by-row inserts.
+- Whatever goes wrong underneath (a damaged file, a full or read-only disk) is one line naming the
+  file and what to do (`store_error`), never a traceback; a failed write leaves the snapshots
+  already there intact.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -119,13 +123,43 @@ WHERE s.snapshot_id = (SELECT max(snapshot_id) FROM snapshots WHERE status = 'co
 """
 
 
+_DISK_FULL = ("no space left on device", "disk is full", "not enough space")
+_READ_ONLY = ("read-only file system",)
+
+
+def _disk_error(path: Path | str, exc: BaseException) -> AtlasError | None:
+    """A full or read-only disk under the store, by name (the file is whole: DuckDB commits whole or
+    not at all); None for anything else."""
+    text = _first_line(exc)
+    low = text.lower()
+    code = getattr(exc, "errno", None)
+    if code == errno.ENOSPC or any(k in low for k in _DISK_FULL):
+        return AtlasError(f"the disk holding the atlas store {path} is full ({text}): nothing of this run was "
+                          "written and the snapshots already in the store are intact; free some space and run again")
+    if code == errno.EROFS or any(k in low for k in _READ_ONLY):
+        return AtlasError(f"the atlas store {path} is on a read-only file system ({text}): nothing was written; "
+                          "use --db (or $ATLAS_DB) for a store on a writable disk")
+    return None
+
+
+def store_error(path: Path | str, exc: BaseException) -> AtlasError:
+    """One line for a DuckDB failure under a store that opened: the disk by name, else a damaged file."""
+    return _disk_error(path, exc) or AtlasError(
+        f"the atlas store {path} is damaged or not an atlas store ({_first_line(exc)}); keep it for "
+        "inspection and crawl into a new one with --db (or $ATLAS_DB)")
+
+
 def connect(path: Path | str, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open the store (creating file and schema when needed). Everyone opens the DB through this."""
     path = Path(path)
     if read_only and not path.exists():
         raise AtlasError(f"no atlas store at {path}: run `atlas crawl` first")
     if not read_only:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a read-only or full file system, a file where the folder goes
+            raise AtlasError(f"cannot create the folder {path.parent} for the atlas store: "
+                             f"{exc.strerror or exc}") from None
     try:
         con = duckdb.connect(str(path), read_only=read_only)
     except duckdb.IOException as exc:
@@ -135,16 +169,21 @@ def connect(path: Path | str, read_only: bool = False) -> duckdb.DuckDBPyConnect
                 "or readers only while no one writes). Wait for that process to finish "
                 "(e.g. a running `atlas crawl`) and try again."
             ) from None
-        raise AtlasError(f"cannot open the atlas store {path}: {_first_line(exc)}") from None
+        raise _open_error(path, exc) from None
     except duckdb.Error as exc:
-        raise AtlasError(f"cannot open the atlas store {path}: {_first_line(exc)}") from None
+        raise _open_error(path, exc) from None
     if not read_only:
         try:
             con.execute(SCHEMA)
         except duckdb.Error as exc:
-            con.close()
-            raise AtlasError(f"the atlas store {path} is damaged or not an atlas store: {_first_line(exc)}") from None
+            with suppress(duckdb.Error):
+                con.close()
+            raise store_error(path, exc) from None
     return con
+
+
+def _open_error(path: Path, exc: BaseException) -> AtlasError:
+    return _disk_error(path, exc) or AtlasError(f"cannot open the atlas store {path}: {_first_line(exc)}")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -221,20 +260,28 @@ WEIGHT_SOURCE_FILES = {"index": "model.safetensors.index.json", "header": "model
 FingerprintRows = list[tuple[str, str, str, str, str, str | None]]  # repo, sha, version, name, value, path
 
 
-def _column(values: Iterable[Any]) -> np.ndarray:
-    """Every column goes in as text (or NULL) and is cast in SQL: no type guessing by the driver."""
+Scrub = Callable[[str], str]
+
+
+def _keep(text: str) -> str:
+    return text
+
+
+def _column(values: Iterable[Any], scrub: Scrub = _keep) -> np.ndarray:
+    """Every column goes in as text (or NULL) and is cast in SQL: no type guessing by the driver.
+    Every text, list items included, goes through `scrub` (the crawl's hides its token)."""
     out = []
     for v in values:
         if v is None:
             out.append(None)
         elif isinstance(v, list):
-            out.append(json.dumps(v))
+            out.append(json.dumps([scrub(x) if isinstance(x, str) else x for x in v]))
         elif isinstance(v, bool):
             out.append("true" if v else "false")
         elif isinstance(v, datetime):
             out.append(v.isoformat())
         else:
-            out.append(str(v))
+            out.append(scrub(str(v)))
     return np.array(out, dtype=object)
 
 
@@ -243,13 +290,14 @@ def _bulk_insert(
     table: str,
     columns: dict[str, tuple[str, list[Any]]],
     unique_on: tuple[str, ...] = (),
+    scrub: Scrub = _keep,
 ) -> None:
     """INSERT INTO table SELECT casts FROM registered numpy columns (one statement, any size);
     with `unique_on`, rows whose key is already in the table are skipped (an anti-join in SQL)."""
     lengths = {len(vals) for _, vals in columns.values()}
     if lengths == {0}:
         return
-    data = {name: _column(vals) for name, (_, vals) in columns.items()}
+    data = {name: _column(vals, scrub) for name, (_, vals) in columns.items()}
     view = f"_bulk_{table}"
     con.register(view, data)
     try:
@@ -263,7 +311,14 @@ def _bulk_insert(
             where = f" WHERE NOT EXISTS (SELECT 1 FROM {table} t WHERE {match})"
         con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {casts} FROM {view} v{where}")
     finally:
-        con.unregister(view)
+        _unregister(con, view)
+
+
+def _unregister(con: duckdb.DuckDBPyConnection, name: str) -> None:
+    """Drop a registered relation; after a failed statement DuckDB refuses even that, and the
+    failure that matters is the one already on its way."""
+    with suppress(duckdb.Error):
+        con.unregister(name)
 
 
 @contextmanager
@@ -275,7 +330,7 @@ def _pairs_view(con: duckdb.DuckDBPyConnection, pairs: Iterable[tuple[str, str]]
     try:
         yield name
     finally:
-        con.unregister(name)
+        _unregister(con, name)
 
 
 # ---- reads --------------------------------------------------------------------------------------
@@ -311,7 +366,7 @@ def require_complete_snapshot(db: Path) -> int:
         rows = con.execute("SELECT max(snapshot_id) FROM snapshots WHERE status = 'complete'").fetchall()
         partial = con.execute("SELECT count(*) FROM snapshots WHERE status <> 'complete'").fetchall()[0][0]
     except duckdb.Error as exc:
-        raise AtlasError(f"the atlas store {db} is damaged or not an atlas store: {_first_line(exc)}") from None
+        raise store_error(db, exc) from None
     finally:
         con.close()
     if not rows or rows[0][0] is None:
@@ -371,7 +426,7 @@ def utc_now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None, microsecond=0)
 
 
-def _replace_fingerprints(con: duckdb.DuckDBPyConnection, rows: FingerprintRows) -> None:
+def _replace_fingerprints(con: duckdb.DuckDBPyConnection, rows: FingerprintRows, scrub: Scrub = _keep) -> None:
     if not rows:
         return
     pairs = sorted({(r[0], r[1]) for r in rows})
@@ -381,9 +436,9 @@ def _replace_fingerprints(con: duckdb.DuckDBPyConnection, rows: FingerprintRows)
             "DELETE FROM fingerprints f USING _fp_pairs p WHERE f.repo_id = p.repo_id AND f.sha = p.sha"
         )
     finally:
-        con.unregister("_fp_pairs")
+        _unregister(con, "_fp_pairs")
     cols = ("repo_id", "sha", "rule_version", "name", "value", "path")
-    _bulk_insert(con, "fingerprints", {c: ("VARCHAR", [r[i] for r in rows]) for i, c in enumerate(cols)})
+    _bulk_insert(con, "fingerprints", {c: ("VARCHAR", [r[i] for r in rows]) for i, c in enumerate(cols)}, scrub=scrub)
 
 
 def write_snapshot(
@@ -394,10 +449,12 @@ def write_snapshot(
     weights: Sequence[WeightNames],
     fingerprint_rows: FingerprintRows,
     file_errors: Sequence[tuple[str, str, str, str]] = (),
+    scrub: Scrub = _keep,
 ) -> int:
     """Write one whole snapshot in a single transaction and return its id. `file_errors` are
     (repo_id, sha, filename, error) for side files that can never be read at that sha (parse
-    errors, over the size limit, a listed file that is absent); passing errors are not stored."""
+    errors, over the size limit, a listed file that is absent); passing errors are not stored.
+    Every text written goes through `scrub`."""
     con.execute("BEGIN TRANSACTION")
     try:
         (snapshot_id,) = con.execute("SELECT coalesce(max(snapshot_id), 0) + 1 FROM snapshots").fetchall()[0]
@@ -414,6 +471,7 @@ def write_snapshot(
                 "fetched_at": ("TIMESTAMP", [now] * len(files)),
             },
             unique_on=("repo_id", "sha", "filename"),
+            scrub=scrub,
         )
         _bulk_insert(
             con,
@@ -425,23 +483,26 @@ def write_snapshot(
                 "names": ("VARCHAR[]", [w.names for w in weights]),
             },
             unique_on=("repo_id", "sha"),
+            scrub=scrub,
         )
         _bulk_insert(
             con,
             "file_errors",
             {c: ("VARCHAR", [e[i] for e in file_errors]) for i, c in enumerate(("repo_id", "sha", "filename", "error"))},
             unique_on=("repo_id", "sha", "filename"),
+            scrub=scrub,
         )
-        _replace_fingerprints(con, fingerprint_rows)
+        _replace_fingerprints(con, fingerprint_rows, scrub)
         s = snapshot
         con.execute(
             "INSERT INTO snapshots (snapshot_id, started_at, finished_at, endpoint, watchlist_digest, status, "
             "n_listed, n_fetched, n_unchanged, n_gated, n_missing, n_failed, rule_version, n_requests, "
             "n_rate_limited, problems, n_seen, coverage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
-                snapshot_id, s.started_at, s.finished_at, s.endpoint, s.watchlist_digest, s.status,
+                snapshot_id, s.started_at, s.finished_at, scrub(s.endpoint), s.watchlist_digest, s.status,
                 s.n_listed, s.n_fetched, s.n_unchanged, s.n_gated, s.n_missing, s.n_failed,
-                s.rule_version, s.n_requests, s.n_rate_limited, s.problems, s.n_seen, s.coverage,
+                s.rule_version, s.n_requests, s.n_rate_limited, s.problems and scrub(s.problems), s.n_seen,
+                s.coverage and scrub(s.coverage),
             ],
         )
         types = {
@@ -453,10 +514,10 @@ def write_snapshot(
         columns: dict[str, tuple[str, list[Any]]] = {"snapshot_id": ("INTEGER", [snapshot_id] * len(models))}
         for name in fields:
             columns[name] = (types.get(name, "VARCHAR"), [getattr(m, name) for m in models])
-        _bulk_insert(con, "hub_models", columns)
+        _bulk_insert(con, "hub_models", columns, scrub=scrub)
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        rollback(con)
         raise
     return int(snapshot_id)
 
@@ -468,5 +529,12 @@ def write_fingerprints(con: duckdb.DuckDBPyConnection, rows: FingerprintRows) ->
         _replace_fingerprints(con, rows)
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        rollback(con)
         raise
+
+
+def rollback(con: duckdb.DuckDBPyConnection) -> None:
+    """Undo a failed write. A COMMIT that failed (a full disk) has already ended the transaction,
+    and DuckDB then refuses the ROLLBACK: the error worth reporting is the first one."""
+    with suppress(duckdb.Error):
+        con.execute("ROLLBACK")

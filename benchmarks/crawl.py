@@ -8,10 +8,13 @@ depend on the window length: it reads both quota and window from the RateLimit h
 
 Prints, side by side: each bucket's allowance vs the achieved rate (as ratios), how full each
 complete window was, 429s, lost repos, the no-change recrawl's file requests, the fingerprint pass,
-and peak RSS.
+and peak RSS. First, the local hub's listing on its own at 2 000 and 8 000 repos, all in one org and
+spread over ten (every org listed as the crawler lists it, 100 models a page, no rate limit): the
+time at 8 000 over the time at 2 000 is ~4 when the listing is linear in the mirror's size, ~16
+when it is quadratic.
 
     .venv/bin/python benchmarks/crawl.py [--repos 5000] [--tier anonymous] [--window-s 30]
-                                         [--latency-ms 20] [--concurrency 16]
+                                         [--latency-ms 20] [--concurrency 16] [--listing-only]
 """
 
 from __future__ import annotations
@@ -37,11 +40,11 @@ from atlas.hub.server import HubServer, MirrorRepo  # noqa: E402
 ORGS = 10
 
 
-def synthetic_repos(n: int) -> dict[str, MirrorRepo]:
+def synthetic_repos(n: int, orgs: int = ORGS) -> dict[str, MirrorRepo]:
     """Configs shaped like real ones; every 4th declares MTP, every 10th has a weight index."""
     repos: dict[str, MirrorRepo] = {}
     for i in range(n):
-        repo_id = f"bench-org-{i % ORGS}/model-{i:05d}"
+        repo_id = f"bench-org-{i % orgs}/model-{i:05d}"
         layers = 24 + i % 40
         config: dict[str, object] = {
             "architectures": ["BenchForCausalLM"], "model_type": "bench", "hidden_size": 1024 + 64 * (i % 8),
@@ -59,6 +62,32 @@ def synthetic_repos(n: int) -> dict[str, MirrorRepo]:
             ).encode()
         repos[repo_id] = MirrorRepo(repo_id, files, {"downloads": n - i})
     return repos
+
+
+def listing_seconds(n: int, orgs: int) -> tuple[float, int]:
+    """Seconds to list every org of an n-repo hub as the crawler does, and the models listed."""
+    from huggingface_hub import HfApi
+
+    repos = synthetic_repos(n, orgs)
+    unlimited = {bucket: 10**9 for bucket in TIERS["anonymous"]}
+    with HubServer(repos, page_size=100, limits=unlimited) as hub:
+        api = HfApi(endpoint=hub.url, token=False)
+        t0 = time.perf_counter()
+        listed = sum(1 for k in range(orgs) for _ in api.list_models(
+            author=f"bench-org-{k}", pipeline_tag="text-generation", sort="downloads", expand=crawler.LISTING_EXPAND))
+        return time.perf_counter() - t0, listed
+
+
+def print_listing_scale() -> float:
+    """The listing at 2 000 and 8 000 repos, in one org and in ORGS; returns the worst ratio of times."""
+    worst = 0.0
+    for orgs in (1, ORGS):
+        (small_s, small_n), (big_s, big_n) = listing_seconds(2000, orgs), listing_seconds(8000, orgs)
+        ratio = big_s / small_s
+        worst = max(worst, ratio)
+        print(f"hub listing, {orgs} org(s), 100 a page: 2000 repos {small_s:.2f} s ({small_n} listed), 8000 repos "
+              f"{big_s:.2f} s ({big_n} listed); ratio 8000/2000 = {ratio:.1f} (linear ~4, quadratic ~16)")
+    return worst
 
 
 def peak_rss_mb() -> float:
@@ -89,7 +118,12 @@ def main() -> int:
     parser.add_argument("--window-s", type=float, default=30.0, help=f"rate-limit window (the Hub's: {WINDOW_S} s)")
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--listing-only", action="store_true", help="only the hub listing at 2000 and 8000 repos")
     args = parser.parse_args()
+
+    listing_ratio = print_listing_scale()
+    if args.listing_only:
+        return 0 if listing_ratio < 8 else 1
 
     t0 = time.perf_counter()
     repos = synthetic_repos(args.repos)
@@ -164,7 +198,7 @@ def main() -> int:
     print(f"fingerprint pass: pure rules {pure_s:.2f} s for {len(configs)} configs "
           f"({len(configs) / pure_s:,.0f}/s); --refingerprint (store read+write) {refp_s:.2f} s for {n_refp}")
     print(f"peak RSS (crawler + hub server, one process): {peak_rss_mb():.0f} MiB; store file {db_mb:.1f} MiB")
-    ok = lost == 0 and first.failed == 0 and file_requests_second == 0 and verdict >= 0.95
+    ok = lost == 0 and first.failed == 0 and file_requests_second == 0 and verdict >= 0.95 and listing_ratio < 8
     return 0 if ok else 1
 
 

@@ -4,6 +4,12 @@ same run again, back to back, to show whether the gate decisions reproduce. Reco
 folder (or --out), not evidence/.
 
     .venv/bin/python benchmarks/measure.py [--model PATH] [--repeats 5] [--max-new-tokens 128] [--runs 2]
+    .venv/bin/python benchmarks/measure.py --hybrid [--repeats 30]
+
+--hybrid: one hybrid checkpoint (Qwen3-Next as shipped, three Gated DeltaNet layers per attention
+layer, tiny sizes from the mirror config) against the same model with every layer full attention:
+plain 1-row and (k+1)-row verify pass costs, the recurrent state slots' memory next to the KV
+caches, and what the per-position slots cost a plain step (slots for k = 4 against k = 0).
 
 What is compared with what, so no two different quantities share a column:
 - engines at EQUAL k: our k = the checkpoint's MTP layer count (1 here) against transformers'
@@ -24,10 +30,16 @@ import shlex
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from atlas.measure.checkpoint import DEFAULT_MODEL
+import torch
+
+from atlas.measure.checkpoint import DEFAULT_MODEL, load_checkpoint
 from atlas.measure.engines.atlas_engine import run
+from atlas.measure.model import FastLayer, FusedModel, ModuleLayer, build_fused_model
+from atlas.measure.oracles import write_checkpoint
+from atlas.measure.recurrent import state_bytes
 from atlas.measure.options import Options
 from atlas.measure.records import Cell, Record
 
@@ -93,6 +105,52 @@ def report(record: Record) -> None:
         print(f"  speed-up over each engine's own plain baseline: ours higher in {own} of {len(equal)} cells")
 
 
+def kv_bytes(fused: FusedModel) -> int:
+    """Bytes of the main model's attention caches (allocated for max_len positions)."""
+    total = 0
+    for layer in fused.layers:
+        if isinstance(layer, FastLayer):
+            total += sum(t.numel() * t.element_size() for t in (layer.k_cache, layer.v_cache))
+        elif isinstance(layer, ModuleLayer) and layer.slot.k is not None:
+            total += sum(t.numel() * t.element_size() for t in (layer.slot.k, layer.slot.v))
+    return total
+
+
+def hybrid_report(repeats: int, depth: int = 8, max_len: int = 256, ks: tuple[int, ...] = (1, 2, 3, 4)) -> None:
+    torch.set_num_threads(1)
+    prompt = list(range(5, 69))
+    with tempfile.TemporaryDirectory() as scratch:
+        models: dict[str, FusedModel] = {}
+        for name, overrides in (("hybrid (3 GDN : 1 attention)", {}), ("full attention", {"layer_types": ["full_attention"] * depth})):
+            folder = write_checkpoint("qwen3_next", Path(scratch) / name.split()[0], "random", depth=depth, overrides=overrides)
+            got = load_checkpoint(str(folder), torch.device("cpu"), torch.float32)
+            for max_draft in (max(ks), 0):
+                fused = build_fused_model(got.model, got.mtp, max_len, prompt, max_draft=max_draft)
+                with torch.inference_mode():
+                    fused.main(torch.tensor(prompt), 0)  # allocates every cache
+                models[f"{name}, slots for k <= {max_draft}"] = fused
+    print(f"\nqwen3_next, {depth} layers, hidden 64, CPU 1 thread, median of {repeats} interleaved rounds at position {len(prompt) + 32} (perf_counter)")
+    print(f"{'model':<44} {'plain ms':>9} " + " ".join(f"{f'verify k={k}':>11}" for k in ks) + f" {'state KiB':>10} {'extra KiB':>10} {'KV KiB':>8}")
+    position, ids = len(prompt) + 32, torch.zeros(max(ks) + 1, dtype=torch.long)
+    rows = {label: [1, *(k + 1 for k in ks if k <= f.max_draft)] for label, f in models.items()}
+    samples: dict[tuple[str, int], list[float]] = {}
+    with torch.inference_mode():
+        for _ in range(repeats):  # round-robin, so drift in the machine's speed spreads over every model
+            for label, fused in models.items():
+                for n in rows[label]:
+                    t0 = time.perf_counter()
+                    fused.main(ids[:n], position)
+                    samples.setdefault((label, n), []).append(time.perf_counter() - t0)
+    base = None
+    for label, fused in models.items():
+        med = {n: statistics.median(samples[(label, n)]) for n in rows[label]}
+        base = base or med[1]
+        total, extra = state_bytes(fused.layers)
+        verify = " ".join(f"{med[k + 1] * 1e3:8.2f} ms" if k + 1 in med else f"{'-':>11}" for k in ks)
+        print(f"{label:<44} {med[1] * 1e3:6.2f} ms {verify} {total / 1024:10.1f} {extra / 1024:10.1f} {kv_bytes(fused) / 1024:8.1f}"
+              f"   plain {med[1] / base:.2f}x the first row's")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=str(DEFAULT_MODEL))
@@ -104,7 +162,11 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--runs", type=int, default=2, help="back-to-back runs whose gate decisions are compared")
     parser.add_argument("--out", default=None, help="keep the records in this folder (default: a scratch folder)")
+    parser.add_argument("--hybrid", action="store_true", help="pass costs and state memory: a hybrid checkpoint vs full attention")
     args = parser.parse_args()
+    if args.hybrid:
+        hybrid_report(args.repeats)
+        return
     records: list[Record] = []
     with tempfile.TemporaryDirectory() as scratch:
         for i in range(args.runs):

@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LOOP_TESTS = ["tests/test_decode.py", "tests/test_families.py"]
 RECORD_TESTS = ["tests/test_records.py"]
+RECURRENT_TESTS = ["tests/test_recurrent.py"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Mutant:
 
 
 LOOP = "atlas.measure.generate"
+RECURRENT = "atlas.measure.recurrent"
 RECORDS = "atlas.measure.records"
 MUTANTS = (
     Mutant("reused-uniform", "lossy", LOOP,
@@ -99,6 +101,14 @@ MUTANTS = (
     Mutant("headline-max", "metric", RECORDS,
            "speedup = statistics.median(speedups)", "speedup = max(speedups)", tuple(RECORD_TESTS),
            "headline speed-up as the best repeat, not the median"),
+    Mutant("state-slot-off-by-one", "lossy", RECURRENT,
+           "return self.zero if start == 0 else self.state[(start - 1) % self.state.shape[0]]",
+           "return self.zero if start == 0 else self.state[(start - 2) % self.state.shape[0]]", tuple(RECURRENT_TESTS),
+           "a round starts from the recurrent state one position before the last accepted one"),
+    Mutant("conv-window-not-rolled-back", "lossy", RECURRENT,
+           "before = [p % c for p in range(start - self.kernel + 1, start) if p >= 0]",
+           "before = [p % c for p in range(start - self.kernel + 2, start + 1) if p >= 0]", tuple(RECURRENT_TESTS),
+           "the conv window keeps the newest column written, a rejected draft's input after a rejection"),
 )
 
 

@@ -13,6 +13,24 @@
 
   function content() { return document.querySelector(".md-content__inner") || document.body; }
 
+  // Words of a widget's table drawn on more than one line ("outp/ut"): one Range per word, and a
+  // word whose Range has several line boxes was broken inside.
+  function brokenWords(root) {
+    var out = [];
+    var walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    for (var node = walker.nextNode(); node; node = walker.nextNode()) {
+      var re = /\S+/g, m;
+      while ((m = re.exec(node.data))) {
+        var r = document.createRange();
+        r.setStart(node, m.index);
+        r.setEnd(node, m.index + m[0].length);
+        var tops = Array.prototype.map.call(r.getClientRects(), function (b) { return Math.round(b.top); });
+        if (new Set(tops).size > 1) out.push(m[0]);
+      }
+    }
+    return out;
+  }
+
   // Every table and chart of the page, with every collapsible block opened so hidden content is
   // laid out (and measured) too.
   function measure() {
@@ -29,11 +47,13 @@
         var fonts = Array.prototype.map.call(t.querySelectorAll("td"), function (c) {
           return parseFloat(getComputedStyle(c).fontSize); });
         return {index: i, box: box(t), maxCellRight: Math.max.apply(null, rights.concat([0])),
-                hiddenScroll: wrap.scrollWidth - wrap.clientWidth,
+                // sideways scrolling of its wrapper, or of the table itself (a display: block table)
+                hiddenScroll: Math.max(wrap.scrollWidth - wrap.clientWidth, t.scrollWidth - t.clientWidth),
                 header: Array.prototype.map.call(t.tHead ? t.tHead.rows[0].cells : [], function (th) {
                   return (th.textContent || "").trim(); }),
                 cards: t.hasAttribute("data-atlas-cards") && getComputedStyle(t).display === "block",
                 widget: !!t.closest(".atlas-widget"),
+                brokenWords: t.closest(".atlas-widget") ? brokenWords(t) : [],
                 minFont: Math.min.apply(null, fonts.concat([99])),
                 rows: t.tBodies.length ? t.tBodies[0].rows.length : 0};
       });
@@ -49,8 +69,18 @@
                 minSvgFont: Math.min.apply(null, svgFonts.concat([99])),
                 minHtmlFont: Math.min.apply(null, htmlFonts.concat([99]))};
       });
+      // diagrams and widgets: their box, and whether anything inside scrolls sideways
+      var blocks = Array.prototype.map.call(main.querySelectorAll(".atlas-diagram, .atlas-widget"), function (d) {
+        var svg = d.querySelector("svg");
+        return {kind: d.getAttribute("data-atlas-diagram") || d.getAttribute("data-atlas-widget"),
+                box: box(d), inner: svg ? box(svg) : null, hiddenScroll: d.scrollWidth - d.clientWidth,
+                // HTML content only: an SVG's drawing is clipped to its own (measured) box
+                maxChildRight: Math.max.apply(null, Array.prototype.filter.call(
+                  d.querySelectorAll("*"), function (c) { return !c.closest("svg"); }).map(function (c) {
+                    return box(c).right; }).concat([0]))};
+      });
       return {width: window.innerWidth, docScrollWidth: document.documentElement.scrollWidth,
-              column: col, tables: tables, charts: charts};
+              column: col, tables: tables, charts: charts, blocks: blocks};
     });
   }
 

@@ -134,8 +134,9 @@ next: null
 
 Exemplars: {{ facts.exemplars | join(", ") }}
 
-{% for name in ["declared", "aggregate", "shipped", "mismatches", "servable", "measured",
-                "adoption_chart", "layers_chart", "provenance"] %}
+{% for name in ["summary", "declared", "aggregate", "shipped", "mismatches", "servable",
+                "conformance", "measured", "adoption_chart", "layers_chart", "provenance",
+                "backfires", "verdict_measured"] %}
 <h2 id="ev-{{ name | replace('_', '-') }}">{{ name | replace('_', ' ') }}</h2>
 
 {{ evidence(name) }}
@@ -238,10 +239,11 @@ HOSTILE_BASELINE = "plain <b>decoder</b> | `same cache`"
 
 
 def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list[int] | None = None,
-                      quick: bool = False, day: int = 28) -> str:
+                      quick: bool = False, day: int = 28, speed: float = PLANTED_SPEED) -> str:
     """Write a real record file through the measurement module's public interface and import it
     into the store; returns its record id (sha256 of the file). `reached` adds schema-2 reached
-    counts per draft position (cut to each cell's k); `quick` marks a smoke run."""
+    counts per draft position (cut to each cell's k); `quick` marks a smoke run; `speed` is every
+    repeat's speed-up."""
     import hashlib
 
     from atlas.measure import records
@@ -250,7 +252,7 @@ def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list
     cells = []
     for workload, temperature, k in (("templated", 0.0, 1), ("prose|<i>x</i>", 0.7, 2)):
         repeats = [
-            records.Repeat(tokens=100, seconds=1.0, baseline_seconds=PLANTED_SPEED,
+            records.Repeat(tokens=100, seconds=1.0, baseline_seconds=speed,
                            drafted_per_position=[40] * k, accepted_per_position=[30, 20][:k],
                            reached_per_position=reached[:k] if reached else None,
                            verify_passes=40, identical_to_baseline=True if temperature == 0 else None)

@@ -45,7 +45,7 @@ PROBE = (Path(__file__).parent / "layout_probe.js").read_text(encoding="utf-8")
 WIDE, PHONE = 1400, 390
 MIN_LABEL_PX = 9.0
 MODULE_8 = "modules/module-08/"
-SUMMARY_HEADER = ["workload", "T", "engine (baseline)", "gate (k shown)", "acceptance",
+SUMMARY_HEADER = ["workload", "T", "engine", "gate (k shown)", "gate's lower bound", "acceptance",
                   "accepted length", "speed-up (range)", "ideal", "efficiency", "greedy identical"]
 
 
@@ -160,6 +160,7 @@ def test_no_table_or_chart_overflows_the_column_at_1400px(layouts: dict[tuple[st
             assert c["box"]["right"] <= right, (page, c["title"])
             assert c["minSvgFont"] >= MIN_LABEL_PX and c["minHtmlFont"] >= MIN_LABEL_PX, (page, c)
             checked += 1
+        _blocks_fit(page, m, right)
     assert checked >= 10, "module 8 alone has more tables and charts than that"
     assert sum(1 for page, _ in layouts if page.startswith("models/")) > 10, "the model pages were measured"
     assert any(t["header"] == SUMMARY_HEADER for t in layouts[(MODULE_8, WIDE)]["tables"])
@@ -178,9 +179,24 @@ def test_every_page_is_usable_at_390px(layouts: dict[tuple[str, int], dict]) -> 
             assert t["cards"] or t["widget"], (page, t["header"], "not shown as cards on a phone")
             assert t["maxCellRight"] <= right and t["hiddenScroll"] <= 1, (page, t["header"])
             assert t["minFont"] >= 11, (page, t["header"])
+            assert not t["brokenWords"], (page, t["header"], "words broken inside", t["brokenWords"])
         for c in m["charts"]:
             assert c["box"]["right"] <= right, (page, c["title"])
             assert c["minSvgFont"] >= MIN_LABEL_PX, (page, c["title"], c["minSvgFont"])
+        _blocks_fit(page, m, right)
+
+
+def _blocks_fit(page: str, m: dict, right: float) -> None:
+    """Every diagram and widget within the column, nothing in it scrolling sideways; a diagram's
+    drawing scales down to the column instead of keeping its drawn width."""
+    for b in m["blocks"]:
+        assert b["box"]["right"] <= right and b["maxChildRight"] <= right, (page, m["width"], b)
+        assert b["hiddenScroll"] <= 1, (page, m["width"], b["kind"], "scrolls sideways")
+        if b["inner"] is not None:
+            assert b["inner"]["right"] <= right and b["inner"]["width"] <= b["box"]["width"] + 1, (page, b)
+    if page == MODULE_8:
+        kinds = sorted(b["kind"] for b in m["blocks"])
+        assert kinds == ["accept-resample", "calculator", "layouts", "round", "wiring"], kinds
 
 
 def test_measured_summary_shows_its_fields(served: tuple[str, Path, render.Layout], browser: Chromium) -> None:
@@ -189,27 +205,42 @@ def test_measured_summary_shows_its_fields(served: tuple[str, Path, render.Layou
         browser, url + MODULE_8, WIDE,
         "Array.from(document.querySelectorAll('article table')).map(t => ["
         " Array.from(t.tHead.rows[0].cells).map(c => c.textContent.trim()),"
-        " Array.from(t.tBodies[0].rows).map(r => Array.from(r.cells).map(c => c.textContent.trim()))])"
-        ".filter(t => t[0][2] === 'engine (baseline)')")
+        " Array.from(t.tBodies[0].rows).map(r => Array.from(r.cells).map(c => c.textContent.trim())),"
+        " ((t.closest('.md-typeset__scrollwrap') || t).previousElementSibling || {textContent: ''})"
+        ".textContent.trim()])"
+        ".filter(t => t[0][4] === \"gate's lower bound\")")
     assert summary, "no measured summary table on module 8"
-    header, rows = summary[0]
-    assert header == SUMMARY_HEADER
     committed = [records.read_record(p) for p in sorted((REPO / "evidence" / "measurements").glob("*.json"))]
-    groups = {(c.engine, c.workload, c.temperature) for c in committed[0].cells}
-    assert len(rows) == len(groups)  # one row per engine x workload x temperature
-    for row in rows:
-        assert row[3].startswith(("on, k=", "off (best k=", "undecided (best k=", "— (")), row
-        assert float(row[4]) >= 0 and float(row[5]) >= 1  # acceptance, tokens per verify pass
-        median, rng = row[6].split(" ", 1)
-        lo, hi = rng.strip("()").split("–")
-        assert float(lo) <= float(median) <= float(hi)
-        assert row[9] in ("yes", "NO", "n/a (T > 0)")
+    first = committed[0]
+    # the first run's tables: one per baseline, each captioned with its one baseline id
+    mine = [t for t in summary if t[2].startswith("R1,")]
+    baselines = list(dict.fromkeys(c.baseline for c in first.cells))
+    assert len(mine) == len(baselines) and all(f"baseline B{i}" in t[2] for i, t in enumerate(mine, 1))
+    for (header, rows, _), baseline in zip(mine, baselines):
+        assert header == SUMMARY_HEADER
+        engines = {c.engine for c in first.cells if c.baseline == baseline}
+        groups = {(c.engine, c.workload, c.temperature) for c in first.cells if c.baseline == baseline}
+        assert len(rows) == len(groups)  # one row per engine x workload x temperature, one baseline
+        assert {r[2] for r in rows} == {"transformers use_mtp" if e == "transformers-use_mtp" else e for e in engines}
+    for header, rows, _ in summary:
+        for row in rows:
+            assert row[3].startswith(("on, k=", "off (best k=", "undecided (best k=", "— (")), row
+            if row[3].startswith("on, k="):  # the gate's rule: on only where its lower bound is above 1
+                assert float(row[4].split()[0]) > 1, row
+            if row[3].startswith("off"):
+                assert float(row[4].split("upper ")[1].rstrip(")")) < 1, row
+            assert float(row[5]) >= 0 and float(row[6]) >= 1  # acceptance, tokens per verify pass
+            median, rng = row[7].split(" ", 1)
+            lo, hi = rng.strip("()").split("–")
+            assert float(lo) <= float(median) <= float(hi)
+            assert row[10] in ("yes", "NO", "n/a (T > 0)")
 
 
 def test_a_header_click_sorts_the_column(served: tuple[str, Path, render.Layout], browser: Chromium) -> None:
     url, _, _ = served
     summary = ("Array.from(document.querySelectorAll('.md-content__inner table'))"
-               ".findIndex(t => t.tHead.rows[0].cells[2].textContent.trim() === 'engine (baseline)')")
+               ".findIndex(t => t.tHead && t.tHead.rows[0].cells.length > 4 && "
+               "t.tHead.rows[0].cells[4].textContent.trim() === \"gate's lower bound\")")
     result = _in_page(browser, url + MODULE_8, WIDE,
                       f"atlasProbe.sort({summary}, {SUMMARY_HEADER.index('acceptance')})")
     numbers = [float(v) for v in result["before"]]

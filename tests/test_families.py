@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -44,23 +45,24 @@ def wiring_reference(folder: Path, family: str, block: torch.nn.Module, rotary, 
     where the family ships one)."""
     layout = LAYOUTS[family]
     config = json.loads((folder / "config.json").read_text())
-    glue = layout.glue.replace("{N+i}", str(config["num_hidden_layers"])).replace("{i}", "0")
+    text = config.get("text_config") or config
+    names = layout.names(text["num_hidden_layers"], len(text.get("mtp_hybrid_override_pattern", "x")))
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
-        t = {n: f.get_tensor(glue + n) for n in (layout.e_norm, layout.h_norm, layout.proj, layout.final_norm)}
-        head = f.get_tensor(glue + layout.own_head) if layout.own_head else f.get_tensor("lm_head.weight")
-        embed = f.get_tensor(glue + layout.own_embed) if layout.own_embed else f.get_tensor("model.embed_tokens.weight")
+        t = {n: f.get_tensor(names[n]) for n in ("e_norm", "h_norm", "proj", "final_norm", "mtp_head", "mtp_embed")}
     shift = 1.0 if layout.gemma_norms else 0.0
+    eps = text.get("rms_norm_eps", text.get("layer_norm_epsilon"))
 
     def norm(x, w):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + config["rms_norm_eps"]) * (w + shift)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (w + shift)
 
-    e = norm(embed[ids], t[layout.e_norm])
-    h = norm(hidden, t[layout.h_norm])
-    x = torch.cat([h, e] if layout.hidden_first else [e, h], dim=-1) @ t[layout.proj].T
+    e = norm(t["mtp_embed"][ids], t["e_norm"])
+    h = norm(hidden, t["h_norm"])
+    x = torch.cat([h, e] if layout.hidden_first else [e, h], dim=-1) @ t["proj"].T
     n = ids.shape[0]
     mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
-    y = block(x[None], attention_mask=mask, position_ids=positions[None], position_embeddings=rotary(x[None], position_ids=positions[None]))
-    return norm(y[0], t[layout.final_norm]) @ head.T
+    cos_sin = None if rotary is None else rotary(x[None], position_ids=positions[None])
+    y = block(x[None], attention_mask=mask, position_ids=positions[None], position_embeddings=cos_sin)
+    return norm(y[0], t["final_norm"]) @ t["mtp_head"].T
 
 
 def loaded(tmp_path: Path, family: str, mode: str, depth: int, **kwargs):
@@ -68,8 +70,13 @@ def loaded(tmp_path: Path, family: str, mode: str, depth: int, **kwargs):
     return folder, load_checkpoint(str(folder), CPU, torch.float32)
 
 
-@pytest.mark.parametrize("family", sorted(LAYOUTS))
-@pytest.mark.parametrize("depth", [1, 3])
+# Depths other than the real ones; the hybrids' include a full-attention layer (transformers'
+# generate, the reference, cannot decode a cache of recurrent layers only) and every layer kind.
+DEPTHS = {"qwen3_next": (4, 6), "qwen3_5": (4, 5), "qwen3_5_moe": (4, 7), "nemotron_h": (3, 5)}
+CASES = [(f, d) for f in sorted(LAYOUTS) for d in DEPTHS.get(f, (1, 3))]
+
+
+@pytest.mark.parametrize(("family", "depth"), CASES)
 def test_family_at_any_depth_is_faithful_and_lossless(tmp_path: Path, family: str, depth: int) -> None:
     folder, got = loaded(tmp_path, family, "random", depth)
     assert got.family != "transformers MtpModel" and len(got.model.get_decoder().layers) == depth
@@ -80,7 +87,7 @@ def test_family_at_any_depth_is_faithful_and_lossless(tmp_path: Path, family: st
         hidden = out.hidden_states[-1][0]
         positions = torch.arange(1, len(PROMPT))
         _, ours = got.mtp.reference(hidden[:-1], ids[1:], positions)
-        theirs = wiring_reference(folder, family, got.mtp.block, got.model.get_decoder().rotary_emb, hidden[:-1], ids[1:], positions)
+        theirs = wiring_reference(folder, family, got.mtp.block, getattr(got.model.get_decoder(), "rotary_emb", None), hidden[:-1], ids[1:], positions)
         _, drafted = engine.draft(ids[1:], hidden[:-1], 0)
     assert (ours - theirs).abs().max() < 1e-4
     assert (drafted - theirs[-1]).abs().max() < 1e-4
@@ -88,7 +95,7 @@ def test_family_at_any_depth_is_faithful_and_lossless(tmp_path: Path, family: st
     plain = generate_plain(engine, PROMPT, 24, Sampling(), gen)
     ref = got.model.generate(ids[None], max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert plain.tokens == ref[0, len(PROMPT):].tolist()
-    for k in (1, 2, 3):
+    for k in (1, 2, 3, 4):
         assert generate_speculative(engine, PROMPT, 24, k, Sampling(), gen).tokens == plain.tokens
 
 
@@ -109,7 +116,7 @@ def test_a_wrong_concat_order_is_caught(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("family", sorted(LAYOUTS))
 def test_oracle_greedy_acceptance_is_exactly_one(tmp_path: Path, family: str) -> None:
-    _, got = loaded(tmp_path, family, "oracle", 2)
+    _, got = loaded(tmp_path, family, "oracle", DEPTHS.get(family, (2,))[0])
     engine = build_fused_model(got.model, got.mtp, 96, PROMPT)
     gen = torch.Generator().manual_seed(0)
     plain = generate_plain(engine, PROMPT, 20, Sampling(), gen)
@@ -119,12 +126,12 @@ def test_oracle_greedy_acceptance_is_exactly_one(tmp_path: Path, family: str) ->
         assert spec.accepted_per_position == spec.drafted_per_position and sum(spec.drafted_per_position) > 0
 
 
-@pytest.mark.parametrize(("family", "k"), [("mimo", 2), ("deepseek_v3", 3), ("qwen3_next", 2)])
+@pytest.mark.parametrize(("family", "k"), [("mimo", 2), ("deepseek_v3", 3), ("qwen3_next", 2), ("qwen3_5", 3), ("qwen3_5_moe", 1), ("nemotron_h", 2)])
 def test_oracle_sampled_acceptance_matches_the_closed_form(tmp_path: Path, family: str, k: int) -> None:
     """draft_scale 0.6: the MTP head's law is a flattened copy of the main model's, so at T = 1 the
     expected drafted and accepted counts per position follow exactly from the two [V, V] tables
     (atlas.measure.theory.bigram_acceptance); the loop's means must agree within 4.5 standard errors."""
-    folder, got = loaded(tmp_path, family, "oracle", 2, draft_scale=0.6)
+    folder, got = loaded(tmp_path, family, "oracle", DEPTHS.get(family, (2,))[0], draft_scale=0.6)
     p, q = bigram_tables(folder, family)
     engine = build_fused_model(got.model, got.mtp, 64, PROMPT)
     runs, max_new, s = 150, 12, Sampling(temperature=1.0)
@@ -150,9 +157,14 @@ def test_deepseek_with_fewer_kv_heads_than_heads(tmp_path: Path) -> None:
     assert generate_speculative(engine, PROMPT, 12, 2, Sampling(), gen).tokens == plain.tokens
 
 
-def test_hybrid_linear_attention_main_model_is_refused_by_name(tmp_path: Path) -> None:
-    folder = write_checkpoint("qwen3_next", tmp_path, "random", depth=2, overrides=dict(layer_types=["linear_attention", "full_attention"]))
-    with pytest.raises(AtlasError, match="Qwen3-Next: not measured: main-model layer types linear_attention"):
+@pytest.mark.parametrize(("pattern", "why"), [("*M", "sub-layer letter\\(s\\) 'M'"), ("-E", "sub-layer letter\\(s\\) '-'"),
+                                             ("**E", "2 attention sub-layers")])
+def test_nemotron_mtp_sub_layers_other_than_attention_and_moe_are_refused_by_name(tmp_path: Path, pattern: str, why: str) -> None:
+    folder = write_checkpoint("nemotron_h", tmp_path, "random", depth=3)
+    config = json.loads((folder / "config.json").read_text())
+    config["mtp_hybrid_override_pattern"] = pattern
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(AtlasError, match=f"Nemotron-H / Nemotron-3: not measured: mtp_hybrid_override_pattern '{re.escape(pattern)}' has {why}"):
         load_checkpoint(str(folder), CPU, torch.float32)
 
 
@@ -195,7 +207,8 @@ def test_real_configs_from_the_mirror_get_a_row(tmp_path: Path) -> None:
     from atlas.paths import ROOT
 
     shipped = {"deepseek_v3": "model.layers.{N}.eh_proj.weight", "glm4_moe": "model.layers.{N}.eh_proj.weight",
-               "mimo": "model.mtp_layers.0.input_proj.weight"}
+               "mimo": "model.mtp_layers.0.input_proj.weight", "qwen3_next": "mtp.fc.weight", "qwen3_5_text": "mtp.fc.weight",
+               "qwen3_5_moe_text": "mtp.fc.weight", "nemotron_h": "mtp.layers.0.eh_proj.weight"}
     seen = {}
     for path in sorted((ROOT / "data" / "hub-mirror").glob("*/*/config.json")):
         config = json.loads(path.read_text())

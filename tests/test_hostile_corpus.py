@@ -99,8 +99,9 @@ def test_hostile_repos_each_become_their_own_error_and_the_rest_is_kept(tmp_path
     got = {r[0]: r[1:] for r in rows(db, "SELECT repo_id, fetch_status, error, side_file_error, "
                                           "declared_num_mtp_layers, shipped_mtp_layers FROM mtp_fingerprints")}
     assert got["h/fine"] == ("ok", None, None, 1, None)
-    assert got["h/huge-int"][:2] == ("error", "config.json: a number with too many digits to be a value")
-    assert got["h/nested"][:2] == ("error", "config.json: JSON nested too deeply")
+    for repo_id, why in (("h/huge-int", "a number with too many digits to be a value"), ("h/nested", "JSON nested too deeply")):
+        status, error = got[repo_id][:2]
+        assert status == "error" and error.startswith(f"config.json: {why}") and "malformed config" in error
     # values no typed view can hold are dropped with a warning, and the view still answers
     assert got["h/int64"][0] == "ok" and "vocab_size has an unusable value" in got["h/int64"][1]
     assert got["h/three-billion"][0] == "ok" and "num_hidden_layers has an unusable value" in got["h/three-billion"][1]
@@ -143,24 +144,6 @@ def test_hub_values_of_2_63_and_more_are_dropped_with_a_note(tmp_path: Path) -> 
 def test_a_malformed_sha_from_the_hub_is_the_repos_error() -> None:
     listed = crawler.to_listed(ModelInfo(id="org/m", sha="../../etc/passwd"), set())
     assert listed.row.fetch_status == "error" and "malformed commit sha" in listed.row.error and listed.sha is None
-
-
-def test_disk_full_while_writing_a_snapshot_leaves_the_store_whole(tmp_path: Path, make_hub, monkeypatch) -> None:
-    hub = make_hub(build(tmp_path / "m", {"h/fine": HOSTILE["h/fine"]}))
-    crawl(tmp_path, hub, ["h"])
-    real = store._bulk_insert
-
-    def full_disk(con, table, *args, **kwargs):
-        if table == "hub_models":
-            raise duckdb.IOException("Could not write file: No space left on device")
-        return real(con, table, *args, **kwargs)
-
-    monkeypatch.setattr(store, "_bulk_insert", full_disk)
-    with pytest.raises(duckdb.IOException):
-        crawl(tmp_path, hub, ["h"])
-    db = tmp_path / "atlas.duckdb"
-    assert rows(db, "SELECT snapshot_id, status FROM snapshots") == [(1, "complete")]
-    assert rows(db, "SELECT count(*) FROM hub_models") == [(1,)]
 
 
 def test_disk_full_while_writing_the_evidence_never_tears_the_file(tmp_path: Path, monkeypatch) -> None:

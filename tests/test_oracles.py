@@ -25,8 +25,19 @@ EXPECTED = {
                     "model.layers.3.mlp.experts.3.down_proj.weight", "model.layers.3.mlp.shared_experts.up_proj.weight"],
     "qwen3_next": ["mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight",
                    "mtp.layers.0.self_attn.q_norm.weight", "mtp.layers.0.mlp.shared_expert_gate.weight",
-                   "mtp.layers.0.mlp.experts.1.gate_proj.weight"],
+                   "mtp.layers.0.mlp.experts.1.gate_proj.weight", "model.layers.0.linear_attn.in_proj_qkvz.weight"],
+    "qwen3_5": ["mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.norm.weight", "mtp.layers.0.self_attn.q_proj.weight",
+                "mtp.layers.0.mlp.down_proj.weight", "model.language_model.layers.0.linear_attn.in_proj_qkv.weight",
+                "model.language_model.embed_tokens.weight"],
+    "qwen3_5_moe": ["mtp.fc.weight", "mtp.layers.0.mlp.experts.1.gate_proj.weight", "mtp.layers.0.mlp.shared_expert_gate.weight",
+                    "model.language_model.layers.3.self_attn.o_proj.weight"],
+    "nemotron_h": ["mtp.layers.0.enorm.weight", "mtp.layers.0.hnorm.weight", "mtp.layers.0.eh_proj.weight",
+                   "mtp.layers.0.mixer.q_proj.weight", "mtp.layers.1.mixer.experts.3.down_proj.weight",
+                   "mtp.layers.1.mixer.shared_experts.up_proj.weight", "mtp.layers.1.final_layernorm.weight",
+                   "backbone.layers.0.mixer.A_log", "backbone.norm_f.weight"],
 }
+# A depth with a full-attention main layer: transformers' forward cannot run a recurrent-only cache.
+DEPTH = {"qwen3_next": 4, "qwen3_5": 4, "qwen3_5_moe": 4}
 
 
 def names(folder: Path) -> set[str]:
@@ -36,11 +47,12 @@ def names(folder: Path) -> set[str]:
 
 @pytest.mark.parametrize("family", sorted(EXPECTED))
 def test_oracle_layout_and_closed_form_laws(family: str, tmp_path: Path) -> None:
-    folder = write_checkpoint(family, tmp_path, "oracle", depth=3)
+    depth = DEPTH.get(family, 3)
+    folder = write_checkpoint(family, tmp_path, "oracle", depth=depth)
     assert set(EXPECTED[family]) <= names(folder)
-    assert not any(n.startswith("model.layers.4.") for n in names(folder))
+    assert not any(f"layers.{depth + 1}." in n for n in names(folder))
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    assert model.config.num_hidden_layers == 3
+    assert model.config.get_text_config().num_hidden_layers == depth
     p, q = bigram_tables(folder, family)
     ids = torch.tensor([[5, 77, 3, 200, 12, 5]])
     with torch.no_grad():

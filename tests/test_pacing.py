@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from atlas.hub.pacing import Pacer, bucket_of, parse_ratelimit, retry_after
+import math
+
+from atlas.hub.pacing import GaveUp, Pacer, bucket_of, parse_ratelimit, retry_after
 
 HUB = "https://huggingface.co"
 
@@ -47,8 +49,12 @@ def test_headers_parse_and_hostile_ones_are_ignored() -> None:
     assert parse_ratelimit({"RateLimit": "garbage"}) is None and parse_ratelimit({}) is None
     mismatched = parse_ratelimit({"RateLimit": '"api";r=1;t=2', "RateLimit-Policy": '"fixed window";"pages";q=5;w=9'})
     assert mismatched.quota is None  # a policy for another bucket is not this one's
-    assert retry_after({"Retry-After": "7"}) == 7.0 and retry_after({"Retry-After": "9" * 40}) is None
+    # a number too long to parse is "forever", not "absent": huggingface_hub's own retry would obey it
+    assert retry_after({"Retry-After": "7"}) == 7.0 and retry_after({"Retry-After": "9" * 40}) == math.inf
+    assert retry_after({"Retry-After": "\u0663"}) is None  # an Arabic-Indic digit is no number of seconds
     assert retry_after(headers("api", 0, 55)) == 55.0 and retry_after(headers("api", 3, 55)) is None
+    assert retry_after({"RateLimit": '"api";r=0;t=' + "9" * 12}) == math.inf
+    assert parse_ratelimit({"RateLimit": '"api";r=1;t=1234567890'}) is None  # not read as t=123456789
 
 
 def test_a_spent_window_holds_its_bucket_until_the_reset_and_only_that_bucket() -> None:
@@ -110,7 +116,7 @@ def test_a_429_pauses_the_bucket_for_the_announced_time() -> None:
 def test_abort_wakes_the_default_wait() -> None:
     pacer = Pacer(HUB)
     pacer.abort()
-    pacer.pause(3600)  # returns at once: an interrupted crawl does not wait out a reset
+    pacer.pause(pacer.max_wait_s)  # returns at once: an interrupted crawl does not wait out a reset
     assert pacer.aborted
 
 
@@ -123,3 +129,25 @@ def test_the_hubs_answers_decide_which_bucket_a_kind_of_request_counts_in() -> N
     assert pacer.buckets["api"].remaining == 0
     pacer.before(hop)  # so the next hop waits for the api window, not the resolvers one
     assert pacer.buckets["api"].requests == 1 and clock.slept
+
+
+@pytest.mark.parametrize("answer", [
+    (200, headers("resolvers", 0, 999_999_999)),  # a spent window that resets in 31 years
+    (429, {"Retry-After": "999999999"}),
+    (429, {**headers("resolvers", 0, 999_999_999), "Retry-After": "999999999"}),
+    (429, {"Retry-After": "9" * 40}),
+])
+def test_no_wait_is_longer_than_the_bound_the_request_gives_up_instead(answer: tuple[int, dict]) -> None:
+    clock = Clock()
+    pacer = Pacer(HUB, sleep=clock.sleep, clock=clock, max_wait_s=600)
+    url = f"{HUB}/org/m/resolve/abc/config.json"
+    pacer.after(pacer.before(url), *answer)
+    for _ in range(2):  # the bucket stays closed: each later request gives up at once, too
+        with pytest.raises(GaveUp, match="over the 600 s this crawl waits at most"):
+            pacer.before(url)
+    assert clock.slept == [] and pacer.buckets["resolvers"].requests == 1  # nothing waited, nothing sent
+    pacer.after(pacer.before(f"{HUB}/api/models/org/m"), 200, headers("api", 9, 30))  # other buckets go on
+    with pytest.raises(GaveUp, match="forever|999,999,999 s"):
+        pacer.pause(retry_after(answer[1]) or 999_999_999)
+    pacer.pause(600)  # up to the bound, a wait is kept
+    assert clock.slept == [600]

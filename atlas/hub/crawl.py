@@ -20,6 +20,15 @@ Politeness lives in `Pacer` (HTTP hooks on huggingface_hub's client). On top of 
 retries, `_call` retries 429/5xx/timeouts with backoff. A hub that cannot be reached fails the
 crawl within seconds, before the store is locked; nothing stops the crawl for one repo.
 
+Every wait has a bound (`Bounds`): one request has a wall-clock deadline however its bytes trickle
+in (the client's timeout is per read), no pause is longer than `wait_s`, and one listing has a
+deadline, a number of pages, and must bring new models on every page it links on from. Reaching a
+bound gives up that request or listing with the reason (`GaveUp`): the repo is a per-repo error, the
+listing a problem of a partial snapshot, and the crawl goes on.
+
+The HF token is scrubbed (atlas.hub.redact) from everything the network sends before it is stored,
+cached or shown: a proxy that echoes the Authorization header cannot put it in the store.
+
 Incremental and resumable: downloaded files are cached by (sha, repo, file) under the cache dir, so
 a killed crawl resumes without asking again, and an unchanged sha costs no request (its raw config
 is already in the store). The snapshot is written in one transaction at the very end.
@@ -47,6 +56,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # must precede the huggingface_hub import
 
@@ -57,7 +67,7 @@ from huggingface_hub.errors import (  # noqa: E402
     NotASafetensorsRepoError,
     SafetensorsParsingError,
 )
-from huggingface_hub.utils import build_hf_headers, close_session, get_session, hf_raise_for_status  # noqa: E402
+from huggingface_hub.utils import build_hf_headers, close_session, get_session, hf_raise_for_status, httpx  # noqa: E402
 from huggingface_hub.utils import logging as hf_logging  # noqa: E402
 from huggingface_hub.utils import set_client_factory  # noqa: E402
 from huggingface_hub.utils._http import default_client_factory  # noqa: E402
@@ -73,7 +83,8 @@ from atlas.fingerprints import (  # noqa: E402
     parse_config_bytes,
     parse_weight_index,
 )
-from atlas.hub.pacing import Pacer, retry_after  # noqa: E402
+from atlas.hub import redact  # noqa: E402
+from atlas.hub.pacing import MAX_WAIT_S, GaveUp, Pacer, retry_after  # noqa: E402
 
 LIVE_ENDPOINT = "https://huggingface.co"
 DEFAULT_WATCHLIST = Path(__file__).with_name("watchlist.toml")
@@ -89,10 +100,26 @@ MAX_REDIRECTS = 5
 UNREACHABLE_AFTER = 4  # consecutive attempts without any answer: the hub is gone, stop
 DISABLED_MESSAGE = "Access to this resource is disabled."
 INT64_MAX = 2**63 - 1
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}$")
-_SHA = re.compile(r"^[0-9a-f]{40}$")
+# Used with fullmatch: `$` would accept one trailing newline ("org/m\n" as a second repo).
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}")
+_SHA = re.compile(r"[0-9a-f]{40}")
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How long a crawl waits for anything. A config is < 100 kB and the largest weight index
+    ~10 MB, so five minutes per request is generous on a slow link; the Hub's listings of the
+    watch list are a few pages each."""
+
+    request_s: float = 300.0  # one HTTP request, first byte sent to last byte read
+    wait_s: float = MAX_WAIT_S  # one pause for a rate-limit window or a retry
+    listing_pages: int = 1000  # pages of one listing (one org, one pipeline tag)
+    listing_s: float = 1800.0  # one listing, all its pages
+
+
+DEFAULT_BOUNDS = Bounds()
 
 
 # ---- watch list ---------------------------------------------------------------------------------
@@ -168,13 +195,159 @@ class Silence:
                 self._pacer.abort()
 
 
-def install_client(pacer: Pacer, timeout_s: float, silence: Silence) -> None:
+class _Deadline(threading.local):
+    """The wall-clock end of the request this thread is sending or reading (the sync client does
+    a request's I/O, body included, in the thread that sent it)."""
+
+    at: float = float("inf")
+    seconds: float = 0.0
+
+    def left(self) -> float:
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise self.passed()
+        return left
+
+    def passed(self) -> GaveUp:
+        return GaveUp(f"no whole answer within {self.seconds:g} s (the server sends too slowly); gave up on this request")
+
+
+_DEADLINE = _Deadline()
+
+
+def _bounded(timeout: float | None) -> float:
+    left = _DEADLINE.left()
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream:
+    """A connection whose every read and write ends by the request's deadline: an answer sent a
+    byte a second (each read well inside the client's per-read timeout) still ends."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        try:
+            return self._inner.read(max_bytes, _bounded(timeout))
+        except Exception:  # a read timed out by the deadline is the deadline, not a timeout to retry
+            if time.monotonic() >= _DEADLINE.at:
+                raise _DEADLINE.passed() from None
+            raise
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        try:
+            self._inner.write(buffer, _bounded(timeout))
+        except Exception:
+            if time.monotonic() >= _DEADLINE.at:
+                raise _DEADLINE.passed() from None
+            raise
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None) -> Any:
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, _bounded(timeout)))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend:
+    """The connection pool's network backend, every connection it opens under the deadline."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options: Any = None) -> _DeadlineStream:
+        return _DeadlineStream(self._inner.connect_tcp(host, port, _bounded(timeout), local_address, socket_options))
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None) -> _DeadlineStream:
+        return _DeadlineStream(self._inner.connect_unix_socket(path, _bounded(timeout), socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(min(seconds, _DEADLINE.left()))
+
+
+class ListingGuard:
+    """Bounds one listing, all its pages: a number of pages, a deadline, and every page that links
+    on must have brought a model not seen on an earlier one (an empty page linking to another, or
+    one repeating itself, is a listing without end)."""
+
+    def __init__(self, bounds: Bounds, clock: Callable[[], float] = time.monotonic) -> None:
+        self._bounds = bounds
+        self._clock = clock
+        self._ends = clock() + bounds.listing_s
+        self.pages = 0
+        self._new = 0
+        self._seen: set[str] = set()
+        self._cursors: set[str] = set()
+        self._pending = False  # a page was asked for and has not been read whole yet
+
+    def page(self, url: str) -> None:
+        """Before each page's request (GaveUp instead of asking for it). A request while the last
+        page is not read whole is the client retrying it (a 5xx, a broken body), not a next page."""
+        if self._pending:
+            return
+        if self.pages and not self._new:
+            raise GaveUp(f"page {self.pages} brought no model not already listed, yet links to a next page")
+        if self.pages >= self._bounds.listing_pages:
+            raise GaveUp(f"still more pages after {self.pages}, the most one listing may have")
+        if self._clock() > self._ends:
+            raise GaveUp(f"still listing after {self._bounds.listing_s:g} s ({self.pages} pages), the longest one listing may take")
+        cursor = "&".join(parse_qs(urlsplit(url).query).get("cursor", []))
+        if cursor and cursor in self._cursors:
+            raise GaveUp(f"page {self.pages} links back to a page already listed (cursor {cursor[:40]!r})")
+        self._cursors.add(cursor)
+        self.pages += 1
+        self._new = 0
+        self._pending = True
+
+    def answered(self, status: int) -> None:
+        """The last page's answer was read to its end."""
+        if status == 200:
+            self._pending = False
+
+    def item(self, repo_id: object) -> None:
+        key = str(repo_id)
+        if key not in self._seen:
+            self._seen.add(key)
+            self._new += 1
+
+
+class _ReadToTheEnd(httpx.SyncByteStream):
+    """A response body that calls `done` once it has been read to its end."""
+
+    def __init__(self, inner: Any, done: Callable[[], None]) -> None:
+        self._inner, self._done = inner, done
+
+    def __iter__(self) -> Any:
+        yield from self._inner
+        self._done()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+_LISTING = threading.local()  # .guard: the ListingGuard of the listing this thread is paging through
+
+
+def _is_listing(url: str) -> bool:
+    return urlsplit(url).path.rstrip("/").endswith("/api/models")
+
+
+def install_client(pacer: Pacer, timeout_s: float, silence: Silence, request_s: float = DEFAULT_BOUNDS.request_s) -> None:
     """huggingface_hub's client (its own request hook first) with our hooks and a transport that
-    tells `silence` whether each attempt got an answer."""
-    from huggingface_hub.utils import httpx
+    tells `silence` whether each attempt got an answer and holds every request to `request_s`."""
     from huggingface_hub.utils._http import hf_request_event_hook
 
     class Watched(httpx.HTTPTransport):
+        def __init__(self) -> None:
+            super().__init__()
+            # httpx2 offers no public hook below its per-read timeout: the pool's network backend is it
+            self._pool._network_backend = _DeadlineBackend(self._pool._network_backend)
+
         def handle_request(self, request: Any) -> Any:
             try:
                 response = super().handle_request(request)
@@ -182,18 +355,34 @@ def install_client(pacer: Pacer, timeout_s: float, silence: Silence) -> None:
                 pacer.forget(request.extensions.get("atlas_ticket"))
                 silence.unanswered()
                 raise
+            except GaveUp:  # the server answers, too slowly: not silence
+                pacer.forget(request.extensions.get("atlas_ticket"))
+                raise
             silence.answered()
+            guard = getattr(_LISTING, "guard", None)
+            if guard is not None and _is_listing(str(request.url)):
+                status = response.status_code
+                response.stream = _ReadToTheEnd(response.stream, lambda: guard.answered(status))
             return response
 
     def on_request(request: Any) -> None:
         if silence.gone.is_set() or pacer.aborted:  # not a network error type: no client retries it
             raise HubUnreachable("the hub stopped answering" if silence.gone.is_set() else "crawl interrupted")
+        guard = getattr(_LISTING, "guard", None)
+        if guard is not None and _is_listing(str(request.url)):
+            guard.page(str(request.url))
         request.extensions["atlas_ticket"] = pacer.before(str(request.url))
+        _DEADLINE.at, _DEADLINE.seconds = time.monotonic() + request_s, request_s  # from now, not from the hold
 
     def on_response(response: Any) -> None:
         ticket = response.request.extensions.get("atlas_ticket")
         if ticket is not None:
             pacer.after(ticket, response.status_code, response.headers)
+        if response.status_code in RETRY_STATUS:
+            # huggingface_hub's own retry would sleep whatever the server asks: bounded here
+            asked = retry_after(response.headers)
+            if asked is not None:
+                pacer.check_wait(asked, f"after its HTTP {response.status_code}")
 
     def factory() -> Any:
         return httpx.Client(  # the Hub redirects once (307 or 302): a loop is cut short, not followed 20 times
@@ -218,10 +407,11 @@ class RepoProblem(Exception):
     `permanent`: asking again at the same sha cannot help (a 404, bad bytes, over a size limit),
     as opposed to a server or network failure that a later crawl may get past."""
 
-    def __init__(self, kind: str, message: str, permanent: bool = False) -> None:
-        super().__init__(message)
+    def __init__(self, kind: str, message: str, permanent: bool = False, gave_up: bool = False) -> None:
+        super().__init__(redact.text(message))
         self.kind = kind
         self.permanent = permanent or kind in ("missing", "disabled")
+        self.gave_up = gave_up  # a bound of the crawl was reached (see Bounds)
 
 
 def _response(exc: BaseException) -> Any:
@@ -252,7 +442,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
         return "error", f"{type(exc).__name__}: {_first_line(exc)}"
     status = response.status_code
     code = response.headers.get("X-Error-Code")
-    message = response.headers.get("X-Error-Message") or ""
+    message = redact.text(response.headers.get("X-Error-Message") or "")  # before it is cut short
     if code == "GatedRepo":
         return "gated", f"gated (HTTP {status} GatedRepo): needs an HF_TOKEN of an account with access"
     if message == DISABLED_MESSAGE:
@@ -274,7 +464,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc)
+    text = redact.text(str(exc))  # before it is cut short: no half token survives
     return text.splitlines()[0][:300] if text else ""
 
 
@@ -290,6 +480,7 @@ class Listed:
     siblings: set[str] | None
     row: store.ModelRow
     transient: bool = False  # not fetched for a reason a later crawl may get past (5xx, timeouts)
+    gave_up: bool = False  # ...because a bound of the crawl was reached (see Bounds)
 
 
 @dataclass
@@ -313,6 +504,7 @@ class Context:
     cache_dir: Path
     pacer: Pacer
     silence: Silence
+    bounds: Bounds = DEFAULT_BOUNDS
 
 
 def _call(ctx: Context, fn: Callable[[], T], backoff_s: float = 1.0) -> T:
@@ -325,6 +517,8 @@ def _call(ctx: Context, fn: Callable[[], T], backoff_s: float = 1.0) -> T:
             return fn()
         except (RepoProblem, HubUnreachable):
             raise
+        except GaveUp as exc:  # asking again would reach the same bound
+            raise RepoProblem("error", str(exc), gave_up=True) from None
         except AtlasError as exc:
             raise RepoProblem("error", str(exc)) from None
         except Exception as exc:  # the hub client raises many types; classify sorts them
@@ -338,7 +532,10 @@ def _call(ctx: Context, fn: Callable[[], T], backoff_s: float = 1.0) -> T:
                 raise RepoProblem("error", f"{message} (gave up after {MAX_ATTEMPTS} attempts)") from None
             response = _response(exc)
             pause = retry_after(getattr(response, "headers", None))
-            ctx.pacer.pause(pause if pause is not None else min(30.0, backoff_s * 2 ** (attempt - 1)))
+            try:
+                ctx.pacer.pause(pause if pause is not None else min(30.0, backoff_s * 2 ** (attempt - 1)))
+            except GaveUp as too_long:
+                raise RepoProblem("error", str(too_long), gave_up=True) from None
     raise AssertionError("unreachable")
 
 
@@ -393,7 +590,7 @@ def _download(ctx: Context, repo_id: str, sha: str, filename: str, limit: int) -
     except (OSError, ValueError, KeyError, TypeError):
         pass  # unreadable cache entry: a miss
     try:
-        data = _call(ctx, lambda: _get(ctx, repo_id, sha, filename, limit))
+        data = redact.data(_call(ctx, lambda: _get(ctx, repo_id, sha, filename, limit)))
     except RepoProblem as exc:
         if exc.permanent:  # the same answer at the same sha next time: not asked again
             _write_aside(failed, json.dumps({"kind": exc.kind, "message": str(exc)}).encode("utf-8"))
@@ -413,7 +610,7 @@ def _header_names(ctx: Context, repo_id: str, sha: str) -> list[str]:
     except (OSError, ValueError):
         pass  # absent, or damaged (e.g. by a disk error): a miss, read the header again
     meta = _call(ctx, lambda: ctx.api.parse_safetensors_file_metadata(repo_id, SINGLE_FILE, revision=sha))
-    names = header_tensor_names(meta.tensors)
+    names = [redact.text(n) for n in header_tensor_names(meta.tensors)]
     _write_aside(cached, json.dumps(names).encode("utf-8"))
     return names
 
@@ -427,9 +624,9 @@ def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> F
     """Download what the fingerprints need at the listed sha. Raises RepoProblem when the config
     itself can't be had; problems with side files are recorded and the rest kept. With `settled`
     (the config is stored already), only the side files not in it are asked for."""
-    if not _REPO_ID.match(item.repo_id):
-        raise RepoProblem("error", f"not a valid Hub repo id: {item.repo_id!r}")
-    if item.sha is None or not _SHA.match(item.sha):
+    if not _REPO_ID.fullmatch(item.repo_id):  # the listing names it so each time: permanent
+        raise RepoProblem("error", f"not a valid Hub repo id: {item.repo_id!r}", permanent=True)
+    if item.sha is None or not _SHA.fullmatch(item.sha):
         raise RepoProblem("error", f"the listing gave no commit sha for this repo (got {item.sha!r:.60})")
     sha = item.sha
     out = Fetched()
@@ -440,8 +637,9 @@ def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> F
         data = _download(ctx, item.repo_id, sha, "config.json", MAX_CONFIG_BYTES)
         try:
             parse_config_bytes(data)
-        except AtlasError as exc:
-            raise RepoProblem("error", str(exc)) from None
+        except AtlasError as exc:  # the same bytes at the same sha every time: no later crawl can do better
+            raise RepoProblem("error", f"{exc} (a malformed config at this sha; that changes only with the repo)",
+                              permanent=True) from None
         out.files["config.json"] = data.decode("utf-8")
         settled = set()
 
@@ -569,7 +767,7 @@ def to_listed(info: Any, exemplars: set[str], token: str | bool = False) -> List
     sha = getattr(info, "sha", None)
     row = store.ModelRow(
         repo_id=info.id,
-        sha=sha if isinstance(sha, str) and _SHA.match(sha) else None,
+        sha=sha if isinstance(sha, str) and _SHA.fullmatch(sha) else None,
         last_modified=_naive_utc(getattr(info, "last_modified", None)),
         created_at=_naive_utc(getattr(info, "created_at", None)),
         downloads=_int64(getattr(info, "downloads", None), "downloads", notes),
@@ -601,12 +799,12 @@ def to_listed(info: Any, exemplars: set[str], token: str | bool = False) -> List
     return Listed(info.id, row.sha, names, row)
 
 
-def _missing_row(repo_id: str, kind: str, message: str, exemplars: set[str]) -> Listed:
+def _missing_row(repo_id: str, problem: RepoProblem, exemplars: set[str]) -> Listed:
     row = store.ModelRow(
         repo_id, None, None, None, None, None, None, None, None, None, [], [], None, False,
-        repo_id in exemplars, None, kind, message,
+        repo_id in exemplars, None, problem.kind, str(problem),
     )
-    return Listed(repo_id, None, None, row)
+    return Listed(repo_id, None, None, row, transient=not problem.permanent, gave_up=problem.gave_up)
 
 
 class OrgCoverage(BaseModel):
@@ -635,18 +833,23 @@ def list_org(ctx: Context, org: OrgScope, defaults: Defaults, exemplars: set[str
     for tag in tags or [None]:
         def one_listing(tag: str | None = tag) -> tuple[int, list[Any]]:
             seen, out = 0, []
-            for info in ctx.api.list_models(author=org.author, pipeline_tag=tag, sort="downloads", expand=LISTING_EXPAND):
-                seen += 1
-                downloads = getattr(info, "downloads", None)
-                downloads = downloads if isinstance(downloads, int) else 0
-                if downloads < cover.min_downloads:
-                    break  # sorted by downloads: every later one is under the minimum too
-                if tag is not None and getattr(info, "pipeline_tag", None) != tag:
-                    continue  # the server's filter is trusted, but not blindly
-                out.append(info)
-                if len(out) >= cover.max_models:
-                    cover.capped = True  # more may be eligible: max_models cuts the list here
-                    break
+            guard = _LISTING.guard = ListingGuard(ctx.bounds)  # a fresh one per attempt
+            try:
+                for info in ctx.api.list_models(author=org.author, pipeline_tag=tag, sort="downloads", expand=LISTING_EXPAND):
+                    seen += 1
+                    guard.item(getattr(info, "id", None))
+                    downloads = getattr(info, "downloads", None)
+                    downloads = downloads if isinstance(downloads, int) else 0
+                    if downloads < cover.min_downloads:
+                        break  # sorted by downloads: every later one is under the minimum too
+                    if tag is not None and getattr(info, "pipeline_tag", None) != tag:
+                        continue  # the server's filter is trusted, but not blindly
+                    out.append(info)
+                    if len(out) >= cover.max_models:
+                        cover.capped = True  # more may be eligible: max_models cuts the list here
+                        break
+            finally:
+                _LISTING.guard = None
             return seen, out
 
         seen, infos = _call(ctx, one_listing)
@@ -671,7 +874,8 @@ def list_scope(ctx: Context, watch: Watchlist, problems: list[str],
         try:
             listed, cover = list_org(ctx, org, watch.defaults, exemplars)
         except RepoProblem as exc:
-            problems.append(f"org {org.author!r}: listing failed: {exc}")
+            problems.append(f"gave up on listing org {org.author!r}: {exc}" if exc.gave_up
+                            else f"org {org.author!r}: listing failed: {exc}")
             if coverage is not None:
                 coverage.append(OrgCoverage(author=org.author, pipeline_tags=[], min_downloads=0, max_models=0,
                                             error=str(exc)))
@@ -683,14 +887,15 @@ def list_scope(ctx: Context, watch: Watchlist, problems: list[str],
     for repo_id in [*watch.repos, *watch.exemplars]:
         if repo_id in seen:
             continue
-        if not _REPO_ID.match(repo_id):
-            seen[repo_id] = _missing_row(repo_id, "error", f"not a valid Hub repo id: {repo_id!r}", exemplars)
+        if not _REPO_ID.fullmatch(repo_id):
+            problem = RepoProblem("error", f"not a valid Hub repo id: {repo_id!r}", permanent=True)
+            seen[repo_id] = _missing_row(repo_id, problem, exemplars)
             continue
         try:
             info = _call(ctx, lambda repo_id=repo_id: ctx.api.model_info(repo_id, expand=INFO_EXPAND))
             seen[repo_id] = to_listed(info, exemplars, ctx.token)
         except RepoProblem as exc:
-            seen[repo_id] = _missing_row(repo_id, exc.kind, str(exc), exemplars)
+            seen[repo_id] = _missing_row(repo_id, exc, exemplars)
     return list(seen.values())
 
 
@@ -716,6 +921,7 @@ class CrawlSummary(BaseModel):
     coverage: list[OrgCoverage] = Field(default_factory=list)
     requests_by_bucket: dict[str, int] = Field(default_factory=dict)
     incomplete: list[str] = Field(default_factory=list)  # repos a later crawl may still get, and why
+    gave_up: list[str] = Field(default_factory=list)  # those of them a bound of the crawl gave up on
 
 
 class CrawlInterrupted(AtlasError):
@@ -797,6 +1003,7 @@ def crawl(
     timeout_s: float = 30.0,
     progress: bool = True,
     sleep: Callable[[float], None] | None = None,
+    bounds: Bounds | None = None,
 ) -> CrawlSummary:
     """Crawl the watch list's scope at `endpoint` and write one snapshot to the store at `db`."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
@@ -806,12 +1013,14 @@ def crawl(
     watch, digest = load_watchlist(watchlist)
     if token is None:
         token = os.environ.get("HF_TOKEN") or False  # used, never stored or logged
+    redact.keep_secret(token)
+    bounds = bounds or DEFAULT_BOUNDS
     cache_dir = cache_dir or db.parent / "hf-cache"
     started = store.utc_now()
     clock = time.monotonic()
-    pacer = Pacer(endpoint, sleep)
-    ctx = Context(HfApi(endpoint=endpoint, token=token), endpoint, token, cache_dir, pacer, Silence(pacer))
-    install_client(pacer, timeout_s, ctx.silence)
+    pacer = Pacer(endpoint, sleep, max_wait_s=bounds.wait_s)
+    ctx = Context(HfApi(endpoint=endpoint, token=token), endpoint, token, cache_dir, pacer, Silence(pacer), bounds)
+    install_client(pacer, timeout_s, ctx.silence, bounds.request_s)
     # the client logs every retry; our summary counts them instead of scrolling past the bar
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
@@ -853,6 +1062,8 @@ def crawl(
         pacer.abort()
         newest = _last_snapshot(con) if con is not None else None
         raise CrawlInterrupted(newest if newest is not None and newest != last_before else None) from None
+    except duckdb.Error as exc:  # a damaged file or a full disk under a store that opened fine
+        raise store.store_error(db, exc) from None
     finally:
         hf_logging.set_verbosity(verbosity)
         restore_client()
@@ -912,7 +1123,7 @@ def _fetch_all(ctx: Context, todo: list[tuple[Listed, set[str] | None]], known: 
                 item.row.side_file_error = str(result)  # its config is stored and read
             elif isinstance(result, RepoProblem):
                 item.row.fetch_status, item.row.error = result.kind, str(result)
-                item.transient = not result.permanent
+                item.transient, item.gave_up = not result.permanent, result.gave_up
             else:
                 fetched[item.repo_id] = result
             bar.advance(item.repo_id)
@@ -1027,8 +1238,9 @@ def _finish(
         n_seen=sum(c.seen for c in coverage),
         coverage=json.dumps([c.model_dump() for c in coverage]),
     )
-    snapshot_id = store.write_snapshot(con, snapshot, rows, files, weights, fp_rows, file_errors)
+    snapshot_id = store.write_snapshot(con, snapshot, rows, files, weights, fp_rows, file_errors, scrub=redact.text)
     incomplete = [f"{x.repo_id}: {x.row.error}" for x in listed if x.transient]
+    gave_up = [f"{x.repo_id}: {x.row.error}" for x in listed if x.transient and x.gave_up]
     return CrawlSummary(
         snapshot_id=snapshot_id, status=status, endpoint=endpoint_label, listed=summary_counts["n_listed"],
         fetched=summary_counts["n_fetched"], unchanged=summary_counts["n_unchanged"],
@@ -1036,7 +1248,7 @@ def _finish(
         requests=pacer.requests, rate_limited=pacer.rate_limited, waited_s=round(pacer.waited_s, 3),
         elapsed_s=round(time.monotonic() - clock, 3), problems=problems, seen=snapshot.n_seen or 0,
         coverage=coverage, requests_by_bucket={**{n: b.requests for n, b in pacer.buckets.items()}, "cdn": pacer.cdn_requests},
-        incomplete=incomplete,
+        incomplete=incomplete, gave_up=gave_up,
     )
 
 
@@ -1054,6 +1266,8 @@ def refingerprint(db: Path) -> int:
                     continue
         store.write_fingerprints(con, rows)
         return len({(r[0], r[1]) for r in rows})
+    except duckdb.Error as exc:
+        raise store.store_error(db, exc) from None
     finally:
         con.close()
 
@@ -1077,4 +1291,5 @@ def iter_summary_lines(summary: CrawlSummary) -> Iterable[str]:
     for problem in summary.problems:
         yield f"problem: {problem}"
     for line in summary.incomplete:
-        yield f"not fetched (a later crawl may get it): {line}"
+        yield (f"gave up on {line}" if line in summary.gave_up
+               else f"not fetched (a later crawl may get it): {line}")

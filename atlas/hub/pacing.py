@@ -14,10 +14,15 @@ crawl can use it; a request that the window has no room for is not sent but held
 request of that bucket (only that bucket), until the reset, so a crawl runs at the bucket's
 allowance instead of earning 429s and backing off. A 429 still pauses the bucket for the
 announced time.
+
+Every wait has a bound (`max_wait_s`, MAX_WAIT_S by default): the Hub's windows are 5 minutes, so a
+server that asks for more (`RateLimit: ...;t=999999999`, `Retry-After: 999999999`) is not obeyed
+for 31 years; the request that would have to wait gives up at once with `GaveUp`, saying why.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import time
@@ -25,9 +30,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from atlas import AtlasError
+
 BUCKETS = ("api", "resolvers", "pages")
 WINDOW_S = 300
 RESET_MARGIN_S = 0.05  # after a reset, so that our clock and the server's agree it has happened
+# The longest any request of a crawl waits for its turn: twice the Hub's window. Longer asks are
+# hostile or broken, and the request gives up instead.
+MAX_WAIT_S = 2.0 * WINDOW_S
 # Requests per 5-minute window (huggingface/hub-docs rate-limits.md, September 2025; anonymous and
 # free are marked "subject to change"). Organisation limits apply per member.
 TIERS: dict[str, dict[str, int]] = {
@@ -35,9 +45,20 @@ TIERS: dict[str, dict[str, int]] = {
     "free": {"api": 1000, "resolvers": 5000, "pages": 200},
     "pro": {"api": 2500, "resolvers": 12000, "pages": 400},
 }
-# Digits are bounded so that a hostile header cannot cost a huge int conversion.
-_RATELIMIT = re.compile(r'"(?P<bucket>[A-Za-z_-]{1,32})"\s*;\s*r\s*=\s*(?P<r>\d{1,12})\s*;\s*t\s*=\s*(?P<t>\d{1,9})')
-_POLICY = re.compile(r'"(?P<bucket>[A-Za-z_-]{1,32})"\s*;\s*q\s*=\s*(?P<q>\d{1,12})\s*;\s*w\s*=\s*(?P<w>\d{1,9})')
+# Digits are bounded so that a hostile header cannot cost a huge int conversion; `(?!\d)`: a longer
+# number is not read as its first digits.
+_RATELIMIT = re.compile(r'"(?P<bucket>[A-Za-z_-]{1,32})"\s*;\s*r\s*=\s*(?P<r>\d{1,12})\s*;\s*t\s*=\s*(?P<t>\d{1,9})(?!\d)')
+_POLICY = re.compile(r'"(?P<bucket>[A-Za-z_-]{1,32})"\s*;\s*q\s*=\s*(?P<q>\d{1,12})\s*;\s*w\s*=\s*(?P<w>\d{1,9})(?!\d)')
+# A spent window whose reset is a number too long to parse: huggingface_hub's own retry reads it
+# (any length of digits) and would sleep that long, so it counts as "forever", not as garbage.
+_ENDLESS_RESET = re.compile(r'"\w+"\s*;\s*r\s*=\s*0+\s*;\s*t\s*=\s*\d{10}')
+_ASCII_DIGITS = re.compile(r"[0-9]+")
+
+
+class GaveUp(AtlasError):
+    """A bound of the crawl was reached on one request or one listing (a wait too long, an answer
+    too slow, a listing without end): that request is given up, with the reason, and the crawl
+    goes on. Raised inside the HTTP client's hooks and transport, where no retry catches it."""
 
 
 @dataclass(frozen=True)
@@ -64,12 +85,21 @@ def parse_ratelimit(headers: Mapping[str, str] | None) -> RateLimit | None:
 
 
 def retry_after(headers: Mapping[str, str] | None) -> float | None:
-    """Seconds the server asks us to wait: `RateLimit ... r=0;t=N`, else a numeric Retry-After."""
+    """Seconds the server asks us to wait: `RateLimit ... r=0;t=N`, else a numeric Retry-After;
+    math.inf for a number of ten digits or more (no wait that long is meant to be kept)."""
     info = parse_ratelimit(headers)
     if info is not None and info.remaining == 0:
         return float(info.reset_s)
+    if info is None and _ENDLESS_RESET.search(str((headers or {}).get("RateLimit") or "")):
+        return math.inf
     value = str((headers or {}).get("Retry-After") or "").strip()
-    return float(value) if value.isdigit() and len(value) < 10 else None
+    if not _ASCII_DIGITS.fullmatch(value):
+        return None
+    return float(value) if len(value) < 10 else math.inf
+
+
+def seconds_text(seconds: float) -> str:
+    return "forever (a number too long to be seconds)" if math.isinf(seconds) else f"{seconds:,.0f} s"
 
 
 def route_of(url: str, endpoint: str) -> str | None:
@@ -123,8 +153,9 @@ class Pacer:
     """Shared by every request of a crawl; thread-safe."""
 
     def __init__(self, endpoint: str, sleep: Callable[[float], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_wait_s: float = MAX_WAIT_S) -> None:
         self.endpoint = endpoint
+        self.max_wait_s = max_wait_s
         self._abort = threading.Event()
         self._sleep = sleep or (lambda seconds: wait(self._abort, seconds))
         self._clock = clock
@@ -151,8 +182,15 @@ class Pacer:
         return sum(b.waited_s for b in self.buckets.values())
 
     def pause(self, seconds: float) -> None:
-        """A backoff of our own (a retry after a 5xx or a timeout)."""
+        """A backoff of our own (a retry after a 5xx or a timeout, maybe as long as the server asked)."""
+        self.check_wait(seconds, "before retrying this request")
         self._sleep(seconds)
+
+    def check_wait(self, seconds: float, what: str) -> None:
+        """GaveUp when `seconds` is over this crawl's bound on any one wait."""
+        if seconds > self.max_wait_s:
+            raise GaveUp(f"the hub asked to wait {seconds_text(seconds)} {what}, over the "
+                         f"{self.max_wait_s:,.0f} s this crawl waits at most; gave up on this request")
 
     @property
     def aborted(self) -> bool:
@@ -175,9 +213,9 @@ class Pacer:
                 return None, seq
             bucket_name = self._routes[route]
             b = self.buckets[bucket_name]
-            b.requests += 1
             now = self._clock()
-            delay, reason = self._reserve(b, now)
+            delay, reason = self._reserve(b, now, bucket_name)  # GaveUp before anything is claimed
+            b.requests += 1
             b.inflight.add(seq)
             if delay > 0:
                 b.waited_s += delay
@@ -187,15 +225,17 @@ class Pacer:
             self._sleep(delay)  # once, never in a loop: a patched sleep must not spin
         return route, seq
 
-    def _reserve(self, b: Bucket, now: float) -> tuple[float, str]:
+    def _reserve(self, b: Bucket, now: float, name: str) -> tuple[float, str]:
         """Claim one request of `b`'s window (under the lock): (seconds to wait, why). The window's
         quota is spent as fast as the crawl can use it; once it is spent (by the server's count
-        and ours since), requests of that bucket wait for the reset instead of earning 429s."""
+        and ours since), requests of that bucket wait for the reset instead of earning 429s. A reset
+        beyond the bound is GaveUp, and the bucket stays spent: every later request gives up too."""
         if b.reset_at is not None and now >= b.reset_at:
             self._roll(b)
         delay, reason = 0.0, ""
         if b.remaining is not None and b.remaining <= 0 and b.reset_at is not None:
             delay, reason = b.reset_at - now + RESET_MARGIN_S, "window spent, waiting for its reset"
+            self.check_wait(delay, f"for the reset of its {name} window")
             self._roll(b)  # after this wait the window is new, whatever the clock says then
             b.held_until = now + delay
         elif b.held_until > now:  # others already wait for this reset: so does this one
@@ -240,7 +280,8 @@ class Pacer:
                 wait_s = retry_after(headers)
                 wait_s = 1.0 if wait_s is None else wait_s
                 b.remaining, b.reset_at = 0, max(b.reset_at or 0.0, now + wait_s)
-                pause = Pause(name, wait_s, f"HTTP 429 from the {name} bucket")
+                if wait_s <= self.max_wait_s:  # a longer one is never waited: no pause to show
+                    pause = Pause(name, wait_s, f"HTTP 429 from the {name} bucket")
         if pause is not None:
             self._note(pause)
 

@@ -10,6 +10,8 @@ from typing import Any
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import duckdb
+
 from atlas import AtlasError, store
 from atlas.hub.crawl import (
     QUANT_SIDECAR,
@@ -86,6 +88,8 @@ def plan(db: Path, watchlist: Path, endpoint: str, token: str | bool | None = No
                 con.close()
         except AtlasError as exc:
             note = f" (store not read: {exc}; every model counted as new)"
+        except duckdb.Error as exc:  # opened, but damaged
+            note = f" (store not read: {store.store_error(db, exc)}; every model counted as new)"
     resolvers = cdn = new = pending = 0
     for x in readable:
         names = x.siblings or {"config.json"}

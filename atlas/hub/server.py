@@ -25,9 +25,13 @@ What it answers like the real Hub (huggingface_hub 2.4.0's view of it):
   windows with a tier's quotas (anonymous without a token, `token_tier` with one); over the quota:
   429 with the same headers and Retry-After.
 
-Test hooks: fault injection (status, headers, count), injected latency, file requests held
-unanswered (`hold_files`), and a request log
-(memory + optional JSONL file).
+Test hooks: fault injection (status, headers, count; or a served answer with extra headers, sent
+a byte at a time, or a listing without end), injected latency, file requests held unanswered
+(`hold_files`), error answers that echo the request's Authorization header (as a careless proxy
+does), and a request log (memory + optional JSONL file).
+
+Files are served only when they stay inside the mirror: symlinks out of it are skipped, and so are
+hard links whose other names are not all inside the mirror (st_nlink counts them).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import struct
 import sys
@@ -129,6 +134,35 @@ def _inside(path: Path, root: Path) -> bool:
         return False
 
 
+class _HardLinks:
+    """Whether every name of a hard-linked file lies inside the mirror: its st_nlink names must all
+    be found by a walk of the mirror, else one lies outside it (a file of the host, linked in)."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._names: dict[tuple[int, int], int] | None = None  # (device, inode) -> names in the mirror
+
+    def inside(self, path: Path) -> bool:
+        try:
+            st = path.stat()
+        except OSError:
+            return False
+        if st.st_nlink <= 1:
+            return True
+        if self._names is None:  # walked once, and only for a mirror that has hard links at all
+            self._names = {}
+            for folder, _, names in os.walk(self._root):
+                for name in names:
+                    try:
+                        other = os.lstat(os.path.join(folder, name))
+                    except OSError:
+                        continue
+                    if other.st_nlink > 1:
+                        key = (other.st_dev, other.st_ino)
+                        self._names[key] = self._names.get(key, 0) + 1
+        return self._names.get((st.st_dev, st.st_ino), 0) >= st.st_nlink
+
+
 def load_metadata(path: Path) -> dict[str, Any]:
     """HUB_METADATA.toml, or AtlasError naming the file and the problem in one line."""
     if not path.exists():
@@ -149,6 +183,7 @@ def load_mirror(root: Path | str) -> dict[str, MirrorRepo]:
     real_root = root.resolve()
     meta_all = load_metadata(root / METADATA_FILE)
     repos: dict[str, MirrorRepo] = {}
+    links = _HardLinks(real_root)
 
     def dirs(parent: Path) -> list[Path]:
         return sorted(p for p in parent.iterdir()
@@ -159,7 +194,8 @@ def load_mirror(root: Path | str) -> dict[str, MirrorRepo]:
             files: dict[str, bytes | Path] = {}
             for f in sorted(repo_dir.rglob("*")):
                 rel = f.relative_to(repo_dir)
-                if any(part.startswith(".") for part in rel.parts) or not _inside(f, real_root) or not f.is_file():
+                if (any(part.startswith(".") for part in rel.parts) or not _inside(f, real_root) or not f.is_file()
+                        or not links.inside(f)):
                     continue
                 files[rel.as_posix()] = f
             repo_id = f"{org.name}/{repo_dir.name}"
@@ -170,7 +206,11 @@ def load_mirror(root: Path | str) -> dict[str, MirrorRepo]:
 @dataclass
 class Fault:
     """Answer matching requests with `status` (and headers) instead of serving them; status 0
-    drops the connection without an answer."""
+    drops the connection without an answer; status 200 serves the request as usual, with
+    `headers` added. `drip_s`: the answer goes out one byte every drip_s seconds (its body only,
+    or from its status line on with drip_headers). `listing` (on /api/models): a listing without
+    end: "empty" pages, or "same" page again, each linking to a next one; or "junk", every page
+    one new model that no filter keeps."""
 
     status: int
     path_contains: str = ""  # matched against the path and its query string
@@ -178,6 +218,36 @@ class Fault:
     times: int = 1  # how many requests it hits; -1 = every one
     headers: dict[str, str] = field(default_factory=dict)
     error_code: str | None = None
+    drip_s: float = 0.0
+    drip_headers: bool = False
+    listing: str | None = None
+
+
+class _Drip:
+    """A connection's output sent one byte at a time, `seconds` apart, once `on` (a slow link or a
+    hostile server; the client must not wait for it without end)."""
+
+    def __init__(self, out: Any, seconds: float, pause: threading.Event, on: bool) -> None:
+        self._out, self._seconds, self._pause, self.on = out, seconds, pause, on
+
+    def write(self, data: bytes) -> int:
+        if not self.on:
+            return self._out.write(data)
+        for i in range(len(data)):
+            self._out.write(data[i:i + 1])
+            self._out.flush()
+            self._pause.wait(self._seconds)
+        return len(data)
+
+    def flush(self) -> None:
+        self._out.flush()
+
+    @property
+    def closed(self) -> bool:
+        return self._out.closed
+
+    def close(self) -> None:
+        self._out.close()
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -208,8 +278,10 @@ class HubServer:
         token_tier: str = "free",
         window_s: float = WINDOW_S,
         limits: dict[str, int] | None = None,
+        echo_headers: bool = False,
     ) -> None:
         self.repos = repos
+        self.echo_headers = echo_headers  # error answers quote the request's Authorization header
         self.page_size = page_size
         self.latency_s = latency_s
         self.window_s = window_s
@@ -223,6 +295,12 @@ class HubServer:
         self.rate_limited = 0
         self.windows: list[tuple[str, bool, float, int, int]] = []  # ended windows: bucket, token?, start, served, quota
         self._blobs = {repo.etags[name]: (repo, name) for repo in repos.values() for name in repo.files if is_lfs(name)}
+        self._by_author: dict[str, list[MirrorRepo]] = {}
+        for repo in repos.values():
+            self._by_author.setdefault(repo.repo_id.split("/")[0], []).append(repo)
+        # one filtered, sorted listing per query (its pages are slices of it): paging through a
+        # listing costs its length once, not once per page (which made the listing quadratic)
+        self._listings: dict[tuple[Any, ...], list[MirrorRepo]] = {}
         self._log_path = log_path
         self._lock = threading.Lock()
         self._windows: dict[tuple[bool, str], _Window] = {}
@@ -306,6 +384,31 @@ class HubServer:
         return [r for r in self.requests if "/resolve/" in r["path"]]
 
     # ---- internals used by the handlers ------------------------------------------------------
+
+    def listing(self, query: dict[str, list[str]]) -> list[MirrorRepo]:
+        """The repos a model listing with these filters and sort returns, in order (cached)."""
+        key = tuple(tuple(query.get(k, [])) for k in ("author", "search", "pipeline_tag", "filter", "sort"))
+        with self._lock:
+            hit = self._listings.get(key)
+        if hit is not None:
+            return hit
+        author = query.get("author")
+        pool = self._by_author.get(author[0], []) if author else list(self.repos.values())
+        repos = [r for r in pool if r.meta.get("private") is not True]
+        if "search" in query:
+            repos = [r for r in repos if query["search"][0].lower() in r.repo_id.lower()]
+        if "pipeline_tag" in query:
+            repos = [r for r in repos if _pipeline_tag(r) == query["pipeline_tag"][0]]
+        for tag in query.get("filter", []):
+            repos = [r for r in repos if tag in _tags(r)]
+        sort = query.get("sort", [""])[0]
+        if sort in ("downloads", "likes"):
+            repos.sort(key=lambda r: (-(_count_field(r.meta.get(sort)) or 0), r.repo_id))
+        else:
+            repos.sort(key=lambda r: r.repo_id)
+        with self._lock:
+            self._listings[key] = repos
+        return repos
 
     def _take_fault(self, method: str, path: str) -> Fault | None:
         with self._lock:
@@ -555,6 +658,11 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "atlas-hubserver"
     _status = 0
+    hub: HubServer
+
+    @property
+    def echo_headers(self) -> bool:
+        return self.hub.echo_headers
 
     def log_message(self, format: str, *args: Any) -> None:  # the JSON log replaces stderr noise
         pass
@@ -567,6 +675,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, _header_value(value))
         self.send_header("Content-Length", str(len(body) if length is None else length))
         self.end_headers()
+        if isinstance(self.wfile, _Drip):
+            self.wfile.on = True  # the headers went out at once: the body trickles
         if not head and body:
             self.wfile.write(body)
 
@@ -575,6 +685,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, body, {"Content-Type": "application/json", **(headers or {})}, head)
 
     def _error(self, status: int, code: str | None, message: str, head: bool, extra: dict[str, str] | None = None) -> None:
+        if self.echo_headers and self.headers.get("Authorization"):
+            message += f" (credentials refused: Authorization: {self.headers['Authorization']})"
         headers = {"X-Error-Message": message, **(extra or {})}
         if code:
             headers["X-Error-Code"] = code
@@ -605,7 +717,7 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             self._serve(head=True)
 
         def _serve(self, head: bool) -> None:
-            self._status, self._limits, self._bucket = 0, {}, None
+            self._status, self._limits, self._bucket, self._extra = 0, {}, None, {}
             started, mono = time.time(), time.monotonic()
             split = urlsplit(self.path)
             path = unquote(split.path, errors="replace")
@@ -633,9 +745,17 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             if fault is not None and fault.status == 0:
                 self.close_connection = True  # no answer at all: the client sees a dropped connection
                 return
-            if fault is not None:
+            if fault is not None and fault.drip_s:
+                self.wfile = _Drip(self.wfile, fault.drip_s, hub._pause, on=fault.drip_headers)
+                self.close_connection = True  # this connection's output is spoilt for any later answer
+            if fault is not None and fault.listing and path == "/api/models":
+                self._endless(fault.listing, query, head)
+                return
+            if fault is not None and fault.status != 200:
                 self._error(fault.status, fault.error_code, f"injected {fault.status}", head, fault.headers)
                 return
+            if fault is not None:
+                self._extra = fault.headers
             if path.startswith("/api/resolve-cache/") or "/resolve/" in path:
                 bucket = "resolvers"
             else:
@@ -659,7 +779,8 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
 
         def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
                   head: bool = False, length: int | None = None) -> None:
-            super()._send(status, body, {**getattr(self, "_limits", {}), **(headers or {})}, head, length)
+            extra = {**getattr(self, "_limits", {}), **(headers or {}), **getattr(self, "_extra", {})}
+            super()._send(status, body, extra, head, length)
 
         # -- access as the Hub decides it ---------------------------------------------------
 
@@ -690,20 +811,7 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             if unknown:
                 self._error(400, None, f'"expand" must be one of the listing\'s fields; got {unknown}', head)
                 return
-            repos = [r for r in hub.repos.values() if r.meta.get("private") is not True]
-            if "author" in query:
-                repos = [r for r in repos if r.repo_id.split("/")[0] == query["author"][0]]
-            if "search" in query:
-                repos = [r for r in repos if query["search"][0].lower() in r.repo_id.lower()]
-            if "pipeline_tag" in query:
-                repos = [r for r in repos if _pipeline_tag(r) == query["pipeline_tag"][0]]
-            for tag in query.get("filter", []):
-                repos = [r for r in repos if tag in _tags(r)]
-            sort = query.get("sort", [""])[0]
-            if sort in ("downloads", "likes"):
-                repos.sort(key=lambda r: (-(_count_field(r.meta.get(sort)) or 0), r.repo_id))
-            else:
-                repos.sort(key=lambda r: r.repo_id)
+            repos = hub.listing(query)
             page = hub.page_size
             limit = query.get("limit", [""])[0]
             if limit.isdigit() and len(limit) < 10:
@@ -717,6 +825,21 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 params.append(("cursor", str(cursor + page)))
                 headers["Link"] = f'<{hub.url}/api/models?{urlencode(params)}>; rel="next"'
             self._json(200, [_model_json(r, expand) for r in chunk], headers, head)
+
+        def _endless(self, kind: str, query: dict[str, list[str]], head: bool) -> None:
+            """A listing page of a listing without end (see Fault.listing), linking to a next one."""
+            raw = query.get("cursor", ["0"])[0]
+            cursor = int(raw) if raw.isdigit() and len(raw) < 10 else 0
+            author = query.get("author", ["endless"])[0]
+            if kind == "same":  # the first page of the real listing, linking to itself
+                items = [_model_json(r, query.get("expand", [])) for r in hub.listing(query)[:hub.page_size]]
+            elif kind == "junk":  # one new model a page, of a pipeline tag no one asks for
+                items = [{"id": f"{author}/junk-{cursor}", "pipeline_tag": "junk", "downloads": 10**6}]
+            else:
+                items = []
+            params = [(k, v) for k, vs in query.items() if k != "cursor" for v in vs]
+            params.append(("cursor", str(cursor if kind == "same" else cursor + 1)))
+            self._json(200, items, {"Link": f'<{hub.url}/api/models?{urlencode(params)}>; rel="next"'}, head)
 
         def _info(self, rest: str, query: dict[str, list[str]], head: bool, authed: bool) -> None:
             parts = rest.split("/")
@@ -794,6 +917,7 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             headers = {"X-Repo-Commit": repo.sha, "ETag": f'"{repo.etags[filename]}"'}
             self._file(repo.files[filename], repo.sizes[filename], headers, head)
 
+    Handler.hub = hub
     return Handler
 
 
@@ -827,16 +951,17 @@ def _make_cdn_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 hub._log({"ts": round(time.time(), 4), "method": self.command, "path": split.path,
                           "status": self._status, "range": self.headers.get("Range"), "auth": auth}, cdn=True)
 
+    CdnHandler.hub = hub
     return CdnHandler
 
 
-_RANGE = re.compile(r"^bytes=(\d{0,18})-(\d{0,18})$")
+_RANGE = re.compile(r"bytes=(\d{0,18})-(\d{0,18})")  # fullmatch: `$` lets a trailing newline through
 
 
 def _parse_range(value: str | None, size: int) -> tuple[int, int] | str | None:
     """A single `bytes=a-b` / `bytes=a-` / `bytes=-n` range as [start, end); "unsatisfiable" when it
     starts past the end; None (serve the whole file) for no or an unparsable header."""
-    m = _RANGE.match((value or "").strip())
+    m = _RANGE.fullmatch((value or "").strip())
     if not m or not (m.group(1) or m.group(2)):
         return None
     first, last = m.group(1), m.group(2)

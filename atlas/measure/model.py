@@ -7,6 +7,8 @@ from the family table or from transformers' own MtpModel); this module takes the
 (embedding, decoder layers, final norm, lm_head, the MTP layer's norms/projection/block) and runs them against
 its own static, position-addressed KV caches. Rollback is free: a rejected draft's cache slots are
 simply overwritten by the next round, and the attention mask never lets a query see a later slot.
+Recurrent layers (Gated DeltaNet, Mamba2) keep position-addressed state slots instead
+(atlas.measure.recurrent), so the same holds for them.
 
 Why not call `model(...)`: on CPU a transformers forward spends most of its time in per-call Python
 (mask creation, output capture, kwargs plumbing), and a small model's step is dominated by per-op
@@ -34,6 +36,7 @@ from torch import nn
 
 from atlas import AtlasError
 from atlas.measure.families import MtpHead, head_from_transformers
+from atlas.measure.recurrent import RecurrentLayer, recurrent_forward, recurrent_layer
 
 
 @dataclass
@@ -164,7 +167,7 @@ class ModuleLayer:
     window: int | None
 
 
-Layer = FastLayer | ModuleLayer
+Layer = FastLayer | ModuleLayer | RecurrentLayer
 
 
 def _fast_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: torch.dtype) -> FastLayer | None:
@@ -220,7 +223,10 @@ def _device_of(module: nn.Module, default: torch.device) -> torch.device:
     return default if tensor is None else tensor.device
 
 
-def _build_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: torch.dtype, fast: bool) -> Layer:
+def _build_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: torch.dtype, fast: bool, max_draft: int) -> Layer:
+    recurrent = recurrent_layer(layer, max_draft, device, dtype)
+    if recurrent is not None:
+        return recurrent
     built = _fast_layer(layer, max_len, device, dtype) if fast else None
     if built is None:
         return ModuleLayer(layer, SlotCache(max_len), getattr(getattr(layer, "self_attn", None), "sliding_window", None))
@@ -300,6 +306,8 @@ def _module_forward(L: ModuleLayer, x: torch.Tensor, st: Step, mask: torch.Tenso
 
 
 def _layer_forward(L: Layer, x: torch.Tensor, st: Step, masks: "Masks") -> torch.Tensor:
+    if isinstance(L, RecurrentLayer):
+        return recurrent_forward(L, x, st.start)
     mask = masks.get(L.window, st.start, st.n)
     if isinstance(L, FastLayer):
         return _fast_forward(L, x, st, mask)
@@ -336,29 +344,31 @@ class FusedModel:
     device: torch.device
     dtype: torch.dtype
     fast: bool = True
+    max_draft: int = 4  # the longest draft a verify pass checks: recurrent layers keep max_draft + 2 state slots
     layers: list[Layer] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         base = self.model.get_decoder()
         config = self.model.config.get_text_config()
         d = config.hidden_size
-        if type(base.embed_tokens) is not nn.Embedding:
-            raise AtlasError(f"unsupported embedding module {type(base.embed_tokens).__name__}")
+        embed = base.get_input_embeddings()
+        if type(embed) is not nn.Embedding:
+            raise AtlasError(f"unsupported embedding module {type(embed).__name__}")
         # Each piece stays on the device it was placed on (atlas.measure.placement); a layer's static
         # caches, masks and RoPE tables live with it, and only the hidden rows cross devices.
-        self.embed = base.embed_tokens.weight.detach()
+        self.embed = embed.weight.detach()
         modules = list(base.layers[: config.num_hidden_layers])
         self.layer_devices = [_device_of(m, self.device) for m in modules]
-        self.layers = [_build_layer(m, self.max_len, dev, self.dtype, self.fast) for m, dev in zip(modules, self.layer_devices)]
+        self.layers = [_build_layer(m, self.max_len, dev, self.dtype, self.fast, self.max_draft) for m, dev in zip(modules, self.layer_devices)]
         self.head_device = self.model.lm_head.weight.device
-        self.norm = self._norm(base.norm)
+        self.norm = self._norm(base.norm if hasattr(base, "norm") else base.norm_f)  # norm_f: Nemotron-H
         self.head = _fused([self.model.lm_head], self.head_device)
         self._masks: dict[torch.device, Masks] = {}
-        per_layer_rope = len(config.nested_rope_parameter_keys(config.rope_parameters)) > 0
+        per_layer_rope = hasattr(config, "rope_parameters") and len(config.nested_rope_parameter_keys(config.rope_parameters)) > 0
         types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
         self._ropes: dict[tuple[str | None, torch.device], Rope] = {}
         self.stack = [
-            (layer, self._rope(base.rotary_emb, t if per_layer_rope else None, dev), self.masks(dev), dev)
+            (layer, self._rope(getattr(base, "rotary_emb", None), t if per_layer_rope else None, dev), self.masks(dev), dev)
             for layer, t, dev in zip(self.layers, types, self.layer_devices)
         ]
         # The MTP layer: e and h norms folded into the two halves of its projection (split by the
@@ -371,7 +381,7 @@ class FusedModel:
         self.mtp_embed = head.embed.to(self.mtp_device)
         self.enorm, self.mtp_e = self._folded(head.enorm, head.w_e.to(self.mtp_device))
         self.hnorm, self.mtp_h = self._folded(head.hnorm, head.w_h.to(self.mtp_device))
-        self.mtp_block = _build_layer(head.block, self.max_len, self.mtp_device, self.dtype, self.fast)
+        self.mtp_block = _build_layer(head.block, self.max_len, self.mtp_device, self.dtype, self.fast, self.max_draft)
         self.mtp_post = [self._norm(m) for m in head.post_norms]
         self.mtp_head = self.head if head.head is self.model.lm_head else _fused([head.head], self.mtp_device)
         self.mtp_rope = self._rope(head.rotary, head.rope_layer_type, self.mtp_device)
@@ -391,10 +401,15 @@ class FusedModel:
             return module
         return lambda x: _unit(x, rms.c) * rms.weight
 
-    def _rope(self, rotary: nn.Module, layer_type: str | None, device: torch.device) -> Rope:
-        if (layer_type, device) not in self._ropes:
+    def _rope(self, rotary: nn.Module | None, layer_type: str | None, device: torch.device) -> Rope:
+        if (layer_type, device) in self._ropes:
+            return self._ropes[(layer_type, device)]
+        if rotary is None:  # attention without position embedding (Nemotron-H): an identity table
+            zero = torch.zeros(self.max_len + 1, 1, device=device, dtype=self.dtype)
+            table = Rope(torch.ones_like(zero), zero, zero)
+        else:
             table = _rope_table(rotary, layer_type, self.max_len + 1, _device_of(rotary, device), self.dtype)
-            self._ropes[(layer_type, device)] = Rope(*(t.to(device) for t in (table.cos, table.sin, table.sin_signed)))
+        self._ropes[(layer_type, device)] = Rope(*(t.to(device) for t in (table.cos, table.sin, table.sin_signed)))
         return self._ropes[(layer_type, device)]
 
     def masks(self, device: torch.device) -> "Masks":
@@ -438,7 +453,7 @@ class FusedModel:
         """Largest |difference| between our logits and transformers' own forward, for the main model
         and the MTP layer, over `prompt` (raises AtlasError beyond tolerance)."""
         ids = torch.tensor(prompt, device=self.device)
-        out = self.model(ids[None], output_hidden_states=True)
+        out = self.model(ids[None], output_hidden_states=True, use_cache=False)  # no cache: a recurrent-only model has none transformers can size
         hidden, logits = self.main(ids, 0)
         ref_hidden = out.hidden_states[-1][0]
         mtp_ref = self.mtp.reference(ref_hidden[:-1], ids[1:], torch.arange(1, len(prompt), device=self.device))
@@ -456,7 +471,7 @@ class FusedModel:
 
 
 @torch.no_grad()
-def build_fused_model(model: nn.Module, mtp: MtpHead | nn.Module, max_len: int, check_prompt: list[int]) -> FusedModel:
+def build_fused_model(model: nn.Module, mtp: MtpHead | nn.Module, max_len: int, check_prompt: list[int], max_draft: int = 4) -> FusedModel:
     """Fast pieces where recognised; if they do not reproduce transformers (or do not fit, e.g. a
     partial RoPE), whole-layer modules; if those do not either, AtlasError.
 
@@ -472,11 +487,11 @@ def build_fused_model(model: nn.Module, mtp: MtpHead | nn.Module, max_len: int, 
         fast = weight_bytes < 0.8 * torch.cuda.mem_get_info(device)[0]
     if fast:
         try:
-            fused = FusedModel(model, mtp, max_len, device, dtype, fast=True)
+            fused = FusedModel(model, mtp, max_len, device, dtype, fast=True, max_draft=max_draft)
             fused.validate(check_prompt)
             return fused
         except (AtlasError, RuntimeError):
             pass
-    fused = FusedModel(model, mtp, max_len, device, dtype, fast=False)
+    fused = FusedModel(model, mtp, max_len, device, dtype, fast=False, max_draft=max_draft)
     fused.validate(check_prompt)
     return fused

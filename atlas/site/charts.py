@@ -6,17 +6,19 @@ drawn in a narrow viewBox with large text, so that scaled down to a 390 px phone
 about 10 px tall (the browser test measures this). Series colours come from CSS classes
 (atlas-s0 … atlas-s7, a colour-blind-safe palette in atlas.css), never inline styles.
 
-Labels come from the store (dates, counts, ids) and are escaped as XML text; the figure is one raw
-HTML block without blank lines, so Python-Markdown passes it through untouched."""
+Labels come from the store and from measurement records (dates, counts, ids, workload names), and
+every one goes through `_text`, mdsafe's escaping: numeric references for every character HTML or
+Markdown gives a meaning to. HTML escaping alone is not enough: the figure is one raw HTML block
+that Python-Markdown passes through untouched at the top level, but inside a collapsible box
+(pymdownx.details) the block is Markdown again, and `[x](javascript:...)` in a label became a
+live link."""
 
 from __future__ import annotations
 
 import math
-from html import escape as xml_escape
-
 from pydantic import BaseModel
 
-from atlas.site.mdsafe import Markdown
+from atlas.site.mdsafe import Markdown, escape as _text
 
 WIDTH = 440
 HEIGHT = 250
@@ -54,25 +56,25 @@ class Stack(BaseModel):
 def _figure(title: str, svg: list[str], legend: list[str], note: str | None = None) -> Markdown:
     parts = [
         '<div class="atlas-chart">',
-        f'<p class="atlas-chart-title">{xml_escape(title)}</p>',
+        f'<p class="atlas-chart-title">{_text(title)}</p>',
         *svg,
     ]
     if legend:
         items = "".join(
             f'<span class="atlas-chart-key"><span class="atlas-chart-swatch atlas-s{i % N_COLOURS}">'
-            f"</span>{xml_escape(name)}</span>"
+            f"</span>{_text(name)}</span>"
             for i, name in enumerate(legend)
         )
         parts.append(f'<p class="atlas-chart-legend">{items}</p>')
     if note:
-        parts.append(f'<p class="atlas-chart-note">{xml_escape(note)}</p>')
+        parts.append(f'<p class="atlas-chart-note">{_text(note)}</p>')
     parts.append("</div>")
     # No blank line inside: Markdown would end the raw HTML block there.
     return Markdown("".join(parts))
 
 
 def _svg_open(title: str) -> str:
-    t = xml_escape(title)
+    t = _text(title)
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" class="atlas-chart-svg" role="img" '
         f'viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" aria-label="{t}">'
@@ -96,7 +98,7 @@ def _axes(y_label: str, y_top: float, y_bottom: float = 0.0, ticks: int = 4) -> 
     out = [
         f'<line class="atlas-chart-axis" x1="{_LEFT}" y1="{base}" x2="{WIDTH - _RIGHT}" y2="{base}"/>',
         f'<text class="atlas-chart-label" x="{FONT}" y="{mid:.1f}" '
-        f'transform="rotate(-90 {FONT} {mid:.1f})" text-anchor="middle">{xml_escape(y_label)}</text>',
+        f'transform="rotate(-90 {FONT} {mid:.1f})" text-anchor="middle">{_text(y_label)}</text>',
     ]
     for i in range(ticks + 1):
         v = y_bottom + (y_top - y_bottom) * i / ticks
@@ -105,7 +107,7 @@ def _axes(y_label: str, y_top: float, y_bottom: float = 0.0, ticks: int = 4) -> 
             out.append(f'<line class="atlas-chart-grid" x1="{_LEFT}" y1="{y:.1f}" x2="{WIDTH - _RIGHT}" y2="{y:.1f}"/>')
         out.append(
             f'<text class="atlas-chart-tick" x="{_LEFT - 4}" y="{y + FONT / 3:.1f}" '
-            f'text-anchor="end">{xml_escape(_number(v))}</text>'
+            f'text-anchor="end">{_text(_number(v))}</text>'
         )
     return out
 
@@ -129,12 +131,12 @@ def _x_labels(labels: list[tuple[float, str]]) -> list[str]:
         if slant:
             out.append(
                 f'<text class="atlas-chart-label" x="{x:.1f}" y="{base + FONT + 2}" text-anchor="end" '
-                f'transform="rotate(-35 {x:.1f} {base + FONT + 2})">{xml_escape(text)}</text>'
+                f'transform="rotate(-35 {x:.1f} {base + FONT + 2})">{_text(text)}</text>'
             )
         else:
             out.append(
                 f'<text class="atlas-chart-label" x="{x:.1f}" y="{base + FONT + 4}" '
-                f'text-anchor="middle">{xml_escape(text)}</text>'
+                f'text-anchor="middle">{_text(text)}</text>'
             )
     return out
 
@@ -161,12 +163,12 @@ def bar_chart(title: str, bars: list[Bar], y_label: str, y_max: float | None = N
         note_text = bar.annotation if bar.annotation is not None else _number(bar.value)
         svg.append(
             f'<rect class="atlas-chart-bar atlas-s0" x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" '
-            f'height="{h:.1f}"><title>{xml_escape(bar.label)}: {xml_escape(note_text)}</title></rect>'
+            f'height="{h:.1f}"><title>{_text(bar.label)}: {_text(note_text)}</title></rect>'
         )
         if len(bars) <= 12:
             svg.append(
                 f'<text class="atlas-chart-value" x="{cx:.1f}" y="{max(y - 4, FONT):.1f}" '
-                f'text-anchor="middle">{xml_escape(note_text)}</text>'
+                f'text-anchor="middle">{_text(note_text)}</text>'
             )
     svg += _x_labels(centres)
     svg.append("</svg>")
@@ -200,14 +202,14 @@ def stacked_bar_chart(title: str, categories: list[str], stacks: list[Stack], y_
             y -= h
             svg.append(
                 f'<rect class="atlas-chart-bar atlas-s{j % N_COLOURS}" x="{x:.1f}" y="{y:.1f}" '
-                f'width="{bar_w:.1f}" height="{h:.1f}"><title>{xml_escape(cat)} · '
-                f"{xml_escape(stack.name)}: {xml_escape(_number(v))}</title></rect>"
+                f'width="{bar_w:.1f}" height="{h:.1f}"><title>{_text(cat)} · '
+                f"{_text(stack.name)}: {_text(_number(v))}</title></rect>"
             )
         centres.append((x + bar_w / 2, cat))
         if len(categories) <= 12:
             svg.append(
                 f'<text class="atlas-chart-value" x="{x + bar_w / 2:.1f}" y="{max(y - 4, FONT):.1f}" '
-                f'text-anchor="middle">{xml_escape(_number(totals[i]))}</text>'
+                f'text-anchor="middle">{_text(_number(totals[i]))}</text>'
             )
     svg += _x_labels(centres)
     svg.append("</svg>")
@@ -265,12 +267,12 @@ def line_chart(title: str, series: list[Series], x_label: str, y_label: str,
                 label += f" ({_number(p.lo)}–{_number(p.hi)})"
             svg.append(
                 f'<circle class="atlas-chart-dot {cls}" cx="{x:.1f}" cy="{py(p.y):.1f}" r="3.5">'
-                f"<title>{xml_escape(label)}</title></circle>"
+                f"<title>{_text(label)}</title></circle>"
             )
     svg += _x_labels([(px(x), text) for x, text in x_ticks])
     svg.append(
         f'<text class="atlas-chart-label" x="{WIDTH - _RIGHT}" y="{HEIGHT - 4}" '
-        f'text-anchor="end">{xml_escape(x_label)}</text>'
+        f'text-anchor="end">{_text(x_label)}</text>'
     )
     svg.append("</svg>")
     return _figure(title, svg, [s.name for s in series], note)

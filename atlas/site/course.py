@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from atlas import AtlasError
-from atlas.site import diagrams, modelpages, reported, widgets, worked_round
+from atlas.measure import records
+from atlas.site import diagrams, measured, modelpages, reported, widgets, worked_round
 from atlas.site.mdsafe import Markdown, escape
 
 
@@ -47,4 +48,7 @@ class Course:
                 [position.q.get(t, 0.0) for t in position.p]),
             "model_count": lambda: Markdown(str(sum(1 for m in self.models.models if m.has_page))
                                             if self.models else "0"),
+            # the gate's constants, so prose about the gate (the glossary) follows records.gate
+            "gate_confidence": measured.GATE_CONFIDENCE_TEXT,
+            "gate_min_repeats": records.MIN_GATE_REPEATS,
         }

@@ -37,8 +37,9 @@ FAMILY_EXAMPLES = {
 
 def _wrap(name: str, title: str, width: int, height: int, body: list[str], desc: str) -> Markdown:
     svg = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
-        f'height="{height}" role="img" aria-labelledby="atlas-{name}-t atlas-{name}-d" '
+        # scales with the column (width 100%, height from the viewBox), never wider than drawn
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" '
+        f'style="max-width: {width}px" role="img" aria-labelledby="atlas-{name}-t atlas-{name}-d" '
         f'font-family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif" font-size="13" '
         f'fill="{INK}"><title id="atlas-{name}-t">{x(title)}</title>'
         f'<desc id="atlas-{name}-d">{x(desc)}</desc>'

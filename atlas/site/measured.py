@@ -7,9 +7,14 @@ counts and the per-(workload, temperature) gate live only there. A file whose re
 has the imported record id (records.record_id) is refused: the page would otherwise show figures
 nobody imported.
 
-Layout: per run (one record: one model revision on one machine, one date) a stamp line, then one
-summary row per (engine, workload, temperature) at the draft length the gate chose (or, where the
-gate is off, the best median speed-up, labelled so), then a collapsible table of every cell.
+Layout: the gate's rule as records.gate computes it, then per run (one record: one model revision
+on one machine, one date) a stamp line, then one summary table per baseline (speed-ups over
+different baselines never share a table) with one row per (engine, workload, temperature) at the
+draft length the gate chose (or, where the gate is not on, the best median speed-up, labelled so)
+and the paired bound the gate decided on, then a collapsible table of every cell.
+
+Module 8's verdict reads its measured facts from here too: the cells slower than plain decoding
+(`backfires_text`) and the dated line of what the atlas itself measured (`measured_line`).
 """
 
 from __future__ import annotations
@@ -136,8 +141,16 @@ def _stamp(run: Run, n: int, baselines: dict[str, str]) -> str:
         f"{escape(r.hardware.text)} · {escape(s.device)} {escape(s.dtype)} · run "
         f"{r.run_date:%Y-%m-%d %H:%M} UTC · {s.repeats} repeats × {s.prompts_per_workload} prompts × "
         f"{s.max_new_tokens} tokens per workload · baselines {', '.join(used)} · record "
-        f"{code(run.record_id[:12])} ({code(run.source_path)}, made by {code(r.command)})"
+        f"{code(run.record_id[:12])} ({code(shown_source(run.source_path))}, made by {code(r.command)})"
     )
+
+
+def shown_source(source_path: str) -> str:
+    """Where a record file is, as the site may show it: relative to the checkout as stored; a record
+    imported from outside the checkout by its file name only (its absolute path would publish the
+    importer's folders, and means nothing to a reader)."""
+    path = Path(source_path)
+    return f"{path.name}, imported from outside the checkout" if path.is_absolute() else source_path
 
 
 def _short_rev(revision: str) -> str:
@@ -145,18 +158,43 @@ def _short_rev(revision: str) -> str:
     return f"{scheme}:{digest[:12]}" if scheme else digest[:12]
 
 
-def _summary(run: Run, baselines: dict[str, str]) -> Markdown:
+def _bound(d: records.Derived) -> Markdown | str:
+    """The paired one-sided 95 % bounds the gate used: the lower one decides "on", the upper one
+    "off" (records.gate); "—" where the record has none (schema 1, fewer than two repeats)."""
+    if d.speedup_bound_lo is None or d.speedup_bound_hi is None:
+        return "—"
+    return Markdown(f'{d.speedup_bound_lo:.2f}<span class="atlas-range"> (upper {d.speedup_bound_hi:.2f})</span>')
+
+
+def _gate_at_k(c: records.Cell) -> Markdown | str:
+    """A cell's own gate verdict with the lower bound it was decided on, in one cell."""
+    d = c.derived
+    word = c.gate_verdict or "—"
+    if d.speedup_bound_lo is None:
+        return word
+    return Markdown(f'{word}<span class="atlas-range"> (lower {d.speedup_bound_lo:.2f})</span>')
+
+
+SUMMARY_HEADERS = ["workload", "#T", "engine", "gate (k shown)", "#gate's lower bound",
+                   "#acceptance", "#accepted length", "#speed-up (range)", "#ideal", "#efficiency",
+                   "greedy identical"]
+
+
+def _summary(run: Run, baselines: dict[str, str]) -> list[tuple[str, Markdown]]:
+    """One summary table per baseline of the run (speed-ups over different baselines never share
+    a table): (baseline id, table)."""
     gates = {(g.workload, g.temperature): g for g in run.record.gates}
-    rows = []
+    by_baseline: dict[str, list[list[object]]] = {}
     for (engine, workload, t), group in _groups(run.record).items():
-        gate = gates.get((workload, t)) if engine == "atlas" else None
+        gate = gates.get((workload, t)) if engine == records.gated_engine(run.record.cells) else None
         cell, gate_text = _row_cell(group, gate)
         d = cell.derived
-        rows.append([
+        by_baseline.setdefault(baselines[cell.baseline], []).append([
             escape(workload),
             _temp(t),
-            f"{ENGINE_NAMES.get(engine, engine)} ({baselines[cell.baseline]})",
+            ENGINE_NAMES.get(engine, engine),
             gate_text,
+            _bound(d) if gate is not None else "—",
             _num(d.acceptance_rate, 3),
             _num(d.mean_accepted_length, 2),
             _speed(d),
@@ -164,11 +202,8 @@ def _summary(run: Run, baselines: dict[str, str]) -> Markdown:
             _efficiency(d),
             _greedy(d),
         ])
-    return table(
-        ["workload", "#T", "engine (baseline)", "gate (k shown)", "#acceptance", "#accepted length",
-         "#speed-up (range)", "#ideal", "#efficiency", "greedy identical"],
-        rows,
-    )
+    order = sorted(by_baseline, key=lambda b: int(b[1:]))
+    return [(b, table(SUMMARY_HEADERS, by_baseline[b])) for b in order]
 
 
 def _detail(run: Run, baselines: dict[str, str]) -> str:
@@ -192,10 +227,11 @@ def _detail(run: Run, baselines: dict[str, str]) -> str:
                 _num(d.ideal_speedup, 2),
                 _efficiency(d),
                 _greedy(d),
-                c.gate_verdict or "—",
+                _gate_at_k(c) if engine == "atlas" else c.gate_verdict or "—",
             ])
     headers = ["workload", "#T", "#k", "#acceptance", "acceptance by depth", "#accepted length",
-               "#speed-up (range)", "#ideal", "#efficiency", "greedy identical", "gate at this k"]
+               "#speed-up (range)", "#ideal", "#efficiency", "greedy identical",
+               "gate at this k (lower bound)"]
     return "\n\n".join(heads[e] + "\n\n" + table(headers, rows) for e, rows in by_engine.items())
 
 
@@ -266,6 +302,82 @@ def _charts(run: Run, n: int) -> list[str]:
     return out
 
 
+def evidence_runs(runs: list[Run]) -> list[tuple[int, Run]]:
+    """The runs that are evidence (not --quick), numbered R1, R2, … as the section shows them."""
+    return list(enumerate((r for r in runs if not r.record.settings.quick), start=1))
+
+
+def _engine_text(run: Run, cell: records.Cell) -> str:
+    er = run.record.engine_run
+    if er is not None:
+        return f"{er.package} {er.version}"
+    return f"{ENGINE_NAMES.get(cell.engine, cell.engine)} {cell.engine_version}"
+
+
+def below_one(runs: list[Run]) -> list[tuple[int, Run, records.Cell]]:
+    """Every measured cell whose median speed-up is below 1 (slower than plain decoding)."""
+    return [(n, run, c) for n, run in evidence_runs(runs) for c in run.record.cells
+            if c.derived.speedup < 1]
+
+
+def backfires_text(runs: list[Run]) -> str:
+    """The page's own slower-than-plain cells, for "When it backfires"; says so when there are none."""
+    numbered = evidence_runs(runs)
+    if not numbered:
+        return "This build has no measurement, so it cannot show a cell where MTP was slower."
+    slow = below_one(runs)
+    n_cells = sum(len(r.record.cells) for _, r in numbered)
+    if not slow:
+        return (f"None of the {n_cells} measured cells of this build ran slower than plain "
+                f"decoding (median speed-up below 1×); that says nothing about other models, "
+                f"workloads or hardware.")
+    items = "; ".join(
+        f"R{n} {escape(c.workload)}, T = {_temp(c.temperature)}, k = {c.draft_tokens}: "
+        f"{c.derived.speedup:.2f}× ({escape(_engine_text(run, c))})"
+        for n, run, c in slow)
+    return (f"In this build's own measurements, {len(slow)} of {n_cells} cells ran slower than "
+            f"plain decoding (median speed-up below 1×): {items}. Each is in its run's table of "
+            f"every draft length k, under Measured.")
+
+
+def _speed_range(cells: list[records.Cell]) -> str:
+    lo = min(c.derived.speedup for c in cells)
+    hi = max(c.derived.speedup for c in cells)
+    return f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}×"
+
+
+def run_lines(runs: list[Run]) -> list[str]:
+    """One dated, cited line per run: which model, where, when, with what, the range of median
+    speed-ups over its cells and whether greedy output stayed identical (Markdown)."""
+    out = []
+    for n, run in evidence_runs(runs):
+        r = run.record
+        greedy = [c for c in r.cells if c.derived.greedy_lossless is not None]
+        identical = sum(1 for c in greedy if c.derived.greedy_lossless)
+        engines = ", ".join(dict.fromkeys(_engine_text(run, c) for c in r.cells))
+        line = (f"R{n}: {code(r.model_id)} at {code(_short_rev(r.revision))}, through {escape(engines)}, "
+                f"on {escape(r.hardware.text)}, run {r.run_date:%Y-%m-%d} (record "
+                f"{code(run.record_id[:12])}): median speed-ups {_speed_range(r.cells)} over "
+                f"{len(r.cells)} cells")
+        if greedy:
+            line += f"; greedy output identical to plain decoding in {identical} of {len(greedy)} T = 0 cells"
+        out.append(line + ".")
+    return out
+
+
+def measured_line(runs: list[Run]) -> str:
+    """The verdict's closing line: what the atlas itself measured, dated and cited, not generalised."""
+    lines = run_lines(runs)
+    if not lines:
+        return ("**What the atlas itself measured:** nothing yet. No dated run record is imported, "
+                "so this page makes no claim of its own about any speed-up.\n")
+    models = sorted({r.record.model_id for _, r in evidence_runs(runs)})
+    return ("**What the atlas itself measured** — " + ", ".join(code(m) for m in models)
+            + ", and nothing else:\n\n" + "\n".join(f"- {line}" for line in lines)
+            + "\n\nThese are runs of the model(s) named, on that hardware, at those dates; they are "
+            "not generalised to any other model, engine or machine.\n")
+
+
 def section(runs: list[Run], head: str) -> str:
     """The whole measured section (Markdown). Smoke runs (--quick) are listed apart, without a
     figure: they check that the loop runs, and are never evidence."""
@@ -274,10 +386,13 @@ def section(runs: list[Run], head: str) -> str:
     parts = [head]
     if not runs:
         parts.append(NO_MEASUREMENT)
+    else:
+        parts.append(GATE_RULE)
     baselines = _baseline_ids(runs)
     for n, run in enumerate(runs, start=1):
         parts.append(_stamp(run, n, baselines))
-        parts.append(_summary(run, baselines))
+        for bid, summary in _summary(run, baselines):
+            parts.append(f"*R{n}, speed-ups over baseline {bid} (legend below the runs)*\n\n{summary}")
         parts.append(
             f'??? measured "R{n}: every draft length k ({len(run.record.cells)} cells)"\n'
             + _indent(_detail(run, baselines))
@@ -295,19 +410,36 @@ def section(runs: list[Run], head: str) -> str:
     if smoke:
         lines = "\n".join(
             f"- {code(r.record.model_id)}, run {r.record.run_date:%Y-%m-%d %H:%M} UTC, record "
-            f"{code(r.record_id[:12])} ({code(r.source_path)})" for r in smoke)
+            f"{code(r.record_id[:12])} ({code(shown_source(r.source_path))})" for r in smoke)
         parts.append('!!! note "Smoke runs — not evidence"\n' + _indent(
             "These records come from `--quick` runs (few tokens, one prompt): they show the loop "
             "runs, not how fast. Their figures are in no table and set no gate.\n\n" + lines))
     return "\n\n".join(parts) + "\n"
 
 
+# The gate's confidence as the site writes a percentage ("95 %").
+GATE_CONFIDENCE_TEXT = f"{records.GATE_CONFIDENCE:.0%}".replace("%", " %")
+# The gate as records.gate and records.decide compute it (schema 2); constants from that module.
+GATE_RULE = (
+    f"**The gate.** For each draft length k the run has one speed-up per repeat (plain time ÷ "
+    f"speculative time of the same prompts, run back to back). From these paired speed-ups it "
+    f"takes one-sided {GATE_CONFIDENCE_TEXT} bounds on their geometric mean (Student's t "
+    f"over their logarithms). A draft length is *off* when greedy output differed from plain "
+    f"decoding; otherwise *undecided* with fewer than {records.MIN_GATE_REPEATS} repeats; "
+    f"otherwise *on* when the lower bound is above 1, *off* when the upper bound is below 1, "
+    f"and *undecided* in between. Per workload and "
+    f"temperature the gate is on with the k of the best median speed-up among the k that are on, "
+    f"off when every k is off, undecided otherwise. The *gate's lower bound* column shows the "
+    f"lower bound (and the upper one) of the k the row shows; the speed-up range beside it is "
+    f"the slowest and fastest single repeat, which can dip below 1 while the bound stays above. "
+    f"Records of schema 1 were gated by an older rule (on where the slowest repeat was still "
+    f"faster) and carry no bounds."
+)
+
 _COLUMNS = (
-    "**Columns.** *Gate*: the run's decision for that workload and temperature — on, with the "
-    "draft length k it chose, only where the repeats show MTP faster; off where they show it "
-    "slower; undecided where they cannot tell (older records: on where the slowest repeat was "
-    "still faster). Where it is not on, the row shows the k with the best median, not a "
-    "recommendation. *Acceptance*: accepted ÷ drafted drafts. *Acceptance by depth* (under each "
+    "**Columns.** *Gate*: the run's decision for that workload and temperature (the rule above). "
+    "Where it is not on, the row shows the k with the best median, not a recommendation. "
+    "*Acceptance*: accepted ÷ drafted drafts. *Acceptance by depth* (under each "
     "run): at depth i, the share accepted of the drafts whose earlier drafts were all accepted "
     "(records before schema 2: accepted ÷ drafted at depth i). *Accepted length*: tokens per verify "
     "pass, bonus included. *Speed-up*: plain time ÷ speculative time for the same tokens, median "

@@ -7,6 +7,13 @@ declares, ships or was measured with MTP (claim levels side by side, each with i
 base model and derivatives linked; its history when the store holds more than one snapshot), and
 models/index.md, a client-side filterable, sortable table of every tracked model.
 
+At the Hub's scale (10^5 tracked models and more) nothing here may grow faster than the models:
+only models with a page keep their history and links in models.json (one model per line, so a
+crawl's effect stays a readable diff), and the finder's page embeds only its first screen of rows.
+Every row is in static parts under models/finder/ (part-NNNN.js, PART_ROWS rows each) that the
+finder's script loads when a reader filters or sorts: script files, not fetched JSON, so the
+finder works from file:// as well as from any static server.
+
 Claim levels stay apart here as everywhere: the present levels come from the fingerprints and the
 support matrix, reported figures from evidence/reported.toml, and only the measured level shows an
 acceptance or a speed-up, each row with its date and record.
@@ -15,6 +22,7 @@ acceptance or a speed-up, each row with its date and record.
 from __future__ import annotations
 
 import hashlib
+import html
 import json
 import re
 import shutil
@@ -34,24 +42,29 @@ from atlas.site.mdsafe import Markdown, code, escape, table
 from atlas.site.widgets import Prefill
 
 FILE_NAME = "models.json"
+FIRST_ROWS = 100  # rows the finder's page itself holds: its first screen, the same at any size
+PART_ROWS = 2000  # rows per part file the finder loads on demand
+FINDER_PARTS = "finder"  # folder of the part files, under models/
 
 
+# Defaults are what models.json leaves out (most of 10^5 models have no MTP key, page or history).
 class Snapshot(BaseModel):
     snapshot_id: int
     snapshot_date: str
-    revision: str | None
-    declared: int | None
-    declared_key: str | None
-    shipped: int | None
-    shipped_evidence: str | None
-    fetch_status: str | None
+    revision: str | None = None
+    declared: int | None = None
+    declared_key: str | None = None
+    shipped: int | None = None
+    shipped_evidence: str | None = None
+    fetch_status: str | None = None
 
 
 class Engine(BaseModel):
-    engine: str
+    engine: str  # the support claim: engine, version, method, source (evidence/servable.toml)
     version: str
     method: str
     source: str
+    conformance: list[servable_matrix.Checked] = []  # the conformance results (none: not checked)
 
 
 class Measured(BaseModel):
@@ -75,21 +88,24 @@ class Model(BaseModel):
     repo_id: str
     slug: str
     org: str
-    family: str | None  # model_type
-    architectures: str | None
-    is_derivative: bool
-    base_models: list[str]
-    derivatives: list[str]
-    has_page: bool
-    current: Snapshot | None  # None: measured, but not in the latest snapshot
-    history: list[Snapshot]  # every complete snapshot holding the model, oldest first
-    servable: list[Engine]
-    measured: list[Measured]
+    family: str | None = None  # model_type
+    architectures: str | None = None
+    is_derivative: bool = False
+    base_models: list[str] = []
+    derivatives: list[str] = []
+    has_page: bool = False
+    current: Snapshot | None = None  # None: measured, but not in the latest snapshot
+    history: list[Snapshot] = []  # every complete snapshot holding the model, oldest first (pages only)
+    servable: list[Engine] = []
+    measured: list[Measured] = []
 
 
 class Models(BaseModel):
     snapshot_id: int | None
     snapshot_date: str | None
+    # after a crawl of the bundled mirror: the mirror's own date (its MIRROR.toml), which is the
+    # data's date; the crawl's date is only when the same files were read again
+    mirror_date: str | None
     servable_date: str
     models: list[Model]
     prefill: Prefill | None
@@ -104,7 +120,13 @@ _HISTORY = """
            hm.base_models
     FROM mtp_fingerprints_history h
     JOIN hub_models hm ON hm.snapshot_id = h.snapshot_id AND hm.repo_id = h.repo_id
+    WHERE {where}
     ORDER BY h.repo_id, h.snapshot_date, h.snapshot_id"""
+# Whose history is read: a model with a page (it declares or ships MTP in the latest snapshot, or
+# was measured). Every other model is a finder row, read from the latest snapshot alone.
+_WITH_PAGE = """h.repo_id IN (
+    SELECT repo_id FROM mtp_fingerprints_history WHERE snapshot_id = $latest
+      AND (coalesce(declared_num_mtp_layers, 0) > 0 OR coalesce(shipped_mtp_layers, 0) > 0))"""
 
 _MEASURED = """
     SELECT model_id, run_date, revision, hardware, engine, engine_version, workload, temperature,
@@ -125,10 +147,17 @@ def _date(value: Any) -> str:
     return value.strftime("%Y-%m-%d") if value is not None else "—"
 
 
-def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
-    cur = con.execute(sql)
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    cur = con.execute(sql, params) if params else con.execute(sql)
     cols = [d[0] for d in cur.description]
     return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def _snapshot(h: dict[str, Any]) -> Snapshot:
+    return Snapshot(snapshot_id=h["snapshot_id"], snapshot_date=_date(h["snapshot_date"]),
+                    revision=h["revision"], declared=h["declared_num_mtp_layers"],
+                    declared_key=h["declared_key"], shipped=h["shipped_mtp_layers"],
+                    shipped_evidence=h["shipped_evidence"], fetch_status=h["fetch_status"])
 
 
 def _has_measurements(con: duckdb.DuckDBPyConnection) -> bool:
@@ -138,20 +167,26 @@ def _has_measurements(con: duckdb.DuckDBPyConnection) -> bool:
     return bool(found and found[0])
 
 
-def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root: Path) -> Models:
+def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root: Path,
+            verdicts: list[Any] | None = None) -> Models:
     """Every model of the store's complete snapshots, and every measured model. `root` resolves the
-    record files' repo-relative paths (the calculator's prefill reads its record's pass costs)."""
-    snaps = _rows(con, "SELECT max(snapshot_id) AS id FROM snapshots WHERE status = 'complete'")
+    record files' repo-relative paths (the calculator's prefill reads its record's pass costs);
+    `verdicts` are the conformance verdicts shown beside each support claim."""
+    snaps = _rows(con, "SELECT snapshot_id AS id, endpoint FROM snapshots WHERE status = 'complete' "
+                       "ORDER BY snapshot_id DESC LIMIT 1")
     latest = snaps[0]["id"] if snaps else None
+    has_measurements = _has_measurements(con)
+    with_page = _WITH_PAGE + (" OR h.repo_id IN (SELECT model_id FROM measurement_cells)" if has_measurements else "")
+    mirror_date = _mirror_date(snaps[0]["endpoint"] if snaps else None, root)
     history: dict[str, list[dict[str, Any]]] = {}
-    for r in _rows(con, _HISTORY):
+    for r in _rows(con, _HISTORY.format(where=with_page), {"latest": latest}):
         history.setdefault(r["repo_id"], []).append(r)
-    measured_rows = _rows(con, _MEASURED) if _has_measurements(con) else []
+    measured_rows = _rows(con, _MEASURED) if has_measurements else []
     measured: dict[str, list[dict[str, Any]]] = {}
     for r in measured_rows:
         measured.setdefault(r["model_id"], []).append(r)
 
-    current = {rid: rows[-1] for rid, rows in history.items() if rows[-1]["snapshot_id"] == latest}
+    current = {r["repo_id"]: r for r in _rows(con, _HISTORY.format(where="h.snapshot_id = $latest"), {"latest": latest})}
     derivatives: dict[str, list[str]] = {}
     for rid, r in current.items():
         for base in r["base_models"] or []:
@@ -160,13 +195,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
     models: list[Model] = []
     for rid in sorted(set(current) | set(measured)):
         now = current.get(rid)
-        snaps_of = [
-            Snapshot(snapshot_id=h["snapshot_id"], snapshot_date=_date(h["snapshot_date"]),
-                     revision=h["revision"], declared=h["declared_num_mtp_layers"],
-                     declared_key=h["declared_key"], shipped=h["shipped_mtp_layers"],
-                     shipped_evidence=h["shipped_evidence"], fetch_status=h["fetch_status"])
-            for h in history.get(rid, [])
-        ]
+        snaps_of = [_snapshot(h) for h in history.get(rid) or ([now] if now else [])]
         archs = [a.strip() for a in ((now or {}).get("architectures") or "").split(",") if a.strip()]
         engines = matrix.serving(now["model_type"], archs, now["declared_num_mtp_layers"],
                                  now["shipped_mtp_layers"]) if now else []
@@ -182,21 +211,45 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
         ]
         declares = bool(now and (now["declared_num_mtp_layers"] or 0) > 0)
         ships = bool(now and (now["shipped_mtp_layers"] or 0) > 0)
+        has_page = declares or ships or bool(cells)
+        # history and links are shown on a model's own page only: a model without one is a
+        # finder row, and keeps only what the row shows
         models.append(Model(
             repo_id=rid, slug=slug(rid), org=rid.split("/", 1)[0] if "/" in rid else "",
             family=(now or {}).get("model_type"), architectures=(now or {}).get("architectures"),
             is_derivative=bool((now or {}).get("is_derivative")),
-            base_models=list((now or {}).get("base_models") or []),
-            derivatives=sorted(derivatives.get(rid, [])),
-            has_page=declares or ships or bool(cells),
-            current=snaps_of[-1] if now else None, history=snaps_of,
-            servable=[Engine(engine=e.engine, version=e.version, method=e.method, source=e.source)
+            base_models=list((now or {}).get("base_models") or []) if has_page else [],
+            derivatives=sorted(derivatives.get(rid, [])) if has_page else [],
+            has_page=has_page,
+            current=snaps_of[-1] if now else None, history=snaps_of if has_page else [],
+            servable=[Engine(engine=e.engine, version=e.version, method=e.method, source=e.source,
+                             conformance=servable_matrix.checked_for((now or {}).get("model_type"), archs, e.engine,
+                                                                     verdicts or []))
                       for e in engines],
             measured=cells,
         ))
     snap_date = next((m.current.snapshot_date for m in models if m.current), None)
-    return Models(snapshot_id=latest, snapshot_date=snap_date, servable_date=matrix.date.isoformat(),
-                  models=models, prefill=_prefill(measured_rows, root))
+    return Models(snapshot_id=latest, snapshot_date=snap_date, mirror_date=mirror_date,
+                  servable_date=matrix.date.isoformat(), models=models,
+                  prefill=_prefill(measured_rows, root))
+
+
+def _mirror_date(endpoint: str | None, root: Path) -> str | None:
+    """The crawled mirror's own date, when the snapshot is a mirror crawl whose folder has one."""
+    from atlas.site.evidence import MIRROR_PREFIX, load_mirror_date
+
+    if not endpoint or not endpoint.startswith(MIRROR_PREFIX):
+        return None
+    folder = Path(endpoint.removeprefix(MIRROR_PREFIX))
+    fixed = load_mirror_date(folder if folder.is_absolute() else root / folder)
+    return fixed.isoformat() if fixed else None
+
+
+def snapshot_words(snapshot_id: int | None, crawled: str | None, mirror_date: str | None) -> str:
+    """A snapshot as prose, as module 8 says it: after a mirror crawl, the mirror's own date too."""
+    if mirror_date:
+        return f"mirror crawl #{snapshot_id} of {crawled} (data of {mirror_date})"
+    return f"snapshot #{snapshot_id} of {crawled}"
 
 
 def _prefill(rows: list[dict[str, Any]], root: Path) -> Prefill | None:
@@ -242,6 +295,7 @@ def _prefill_from(record: Any, best: dict[str, Any]) -> Prefill | None:
         temperature=cell.temperature, conditional=conditional,
         draft_cost=record.pass_costs.draft / record.pass_costs.plain,
         verify_cost=verify / record.pass_costs.plain,
+        verify_costs={k: v / record.pass_costs.plain for k, v in record.pass_costs.verify.items()},
         measured_tokens_per_pass=cell.derived.mean_accepted_length,
         measured_speedup=cell.derived.speedup,
         ideal_speedup=cell.derived.ideal_speedup,
@@ -275,7 +329,19 @@ def _conditional(cell: Any) -> list[float]:
 
 
 def dumps(models: Models) -> str:
-    return json.dumps(models.model_dump(mode="json"), indent=1, sort_keys=True, ensure_ascii=True) + "\n"
+    """models.json: the header fields indented, then one model per line (a crawl's change to a
+    model is a one-line diff, and 10^5 models are not 10^7 lines). allow_nan=False: strict JSON
+    parsers (and browsers' JSON.parse) reject Infinity and NaN."""
+    data = models.model_dump(mode="json", exclude={"models"})
+    try:
+        head = json.dumps(data, indent=1, sort_keys=True, ensure_ascii=True, allow_nan=False)
+        lines = [json.dumps(m.model_dump(mode="json", exclude_defaults=True), sort_keys=True, ensure_ascii=True,
+                            allow_nan=False, separators=(",", ":"))
+                 for m in models.models]
+    except ValueError as exc:
+        raise AtlasError(f"the model pages' data holds a value JSON cannot hold ({exc}); not written") from None
+    body = ' "models": [\n' + ",\n".join(lines) + "\n ]" if lines else ' "models": []'
+    return head[:-2] + ",\n" + body + "\n}\n"  # head ends "\n}": the models go in before it
 
 
 def write(models: Models, path: Path) -> bool:
@@ -284,11 +350,18 @@ def write(models: Models, path: Path) -> bool:
 
 def generate(db: Path, out: Path, matrix_path: Path, root: Path) -> Models:
     from atlas import store
+    from atlas.site.evidence import unreadable_store
+
+    from atlas.measure import conformance
 
     matrix = servable_matrix.load(matrix_path)
+    folder = matrix_path.parent / "conformance"
+    verdicts = conformance.verdicts(conformance.latest_records(folder), folder.parent.parent)
     con = store.connect(db, read_only=True)
     try:
-        models = collect(con, matrix, root)
+        models = collect(con, matrix, root, verdicts)
+    except duckdb.Error as exc:
+        raise unreadable_store(db, exc) from None
     finally:
         con.close()
     write(models, out)
@@ -346,10 +419,10 @@ def measured_serving(m: Model) -> list[str]:
     return [e for e in dict.fromkeys(found) if e is not None and e not in listed]
 
 
-def _levels(m: Model, figures: list[reported_figures.Figure], snapshot_date: str | None,
+def _levels(m: Model, figures: list[reported_figures.Figure], mirror_date: str | None,
             servable_date: str) -> Markdown:
     c = m.current
-    where = (f"snapshot #{c.snapshot_id} of {c.snapshot_date}, revision " if c else "")
+    where = (snapshot_words(c.snapshot_id, c.snapshot_date, mirror_date) + ", revision " if c else "")
     if c is None:
         declared: list[Any] = ["not in the latest snapshot", "—"]
         shipped: list[Any] = ["not in the latest snapshot", "—"]
@@ -367,8 +440,8 @@ def _levels(m: Model, figures: list[reported_figures.Figure], snapshot_date: str
         ]
     if m.servable:
         servable: list[Any] = [
-            Markdown("; ".join(f"{escape(e.engine)} {escape(e.version)}" for e in m.servable)),
-            f"support matrix of {servable_date} (sources below)",
+            Markdown("; ".join(f"{escape(e.engine)} {escape(e.version)} ({_conformance_words(e)})" for e in m.servable)),
+            f"support matrix of {servable_date}; conformance records under evidence/conformance/ (below)",
         ]
     else:
         servable = ["no engine in the support matrix", f"support matrix of {servable_date}"]
@@ -411,14 +484,25 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
         "Five separate claims, each with where it comes from. Only the measured level shows a "
         "speed-up of the atlas's own; a reported figure is someone else's, with their conditions. "
         f"What each level means: [module 8]({_MODULE}).", "",
-        _levels(m, figures, data.snapshot_date, data.servable_date), "",
+        _levels(m, figures, data.mirror_date, data.servable_date), "",
     ]
     if m.servable:
         lines += ["## Servable", "",
                   f"From the support matrix of {escape(data.servable_date)}:", ""]
-        lines += [f"- **{escape(e.engine)}** {escape(e.version)}: {code(e.method)}. Source: "
-                  f"{escape(e.source)}." for e in m.servable]
-        lines += [""]
+        for e in m.servable:
+            lines += [f"- **{escape(e.engine)}** — support claim: {escape(e.version)}, {code(e.method)}. Source: "
+                      f"{escape(e.source)}."]
+            if not e.conformance:
+                lines += ["    - Conformance: not checked (no conformance run covers this engine on this family's MTP layout)."]
+            for c in e.conformance:
+                causes = "".join(f" Cause: {escape(k.id)} ([issue]({k.upstream_issue}), [fix]({k.upstream_fix}))."
+                                 for k in c.causes if k.status == "present")
+                lines += [f"    - Conformance of {escape(c.build)}{' (a patched build, not the release)' if c.patched else ''}: "
+                          f"**{escape(servable_matrix.results_text(c))}**. Layout {code(c.layout)}: {escape(c.layout_note)}. "
+                          f"Run {escape(c.date)} on {escape(c.hardware)}, record {code(c.record)}.{causes}"]
+        lines += ["", "The support claim says the engine has code for this family (nothing was run); a conformance "
+                  f"result says what the atlas's suite found when it ran one engine build on checkpoints with exact "
+                  f"right answers ([module 8]({_MODULE})).", ""]
     if figures:
         lines += ["## Reported", "", reported_figures.section(figures), ""]
     lines += ["## Measured", ""]
@@ -457,8 +541,33 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
     return "\n".join(lines)
 
 
-def _cell(value: object) -> str:
-    return "—" if value is None else str(escape(value))
+def _conformance_words(e: Engine) -> str:
+    """One engine's conformance in a few words: per build checked, its results; else not checked."""
+    if not e.conformance:
+        return "conformance not checked"
+    return "; ".join(f"{c.build}: {servable_matrix.results_text(c)}" for c in e.conformance)
+
+
+def _shown(value: object) -> str:
+    """The text a reader sees for an untrusted value (what mdsafe's escaping renders as): the
+    finder's parts hold it as is, and its script only ever sets it as text."""
+    return "—" if value is None else html.unescape(escape(value))
+
+
+def finder_row(m: Model) -> list[str | None]:
+    """One model as the finder shows it: id, its page's slug (None without a page), then the text
+    of the org, family, declared, shipped, servable and measured cells."""
+    c = m.current
+    return [
+        _shown(m.repo_id), m.slug if m.has_page else None, _shown(m.org), _shown(m.family),
+        _shown(c.declared if c else None), _shown(c.shipped if c else None),
+        ", ".join([f"{_shown(e.engine)} ({_shown(_conformance_words(e))})" for e in m.servable]
+                  + [f"{_shown(e)} (measured run)" for e in measured_serving(m)]) or "—",
+        f"{len(m.measured)} cells: " + ", ".join(_shown(e) for e in measured_engines(m)) if m.measured else "—",
+    ]
+
+
+FINDER_COLUMNS = ["model", "org", "family", "declared", "shipped", "servable", "measured"]
 
 
 def finder(data: Models | None) -> str:
@@ -466,44 +575,58 @@ def finder(data: Models | None) -> str:
     if data is None or not data.models:
         return "\n".join(head + ["No models yet: run `atlas crawl` (or `make crawl-mirror`) and "
                                  "`atlas evidence`, then rebuild the site.", ""])
-    by_id = {m.repo_id: m for m in data.models}
     rows = []
-    for m in data.models:
-        c = m.current
-        name = (f'<a href="{m.slug}/">{escape(m.repo_id)}</a>' if m.has_page
-                else str(escape(m.repo_id)))
-        servable = ", ".join([str(escape(e.engine)) for e in m.servable]
-                             + [f"{escape(e)} (measured run)" for e in measured_serving(m)]) or "—"
-        measured = (f"{len(m.measured)} cells: " + ", ".join(str(escape(e)) for e in measured_engines(m))
-                    if m.measured else "—")
-        rows.append(
-            "<tr><td>" + name + "</td><td>" + _cell(m.org) + "</td><td>" + _cell(m.family)
-            + "</td><td>" + _cell(c.declared if c else None) + "</td><td>"
-            + _cell(c.shipped if c else None) + "</td><td>" + servable + "</td><td>" + measured
-            + "</td></tr>"
-        )
-    n_pages = sum(1 for m in by_id.values() if m.has_page)
+    for m in data.models[:FIRST_ROWS]:
+        row = finder_row(m)
+        cells = [str(escape(text)) for text in row[2:]]
+        name = str(escape(row[0]))
+        name = f'<a href="{row[1]}/">{name}</a>' if row[1] else name
+        rows.append("<tr><td>" + "</td><td>".join([name, *cells]) + "</td></tr>")
+    n_pages = sum(1 for m in data.models if m.has_page)
+    n_parts = -(-len(data.models) // PART_ROWS)
+    listed = ("" if len(data.models) <= FIRST_ROWS else
+              f" The first {FIRST_ROWS} are listed below; filtering or sorting searches all of them.")
     intro = (
-        f"Every model of snapshot #{data.snapshot_id} ({data.snapshot_date}), plus any measured "
-        f"model. {n_pages} of {len(data.models)} declare, ship or were measured with MTP and have "
-        "their own page (linked). Type to filter (all words must match, anywhere in the row; a link "
-        "can carry the filter as ?find=words, or as the site search's ?h=words); "
+        f"Every model of {snapshot_words(data.snapshot_id, data.snapshot_date, data.mirror_date)}, plus any "
+        f"measured model: {len(data.models)} in all.{listed} {n_pages} declare, ship or were measured with "
+        "MTP and have their own page (linked). Type to filter (all words must match, anywhere in "
+        "the row; a link can carry the filter as ?find=words, or as the site search's ?h=words); "
         "click a column header to sort. Declared and shipped are layer counts (— unknown); "
         f"servable is the support matrix of {data.servable_date}, for models that declare or ship "
-        "MTP layers (an engine marked \"measured run\" ran the model's MTP in a dated record); "
-        "measured counts the atlas's own dated cells and names their engines."
+        "MTP layers, each engine with its conformance result (lossless / fails / inconclusive, per "
+        "build checked; or not checked; an engine marked \"measured run\" ran the model's MTP in a "
+        "dated record); measured counts the atlas's own dated cells and names their engines."
     )
+    # raw HTML on one line, which Python-Markdown passes through; its text escaped by mdsafe all
+    # the same. The script sets the rows it loads as text.
     table_html = (
-        '<div class="atlas-finder"><p><label>Filter models <input type="search" data-atlas-finder '
+        f'<div class="atlas-finder" data-atlas-finder-total="{len(data.models)}" '
+        f'data-atlas-finder-parts="{n_parts}" data-atlas-finder-src="{FINDER_PARTS}/part-">'
+        '<p><label>Filter models <input type="search" data-atlas-finder '
         'placeholder="e.g. deepseek, qwen3_next, vLLM" autocomplete="off"></label> '
         '<span data-atlas-finder-count aria-live="polite"></span></p>'
         # out of the search index: a hit would preview the whole table as one run of text; the
         # per-model pages are the index's entries for models
-        '<table data-atlas-finder-table data-search-exclude><thead><tr><th>model</th><th>org</th><th>family</th>'
-        "<th>declared</th><th>shipped</th><th>servable</th><th>measured</th></tr></thead><tbody>"
+        "<table data-atlas-finder-table data-search-exclude><thead><tr>"
+        + "".join(f"<th>{c}</th>" for c in FINDER_COLUMNS) + "</tr></thead><tbody>"
         + "".join(rows) + "</tbody></table></div>"
     )
     return "\n".join(head + [escape(intro), "", table_html, ""])
+
+
+def finder_parts(data: Models, folder: Path) -> list[Path]:
+    """Every finder row, PART_ROWS to a file: `atlasFinderPart(i, rows);`, which the finder's
+    script defines before it adds the parts as <script> elements."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for i, start in enumerate(range(0, len(data.models), PART_ROWS)):
+        rows = [finder_row(m) for m in data.models[start:start + PART_ROWS]]
+        path = folder / f"part-{i:04d}.js"
+        # ensure_ascii: no raw U+2028/U+2029, which end a line in older JavaScript
+        path.write_text(f"atlasFinderPart({i}, {json.dumps(rows, ensure_ascii=True, separators=(',', ':'))});\n",
+                        encoding="utf-8")
+        written.append(path)
+    return written
 
 
 def render(data: Models | None, reported: reported_figures.Reported | None, out_dir: Path) -> list[Path]:
@@ -514,6 +637,7 @@ def render(data: Models | None, reported: reported_figures.Reported | None, out_
     written[0].write_text(_front("Model finder") + finder(data), encoding="utf-8")
     if data is None:
         return written
+    finder_parts(data, out_dir / FINDER_PARTS)
     by_id = {m.repo_id: m for m in data.models}
     shipped = out_dir.parent / datapage.RECORDS / "measurements"
     downloads = {p.name for p in shipped.glob("*.json")} if shipped.is_dir() else set()

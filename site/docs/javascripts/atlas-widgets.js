@@ -48,22 +48,50 @@
     err.hidden = !message;
     err.textContent = message || "";
   }
+  // An input became invalid: no result of the previous input may stay on screen.
+  function clear(els) {
+    els.forEach(function (el) {
+      if (!el) return;
+      el.removeAttribute("data-value");
+      el.textContent = "–";
+    });
+  }
 
   // ---- calculator ------------------------------------------------------------------------------
   function calculator(root) {
     function val(name) { return root.querySelector('[data-in="' + name + '"]'); }
-    function update() {
+    var results = [root.querySelector('[data-out="tokens"]'), root.querySelector('[data-out="speedup"]')];
+    var formulaEl = root.querySelector('[data-out="formula"]');
+    var blankFormula = formulaEl.textContent;
+    var note = root.querySelector('[data-out="verify-note"]');
+    // The record's verify cost at each k it timed ("1:1.3 2:1.5"); the verify input follows k
+    // from these until the reader types a cost of their own.
+    var measuredCosts = {};
+    (root.getAttribute("data-verify-costs") || "").split(/\s+/).forEach(function (pair) {
+      var kv = pair.split(":");
+      if (kv.length === 2 && isFinite(Number(kv[1]))) measuredCosts[Number(kv[0])] = Number(kv[1]);
+    });
+    var follows = Object.keys(measuredCosts).length > 0;
+    function invalid(message) {
+      clear(results);
+      formulaEl.textContent = blankFormula;
+      showError(root, message);
+    }
+    function showMode(mode) {
+      Array.prototype.forEach.call(root.querySelectorAll("[data-mode]"), function (el) {
+        el.hidden = el.getAttribute("data-mode") !== mode;
+      });
+    }
+    function update(ev) {
       var mode = val("mode").value;
-      var draft = Number(val("draft").value), verify = Number(val("verify").value);
+      showMode(mode);
+      if (ev && ev.target === val("verify")) follows = false;
       var conditional, k, tokens, formula;
-      if (!(draft >= 0) || !(verify > 0)) {
-        return showError(root, "Costs must be numbers: draft ≥ 0, verify > 0.");
-      }
       if (mode === "alpha") {
         var alpha = Number(val("alpha").value);
         k = Math.round(Number(val("k").value));
         if (!(alpha >= 0 && alpha <= 1) || !(k >= 0)) {
-          return showError(root, "α must lie in [0, 1] and k be a whole number ≥ 0.");
+          return invalid("α must lie in [0, 1] and k be a whole number ≥ 0.");
         }
         tokens = tokensPerPassIid(alpha, k);
         formula = "E = (1 − α^(k+1)) / (1 − α) = (1 − " + fmt(alpha, 3) + "^" + (k + 1) + ") / (1 − " +
@@ -71,13 +99,29 @@
       } else {
         conditional = numbers(val("conditional").value);
         if (!conditional || conditional.some(function (a) { return a < 0 || a > 1; })) {
-          return showError(root, "List acceptance probabilities between 0 and 1, separated by commas.");
+          return invalid("List acceptance probabilities between 0 and 1, separated by commas.");
         }
         k = conditional.length;
         tokens = tokensPerPass(conditional);
         var terms = ["1"], prod = [];
         conditional.forEach(function (a) { prod.push(fmt(a, 3)); terms.push(prod.join("·")); });
         formula = "E = " + terms.join(" + ") + " = " + fmt(tokens, 3);
+      }
+      if (follows) {
+        var timed = Object.keys(measuredCosts).join(", ");
+        if (!(k in measuredCosts)) {
+          if (note) note.textContent = "";
+          return invalid("The record timed a verify pass only at k = " + timed + ", not at k = " + k +
+                         ": type a verify cost for this k.");
+        }
+        val("verify").value = measuredCosts[k].toFixed(3);
+        if (note) note.textContent = "Verify cost v at k = " + k + " from the record (it timed k = " + timed + ").";
+      } else if (note) {
+        note.textContent = "";
+      }
+      var draft = Number(val("draft").value), verify = Number(val("verify").value);
+      if (!(draft >= 0) || !(verify > 0)) {
+        return invalid("Costs must be numbers: draft ≥ 0, verify > 0.");
       }
       showError(root, "");
       var speedup = idealSpeedup(tokens, k, draft, verify);
@@ -119,7 +163,14 @@
     }
     function update() {
       var p = read("p"), q = read("q");
-      if (!p || !q) { state = null; return showError(root, "p and q need non-negative numbers, not all zero."); }
+      if (!p || !q) {
+        state = null;
+        rows.forEach(function (r) {
+          clear(["accept", "residual", "output", "empirical"].map(function (n) { return r.querySelector('[data-out="' + n + '"]'); }));
+        });
+        clear([root.querySelector('[data-out="acceptance"]'), root.querySelector('[data-out="maxdiff"]')]);
+        return showError(root, "p and q need non-negative numbers, not all zero.");
+      }
       showError(root, "");
       var law = acceptResample(p, q);
       state = { p: p, q: q, law: law };
@@ -170,21 +221,99 @@
   }
 
   // ---- model finder ----------------------------------------------------------------------------
+  // The page holds the first rows only; every row is in part files (models/finder/part-NNNN.js,
+  // each calling atlasFinderPart(i, rows)), loaded as scripts the first time a reader filters or
+  // sorts, so the page opens as fast with 10^5 models as with 10. At most LISTED matching rows are
+  // put in the table at once (a DOM of 10^5 rows is what made the page slow); the count says how
+  // many match. Rows are built as text nodes: no model string is ever parsed as HTML.
+  var LISTED = 200;
+
   function finder(input) {
-    var table = document.querySelector("table[data-atlas-finder-table]");
+    var box = input.closest(".atlas-finder");
+    var table = box && box.querySelector("table[data-atlas-finder-table]");
     if (!table) return;
-    var count = document.querySelector("[data-atlas-finder-count]");
-    function apply() {
-      var words = input.value.toLowerCase().split(/\s+/).filter(function (w) { return w.length; });
-      var shown = 0;
-      Array.prototype.forEach.call(table.tBodies[0].rows, function (row) {
-        var text = row.textContent.toLowerCase();
-        var hit = words.every(function (w) { return text.indexOf(w) !== -1; });
-        row.hidden = !hit;
-        if (hit) shown += 1;
-      });
-      if (count) count.textContent = shown + " of " + table.tBodies[0].rows.length + " models shown";
+    var count = box.querySelector("[data-atlas-finder-count]");
+    var total = parseInt(box.getAttribute("data-atlas-finder-total"), 10) || table.tBodies[0].rows.length;
+    var nParts = parseInt(box.getAttribute("data-atlas-finder-parts"), 10) || 0;
+    var src = box.getAttribute("data-atlas-finder-src");
+    var names = Array.prototype.map.call(table.tHead.rows[0].cells, function (th) { return th.textContent.trim(); });
+    var rows = null, waiting = [], loading = false, sortIndex = null, descending = false;
+
+    function words() {
+      return input.value.toLowerCase().split(/\s+/).filter(function (w) { return w.length; });
     }
+
+    function load(done) {
+      if (rows) { done(); return; }
+      waiting.push(done);
+      if (loading) return;
+      loading = true;
+      var parts = new Array(nParts), left = nParts;
+      window.atlasFinderPart = function (i, data) {
+        if (parts[i]) return;
+        parts[i] = data;
+        left -= 1;
+        if (left === 0) {
+          rows = [].concat.apply([], parts).map(function (r) { return { cells: r, text: [r[0]].concat(r.slice(2)).join(" ").toLowerCase() }; });
+          waiting.splice(0).forEach(function (f) { f(); });
+        }
+      };
+      if (count) count.textContent = "loading all " + total + " models …";
+      for (var i = 0; i < nParts; i++) {
+        var script = document.createElement("script");
+        script.src = src + ("000" + i).slice(-4) + ".js";
+        script.onerror = function (ev) {
+          if (count) count.textContent = "could not load " + ev.target.getAttribute("src") + " (the finder's data)";
+        };
+        document.head.appendChild(script);
+      }
+    }
+
+    function cell(text, slug, label) {
+      var td = document.createElement("td");
+      td.setAttribute("data-label", label);
+      if (slug) {
+        var a = document.createElement("a");
+        a.setAttribute("href", slug + "/");
+        a.textContent = text;
+        td.appendChild(a);
+      } else {
+        td.textContent = text;
+      }
+      return td;
+    }
+
+    function show() {
+      var ws = words();
+      var hits = rows.filter(function (r) { return ws.every(function (w) { return r.text.indexOf(w) !== -1; }); });
+      if (sortIndex !== null) {
+        var col = sortIndex === 0 ? 0 : sortIndex + 1, order = window.atlasTableSort;
+        var keyed = hits.map(function (r, i) { return { k: order.keyOf(r.cells[col]), i: i, r: r }; });
+        keyed.sort(function (a, b) { return (descending ? -1 : 1) * order.compare(a.k, b.k) || a.i - b.i; });
+        hits = keyed.map(function (x) { return x.r; });
+      }
+      var body = document.createElement("tbody");
+      hits.slice(0, LISTED).forEach(function (r) {
+        var tr = document.createElement("tr");
+        tr.appendChild(cell(r.cells[0], r.cells[1], names[0]));
+        for (var i = 2; i < r.cells.length; i++) tr.appendChild(cell(r.cells[i], null, names[i - 1]));
+        body.appendChild(tr);
+      });
+      table.replaceChild(body, table.tBodies[0]);
+      if (count) {
+        count.textContent = hits.length + " of " + total + " models shown" +
+          (hits.length > LISTED ? " (the first " + LISTED + " listed: add words to narrow)" : "");
+      }
+    }
+
+    function apply() {
+      if (rows || words().length || sortIndex !== null) { load(show); return; }
+      var here = table.tBodies[0].rows.length;
+      if (count) count.textContent = here === total ? total + " of " + total + " models shown"
+        : "the first " + here + " of " + total + " models listed: type to search them all";
+    }
+
+    table.atlasSortRows = function (index, desc) { sortIndex = index; descending = desc; load(show); };
     // ?find= (not ?q=, which the theme's search box claims), or ?h=, which a search hit's link carries
     var params = new URLSearchParams(window.location.search);
     var initial = params.get("find") || params.get("h");
@@ -193,7 +322,27 @@
     apply();
   }
 
+  // ---- diagrams ---------------------------------------------------------------------------------
+  // A diagram scales to the column; on a narrow screen its labels get small, so a tap shows it at
+  // the width it was drawn, in a box the reader scrolls sideways (and a second tap scales it back).
+  function diagram(box) {
+    var svg = box.querySelector("svg");
+    if (!svg) return;
+    box.setAttribute("tabindex", "0");
+    box.setAttribute("title", "Tap or press Enter: full size / fit to the column");
+    function toggle() {
+      var zoomed = box.hasAttribute("data-zoomed");
+      if (zoomed) { box.removeAttribute("data-zoomed"); svg.style.width = ""; }
+      else { box.setAttribute("data-zoomed", ""); svg.style.width = svg.style.maxWidth; }
+    }
+    box.addEventListener("click", toggle);
+    box.addEventListener("keydown", function (ev) { if (ev.key === "Enter") toggle(); });
+  }
+
   function enable(doc) {
+    Array.prototype.forEach.call(doc.querySelectorAll(".atlas-diagram"), function (el) {
+      if (!el.hasAttribute("data-atlas-live")) { el.setAttribute("data-atlas-live", "1"); diagram(el); }
+    });
     Array.prototype.forEach.call(doc.querySelectorAll('[data-atlas-widget="calculator"]'), function (el) {
       if (!el.hasAttribute("data-atlas-live")) { el.setAttribute("data-atlas-live", "1"); calculator(el); }
     });

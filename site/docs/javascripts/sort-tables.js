@@ -3,11 +3,15 @@
 (function () {
   "use strict";
 
-  function key(cell) {
-    var text = (cell.textContent || "").trim();
+  function keyOf(text) {
+    text = (text || "").trim();
     // A whole-cell number, optionally followed by a bracketed interval; dates and hex stay text.
     var m = text.match(/^([-+]?\d+(?:\.\d+)?)(?:\s+\(.*\))?$/);
     return m ? { num: parseFloat(m[1]), text: text } : { num: null, text: text };
+  }
+
+  function key(cell) {
+    return keyOf(cell.textContent);
   }
 
   function compare(a, b) {
@@ -21,6 +25,13 @@
     var body = table.tBodies[0];
     if (!body) return;
     var descending = header.getAttribute("aria-sort") === "ascending";
+    if (table.atlasSortRows) {
+      // a table holding only part of its rows (the model finder) sorts its data, not its DOM
+      Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th) { th.removeAttribute("aria-sort"); });
+      header.setAttribute("aria-sort", descending ? "descending" : "ascending");
+      table.atlasSortRows(index, descending);
+      return;
+    }
     var rows = Array.prototype.slice.call(body.rows);
     rows.sort(function (r1, r2) {
       var c = compare(key(r1.cells[index] || r1), key(r2.cells[index] || r2));
@@ -66,6 +77,9 @@
       });
     });
   }
+
+  // the same order for tables that sort their own data
+  window.atlasTableSort = { keyOf: keyOf, compare: compare };
 
   // Material emits document$ on every page load (also with instant loading); plain load otherwise.
   if (typeof document$ !== "undefined" && document$.subscribe) {
