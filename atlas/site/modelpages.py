@@ -37,6 +37,7 @@ from atlas import AtlasError
 from atlas.measure import records
 from atlas.paths import replace_text
 from atlas.site import datapage
+from atlas.site import measured as measured_section
 from atlas.site import reported as reported_figures
 from atlas.site import servable as servable_matrix
 from atlas.site.mdsafe import Markdown, code, escape, table
@@ -497,7 +498,7 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
         facts.append(f"architectures {code(m.architectures)}")
     lines += [Markdown(" · ".join(facts)) + ".", ""]
     if m.provenance is not None and m.provenance.project_made:
-        lines += ["## Provenance", "", provenance_note(m.provenance), ""]
+        lines += ["## Provenance", "", measured_section.provenance_note(m.provenance), ""]
     if m.base_models:
         lines += ["Derivative of " + ", ".join(_link(by_id.get(b), b) for b in m.base_models) + ".", ""]
     if m.derivatives:
@@ -563,19 +564,6 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
                           h.fetch_status] for h in m.history]), ""]
     lines += ["---", "", f"[All tracked models](index.md) · [Module 8]({_MODULE})", ""]
     return "\n".join(lines)
-
-
-def provenance_note(p: records.Provenance) -> Markdown:
-    """The label every figure of a project-made checkpoint carries, from its records' provenance."""
-    main, head = p.main_model, p.mtp_head
-    return Markdown(
-        f'!!! warning "{escape(p.kind)}"\n'
-        f"    Not a Hub model and in no crawl: the atlas made this checkpoint, so it is never counted in "
-        f"adoption, declared or shipped figures. Main model {escape(main.get('source', '—'))} from the "
-        f"package {code(main.get('package', '—'))} {escape(main.get('package_version', '—'))} "
-        f"(GGUF sha256 {code(main.get('sha256', '—'))}, {escape(main.get('quantization', '—'))}); "
-        f"MTP head made by {escape(str(head.get('made_by', '—')))}, digest {code(str(head.get('sha256', '—')))}, "
-        f"recipe {code(str(head.get('recipe', '—')))}.")
 
 
 def _conformance_words(e: Engine) -> str:
