@@ -401,9 +401,11 @@ def anchor_text(runs: list[Run], anchors: list[reported_figures.Figure]) -> str:
             for f in anchors:
                 line += (f" Reported beside it, not compared as if equal: {escape(f.subject)}, "
                          f"\"{escape(f.figure)}\" ({escape(f.source)}; engine {escape(f.engine)}, workload "
-                         f"{escape(f.workload)}). That is a 671 B-parameter model with an MTP module trained "
-                         f"with it, on other prompts and settings; this is a 135 M model with a head the "
-                         f"atlas trained on a frozen main model.")
+                         f"{escape(f.workload)}). That figure is {escape(f.subject)}'s own MTP module, trained "
+                         f"with its model, under that source's conditions; this one is "
+                         f"{code(run.record.model_id)}, a head made by "
+                         f"{escape(str(run.record.provenance.mtp_head.get('made_by', '—')))}, on the "
+                         f"atlas's prompts and hardware.")
             out.append(f"- {line}")
     return ("**Real-model acceptance beside a reported anchor**\n\n" + "\n".join(out)) if out else ""
 
