@@ -24,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LOOP_TESTS = ["tests/test_decode.py", "tests/test_families.py"]
 RECORD_TESTS = ["tests/test_records.py"]
+# where the runner sums runs into a record: several prompts and repeats, the stamp against the facts
+AGGREGATION_TESTS = ["tests/test_aggregation.py"]
 RECURRENT_TESTS = ["tests/test_recurrent.py"]
 
 
@@ -41,6 +43,7 @@ class Mutant:
 LOOP = "atlas.measure.generate"
 RECURRENT = "atlas.measure.recurrent"
 RECORDS = "atlas.measure.records"
+CELLS = "atlas.measure.cells"
 MUTANTS = (
     Mutant("reused-uniform", "lossy", LOOP,
            "r = torch.rand(k, generator=gen, device=p.device)",
@@ -63,16 +66,16 @@ MUTANTS = (
            "        pos += n + 1\n", "        pos += k_now + 1\n", tuple(LOOP_TESTS),
            "the next round starts after the rejected drafts' slots"),
     Mutant("catch-up-last-pair", "metric", LOOP,
-           "h_mtp, q_logits = model.draft(ids.new_tensor([*drafts[:n], token]), hidden[: n + 1], pos)",
-           "h_mtp, q_logits = model.draft(ids.new_tensor([token]), hidden[n : n + 1], pos + n)", tuple(LOOP_TESTS),
+           "h_mtp, q_logits = model.catch_up(ids.new_tensor([*drafts[:n], token]), hidden[: n + 1], pos)",
+           "h_mtp, q_logits = model.catch_up(ids.new_tensor([token]), hidden[n : n + 1], pos + n)", tuple(LOOP_TESTS),
            "MTP catch-up only on the last accepted pair"),
     Mutant("chain-wrong-slot", "metric", LOOP,
-           "model.draft(ids.new_tensor(drafts[-1:]), h_mtp, pos + i - 1)",
-           "model.draft(ids.new_tensor(drafts[-1:]), h_mtp, pos + i)", tuple(LOOP_TESTS),
+           "model.draft(ids.new_tensor(drafts[-1:]), h_mtp, pos + i - 1, i % n_mtp)",
+           "model.draft(ids.new_tensor(drafts[-1:]), h_mtp, pos + i, i % n_mtp)", tuple(LOOP_TESTS),
            "draft chain at the wrong slot / RoPE position"),
     Mutant("chain-stale-hidden", "metric", LOOP,
-           "model.draft(ids.new_tensor(drafts[-1:]), h_mtp, pos + i - 1)",
-           "model.draft(ids.new_tensor(drafts[-1:]), hidden[-1:], pos + i - 1)", tuple(LOOP_TESTS),
+           "model.draft(ids.new_tensor(drafts[-1:]), h_mtp, pos + i - 1, i % n_mtp)",
+           "model.draft(ids.new_tensor(drafts[-1:]), hidden[-1:], pos + i - 1, i % n_mtp)", tuple(LOOP_TESTS),
            "draft chain fed the stale main hidden"),
     Mutant("count-to-first-rejection", "metric", LOOP,
            "            drafted[i] += 1\n", "            drafted[i] += int(i <= n)\n", tuple(LOOP_TESTS),
@@ -84,8 +87,8 @@ MUTANTS = (
            "    passes = 0\n", "    passes = 1\n", tuple(LOOP_TESTS), "the prefill counted as a verify pass"),
     Mutant("mtp-prefill-untimed", "metric", LOOP,
            "    watch.start()  # the MTP layer's prefill is a cost only speculation pays: timed\n"
-           "    h_mtp, q_logits = model.draft(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)\n",
-           "    h_mtp, q_logits = model.draft(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)\n"
+           "    h_mtp, q_logits = model.catch_up(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)\n",
+           "    h_mtp, q_logits = model.catch_up(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)\n"
            "    watch.start()\n", tuple(LOOP_TESTS), "MTP prefill left out of the speculative time"),
     Mutant("tokens-per-pass-no-bonus", "metric", RECORDS,
            "mal = _ratio(accepted + passes, passes)", "mal = _ratio(accepted, passes)", tuple(RECORD_TESTS),
@@ -101,6 +104,22 @@ MUTANTS = (
     Mutant("headline-max", "metric", RECORDS,
            "speedup = statistics.median(speedups)", "speedup = max(speedups)", tuple(RECORD_TESTS),
            "headline speed-up as the best repeat, not the median"),
+    Mutant("speedup-other-repeat", "metric", RECORDS,
+           "speedups = [r.baseline_seconds / r.seconds for r in repeats]",
+           "speedups = [a.baseline_seconds / b.seconds for a, b in zip(repeats, repeats[1:] + repeats[:1])]",
+           tuple(AGGREGATION_TESTS), "each repeat's speed-up paired with the next repeat's baseline"),
+    Mutant("counts-overwritten", "metric", CELLS,
+           "self.drafted = drafted if self.drafted is None else [a + b for a, b in zip(self.drafted, drafted)]",
+           "self.drafted = drafted", tuple(AGGREGATION_TESTS), "per-position drafted counts overwritten by each prompt, not summed"),
+    Mutant("identity-last-prompt", "metric", CELLS,
+           "self.identical &= spec.tokens == plain.tokens", "self.identical = spec.tokens == plain.tokens",
+           tuple(AGGREGATION_TESTS), "the greedy-identity flag taken from the last prompt only"),
+    Mutant("tree-dirty-constant", "metric", "atlas.measure.stamp",
+           "atlas_tree_dirty=None if status is None else bool(status.strip())", "atlas_tree_dirty=False",
+           tuple(AGGREGATION_TESTS), "the stamp's atlas_tree_dirty a constant"),
+    Mutant("top-p-unrecorded", "metric", "atlas.measure.engines.atlas_engine",
+           "top_k=options.top_k, top_p=options.top_p,", "top_k=options.top_k, top_p=None,",
+           tuple(AGGREGATION_TESTS), "--top-p used by the runs but not recorded in the settings"),
     Mutant("state-slot-off-by-one", "lossy", RECURRENT,
            "return self.zero if start == 0 else self.state[(start - 1) % self.state.shape[0]]",
            "return self.zero if start == 0 else self.state[(start - 2) % self.state.shape[0]]", tuple(RECURRENT_TESTS),

@@ -416,3 +416,21 @@ def test_prefill_uses_the_records_reached_counts_and_skips_smoke_runs(tmp_path: 
     assert pre.conditional == pytest.approx([30 / 40, 20 / 25])  # accepted_i / reached_i, exact
     assert pre.conditional == pytest.approx(
         theory.conditional_acceptance([3 * 40, 3 * 25], [3 * 30, 3 * 20]))
+
+
+def test_module_8_and_model_pages_say_whether_the_atlas_runner_measures_the_family(course_site) -> None:
+    """Generated from the family table: module 8 lists every row (refused ones with their reason),
+    each model page says it for its own model_type."""
+    from atlas.measure.families import FAMILIES
+
+    layout, models = course_site
+    module = parse_html(built(layout, "modules", "module-08"))
+    runner = next(t for t in module.tables if t.header == ["family", "model_type", "atlas runner", "how, or why not"])
+    assert {r[0] for r in runner.rows} == {f.name for f in FAMILIES}
+    by_name = {r[0]: r for r in runner.rows}
+    assert by_name["DeepSeek-V4"][2] == "no" and "hyper-connection" in by_name["DeepSeek-V4"][3]
+    assert by_name["MiniMax-M2"][2] == "no" and "ship no MTP tensors" in by_name["MiniMax-M2"][3]
+    assert by_name["DeepSeek-V3.2"][2] == "yes" and "index_topk" in by_name["DeepSeek-V3.2"][3]
+    ds = next(m for m in models.models if m.repo_id == "deepseek-ai/DeepSeek-V3")
+    text = " ".join(parse_html(built(layout, "models", ds.slug)).text.split())
+    assert "The atlas's own runner can measure deepseek_v3 (family row DeepSeek-V3):" in text

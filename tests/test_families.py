@@ -62,6 +62,7 @@ def wiring_reference(folder: Path, family: str, block: torch.nn.Module, rotary, 
     mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
     cos_sin = None if rotary is None else rotary(x[None], position_ids=positions[None])
     y = block(x[None], attention_mask=mask, position_ids=positions[None], position_embeddings=cos_sin)
+    y = y[0] if isinstance(y, tuple) else y  # GLM-5's layers also return their top-k selection
     return norm(y[0], t["final_norm"]) @ t["mtp_head"].T
 
 
@@ -126,12 +127,16 @@ def test_oracle_greedy_acceptance_is_exactly_one(tmp_path: Path, family: str) ->
         assert spec.accepted_per_position == spec.drafted_per_position and sum(spec.drafted_per_position) > 0
 
 
-@pytest.mark.parametrize(("family", "k"), [("mimo", 2), ("deepseek_v3", 3), ("qwen3_next", 2), ("qwen3_5", 3), ("qwen3_5_moe", 1), ("nemotron_h", 2)])
+@pytest.mark.parametrize(("family", "k"), [("mimo", 2), ("deepseek_v3", 3), ("deepseek_v2", 2), ("deepseek_v32", 2), ("glm_moe_dsa", 3), ("qwen3_next", 2), ("qwen3_5", 3), ("qwen3_5_moe", 1), ("nemotron_h", 2)])
 def test_oracle_sampled_acceptance_matches_the_closed_form(tmp_path: Path, family: str, k: int) -> None:
     """draft_scale 0.6: the MTP head's law is a flattened copy of the main model's, so at T = 1 the
     expected drafted and accepted counts per position follow exactly from the two [V, V] tables
     (atlas.measure.theory.bigram_acceptance); the loop's means must agree within 4.5 standard errors."""
     folder, got = loaded(tmp_path, family, "oracle", DEPTHS.get(family, (2,))[0], draft_scale=0.6)
+    assert_sampled_acceptance_is_exact(folder, family, got, k)
+
+
+def assert_sampled_acceptance_is_exact(folder: Path, family: str, got, k: int) -> None:
     p, q = bigram_tables(folder, family)
     engine = build_fused_model(got.model, got.mtp, 64, PROMPT)
     runs, max_new, s = 150, 12, Sampling(temperature=1.0)
@@ -207,6 +212,7 @@ def test_real_configs_from_the_mirror_get_a_row(tmp_path: Path) -> None:
     from atlas.paths import ROOT
 
     shipped = {"deepseek_v3": "model.layers.{N}.eh_proj.weight", "glm4_moe": "model.layers.{N}.eh_proj.weight",
+               "deepseek_v32": "model.layers.{N}.eh_proj.weight", "glm_moe_dsa": "model.layers.{N}.eh_proj.weight",
                "mimo": "model.mtp_layers.0.input_proj.weight", "qwen3_next": "mtp.fc.weight", "qwen3_5_text": "mtp.fc.weight",
                "qwen3_5_moe_text": "mtp.fc.weight", "nemotron_h": "mtp.layers.0.eh_proj.weight"}
     seen = {}
@@ -222,7 +228,8 @@ def test_real_configs_from_the_mirror_get_a_row(tmp_path: Path) -> None:
         seen[path.parent.name] = family.name if family else None
     assert seen["DeepSeek-V3"] == "DeepSeek-V3" and seen["GLM-4.5"] == "GLM-4-MoE"
     assert seen["Qwen3.5-397B-A17B"] == "Qwen3.5" and seen["NVIDIA-Nemotron-3-Super-120B-A12B-FP8"] == "Nemotron-H / Nemotron-3"
-    assert seen["MiniMax-M2.7"] == "MiniMax-M2" and seen["GLM-5-FP8"] == "DeepSeek-V3.2 / GLM-5"
+    assert seen["MiniMax-M2.7"] == "MiniMax-M2" and seen["GLM-5-FP8"] == "GLM-5" and seen["DeepSeek-V3.2"] == "DeepSeek-V3.2"
+    assert seen["XiaomiMiMo-MiMo-7B-variant-from-jj8127-mimo_kor"] == "MiMo"
     assert seen.pop("byte-mtp-8l") is None  # the team model: transformers' own MTP loader
     assert all(seen.values()), seen
 
@@ -231,3 +238,110 @@ def test_every_fingerprinted_family_has_a_row() -> None:
     from atlas.fingerprints import WEIGHT_RULES
 
     assert {r.family for r in WEIGHT_RULES} <= {f.shipped_family for f in FAMILIES}
+
+
+# ---- chained MTP layers ---------------------------------------------------------------------------
+
+
+def test_chained_mtp_layers_are_faithful_and_lossless(tmp_path: Path) -> None:
+    """DeepSeek-V3 with two shipped MTP layers (model.layers.N and N+1): both are loaded, each
+    validated against its own reference (build_fused_model), and greedy output equals plain
+    decoding and transformers' generate at k = 1..4 (k > 2 reuses layer i mod 2)."""
+    _, got = loaded(tmp_path, "deepseek_v3", "random", 2, mtp_layers=2)
+    assert len(got.mtp.next_layers) == 1 and got.mtp.next_layers[0].block is not got.mtp.block
+    engine = build_fused_model(got.model, got.mtp, 96, PROMPT)
+    assert len(engine.mtp_layers) == 2
+    gen = torch.Generator().manual_seed(0)
+    plain = generate_plain(engine, PROMPT, 24, Sampling(), gen)
+    ref = got.model.generate(torch.tensor(PROMPT)[None], max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert plain.tokens == ref[0, len(PROMPT):].tolist()
+    for k in (1, 2, 3, 4):
+        assert generate_speculative(engine, PROMPT, 24, k, Sampling(), gen).tokens == plain.tokens
+
+
+def test_chained_oracle_acceptance_is_exactly_one_and_sampled_matches_the_closed_form(tmp_path: Path) -> None:
+    _, got = loaded(tmp_path, "deepseek_v3", "oracle", 2, mtp_layers=2)
+    engine = build_fused_model(got.model, got.mtp, 96, PROMPT)
+    gen = torch.Generator().manual_seed(0)
+    plain = generate_plain(engine, PROMPT, 20, Sampling(), gen)
+    for k in (1, 2, 3, 4):
+        spec = generate_speculative(engine, PROMPT, 20, k, Sampling(), gen)
+        assert spec.tokens == plain.tokens
+        assert spec.accepted_per_position == spec.drafted_per_position and sum(spec.drafted_per_position) > 0
+    folder, got = loaded(tmp_path, "deepseek_v3", "oracle", 3, mtp_layers=2, draft_scale=0.6)
+    assert_sampled_acceptance_is_exact(folder, "deepseek_v3", got, 3)
+
+
+def test_the_second_draft_comes_from_the_second_layer(tmp_path: Path) -> None:
+    """An oracle chain whose second layer is spoiled (random projection): the first draft is still
+    always right, the second is not. Were layer 0 reused for draft 2, both would be always right."""
+    folder = write_checkpoint("deepseek_v3", tmp_path, "oracle", depth=2, mtp_layers=2)
+    tensors = {}
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        tensors = {n: f.get_tensor(n) for n in f.keys()}
+    tensors["model.layers.3.eh_proj.weight"] = torch.randn(tensors["model.layers.3.eh_proj.weight"].shape, generator=torch.Generator().manual_seed(5))
+    save_file(tensors, str(folder / "model.safetensors"))
+    got = load_checkpoint(str(folder), CPU, torch.float32)
+    engine = build_fused_model(got.model, got.mtp, 96, PROMPT)
+    spec = generate_speculative(engine, PROMPT, 30, 2, Sampling(), torch.Generator().manual_seed(0))
+    assert spec.accepted_per_position[0] == spec.drafted_per_position[0] > 0
+    assert spec.accepted_per_position[1] < spec.reached_per_position[1]
+
+
+def test_chained_layers_of_a_family_with_one_glue_are_refused_by_name(tmp_path: Path) -> None:
+    folder = write_checkpoint("qwen3_next", tmp_path, "random", depth=4)
+    config = json.loads((folder / "config.json").read_text())
+    config["num_nextn_predict_layers"] = 2
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(AtlasError, match="Qwen3-Next: not measured: 2 MTP layers declared, but the family's glue"):
+        load_checkpoint(str(folder), CPU, torch.float32)
+
+
+# ---- MiMo as shipped, DeepSeek-V2, DSA ----------------------------------------------------------
+
+
+def test_mimo_is_measured_as_it_ships(tmp_path: Path) -> None:
+    """model_type "mimo" (MiMoForCausalLM, auto_map to remote code) has no transformers class:
+    the main model runs on Qwen2's, remote code never run."""
+    folder, got = loaded(tmp_path, "mimo", "random", 2)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "mimo" and "auto_map" in config
+    assert type(got.model).__name__ == "Qwen2ForCausalLM" and got.family == "MiMo"
+
+
+def dsa_pair(tmp_path: Path, family: str, index_topk: int):
+    """A random DSA checkpoint, loaded by us and, separately, by transformers' own class with its
+    indexer (the MTP tensors ignored, as transformers does)."""
+    from transformers import AutoModelForCausalLM
+
+    folder = write_checkpoint(family, tmp_path / family, "random", depth=2, overrides=dict(index_topk=index_topk))
+    got = load_checkpoint(str(folder), CPU, torch.float32)
+    theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    assert any(type(m).__name__.endswith("Indexer") for m in theirs.modules())
+    return got, theirs
+
+
+@pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa"])
+def test_dsa_below_index_topk_agrees_with_transformers_and_its_indexer(tmp_path: Path, family: str) -> None:
+    """While prompt + new tokens <= index_topk the indexer selects every key: our dense loop's
+    logits equal transformers' full forward (indexer running), and our greedy output equals its
+    cached generate, plain and speculative at k = 1..4."""
+    got, theirs = dsa_pair(tmp_path, family, index_topk=len(PROMPT) + 20)
+    engine = build_fused_model(got.model, got.mtp, len(PROMPT) + 20, PROMPT)
+    ids = torch.tensor(PROMPT)
+    with torch.inference_mode():
+        _, ours = engine.main(ids, 0)
+        assert (ours - theirs(ids[None]).logits[0]).abs().max() < 1e-4
+    gen = torch.Generator().manual_seed(0)
+    plain = generate_plain(engine, PROMPT, 20, Sampling(), gen)
+    ref = theirs.generate(ids[None], max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert plain.tokens == ref[0, len(PROMPT):].tolist()
+    for k in (1, 2, 3, 4):
+        assert generate_speculative(engine, PROMPT, 20, k, Sampling(), gen).tokens == plain.tokens
+
+
+def test_dsa_beyond_index_topk_is_refused_by_name(tmp_path: Path) -> None:
+    got, _ = dsa_pair(tmp_path, "deepseek_v32", index_topk=len(PROMPT) + 4)
+    engine = build_fused_model(got.model, got.mtp, len(PROMPT) + 20, PROMPT)
+    with pytest.raises(AtlasError, match=r"DSA sparse attention: not measured beyond index_topk = 11 keys"):
+        generate_plain(engine, PROMPT, 12, Sampling(), torch.Generator().manual_seed(0))

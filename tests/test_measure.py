@@ -67,17 +67,29 @@ def test_run_then_import(tmp_path: Path) -> None:
     assert third.exit_code == 1 and "tampered.json" in third.output and "acceptance_rate" in third.output
 
 
-@pytest.mark.parametrize("family", ["mimo", "deepseek_v3", "qwen3_next"])
-def test_run_measures_a_family_checkpoint_through_the_cli(tmp_path: Path, family: str) -> None:
+@pytest.mark.parametrize(("family", "mtp_layers"), [("mimo", 1), ("deepseek_v3", 1), ("deepseek_v3", 2), ("qwen3_next", 1),
+                                                   ("deepseek_v32", 1), ("glm_moe_dsa", 1)])
+def test_run_measures_a_family_checkpoint_through_the_cli(tmp_path: Path, family: str, mtp_layers: int) -> None:
     """A real-layout oracle checkpoint at a depth no real model has: measured, greedy-lossless, and
-    every draft accepted."""
-    folder = write_checkpoint(family, tmp_path / "ckpt", "oracle", depth=3)
+    every draft accepted; a DSA family's record states its dense-equivalent regime."""
+    folder = write_checkpoint(family, tmp_path / "ckpt", "oracle", depth=4 if family == "qwen3_next" else 3, mtp_layers=mtp_layers)
     result = CliRunner().invoke(cli, ["measure", "run", "--model", str(folder), *TINY, "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     [path] = (tmp_path / "out").glob("*.json")
     record = read_record(path)
     assert {c.draft_tokens for c in record.cells} == {1, 2}
     assert all(c.derived.greedy_lossless and c.derived.acceptance_rate == 1.0 for c in record.cells)
+    dsa = family in ("deepseek_v32", "glm_moe_dsa")
+    assert (record.settings.regime or "").startswith("dense-equivalent DSA: prompt + new tokens <= index_topk = 2048") == dsa
+    assert dsa or record.settings.regime is None
+
+
+def test_a_dsa_run_longer_than_index_topk_is_refused_by_name(tmp_path: Path) -> None:
+    folder = write_checkpoint("deepseek_v32", tmp_path / "ckpt", "oracle", depth=2, overrides=dict(index_topk=8))
+    result = CliRunner().invoke(cli, ["measure", "run", "--model", str(folder), *TINY, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert "DeepSeek-V3.2: DSA sparse attention: not measured beyond index_topk = 8 keys" in " ".join(result.output.split())
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.json"))
 
 
 def test_model_that_is_neither_folder_nor_repo_id() -> None:

@@ -3,13 +3,14 @@ transformers loads, and (for oracles) a draft law that follows from the tensors 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from atlas import AtlasError
 from atlas.measure.oracles import bigram_tables, write_checkpoint
@@ -23,6 +24,11 @@ EXPECTED = {
                     "model.layers.3.shared_head.norm.weight", "model.layers.3.shared_head.head.weight",
                     "model.layers.3.embed_tokens.weight", "model.layers.3.self_attn.kv_a_proj_with_mqa.weight",
                     "model.layers.3.mlp.experts.3.down_proj.weight", "model.layers.3.mlp.shared_experts.up_proj.weight"],
+    "deepseek_v32": ["model.layers.3.eh_proj.weight", "model.layers.3.shared_head.head.weight",
+                     "model.layers.3.self_attn.indexer.wk.weight", "model.layers.3.self_attn.indexer.weights_proj.weight",
+                     "model.layers.0.self_attn.indexer.wq_b.weight", "model.layers.3.mlp.experts.3.down_proj.weight"],
+    "glm_moe_dsa": ["model.layers.3.eh_proj.weight", "model.layers.3.shared_head.norm.weight", "model.layers.3.embed_tokens.weight",
+                    "model.layers.3.self_attn.indexer.wk.weight"],
     "qwen3_next": ["mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight",
                    "mtp.layers.0.self_attn.q_norm.weight", "mtp.layers.0.mlp.shared_expert_gate.weight",
                    "mtp.layers.0.mlp.experts.1.gate_proj.weight", "model.layers.0.linear_attn.in_proj_qkvz.weight"],
@@ -40,6 +46,16 @@ EXPECTED = {
 DEPTH = {"qwen3_next": 4, "qwen3_5": 4, "qwen3_5_moe": 4}
 
 
+def transformers_model(folder: Path):
+    """transformers' own class for the checkpoint; MiMo's model_type "mimo" has none (its config
+    names remote code, never run): read as Qwen2's, as vLLM runs it."""
+    raw = json.loads((folder / "config.json").read_text())
+    config = None
+    if raw["model_type"] == "mimo":
+        config = AutoConfig.for_model("qwen2", **{k: v for k, v in raw.items() if k not in ("model_type", "auto_map", "architectures")})
+    return AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=torch.float32).eval()
+
+
 def names(folder: Path) -> set[str]:
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         return set(f.keys())
@@ -51,7 +67,7 @@ def test_oracle_layout_and_closed_form_laws(family: str, tmp_path: Path) -> None
     folder = write_checkpoint(family, tmp_path, "oracle", depth=depth)
     assert set(EXPECTED[family]) <= names(folder)
     assert not any(f"layers.{depth + 1}." in n for n in names(folder))
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = transformers_model(folder)
     assert model.config.get_text_config().num_hidden_layers == depth
     p, q = bigram_tables(folder, family)
     ids = torch.tensor([[5, 77, 3, 200, 12, 5]])

@@ -140,7 +140,8 @@ def place_model(loaded: Loaded, spec: str) -> Placement:
     """Plan (auto / auto+cpu / explicit) and move the main model and its MTP layer."""
     n_layers = len(loaded.model.get_decoder().layers)
     if spec in ("auto", "auto+cpu"):
-        mtp_bytes = sum(p.numel() * p.element_size() for m in (loaded.mtp.block, *loaded.mtp.post_norms) for p in m.parameters())
+        heads = [loaded.mtp, *loaded.mtp.next_layers]
+        mtp_bytes = sum(p.numel() * p.element_size() for h in heads for m in (h.block, *h.post_norms) for p in m.parameters())
         placement = auto_plan(loaded.model, mtp_bytes, offload_cpu=spec == "auto+cpu")
     else:
         placement = parse_plan(spec, n_layers)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -64,14 +64,18 @@ class Family:
     reuse: str = "k > 1: the one layer again on its own output hidden and draft (vLLM: layer i mod n)"
     source: str = ""
     refuse: str | None = None
+    # A config key bounding the sequence length below which the family's sparse attention selects
+    # every key (DSA: index_topk): measured there as dense attention, refused beyond.
+    dense_limit: str | None = None
+    transformers_type: str | None = None  # the transformers model_type that runs a main model transformers has no class for
 
 
 FAMILIES: tuple[Family, ...] = (
     Family(
-        "MiMo", ("qwen2", "mimo"), "mimo", glue="model.mtp_layers.0.", block="model.mtp_layers.0.",
+        "MiMo", ("qwen2", "mimo"), "mimo", glue="model.mtp_layers.{m}.", block="model.mtp_layers.{m}.",
         e_norm="token_layernorm.weight", h_norm="hidden_layernorm.weight", proj="input_proj.weight",
         final_norm="final_layernorm.weight", order="hidden_first", block_type="Qwen2 decoder layer (qkv biases)",
-        source="XiaomiMiMo/MiMo modeling_mimo.py; vLLM mimo_mtp.py",
+        source="XiaomiMiMo/MiMo modeling_mimo.py; vLLM mimo_mtp.py", transformers_type="qwen2",
     ),
     Family(
         "DeepSeek-V3", ("deepseek_v3", "deepseek_v2"), "deepseek_glm", glue="model.layers.{N}.", block="model.layers.{N}.",
@@ -94,13 +98,24 @@ FAMILIES: tuple[Family, ...] = (
         source="vLLM qwen3_next_mtp.py; transformers Qwen3NextRMSNorm (x̂·(1+w))",
     ),
     Family(
-        "DeepSeek-V3.2 / GLM-5", ("deepseek_v32", "glm_moe_dsa"), "deepseek_glm",
-        refuse="the MTP block carries a DSA sparse-attention indexer whose top-k selection our static cache does not reproduce",
+        "DeepSeek-V3.2", ("deepseek_v32",), "deepseek_glm", glue="model.layers.{N}.", block="model.layers.{N}.",
+        e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
+        own_head="shared_head.head.weight", own_embed="embed_tokens.weight", dense_limit="index_topk",
+        block_type="DeepSeek-V3.2 decoder layer (MLA with a DSA indexer, MoE), run dense-equivalent",
+        source="vLLM deepseek_mtp.py (DeepseekV32MTPModel); DeepSeek-V3.2-Exp inference/model.py (topk = min(index_topk, T))",
+    ),
+    Family(
+        "GLM-5", ("glm_moe_dsa",), "deepseek_glm", glue="model.layers.{N}.", block="model.layers.{N}.",
+        e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
+        own_embed="embed_tokens.weight", dense_limit="index_topk",
+        block_type="GLM-5 decoder layer (DeepSeek-V3.2 attention with a DSA indexer, MoE), run dense-equivalent",
+        source="vLLM deepseek_mtp.py (DeepseekV32MTPModel); no shared_head.head, the main lm_head is shared (vLLM PR #34385)",
     ),
     Family(
         "DeepSeek-V4", ("deepseek_v4",), "deepseek_glm",
-        refuse="V4's MTP adds e_proj and h_proj outputs and has an hc_head (hyper-connection head) whose wiring no published "
-        "implementation we have checked spells out; V4.1 ships DSpark stages instead",
+        refuse="its MTP layer reads the main model's multi-stream hyper-connection residual from before hc_head, which "
+        "transformers' DeepseekV4 class does not expose, and its CSA/HCA compressed attention caches have no per-position "
+        "rollback in our loop; V4.1 ships DSpark stages instead of an MTP layer",
     ),
     Family(
         "ERNIE-4.5", ("ernie4_5_moe", "ernie4_5"), "ernie",
@@ -137,6 +152,42 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
+Status = Literal["measurable", "refused", "no row"]
+
+
+@dataclass(frozen=True)
+class Measurability:
+    """Whether the atlas's own runner (`atlas measure run`) can measure a model_type, and why."""
+
+    model_type: str
+    family: str | None  # the table row, None when no row reads this model_type
+    status: Status
+    reason: str
+
+
+def measurability(model_type: str) -> Measurability:
+    """The family table's answer for one config model_type (text_config's for a multimodal model)."""
+    row = next((f for f in FAMILIES if model_type in f.model_types), None)
+    if row is None:
+        return Measurability(model_type, None, "no row", "no family-table row: measured only if transformers' own MTP loader "
+                             "(MtpModel, num_mtp_layers) loads it, refused by name otherwise")
+    if row.refuse:
+        return Measurability(model_type, row.name, "refused", row.refuse)
+    how = f"MTP layer built from the checkpoint's own tensors ({row.block_type})"
+    if row.transformers_type and model_type != row.transformers_type:
+        how += f"; main model on transformers' {row.transformers_type} classes, no remote code"
+    if row.dense_limit:
+        how += f"; only while prompt + new tokens <= {row.dense_limit}, where its sparse attention is exactly dense"
+    if "{N}" in row.glue or "{m}" in row.glue:
+        how += "; n > 1 shipped MTP layers chained (draft i from layer i mod n)"
+    return Measurability(model_type, row.name, "measurable", how)
+
+
+def measurability_table() -> list[Measurability]:
+    """One entry per model_type the family table names, in table order."""
+    return [measurability(t) for f in FAMILIES for t in f.model_types]
+
+
 @dataclass
 class MtpHead:
     """What the decode loop needs of one MTP layer, whichever loader built it: the input norms,
@@ -159,6 +210,8 @@ class MtpHead:
     # (hidden fed [n, d] for pairs j, token ids [n] at j+1, RoPE positions j+1) ->
     # (output hidden [n, d], the one recycled for the next draft; logits [n, V])
     reference: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    # Layers 1..n-1 of a chain of n shipped MTP layers (draft i uses layer i mod n, as vLLM)
+    next_layers: list[MtpHead] = field(default_factory=list)
 
 
 class Norm(nn.Module):
@@ -281,6 +334,49 @@ def _sublayers(folder: Path, family: Family, config: object) -> list[str]:
     return [MTP_SUBLAYERS[c] for c in pattern]
 
 
+class AllKeys(nn.Module):
+    """Stands in for a DSA indexer (same call) in the dense-equivalent regime: with at most
+    index_topk keys the indexer's top-k (k = min(index_topk, keys)) selects every key, so its
+    scores change nothing and are not computed; its loaded weights are dropped."""
+
+    def forward(self, hidden_states: torch.Tensor, q_resid: torch.Tensor, position_embeddings: object,
+                attention_mask: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        b, s, t = hidden_states.shape[0], hidden_states.shape[1], attention_mask.shape[-1]
+        return torch.arange(t, device=hidden_states.device, dtype=torch.int32).expand(b, s, t)
+
+
+def dense_attention(model: nn.Module) -> int:
+    """Every DSA indexer in `model` (main layers and the MTP blocks) replaced by AllKeys; returns
+    how many. Exact only while no forward sees more than index_topk keys (FusedModel guards it)."""
+    count = 0
+    for module in model.modules():
+        # GLM-5's "shared" layers reuse the previous layer's selection: every key there too
+        if (isinstance(getattr(module, "indexer", None), nn.Module) or hasattr(module, "skip_topk")) and not isinstance(module.indexer, AllKeys):
+            module.indexer = AllKeys()
+            module.skip_topk = False
+            count += 1
+    return count
+
+
+def _at(template: str, depth: int, m: int) -> str:
+    """A row's tensor prefix for MTP layer m: {N} = num_hidden_layers + m (DeepSeek numbers its MTP
+    layers after the main ones), {m} = m."""
+    return template.replace("{N}", str(depth + m)).replace("{m}", str(m))
+
+
+def _config(folder: Path, family: Family):
+    """transformers' config for the checkpoint; a model_type transformers has no class for is read
+    into the class the row names (MiMo: Qwen2, as vLLM runs it), remote code never run."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    raw = json.loads((folder / "config.json").read_text())
+    if raw.get("model_type") in CONFIG_MAPPING or not family.transformers_type:
+        return AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    kept = {k: v for k, v in raw.items() if k not in ("model_type", "auto_map", "architectures", "transformers_version")}
+    return AutoConfig.for_model(family.transformers_type, **kept)
+
+
 def load_family(folder: Path, family: Family, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, MtpHead]:
     """The main model (transformers' class, `num_hidden_layers` layers) and the MTP layer built from
     the checkpoint's own tensors by `family`'s row. AtlasError naming the family when it is refused
@@ -292,31 +388,33 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         raise AtlasError(f"{family.name}: not measured: {family.refuse}")
     # A vision-language config (Qwen3.5) holds the language model's under text_config; the
     # causal-LM class loads its tensors from model.language_model.* (transformers' own renaming).
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=False).get_text_config()
+    config = _config(folder, family).get_text_config()
     depth = int(config.num_hidden_layers)
     types = list(getattr(config, "layer_types", None) or [])
-    bad = sorted({t for t in types[:depth] if t not in ROLLBACK_OK})
+    # DSA's "indexed_attention" is attention with an indexer: rolled back as attention, in the dense regime
+    bad = sorted({t for t in types[:depth] if t not in ROLLBACK_OK | ({"indexed_attention"} if family.dense_limit else set())})
     if bad:
         raise AtlasError(
             f"{family.name}: not measured: main-model layer types {', '.join(bad)} have no rollback in our loop "
             "(it keeps per-position state slots only for Gated DeltaNet and Mamba2 layers)"
         )
-    declared = max((int(v) for k in ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
-                    if isinstance(v := getattr(config, k, None), int)), default=1)
-    if declared != 1:
-        raise AtlasError(f"{family.name}: {declared} chained MTP layers declared; only one layer (reused for k > 1) is run")
+    chain = max((int(v) for k in ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
+                 if isinstance(v := getattr(config, k, None), int)), default=1)
+    if chain > 1 and ("{N}" not in family.glue and "{m}" not in family.glue or family.sublayers_key):
+        raise AtlasError(f"{family.name}: not measured: {chain} MTP layers declared, but the family's glue ({family.glue}*) is one "
+                         "set of tensors, not one per layer; only families with per-layer glue (DeepSeek, GLM, MiMo) are chained")
     if getattr(config, "kv_lora_rank", None) and config.num_key_value_heads != config.num_attention_heads:
         # MLA expands keys and values to every head from the shared latent (kv_b_proj has a row
         # block per attention head), so a smaller num_key_value_heads has no meaning; transformers
         # 5.24 would still repeat the expanded heads by its ratio and fail on a size mismatch.
         config.num_key_value_heads = config.num_attention_heads
-    sub = _sublayers(folder, family, config)
+    sub = ["indexed_attention"] if family.dense_limit else _sublayers(folder, family, config)
     names = tensor_names(folder)
-    glue = family.glue.replace("{N}", str(depth))
-    final_glue = (family.final_glue or glue).replace("{last}", str(len(sub) - 1))
-    blocks = [family.block.replace("{N}", str(depth)).replace("{i}", str(i)) for i in range(len(sub))]
-    wanted = [glue + n for n in (family.e_norm, family.h_norm, family.proj, family.own_head, family.own_embed) if n]
-    wanted += [final_glue + family.final_norm] if family.final_norm else []
+    glues = [_at(family.glue, depth, m) for m in range(chain)]
+    final_glues = [(_at(family.final_glue, depth, m) if family.final_glue else g).replace("{last}", str(len(sub) - 1)) for m, g in enumerate(glues)]
+    blocks = [_at(family.block, depth, m).replace("{i}", str(i)) for m in range(chain) for i in range(len(sub))]
+    wanted = [g + n for g in glues for n in (family.e_norm, family.h_norm, family.proj, family.own_head, family.own_embed) if n]
+    wanted += [g + family.final_norm for g in final_glues] if family.final_norm else []
     missing = [n for n in wanted if n not in names]
     if missing:
         raise AtlasError(f"{family.name}: the checkpoint lacks MTP tensor(s) {', '.join(missing)}")
@@ -325,13 +423,15 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
     # tensors. A Qwen-style block is full attention, and MoE exactly when it ships experts.
     moe = any(n.startswith(blocks[0] + "mlp.experts.") for n in names)
     extended = copy.deepcopy(config)
-    extended.num_hidden_layers = depth + len(sub)
+    extended.num_hidden_layers = depth + len(blocks)
     if types:
-        extended.layer_types = [*types[:depth], *sub]
+        extended.layer_types = [*types[:depth], *sub * chain]
     if isinstance(getattr(extended, "mlp_layer_types", None), list):
-        extended.mlp_layer_types = [*extended.mlp_layer_types[:depth], "sparse" if moe else "dense"]
+        extended.mlp_layer_types = [*extended.mlp_layer_types[:depth], *["sparse" if moe else "dense"] * chain]
+    if isinstance(getattr(extended, "indexer_types", None), list):  # GLM-5: each MTP layer has its own indexer
+        extended.indexer_types = [*extended.indexer_types[:depth], *["full"] * chain]
     if getattr(extended, "mlp_only_layers", None) is not None:
-        extended.mlp_only_layers = [i for i in extended.mlp_only_layers if i < depth] + ([] if moe else [depth])
+        extended.mlp_only_layers = [i for i in extended.mlp_only_layers if i < depth] + ([] if moe else list(range(depth, depth + chain)))
     mapping = {"^" + b.replace(".", r"\."): f"model.layers.{depth + i}." for i, b in enumerate(blocks) if b != f"model.layers.{depth + i}."}
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its load report lists the glue tensors as unexpected: they are read below
@@ -349,7 +449,10 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         raise AtlasError(f"{family.name}: tensors missing or mis-shaped for the main model or MTP block: {', '.join(map(str, unloaded[:5]))}")
     model = model.to(device).eval()
     base = model.get_decoder()
-    mtp_block = Chain(list(base.layers)[depth:]) if len(sub) > 1 else base.layers[depth]
+    if family.dense_limit:
+        dense_attention(model)
+    extra = list(base.layers)[depth:]
+    mtp_blocks = [Chain(extra[m * len(sub) : (m + 1) * len(sub)]) if len(sub) > 1 else extra[m] for m in range(chain)]
     base.layers = nn.ModuleList(list(base.layers)[:depth])
     model.config.num_hidden_layers = depth
     if types:
@@ -370,41 +473,47 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
 
     eps = float(getattr(config, "rms_norm_eps", None) or getattr(config, "layer_norm_epsilon", 1e-6))
     d = int(config.hidden_size)
-    proj = tensor(glue + family.proj)
-    if tuple(proj.shape) != (d, 2 * d):
-        raise AtlasError(f"{family.name}: {glue + family.proj} is {list(proj.shape)}, expected [{d}, {2 * d}]")
-    first, second = proj.split(d, dim=1)
-    w_e, w_h = (second, first) if family.order == "hidden_first" else (first, second)
-    enorm, hnorm = Norm(tensor(glue + family.e_norm), eps, family.norm), Norm(tensor(glue + family.h_norm), eps, family.norm)
-    post = [Norm(tensor(final_glue + family.final_norm), eps, family.norm)] if family.final_norm else []
-    head: nn.Module = model.lm_head
-    if family.own_head:
-        head = nn.Linear(d, int(config.vocab_size), bias=False, device=device, dtype=dtype)
-        head.weight = nn.Parameter(tensor(glue + family.own_head), requires_grad=False)
-    embed = tensor(glue + family.own_embed) if family.own_embed else base.get_input_embeddings().weight.detach()
     rotary = getattr(base, "rotary_emb", None)  # None: attention without position embedding (Nemotron-H)
     per_layer_rope = hasattr(config, "rope_parameters") and len(config.nested_rope_parameter_keys(config.rope_parameters)) > 0
     rope_type = "full_attention" if per_layer_rope else None
 
-    def reference(hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The family's published wiring, module by module over the whole sequence (no cache):
-        norms on each input, one projection over the concatenation in the family's order, the block
-        under a causal mask, the final norm, the head."""
-        e = F.embedding(ids.to(embed.device), embed)
-        hidden = hidden.to(embed.device)
-        pair = [hnorm(hidden), enorm(e)] if family.order == "hidden_first" else [enorm(e), hnorm(hidden)]
-        x = F.linear(torch.cat(pair, dim=-1), proj)[None]
-        n = ids.shape[0]
-        mask = torch.full((n, n), float("-inf"), device=x.device, dtype=x.dtype).triu(1)[None, None]
-        kwargs = {"layer_type": rope_type} if rope_type else {}
-        cos_sin = None if rotary is None else rotary(x, position_ids=positions[None], **kwargs)
-        y = mtp_block(x, attention_mask=mask, position_ids=positions[None], position_embeddings=cos_sin)
-        y = (y[0] if isinstance(y, tuple) else y)[0]
-        for norm in post:
-            y = norm(y)
-        return y, head(y)
+    def head_of(glue: str, final_glue: str, mtp_block: nn.Module) -> MtpHead:
+        proj = tensor(glue + family.proj)
+        if tuple(proj.shape) != (d, 2 * d):
+            raise AtlasError(f"{family.name}: {glue + family.proj} is {list(proj.shape)}, expected [{d}, {2 * d}]")
+        first, second = proj.split(d, dim=1)
+        w_e, w_h = (second, first) if family.order == "hidden_first" else (first, second)
+        enorm, hnorm = Norm(tensor(glue + family.e_norm), eps, family.norm), Norm(tensor(glue + family.h_norm), eps, family.norm)
+        post = [Norm(tensor(final_glue + family.final_norm), eps, family.norm)] if family.final_norm else []
+        head: nn.Module = model.lm_head
+        if family.own_head:
+            head = nn.Linear(d, int(config.vocab_size), bias=False, device=device, dtype=dtype)
+            head.weight = nn.Parameter(tensor(glue + family.own_head), requires_grad=False)
+        embed = tensor(glue + family.own_embed) if family.own_embed else base.get_input_embeddings().weight.detach()
 
-    return model, MtpHead(
-        family=family.name, enorm=enorm, hnorm=hnorm, w_e=w_e, w_h=w_h, block=mtp_block, post_norms=post, head=head,
-        embed=embed, rotary=rotary, rope_layer_type=rope_type, reference=reference,
-    )
+        def reference(hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """The family's published wiring, module by module over the whole sequence (no cache):
+            norms on each input, one projection over the concatenation in the family's order, the block
+            under a causal mask, the final norm, the head."""
+            e = F.embedding(ids.to(embed.device), embed)
+            hidden = hidden.to(embed.device)
+            pair = [hnorm(hidden), enorm(e)] if family.order == "hidden_first" else [enorm(e), hnorm(hidden)]
+            x = F.linear(torch.cat(pair, dim=-1), proj)[None]
+            n = ids.shape[0]
+            mask = torch.full((n, n), float("-inf"), device=x.device, dtype=x.dtype).triu(1)[None, None]
+            kwargs = {"layer_type": rope_type} if rope_type else {}
+            cos_sin = None if rotary is None else rotary(x, position_ids=positions[None], **kwargs)
+            y = mtp_block(x, attention_mask=mask, position_ids=positions[None], position_embeddings=cos_sin)
+            y = (y[0] if isinstance(y, tuple) else y)[0]
+            for norm in post:
+                y = norm(y)
+            return y, head(y)
+
+        return MtpHead(
+            family=family.name, enorm=enorm, hnorm=hnorm, w_e=w_e, w_h=w_h, block=mtp_block, post_norms=post, head=head,
+            embed=embed, rotary=rotary, rope_layer_type=rope_type, reference=reference,
+        )
+
+    first, *rest = (head_of(g, f, b) for g, f, b in zip(glues, final_glues, mtp_blocks))
+    first.next_layers = rest
+    return model, first

@@ -183,16 +183,17 @@ def generate_speculative(
     pos = len(prompt)  # slot of the current (last emitted, not yet forwarded) token
     watch = Stopwatch(dev, model.devices)
     watch.start()  # the MTP layer's prefill is a cost only speculation pays: timed
-    h_mtp, q_logits = model.draft(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)
+    h_mtp, q_logits = model.catch_up(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)
     drafted, reached, accepted = [0] * k, [0] * k, [0] * k
+    n_mtp = len(model.mtp_layers)
     passes = 0
     while len(out) < max_new:
         k_now = min(k, max_new - len(out) - 1)
         drafts: list[int] = []
         q_rows: list[torch.Tensor] = []
         for i in range(k_now):
-            if i > 0:  # reuse the one MTP layer on its own output
-                h_mtp, q_logits = model.draft(ids.new_tensor(drafts[-1:]), h_mtp, pos + i - 1)
+            if i > 0:  # draft i from MTP layer i mod n, fed the previous step's output (vLLM's reuse)
+                h_mtp, q_logits = model.draft(ids.new_tensor(drafts[-1:]), h_mtp, pos + i - 1, i % n_mtp)
             if s.greedy:
                 drafts.append(int(q_logits.argmax()))
             else:
@@ -218,8 +219,8 @@ def generate_speculative(
         out.extend(drafts[:n])
         out.append(token)
         if len(out) < max_new:
-            # Catch the MTP cache up on the accepted pairs (h_j, t_{j+1}), overwriting the chain's
-            # guesses; its last row drafts the next round's first token.
-            h_mtp, q_logits = model.draft(ids.new_tensor([*drafts[:n], token]), hidden[: n + 1], pos)
+            # Catch the MTP caches up on the accepted pairs (h_j, t_{j+1}), overwriting the chain's
+            # guesses; layer 0's last row drafts the next round's first token.
+            h_mtp, q_logits = model.catch_up(ids.new_tensor([*drafts[:n], token]), hidden[: n + 1], pos)
         pos += n + 1
     return RunStats(out, watch.stop(), drafted, accepted, passes, reached)

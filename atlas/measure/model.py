@@ -165,6 +165,7 @@ class ModuleLayer:
     module: nn.Module
     slot: SlotCache
     window: int | None
+    always_mask: bool = False  # its attention reads the mask even for one query (DSA layers)
 
 
 Layer = FastLayer | ModuleLayer | RecurrentLayer
@@ -229,7 +230,8 @@ def _build_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: to
         return recurrent
     built = _fast_layer(layer, max_len, device, dtype) if fast else None
     if built is None:
-        return ModuleLayer(layer, SlotCache(max_len), getattr(getattr(layer, "self_attn", None), "sliding_window", None))
+        attn = getattr(layer, "self_attn", None)
+        return ModuleLayer(layer, SlotCache(max_len), getattr(attn, "sliding_window", None), hasattr(attn, "indexer"))
     return built
 
 
@@ -241,14 +243,29 @@ class Rope:
     cos: torch.Tensor
     sin: torch.Tensor
     sin_signed: torch.Tensor
+    # A rotary module that returns one tensor per position (DeepSeek-V2's complex freqs_cis), not
+    # a (cos, sin) pair: its rows, handed to the layer modules as they are (cos/sin then unused).
+    raw: torch.Tensor | None = None
+
+    def to(self, device: torch.device) -> "Rope":
+        return Rope(*(None if t is None else t.to(device) for t in (self.cos, self.sin, self.sin_signed, self.raw)))
+
+    def embeddings(self, start: int, n: int) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """What transformers' layer modules take as position_embeddings for positions [start, start+n)."""
+        if self.raw is not None:
+            return self.raw[start : start + n][None]
+        return self.cos[start : start + n][None], self.sin[start : start + n][None]
 
 
 def _rope_table(rotary: nn.Module, layer_type: str | None, max_pos: int, device: torch.device, dtype: torch.dtype) -> Rope:
     positions = torch.arange(max_pos, device=device)[None]
     x = torch.zeros(1, device=device, dtype=dtype)
     kwargs = {} if layer_type is None else {"layer_type": layer_type}
-    cos, sin = rotary(x, position_ids=positions, **kwargs)
-    cos, sin = cos[0], sin[0]
+    out = rotary(x, position_ids=positions, **kwargs)
+    if isinstance(out, torch.Tensor):
+        empty = x.new_zeros(max_pos, 0)
+        return Rope(empty, empty, empty, raw=out[0])
+    cos, sin = out[0][0], out[1][0]
     half = sin.shape[-1] // 2
     return Rope(cos, sin, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1))
 
@@ -296,19 +313,20 @@ def _fast_forward(L: FastLayer, x: torch.Tensor, st: Step, mask: torch.Tensor | 
 def _module_forward(L: ModuleLayer, x: torch.Tensor, st: Step, mask: torch.Tensor | None) -> torch.Tensor:
     L.slot.start = st.start
     rs = st.rope_start
-    return L.module(
+    y = L.module(
         x[None],
         attention_mask=None if mask is None else mask[None, None],
         position_ids=torch.arange(rs, rs + st.n, device=x.device)[None],
         cache=L.slot,
-        position_embeddings=(st.rope.cos[rs : rs + st.n][None], st.rope.sin[rs : rs + st.n][None]),
-    )[0]
+        position_embeddings=st.rope.embeddings(rs, st.n),
+    )
+    return (y[0] if isinstance(y, tuple) else y)[0]  # GLM-5's layers also return their top-k selection
 
 
 def _layer_forward(L: Layer, x: torch.Tensor, st: Step, masks: "Masks") -> torch.Tensor:
     if isinstance(L, RecurrentLayer):
         return recurrent_forward(L, x, st.start)
-    mask = masks.get(L.window, st.start, st.n)
+    mask = masks.get(L.window, st.start, st.n, isinstance(L, ModuleLayer) and L.always_mask)
     if isinstance(L, FastLayer):
         return _fast_forward(L, x, st, mask)
     return _module_forward(L, x, st, mask)
@@ -323,15 +341,36 @@ class Masks:
         self.dtype = dtype
         self._tables: dict[int | None, torch.Tensor] = {}
 
-    def get(self, window: int | None, start: int, n: int) -> torch.Tensor | None:
+    def get(self, window: int | None, start: int, n: int, always: bool = False) -> torch.Tensor | None:
         # One query at the end of the cache sees every earlier slot unless a window cuts it off.
-        if n == 1 and (window is None or start < window):
+        if n == 1 and (window is None or start < window) and not always:
             return None
         if window not in self._tables:
             allowed = self.rel >= 0 if window is None else (self.rel >= 0) & (self.rel < window)
             table = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
             self._tables[window] = table.masked_fill_(~allowed, float("-inf"))
         return self._tables[window][start : start + n, : start + n]
+
+
+def beyond_dense(keys: int, limit: int) -> str:
+    return (f"DSA sparse attention: not measured beyond index_topk = {limit} keys ({keys} asked): past it the indexer "
+            "selects a subset, and transformers' own cached and uncached paths already disagree there")
+
+
+@dataclass
+class MtpPieces:
+    """One MTP layer's pieces over its own static cache."""
+
+    device: torch.device
+    embed: torch.Tensor
+    enorm: Callable[[torch.Tensor], torch.Tensor]
+    w_e: Linear
+    hnorm: Callable[[torch.Tensor], torch.Tensor]
+    w_h: Linear
+    block: Layer
+    post: list[Callable[[torch.Tensor], torch.Tensor]]
+    head: Linear
+    rope: Rope
 
 
 @dataclass
@@ -357,6 +396,9 @@ class FusedModel:
         # Each piece stays on the device it was placed on (atlas.measure.placement); a layer's static
         # caches, masks and RoPE tables live with it, and only the hidden rows cross devices.
         self.embed = embed.weight.detach()
+        # DSA families run as dense attention (atlas.measure.families.AllKeys): exact only while
+        # no forward sees more than index_topk keys, so a longer one is refused, never approximated.
+        self.dense_limit: int | None = getattr(config, "index_topk", None)
         modules = list(base.layers[: config.num_hidden_layers])
         self.layer_devices = [_device_of(m, self.device) for m in modules]
         self.layers = [_build_layer(m, self.max_len, dev, self.dtype, self.fast, self.max_draft) for m, dev in zip(modules, self.layer_devices)]
@@ -371,20 +413,27 @@ class FusedModel:
             (layer, self._rope(getattr(base, "rotary_emb", None), t if per_layer_rope else None, dev), self.masks(dev), dev)
             for layer, t, dev in zip(self.layers, types, self.layer_devices)
         ]
-        # The MTP layer: e and h norms folded into the two halves of its projection (split by the
-        # loader, so no concat is needed and the family's input order is already settled), its
-        # decoder block, and the norm(s) whose output is both the logits input and the hidden
-        # recycled for the next draft.
-        head = self.mtp
-        self.mtp_device = _device_of(head.block, self.device)
-        self.devices = list(dict.fromkeys([self.device, *self.layer_devices, self.head_device, self.mtp_device]))
-        self.mtp_embed = head.embed.to(self.mtp_device)
-        self.enorm, self.mtp_e = self._folded(head.enorm, head.w_e.to(self.mtp_device))
-        self.hnorm, self.mtp_h = self._folded(head.hnorm, head.w_h.to(self.mtp_device))
-        self.mtp_block = _build_layer(head.block, self.max_len, self.mtp_device, self.dtype, self.fast, self.max_draft)
-        self.mtp_post = [self._norm(m) for m in head.post_norms]
-        self.mtp_head = self.head if head.head is self.model.lm_head else _fused([head.head], self.mtp_device)
-        self.mtp_rope = self._rope(head.rotary, head.rope_layer_type, self.mtp_device)
+        # The MTP layers (one, or a chain of n): e and h norms folded into the two halves of each
+        # projection (split by the loader, so no concat is needed and the family's input order is
+        # already settled), the decoder block, and the norm(s) whose output is both the logits input
+        # and the hidden recycled for the next draft.
+        heads = [self.mtp, *self.mtp.next_layers]
+        self.mtp_layers = [self._mtp_pieces(head) for head in heads]
+        self.mtp_device = self.mtp_layers[0].device
+        self.devices = list(dict.fromkeys([self.device, *self.layer_devices, self.head_device, *(p.device for p in self.mtp_layers)]))
+        self._carry: list[torch.Tensor | None] = [None] * len(heads)
+
+    def _mtp_pieces(self, head: MtpHead) -> "MtpPieces":
+        device = _device_of(head.block, self.device)
+        enorm, w_e = self._folded(head.enorm, head.w_e.to(device))
+        hnorm, w_h = self._folded(head.hnorm, head.w_h.to(device))
+        return MtpPieces(
+            device=device, embed=head.embed.to(device), enorm=enorm, w_e=w_e, hnorm=hnorm, w_h=w_h,
+            block=_build_layer(head.block, self.max_len, device, self.dtype, self.fast, self.max_draft),
+            post=[self._norm(m) for m in head.post_norms],
+            head=self.head if head.head is self.model.lm_head else _fused([head.head], device),
+            rope=self._rope(head.rotary, head.rope_layer_type, device),
+        )
 
     def _folded(self, norm: nn.Module, w: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], Linear]:
         """A norm followed by a projection: a plain RMS norm's weight goes into the projection;
@@ -409,7 +458,7 @@ class FusedModel:
             table = Rope(torch.ones_like(zero), zero, zero)
         else:
             table = _rope_table(rotary, layer_type, self.max_len + 1, _device_of(rotary, device), self.dtype)
-        self._ropes[(layer_type, device)] = Rope(*(t.to(device) for t in (table.cos, table.sin, table.sin_signed)))
+        self._ropes[(layer_type, device)] = table.to(device)
         return self._ropes[(layer_type, device)]
 
     def masks(self, device: torch.device) -> "Masks":
@@ -426,6 +475,8 @@ class FusedModel:
         """Tokens at positions [start, start+n) -> (post-norm hidden [n, d], logits [n, V])."""
         x = F.embedding(ids, self.embed)
         n = ids.shape[0]
+        if self.dense_limit is not None and start + n > self.dense_limit:
+            raise AtlasError(beyond_dense(start + n, self.dense_limit))
         steps: dict[int, Step] = {}
         for layer, rope, masks, dev in self.stack:
             if x.device != dev:
@@ -435,18 +486,49 @@ class FusedModel:
         h = self.norm(x.to(self.head_device))
         return h, self.head(h)
 
-    def draft(self, ids: torch.Tensor, hidden: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """MTP layer over pairs (hidden_j, ids_j) at MTP slots [start, start+n), RoPE position j+1.
+    def draft(self, ids: torch.Tensor, hidden: torch.Tensor, start: int, layer: int = 0, rows: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """MTP layer `layer` over pairs (hidden_j, ids_j) at its slots [start, start+n), RoPE position j+1.
 
-        Returns (the output hidden of the last row, to feed back for the next draft step;
-        the logits of the last row, the draft distribution for the token two ahead of hidden's)."""
-        e = F.embedding(ids.to(self.mtp_device), self.mtp_embed)
-        x = self.mtp_h(self.hnorm(hidden.to(self.mtp_device)), residual=self.mtp_e(self.enorm(e)))
-        st = self._step(self.mtp_rope, start, ids.shape[0], start + 1)
-        x = _layer_forward(self.mtp_block, x, st, self.masks(self.mtp_device))[-1:]
-        for norm in self.mtp_post:
+        Returns (the output hidden of the last row, or of every row with `rows`, to feed back for
+        the next draft step; the logits of the last row, the draft distribution for the token two
+        ahead of hidden's). Layer m > 0 of a chain keeps its slot j at cache index j - m (its first
+        pair is at slot m: see `catch_up`), so no cache row is ever read unwritten."""
+        p = self.mtp_layers[layer]
+        if self.dense_limit is not None and start + ids.shape[0] > self.dense_limit:
+            raise AtlasError(beyond_dense(start + ids.shape[0], self.dense_limit))
+        e = F.embedding(ids.to(p.device), p.embed)
+        x = p.w_h(p.hnorm(hidden.to(p.device)), residual=p.w_e(p.enorm(e)))
+        st = self._step(p.rope, start - layer, ids.shape[0], start + 1)
+        x = _layer_forward(p.block, x, st, self.masks(p.device))
+        x = x if rows else x[-1:]
+        for norm in p.post:
             x = norm(x)
-        return x, self.mtp_head(x)[0]
+        return x, p.head(x[-1:])[0]
+
+    def catch_up(self, ids: torch.Tensor, hidden: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write every MTP layer's slots [start, start+n) from verified inputs, and return layer 0's
+        last row (output hidden, logits): the next round's first draft.
+
+        Layer 0's slot j takes (main hidden at j, token j+1). A chained layer m > 0 takes, at its
+        slot j, (layer m-1's output at slot j-1, token j+1): the trained chain, where layer m at
+        sequence position i reads layer m-1's output at i and the token m+1 ahead, numbered so that
+        the draft chain's step i writes slot (current + i - 1) whatever layer runs it. Layer m-1's
+        output at slot start-1 is the last row of the previous catch-up (kept in `_carry`); at the
+        prefill (start 0) there is none, so layer m starts at slot m."""
+        if start == 0:
+            self._carry = [None] * len(self.mtp_layers)
+        out, logits = self.draft(ids, hidden, start, 0, len(self.mtp_layers) > 1)
+        last, first = out[-1:], start
+        for m in range(1, len(self.mtp_layers)):
+            carry, self._carry[m - 1] = self._carry[m - 1], out[-1:]
+            if carry is not None and first == start:
+                fed = torch.cat([carry.to(out.device), out[:-1]])
+            else:
+                fed, first = out[:-1], first + 1
+            if fed.shape[0] == 0:
+                break
+            out, _ = self.draft(ids[first - start :], fed, first, m, True)
+        return last, logits
 
     @torch.inference_mode()
     def validate(self, prompt: list[int]) -> float:
@@ -456,16 +538,23 @@ class FusedModel:
         out = self.model(ids[None], output_hidden_states=True, use_cache=False)  # no cache: a recurrent-only model has none transformers can size
         hidden, logits = self.main(ids, 0)
         ref_hidden = out.hidden_states[-1][0]
-        mtp_ref = self.mtp.reference(ref_hidden[:-1], ids[1:], torch.arange(1, len(prompt), device=self.device))
-        _, mtp_logits = self.draft(ids[1:], hidden[:-1], 0)
-        errors = [(logits - out.logits[0].to(logits.device)).abs().max().item(),
-                  (mtp_logits - mtp_ref[1][-1].to(mtp_logits.device)).abs().max().item()]
+        errors = [(logits - out.logits[0].to(logits.device)).abs().max().item()]
+        # Each MTP layer against its own reference, fed the previous layer's reference output
+        # one slot back (layer m's first pair is at slot m), as catch_up feeds it.
+        fed, ours = ref_hidden[:-1], hidden[:-1]
+        for m, head in enumerate([self.mtp, *self.mtp.next_layers]):
+            if fed.shape[0] == 0:
+                break
+            ref_out, ref_logits = head.reference(fed, ids[m + 1 :], torch.arange(m + 1, len(prompt), device=self.device))
+            got, mtp_logits = self.draft(ids[m + 1 :], ours, m, m, rows=True)
+            errors.append((mtp_logits - ref_logits[-1].to(mtp_logits.device)).abs().max().item())
+            fed, ours = ref_out[:-1], got[:-1]
         tolerance = 1e-3 if self.dtype == torch.float32 else 5e-2
         scale = max(1.0, out.logits.abs().max().item())
         if max(errors) > tolerance * scale:
             raise AtlasError(
                 f"the decode loop does not reproduce this architecture (max logit difference main "
-                f"{errors[0]:.3g}, MTP {errors[1]:.3g}); refusing to measure it"
+                f"{errors[0]:.3g}, MTP {max(errors[1:], default=0.0):.3g}); refusing to measure it"
             )
         return max(errors)
 

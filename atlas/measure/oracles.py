@@ -73,9 +73,11 @@ class Layout:
     norm: str = "norm.weight"  # the main final norm, under the main prefix
     final_glue: str | None = None  # prefix of final_norm when it is not `glue` ({i} = the last sub-layer)
 
-    def names(self, depth: int, sublayers: int = 1) -> dict[str, str]:
-        """The checkpoint names of the tensors an oracle's closed form reads."""
-        glue, final = _prefix(self.glue, depth, 0), _prefix(self.final_glue or self.glue, depth, sublayers - 1)
+    def names(self, depth: int, sublayers: int = 1, layer: int = 0) -> dict[str, str]:
+        """The checkpoint names of the tensors an oracle's closed form reads (of MTP layer `layer`
+        in a chain; a chain's layer i is a one-block layer whose prefixes take {i} = i)."""
+        glue = _prefix(self.glue, depth, layer)
+        final = _prefix(self.final_glue, depth, sublayers - 1) if self.final_glue else glue
         return {
             "e_norm": glue + self.e_norm, "h_norm": glue + self.h_norm, "proj": glue + self.proj,
             "final_norm": final + self.final_norm, "embed": self.shipped_prefix + self.embed, "norm": self.shipped_prefix + self.norm,
@@ -91,33 +93,58 @@ _TINY = dict(vocab_size=259, hidden_size=64, intermediate_size=128, num_attentio
 _SHRUNK = dict(vocab_size=259, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                max_position_embeddings=1024, bos_token_id=257, eos_token_id=258, dtype="float32")
 _LINEAR = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=8)
+# DeepSeek-style MLA and MoE, shrunk; the MTP block (layer num_hidden_layers) is MoE, as shipped.
+_MLA = dict(moe_intermediate_size=32, first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+            n_group=1, topk_group=1, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16,
+            num_key_value_heads=4)
+_INDEXER = dict(index_n_heads=2, index_head_dim=32)  # index_topk kept: 2048, as shipped
 # Nemotron-H pattern letters -> transformers' block types; the MTP block may use only * and E.
 NEMOTRON_BLOCKS = {"M": "linear_attention", "*": "full_attention", "E": "moe", "-": "mlp"}
 
 LAYOUTS: dict[str, Layout] = {
-    "mimo": Layout(
+    "mimo": Layout(  # as MiMo-7B ships it: model_type mimo, run on transformers' Qwen2 classes
         model_type="qwen2", architectures=("MiMoForCausalLM",), count_key="num_nextn_predict_layers",
-        defaults=dict(_TINY),
+        defaults=dict(_SHRUNK, head_dim=16, max_window_layers=1),
         glue="model.mtp_layers.{i}.", block="model.mtp_layers.{i}.",
         e_norm="token_layernorm.weight", h_norm="hidden_layernorm.weight", proj="input_proj.weight",
         final_norm="final_layernorm.weight", hidden_first=True, gemma_norms=False,
+        mirror="_unattributed/XiaomiMiMo-MiMo-7B-variant-from-jj8127-mimo_kor",
     ),
     "deepseek_v3": Layout(
         model_type="deepseek_v3", architectures=("DeepseekV3ForCausalLM",), count_key="num_nextn_predict_layers",
-        defaults=dict(_TINY, moe_intermediate_size=32, first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2,
-                      n_shared_experts=1, n_group=1, topk_group=1, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16,
-                      qk_nope_head_dim=16, v_head_dim=16, num_key_value_heads=4),
-        glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
+        defaults=dict(_SHRUNK, **_MLA), glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
+        e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
+        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+        mirror="deepseek-ai/DeepSeek-V3",
+    ),
+    "deepseek_v2": Layout(  # no DeepSeek-V2 config in the mirror: a fixture with the DeepSeek MTP glue
+        model_type="deepseek_v2", architectures=("DeepseekV2ForCausalLM",), count_key="num_nextn_predict_layers",
+        defaults=dict(_TINY, **_MLA), glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
         hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
     ),
+    "deepseek_v32": Layout(  # DSA: every key selected while the sequence fits in index_topk
+        model_type="deepseek_v32", architectures=("DeepseekV32ForCausalLM",), count_key="num_nextn_predict_layers",
+        defaults=dict(_SHRUNK, **_MLA, **_INDEXER), glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
+        e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
+        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+        mirror="deepseek-ai/DeepSeek-V3.2",
+    ),
+    "glm_moe_dsa": Layout(  # GLM-5: DeepSeek-V3.2 attention; no shared_head.head (the main lm_head is used)
+        model_type="glm_moe_dsa", architectures=("GlmMoeDsaForCausalLM",), count_key="num_nextn_predict_layers",
+        defaults=dict(_SHRUNK, **_MLA, **_INDEXER, head_dim=16, qk_head_dim=32, pad_token_id=256),
+        glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
+        e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
+        hidden_first=False, gemma_norms=False, own_embed="embed_tokens.weight", mirror="zai-org/GLM-5-FP8",
+    ),
     "glm4_moe": Layout(
         model_type="glm4_moe", architectures=("Glm4MoeForCausalLM",), count_key="num_nextn_predict_layers",
-        defaults=dict(_TINY, head_dim=16, moe_intermediate_size=32, first_k_dense_replace=1, n_routed_experts=4,
-                      num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1),
+        defaults=dict(_SHRUNK, head_dim=16, moe_intermediate_size=32, first_k_dense_replace=1, n_routed_experts=4,
+                      num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1, pad_token_id=256),
         glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
         hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+        mirror="zai-org/GLM-4.5",
     ),
     "glm4_moe_lite": Layout(  # GLM-4.7-Flash: MLA attention, DeepSeek-style MTP glue
         model_type="glm4_moe_lite", architectures=("Glm4MoeLiteForCausalLM",), count_key="num_nextn_predict_layers",
@@ -168,14 +195,14 @@ def _prefix(template: str, depth: int, i: int) -> str:
     return template.replace("{N+i}", str(depth + i)).replace("{i}", str(i))
 
 
-def _main_config(layout: Layout, depth: int, overrides: dict[str, Any]):
-    """The family's transformers config with depth + 1 layers: the extra one is built as the MTP
-    block (same class and config as a main layer, as the families define it) and renamed."""
+def _main_config(layout: Layout, depth: int, overrides: dict[str, Any], blocks: int = 1):
+    """The family's transformers config with depth + `blocks` layers: the extra ones are built as
+    the MTP blocks (same class and config as a main layer, as the families define it) and renamed."""
     from transformers import AutoConfig
 
-    kwargs = {**layout.defaults, **overrides, "num_hidden_layers": depth + 1}
+    kwargs = {**layout.defaults, **overrides, "num_hidden_layers": depth + blocks}
     if "mlp_layer_types" in AutoConfig.for_model(layout.model_type).to_dict():
-        kwargs["mlp_layer_types"] = ["dense"] + ["sparse"] * depth  # first layer dense, the MTP block MoE
+        kwargs["mlp_layer_types"] = ["dense"] + ["sparse"] * (depth + blocks - 1)  # first layer dense, the MTP blocks MoE
     return AutoConfig.for_model(layout.model_type, **kwargs)
 
 
@@ -199,6 +226,8 @@ def shrunk_config(layout: Layout, depth: int, overrides: dict[str, Any]) -> tupl
     text = saved["text_config"] if isinstance(saved.get("text_config"), dict) else saved
     _merge(text, {**layout.defaults, **{k: v for k, v in overrides.items() if k != "layer_types"}})
     text["num_hidden_layers"] = depth
+    for config in (saved, text):  # the tiny weights are written unquantised
+        config.pop("quantization_config", None)
     if "mtp_hybrid_override_pattern" in text:
         pattern = str(overrides.get("hybrid_override_pattern", ("M*E" * depth)[:depth]))
         if len(pattern) != depth:
@@ -215,13 +244,17 @@ def shrunk_config(layout: Layout, depth: int, overrides: dict[str, Any]) -> tupl
     return saved, types, ["full_attention"]
 
 
-def _transformers_config(saved: dict[str, Any], types: list[str], block: list[str]):
+def _transformers_config(layout: Layout, saved: dict[str, Any], types: list[str], block: list[str]):
     """transformers' config of the language model with the MTP block's sub-layers appended as
-    main layers (so its class builds them, and save_pretrained names them)."""
+    main layers (so its class builds them, and save_pretrained names them), in the class the
+    layout names (MiMo's mimo config read as Qwen2's)."""
     from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     text = dict(saved["text_config"] if isinstance(saved.get("text_config"), dict) else saved)
     model_type = text.pop("model_type")
+    if model_type not in CONFIG_MAPPING:  # MiMo's "mimo": read as the class the layout runs it on
+        model_type = layout.model_type
     for key in ("architectures", "auto_map", "transformers_version", "torch_dtype", "dtype", "num_nextn_predict_layers"):
         text.pop(key, None)
     if "hybrid_override_pattern" in text:
@@ -229,7 +262,10 @@ def _transformers_config(saved: dict[str, Any], types: list[str], block: list[st
         text["hybrid_override_pattern"] = "".join(letters[t] for t in [*types, *block])
     else:
         text.update(num_hidden_layers=len(types) + len(block), layer_types=[*types, *block])
-    return AutoConfig.for_model(model_type, **text)
+    config = AutoConfig.for_model(model_type, **text)
+    if isinstance(getattr(config, "mlp_layer_types", None), list):  # the MTP blocks are MoE, as shipped
+        config.mlp_layer_types = [*config.mlp_layer_types[: len(types)], *["sparse"] * len(block)]
+    return config
 
 
 def _randomise(tensors: dict[str, torch.Tensor], gen: torch.Generator) -> None:
@@ -256,10 +292,12 @@ def write_checkpoint(
     draft_scale: float = 1.0,
     seed: int = 0,
     noise: float = 0.0,
+    mtp_layers: int = 1,
 ) -> Path:
     """Write a tiny `family` checkpoint (config.json, model.safetensors, a byte-level tokenizer)
     into `out` and return it. `depth` main layers (any depth: the MTP tensor index follows it where
-    the family numbers them after the main layers), one MTP layer.
+    the family numbers them after the main layers), `mtp_layers` MTP layers (a chain: families whose
+    glue is per layer), each an oracle of the same law in oracle mode.
 
     `noise` (oracle mode): the MTP layer's hidden columns and its block's branch outputs get random
     weights of this scale instead of zeros, so its drafts depend on the hidden it is fed and on its
@@ -274,11 +312,15 @@ def write_checkpoint(
 
     layout = LAYOUTS[family]
     overrides = dict(overrides or {})
+    if mtp_layers > 1 and "{" not in layout.glue:
+        raise AtlasError(f"{family}: its MTP glue is one set of tensors; no chain of {mtp_layers} layers to write")
     if layout.mirror:
         saved, types, block_types = shrunk_config(layout, depth, overrides)
-        config = _transformers_config(saved, types, block_types)
+        if mtp_layers > 1:
+            block_types = block_types * mtp_layers  # one-block layers: sub-layer i is MTP layer i
+        config = _transformers_config(layout, saved, types, block_types)
     else:
-        config, block_types = _main_config(layout, depth, overrides), ["block"]
+        config, block_types = _main_config(layout, depth, overrides, mtp_layers), ["block"] * mtp_layers
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     with tempfile.TemporaryDirectory() as tmp:  # save_pretrained writes the checkpoint-format names
@@ -297,45 +339,53 @@ def write_checkpoint(
     head.mul_(2.0)  # peaked next-token distributions, as trained models have
 
     d = config.hidden_size
-    glue = _prefix(layout.glue, depth, 0)
+    sublayers = 1 if mtp_layers > 1 else len(block_types)
     one = torch.zeros(d) if layout.gemma_norms else torch.ones(d)
-    tensors[names["e_norm"]] = one + 0.3 * torch.randn(d, generator=gen)
-    tensors[names["h_norm"]] = one + 0.3 * torch.randn(d, generator=gen)
-    tensors[names["proj"]] = 1.5 * torch.randn(d, 2 * d, generator=gen) / (2 * d) ** 0.5
-    tensors[names["final_norm"]] = one + 0.3 * torch.randn(d, generator=gen)
+    for m in range(mtp_layers):
+        names = layout.names(depth, sublayers, m)
+        glue = _prefix(layout.glue, depth, m)
+        tensors[names["e_norm"]] = one + 0.3 * torch.randn(d, generator=gen)
+        tensors[names["h_norm"]] = one + 0.3 * torch.randn(d, generator=gen)
+        tensors[names["proj"]] = 1.5 * torch.randn(d, 2 * d, generator=gen) / (2 * d) ** 0.5
+        tensors[names["final_norm"]] = one + 0.3 * torch.randn(d, generator=gen)
+        if layout.own_head:
+            tensors[glue + layout.own_head] = head.clone()
+        if layout.own_embed:
+            tensors[glue + layout.own_embed] = embed.clone()
     if mode == "oracle":
         for name, t in tensors.items():
             if BRANCH_OUT.search(name):
                 t.zero_()
-        tensors[names["e_norm"]] = one.clone()  # effective weight 1: ê itself
-        proj = torch.zeros(d, 2 * d)
-        e_cols = slice(d, 2 * d) if layout.hidden_first else slice(0, d)
-        proj[:, e_cols] = torch.eye(d)
-        tensors[names["proj"]] = proj
         main_norm = tensors[names["norm"]]
         effective = (1 + main_norm) if layout.gemma_norms else main_norm
-        tensors[names["final_norm"]] = draft_scale * effective - (1 if layout.gemma_norms else 0)
+        for m in range(mtp_layers):
+            names = layout.names(depth, sublayers, m)
+            tensors[names["e_norm"]] = one.clone()  # effective weight 1: ê itself
+            proj = torch.zeros(d, 2 * d)
+            e_cols = slice(d, 2 * d) if layout.hidden_first else slice(0, d)
+            proj[:, e_cols] = torch.eye(d)
+            tensors[names["proj"]] = proj
+            tensors[names["final_norm"]] = draft_scale * effective - (1 if layout.gemma_norms else 0)
+            if noise:
+                h_cols = slice(0, d) if layout.hidden_first else slice(d, 2 * d)
+                proj[:, h_cols] = noise * torch.randn(d, d, generator=gen) / d**0.5
         if noise:
-            h_cols = slice(0, d) if layout.hidden_first else slice(d, 2 * d)
-            proj[:, h_cols] = noise * torch.randn(d, d, generator=gen) / d**0.5
             blocks = tuple(_prefix(layout.block, depth, i) for i in range(len(block_types)))
             for name, t in tensors.items():
                 if name.startswith(blocks) and BRANCH_OUT.search(name):
                     t.copy_(noise * torch.randn(t.shape, generator=gen) / t.shape[-1] ** 0.5)
-    if layout.own_head:
-        tensors[glue + layout.own_head] = head.clone()
-    if layout.own_embed:
-        tensors[glue + layout.own_embed] = embed.clone()
 
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, str(out / "model.safetensors"), metadata={"format": "pt"})
     if not layout.mirror:
         saved = config.to_dict()
-        saved.update(num_hidden_layers=depth, architectures=list(layout.architectures), **{layout.count_key: 1})
+        saved.update(num_hidden_layers=depth, architectures=list(layout.architectures), **{layout.count_key: mtp_layers})
         for key in ("layer_types", "mlp_layer_types"):
             if isinstance(saved.get(key), list):
                 saved[key] = saved[key][:depth]
         saved.pop("transformers_version", None)
+    elif mtp_layers > 1:
+        (saved.get("text_config") or saved)[layout.count_key] = mtp_layers
     (out / "config.json").write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n")
     build_tokenizer().save_pretrained(out)
     return out

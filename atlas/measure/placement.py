@@ -167,4 +167,5 @@ def place_head(head: MtpHead, device: torch.device) -> MtpHead:
     for module in (head.enorm, head.hnorm, head.block, head.head, *head.post_norms):
         module.to(device)
         _follow_inputs(module, device)
-    return dataclasses.replace(head, w_e=head.w_e.to(device), w_h=head.w_h.to(device), embed=head.embed.to(device))
+    return dataclasses.replace(head, w_e=head.w_e.to(device), w_h=head.w_h.to(device), embed=head.embed.to(device),
+                               next_layers=[place_head(h, device) for h in head.next_layers])

@@ -142,6 +142,9 @@ class Settings(Strict):
     top_p: float | None = Field(default=None, gt=0, le=1)
     quick: bool = False  # a --quick run: never sets a gate
     placement: Placement | None = None  # --device-map: which device held which layers
+    # The attention regime the figures hold in, when the family is measured in one only (DSA:
+    # dense-equivalent, every sequence within index_topk keys); None: no such restriction.
+    regime: str | None = None
 
 
 class PassCosts(Strict):
@@ -352,6 +355,8 @@ class Record(Strict):
         it was written: its canonical bytes, and so its id, stay what they were. A record of a
         checkpoint with no provenance file leaves the field out for the same reason."""
         data = handler(self)
+        if data["settings"].get("regime") is None:  # records written before the field keep their bytes
+            data["settings"].pop("regime", None)
         if data.get("recurrent_state") is None:  # absent, not null, in records without recurrent layers
             data.pop("recurrent_state", None)
         if self.provenance is None:

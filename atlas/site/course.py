@@ -13,6 +13,20 @@ from atlas.site import diagrams, measured, modelpages, reported, widgets, worked
 from atlas.site.mdsafe import Markdown, escape
 
 
+def runner_families() -> Markdown:
+    """Per family of the table: whether the atlas's own runner measures it, and if not why."""
+    from atlas.measure.families import measurability_table
+    from atlas.site.mdsafe import code, table
+
+    by_row: dict[str, list] = {}
+    for m in measurability_table():
+        by_row.setdefault(m.family or m.model_type, []).append(m)
+    rows = [[escape(name), Markdown(", ".join(code(m.model_type) for m in ms)),
+             {"measurable": "yes", "refused": "no"}.get(ms[0].status, "—"), escape(ms[0].reason)]
+            for name, ms in by_row.items()]
+    return table(["family", "model_type", "atlas runner", "how, or why not"], rows)
+
+
 class Course:
     def __init__(self, evidence_dir: Path, generated_dir: Path | None = None) -> None:
         # generated_dir: where `atlas evidence` wrote models.json, when not evidence/ (make demo)
@@ -46,6 +60,7 @@ class Course:
             "accept_resample": lambda: widgets.accept_resample(
                 list(position.p), list(position.p.values()),
                 [position.q.get(t, 0.0) for t in position.p]),
+            "runner_families": runner_families,
             "model_count": lambda: Markdown(str(sum(1 for m in self.models.models if m.has_page))
                                             if self.models else "0"),
             # the gate's constants, so prose about the gate (the glossary) follows records.gate

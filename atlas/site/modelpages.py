@@ -556,6 +556,7 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
             ]
     else:
         lines += ["The atlas has no measurement of this model.", ""]
+    lines += ["## The atlas's own runner", "", runner_line(m.family), ""]
     if len(m.history) > 1:
         lines += ["## History across snapshots", "",
                   table(["snapshot", "date", "revision", "#declared", "key", "#shipped", "status"],
@@ -564,6 +565,19 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
                           h.fetch_status] for h in m.history]), ""]
     lines += ["---", "", f"[All tracked models](index.md) · [Module 8]({_MODULE})", ""]
     return "\n".join(lines)
+
+
+def runner_line(model_type: str | None) -> Markdown:
+    """Whether `atlas measure run` can measure this model's family, and why (the family table's
+    answer, atlas.measure.families.measurability), as one escaped line."""
+    from atlas.measure.families import measurability
+
+    if not model_type:
+        return Markdown("No model_type in its config: the atlas's own runner has no family to look up.")
+    got = measurability(model_type)
+    row = f" (family row {escape(got.family)})" if got.family else ""
+    verdict = {"measurable": "can measure", "refused": "refuses", "no row": "has no family row for"}[got.status]
+    return Markdown(f"The atlas's own runner {verdict} {code(model_type)}{row}: {escape(got.reason)}.")
 
 
 def _conformance_words(e: Engine) -> str:

@@ -20,7 +20,7 @@ from atlas.measure.cells import RepeatCounts, build_cell, seed_for
 from atlas.measure.checkpoint import load_checkpoint, pick_device, place_model, resolve
 from atlas.measure.engines.transformers_engine import PEER_BASELINE, Peer
 from atlas.measure.generate import RunStats, Sampling, Stopwatch, generate_plain, generate_speculative
-from atlas.measure.model import FusedModel, build_fused_model
+from atlas.measure.model import FusedModel, beyond_dense, build_fused_model
 from atlas.measure.options import MAX_PROMPT_TOKENS, Options
 from atlas.measure.recurrent import summary as recurrent_summary
 from atlas.measure.records import (SCHEMA_VERSION, Cell, PassCosts, Record, RecurrentState, Repeat, Settings, read_provenance,
@@ -61,7 +61,7 @@ class PassTimer:
                 self._time("plain", lambda: f.main(self.ids[:1], p))
                 for k in self.ks:
                     for i in range(k):
-                        self._time("draft", lambda i=i: f.draft(self.ids[:1], self.hidden, p + i))
+                        self._time("draft", lambda i=i: f.draft(self.ids[:1], self.hidden, p + i, i % len(f.mtp_layers)))
                     self._time(f"verify{k}", lambda k=k: f.main(self.ids[: k + 1], p))
         return self._costs({name: times[before.get(name, 0):] for name, times in self.samples.items()})
 
@@ -143,6 +143,14 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     prompts = prompt_set.encode_workloads(tokenizer, workloads, options.prompts_per_workload, MAX_PROMPT_TOKENS)
     ks = sorted(set(options.draft_tokens))
     longest = max(len(p) for ps in prompts.values() for p in ps)
+    regime = None
+    dense_limit = getattr(model.config.get_text_config(), "index_topk", None)  # DSA: see atlas.measure.families.AllKeys
+    if dense_limit is not None:
+        if longest + options.max_new_tokens > dense_limit:
+            raise AtlasError(f"{loaded.family}: " + beyond_dense(longest + options.max_new_tokens, dense_limit))
+        regime = (f"dense-equivalent DSA: prompt + new tokens <= index_topk = {dense_limit}, so the indexer selects every "
+                  "key and attention is exactly dense MLA; the indexer weights are loaded and not run")
+        log(f"regime: {regime}")
     fused = build_fused_model(model, loaded.mtp, longest + options.max_new_tokens + max(ks) + 2, prompts[workloads[0].name][0][:64], max_draft=max(ks))
     timer = PassTimer(fused, ks, int(statistics.median(len(p) for ps in prompts.values() for p in ps)) + options.max_new_tokens // 2)
     pass_reps = 10  # pass-cost rounds before every repeat
@@ -193,7 +201,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
             device=str(device), dtype=options.dtype, workloads=[w.name for w in workloads], temperatures=list(options.temperatures),
             draft_tokens=ks if options.ours else [mtp_k], max_new_tokens=options.max_new_tokens, repeats=options.repeats,
             prompts_per_workload=options.prompts_per_workload, top_k=options.top_k, top_p=options.top_p, quick=options.quick,
-            placement=placement,
+            placement=placement, regime=regime,
         ),
         pass_costs=costs,
         cells=cells,
