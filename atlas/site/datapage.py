@@ -12,6 +12,7 @@ Without an export both pages say how to make one; the record files are listed ei
 from __future__ import annotations
 
 import hashlib
+from urllib.parse import quote
 import shutil
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def _record_rows(evidence: Path, docs: Path) -> tuple[list[list[object]], dict[s
             else:
                 crec = checked[path]
                 what, when = f"{crec.package} {crec.version}, {crec.hardware}", crec.run_date
-            rel = f"records/{kind}/{path.name}"  # from the Data page, docs/data/index.md
+            rel = f"records/{kind}/{quote(path.name)}"  # from the Data page, docs/data/index.md
             links[f"evidence/{kind}/{path.name}"] = f"{RECORDS}/{kind}/{path.name}"
             rows.append([Markdown(f"[{escape(path.name)}]({rel})"), kind,
                          Markdown(f'<span class="atlas-nowrap">{when:%Y-%m-%d %H:%M}</span>'),

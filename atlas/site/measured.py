@@ -25,6 +25,7 @@ from pathlib import Path
 from atlas import AtlasError
 from atlas.measure import records
 from atlas.paths import ROOT
+from atlas.site import reported as reported_figures
 from atlas.site.charts import Point, Series, line_chart
 from atlas.site.mdsafe import Markdown, code, escape, table
 
@@ -61,7 +62,9 @@ def load_runs(sources: list[tuple[str, str]]) -> list[Run]:
                 f"{record_id[:12]}: run `atlas measure import` again"
             )
         runs.append(Run(record, record_id, source_path))
-    runs.sort(key=lambda r: (r.record.run_date, r.record.model_id, r.record_id))
+    # a record with provenance (a project-made head on a real main model) leads: it is the
+    # atlas's measurement on real text; the byte-level team model is the fast fixture after it
+    runs.sort(key=lambda r: (r.record.provenance is None, r.record.run_date, r.record.model_id, r.record_id))
     return runs
 
 
@@ -132,12 +135,39 @@ def _groups(record: records.Record) -> dict[tuple[str, str, float], list[records
         engines.index(kv[0][0]), kv[0][2], workloads.index(kv[0][1]))))
 
 
+def label(run: Run) -> str:
+    """The words every figure of a project-made checkpoint carries (its record's provenance kind),
+    after its run's name; empty for a record without provenance."""
+    p = run.record.provenance
+    return f" ({p.kind})" if p is not None and p.project_made else ""
+
+
+def provenance_note(p: records.Provenance) -> Markdown:
+    """How a project-made checkpoint was made, from its record's provenance, as a warning box."""
+    main, head = p.main_model, p.mtp_head
+    return Markdown(
+        f'!!! warning "{escape(p.kind)}"\n'
+        f"    Not a Hub model and in no crawl: the atlas made this checkpoint, so it is never counted in "
+        f"adoption, declared or shipped figures. Main model {escape(main.get('source', '—'))} from the "
+        f"package {code(main.get('package', '—'))} {escape(main.get('package_version', '—'))} "
+        f"(GGUF sha256 {code(main.get('sha256', '—'))}, {escape(main.get('quantization', '—'))}); "
+        f"MTP head made by {escape(str(head.get('made_by', '—')))}, digest {code(str(head.get('sha256', '—')))}, "
+        f"recipe {code(str(head.get('recipe', '—')))}.")
+
+
+def break_even_acceptance(costs: records.PassCosts, k: int = 1) -> float | None:
+    """The acceptance at which k = 1 drafting only pays for itself with the measured pass costs:
+    (1 + a) / (verify + draft) = 1, costs in units of one plain step."""
+    verify = costs.verify.get(k)
+    return None if verify is None or k != 1 else (verify + costs.draft) / costs.plain - 1
+
+
 def _stamp(run: Run, n: int, baselines: dict[str, str]) -> str:
     r = run.record
     s = r.settings
     used = sorted({baselines[c.baseline] for c in r.cells}, key=lambda b: int(b[1:]))
     return (
-        f"**Run R{n}** — {code(r.model_id)} at {code(_short_rev(r.revision))} · "
+        f"**Run R{n}**{escape(label(run))} — {code(r.model_id)} at {code(_short_rev(r.revision))} · "
         f"{escape(r.hardware.text)} · {escape(s.device)} {escape(s.dtype)} · run "
         f"{r.run_date:%Y-%m-%d %H:%M} UTC · {s.repeats} repeats × {s.prompts_per_workload} prompts × "
         f"{s.max_new_tokens} tokens per workload · baselines {', '.join(used)} · record "
@@ -261,7 +291,7 @@ def _charts(run: Run, n: int) -> list[str]:
         conditional = all(_by_position(c.derived)[1] for c in deepest)
         if any(s.points for s in series):
             out.append(line_chart(
-                f"R{n}: acceptance by draft position, T = {_temp(t)}, k = {k_max}",
+                f"R{n}{label(run)}: acceptance by draft position, T = {_temp(t)}, k = {k_max}",
                 [s for s in series if s.points], "draft position", "acceptance",
                 [(i, str(i)) for i in range(1, k_max + 1)], y_max=1.0,
                 note=("Conditional acceptance at depth i: of the drafts at depth i whose earlier "
@@ -278,7 +308,7 @@ def _charts(run: Run, n: int) -> list[str]:
             if pts:
                 series.append(Series(name=w, points=pts))
         out.append(line_chart(
-            f"R{n}: speed-up vs draft length k, T = {_temp(t)}", series, "draft length k",
+            f"R{n}{label(run)}: speed-up vs draft length k, T = {_temp(t)}", series, "draft length k",
             "speed-up ×", [(k, str(k)) for k in ks], reference=1.0,
             note="Median over repeats, whiskers from the slowest to the fastest repeat; the "
                  "dashed line is 1 (as fast as plain decoding).",
@@ -295,7 +325,7 @@ def _charts(run: Run, n: int) -> list[str]:
         for t in temps
     ]
     out.append(line_chart(
-        f"R{n}: acceptance by workload, k = {k_low}", [s for s in series if s.points], "workload",
+        f"R{n}{label(run)}: acceptance by workload, k = {k_low}", [s for s in series if s.points], "workload",
         "acceptance", [(i, w) for i, w in enumerate(workloads)], y_max=1.0,
         note="Accepted ÷ drafted at the shortest draft length measured, one point per workload.",
     ))
@@ -332,12 +362,52 @@ def backfires_text(runs: list[Run]) -> str:
                 f"decoding (median speed-up below 1×); that says nothing about other models, "
                 f"workloads or hardware.")
     items = "; ".join(
-        f"R{n} {escape(c.workload)}, T = {_temp(c.temperature)}, k = {c.draft_tokens}: "
+        f"R{n}{escape(label(run))} {escape(c.workload)}, T = {_temp(c.temperature)}, k = {c.draft_tokens}: "
         f"{c.derived.speedup:.2f}× ({escape(_engine_text(run, c))})"
         for n, run, c in slow)
-    return (f"In this build's own measurements, {len(slow)} of {n_cells} cells ran slower than "
+    lead = "".join(_real_backfires(n, run) for n, run in numbered if label(run))
+    return (lead + f"In this build's own measurements, {len(slow)} of {n_cells} cells ran slower than "
             f"plain decoding (median speed-up below 1×): {items}. Each is in its run's table of "
             f"every draft length k, under Measured.")
+
+
+def _real_backfires(n: int, run: Run) -> str:
+    """Where MTP backfires on real text: a labelled run's speed-up range, and its k = 1 acceptance
+    against the break-even its own pass costs set."""
+    cells = run.record.cells
+    k1 = [c.derived.acceptance_rate for c in cells if c.draft_tokens == 1 and c.derived.acceptance_rate is not None]
+    even = break_even_acceptance(run.record.pass_costs)
+    below = sum(1 for c in cells if c.derived.speedup < 1)
+    text = (f"**On real text (R{n}{escape(label(run))}, {code(run.record.model_id)}):** {below} of "
+            f"{len(cells)} cells ran below 1×, median speed-ups {_speed_range(cells)}")
+    if k1 and even is not None:
+        text += (f"; at k = 1 its head's acceptance was {min(k1):.2f}–{max(k1):.2f}, where breaking even "
+                 f"with this run's measured pass costs needs about {even:.2f}")
+    return text + ". "
+
+
+def anchor_text(runs: list[Run], anchors: list[reported_figures.Figure]) -> str:
+    """A labelled run's T = 1 chat acceptance at k = 1, with the reported anchor beside it and
+    the reasons the two are not the same measurement."""
+    out = []
+    for n, run in evidence_runs(runs):
+        if not label(run):
+            continue
+        chat = [c for c in run.record.cells if c.temperature == 1 and c.draft_tokens == 1
+                and "chat" in c.workload and c.derived.acceptance_rate is not None]
+        for c in chat:
+            line = (f"R{n}{escape(label(run))}, {escape(c.workload)} at T = 1, k = 1: acceptance "
+                    f"{c.derived.acceptance_rate:.3f} ({ENGINE_NAMES.get(c.engine, c.engine)}).")
+            for f in anchors:
+                line += (f" Reported beside it, not compared as if equal: {escape(f.subject)}, "
+                         f"\"{escape(f.figure)}\" ({escape(f.source)}; engine {escape(f.engine)}, workload "
+                         f"{escape(f.workload)}). That figure is {escape(f.subject)}'s own MTP module, trained "
+                         f"with its model, under that source's conditions; this one is "
+                         f"{code(run.record.model_id)}, a head made by "
+                         f"{escape(str(run.record.provenance.mtp_head.get('made_by', '—')))}, on the "
+                         f"atlas's prompts and hardware.")
+            out.append(f"- {line}")
+    return ("**Real-model acceptance beside a reported anchor**\n\n" + "\n".join(out)) if out else ""
 
 
 def _speed_range(cells: list[records.Cell]) -> str:
@@ -355,7 +425,7 @@ def run_lines(runs: list[Run]) -> list[str]:
         greedy = [c for c in r.cells if c.derived.greedy_lossless is not None]
         identical = sum(1 for c in greedy if c.derived.greedy_lossless)
         engines = ", ".join(dict.fromkeys(_engine_text(run, c) for c in r.cells))
-        line = (f"R{n}: {code(r.model_id)} at {code(_short_rev(r.revision))}, through {escape(engines)}, "
+        line = (f"R{n}{escape(label(run))}: {code(r.model_id)} at {code(_short_rev(r.revision))}, through {escape(engines)}, "
                 f"on {escape(r.hardware.text)}, run {r.run_date:%Y-%m-%d} (record "
                 f"{code(run.record_id[:12])}): median speed-ups {_speed_range(r.cells)} over "
                 f"{len(r.cells)} cells")
@@ -378,7 +448,7 @@ def measured_line(runs: list[Run]) -> str:
             "not generalised to any other model, engine or machine.\n")
 
 
-def section(runs: list[Run], head: str) -> str:
+def section(runs: list[Run], head: str, anchors: list[reported_figures.Figure] = ()) -> str:
     """The whole measured section (Markdown). Smoke runs (--quick) are listed apart, without a
     figure: they check that the loop runs, and are never evidence."""
     smoke = [r for r in runs if r.record.settings.quick]
@@ -391,18 +461,23 @@ def section(runs: list[Run], head: str) -> str:
     baselines = _baseline_ids(runs)
     for n, run in enumerate(runs, start=1):
         parts.append(_stamp(run, n, baselines))
+        if run.record.provenance is not None and run.record.provenance.project_made:
+            parts.append(provenance_note(run.record.provenance))
         for bid, summary in _summary(run, baselines):
-            parts.append(f"*R{n}, speed-ups over baseline {bid} (legend below the runs)*\n\n{summary}")
+            parts.append(f"*R{n}{escape(label(run))}, speed-ups over baseline {bid} (legend below the runs)*\n\n{summary}")
         parts.append(
-            f'??? measured "R{n}: every draft length k ({len(run.record.cells)} cells)"\n'
+            f'??? measured "R{n}{escape(label(run))}: every draft length k ({len(run.record.cells)} cells)"\n'
             + _indent(_detail(run, baselines))
         )
         charts = _charts(run, n)
         if charts:
             parts.append(
-                f'???+ measured "R{n}: charts — acceptance by depth and workload, speed-up by k"\n'
+                f'???+ measured "R{n}{escape(label(run))}: charts — acceptance by depth and workload, speed-up by k"\n'
                 + _indent("\n\n".join(charts))
             )
+    anchored = anchor_text(runs, list(anchors))
+    if anchored:
+        parts.append(anchored)
     if runs:
         legend = "\n".join(f"- **{bid}**: {escape(text)}" for text, bid in baselines.items())
         parts.append(_COLUMNS + "\n\n**Baselines** (what each speed-up divides by; rows with "

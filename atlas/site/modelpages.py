@@ -34,8 +34,10 @@ import duckdb
 from pydantic import BaseModel, ValidationError
 
 from atlas import AtlasError
+from atlas.measure import records
 from atlas.paths import replace_text
 from atlas.site import datapage
+from atlas.site import measured as measured_section
 from atlas.site import reported as reported_figures
 from atlas.site import servable as servable_matrix
 from atlas.site.mdsafe import Markdown, code, escape, table
@@ -98,6 +100,9 @@ class Model(BaseModel):
     history: list[Snapshot] = []  # every complete snapshot holding the model, oldest first (pages only)
     servable: list[Engine] = []
     measured: list[Measured] = []
+    # a checkpoint this project made (its records' provenance): labelled on every figure, in no
+    # crawl, never a Hub model
+    provenance: records.Provenance | None = None
 
 
 class Models(BaseModel):
@@ -158,6 +163,23 @@ def _snapshot(h: dict[str, Any]) -> Snapshot:
                     revision=h["revision"], declared=h["declared_num_mtp_layers"],
                     declared_key=h["declared_key"], shipped=h["shipped_mtp_layers"],
                     shipped_evidence=h["shipped_evidence"], fetch_status=h["fetch_status"])
+
+
+def _provenance(rows: list[dict[str, Any]], root: Path) -> records.Provenance | None:
+    """The provenance the model's record files carry (the newest record's), None if none does."""
+    found = None
+    for path in dict.fromkeys(r["source_path"] for r in rows if r["source_path"]):
+        file = Path(path) if Path(path).is_absolute() else root / path
+        if file.is_file():
+            found = records.read_record(file).provenance or found
+    return found
+
+
+def not_crawled_words(m: Model) -> str:
+    """What a finder cell or claim level says of a measured model that no crawl holds."""
+    if m.provenance is not None and m.provenance.project_made:
+        return f"not in the crawl: {m.provenance.kind}"
+    return "not in the latest snapshot"
 
 
 def _has_measurements(con: duckdb.DuckDBPyConnection) -> bool:
@@ -227,6 +249,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
                                                                      verdicts or []))
                       for e in engines],
             measured=cells,
+            provenance=_provenance(measured.get(rid, []), root),
         ))
     snap_date = next((m.current.snapshot_date for m in models if m.current), None)
     return Models(snapshot_id=latest, snapshot_date=snap_date, mirror_date=mirror_date,
@@ -424,8 +447,8 @@ def _levels(m: Model, figures: list[reported_figures.Figure], mirror_date: str |
     c = m.current
     where = (snapshot_words(c.snapshot_id, c.snapshot_date, mirror_date) + ", revision " if c else "")
     if c is None:
-        declared: list[Any] = ["not in the latest snapshot", "—"]
-        shipped: list[Any] = ["not in the latest snapshot", "—"]
+        declared: list[Any] = [not_crawled_words(m), "—"]
+        shipped: list[Any] = [not_crawled_words(m), "—"]
     else:
         declared = [
             f"{c.declared} MTP layer(s)" if c.declared is not None else "no MTP key (not declared)",
@@ -474,6 +497,8 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
     if m.architectures:
         facts.append(f"architectures {code(m.architectures)}")
     lines += [Markdown(" · ".join(facts)) + ".", ""]
+    if m.provenance is not None and m.provenance.project_made:
+        lines += ["## Provenance", "", measured_section.provenance_note(m.provenance), ""]
     if m.base_models:
         lines += ["Derivative of " + ", ".join(_link(by_id.get(b), b) for b in m.base_models) + ".", ""]
     if m.derivatives:
@@ -574,7 +599,7 @@ def finder_row(m: Model) -> list[str | None]:
     c = m.current
     return [
         _shown(m.repo_id), m.slug if m.has_page else None, _shown(m.org), _shown(m.family),
-        _shown(c.declared if c else None), _shown(c.shipped if c else None),
+        _shown(c.declared) if c else not_crawled_words(m), _shown(c.shipped) if c else not_crawled_words(m),
         ", ".join([f"{_shown(e.engine)} ({_shown(_conformance_words(e))})" for e in m.servable]
                   + [f"{_shown(e)} (measured run)" for e in measured_serving(m)]) or "—",
         f"{len(m.measured)} cells: " + ", ".join(_shown(e) for e in measured_engines(m)) if m.measured else "—",
