@@ -44,7 +44,9 @@ ENGINE_SHAPES: dict[str, dict[str, object]] = {
     "mimo": {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2},
     "deepseek_v3": {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "kv_lora_rank": 512, "qk_rope_head_dim": 64,
                     "qk_nope_head_dim": 64, "v_head_dim": 64, "num_attention_heads": 2, "num_key_value_heads": 2},
-    "qwen3_next": {"head_dim": 32},
+    # the layout the records check is Qwen3-Next's mtp.* block; its main model stays all full
+    # attention (the oracles now write the shipped 3:1 Gated DeltaNet pattern by default)
+    "qwen3_next": {"head_dim": 32, "full_attention_interval": 1},
 }
 LAYOUTS = tuple(ENGINE_SHAPES)
 
