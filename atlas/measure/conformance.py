@@ -18,6 +18,7 @@ run on the k = 0 engine is recorded as the calibration control.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import tempfile
@@ -41,7 +42,7 @@ SINGLES = 4  # requests rerun one at a time for the batching control
 # and the DeepSeek-V3 router as its real configs declare it (vLLM keeps e_score_correction_bias
 # only for noaux_tc).
 ENGINE_SHAPES: dict[str, dict[str, object]] = {
-    "mimo": {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2},
+    "mimo": {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32},  # vLLM's Qwen2 derives hidden / heads
     "deepseek_v3": {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "kv_lora_rank": 512, "qk_rope_head_dim": 64,
                     "qk_nope_head_dim": 64, "v_head_dim": 64, "num_attention_heads": 2, "num_key_value_heads": 2},
     # the layout the records check is Qwen3-Next's mtp.* block; its main model stays all full
@@ -428,6 +429,20 @@ def _tokens(generated) -> list[list[int]]:
     return [r.tokens for r in generated.results]
 
 
+def for_the_engine(folder: Path) -> Path:
+    """The oracle checkpoint as the engine loads it without remote code. The oracles copy the real
+    configs, `auto_map` included (MiMo's names its remote code), and vLLM refuses any config that
+    names remote code unless trust_remote_code is on, which the atlas never turns on; its own
+    MiMoForCausalLM runs MiMo on a Qwen2 config, model_type "mimo" being unknown to transformers."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    config.pop("auto_map", None)
+    if config.get("model_type") == "mimo":
+        config["model_type"] = "qwen2"
+    path.write_text(json.dumps(config, indent=2))
+    return folder
+
+
 def run_suite(
     python: Path,
     layouts: Iterable[str] = LAYOUTS,
@@ -456,8 +471,9 @@ def run_suite(
         for layout in layouts:
             if layout not in ENGINE_SHAPES:
                 raise AtlasError(f"no conformance checkpoints for layout {layout!r} (known: {', '.join(LAYOUTS)})")
-            folders = {mode: write_checkpoint(layout, Path(tmp) / f"{layout}-{mode}", mode, depth=2,
-                                              overrides=dict(ENGINE_SHAPES[layout]), seed=seed) for mode in ("random", "oracle")}
+            folders = {mode: for_the_engine(write_checkpoint(layout, Path(tmp) / f"{layout}-{mode}", mode, depth=2,
+                                                             overrides=dict(ENGINE_SHAPES[layout]), seed=seed))
+                       for mode in ("random", "oracle")}
             p, q = bigram_tables(folders["oracle"], layout)
             prompts = _prompts(requests, p.shape[0], seed)
             max_len = 3 + max_new_tokens + max(ks) + 8
