@@ -117,7 +117,8 @@ def test_the_driver_leaves_eos_in_the_law(python: Path, tmp_path: Path) -> None:
 
     from atlas.measure.oracles import write_checkpoint
 
-    oracle = write_checkpoint("mimo", tmp_path / "mimo-oracle", "oracle", depth=2, overrides=dict(conformance.ENGINE_SHAPES["mimo"]))
+    oracle = conformance.for_the_engine(write_checkpoint("mimo", tmp_path / "mimo-oracle", "oracle", depth=2,
+                                                         overrides=dict(conformance.ENGINE_SHAPES["mimo"])))
     with Driver(python) as driver:
         def greedy() -> list[int]:
             driver.load(model=str(oracle), draft_tokens=0, dtype="float32", max_model_len=64, options={"enforce_eager": True})

@@ -543,3 +543,29 @@ def test_conversion_refuses_what_it_cannot_express(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(AtlasError, match="only dense MLPs"):
         convert_mellum(tmp_path, tmp_path / "out")
+
+
+def test_a_config_naming_remote_code_is_linked_for_the_engine_with_its_config_rewritten(tmp_path: Path) -> None:
+    """MiMo as it ships names remote code (auto_map) under a model_type transformers does not know;
+    vLLM would refuse it with remote code off. The engine gets a linked copy whose config drops
+    auto_map and reads MiMo on Qwen2's config; the source folder is left as it was."""
+    import json
+
+    from atlas.measure.engines.vllm_engine import prepare_checkpoint
+    from atlas.measure.oracles import write_checkpoint
+
+    src = write_checkpoint("mimo", tmp_path / "mimo", "random", depth=2)
+    before = (src / "config.json").read_bytes()
+    assert "auto_map" in json.loads(before)
+    served, layout, conversion = prepare_checkpoint(src)
+    try:
+        config = json.loads((served / "config.json").read_text())
+        assert "auto_map" not in config and config["model_type"] == "qwen2" and layout == "mimo"
+        assert conversion == {"converter": "config-without-remote-code/1", "source_model_type": "mimo",
+                              "removed": ["auto_map"], "model_type": "qwen2"}
+        assert (served / "model.safetensors").resolve() == (src / "model.safetensors").resolve()
+        assert (src / "config.json").read_bytes() == before
+    finally:
+        import shutil
+
+        shutil.rmtree(served)

@@ -31,6 +31,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from atlas import AtlasError
+from atlas.measure.engines.convert import without_remote_code
 
 # 2: the build's run-time patches, the known causes found in it, and the fixed driver (no min_tokens)
 SCHEMA_VERSION = 2
@@ -430,16 +431,11 @@ def _tokens(generated) -> list[list[int]]:
 
 
 def for_the_engine(folder: Path) -> Path:
-    """The oracle checkpoint as the engine loads it without remote code. The oracles copy the real
-    configs, `auto_map` included (MiMo's names its remote code), and vLLM refuses any config that
-    names remote code unless trust_remote_code is on, which the atlas never turns on; its own
-    MiMoForCausalLM runs MiMo on a Qwen2 config, model_type "mimo" being unknown to transformers."""
-    path = folder / "config.json"
-    config = json.loads(path.read_text())
-    config.pop("auto_map", None)
-    if config.get("model_type") == "mimo":
-        config["model_type"] = "qwen2"
-    path.write_text(json.dumps(config, indent=2))
+    """The oracle checkpoint, written from a real config (`auto_map` and all), as vLLM loads it
+    with remote code off (engines.convert.without_remote_code); a temporary folder, rewritten in place."""
+    rewritten = without_remote_code(json.loads((folder / "config.json").read_text()))
+    if rewritten is not None:
+        (folder / "config.json").write_text(json.dumps(rewritten, indent=2))
     return folder
 
 

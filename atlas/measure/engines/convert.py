@@ -196,3 +196,33 @@ def convert_mellum(src: Path, dst: Path) -> Conversion:
     )
     marker.write_text(conversion.model_dump_json(indent=1) + "\n")
     return conversion
+
+
+def without_remote_code(config: dict) -> dict | None:
+    """The config as vLLM loads it with remote code off, or None when it already loads so. vLLM
+    refuses any config that names remote code (`auto_map`) unless trust_remote_code is on, which
+    the atlas never turns on; MiMo ships such a config with model_type "mimo", unknown to
+    transformers, while vLLM's own MiMoForCausalLM runs it on a Qwen2 config."""
+    if "auto_map" not in config and config.get("model_type") != "mimo":
+        return None
+    rewritten = {k: v for k, v in config.items() if k != "auto_map"}
+    if rewritten.get("model_type") == "mimo":
+        rewritten["model_type"] = "qwen2"
+    return rewritten
+
+
+def config_for_the_engine(src: Path, dst: Path) -> dict:
+    """`src` as the engine loads it without remote code, in `dst`: every file linked, config.json
+    rewritten (the source folder is never touched). Returns what the rewrite changed."""
+    config = json.loads((src / "config.json").read_text())
+    rewritten = without_remote_code(config)
+    if rewritten is None:
+        raise AtlasError(f"{src}: its config already loads without remote code; nothing to rewrite")
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
+    for path in src.iterdir():
+        if path.is_file() and path.name != "config.json":
+            (dst / path.name).symlink_to(path.resolve())
+    (dst / "config.json").write_text(json.dumps(rewritten, indent=2))
+    return {"converter": "config-without-remote-code/1", "source_model_type": config.get("model_type"),
+            "removed": sorted(set(config) - set(rewritten)), "model_type": rewritten.get("model_type")}

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from atlas import AtlasError
-from atlas.measure.engines.convert import convert_mellum, needs_conversion
+from atlas.measure.engines.convert import config_for_the_engine, convert_mellum, needs_conversion, without_remote_code
 from atlas.measure.engines.vllm_client import Counters, Driver, Generated, Hello, Result, find_python
 from atlas.measure.generate import RunStats
 from atlas.measure.records import SCHEMA_VERSION, Cell, EngineRun, Hardware, Record, Repeat, Settings, read_provenance, write_record
@@ -61,12 +61,16 @@ def layout_of(config: dict) -> str:
 
 def prepare_checkpoint(folder: Path) -> tuple[Path, str, dict[str, Any] | None]:
     """(folder vLLM loads, its layout, conversion record or None): a Mellum checkpoint is rewritten
-    in the Qwen3-Next layout under data/engine-models/<digest>/ (reused while the source is unchanged)."""
+    in the Qwen3-Next layout under data/engine-models/<digest>/ (reused while the source is
+    unchanged); one whose config names remote code is linked there with that config rewritten."""
     config = json.loads((folder / "config.json").read_text())
-    if not needs_conversion(config):
-        return folder, layout_of(config), None
     from atlas.measure.checkpoint import digest
 
+    if without_remote_code(config) is not None:  # linked, config rewritten; the source untouched
+        target = CONVERTED / ("plain-" + digest(folder).removeprefix("sha256:")[:16])
+        return target, layout_of(config), config_for_the_engine(folder, target)
+    if not needs_conversion(config):
+        return folder, layout_of(config), None
     target = CONVERTED / digest(folder).removeprefix("sha256:")[:16]
     conversion = convert_mellum(folder, target)
     return target, "qwen3_next", conversion.model_dump()
