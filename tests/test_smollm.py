@@ -19,6 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from atlas import AtlasError
 from atlas.measure import headtrain, smollm
+from atlas.measure.checkpoint import transformers_peer
 from atlas.measure.families import FAMILIES, load_family
 from atlas.measure.generate import Sampling, generate_plain, generate_speculative
 from atlas.measure.model import build_fused_model
@@ -134,7 +135,7 @@ def test_speculative_decoding_on_the_tiny_checkpoint_is_greedy_lossless(tiny_che
     plain = generate_plain(fused, prompt, 24, Sampling(), torch.Generator())
     for k in (1, 3):
         assert generate_speculative(fused, prompt, 24, k, Sampling(), torch.Generator()).tokens == plain.tokens
-    smollm.let_transformers_find_mtp(model)
+    assert transformers_peer(model, GLM, torch.device("cpu"))[0] == 1
     with torch.inference_mode():
         ids = torch.tensor([prompt])
         ref = model.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -238,8 +239,8 @@ def test_real_checkpoint_speculative_greedy_identity(real) -> None:
         plain = generate_plain(fused, prompt, 20, Sampling(), torch.Generator())
         for k in (1, 3):
             assert generate_speculative(fused, prompt, 20, k, Sampling(), torch.Generator()).tokens == plain.tokens
-    # transformers' own use_mtp on the same checkpoint (pointed at its MTP layer 30)
-    smollm.let_transformers_find_mtp(model)
+    # transformers' own use_mtp on the same checkpoint (its loader pointed at the MTP layer 30)
+    assert transformers_peer(model, GLM, torch.device("cpu"))[0] == 1
     ids = torch.tensor([prompts[0]])
     with torch.inference_mode():
         ref = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)

@@ -15,7 +15,7 @@ import torch
 
 from atlas import AtlasError
 from atlas.fingerprints import fingerprint, parse_config_bytes
-from atlas.measure.families import MtpHead, head_from_transformers, identify, load_family, tensor_names
+from atlas.measure.families import Family, MtpHead, head_from_transformers, identify, load_family, tensor_names
 from atlas.measure.placement import Placement, auto_plan, parse_plan, place, place_head
 from atlas.measure.records import read_provenance
 from atlas.paths import ROOT
@@ -93,6 +93,37 @@ class Loaded:
     tokenizer: PreTrainedTokenizerBase
     family: str  # the family-table row that built the MTP layer, or transformers' own loader
     transformers_mtp: int  # MTP layers transformers' own use_mtp can run on this checkpoint (0: none)
+    transformers_note: str = ""  # why it cannot (when 0), or how its loader was pointed at the MTP layers
+
+
+def transformers_peer(model: PreTrainedModel, family: Family, device: torch.device) -> tuple[int, str]:
+    """(MTP layers transformers' own `generate(use_mtp=True)` runs on a checkpoint the family table
+    loaded, a note): 0 and the reason when it cannot. transformers finds MTP tensors through its
+    class's `_keys_to_ignore_on_load_unexpected` patterns, which name the released depths only
+    (GLM-4-MoE: layers 92 and 46; DeepSeek-V3: 61). A family that keeps its MTP layers after the
+    main ones (`model.layers.{N}.`) has them at N..N+n-1 at any depth, so this model instance is
+    pointed there; what generate() then runs is transformers' own. A 4-token use_mtp call proves it."""
+    from transformers.modeling_layers import MtpModel
+
+    text = model.config.get_text_config()
+    n = getattr(text, "num_mtp_layers", None)
+    if not isinstance(n, int) or n < 1 or not getattr(type(model), "_keys_to_ignore_on_load_unexpected", None):
+        return 0, f"transformers' {type(model).__name__} registers no MTP layer for use_mtp"
+    note = "transformers' own MTP patterns"
+    if "{N}" in family.glue:
+        depth = int(text.num_hidden_layers)
+        layers = "|".join(str(depth + m) for m in range(n))
+        model._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.({layers})\..*"]
+        where = f"model.layers.{depth}" + (f"..{depth + n - 1}" if n > 1 else "")
+        note = f"transformers' MTP loader pointed at {where} (its class names only the released depths)"
+    try:
+        MtpModel.get_mtp_weights_regex(model)
+        with torch.inference_mode():
+            model.generate(torch.tensor([[1, 2, 3]], device=device), max_new_tokens=4, do_sample=False, use_mtp=True,
+                           eos_token_id=None, pad_token_id=0)
+    except Exception as exc:  # noqa: BLE001 -- whatever transformers raises, the peer is left out and the reason kept
+        return 0, f"transformers' use_mtp cannot run it: {type(exc).__name__}: {str(exc)[:200]}"
+    return n, note
 
 
 def load_checkpoint(folder: str, device: torch.device, dtype: torch.dtype) -> Loaded:
@@ -110,9 +141,11 @@ def load_checkpoint(folder: str, device: torch.device, dtype: torch.dtype) -> Lo
         raise AtlasError(f"{folder}: cannot read config.json: {exc}") from None
     names = list(tensor_names(path))
     family = identify(config, names)
+    note = ""
     if family is not None:
         model, head = load_family(path, family, device, dtype)
-        via, peer_layers = family.name, 0
+        via = family.name
+        peer_layers, note = transformers_peer(model, family, device)
     else:
         try:
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True, trust_remote_code=False)
@@ -133,7 +166,7 @@ def load_checkpoint(folder: str, device: torch.device, dtype: torch.dtype) -> Lo
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except (ValueError, OSError, KeyError) as exc:
         raise AtlasError(f"{folder}: cannot load the tokenizer: {exc}") from None
-    return Loaded(model, head, tokenizer, via, peer_layers)
+    return Loaded(model, head, tokenizer, via, peer_layers, note)
 
 
 def place_model(loaded: Loaded, spec: str) -> Placement:

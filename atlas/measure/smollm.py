@@ -217,15 +217,6 @@ def fixed_mtp_tensors(config: Any, embed: torch.Tensor) -> dict[str, torch.Tenso
     }
 
 
-def let_transformers_find_mtp(model: Any) -> None:
-    """transformers 5.24 looks for GLM-4-MoE's MTP layer only at the depths of GLM-4.5 (layer 92)
-    and GLM-4.5-Air (46): its `_keys_to_ignore_on_load_unexpected` patterns, which
-    `MtpModel.get_mtp_weights_regex` reads. Point this model instance at layer N; what
-    `generate(use_mtp=True)` then runs is unchanged."""
-    n = model.config.get_text_config().num_hidden_layers
-    model._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{n}\..*"]
-
-
 def read_head(head_dir: Path = HEAD_DIR) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The committed head (tensors upcast to fp32) and its recipe, the file's sha256 checked
     against the one the recipe records."""

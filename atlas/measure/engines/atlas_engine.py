@@ -155,8 +155,11 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     timer = PassTimer(fused, ks, int(statistics.median(len(p) for ps in prompts.values() for p in ps)) + options.max_new_tokens // 2)
     pass_reps = 10  # pass-cost rounds before every repeat
     if options.peer and not loaded.transformers_mtp:
-        log("transformers has no MTP loader for this checkpoint: no transformers use_mtp peer")
+        log(f"no transformers use_mtp peer: {loaded.transformers_note or 'transformers has no MTP loader for this checkpoint'}")
     peer = Peer(model, device, loaded.transformers_mtp) if options.peer and loaded.transformers_mtp else None
+    peer_baseline = f"{PEER_BASELINE}; {loaded.transformers_note}" if loaded.transformers_note else PEER_BASELINE
+    if peer and loaded.transformers_note:
+        log(f"transformers use_mtp peer: {loaded.transformers_note}")
     if not options.ours and peer is None:
         raise AtlasError(f"--engine transformers: transformers' own use_mtp cannot run {model_id} (no MTP loader for it)")
     if not options.ours:
@@ -185,7 +188,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     for name, t, ours, theirs in raw:
         cells.extend(build_cell("atlas", __version__, ATLAS_BASELINE, name, t, k, ours[k], costs, options.quick) for k in ours)
         if theirs:
-            cells.append(build_cell("transformers-use_mtp", peer.version, PEER_BASELINE, name, t, mtp_k, theirs, None, options.quick))
+            cells.append(build_cell("transformers-use_mtp", peer.version, peer_baseline, name, t, mtp_k, theirs, None, options.quick))
     record = Record(
         schema_version=SCHEMA_VERSION,
         run_date=datetime.now(timezone.utc).replace(microsecond=0),

@@ -11,6 +11,15 @@ The rewrite is exact arithmetic, not an approximation:
   layer hold their dense MLP as a single expert behind a zero router (softmax over one expert = 1.0)
   plus a zero shared expert (its output is zero, times sigmoid(0)); the other main layers stay dense
   (`mlp_only_layers`). The MTP concat order is embedding first in both layouts.
+
+A GLM-4-MoE checkpoint whose main layers are all dense (the real team model: SmolLM2 in GLM's
+layout) is rewritten too, exactly, for two things vLLM's Glm4MoeForCausalLM assumes of every GLM:
+- at least one main layer is a mixture of experts (it reads its expert counts from one): the last
+  main layer holds its dense MLP as expert 0 behind a zero router with score-correction bias
+  [0, -1, ...], so sigmoid(0) + 0 always picks expert 0 and top-k renormalisation gives it weight
+  0.5 / 0.5 = 1; the other experts are zero placeholders that are never picked;
+- the head is stored: the class never ties lm_head to the embedding, so a tied checkpoint gets
+  `lm_head.weight` written out (the same tensor).
 """
 
 from __future__ import annotations
@@ -195,6 +204,98 @@ def convert_mellum(src: Path, dst: Path) -> Conversion:
              "layer 0 and the MTP layer: dense MLP as one expert, zero router, zero shared expert",
     )
     marker.write_text(conversion.model_dump_json(indent=1) + "\n")
+    return conversion
+
+
+GLM_CONVERTER_VERSION = "glm4_moe-for-vllm/1"
+
+
+def glm_needs_rewrite(config: dict) -> bool:
+    """A GLM-4-MoE config vLLM cannot load as it stands: no MoE main layer, or tied embeddings."""
+    if config.get("model_type") != "glm4_moe":
+        return False
+    return int(config.get("first_k_dense_replace") or 0) >= int(config["num_hidden_layers"]) or bool(config.get("tie_word_embeddings"))
+
+
+def glm_tensors(tensors: dict[str, torch.Tensor], config: dict) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """The rewritten tensors and the main layers turned into one-expert MoE blocks (see the module
+    docstring); every other tensor is passed through unchanged."""
+    import torch
+
+    n = int(config["num_hidden_layers"])
+    out = dict(tensors)
+    moe_layers: list[int] = []
+    if int(config.get("first_k_dense_replace") or 0) >= n:
+        last, experts, size = n - 1, int(config["n_routed_experts"]), int(config["moe_intermediate_size"])
+        prefix = f"model.layers.{last}.mlp."
+        mlp = {name: out.pop(prefix + name + ".weight", None) for name in ("gate_proj", "up_proj", "down_proj")}
+        if any(w is None for w in mlp.values()):
+            raise AtlasError(f"GLM-4-MoE rewrite: layer {last} has no dense MLP ({prefix}gate/up/down_proj)")
+        if mlp["gate_proj"].shape[0] != size or experts < 2 or int(config.get("num_experts_per_tok") or 0) != 1:
+            raise AtlasError(f"GLM-4-MoE rewrite: layer {last}'s MLP (intermediate {mlp['gate_proj'].shape[0]}) fits as one "
+                             f"expert only when moe_intermediate_size = {size} equals it, with top-1 routing over 2+ experts")
+        d, dtype = mlp["gate_proj"].shape[1], mlp["gate_proj"].dtype
+        for e in range(experts):
+            for name, w in mlp.items():
+                out[f"{prefix}experts.{e}.{name}.weight"] = w if e == 0 else torch.zeros_like(w)
+        out[prefix + "gate.weight"] = torch.zeros(experts, d, dtype=torch.float32)
+        out[prefix + "gate.e_score_correction_bias"] = torch.tensor([0.0] + [-1.0] * (experts - 1))
+        moe_layers.append(last)
+    if not config.get("n_shared_experts"):  # vLLM's CPU MoE dies (SIGFPE) on a zero-width shared expert: a zero one of full width
+        size = int(config["moe_intermediate_size"])
+        d = int(config["hidden_size"])
+        for prefix in sorted({k.partition(".mlp.")[0] for k in out if ".mlp.gate.weight" in k}):
+            p = prefix + ".mlp.shared_experts."
+            out.update({p + "gate_proj.weight": torch.zeros(size, d), p + "up_proj.weight": torch.zeros(size, d),
+                        p + "down_proj.weight": torch.zeros(d, size)})
+    if config.get("tie_word_embeddings") and "lm_head.weight" not in out:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"].clone()
+    return out, moe_layers
+
+
+def glm_config(config: dict) -> dict:
+    """The config of the rewritten checkpoint: the last main layer sparse, the head untied."""
+    n = int(config["num_hidden_layers"])
+    return dict(config, first_k_dense_replace=min(int(config.get("first_k_dense_replace") or 0), n - 1), tie_word_embeddings=False,
+                n_shared_experts=int(config.get("n_shared_experts") or 1))
+
+
+def convert_glm(src: Path, dst: Path) -> dict:
+    """Write the vLLM-loadable form of the GLM-4-MoE checkpoint `src` into `dst` (config, one
+    safetensors file, tokenizer files, conversion.json); reused while the source bytes are unchanged.
+    Returns the conversion record."""
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((src / "config.json").read_text())
+    if not glm_needs_rewrite(config):
+        raise AtlasError(f"{src}: vLLM loads this GLM-4-MoE checkpoint as it is; nothing to rewrite")
+    digest = _folder_digest(src)
+    marker = dst / "conversion.json"
+    if marker.is_file():
+        done = json.loads(marker.read_text())
+        if done.get("source_digest") == digest and done.get("converter") == GLM_CONVERTER_VERSION:
+            return done
+    files = sorted(src.glob("*.safetensors"))
+    if not files:
+        raise AtlasError(f"{src}: no safetensors weights")
+    tensors: dict = {}
+    for f in files:
+        tensors.update(load_file(f))
+    converted, moe_layers = glm_tensors(tensors, config)
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in converted.items()}, dst / "model.safetensors", metadata={"format": "pt"})
+    (dst / "config.json").write_text(json.dumps(glm_config(config), indent=1) + "\n")
+    for path in src.iterdir():
+        if path.is_file() and path.suffix != ".safetensors" and path.name != "config.json":
+            shutil.copyfile(path, dst / path.name)
+    conversion = {
+        "converter": GLM_CONVERTER_VERSION, "source_model_type": "glm4_moe", "source_digest": digest,
+        "target_layout": "glm4_moe", "moe_layers": moe_layers,
+        "note": (f"layer(s) {moe_layers} hold their dense MLP as expert 0 (zero router, bias [0, -1, ...]: weight 1 exactly), "
+                 if moe_layers else "") + "lm_head written out (vLLM's class does not tie it)",
+    }
+    marker.write_text(json.dumps(conversion, indent=1) + "\n")
     return conversion
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from atlas import AtlasError
-from atlas.measure.engines.convert import config_for_the_engine, convert_mellum, needs_conversion, without_remote_code
+from atlas.measure.engines.convert import (config_for_the_engine, convert_glm, convert_mellum, glm_needs_rewrite, needs_conversion,
+                                           without_remote_code)
 from atlas.measure.engines.vllm_client import Counters, Driver, Generated, Hello, Result, find_python
 from atlas.measure.generate import RunStats
 from atlas.measure.records import SCHEMA_VERSION, Cell, EngineRun, Hardware, Record, Repeat, Settings, read_provenance, write_record
@@ -62,13 +63,17 @@ def layout_of(config: dict) -> str:
 def prepare_checkpoint(folder: Path) -> tuple[Path, str, dict[str, Any] | None]:
     """(folder vLLM loads, its layout, conversion record or None): a Mellum checkpoint is rewritten
     in the Qwen3-Next layout under data/engine-models/<digest>/ (reused while the source is
-    unchanged); one whose config names remote code is linked there with that config rewritten."""
+    unchanged), so is an all-dense or tied GLM-4-MoE one (exactly; engines.convert); one whose
+    config names remote code is linked there with that config rewritten."""
     config = json.loads((folder / "config.json").read_text())
     from atlas.measure.checkpoint import digest
 
     if without_remote_code(config) is not None:  # linked, config rewritten; the source untouched
         target = CONVERTED / ("plain-" + digest(folder).removeprefix("sha256:")[:16])
         return target, layout_of(config), config_for_the_engine(folder, target)
+    if glm_needs_rewrite(config):  # all-dense or tied GLM-4-MoE (the real team model)
+        target = CONVERTED / ("glm-" + digest(folder).removeprefix("sha256:")[:16])
+        return target, layout_of(config), convert_glm(folder, target)
     if not needs_conversion(config):
         return folder, layout_of(config), None
     target = CONVERTED / digest(folder).removeprefix("sha256:")[:16]
@@ -157,7 +162,7 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
     folder, model_id, revision = resolve(options.model, options.revision, options.endpoint)
     served, layout, conversion = prepare_checkpoint(folder)
     if conversion:
-        log(f"vLLM loads {model_id} rewritten in the Qwen3-Next layout (exact; reused while the source is unchanged): {served}")
+        log(f"vLLM loads {model_id} rewritten ({conversion['converter']}; exact, reused while the source is unchanged): {served}")
     tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     prompts = prompt_set.encode_workloads(tokenizer, workloads, options.prompts_per_workload, MAX_PROMPT_TOKENS)
     ks = sorted(set(options.draft_tokens))
