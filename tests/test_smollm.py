@@ -9,6 +9,7 @@ with the reason otherwise, and a failure when ATLAS_REQUIRE_REAL_MODEL=1 (CI ins
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,7 +156,7 @@ def test_measure_run_records_the_provenance_and_import_accepts_it(tiny_checkpoin
     runner = CliRunner()
     result = runner.invoke(cli, ["measure", "run", "--model", str(folder), "--workloads", "code", "--temperatures", "0,1",
                                  "--draft-tokens", "1,2", "--max-new-tokens", "12", "--repeats", "1", "--prompts-per-workload", "1",
-                                 "--no-peer", "--out", str(out)])
+                                 "--out", str(out)])
     assert result.exit_code == 0, result.output
     [path] = out.glob("*.json")
     record = read_record(path)
@@ -164,8 +165,73 @@ def test_measure_run_records_the_provenance_and_import_accepts_it(tiny_checkpoin
     assert record.provenance.main_model["sha256"] == smollm.GGUF_SHA256
     assert record.provenance.main_model["quantization"] == "Q4_1, dequantized to fp32"
     assert all(c.derived.greedy_lossless for c in record.cells if c.temperature == 0)
+    # transformers' own use_mtp runs beside our loop (its loader pointed at layer N), one cell per workload x T
+    peer = [c for c in record.cells if c.engine == "transformers-use_mtp"]
+    assert [(c.temperature, c.draft_tokens) for c in peer] == [(0.0, 1), (1.0, 1)]
+    assert "pointed at model.layers.2" in peer[0].baseline and peer[0].derived.greedy_lossless
     imported = runner.invoke(cli, ["measure", "import", "--db", str(db), "--dir", str(out)])
     assert imported.exit_code == 0 and "1 record(s) loaded" in imported.output, imported.output
+
+
+# ---- the checkpoint as vLLM loads it (engines.convert) ---------------------------------------------
+
+
+def test_vllm_rewrite_computes_what_the_checkpoint_does(tiny_checkpoint, tmp_path: Path) -> None:
+    """vLLM's Glm4MoeForCausalLM needs one MoE main layer and a stored head: the rewrite holds the
+    last layer's MLP as expert 0 (plus a zero shared expert) and writes lm_head out; in transformers
+    the rewritten checkpoint gives the original Llama's logits bit for bit, and the MTP layer's
+    tensors pass through unchanged."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from atlas.measure.engines.convert import convert_glm, glm_needs_rewrite
+    from atlas.measure.engines.vllm_engine import prepare_checkpoint
+
+    folder, llama = tiny_checkpoint
+    source = json.loads((folder / "config.json").read_text())
+    assert glm_needs_rewrite(source)
+    conversion = convert_glm(folder, tmp_path / "v")
+    assert conversion["moe_layers"] == [1] and conversion["converter"] == "glm4_moe-for-vllm/1"
+    config = json.loads((tmp_path / "v" / "config.json").read_text())
+    assert (config["first_k_dense_replace"], config["tie_word_embeddings"], config["n_shared_experts"]) == (1, False, 1)
+    assert not glm_needs_rewrite(config)
+    converted = AutoModelForCausalLM.from_pretrained(tmp_path / "v", dtype=torch.float32)
+    assert type(converted.model.layers[1].mlp).__name__ == "Glm4MoeMoE" and type(converted.model.layers[0].mlp).__name__ == "Glm4MoeMLP"
+    ids = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        assert torch.equal(converted(ids).logits, llama(ids).logits)
+    before, after = load_file(folder / "model.safetensors"), load_file(tmp_path / "v" / "model.safetensors")
+    mtp = [k for k in before if k.startswith("model.layers.2.") and ".shared_experts." not in k]
+    assert mtp and all(torch.equal(before[k], after[k]) for k in mtp)
+    assert torch.equal(after["lm_head.weight"], before["model.embed_tokens.weight"])
+    assert convert_glm(folder, tmp_path / "v") == conversion  # reused while the source is unchanged
+    served, layout, record = prepare_checkpoint(folder)
+    assert layout == "glm4_moe" and record == conversion and served.name.startswith("glm-")
+
+
+def test_vllm_rewrite_refuses_an_mlp_that_is_no_expert() -> None:
+    from atlas.measure.engines.convert import glm_tensors
+
+    config = {"model_type": "glm4_moe", "num_hidden_layers": 1, "first_k_dense_replace": 1, "n_routed_experts": 2,
+              "num_experts_per_tok": 1, "moe_intermediate_size": 8, "hidden_size": 4, "n_shared_experts": 0}
+    mlp = {"model.layers.0.mlp.gate_proj.weight": torch.zeros(6, 4), "model.layers.0.mlp.up_proj.weight": torch.zeros(6, 4),
+           "model.layers.0.mlp.down_proj.weight": torch.zeros(4, 6), "model.embed_tokens.weight": torch.zeros(10, 4)}
+    with pytest.raises(AtlasError, match="fits as one expert only when moe_intermediate_size = 8"):
+        glm_tensors(mlp, config)
+    with pytest.raises(AtlasError, match="has no dense MLP"):
+        glm_tensors({"model.embed_tokens.weight": torch.zeros(10, 4)}, config)
+
+
+def test_a_family_transformers_has_no_mtp_for_gets_no_peer(tmp_path: Path) -> None:
+    """MiMo's main model is transformers' Qwen2, which registers no MTP layer: the run has no
+    transformers peer, and the reason is given instead of a failure."""
+    from atlas.measure.checkpoint import load_checkpoint
+    from atlas.measure.oracles import write_checkpoint
+
+    folder = write_checkpoint("mimo", tmp_path / "mimo", "random", depth=2)
+    loaded = load_checkpoint(str(folder), torch.device("cpu"), torch.float32)
+    assert loaded.family == "MiMo" and loaded.transformers_mtp == 0
+    assert "Qwen2ForCausalLM registers no MTP layer" in loaded.transformers_note
 
 
 def test_chat_prompt_set_goes_through_the_chat_template() -> None:
