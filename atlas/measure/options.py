@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from atlas.measure.checkpoint import DEFAULT_MODEL
-from atlas.measure.records import MIN_GATE_REPEATS
+from atlas.measure.records import MIN_GATE_REPEATS, SCHEMA_VERSION, Cell, Hardware, Record, Settings, read_provenance
+from atlas.measure.stamp import load_average, software
+from atlas.measure.workloads import PromptSet
 from atlas.paths import ROOT
 
 # relative to the project root (atlas.paths), where the CLI resolves its defaults
@@ -38,6 +42,37 @@ class Options:
     out: Path = ROOT / DEFAULT_OUT_PATH
     command: str = ""
     quick: bool = False
+
+
+def new_record(options: Options, *, folder: Path, model_id: str, revision: str, hardware: Hardware, prompt_set: PromptSet,
+               device: str, workloads: list[str], draft_tokens: list[int], cells: list[Cell], load_before: list[float] | None,
+               settings: dict[str, Any] | None = None, **fields: Any) -> Record:
+    """The record of a finished run, dated now, with what every engine's record holds: the run's
+    options as its settings (plus engine-specific `settings`), the software, the checkpoint's
+    provenance and the load after the run; `fields` are the engine's own (pass costs, engine run)."""
+    return Record(
+        schema_version=SCHEMA_VERSION,
+        run_date=datetime.now(timezone.utc).replace(microsecond=0),
+        model_id=model_id,
+        revision=revision,
+        hardware=hardware,
+        software=software(),
+        command=options.command,
+        seed=options.seed,
+        prompt_set=prompt_set.name,
+        prompt_set_digest=prompt_set.digest,
+        settings=Settings(
+            device=device, dtype=options.dtype, workloads=workloads,
+            temperatures=list(options.temperatures), draft_tokens=draft_tokens, max_new_tokens=options.max_new_tokens,
+            repeats=options.repeats, prompts_per_workload=options.prompts_per_workload, top_k=options.top_k,
+            top_p=options.top_p, quick=options.quick, **(settings or {}),
+        ),
+        cells=cells,
+        load_before=load_before,
+        load_after=load_average(),
+        provenance=read_provenance(folder),
+        **fields,
+    )
 
 
 def quick(options: Options) -> Options:

@@ -458,8 +458,9 @@ def _summary(facts: Facts, revs: _Revisions, verdicts: list[conformance.Verdict]
         hardware = sorted({r.record.hardware.text for _, r in numbered})
         days = sorted({f"{r.record.run_date:%Y-%m-%d}" for _, r in numbered})
         greedy = [c.derived.greedy_lossless for c in cells if c.derived.greedy_lossless is not None]
+        kinds = {r.record.model_id: measured_section.label(r) for _, r in numbered}
         measured = (f"**Measured:** {len(cells)} cells in {len(numbered)} dated runs of "
-                    + ", ".join(code(m) for m in models) + f" only, on {escape('; '.join(hardware))}, "
+                    + ", ".join(code(m) + escape(kinds[m]) for m in models) + f" only, on {escape('; '.join(hardware))}, "
                     + f"{' to '.join(dict.fromkeys([days[0], days[-1]]))}: "
                     f"{len(measured_section.below_one(runs))} cells slower than plain decoding; "
                     f"greedy output identical in {sum(greedy)} of {len(greedy)} T = 0 cells.")

@@ -361,14 +361,19 @@ def backfires_text(runs: list[Run]) -> str:
         return (f"None of the {n_cells} measured cells of this build ran slower than plain "
                 f"decoding (median speed-up below 1×); that says nothing about other models, "
                 f"workloads or hardware.")
-    items = "; ".join(
-        f"R{n}{escape(label(run))} {escape(c.workload)}, T = {_temp(c.temperature)}, k = {c.draft_tokens}: "
-        f"{c.derived.speedup:.2f}× ({escape(_engine_text(run, c))})"
-        for n, run, c in slow)
+    per_run = []
+    for n, run in numbered:
+        mine = [c for m, _, c in slow if m == n]
+        if mine:
+            worst = min(mine, key=lambda c: c.derived.speedup)
+            where = ", ".join(escape(w) for w in dict.fromkeys(c.workload for c in mine))
+            per_run.append(f"R{n}{escape(label(run))}: {len(mine)} of {len(run.record.cells)} cells (on {where}), the slowest "
+                           f"{escape(worst.workload)} at T = {_temp(worst.temperature)}, k = {worst.draft_tokens}: "
+                           f"{worst.derived.speedup:.2f}× ({escape(_engine_text(run, worst))})")
     lead = "".join(_real_backfires(n, run) for n, run in numbered if label(run))
     return (lead + f"In this build's own measurements, {len(slow)} of {n_cells} cells ran slower than "
-            f"plain decoding (median speed-up below 1×): {items}. Each is in its run's table of "
-            f"every draft length k, under Measured.")
+            f"plain decoding (median speed-up below 1×): " + "; ".join(per_run) + ". Every cell is in its "
+            f"run's table of every draft length k, under Measured.")
 
 
 def _real_backfires(n: int, run: Run) -> str:
@@ -383,7 +388,24 @@ def _real_backfires(n: int, run: Run) -> str:
     if k1 and even is not None:
         text += (f"; at k = 1 its head's acceptance was {min(k1):.2f}–{max(k1):.2f}, where breaking even "
                  f"with this run's measured pass costs needs about {even:.2f}")
+    by_workload = workload_acceptance(cells)
+    if len(by_workload) > 1:
+        low, high = min(by_workload, key=by_workload.get), max(by_workload, key=by_workload.get)
+        text += (f"; acceptance collapses on {escape(low)}: {by_workload[low]:.2f} of k = 1 drafts accepted "
+                 f"(T = 0 and 1 pooled), against {by_workload[high]:.2f} on {escape(high)}")
     return text + ". "
+
+
+def workload_acceptance(cells: list[records.Cell]) -> dict[str, float]:
+    """Per workload, the share of k = 1 drafts accepted, pooled over temperatures and engines
+    (accepted / drafted summed, so a cell with more drafts weighs more)."""
+    drafted: dict[str, int] = {}
+    accepted: dict[str, int] = {}
+    for c in cells:
+        if c.draft_tokens == 1 and c.derived.drafted:
+            drafted[c.workload] = drafted.get(c.workload, 0) + c.derived.drafted
+            accepted[c.workload] = accepted.get(c.workload, 0) + c.derived.accepted
+    return {w: accepted[w] / drafted[w] for w in drafted}
 
 
 def anchor_text(runs: list[Run], anchors: list[reported_figures.Figure]) -> str:
@@ -408,6 +430,44 @@ def anchor_text(runs: list[Run], anchors: list[reported_figures.Figure]) -> str:
                          f"atlas's prompts and hardware.")
             out.append(f"- {line}")
     return ("**Real-model acceptance beside a reported anchor**\n\n" + "\n".join(out)) if out else ""
+
+
+def across_engines(runs: list[Run]) -> list[str]:
+    """Per checkpoint (model id and revision) that more than one engine ran: acceptance at k = 1 per
+    workload and temperature, one column per engine, with greedy identity at T = 0. Acceptance does
+    not depend on a baseline, so engines share this table; their speed-ups do not, and stay in
+    their runs' own tables."""
+    out = []
+    numbered = evidence_runs(runs)
+    for model_id, revision in dict.fromkeys((r.record.model_id, r.record.revision) for _, r in numbered):
+        columns: dict[str, dict[tuple[str, float], records.Cell]] = {}
+        for n, run in numbered:
+            if (run.record.model_id, run.record.revision) != (model_id, revision):
+                continue
+            for c in run.record.cells:
+                if c.draft_tokens == 1:
+                    columns.setdefault(f"R{n} {_engine_text(run, c)}", {})[(c.workload, c.temperature)] = c
+        if len(columns) < 2:
+            continue
+        keys = list(dict.fromkeys(key for cells in columns.values() for key in cells))
+        rows = []
+        for workload, t in keys:
+            row: list[object] = [workload, _temp(t)]
+            for cells in columns.values():
+                c = cells.get((workload, t))
+                if c is None or c.derived.acceptance_rate is None:
+                    row.append("—")
+                    continue
+                same = {True: "; greedy identical", False: "; greedy DIFFERED", None: ""}[c.derived.greedy_lossless]
+                row.append(f"{c.derived.acceptance_rate:.3f} ({c.derived.accepted}/{c.derived.drafted}{same})")
+            rows.append(row)
+        out.append(f"**The same checkpoint on {len(columns)} engines** ({code(model_id)}, revision {code(revision[:19])}): "
+                   "acceptance at k = 1 (accepted ÷ drafted), and at T = 0 whether every repeat's output equalled "
+                   "that engine's own plain decoding. Acceptance needs no baseline, so the engines share this table; "
+                   "their speed-ups are each over the engine's own plain decoding and stay in the runs' tables. "
+                   "A dash: the engine did not run that cell.\n\n"
+                   + table(["workload", "T", *columns], rows))
+    return out
 
 
 def _speed_range(cells: list[records.Cell]) -> str:
@@ -475,6 +535,7 @@ def section(runs: list[Run], head: str, anchors: list[reported_figures.Figure] =
                 f'???+ measured "R{n}{escape(label(run))}: charts — acceptance by depth and workload, speed-up by k"\n'
                 + _indent("\n\n".join(charts))
             )
+    parts.extend(across_engines(runs))
     anchored = anchor_text(runs, list(anchors))
     if anchored:
         parts.append(anchored)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -21,11 +20,10 @@ from atlas.measure.checkpoint import load_checkpoint, pick_device, place_model, 
 from atlas.measure.engines.transformers_engine import PEER_BASELINE, Peer
 from atlas.measure.generate import RunStats, Sampling, Stopwatch, generate_plain, generate_speculative
 from atlas.measure.model import FusedModel, beyond_dense, build_fused_model
-from atlas.measure.options import MAX_PROMPT_TOKENS, Options
+from atlas.measure.options import MAX_PROMPT_TOKENS, Options, new_record
 from atlas.measure.recurrent import summary as recurrent_summary
-from atlas.measure.records import (SCHEMA_VERSION, Cell, PassCosts, Record, RecurrentState, Repeat, Settings, read_provenance,
-                                   write_record)
-from atlas.measure.stamp import hardware, load_average, software
+from atlas.measure.records import Cell, PassCosts, Record, RecurrentState, Repeat, write_record
+from atlas.measure.stamp import hardware, load_average
 from atlas.measure.workloads import load_prompt_set
 
 ATLAS_BASELINE = "atlas plain decoder, same model and static cache (MTP prefill counted on the speculative side)"
@@ -189,29 +187,11 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         cells.extend(build_cell("atlas", __version__, ATLAS_BASELINE, name, t, k, ours[k], costs, options.quick) for k in ours)
         if theirs:
             cells.append(build_cell("transformers-use_mtp", peer.version, peer_baseline, name, t, mtp_k, theirs, None, options.quick))
-    record = Record(
-        schema_version=SCHEMA_VERSION,
-        run_date=datetime.now(timezone.utc).replace(microsecond=0),
-        model_id=model_id,
-        revision=revision,
-        hardware=hardware(device, placement),
-        software=software(),
-        command=options.command,
-        seed=options.seed,
-        prompt_set=prompt_set.name,
-        prompt_set_digest=prompt_set.digest,
-        settings=Settings(
-            device=str(device), dtype=options.dtype, workloads=[w.name for w in workloads], temperatures=list(options.temperatures),
-            draft_tokens=ks if options.ours else [mtp_k], max_new_tokens=options.max_new_tokens, repeats=options.repeats,
-            prompts_per_workload=options.prompts_per_workload, top_k=options.top_k, top_p=options.top_p, quick=options.quick,
-            placement=placement, regime=regime,
-        ),
-        pass_costs=costs,
-        cells=cells,
-        load_before=load_before,
-        load_after=load_average(),
+    record = new_record(
+        options, folder=folder, model_id=model_id, revision=revision, hardware=hardware(device, placement), prompt_set=prompt_set,
+        device=str(device), workloads=[w.name for w in workloads], draft_tokens=ks if options.ours else [mtp_k], cells=cells,
+        load_before=load_before, settings={"placement": placement, "regime": regime}, pass_costs=costs,
         recurrent_state=RecurrentState(**state) if (state := recurrent_summary(fused.layers)) else None,
-        provenance=read_provenance(folder),
     )
     path = write_record(record, options.out)
     lossy = [c for c in cells if c.engine == "atlas" and c.derived.greedy_lossless is False]

@@ -15,7 +15,6 @@ import json
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from atlas.measure.engines.convert import (config_for_the_engine, convert_glm, c
                                            without_remote_code)
 from atlas.measure.engines.vllm_client import Counters, Driver, Generated, Hello, Result, find_python
 from atlas.measure.generate import RunStats
-from atlas.measure.records import SCHEMA_VERSION, Cell, EngineRun, Hardware, Record, Repeat, Settings, read_provenance, write_record
+from atlas.measure.records import Cell, EngineRun, Hardware, Record, Repeat, write_record
 from atlas.paths import ROOT
 
 VLLM_BASELINE = "vLLM k=0 engine (plain decoding), same version, options and prompts; runs interleaved"
@@ -151,8 +150,8 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
     from atlas.measure import conformance
     from atlas.measure.cells import RepeatCounts, build_cell, seed_for
     from atlas.measure.checkpoint import resolve
-    from atlas.measure.options import MAX_PROMPT_TOKENS, Options
-    from atlas.measure.stamp import load_average, software
+    from atlas.measure.options import MAX_PROMPT_TOKENS, Options, new_record
+    from atlas.measure.stamp import load_average
     from atlas.measure.workloads import load_prompt_set
 
     assert isinstance(options, Options)
@@ -246,28 +245,10 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
         counter_check="every speculative request: per-step drafted/accepted sums equal the spec-decode counter deltas",
         schedule=SCHEDULES[engine.schedule],
     )
-    record = Record(
-        schema_version=SCHEMA_VERSION,
-        run_date=datetime.now(timezone.utc).replace(microsecond=0),
-        model_id=model_id,
-        revision=revision,
-        hardware=_hardware(hello),
-        software=software(),
-        command=options.command,
-        seed=options.seed,
-        prompt_set=prompt_set.name,
-        prompt_set_digest=prompt_set.digest,
-        settings=Settings(
-            device=hello.device, dtype=options.dtype, workloads=[w.name for w in workloads], temperatures=list(options.temperatures),
-            draft_tokens=ks, max_new_tokens=n, repeats=options.repeats, prompts_per_workload=options.prompts_per_workload,
-            top_k=options.top_k, top_p=options.top_p, quick=options.quick,
-        ),
-        pass_costs=None,
-        cells=cells,
-        engine_run=engine_run,
-        load_before=load_before,
-        load_after=load_average(),
-        provenance=read_provenance(folder),
+    record = new_record(
+        options, folder=folder, model_id=model_id, revision=revision, hardware=_hardware(hello), prompt_set=prompt_set,
+        device=hello.device, workloads=[w.name for w in workloads], draft_tokens=ks, cells=cells, load_before=load_before,
+        pass_costs=None, engine_run=engine_run,
     )
     path = write_record(record, options.out)
     differed = [c for c in cells if c.derived.greedy_lossless is False]
