@@ -222,6 +222,50 @@ def crawl_mirror(db: Path) -> None:
     assert result.exit_code == 0, result.output
 
 
+@dataclass
+class DemoSite:
+    """A site built the way `make demo` builds it, in a temporary root."""
+
+    root: Path
+    layout: Layout
+    db: Path
+    evidence: object  # atlas.site.evidence.Evidence
+    models: object  # atlas.site.modelpages.Models
+    manifest: object | None  # atlas.export.Manifest, when exported
+
+
+def build_demo_site(root: Path, *, conformance: bool = False, sources: bool = False, export_data: bool = False,
+                    copy_measurements: bool = False) -> DemoSite:
+    """The bundled mirror crawled for real, the committed measurement records imported, evidence and
+    model pages generated, the site built. `conformance`: the committed conformance records go into
+    the site's evidence (the verdicts in the servable matrix); `sources`: the mirror's SOURCES.tsv is
+    shown; `export_data`: the export is written first (the Data and Changelog pages);
+    `copy_measurements`: the records are copied beside the evidence as well."""
+    from atlas import export
+    from atlas.measure import records
+    from atlas.site import evidence, modelpages, render
+
+    layout = site_copy(root)
+    if conformance and (REPO / "evidence" / "conformance").is_dir():
+        shutil.copytree(REPO / "evidence" / "conformance", layout.evidence / "conformance")
+    if copy_measurements:
+        shutil.copytree(REPO / "evidence" / "measurements", layout.evidence / "measurements")
+    db = root / "atlas.duckdb"
+    crawl_mirror(db)
+    con = store.connect(db)
+    try:
+        loaded, _, errors = records.import_records(con, REPO / "evidence" / "measurements")
+    finally:
+        con.close()
+    assert loaded and not errors, errors
+    manifest = export.export(db, layout.data, layout.evidence, REPO) if export_data else None
+    ev = evidence.generate(db, layout.evidence / "module-08.evidence.md", layout.evidence / "servable.toml",
+                           REPO / "data" / "hub-mirror" / "SOURCES.tsv" if sources else None)
+    models = modelpages.generate(db, layout.evidence / modelpages.FILE_NAME, layout.evidence / "servable.toml", REPO)
+    render.build(layout)
+    return DemoSite(root, layout, db, ev, models, manifest)
+
+
 def declared_repo_ids(db: Path) -> list[str]:
     con = store.connect(db, read_only=True)
     try:

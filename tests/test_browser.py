@@ -24,11 +24,10 @@ from pathlib import Path
 
 import pytest
 from chromium_cdp import Chromium
-from site_helpers import REPO, crawl_mirror, declared_repo_ids, site_copy
+from site_helpers import REPO, build_demo_site, declared_repo_ids
 
-from atlas import export, store
 from atlas.measure import records
-from atlas.site import evidence, modelpages, render
+from atlas.site import evidence, render
 
 CHROMIUM = next(
     (found for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -69,25 +68,10 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, render.Layout]]:
-    root = tmp_path_factory.mktemp("browser-site")
-    layout = site_copy(root)  # the course's real module pages
-    if (REPO / "evidence" / "conformance").is_dir():  # the verdicts in the servable matrix's cells
-        shutil.copytree(REPO / "evidence" / "conformance", layout.evidence / "conformance")
-    db = root / "atlas.duckdb"
-    crawl_mirror(db)
-    con = store.connect(db)
-    try:
-        loaded, _, errors = records.import_records(con, REPO / "evidence" / "measurements")
-    finally:
-        con.close()
-    assert not errors, errors
-    evidence.generate(db, layout.evidence / "module-08.evidence.md", layout.evidence / "servable.toml",
-                      REPO / "data" / "hub-mirror" / "SOURCES.tsv")
-    # the per-model pages too, as `atlas evidence` writes them: every page of the site is measured
-    modelpages.generate(db, layout.evidence / modelpages.FILE_NAME, layout.evidence / "servable.toml", REPO)
-    # and the Data and Changelog pages with an export, as `make demo` builds them
-    export.export(db, layout.data, layout.evidence, REPO)
-    render.build(layout)
+    # the course's real pages, the verdicts in the servable matrix, every model page and the Data
+    # and Changelog pages with an export: the whole site, as `make demo` builds it
+    site = build_demo_site(tmp_path_factory.mktemp("browser-site"), conformance=True, sources=True, export_data=True)
+    root, db, layout = site.root, site.db, site.layout
     port = _free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "atlas", "site", "serve", "--root", str(root), "--port", str(port)],

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from site_helpers import REPO, crawl_mirror, parse_html, site_copy
+from site_helpers import build_demo_site, parse_html
 from test_browser import ARTIFACTS, CHROMIUM, _chromium
 
-from atlas import store
-from atlas.measure import records, theory
-from atlas.site import evidence, modelpages, render, widgets
+from atlas.measure import theory
+from atlas.site import modelpages, render, widgets
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary on PATH")
 
@@ -26,21 +25,8 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary on 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> tuple[render.Layout, modelpages.Models]:
     """The real module 8 over the bundled mirror and the committed measurement record(s)."""
-    root = tmp_path_factory.mktemp("course-browser")
-    layout = site_copy(root)
-    db = root / "atlas.duckdb"
-    crawl_mirror(db)
-    con = store.connect(db)
-    try:
-        loaded, _, errors = records.import_records(con, REPO / "evidence" / "measurements")
-    finally:
-        con.close()
-    assert loaded and not errors
-    evidence.generate(db, layout.evidence / "module-08.evidence.md", layout.evidence / "servable.toml")
-    models = modelpages.generate(db, layout.evidence / modelpages.FILE_NAME,
-                                 layout.evidence / "servable.toml", REPO)
-    render.build(layout)
-    return layout, models
+    built = build_demo_site(tmp_path_factory.mktemp("course-browser"))
+    return built.layout, built.models
 
 
 def _head(layout: render.Layout) -> str:

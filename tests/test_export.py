@@ -18,13 +18,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from hub_fixtures import copy_mirror, make_hub, write_watchlist  # noqa: F401  (fixture)
-from site_helpers import REPO, crawl_mirror, engines_in, parse_html, site_copy
+from site_helpers import REPO, build_demo_site, engines_in, parse_html, site_copy
 
 from atlas import AtlasError, export, store
 from atlas.cli import cli
 from atlas.hub import crawl as crawler
 from atlas.measure import conformance, records
-from atlas.site import changelog, evidence, measured, modelpages, render, reported, servable
+from atlas.site import changelog, evidence, measured, render, reported, servable
 
 MATRIX = REPO / "evidence" / "servable.toml"
 
@@ -32,24 +32,9 @@ MATRIX = REPO / "evidence" / "servable.toml"
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory):
     """Mirror crawl + committed records -> export -> a site built with the export."""
-    root = tmp_path_factory.mktemp("export")
-    layout = site_copy(root)
-    shutil.copytree(REPO / "evidence" / "measurements", layout.evidence / "measurements")
-    shutil.copytree(REPO / "evidence" / "conformance", layout.evidence / "conformance")
-    db = root / "atlas.duckdb"
-    crawl_mirror(db)
-    con = store.connect(db)
-    try:
-        _, _, errors = records.import_records(con, REPO / "evidence" / "measurements")
-    finally:
-        con.close()
-    assert not errors, errors
-    out = root / "build" / "data"
-    manifest = export.export(db, out, layout.evidence, REPO)
-    evidence.generate(db, layout.evidence / "module-08.evidence.md", layout.evidence / "servable.toml")
-    models = modelpages.generate(db, layout.evidence / modelpages.FILE_NAME, layout.evidence / "servable.toml", REPO)
-    render.build(layout)  # data_dir defaults to build/data/ of root, where the export went
-    return db, out, manifest, layout, models
+    site = build_demo_site(tmp_path_factory.mktemp("export"), conformance=True, export_data=True, copy_measurements=True)
+    return site.db, site.layout.data, site.manifest, site.layout, site.models
+
 
 
 def rows(path: Path) -> list[dict]:

@@ -9,11 +9,10 @@ import json
 import re
 
 import pytest
-from site_helpers import REPO, crawl_mirror, engines_in, parse_html, site_copy
+from site_helpers import REPO, build_demo_site, engines_in, parse_html
 
-from atlas import store
 from atlas.measure import records
-from atlas.site import evidence, modelpages, render, servable
+from atlas.site import evidence, render, servable
 
 TEAM = "mtp-atlas/byte-mtp-8l"
 MATRIX = REPO / "evidence" / "servable.toml"
@@ -21,20 +20,8 @@ MATRIX = REPO / "evidence" / "servable.toml"
 
 @pytest.fixture(scope="module")
 def finder_site(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("finder")
-    layout = site_copy(root)
-    db = root / "atlas.duckdb"
-    crawl_mirror(db)
-    con = store.connect(db)
-    try:
-        _, _, errors = records.import_records(con, REPO / "evidence" / "measurements")
-    finally:
-        con.close()
-    assert not errors, errors
-    ev = evidence.generate(db, layout.evidence / "module-08.evidence.md", layout.evidence / "servable.toml")
-    models = modelpages.generate(db, layout.evidence / modelpages.FILE_NAME, layout.evidence / "servable.toml", REPO)
-    render.build(layout)
-    return layout, models, ev
+    site = build_demo_site(tmp_path_factory.mktemp("finder"))
+    return site.layout, site.models, site.evidence
 
 
 def finder_rows(layout: render.Layout) -> dict[str, dict[str, str]]:

@@ -8,11 +8,10 @@ by hand, or stops following its record, fails here."""
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import pytest
-from site_helpers import REPO, crawl_mirror, parse_html, site_copy
+from site_helpers import REPO, build_demo_site, parse_html
 
 from atlas import store
 from atlas.measure import conformance, records
@@ -23,23 +22,8 @@ MIRROR = REPO / "data" / "hub-mirror"
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[render.Layout, Path, modelpages.Models]:
-    root = tmp_path_factory.mktemp("module8-reader")
-    layout = site_copy(root)
-    shutil.copytree(REPO / "evidence" / "conformance", layout.evidence / "conformance")
-    db = root / "atlas.duckdb"
-    crawl_mirror(db)
-    con = store.connect(db)
-    try:
-        loaded, _, errors = records.import_records(con, REPO / "evidence" / "measurements")
-    finally:
-        con.close()
-    assert loaded and not errors
-    evidence.generate(db, layout.evidence / "module-08.evidence.md", layout.evidence / "servable.toml",
-                      MIRROR / "SOURCES.tsv")
-    models = modelpages.generate(db, layout.evidence / modelpages.FILE_NAME,
-                                 layout.evidence / "servable.toml", REPO)
-    render.build(layout)
-    return layout, db, models
+    site = build_demo_site(tmp_path_factory.mktemp("module8-reader"), conformance=True, sources=True)
+    return site.layout, site.db, site.models
 
 
 def _html(layout: render.Layout, *parts: str) -> str:
