@@ -6,6 +6,7 @@ The hub server runs in-process on 127.0.0.1; no test touches the network.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -108,6 +109,37 @@ def copy_mirror(dest: Path, repos: list[str] | None = None) -> Path:
         shutil.copytree(MIRROR / repo_id, dest / repo_id)
     shutil.copy(MIRROR / "HUB_METADATA.toml", dest / "HUB_METADATA.toml")
     return dest
+
+
+# ---- hostile corpora (tests/test_hostile_*.py) -----------------------------------------------------
+GOOD = json.loads((MIRROR / "zai-org/GLM-4.5/config.json").read_text())  # a real config to make variants of
+
+
+def config(**changes) -> bytes:
+    """GLM-4.5's real config with `changes` applied, as the bytes a hub would serve."""
+    return json.dumps({**GOOD, **changes}).encode()
+
+
+def build_mirror(mirror: Path, repos: dict[str, dict[str, bytes]], meta: str = "") -> Path:
+    """A mirror folder holding `repos` (repo id -> file name -> bytes) and the given HUB_METADATA.toml."""
+    for repo_id, files in repos.items():
+        folder = mirror / repo_id
+        folder.mkdir(parents=True)
+        for name, data in files.items():
+            (folder / name).write_bytes(data)
+    (mirror / "HUB_METADATA.toml").write_text(meta)
+    return mirror
+
+
+def rows(db: Path, sql: str) -> list[tuple]:
+    """The rows of `sql` on the store at `db`, opened read-only."""
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
 
 
 def write_watchlist(path: Path, orgs: list[str], exemplars: list[str] = (), repos: list[str] = ()) -> Path:

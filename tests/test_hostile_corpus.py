@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from click.testing import CliRunner
-from hub_fixtures import MIRROR, make_hub, no_sleep, write_watchlist  # noqa: F401  (fixtures)
+from hub_fixtures import GOOD, build_mirror, config, make_hub, no_sleep, rows, write_watchlist  # noqa: F401  (fixtures)
 from huggingface_hub.hf_api import ModelInfo
 
 from atlas import AtlasError, store
@@ -21,11 +21,6 @@ from atlas.hub import crawl as crawler
 from atlas.hub.server import Fault
 from atlas.site import evidence, mdsafe
 
-GOOD = json.loads((MIRROR / "zai-org/GLM-4.5/config.json").read_text())
-
-
-def config(**changes) -> bytes:
-    return json.dumps({**GOOD, **changes}).encode()
 
 
 def raw_config(text: str) -> bytes:
@@ -38,27 +33,9 @@ def safetensors(header: dict) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
-def build(mirror: Path, repos: dict[str, dict[str, bytes]], meta: str = "") -> Path:
-    for repo_id, files in repos.items():
-        folder = mirror / repo_id
-        folder.mkdir(parents=True)
-        for name, data in files.items():
-            (folder / name).write_bytes(data)
-    (mirror / "HUB_METADATA.toml").write_text(meta)
-    return mirror
-
-
 def crawl(tmp_path: Path, hub, orgs: list[str]) -> crawler.CrawlSummary:
     return crawler.crawl(tmp_path / "atlas.duckdb", write_watchlist(tmp_path / "w.toml", orgs), endpoint=hub.url,
                          token=False, cache_dir=tmp_path / "cache", concurrency=4, progress=False)
-
-
-def rows(db: Path, sql: str) -> list[tuple]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 HUGE = "9" * 5000  # an integer Python refuses to convert (over 4300 digits)
@@ -92,7 +69,7 @@ base_model = 3
 
 
 def test_hostile_repos_each_become_their_own_error_and_the_rest_is_kept(tmp_path: Path, make_hub) -> None:
-    hub = make_hub(build(tmp_path / "m", HOSTILE, HOSTILE_META))
+    hub = make_hub(build_mirror(tmp_path / "m", HOSTILE, HOSTILE_META))
     summary = crawl(tmp_path, hub, ["h"])
     db = tmp_path / "atlas.duckdb"
     assert summary.status == "complete" and summary.listed == len(HOSTILE)
@@ -189,7 +166,7 @@ def test_a_corrupt_store_is_one_line_naming_the_file(tmp_path: Path, content: by
 
 
 def test_malformed_metadata_toml_in_a_mirror_crawl_is_one_line(tmp_path: Path) -> None:
-    mirror = build(tmp_path / "m", {"h/fine": HOSTILE["h/fine"]}, '["h/fine"\ndownloads = 1\n')
+    mirror = build_mirror(tmp_path / "m", {"h/fine": HOSTILE["h/fine"]}, '["h/fine"\ndownloads = 1\n')
     result = CliRunner().invoke(cli, ["crawl", "--mirror", str(mirror), "--db", str(tmp_path / "a.duckdb"),
                                       "--watchlist", str(write_watchlist(tmp_path / "w.toml", ["h"])), "--no-progress"])
     assert result.exit_code == 1
@@ -206,7 +183,7 @@ def test_bidi_and_zero_width_characters_are_shown_not_obeyed(char: str) -> None:
 
 
 def test_a_redirect_loop_is_cut_short_and_is_the_repos_error(tmp_path: Path, make_hub) -> None:
-    hub = make_hub(build(tmp_path / "m", {"h/fine": HOSTILE["h/fine"], "h/loop": HOSTILE["h/fine"]}))
+    hub = make_hub(build_mirror(tmp_path / "m", {"h/fine": HOSTILE["h/fine"], "h/loop": HOSTILE["h/fine"]}))
     hub.inject(Fault(307, path_contains="/h/loop/resolve/", times=-1, headers={"Location": "/h/loop/resolve/main/config.json"}))
     summary = crawl(tmp_path, hub, ["h"])
     got = dict(rows(tmp_path / "atlas.duckdb", "SELECT repo_id, error FROM mtp_fingerprints"))

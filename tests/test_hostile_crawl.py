@@ -20,7 +20,8 @@ from pathlib import Path
 import duckdb
 import pytest
 from click.testing import CliRunner
-from hub_fixtures import EXPECTED_DECLARED, MIRROR, copy_mirror, make_hub, no_sleep, write_watchlist  # noqa: F401
+from hub_fixtures import (EXPECTED_DECLARED, GOOD, MIRROR, build_mirror, config, copy_mirror, make_hub, no_sleep, rows,  # noqa: F401
+                          write_watchlist)
 from huggingface_hub.hf_api import ModelInfo
 
 from atlas import fingerprints, store
@@ -34,22 +35,7 @@ from atlas.hub.pacing import GaveUp
 from atlas.hub.server import Fault, load_mirror
 
 ROOT = Path(__file__).resolve().parents[1]
-GOOD = json.loads((MIRROR / "zai-org/GLM-4.5/config.json").read_text())
 CANARY = "hf_canaryTOKENhostile0123456789"
-
-
-def build(mirror: Path, repos: dict[str, dict[str, bytes]], meta: str = "") -> Path:
-    for repo_id, files in repos.items():
-        folder = mirror / repo_id
-        folder.mkdir(parents=True)
-        for name, data in files.items():
-            (folder / name).write_bytes(data)
-    (mirror / "HUB_METADATA.toml").write_text(meta)
-    return mirror
-
-
-def config(**changes) -> bytes:
-    return json.dumps({**GOOD, **changes}).encode()
 
 
 def run(tmp_path: Path, hub, orgs: list[str], bounds: Bounds | None = None, concurrency: int = 4,
@@ -57,14 +43,6 @@ def run(tmp_path: Path, hub, orgs: list[str], bounds: Bounds | None = None, conc
     return crawler.crawl(tmp_path / "atlas.duckdb", write_watchlist(tmp_path / "w.toml", orgs, **watch),
                          endpoint=hub.url, token=False, cache_dir=tmp_path / "cache", concurrency=concurrency,
                          progress=False, bounds=bounds)
-
-
-def rows(db: Path, sql: str) -> list[tuple]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def cli_crawl(tmp_path: Path, hub, orgs: list[str], db: Path | None = None, **watch):
@@ -88,7 +66,7 @@ def one_clear_line(result, *needles: str) -> str:
 
 
 def test_answers_sent_a_byte_at_a_time_are_given_up_at_the_deadline(tmp_path: Path, make_hub, monkeypatch) -> None:
-    hub = make_hub(build(tmp_path / "m", {"h/fine": {"config.json": config()}, "h/slow-body": {"config.json": config()},
+    hub = make_hub(build_mirror(tmp_path / "m", {"h/fine": {"config.json": config()}, "h/slow-body": {"config.json": config()},
                                           "h/slow-head": {"config.json": config()}, "s/listed": {"config.json": config()}},
                          '["h/fine"]\ndownloads = 3\n["h/slow-body"]\ndownloads = 2\n["h/slow-head"]\ndownloads = 1\n'))
     # each read comes well inside the client's per-read timeout; only the whole answer is late
@@ -120,7 +98,7 @@ def test_answers_sent_a_byte_at_a_time_are_given_up_at_the_deadline(tmp_path: Pa
 ])
 def test_waits_the_hub_asks_beyond_the_bound_give_up_instead_of_sleeping(tmp_path: Path, make_hub, no_sleep: list[float],
                                                                            asked: dict[str, str]) -> None:
-    hub = make_hub(build(tmp_path / "m", {"h/fine": {"config.json": config()}, "h/limited": {"config.json": config()},
+    hub = make_hub(build_mirror(tmp_path / "m", {"h/fine": {"config.json": config()}, "h/limited": {"config.json": config()},
                                           "h/later": {"config.json": config()}, "w/a": {"config.json": config()},
                                           "w/b": {"config.json": config()}, "w/c": {"config.json": config()}},
                          '["h/fine"]\ndownloads = 3\n["h/limited"]\ndownloads = 2\n["h/later"]\ndownloads = 1\n'),
@@ -144,7 +122,7 @@ def test_waits_the_hub_asks_beyond_the_bound_give_up_instead_of_sleeping(tmp_pat
 
 
 def test_listings_without_end_are_given_up_by_name(tmp_path: Path, make_hub) -> None:
-    hub = make_hub(build(tmp_path / "m", {"h/fine": {"config.json": config()}, "same/one": {"config.json": config()}}))
+    hub = make_hub(build_mirror(tmp_path / "m", {"h/fine": {"config.json": config()}, "same/one": {"config.json": config()}}))
     hub.inject(Fault(200, path_contains="author=empty", times=-1, listing="empty"))  # the reviewer's case
     hub.inject(Fault(200, path_contains="author=same", times=-1, listing="same"))
     hub.inject(Fault(200, path_contains="author=junk", times=-1, listing="junk"))  # new models, none kept
@@ -183,7 +161,7 @@ def test_a_listing_has_a_deadline_and_a_repeated_cursor_ends_it() -> None:
 
 def test_a_token_echoed_by_the_hub_is_never_stored_or_shown(tmp_path: Path, make_hub, monkeypatch) -> None:
     monkeypatch.setenv("HF_TOKEN", CANARY)
-    mirror = build(tmp_path / "m", {
+    mirror = build_mirror(tmp_path / "m", {
         "h/fine": {"config.json": config()},
         "h/forbidden": {"config.json": config()},
         "h/echo-file": {"config.json": config(note=f"Authorization: Bearer {CANARY}")},  # a proxy rewrote the file
@@ -248,7 +226,7 @@ def test_no_anchored_validator_lets_a_trailing_newline_through(tmp_path: Path, m
     assert bad_id.value.permanent
     assert hubserver._RANGE.fullmatch("bytes=0-1\n") is None and hubserver._parse_range("bytes=0-1", 10) == (0, 2)
     # end to end: "deepseek_v3\n" is refused by name, not a second family beside "deepseek_v3"
-    hub = make_hub(build(tmp_path / "m", {"h/plain": {"config.json": config(model_type="deepseek_v3")},
+    hub = make_hub(build_mirror(tmp_path / "m", {"h/plain": {"config.json": config(model_type="deepseek_v3")},
                                           "h/newline": {"config.json": config(model_type="deepseek_v3\n")}}))
     run(tmp_path, hub, ["h"], repos=["h/other\\n"])  # TOML's escape: the id ends in a newline
     db = tmp_path / "atlas.duckdb"
@@ -260,7 +238,7 @@ def test_no_anchored_validator_lets_a_trailing_newline_through(tmp_path: Path, m
 
 
 def test_a_malformed_config_is_a_permanent_error_and_later_crawls_exit_0(tmp_path: Path, make_hub) -> None:
-    hub = make_hub(build(tmp_path / "m", {"h/fine": {"config.json": config()},
+    hub = make_hub(build_mirror(tmp_path / "m", {"h/fine": {"config.json": config()},
                                           "h/malformed": {"config.json": b'{"model_type": "glm4_moe",'},
                                           "h/array": {"config.json": b"[1]"},
                                           "h/latin1": {"config.json": b'{"model_type": "caf\xe9"}'}}))
@@ -417,7 +395,7 @@ def test_a_full_or_read_only_disk_is_named_and_the_snapshots_stay_whole(tmp_path
 def test_hard_links_from_outside_the_mirror_are_never_served(tmp_path: Path, make_hub) -> None:
     secret = tmp_path / "secret.json"
     secret.write_text('{"password": "hunter2"}')
-    mirror = build(tmp_path / "m", {"org/m": {"config.json": config()}, "org/twin": {}})
+    mirror = build_mirror(tmp_path / "m", {"org/m": {"config.json": config()}, "org/twin": {}})
     os.link(secret, mirror / "org/m/leak.json")  # a file of the host, hard-linked into the mirror
     os.link(mirror / "org/m/config.json", mirror / "org/twin/config.json")  # both names inside: fine
     repos = load_mirror(mirror)

@@ -159,6 +159,19 @@ def convert_tensors(tensors: dict[str, torch.Tensor], n_layers: int) -> tuple[di
     return out, exact
 
 
+def _load_tensors(src: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint's safetensors files (never a pickle)."""
+    from safetensors.torch import load_file
+
+    files = sorted(src.glob("*.safetensors"))
+    if not files:
+        raise AtlasError(f"{src}: no safetensors weights")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        tensors.update(load_file(f))
+    return tensors
+
+
 def _folder_digest(folder: Path) -> str:
     h = hashlib.sha256()
     for path in sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors")):
@@ -170,7 +183,7 @@ def convert_mellum(src: Path, dst: Path) -> Conversion:
     """Write the Qwen3-Next form of the Mellum checkpoint `src` into `dst` (config, one safetensors
     file, tokenizer files, conversion.json). Idempotent: an existing conversion of the same source
     bytes is reused."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     config = json.loads((src / "config.json").read_text())
     if not needs_conversion(config):
@@ -182,12 +195,7 @@ def convert_mellum(src: Path, dst: Path) -> Conversion:
         done = Conversion.model_validate_json(marker.read_text())
         if done.source_digest == digest and done.converter == CONVERTER_VERSION:
             return done
-    files = sorted(src.glob("*.safetensors"))
-    if not files:
-        raise AtlasError(f"{src}: no safetensors weights")
-    tensors: dict = {}
-    for f in files:
-        tensors.update(load_file(f))
+    tensors = _load_tensors(src)
     converted, exact = convert_tensors(tensors, config["num_hidden_layers"])
     dst.mkdir(parents=True, exist_ok=True)
     save_file(converted, dst / "model.safetensors", metadata={"format": "pt"})
@@ -264,7 +272,7 @@ def convert_glm(src: Path, dst: Path) -> dict:
     """Write the vLLM-loadable form of the GLM-4-MoE checkpoint `src` into `dst` (config, one
     safetensors file, tokenizer files, conversion.json); reused while the source bytes are unchanged.
     Returns the conversion record."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     config = json.loads((src / "config.json").read_text())
     if not glm_needs_rewrite(config):
@@ -275,12 +283,7 @@ def convert_glm(src: Path, dst: Path) -> dict:
         done = json.loads(marker.read_text())
         if done.get("source_digest") == digest and done.get("converter") == GLM_CONVERTER_VERSION:
             return done
-    files = sorted(src.glob("*.safetensors"))
-    if not files:
-        raise AtlasError(f"{src}: no safetensors weights")
-    tensors: dict = {}
-    for f in files:
-        tensors.update(load_file(f))
+    tensors = _load_tensors(src)
     converted, moe_layers = glm_tensors(tensors, config)
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir(parents=True)
