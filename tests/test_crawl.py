@@ -760,3 +760,71 @@ def test_live_crawl_in_a_network_namespace_without_network(tmp_path: Path) -> No
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("Error: cannot reach https://huggingface.co") and "crawl-mirror" in line
     assert not db.exists()
+
+
+class _ForwardProxy:
+    """A plain HTTP forward proxy on 127.0.0.1: requests arrive with absolute URIs for a host that
+    does not resolve (hub.invalid); it sends each on to the local hub and logs the URI."""
+
+    def __init__(self, upstream: str) -> None:
+        import http.server
+        import urllib.request
+        from urllib.parse import urlsplit
+
+        seen = self.seen = []
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the proxy itself goes direct
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                seen.append(self.path)
+                parts = urlsplit(self.path)
+                target = upstream.rstrip("/") + parts.path + (f"?{parts.query}" if parts.query else "")
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "proxy-connection")}
+                try:
+                    with direct.open(urllib.request.Request(target, headers=headers), timeout=30) as r:
+                        status, body, answer = r.status, r.read(), r.headers
+                except urllib.error.HTTPError as err:
+                    status, body, answer = err.code, err.read(), err.headers
+                self.send_response(status)
+                for k, v in answer.items():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        # the hub's absolute links name the host the client asked for
+                        self.send_header(k, v.replace(upstream.rstrip("/"), "http://hub.invalid"))
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_HEAD = do_GET
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_crawl_goes_through_the_environments_proxy(tmp_path: Path, bundled_hub, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP_PROXY / HTTPS_PROXY are honoured (the crawl's own transport would otherwise drop them):
+    a hub whose name does not resolve is crawled through the proxy, while a hub on this machine's
+    loopback (the mirror's server) is reached direct even though no NO_PROXY names it."""
+    proxy = _ForwardProxy(bundled_hub.url)
+    try:
+        for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        watchlist = write_watchlist(tmp_path / "w.toml", ["zai-org"])
+        summary = crawler.crawl(tmp_path / "a.duckdb", watchlist, endpoint="http://hub.invalid", token=False,
+                                cache_dir=tmp_path / "c1", concurrency=2, progress=False)
+        assert summary.fetched > 0 and summary.failed == 0
+        assert any("/api/models" in p for p in proxy.seen) and all(p.startswith("http://hub.invalid/") for p in proxy.seen)
+        before = len(proxy.seen)
+        again = crawler.crawl(tmp_path / "b.duckdb", watchlist, endpoint=bundled_hub.url, token=False,
+                              cache_dir=tmp_path / "c2", concurrency=2, progress=False)
+        assert again.fetched == summary.fetched and len(proxy.seen) == before
+    finally:
+        proxy.close()

@@ -337,14 +337,17 @@ def _is_listing(url: str) -> bool:
     return urlsplit(url).path.rstrip("/").endswith("/api/models")
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+
+
 def install_client(pacer: Pacer, timeout_s: float, silence: Silence, request_s: float = DEFAULT_BOUNDS.request_s) -> None:
     """huggingface_hub's client (its own request hook first) with our hooks and a transport that
     tells `silence` whether each attempt got an answer and holds every request to `request_s`."""
     from huggingface_hub.utils._http import hf_request_event_hook
 
     class Watched(httpx.HTTPTransport):
-        def __init__(self) -> None:
-            super().__init__()
+        def __init__(self, proxy: str | None = None) -> None:
+            super().__init__(proxy=proxy)
             # httpx2 offers no public hook below its per-read timeout: the pool's network backend is it
             self._pool._network_backend = _DeadlineBackend(self._pool._network_backend)
 
@@ -385,8 +388,14 @@ def install_client(pacer: Pacer, timeout_s: float, silence: Silence, request_s: 
                 pacer.check_wait(asked, f"after its HTTP {response.status_code}")
 
     def factory() -> Any:
+        # A client given its own transport drops the environment's proxies (HTTPS_PROXY, HTTP_PROXY,
+        # ALL_PROXY, NO_PROXY): they are mounted again here, each through a watched transport. A hub
+        # on this machine (the mirror's server, a test hub) is always reached direct: a proxy
+        # elsewhere cannot reach this machine's loopback.
+        mounts = {pattern: Watched(proxy) for pattern, proxy in httpx._utils.get_environment_proxies().items()}
+        mounts.update({f"all://{host}": Watched() for host in LOOPBACK} if mounts else {})
         return httpx.Client(  # the Hub redirects once (307 or 302): a loop is cut short, not followed 20 times
-            transport=Watched(), follow_redirects=True, max_redirects=MAX_REDIRECTS,
+            transport=Watched(), mounts=mounts, follow_redirects=True, max_redirects=MAX_REDIRECTS,
             timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)),
             event_hooks={"request": [hf_request_event_hook, on_request], "response": [on_response]},
         )
