@@ -336,3 +336,34 @@ def test_the_real_model_leads_the_measured_section_labelled_and_backfiring(demo)
     line = measured[measured.index(f"R1 ({REAL_LABEL}), {chat.workload} at T = 1, k = 1"):][:600]
     assert f"acceptance {chat.derived.acceptance_rate:.3f}" in line
     assert "not compared as if equal" in line and "85–90 %" in line
+
+
+def test_a_checkpoint_several_engines_ran_has_one_acceptance_table(demo) -> None:
+    """The real team checkpoint through our loop, transformers' use_mtp and vLLM: one table of k = 1
+    acceptance per workload and temperature, a column per engine, counts recomputed here from the
+    records; every T = 0 cell greedy identical to that engine's own plain decoding."""
+    layout, _, _ = demo
+    html = _html(layout, "modules", "module-08")
+    page = parse_html(_section(html, "Measured", "The honest trade-off (verdict)"))
+    runs = _committed()
+    real = [(n, r) for n, r in enumerate(runs, 1) if r.provenance is not None]
+    columns: dict[str, dict[tuple[str, float], records.Cell]] = {}
+    for n, r in real:
+        for c in r.cells:
+            if c.draft_tokens == 1:
+                engine = (f"{r.engine_run.package} {r.engine_run.version}" if r.engine_run else
+                          f"{measured.ENGINE_NAMES[c.engine]} {c.engine_version}")
+                columns.setdefault(f"R{n} {engine}", {})[(c.workload, c.temperature)] = c
+    assert len(columns) == 3, columns.keys()  # our loop, transformers use_mtp, vLLM
+    [table] = [t for t in page.tables if t.header[:2] == ["workload", "T"] and t.header[2:] == list(columns)]
+    for row in table.rows:
+        for name, text in zip(columns, row[2:]):
+            c = columns[name].get((row[0], float(row[1])))
+            if c is None:
+                assert text == "—"
+                continue
+            assert text.startswith(f"{c.derived.accepted / c.derived.drafted:.3f} "
+                                   f"({c.derived.accepted}/{c.derived.drafted}")
+            if c.temperature == 0:
+                assert text.endswith("; greedy identical)"), (name, row)
+    assert {(r[0], float(r[1])) for r in table.rows} == {k for cells in columns.values() for k in cells}

@@ -221,15 +221,15 @@ def test_vllm_rewrite_refuses_an_mlp_that_is_no_expert() -> None:
 
 
 def test_a_family_transformers_has_no_mtp_for_gets_no_peer(tmp_path: Path) -> None:
-    """MiMo's main model is transformers' Qwen2, which registers no MTP layer: the run has no
-    transformers peer, and the reason is given instead of a failure."""
+    """MiMo's main model is transformers' Qwen2, whose config has no MTP layer count: the run has
+    no transformers peer, and the reason is given instead of a failure."""
     from atlas.measure.checkpoint import load_checkpoint
     from atlas.measure.oracles import write_checkpoint
 
     folder = write_checkpoint("mimo", tmp_path / "mimo", "random", depth=2)
     loaded = load_checkpoint(str(folder), torch.device("cpu"), torch.float32)
     assert loaded.family == "MiMo" and loaded.transformers_mtp == 0
-    assert "Qwen2ForCausalLM registers no MTP layer" in loaded.transformers_note
+    assert "Qwen2Config has no num_mtp_layers" in loaded.transformers_note
 
 
 def test_chat_prompt_set_goes_through_the_chat_template() -> None:
@@ -303,3 +303,19 @@ def test_real_checkpoint_speculative_greedy_identity(real) -> None:
         mtp = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0,
                              use_mtp=True)
     assert torch.equal(mtp, ref)
+
+
+def test_deepseek_v3_at_any_depth_gets_transformers_own_use_mtp(tmp_path: Path) -> None:
+    """transformers' DeepSeek-V3 class looks for the MTP layer at layer 61 only; pointed at layer N
+    of a 2-layer checkpoint, its own use_mtp runs and its greedy output equals its plain generate."""
+    from atlas.measure.checkpoint import load_checkpoint
+    from atlas.measure.oracles import write_checkpoint
+
+    folder = write_checkpoint("deepseek_v3", tmp_path / "dsv3", "random", depth=2)
+    loaded = load_checkpoint(str(folder), torch.device("cpu"), torch.float32)
+    assert (loaded.family, loaded.transformers_mtp) == ("DeepSeek-V3", 1)
+    assert "pointed at model.layers.2 " in loaded.transformers_note
+    ids = torch.tensor([list(range(5, 30))])
+    with torch.inference_mode():
+        kw = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert torch.equal(loaded.model.generate(ids, use_mtp=True, **kw), loaded.model.generate(ids, **kw))

@@ -107,8 +107,10 @@ def transformers_peer(model: PreTrainedModel, family: Family, device: torch.devi
 
     text = model.config.get_text_config()
     n = getattr(text, "num_mtp_layers", None)
-    if not isinstance(n, int) or n < 1 or not getattr(type(model), "_keys_to_ignore_on_load_unexpected", None):
-        return 0, f"transformers' {type(model).__name__} registers no MTP layer for use_mtp"
+    if not isinstance(n, int) or n < 1:
+        return 0, f"transformers' {type(text).__name__} has no num_mtp_layers: its use_mtp does not run this family"
+    if not getattr(type(model), "_keys_to_ignore_on_load_unexpected", None):
+        return 0, f"transformers' {type(model).__name__} registers no MTP tensors for use_mtp"
     note = "transformers' own MTP patterns"
     if "{N}" in family.glue:
         depth = int(text.num_hidden_layers)
