@@ -282,7 +282,9 @@ def measure_run(model: str | None, workloads: str | None, temperatures: str, dra
     record, path = run_atlas(quick_run(opts) if quick else opts, log=click.echo)
     for g in record.gates:
         click.echo(f"  gate {g.workload} T={g.temperature:g}: {g.reason}")
-    click.echo(f"wrote {path} ({len(record.cells)} cells; MTP on for {sum(g.enabled for g in record.gates)} of {len(record.gates)} workload x temperature)")
+    gated = (f"MTP on for {sum(g.enabled for g in record.gates)} of {len(record.gates)} workload x temperature" if record.gates
+             else "no gate: it decides for our loop's or vLLM's cells, and this record has none")
+    click.echo(f"wrote {path} ({len(record.cells)} cells; {gated})")
 
 
 @measure_group.command("import")

@@ -268,6 +268,7 @@ def test_engine_transformers_measures_only_its_generate_pair(tmp_path: Path) -> 
     record = read_record(path)
     assert {(c.engine, c.draft_tokens) for c in record.cells} == {("transformers-use_mtp", 1)}
     assert record.pass_costs is None and record.settings.draft_tokens == [1] and record.engine_run is None
+    assert record.gates == [] and "1 cells; no gate: it decides for our loop's or vLLM's cells" in result.output
     result = CliRunner().invoke(cli, ["measure", "run", "--engine", "transformers", "--no-peer"])
     assert result.exit_code == 1 and "leaves nothing to run" in result.output
 
