@@ -194,10 +194,11 @@ def test_measure_run_engine_vllm_team_model_and_oracle(python: Path, tmp_path: P
 def test_real_team_model_through_vllm_is_greedy_identical(python: Path, real_checkpoint: tuple[Path, object]) -> None:
     """The real team checkpoint (SmolLM2 + the committed head), rewritten for vLLM
     (engines.convert.convert_glm): at T = 0, vLLM's MTP output at k = 1 and 3 equals its own plain
-    output, which equals our loop's plain greedy, on two chat prompts."""
+    output, which equals our loop's plain greedy, on two chat prompts, and its drafts are accepted
+    as often as our loop's (the same head on the same tokens)."""
     from atlas.measure.checkpoint import load_checkpoint
     from atlas.measure.engines.vllm_engine import prepare_checkpoint, to_run_stats
-    from atlas.measure.generate import Sampling, generate_plain
+    from atlas.measure.generate import Sampling, generate_plain, generate_speculative
     from atlas.measure.model import build_fused_model
     from atlas.measure.workloads import load_prompt_set
 
@@ -216,5 +217,7 @@ def test_real_team_model_through_vllm_is_greedy_identical(python: Path, real_che
             out = driver.generate(requests=[{"prompt": p, "seed": 0} for p in prompts], max_tokens=n, temperature=0.0)
             theirs = [to_run_stats(r, n) for r in out.results]
             assert [t.tokens for t in theirs] == ours, k
-            if k:
-                assert all(sum(t.drafted_per_position) > 0 for t in theirs), k
+            for prompt, t in zip(prompts, theirs if k else []):
+                # the same head drafting on the same tokens: the counts agree up to vLLM's last step
+                mine = generate_speculative(fused, prompt, n, k, Sampling(0.0), torch.Generator())
+                assert abs(sum(t.accepted_per_position) - sum(mine.accepted_per_position)) <= k, (k, t, mine)
