@@ -155,9 +155,12 @@ def provenance_note(p: records.Provenance) -> Markdown:
         f"recipe {code(str(head.get('recipe', '—')))}.")
 
 
-def break_even_acceptance(costs: records.PassCosts, k: int = 1) -> float | None:
+def break_even_acceptance(costs: records.PassCosts | None, k: int = 1) -> float | None:
     """The acceptance at which k = 1 drafting only pays for itself with the measured pass costs:
-    (1 + a) / (verify + draft) = 1, costs in units of one plain step."""
+    (1 + a) / (verify + draft) = 1, costs in units of one plain step; None for a run that timed no
+    passes (an engine's own, like vLLM's)."""
+    if costs is None:
+        return None
     verify = costs.verify.get(k)
     return None if verify is None or k != 1 else (verify + costs.draft) / costs.plain - 1
 
@@ -391,8 +394,9 @@ def _real_backfires(n: int, run: Run) -> str:
     by_workload = workload_acceptance(cells)
     if len(by_workload) > 1:
         low, high = min(by_workload, key=by_workload.get), max(by_workload, key=by_workload.get)
+        temps = " and ".join(_temp(t) for t in sorted({c.temperature for c in cells}))
         text += (f"; acceptance collapses on {escape(low)}: {by_workload[low]:.2f} of k = 1 drafts accepted "
-                 f"(T = 0 and 1 pooled), against {by_workload[high]:.2f} on {escape(high)}")
+                 f"(T = {temps}{' pooled' if ' and ' in temps else ''}), against {by_workload[high]:.2f} on {escape(high)}")
     return text + ". "
 
 
@@ -465,7 +469,8 @@ def across_engines(runs: list[Run]) -> list[str]:
                    "acceptance at k = 1 (accepted ÷ drafted), and at T = 0 whether every repeat's output equalled "
                    "that engine's own plain decoding. Acceptance needs no baseline, so the engines share this table; "
                    "their speed-ups are each over the engine's own plain decoding and stay in the runs' tables. "
-                   "A dash: the engine did not run that cell.\n\n"
+                   "Where counts differ at T = 0, the engines' drafts or outputs differed, each output still equal to "
+                   "that engine's own plain decoding. A dash: the engine did not run that cell.\n\n"
                    + table(["workload", "T", *columns], rows))
     return out
 
