@@ -189,7 +189,7 @@ def test_vllm_rewrite_computes_what_the_checkpoint_does(tiny_checkpoint, tmp_pat
     source = json.loads((folder / "config.json").read_text())
     assert glm_needs_rewrite(source)
     conversion = convert_glm(folder, tmp_path / "v")
-    assert conversion["moe_layers"] == [1] and conversion["converter"] == "glm4_moe-for-vllm/1"
+    assert conversion["moe_layers"] == [1] and conversion["converter"] == "glm4_moe-for-vllm/2"
     config = json.loads((tmp_path / "v" / "config.json").read_text())
     assert (config["first_k_dense_replace"], config["tie_word_embeddings"], config["n_shared_experts"]) == (1, False, 1)
     assert not glm_needs_rewrite(config)

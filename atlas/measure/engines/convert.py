@@ -19,7 +19,9 @@ layout) is rewritten too, exactly, for two things vLLM's Glm4MoeForCausalLM assu
   [0, -1, ...], so sigmoid(0) + 0 always picks expert 0 and top-k renormalisation gives it weight
   0.5 / 0.5 = 1; the other experts are zero placeholders that are never picked;
 - the head is stored: the class never ties lm_head to the embedding, so a tied checkpoint gets
-  `lm_head.weight` written out (the same tensor).
+  `lm_head.weight` written out (the same tensor);
+- a shared expert exists: its CPU MoE kernel dies (SIGFPE) on a zero-width one, so a checkpoint
+  without one gets a zero shared expert of full width in every MoE layer (its output is exactly 0).
 """
 
 from __future__ import annotations
@@ -215,14 +217,16 @@ def convert_mellum(src: Path, dst: Path) -> Conversion:
     return conversion
 
 
-GLM_CONVERTER_VERSION = "glm4_moe-for-vllm/1"
+GLM_CONVERTER_VERSION = "glm4_moe-for-vllm/2"  # /2: its note names every rewrite made; the tensors are /1's
 
 
 def glm_needs_rewrite(config: dict) -> bool:
-    """A GLM-4-MoE config vLLM cannot load as it stands: no MoE main layer, or tied embeddings."""
+    """A GLM-4-MoE config vLLM cannot load or run as it stands: no MoE main layer, tied embeddings,
+    or no shared expert."""
     if config.get("model_type") != "glm4_moe":
         return False
-    return int(config.get("first_k_dense_replace") or 0) >= int(config["num_hidden_layers"]) or bool(config.get("tie_word_embeddings"))
+    return (int(config.get("first_k_dense_replace") or 0) >= int(config["num_hidden_layers"]) or bool(config.get("tie_word_embeddings"))
+            or not config.get("n_shared_experts"))
 
 
 def glm_tensors(tensors: dict[str, torch.Tensor], config: dict) -> tuple[dict[str, torch.Tensor], list[int]]:
@@ -242,7 +246,7 @@ def glm_tensors(tensors: dict[str, torch.Tensor], config: dict) -> tuple[dict[st
         if mlp["gate_proj"].shape[0] != size or experts < 2 or int(config.get("num_experts_per_tok") or 0) != 1:
             raise AtlasError(f"GLM-4-MoE rewrite: layer {last}'s MLP (intermediate {mlp['gate_proj'].shape[0]}) fits as one "
                              f"expert only when moe_intermediate_size = {size} equals it, with top-1 routing over 2+ experts")
-        d, dtype = mlp["gate_proj"].shape[1], mlp["gate_proj"].dtype
+        d = mlp["gate_proj"].shape[1]
         for e in range(experts):
             for name, w in mlp.items():
                 out[f"{prefix}experts.{e}.{name}.weight"] = w if e == 0 else torch.zeros_like(w)
@@ -295,8 +299,11 @@ def convert_glm(src: Path, dst: Path) -> dict:
     conversion = {
         "converter": GLM_CONVERTER_VERSION, "source_model_type": "glm4_moe", "source_digest": digest,
         "target_layout": "glm4_moe", "moe_layers": moe_layers,
-        "note": (f"layer(s) {moe_layers} hold their dense MLP as expert 0 (zero router, bias [0, -1, ...]: weight 1 exactly), "
-                 if moe_layers else "") + "lm_head written out (vLLM's class does not tie it)",
+        "note": "; ".join(part for part, done in (
+            (f"layer(s) {moe_layers} hold their dense MLP as expert 0 (zero router, bias [0, -1, ...]: weight 1 exactly)", moe_layers),
+            ("lm_head written out (vLLM's class does not tie it)", config.get("tie_word_embeddings")),
+            ("a zero shared expert in every MoE layer (it had none; its output is exactly 0)", not config.get("n_shared_experts")),
+        ) if done),
     }
     marker.write_text(json.dumps(conversion, indent=1) + "\n")
     return conversion
