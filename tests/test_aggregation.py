@@ -104,3 +104,19 @@ def test_a_run_over_two_prompts_and_two_repeats_records_what_happened(tmp_path: 
         assert (cell.derived.speedup_lo, cell.derived.speedup_hi) == pytest.approx((min(own), max(own)))
     # drafts right often but not always, and prompts that differ: counts a slip would change
     assert all(0 < c.derived.acceptance_rate < 1 for c in record.cells), [c.derived.acceptance_rate for c in record.cells]
+
+
+def test_every_planted_bug_still_has_its_spot() -> None:
+    """benchmarks/mutants.py patches each mutant's text in its module, which must occur exactly once:
+    a refactor that moves the code would otherwise leave the mutant unrunnable (an error, not a catch)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("mutants", Path(__file__).resolve().parents[1] / "benchmarks" / "mutants.py")
+    mutants = importlib.util.module_from_spec(spec)
+    sys.modules["mutants"] = mutants  # its dataclasses look their module up there
+    spec.loader.exec_module(mutants)
+    for m in mutants.MUTANTS:
+        source = Path(importlib.util.find_spec(m.module).origin).read_text()
+        assert source.count(m.old) == 1, (m.name, m.module, source.count(m.old))
+        assert m.old != m.new, m.name
