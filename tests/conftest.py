@@ -18,6 +18,21 @@ os.environ.pop("HF_HUB_OFFLINE", None)
 os.environ.pop("HF_TOKEN", None)
 
 
+# ---- torch threads ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's tests: two threads on two shared cores stall badly whenever
+    another process is busy. Modules take it with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 # ---- the real team model (SmolLM2 + the committed head; atlas.measure.smollm) ----------------------
 
 

@@ -3,7 +3,6 @@ exact one enumerated from plain softmax (with planted wrong rules that the same 
 
 from __future__ import annotations
 
-import itertools
 import math
 from pathlib import Path
 
@@ -20,13 +19,7 @@ from atlas.measure.model import FastLayer, FusedModel, ModuleLayer, build_fused_
 TEAM = Path(__file__).resolve().parents[1] / "data/hub-mirror/mtp-atlas/byte-mtp-8l"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls gain nothing from threads, and on shared cores OpenMP spinning made a step ~20x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny_model(vocab: int = 16, layers: int = 2, d: int = 32, mlp: str = "dense", seed: int = 0, window: int | None = None):

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -29,12 +28,7 @@ CPU = torch.device("cpu")
 PROMPT = [5, 9, 33, 2, 7, 100, 4]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def wiring_reference(folder: Path, family: str, block: torch.nn.Module, rotary, hidden, ids, positions) -> torch.Tensor:

@@ -27,12 +27,7 @@ HYBRIDS = [("qwen3_next", 4), ("qwen3_5", 4), ("nemotron_h", 3)]
 NOISE = {"qwen3_next": 0.8, "qwen3_5": 0.8, "nemotron_h": 0.01}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def fused(tmp_path: Path, family: str, depth: int, mode: str = "random", **kwargs):

@@ -10,7 +10,6 @@ with the reason otherwise, and a failure when ATLAS_REQUIRE_REAL_MODEL=1 (CI ins
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,12 +29,7 @@ from atlas.measure.workloads import chat_ids, load_prompt_set
 GLM = next(f for f in FAMILIES if f.name == "GLM-4-MoE")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # ---- the conversion, on a tiny random Llama ----------------------------------------------------------
