@@ -128,11 +128,13 @@ def transformers_peer(model: PreTrainedModel, family: Family, device: torch.devi
     return n, note
 
 
-def load_checkpoint(folder: str, device: torch.device, dtype: torch.dtype) -> Loaded:
+def load_checkpoint(folder: str, device: torch.device, dtype: torch.dtype, peer: bool = True) -> Loaded:
     """The main model (transformers' class) and its MTP layer: built from the checkpoint's own
     tensors by the family table when a row matches its config and tensor layout (any depth), else
     through transformers' own MTP loader (e.g. the team model's Mellum); a family row that is
-    refused, or a layout neither knows, is an AtlasError naming it."""
+    refused, or a layout neither knows, is an AtlasError naming it. `peer`: probe whether transformers'
+    own use_mtp runs a family-table checkpoint (transformers_peer: one MTP load and a 4-token call);
+    off when no peer will run."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_layers import MtpModel
 
@@ -147,7 +149,7 @@ def load_checkpoint(folder: str, device: torch.device, dtype: torch.dtype) -> Lo
     if family is not None:
         model, head = load_family(path, family, device, dtype)
         via = family.name
-        peer_layers, note = transformers_peer(model, family, device)
+        peer_layers, note = transformers_peer(model, family, device) if peer else (0, "not probed: no transformers peer asked for")
     else:
         try:
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True, trust_remote_code=False)

@@ -129,13 +129,13 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     placement = None
     if options.device_map:  # loaded in CPU memory, then each piece moved to its device
         log(f"loading {model_id} ({revision[:19]}) for placement {options.device_map} as {options.dtype}")
-        loaded = load_checkpoint(str(folder), torch.device("cpu"), dtype)
+        loaded = load_checkpoint(str(folder), torch.device("cpu"), dtype, peer=options.peer)
         placement = place_model(loaded, options.device_map)
         device = torch.device(placement.embed)
         log("placement: " + ", ".join(f"{d}: {placement.layers.count(d)} layers" for d in placement.devices()) + f"; head and MTP on {placement.head}")
     else:
         log(f"loading {model_id} ({revision[:19]}) on {device} as {options.dtype}")
-        loaded = load_checkpoint(str(folder), device, dtype)
+        loaded = load_checkpoint(str(folder), device, dtype, peer=options.peer)
     model, tokenizer = loaded.model, loaded.tokenizer
     log(f"MTP layer built by: {loaded.family}")
     prompts = prompt_set.encode_workloads(tokenizer, workloads, options.prompts_per_workload, MAX_PROMPT_TOKENS)
