@@ -265,7 +265,7 @@ def glm_tensors(tensors: dict[str, torch.Tensor], config: dict) -> tuple[dict[st
     return out, moe_layers
 
 
-def glm_config(config: dict) -> dict:
+def glm_config_for_vllm(config: dict) -> dict:
     """The config of the rewritten checkpoint: the last main layer sparse, the head untied."""
     n = int(config["num_hidden_layers"])
     return dict(config, first_k_dense_replace=min(int(config.get("first_k_dense_replace") or 0), n - 1), tie_word_embeddings=False,
@@ -292,7 +292,7 @@ def convert_glm(src: Path, dst: Path) -> dict:
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in converted.items()}, dst / "model.safetensors", metadata={"format": "pt"})
-    (dst / "config.json").write_text(json.dumps(glm_config(config), indent=1) + "\n")
+    (dst / "config.json").write_text(json.dumps(glm_config_for_vllm(config), indent=1) + "\n")
     for path in src.iterdir():
         if path.is_file() and path.suffix != ".safetensors" and path.name != "config.json":
             shutil.copyfile(path, dst / path.name)
