@@ -11,7 +11,7 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: setup crawl crawl-mirror measure measure-import team-model evidence export site serve demo test bench vllm-env conformance \
-	real-model-deps real-model real-model-head measure-real-model measure-real-model-vllm
+	real-model-deps real-model real-model-head-data real-model-head measure-real-model measure-real-model-vllm
 
 # Idempotent: the stamp is newer than pyproject.toml once the venv holds what it asks for.
 setup: $(VENV)/.stamp
@@ -60,13 +60,21 @@ real-model-deps: setup
 real-model: real-model-deps  ## build the real team checkpoint (package, dequantize, convert, attach the committed head, verify)
 	$(ATLAS) real-model --out $(REAL)
 
-# Deliberate, like team-model: retrains the committed head (about 20-30 min on 2 cores), deterministic from its seed.
-real-model-head: real-model-deps  ## retrain the real team model's MTP head by self-distillation (main model frozen)
-	nice -n 10 timeout 60m $(ATLAS) real-model-head
+# Deliberate and slow (about 1.5 h on 2 cores): the main model's own answers to the training prompts,
+# committed as token ids (data/real-heads/*/answers.safetensors + answers.json with its sha256).
+real-model-head-data: real-model-deps  ## regenerate the head's training data (the main model's answers; deliberate)
+	$(ATLAS) real-model-head-data
 
-# The committed records' runs (about 50 min and 15 min on 2 cores): our loop with transformers'
-# use_mtp beside it at T = 0 and 1, then vLLM at T = 0 (its release is refused at T > 0: conformance).
-REAL_RUN := --model $(REAL) --prompt-set atlas-chat-v1 --max-new-tokens 64 --repeats 3 --prompts-per-workload 3
+# Deliberate, like team-model: retrains the committed head from the committed answers, within 60 min
+# on 2 cores, deterministic from its seed (recipe.json records the data digest, the loss curve and
+# the held-out acceptance per position). The init ablation: $(ATLAS) real-model-head --ablation --epochs 0.25
+real-model-head: real-model-deps  ## retrain the real team model's MTP head by self-distillation (main model frozen)
+	timeout 60m $(ATLAS) real-model-head
+
+# The committed records' runs: our loop with transformers' use_mtp beside it at T = 0 and 1, k = 1..4,
+# then vLLM at T = 0 (its release is refused at T > 0: conformance). A cut draft vocabulary
+# (--draft-vocab N) is measured by benchmarks/measure.py --pass-costs and benchmarks/engines.py.
+REAL_RUN := --model $(REAL) --prompt-set atlas-chat-v1 --max-new-tokens 64 --repeats 3 --prompts-per-workload 3 --draft-tokens 1,2,3,4
 measure-real-model: real-model  ## measure the real team model (our loop + transformers use_mtp), record under evidence/measurements/
 	$(ATLAS) measure run $(REAL_RUN)
 	$(ATLAS) measure import --db $(DB)

@@ -31,7 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from atlas import AtlasError
+from atlas import AtlasError, outdir
+from atlas.measure import draftvocab
 from atlas.measure.records import PROVENANCE_FILE, Provenance
 from atlas.paths import ROOT
 
@@ -49,11 +50,12 @@ MODEL_ID = "mtp-atlas/smollm2-135m-instruct-mtp"
 KIND = "project-made MTP head on a real main model"
 
 DEFAULT_OUT_PATH = "data/real-models/smollm2-135m-mtp"
+COMMAND = "atlas real-model"  # the marker of the folders it writes (atlas.outdir)
 HEAD_DIR = ROOT / "data" / "real-heads" / "smollm2-135m-mtp"
 HEAD_FILE = "head.safetensors"
 RECIPE_FILE = "recipe.json"
 # the committed head (make real-model-head rewrites it; this pin makes a changed file fail the tests)
-HEAD_SHA256 = "db7b677012d60b58fb7c727621d4052f0a77d94acea977681c00d1a35ff005a3"
+HEAD_SHA256 = "e7799dfa9386d92e44a58a1ab43e906091a8eda330f07bdb21250d806280c5bb"
 
 MAIN_LAYERS = 30
 # The router's score-correction bias: expert 0 always wins the top-1 (scores are sigmoid(0) = 0.5).
@@ -254,8 +256,13 @@ def provenance(recipe: dict[str, Any]) -> dict[str, Any]:
             "recipe": f"data/real-heads/smollm2-135m-mtp/{RECIPE_FILE}",
             "target": recipe["target"],
             "steps": recipe["steps"],
-            "data_digest": recipe["data"]["digest"],
+            "data_sha256": recipe["data"]["sha256"],
+            "training_answer_tokens": recipe["data"]["training_answer_tokens"],
+            "init": recipe["init"],
             "seed": recipe["seed"],
+            # teacher-forced on the held-out answers (headtrain.train.measure): what decoding them would accept
+            "heldout_first_draft_t0": recipe["heldout_after"]["t0_conditional"][0],
+            "heldout_first_draft_t1": recipe["heldout_after"]["t1_expected"][0],
         },
     }
 
@@ -266,24 +273,39 @@ def build(out: Path, head_dir: Path = HEAD_DIR, log: Callable[[str], None] = pri
     committed head, save, verify. `original`: the (model, tokenizer) of load_original, when the
     caller has them already. Returns the provenance."""
     head, recipe = read_head(head_dir)
+    outdir.check_replaceable(out, COMMAND, legacy=_is_built)  # before the minutes of building
     if original is None:
         path = gguf_path()
         log(f"{PACKAGE} {PACKAGE_VERSION}: {path.name} sha256 {GGUF_SHA256[:12]}… checked")
         original = load_original(path)
     llama, tokenizer = original
     record = provenance(recipe)
-    write_checkpoint(out, llama, tokenizer, head, int(recipe["head_intermediate"]), record)
-    problems = verify(out, llama)
-    if problems:
-        raise AtlasError(f"{out}: the built checkpoint is wrong: " + "; ".join(problems))
+
+    def write(staging: Path) -> None:
+        write_checkpoint(staging, llama, tokenizer, head, int(recipe["head_intermediate"]), record, head_dir)
+        problems = verify(staging, llama)
+        if problems:
+            raise AtlasError(f"{out}: the built checkpoint is wrong: " + "; ".join(problems))
+
+    outdir.replace(out, COMMAND, write, legacy=_is_built)
     log(f"saved {out}; head sha256 {recipe['head_sha256'][:12]}…")
     return record
 
 
+def _is_built(folder: Path) -> bool:
+    """A checkpoint `atlas real-model` built before its folders carried the marker: its provenance parses."""
+    try:
+        Provenance.model_validate_json((folder / PROVENANCE_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def write_checkpoint(out: Path, llama: Any, tokenizer: Any, head: dict[str, torch.Tensor], head_intermediate: int,
-                     record: dict[str, Any]) -> None:
+                     record: dict[str, Any], head_dir: Path | None = None) -> None:
     """A Llama main model and trained MTP tensors as one GLM-4-MoE checkpoint folder: config,
-    model.safetensors (main + head + the fixed MTP tensors), tokenizer, generation config, provenance."""
+    model.safetensors (main + head + the fixed MTP tensors), tokenizer, generation config,
+    provenance, and the head folder's draft vocabulary table when it has one."""
     from safetensors.torch import save_file
 
     config = glm_config(llama, head_intermediate)
@@ -294,11 +316,11 @@ def write_checkpoint(out: Path, llama: Any, tokenizer: Any, head: dict[str, torc
         raise AtlasError(f"head tensors outside {prefix}*: {stray[:3]}")
     tensors.update(head)
     tensors.update(fixed_mtp_tensors(config, tensors["model.embed_tokens.weight"]))
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(out)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    if head_dir is not None and (head_dir / draftvocab.FILE).is_file():  # what --draft-vocab reads
+        shutil.copyfile(head_dir / draftvocab.FILE, out / draftvocab.FILE)
     tokenizer.save_pretrained(out)
     llama.generation_config.save_pretrained(out)
     (out / PROVENANCE_FILE).write_text(Provenance.model_validate(record).model_dump_json(indent=1) + "\n")

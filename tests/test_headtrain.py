@@ -1,0 +1,204 @@
+"""The real team model's head training (atlas.measure.headtrain), on a tiny random Llama so that it
+runs everywhere: the trained layer is what our decode loop runs, several drafts deep; the held-out
+acceptance it records equals an independent count through that loop; training lowers the loss;
+the committed data reads back exactly and refuses a changed file; no training prompt overlaps a
+measurement prompt."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from atlas import AtlasError
+from atlas.measure import draftvocab, smollm
+from atlas.measure.families import FAMILIES, load_family
+from atlas.measure.headtrain import data, prompts
+from atlas.measure.headtrain.head import MtpLayer, Shape
+from atlas.measure.headtrain.train import HeadSpec, measure, residual_rms, teacher_pass, train
+from atlas.measure.model import build_fused_model
+from atlas.measure.teammodel import build_tokenizer
+from atlas.measure.workloads import PROMPT_SETS, load_prompt_set
+from tests.test_smollm import tiny_llama
+
+GLM = next(f for f in FAMILIES if f.name == "GLM-4-MoE")
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def perturbed_head(llama, seed: int = 0, scale: float = 0.05) -> MtpLayer:
+    head = MtpLayer(Shape.of(llama.config, llama.config.intermediate_size), llama.get_input_embeddings().weight, 256)
+    head.initialise("last_layer", llama.model.layers[-1], llama.model.norm, torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+    return head
+
+
+def checkpoint_with(head: MtpLayer, llama, folder: Path) -> Path:
+    record = smollm.provenance({"head_sha256": "0" * 64, "target": "t", "steps": 1, "init": "last_layer", "seed": 0,
+                                "data": {"sha256": "1" * 64, "training_answer_tokens": 1},
+                                "heldout_after": {"t0_conditional": [0.5], "t1_expected": [0.4]}})
+    tensors = head.tensors(smollm.mtp_prefix(llama.config.num_hidden_layers))
+    smollm.write_checkpoint(folder, llama, build_tokenizer(), tensors, llama.config.intermediate_size, record)
+    return folder
+
+
+def random_sequences(n: int, vocab: int = 300, seed: int = 3) -> list[data.Sequence]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        length, prompt = 20 + int(torch.randint(0, 16, (1,), generator=g)), 6 + i % 3
+        ids = torch.randint(0, vocab, (length,), generator=g).tolist()
+        out.append(data.Sequence(ids, prompt, ["chat", "code", "math"][i % 3], data.MODES[i % 2], i % 4 == 3))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory):
+    llama = tiny_llama()
+    head = perturbed_head(llama)
+    folder = checkpoint_with(head, llama, tmp_path_factory.mktemp("head") / "glm")
+    model, mtp = load_family(folder, GLM, torch.device("cpu"), torch.float32)
+    return llama, head, build_fused_model(model, mtp, 128, list(range(3, 30)), max_draft=4)
+
+
+def test_the_trained_chain_is_what_the_decode_loop_runs(tiny) -> None:
+    """Step s of the chain that starts at pair j, in training, equals our loop's s-th draft of a
+    round whose catch-up ended at j and whose earlier drafts were the true tokens: same logits."""
+    llama, head, fused = tiny
+    ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(7))
+    with torch.inference_mode():
+        hidden = llama.model(input_ids=ids).last_hidden_state
+        chain = head.chain(hidden, ids, 4)
+        for j in (0, 5, 20, 33):
+            for s in range(4):
+                if s == 0:  # the catch-up over pairs 0..j ends with chain j's first draft
+                    h, logits = fused.catch_up(ids[0, 1 : j + 2], hidden[0, : j + 1], 0)
+                else:  # draft s + 1, fed the previous step's output and the true token j + s + 1
+                    h, logits = fused.draft(ids[0, j + s + 1 : j + s + 2], h, j + s)
+                ours = head.logits(chain[s][0, j])
+                assert (ours - logits).abs().max().item() < 1e-4, (j, s)
+
+
+def test_recorded_acceptance_equals_an_independent_count_through_the_loop(tiny) -> None:
+    """measure()'s per-position T = 0 acceptance, recounted chain by chain with the fused loop's
+    drafts (catch-up, then one draft step per position, stopping at the first miss)."""
+    llama, head, fused = tiny
+    seqs = random_sequences(6)
+    teacher = teacher_pass(llama, seqs, 8, lambda _: None)
+    got = measure(head, seqs, teacher, list(range(len(seqs))), 3)
+    reached, accepted = [0, 0, 0], [0, 0, 0]
+    with torch.inference_mode():
+        for seq, hidden in zip(seqs, teacher.hidden):
+            ids = torch.tensor(seq.ids)
+            target = llama.lm_head(hidden).argmax(-1)  # the main model's argmax at every position
+            for j in range(len(ids) - 2):
+                if j + 1 < seq.prompt_len - 1:  # the first draft's target is a prompt token
+                    continue
+                h, logits = fused.catch_up(ids[1 : j + 2], hidden[: j + 1], 0)
+                for s in range(3):
+                    t = j + s + 1  # the target position of step s + 1
+                    if t > len(ids) - 2:
+                        break
+                    if s > 0:
+                        h, logits = fused.draft(ids[t : t + 1], h, j + s)
+                    reached[s] += 1
+                    ok = int(logits.argmax()) == int(target[t])
+                    accepted[s] += ok
+                    if not ok:
+                        break
+    assert got["t0_reached"] == reached
+    assert got["t0_conditional"] == [round(a / r, 4) if r else None for a, r in zip(accepted, reached)]
+    assert sum(reached) > 60 and accepted[0] > 0
+
+
+def own_answers(llama, n: int) -> list[data.Sequence]:
+    """The tiny model's own sampled continuations of random prompts: data a head can learn from."""
+    torch.manual_seed(11)
+    prompts_ = torch.randint(0, 300, (n, 6), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        out = llama.generate(prompts_, max_new_tokens=24, min_new_tokens=24, do_sample=True, top_k=0, eos_token_id=None, pad_token_id=0)
+    return [data.Sequence(out[i].tolist(), 6, ["chat", "code"][i % 2], "sampled", i % 4 == 3) for i in range(n)]
+
+
+def test_training_lowers_the_held_out_loss_and_is_deterministic() -> None:
+    llama = tiny_llama()
+    seqs = own_answers(llama, 24)
+    spec = HeadSpec(epochs=12, tokens_per_step=160, lr=1e-2, warmup_steps=2, threads=1, eval_points=2, head_intermediate=96,
+                    target_top_k=16, max_positions=256)
+    a = train(spec, seqs, llama, log=lambda _: None)
+    b = train(spec, seqs, llama, log=lambda _: None)
+    assert a.after["kl"] < a.before["kl"] - 0.1  # a random model's next-next law is nearly flat: a small, certain drop
+    assert all(torch.equal(x, y) for x, y in zip(a.head.tensors("").values(), b.head.tensors("").values()))
+    assert [p["step"] for p in a.curve] == [a.steps // 2, a.steps] and a.curve[-1]["answer_tokens_seen"] > 0
+
+
+def test_the_block_starts_at_the_scale_the_copied_layer_reads() -> None:
+    """eh_proj starts at the median RMS of the stream that enters the main model's last layer,
+    counted here from what that layer is handed (a hook), not from the hidden states returned."""
+    llama = tiny_llama()
+    seqs = own_answers(llama, 4)
+    handed: list[torch.Tensor] = []
+
+    def grab(_module, args, kwargs) -> None:
+        x = args[0] if args else kwargs["hidden_states"]
+        handed.append(x[0].float().pow(2).mean(-1).sqrt())
+
+    hook = llama.model.layers[-1].register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        got = residual_rms(llama, seqs)
+    finally:
+        hook.remove()
+    assert got == round(torch.cat(handed).median().item(), 4) and len(handed) == len(seqs)
+    head = MtpLayer(Shape.of(llama.config, llama.config.intermediate_size), llama.get_input_embeddings().weight, 64)
+    head.initialise("random", llama.model.layers[-1], llama.model.norm, torch.Generator().manual_seed(0), got)
+    d = llama.config.hidden_size
+    assert torch.allclose(head.eh_proj.weight[:, :d], got / 4 * torch.eye(d)) and torch.allclose(head.eh_proj.weight[:, d:], got * torch.eye(d))
+
+
+def test_committed_data_reads_back_and_a_changed_file_is_refused(tmp_path: Path) -> None:
+    seqs = random_sequences(9)
+    side = data.save(seqs, data.DataSpec(), tmp_path, "atlas real-model-head-data", 1.0)
+    back, side2 = data.load(tmp_path)
+    assert back == seqs and side2 == side
+    assert side["answer_tokens"] == sum(len(s.ids) - s.prompt_len for s in seqs)
+    raw = bytearray((tmp_path / data.DATA_FILE).read_bytes())
+    raw[-1] ^= 1
+    (tmp_path / data.DATA_FILE).write_bytes(bytes(raw))
+    with pytest.raises(AtlasError, match="sha256"):
+        data.load(tmp_path)
+
+
+def test_no_training_prompt_overlaps_a_measurement_prompt() -> None:
+    measured = [p for name in PROMPT_SETS for w in load_prompt_set(name).workloads for p in w.prompts]
+    first = prompts.expand()
+    assert len(first) > 1000 and len({p.text for p in first}) == len(first)
+    assert {p.category for p in first} >= {"chat", "code", "math", "summarise", "adversarial", "passages"}
+    # the second stage wraps passages the main model wrote: every summarise instruction is checked too
+    wrapped = prompts.summarise_prompts(["a passage about a river", "another about a city"] * 3)
+    assert prompts.overlaps([p.text for p in first + wrapped], measured) == []
+    # the check itself finds a copied prompt, and one that keeps a long run of its words
+    assert prompts.overlaps([measured[3]], measured) == [(measured[3], measured[3])]
+    near = "Please: " + " ".join(measured[5].split()[:prompts.OVERLAP_WORDS]) + " and nothing else."
+    assert prompts.overlaps([near], measured) == [(near, measured[5])]
+
+
+def test_draft_vocab_table_round_trip_and_refusals(tmp_path: Path) -> None:
+    counts = Counter({5: 10, 2: 10, 9: 3, 1: 1})
+    table = draftvocab.write(tmp_path, counts, "test")
+    assert table["token_ids"] == [2, 5, 9, 1]  # by frequency, ties by id
+    ids, info = draftvocab.read(tmp_path, 3, 16)
+    assert ids.tolist() == [2, 5, 9] and info["size"] == 3 and info["coverage"] == round(23 / 24, 4)
+    with pytest.raises(AtlasError, match="ranks only 4"):
+        draftvocab.read(tmp_path, 5, 16)
+    with pytest.raises(AtlasError, match="below 8"):
+        draftvocab.read(tmp_path, 2, 8)
+    with pytest.raises(AtlasError, match="only a project-made head ships"):
+        draftvocab.read(tmp_path / "none", 2, 16)
+    (tmp_path / draftvocab.FILE).write_text(json.dumps({"token_ids": [1, 1], "counts": [2, 2]}))
+    with pytest.raises(AtlasError, match="distinct"):
+        draftvocab.read(tmp_path, 1, 16)
