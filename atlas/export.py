@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import shutil
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ import duckdb
 import yaml
 from pydantic import BaseModel
 
-from atlas import AtlasError, store
+from atlas import AtlasError, outdir, store
 from atlas.measure import conformance
 from atlas.site import changelog
 from atlas.site import measured as measured_section
@@ -340,24 +339,24 @@ def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
     changelog's data into `out` (rebuilt whole). The store is opened read-only."""
     store.require_complete_snapshot(db)
     matrix = servable_matrix.load(evidence_dir / "servable.toml")
-    # written aside and renamed: a failed export leaves the previous one whole
-    staging = out.with_name(f".{out.name}.partial")
-    try:
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+
+    def write(staging: Path) -> Manifest:
         manifest, log = _export_into(staging, db, matrix, evidence_dir, root)
         (staging / MANIFEST).write_text(manifest.model_dump_json(indent=1) + "\n", encoding="utf-8")
         (staging / CARD).write_text(card(manifest), encoding="utf-8")
         (staging / changelog.FILE_NAME).write_text(changelog.dumps(log), encoding="utf-8")
-        if out.is_dir():
-            shutil.rmtree(out)
-        staging.rename(out)
-    except OSError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise AtlasError(f"cannot write the export to {out}: {exc.strerror or exc}") from None
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        return manifest
+
+    # a folder of the user's is refused; a previous export stays whole until the new one is complete
+    return outdir.replace(out, "atlas export", write, legacy=_is_export)
+
+
+def _is_export(folder: Path) -> bool:
+    """A folder an `atlas export` wrote before exports carried the marker: its manifest parses."""
+    try:
+        return read_manifest(folder) is not None
+    except AtlasError:
+        return False
     return manifest
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from atlas import AtlasError, __version__
+from atlas import AtlasError, __version__, outdir
 
 if TYPE_CHECKING:  # torch and transformers load lazily: `atlas --help` must stay fast
     import torch
@@ -636,17 +636,32 @@ def verify_checkpoint(path: Path) -> list[str]:
 def make_team_model(spec: TeamModelSpec, out: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train, save, verify; returns the training record."""
     command = reproduce_command(spec, out)
+    outdir.check_replaceable(out, "atlas team-model", legacy=_is_team_model)  # before the minutes of training
     corpus = load_corpus(spec.corpus_cap_bytes)
     log(
         f"corpus: {len(corpus.files)} files, {len(corpus.train):,} train / {len(corpus.heldout):,} held-out "
         f"tokens, digest {corpus.digest[:12]}"
     )
     result = train(spec, corpus, log=log)
-    record = save_checkpoint(result, spec, corpus, out, command)
-    problems = verify_checkpoint(out)
-    if problems:
-        raise AtlasError("saved checkpoint does not load cleanly: " + "; ".join(problems))
-    return record
+
+    def write(staging: Path) -> dict[str, Any]:
+        record = save_checkpoint(result, spec, corpus, staging, command)
+        problems = verify_checkpoint(staging)
+        if problems:
+            raise AtlasError("saved checkpoint does not load cleanly: " + "; ".join(problems))
+        return record
+
+    # training.json is the folder's manifest: no marker, so the bundled mirror serves only model files
+    return outdir.replace(out, "atlas team-model", write, legacy=_is_team_model, mark=False)
+
+
+def _is_team_model(folder: Path) -> bool:
+    """A folder `atlas team-model` wrote: its training.json names the command."""
+    try:
+        record = json.loads((folder / "training.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and str(record.get("command", "")).startswith("atlas team-model")
 
 
 # CLI option name for each spec field the `atlas team-model` command exposes.
