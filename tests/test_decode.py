@@ -95,6 +95,52 @@ def test_greedy_speculative_equals_plain_and_transformers() -> None:
             assert sum(spec.accepted_per_position) + spec.verify_passes == len(spec.tokens) - 1
 
 
+@pytest.mark.parametrize("kernels", ["rows", "mm"])
+def test_verify_rows_equal_one_row_steps(kernels: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verify pass's rows (oneDNN for 2+ rows with kernels="rows", MKL for one) give the logits
+    of one-row steps at the same positions to within 1e-5 of the logit scale, the stated tolerance
+    of the kernels; and greedy speculation stays identical to plain decoding through them."""
+    import atlas.measure.model as fused_model
+
+    monkeypatch.setattr(fused_model, "PACKED_MIN_BYTES", 0)  # a tiny model's weights are packed too
+    model, mtp = tiny_model(vocab=64, layers=3, d=64, seed=3)
+    engine = build_fused_model(model, mtp, 96, [1, 2, 3], kernels=kernels)
+    assert engine.kernels == kernels
+    assert (engine.layers[0].qkv.packed is not None) == (kernels == "rows")
+    prompt = list(range(5, 40))
+    ids = torch.randint(0, 64, (6,), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        engine.main(torch.tensor(prompt), 0)
+        start = len(prompt)
+        steps = torch.cat([engine.main(ids[i : i + 1], start + i)[1] for i in range(6)])
+        for n in range(2, 7):
+            _, rows = engine.main(ids[:n], start)
+            assert (rows - steps[:n]).abs().max().item() <= 1e-5 * steps.abs().max().item(), n
+    gen = torch.Generator().manual_seed(0)
+    plain = generate_plain(engine, prompt, 32, Sampling(), gen)
+    for k in (1, 2, 3, 4):
+        assert generate_speculative(engine, prompt, 32, k, Sampling(), gen).tokens == plain.tokens
+
+
+def test_cut_draft_vocab_is_greedy_lossless_and_only_drafts_its_tokens() -> None:
+    model, mtp = tiny_model(vocab=64, seed=4)
+    vocab = torch.arange(0, 64, 2)  # the even tokens only
+    engine = build_fused_model(model, mtp, 96, [1, 2, 3], draft_vocab=vocab)
+    full = build_fused_model(model, mtp, 96, [1, 2, 3])
+    gen = torch.Generator().manual_seed(0)
+    for prompt in ([1, 2, 3, 4, 5], [9, 9, 2]):
+        plain = generate_plain(full, prompt, 32, Sampling(), gen)
+        for k in (1, 3):
+            trace: list[tuple[int, list[int]]] = []
+            assert generate_speculative(engine, prompt, 32, k, Sampling(), gen, trace=trace).tokens == plain.tokens
+            assert all(d % 2 == 0 for _, drafts in trace for d in drafts)
+    with torch.inference_mode():  # inside the set the cut head scores exactly what the full head does
+        h = torch.randn(1, 32, generator=torch.Generator().manual_seed(2))
+        _, cut = engine.draft(torch.tensor([3]), h, 0)
+        _, whole = full.draft(torch.tensor([3]), h, 0)
+    assert torch.equal(cut[vocab], whole[vocab]) and torch.isneginf(cut[1::2]).all()
+
+
 # ---- the distribution ----------------------------------------------------------------------------
 
 
@@ -208,6 +254,17 @@ def test_sampling_over_several_rounds_matches_exact_distribution(small_vocab) ->
     assert accepted > drafted // 5 and drafted - accepted > drafted // 5, "both outcomes must be common"
     assert rejected_then_more > runs // 4
     assert g_test_pvalue(counts, dist, runs) > 1e-3
+
+
+def test_cut_draft_vocab_sampling_matches_exact_distribution(small_vocab) -> None:
+    """Drafts only from tokens {0, 2}: q is zero on 1 and 3, and the output law is still exact."""
+    model, _ = small_vocab
+    engine = build_fused_model(model, small_vocab[1].mtp, 32, [0, 1, 2, 3], draft_vocab=torch.tensor([0, 2]))
+    k, s, prompt, n = 2, Sampling(temperature=1.0), [1, 3, 0], 4
+    dist = exact_distribution(model, prompt, n, s)
+    counts, accepted = draw(engine, prompt, n, k, s, speculative_accept, RUNS, seed=12)
+    assert accepted > RUNS // 10
+    assert g_test_pvalue(counts, dist, RUNS) > 1e-3
 
 
 @pytest.mark.parametrize("rule", [accept_if_argmax, resample_from_p])

@@ -17,11 +17,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from atlas import AtlasError
-from atlas.measure import headtrain, smollm
+from atlas.measure import draftvocab, smollm
 from atlas.measure.checkpoint import transformers_peer
 from atlas.measure.families import FAMILIES, load_family
-from atlas.measure.generate import Sampling, generate_plain, generate_speculative
-from atlas.measure.model import build_fused_model
+from atlas.measure.headtrain.head import MtpLayer, Shape
+from atlas.measure.generate import Sampling, generate_plain, generate_speculative, probs_from_logits
+from atlas.measure.model import FastLayer, build_fused_model
 from atlas.measure.records import read_provenance, read_record
 from atlas.measure.teammodel import build_tokenizer
 from atlas.measure.workloads import chat_ids, load_prompt_set
@@ -51,15 +52,12 @@ def tiny_llama(layers: int = 2) -> LlamaForCausalLM:
 
 def trained_like_head(llama: LlamaForCausalLM, intermediate: int) -> dict[str, torch.Tensor]:
     """The head export of headtrain on the tiny model, its tensors perturbed as training would."""
-    mtp = headtrain.build_head(smollm.build_glm_main(llama, intermediate))
+    head = MtpLayer(Shape.of(llama.config, intermediate), llama.get_input_embeddings().weight, 256)
+    head.initialise("last_layer", llama.model.layers[-1], llama.model.norm, torch.Generator().manual_seed(0))
     with torch.no_grad():
-        for name, p in mtp.named_parameters():
-            if p.requires_grad:
-                noise = 0.05 * torch.randn_like(p)
-                if name.endswith(("gate_up_proj", "down_proj")) and "experts" in name:
-                    noise[1] = 0  # the placeholder expert stays zero
-                p.add_(noise)
-    return headtrain.head_tensors(mtp, layers=llama.config.num_hidden_layers)
+        for p in head.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return {k: v.to(torch.bfloat16) for k, v in head.tensors(smollm.mtp_prefix(llama.config.num_hidden_layers)).items()}
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +65,9 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Lla
     llama = tiny_llama()
     out = tmp_path_factory.mktemp("tiny") / "glm"
     head = trained_like_head(llama, intermediate=96)
-    record = smollm.provenance({"head_sha256": "0" * 64, "target": headtrain.TARGET, "steps": 1, "data": {"digest": "1" * 64},
-                                "seed": 0})
+    record = smollm.provenance({"head_sha256": "0" * 64, "target": "t", "steps": 1, "init": "last_layer", "seed": 0,
+                                "data": {"sha256": "1" * 64, "training_answer_tokens": 1},
+                                "heldout_after": {"t0_conditional": [0.5], "t1_expected": [0.4]}})
     smollm.write_checkpoint(out, llama, build_tokenizer(), {k: v.float() for k, v in head.items()}, 96, record)
     return out, llama
 
@@ -110,13 +109,32 @@ def test_the_one_expert_mtp_block_is_exactly_its_dense_mlp(tiny_checkpoint) -> N
         assert torch.equal(moe(x), dense(x))
 
 
-def test_placeholder_expert_must_stay_zero() -> None:
-    llama = tiny_llama(layers=1)
-    mtp = headtrain.build_head(smollm.build_glm_main(llama, 96))
+@pytest.mark.parametrize("experts,picked,shared", [(2, 1, 0), (4, 2, 1)])
+def test_an_moe_with_a_zero_router_folds_into_one_dense_mlp(experts: int, picked: int, shared: int) -> None:
+    """A router with all-zero weights sends every token to the same experts with the same weights
+    (here 1, or 1/2 each from two picked of four, plus a shared expert): the fold computes the
+    module's output as one dense MLP, and a router that reads its input is left alone."""
+    from transformers import Glm4MoeConfig
+    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeMoE
+
+    from atlas.measure.model import _fixed_route_mlp
+
+    config = Glm4MoeConfig(hidden_size=16, moe_intermediate_size=8, n_routed_experts=experts, num_experts_per_tok=picked,
+                           n_shared_experts=shared, n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0)
+    torch.manual_seed(1)
+    moe = Glm4MoeMoE(config).eval()
     with torch.no_grad():
-        mtp.layers[0].mtp_block.mlp.experts.down_proj[1, 0, 0] = 1.0
-    with pytest.raises(AtlasError, match="placeholder expert 1"):
-        headtrain.head_tensors(mtp, layers=1)
+        for p in moe.parameters():
+            p.normal_()
+        moe.gate.weight.zero_()
+        moe.gate.e_score_correction_bias.copy_(torch.arange(experts, 0, -1).float())  # picks experts 0..picked-1
+    gate, up, down = _fixed_route_mlp(moe, 16)
+    assert gate.weight.shape[0] == 8 * (picked + shared)
+    x = torch.randn(5, 16)
+    with torch.inference_mode():
+        assert torch.allclose(down(torch.nn.functional.silu(gate(x)) * up(x)), moe(x[None])[0], atol=1e-5)
+        moe.gate.weight.normal_()
+    assert _fixed_route_mlp(moe, 16) is None
 
 
 def test_speculative_decoding_on_the_tiny_checkpoint_is_greedy_lossless(tiny_checkpoint) -> None:
@@ -125,6 +143,9 @@ def test_speculative_decoding_on_the_tiny_checkpoint_is_greedy_lossless(tiny_che
     model, head = load_family(folder, GLM, torch.device("cpu"), torch.float32)
     prompt = list(range(3, 40))
     fused = build_fused_model(model, head, 128, prompt)
+    # the one-expert block runs as the dense MLP it computes (model._fixed_route_mlp), not routed per call
+    block = fused.mtp_layers[0].block
+    assert isinstance(block, FastLayer) and block.mlp is None and block.mlp_in is not None
     plain = generate_plain(fused, prompt, 24, Sampling(), torch.Generator())
     for k in (1, 3):
         assert generate_speculative(fused, prompt, 24, k, Sampling(), torch.Generator()).tokens == plain.tokens
@@ -232,8 +253,6 @@ def test_chat_prompt_set_goes_through_the_chat_template() -> None:
     prompt_set = load_prompt_set("atlas-chat-v1")
     assert prompt_set.chat_template and [w.name for w in prompt_set.workloads] == ["chat", "code", "math", "summarise", "adversarial"]
     assert all(len(w.prompts) >= 3 for w in prompt_set.workloads)
-    trained_on = {text for _, text in headtrain.load_prompts()[0]}
-    assert not trained_on & {p for w in prompt_set.workloads for p in w.prompts}, "a measured prompt was in the head's training data"
     with pytest.raises(AtlasError, match="tokenizer has none"):
         prompt_set.encode(build_tokenizer(), "hi")
     tokenizer = build_tokenizer()
@@ -250,7 +269,7 @@ def test_chat_prompt_set_goes_through_the_chat_template() -> None:
 def test_committed_head_matches_its_recipe_and_the_pinned_digest() -> None:
     head, recipe = smollm.read_head()  # raises when the file's sha256 is not the recipe's
     assert recipe["head_sha256"] == smollm.HEAD_SHA256
-    assert recipe["main_model"]["gguf_sha256"] == smollm.GGUF_SHA256 and recipe["target"] == headtrain.TARGET
+    assert recipe["main_model"]["gguf_sha256"] == smollm.GGUF_SHA256 and recipe["target"].startswith("KL(p_main")
     prefix = smollm.mtp_prefix()
     assert all(k.startswith(prefix) for k in head)
     assert {prefix + n for n in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight",
@@ -297,6 +316,51 @@ def test_real_checkpoint_speculative_greedy_identity(real) -> None:
         mtp = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0,
                              use_mtp=True)
     assert torch.equal(mtp, ref)
+
+
+def test_real_checkpoint_with_a_cut_draft_vocab_is_greedy_lossless(real) -> None:
+    """The committed head's frequency table reaches the checkpoint, and a draft head cut to 4096
+    tokens decodes exactly what plain decoding does, up to k = 4."""
+    folder, (_, tokenizer) = real
+    model, head = load_family(folder, GLM, torch.device("cpu"), torch.float32)
+    ids, info = draftvocab.read(folder, 4096, model.config.vocab_size)
+    assert info["coverage"] > 0.8 and len(ids) == 4096
+    prompts = [chat_ids(tokenizer, w.prompts[2]) for w in load_prompt_set("atlas-chat-v1").workloads[2:4]]
+    fused = build_fused_model(model, head, 160, prompts[0], draft_vocab=ids)
+    for prompt in prompts:
+        plain = generate_plain(fused, prompt, 24, Sampling(), torch.Generator())
+        for k in (1, 4):
+            assert generate_speculative(fused, prompt, 24, k, Sampling(), torch.Generator()).tokens == plain.tokens
+
+
+def test_real_checkpoint_speculative_sampling_matches_plain_sampling(real) -> None:
+    """T = 1 (top-k 5, so the law has few enough outcomes to test) on three real chat prompts: the
+    joint law of the first two new tokens under speculative sampling at k = 1 (the first from the
+    prefill, the second from a drafted round: the accepted draft or the residual's resample) against
+    the exact law from the model's own softmax, by a G-test per prompt."""
+    from tests.test_decode import g_test_pvalue
+
+    folder, (_, tokenizer) = real
+    model, head = load_family(folder, GLM, torch.device("cpu"), torch.float32)
+    s, runs = Sampling(temperature=1.0, top_k=5), 400
+    prompts = [chat_ids(tokenizer, w.prompts[1]) for w in load_prompt_set("atlas-chat-v1").workloads[:3]]
+    fused = build_fused_model(model, head, 128, prompts[0])
+    gen = torch.Generator().manual_seed(5)
+    for prompt in prompts:
+        with torch.inference_mode():
+            first = probs_from_logits(model(torch.tensor([prompt])).logits[0, -1], s).double()
+            exact = {}
+            for t1 in first.nonzero()[:, 0].tolist():
+                second = probs_from_logits(model(torch.tensor([prompt + [t1]])).logits[0, -1], s).double()
+                exact.update({(t1, t2): float(first[t1] * second[t2]) for t2 in second.nonzero()[:, 0].tolist()})
+        counts: dict[tuple[int, ...], int] = {}
+        accepted = 0
+        for _ in range(runs):
+            out = generate_speculative(fused, prompt, 3, 1, s, gen)
+            counts[tuple(out.tokens[:2])] = counts.get(tuple(out.tokens[:2]), 0) + 1
+            accepted += out.accepted_per_position[0]
+        assert accepted > runs // 10, "the round's draft must be accepted often enough to test the accept path"
+        assert g_test_pvalue(counts, exact, runs) > 1e-3
 
 
 def test_deepseek_v3_at_any_depth_gets_transformers_own_use_mtp(tmp_path: Path) -> None:

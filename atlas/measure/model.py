@@ -76,29 +76,61 @@ def _rms_of(module: nn.Module | None) -> Rms | None:
     return rms if torch.allclose(ours, module(x), atol=tol, rtol=tol) else None
 
 
+KERNELS = ("rows", "mm")  # FusedModel.kernels: by row count (default), or torch.mm for every row count
+# oneDNN's fp32 inner product reads the weight once from 5 rows up, but for 2-4 rows it took a
+# path that cost 1.2-1.5 plain steps on the project's CPU; padded to 5 rows, 2-5 rows cost
+# 1.0-1.1 (benchmarks/measure.py --pass-costs shows both)
+PACKED_ROWS = 5
+
+
+# Below this a weight stays in the CPU's caches between passes and MKL's path is the faster one for
+# every row count (the byte-level team model's 192-wide layers ran slower through oneDNN)
+PACKED_MIN_BYTES = 1 << 20
+
+
+def _packable(w: torch.Tensor) -> bool:
+    return (w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available()
+            and w.numel() * w.element_size() >= PACKED_MIN_BYTES)
+
+
 class Linear:
     """y = x Wᵀ (+ b), with W possibly several fused projections and norm weights folded in.
 
-    On CPU the weight is stored pre-transposed and contiguous, so torch.mm takes its fast path for
-    a few rows (stock nn.Linear doubles in cost from 1 to 2 rows there); on CUDA F.linear is used.
+    On CPU the kernel is chosen by row count, because one kernel cannot serve both: a decode step
+    (one row) is a GEMV that streams the weight once, which MKL's `torch.mm(x, Wᵀ)` on a
+    pre-transposed, contiguous Wᵀ does at memory bandwidth; but for a few rows its sgemm grows
+    almost linearly with the rows on the project's AMD CPU, so a verify pass cost 1.5-2.3 plain
+    steps. oneDNN's inner product on a weight reordered once into its blocked layout reads the
+    weight once for a few rows. So with `kernels="rows"` one row goes through MKL and more rows
+    through oneDNN (at least PACKED_ROWS of them, zero-padded); `kernels="mm"` keeps torch.mm for
+    every row count (the old path, for side-by-side benchmarks). The second stored copy doubles
+    the fused weights' memory. On CUDA F.linear serves every row count.
     """
 
-    def __init__(self, w: torch.Tensor, b: torch.Tensor | None, device: torch.device) -> None:
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None, device: torch.device, kernels: str = "rows") -> None:
         self.cpu = device.type == "cpu"
         self.w = w.t().contiguous() if self.cpu else w.contiguous()
         self.b = b
+        pack = kernels == "rows" and self.cpu and _packable(w)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PACKED_ROWS - 1) if pack else None
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if not self.cpu:
             y = F.linear(x, self.w, self.b)
             return y if residual is None else residual + y
+        n = x.shape[0]
+        if self.packed is not None and n > 1:
+            if n < PACKED_ROWS:
+                x = torch.cat([x, x.new_zeros(PACKED_ROWS - n, x.shape[1])])
+            y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")[:n]
+            return y if residual is None else y.add_(residual)
         if self.b is None:
             return torch.mm(x, self.w) if residual is None else torch.addmm(residual, x, self.w)
         y = torch.addmm(self.b, x, self.w)
         return y if residual is None else residual + y
 
 
-def _fused(linears: list[nn.Linear], device: torch.device, in_scale: torch.Tensor | None = None,
+def _fused(linears: list[nn.Linear], device: torch.device, kernels: str, in_scale: torch.Tensor | None = None,
            row_scale: list[float] | None = None) -> Linear:
     """Concatenate projections along the output dim; fold a preceding norm's weight into the input
     columns (x̂·w)Wᵀ = x̂(W·diag w)ᵀ, and per-projection constants into the output rows."""
@@ -111,7 +143,7 @@ def _fused(linears: list[nn.Linear], device: torch.device, in_scale: torch.Tenso
     if any(x is not None for x in biases):
         b = torch.cat([(x.detach() if x is not None else m.weight.new_zeros(m.out_features)) * s
                        for m, x, s in zip(linears, biases, scales)])
-    return Linear(w, b, device)
+    return Linear(w, b, device, kernels)
 
 
 class SlotCache:
@@ -171,9 +203,57 @@ class ModuleLayer:
 Layer = FastLayer | ModuleLayer | RecurrentLayer
 
 
-def _fast_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: torch.dtype) -> FastLayer | None:
+def _linear_of(w: torch.Tensor) -> nn.Linear:
+    linear = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
+    linear.weight = nn.Parameter(w, requires_grad=False)
+    return linear
+
+
+def _fixed_route_mlp(mlp: nn.Module, d: int) -> tuple[nn.Linear, nn.Linear, nn.Linear] | None:
+    """The one dense SiLU MLP (gate, up, down) that a mixture-of-experts block computes when its
+    router ignores its input, else None.
+
+    A router whose weights are all zero scores every token alike, so every token goes to the same
+    experts with the same weights, and Σ_e w_e · MLP_e(x) + shared(x) is one MLP whose hidden units
+    are the experts' side by side, each expert's down projection scaled by its weight. That is how
+    a project-made MTP block holds a dense MLP in a family that always builds its MTP block as an
+    MoE (atlas.measure.smollm): routed per call it cost 2.5 times the dense MLP. The fold is checked
+    against the module on random rows."""
+    gate, experts = getattr(mlp, "gate", None), getattr(mlp, "experts", None)
+    router = getattr(gate, "weight", None)
+    if not isinstance(router, torch.Tensor) or router.any() or not all(
+            isinstance(getattr(experts, n, None), torch.Tensor) for n in ("gate_up_proj", "down_proj")):
+        return None
+    if type(getattr(experts, "act_fn", None)).__name__ not in ("SiLUActivation", "SiLU"):
+        return None
+    probe = torch.randn(4, d, dtype=router.dtype, device=router.device)
+    routed = gate(probe)
+    if not (isinstance(routed, tuple) and len(routed) == 3):  # transformers' (logits, weights, indices)
+        return None
+    _, weights, index = routed
+    if not (torch.equal(index, index[:1].expand_as(index)) and torch.equal(weights, weights[:1].expand_as(weights))):
+        return None
+    gates, ups, downs = [], [], []
+    for e, w in zip(index[0].tolist(), weights[0].tolist()):
+        g, u = experts.gate_up_proj[e].detach().chunk(2, dim=0)
+        gates.append(g), ups.append(u), downs.append(experts.down_proj[e].detach() * w)
+    shared = getattr(mlp, "shared_experts", None)
+    if shared is not None:
+        if not all(isinstance(getattr(shared, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
+            return None
+        gates.append(shared.gate_proj.weight.detach()), ups.append(shared.up_proj.weight.detach())
+        downs.append(shared.down_proj.weight.detach())
+    dense = [_linear_of(w) for w in (torch.cat(gates), torch.cat(ups), torch.cat(downs, dim=1))]
+    x = torch.randn(3, d, dtype=router.dtype, device=router.device)
+    folded = dense[2](F.silu(dense[0](x)) * dense[1](x))
+    tol = 1e-5 if router.dtype == torch.float32 else 2e-2
+    return tuple(dense) if torch.allclose(folded, mlp(x[None])[0], atol=tol, rtol=tol) else None
+
+
+def _fast_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: torch.dtype, kernels: str) -> FastLayer | None:
     """Recognise q/k/v/o projections (optional per-head RMS q/k norms), RMS pre-norms and a dense
-    SiLU-gated or module MLP. None = not recognised; RoPE fit is checked by FusedModel.validate."""
+    SiLU-gated MLP (or an MoE that computes one: _fixed_route_mlp), else a module MLP. None = not
+    recognised; RoPE fit is checked by FusedModel.validate."""
     attn = getattr(layer, "self_attn", None)
     if attn is None or not all(isinstance(getattr(attn, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
         return None
@@ -193,21 +273,25 @@ def _fast_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: tor
     qk_weight = None
     if q_norm is not None and k_norm is not None:
         qk_weight = torch.cat([(q_norm.weight * scale).expand(heads, head_dim), k_norm.weight.expand(kv_heads, head_dim)])
-    qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj], device, norm1.weight, None if has_q else [scale, 1.0, 1.0])
+    qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj], device, kernels, norm1.weight, None if has_q else [scale, 1.0, 1.0])
     mlp = layer.mlp
     dense = all(isinstance(getattr(mlp, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj"))
-    silu = dense and type(getattr(mlp, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU")
+    if dense:
+        silu = type(getattr(mlp, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU")
+        gate_up_down = (mlp.gate_proj, mlp.up_proj, mlp.down_proj) if silu else None
+    else:
+        gate_up_down = _fixed_route_mlp(mlp, attn.q_proj.in_features)
     return FastLayer(
         qkv=qkv,
-        o=_fused([attn.o_proj], device),
+        o=_fused([attn.o_proj], device, kernels),
         qk_weight=qk_weight,
         head_c=q_norm.c if q_norm else None,
         c1=norm1.c,
         c2=norm2.c,
-        mlp_in=_fused([mlp.gate_proj, mlp.up_proj], device, norm2.weight) if silu else None,
-        mlp_down=_fused([mlp.down_proj], device) if silu else None,
-        mlp=None if silu else mlp,
-        norm2_weight=None if silu else norm2.weight,
+        mlp_in=_fused(list(gate_up_down[:2]), device, kernels, norm2.weight) if gate_up_down else None,
+        mlp_down=_fused([gate_up_down[2]], device, kernels) if gate_up_down else None,
+        mlp=None if gate_up_down else mlp,
+        norm2_weight=None if gate_up_down else norm2.weight,
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
@@ -224,11 +308,12 @@ def _device_of(module: nn.Module, default: torch.device) -> torch.device:
     return default if tensor is None else tensor.device
 
 
-def _build_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: torch.dtype, fast: bool, max_draft: int) -> Layer:
+def _build_layer(layer: nn.Module, max_len: int, device: torch.device, dtype: torch.dtype, fast: bool, max_draft: int,
+                 kernels: str) -> Layer:
     recurrent = recurrent_layer(layer, max_draft, device, dtype)
     if recurrent is not None:
         return recurrent
-    built = _fast_layer(layer, max_len, device, dtype) if fast else None
+    built = _fast_layer(layer, max_len, device, dtype, kernels) if fast else None
     if built is None:
         attn = getattr(layer, "self_attn", None)
         return ModuleLayer(layer, SlotCache(max_len), getattr(attn, "sliding_window", None), hasattr(attn, "indexer"))
@@ -371,6 +456,7 @@ class MtpPieces:
     post: list[Callable[[torch.Tensor], torch.Tensor]]
     head: Linear
     rope: Rope
+    vocab: torch.Tensor | None = None  # the cut draft vocabulary: token ids `head`'s rows score (FusedModel.draft_vocab)
 
 
 @dataclass
@@ -384,6 +470,11 @@ class FusedModel:
     dtype: torch.dtype
     fast: bool = True
     max_draft: int = 4  # the longest draft a verify pass checks: recurrent layers keep max_draft + 2 state slots
+    kernels: str = "rows"  # CPU matmul kernels (Linear): by row count, or torch.mm for every row count
+    # A cut draft vocabulary (FR-Spec): the MTP head scores only these token ids, every other token
+    # gets draft probability 0. The accept/resample rule stays exact for any draft distribution, so
+    # the output distribution is unchanged; only drafts outside the set become impossible.
+    draft_vocab: torch.Tensor | None = None
     layers: list[Layer] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -401,10 +492,12 @@ class FusedModel:
         self.dense_limit: int | None = getattr(config, "index_topk", None)
         modules = list(base.layers[: config.num_hidden_layers])
         self.layer_devices = [_device_of(m, self.device) for m in modules]
-        self.layers = [_build_layer(m, self.max_len, dev, self.dtype, self.fast, self.max_draft) for m, dev in zip(modules, self.layer_devices)]
+        self.layers = [_build_layer(m, self.max_len, dev, self.dtype, self.fast, self.max_draft, self.kernels)
+                       for m, dev in zip(modules, self.layer_devices)]
         self.head_device = self.model.lm_head.weight.device
         self.norm = self._norm(base.norm if hasattr(base, "norm") else base.norm_f)  # norm_f: Nemotron-H
-        self.head = _fused([self.model.lm_head], self.head_device)
+        self.head = _fused([self.model.lm_head], self.head_device, self.kernels)
+        self.vocab_size = self.model.lm_head.weight.shape[0]
         self._masks: dict[torch.device, Masks] = {}
         per_layer_rope = hasattr(config, "rope_parameters") and len(config.nested_rope_parameter_keys(config.rope_parameters)) > 0
         types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
@@ -427,12 +520,18 @@ class FusedModel:
         device = _device_of(head.block, self.device)
         enorm, w_e = self._folded(head.enorm, head.w_e.to(device))
         hnorm, w_h = self._folded(head.hnorm, head.w_h.to(device))
+        vocab = None if self.draft_vocab is None else self.draft_vocab.to(device)
+        if vocab is not None:
+            rows = _linear_of(head.head.weight.detach()[vocab].to(device))
+            rows.bias = None if head.head.bias is None else nn.Parameter(head.head.bias.detach()[vocab].to(device), requires_grad=False)
+            out = _fused([rows], device, self.kernels)
+        else:
+            out = self.head if head.head is self.model.lm_head else _fused([head.head], device, self.kernels)
         return MtpPieces(
             device=device, embed=head.embed.to(device), enorm=enorm, w_e=w_e, hnorm=hnorm, w_h=w_h,
-            block=_build_layer(head.block, self.max_len, device, self.dtype, self.fast, self.max_draft),
-            post=[self._norm(m) for m in head.post_norms],
-            head=self.head if head.head is self.model.lm_head else _fused([head.head], device),
-            rope=self._rope(head.rotary, head.rope_layer_type, device),
+            block=_build_layer(head.block, self.max_len, device, self.dtype, self.fast, self.max_draft, self.kernels),
+            post=[self._norm(m) for m in head.post_norms], head=out,
+            rope=self._rope(head.rotary, head.rope_layer_type, device), vocab=vocab,
         )
 
     def _folded(self, norm: nn.Module, w: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], Linear]:
@@ -440,8 +539,8 @@ class FusedModel:
         any other norm stays its own module."""
         rms = _rms_of(norm)
         if rms is None:
-            return norm, Linear(w, None, w.device)
-        return (lambda x: _unit(x, rms.c)), Linear(w * rms.weight[None, :], None, w.device)
+            return norm, Linear(w, None, w.device, self.kernels)
+        return (lambda x: _unit(x, rms.c)), Linear(w * rms.weight[None, :], None, w.device, self.kernels)
 
     @staticmethod
     def _norm(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -503,7 +602,10 @@ class FusedModel:
         x = x if rows else x[-1:]
         for norm in p.post:
             x = norm(x)
-        return x, p.head(x[-1:])[0]
+        logits = p.head(x[-1:])[0]
+        if p.vocab is None:
+            return x, logits
+        return x, logits.new_full((self.vocab_size,), float("-inf")).index_copy_(0, p.vocab, logits)
 
     def catch_up(self, ids: torch.Tensor, hidden: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Write every MTP layer's slots [start, start+n) from verified inputs, and return layer 0's
@@ -547,7 +649,11 @@ class FusedModel:
                 break
             ref_out, ref_logits = head.reference(fed, ids[m + 1 :], torch.arange(m + 1, len(prompt), device=self.device))
             got, mtp_logits = self.draft(ids[m + 1 :], ours, m, m, rows=True)
-            errors.append((mtp_logits - ref_logits[-1].to(mtp_logits.device)).abs().max().item())
+            ref = ref_logits[-1].to(mtp_logits.device)
+            if self.draft_vocab is not None:  # the cut head's scores equal the full head's on its rows
+                keep = self.draft_vocab.to(mtp_logits.device)
+                mtp_logits, ref = mtp_logits[keep], ref[keep]
+            errors.append((mtp_logits - ref).abs().max().item())
             fed, ours = ref_out[:-1], got[:-1]
         tolerance = 1e-3 if self.dtype == torch.float32 else 5e-2
         scale = max(1.0, out.logits.abs().max().item())
@@ -560,7 +666,8 @@ class FusedModel:
 
 
 @torch.no_grad()
-def build_fused_model(model: nn.Module, mtp: MtpHead | nn.Module, max_len: int, check_prompt: list[int], max_draft: int = 4) -> FusedModel:
+def build_fused_model(model: nn.Module, mtp: MtpHead | nn.Module, max_len: int, check_prompt: list[int], max_draft: int = 4,
+                      kernels: str = "rows", draft_vocab: torch.Tensor | None = None) -> FusedModel:
     """Fast pieces where recognised; if they do not reproduce transformers (or do not fit, e.g. a
     partial RoPE), whole-layer modules; if those do not either, AtlasError.
 
@@ -576,11 +683,13 @@ def build_fused_model(model: nn.Module, mtp: MtpHead | nn.Module, max_len: int, 
         fast = weight_bytes < 0.8 * torch.cuda.mem_get_info(device)[0]
     if fast:
         try:
-            fused = FusedModel(model, mtp, max_len, device, dtype, fast=True, max_draft=max_draft)
+            fused = FusedModel(model, mtp, max_len, device, dtype, fast=True, max_draft=max_draft, kernels=kernels,
+                               draft_vocab=draft_vocab)
             fused.validate(check_prompt)
             return fused
         except (AtlasError, RuntimeError):
             pass
-    fused = FusedModel(model, mtp, max_len, device, dtype, fast=False, max_draft=max_draft)
+    fused = FusedModel(model, mtp, max_len, device, dtype, fast=False, max_draft=max_draft, kernels=kernels,
+                       draft_vocab=draft_vocab)
     fused.validate(check_prompt)
     return fused

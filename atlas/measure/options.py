@@ -37,6 +37,7 @@ class Options:
     top_k: int | None = None
     top_p: float | None = None
     threads: int | None = None
+    draft_vocab: int | None = None  # our loop: the MTP head scores only the N most frequent training tokens (atlas.measure.draftvocab)
     peer: bool = True
     ours: bool = True  # False (--engine transformers): only transformers' generate / use_mtp pair is measured
     out: Path = ROOT / DEFAULT_OUT_PATH

@@ -115,6 +115,7 @@ class Hardware(Strict):
     gpu: Text | None = None
     gpu_memory_gib: float | None = Field(default=None, ge=0, le=1e7)
     torch_threads: int = Field(ge=1, le=1_000_000)
+    omp_wait_policy: Name | None = None  # $OMP_WAIT_POLICY as the run saw it (None: unset, or a record from before it was stamped)
 
 
 class Software(Strict):
@@ -127,6 +128,16 @@ class Software(Strict):
     numpy: Name | None = None
     blas: Text | None = None  # the BLAS/LAPACK torch was built with (its CPU matmuls)
     os: Text | None = None
+
+
+class DraftVocab(Strict):
+    """A cut draft vocabulary (atlas.measure.draftvocab): the draft head scored only the `size`
+    tokens most frequent in its training data, which covered `coverage` of the tokens counted."""
+
+    size: int = Field(ge=1, le=10**7)
+    coverage: float = Field(ge=0, le=1)
+    table_sha256: Name
+    source: Text
 
 
 class Settings(Strict):
@@ -145,6 +156,10 @@ class Settings(Strict):
     # The attention regime the figures hold in, when the family is measured in one only (DSA:
     # dense-equivalent, every sequence within index_topk keys); None: no such restriction.
     regime: str | None = None
+    # CPU matmul kernels of our loop (atlas.measure.model.Linear): "rows" (by row count) or "mm";
+    # None in records from before the choice existed (they ran "mm")
+    kernels: Name | None = None
+    draft_vocab: DraftVocab | None = None  # --draft-vocab: the MTP head scored only these tokens
 
 
 class PassCosts(Strict):
@@ -278,7 +293,7 @@ class Provenance(Strict):
     project_made: bool
     model_id: Name  # the record's model id, e.g. mtp-atlas/smollm2-135m-instruct-mtp
     main_model: dict[Name, Text] = Field(max_length=32)  # source, package, package_version, file, sha256, quantization, layout
-    mtp_head: dict[Name, Text | int] = Field(max_length=32)  # made_by, sha256, recipe, target, steps, data_digest, seed
+    mtp_head: dict[Name, Text | int | float] = Field(max_length=32)  # made_by, sha256, recipe, target, steps, data_digest, seed, training tokens, held-out acceptance
 
 
 def read_provenance(folder: Path) -> Provenance | None:
@@ -355,8 +370,11 @@ class Record(Strict):
         it was written: its canonical bytes, and so its id, stay what they were. A record of a
         checkpoint with no provenance file leaves the field out for the same reason."""
         data = handler(self)
-        if data["settings"].get("regime") is None:  # records written before the field keep their bytes
-            data["settings"].pop("regime", None)
+        for key in ("regime", "kernels", "draft_vocab"):  # records written before these fields keep their bytes
+            if data["settings"].get(key) is None:
+                data["settings"].pop(key, None)
+        if data["hardware"].get("omp_wait_policy") is None:
+            data["hardware"].pop("omp_wait_policy", None)
         if data.get("recurrent_state") is None:  # absent, not null, in records without recurrent layers
             data.pop("recurrent_state", None)
         if self.provenance is None:

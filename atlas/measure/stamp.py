@@ -52,6 +52,7 @@ def hardware(device: torch.device, placement: Placement | None = None) -> Hardwa
         gpu=gpu,
         gpu_memory_gib=gpu_mem,
         torch_threads=torch.get_num_threads(),
+        omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"),
     )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from atlas import AtlasError, __version__
+from atlas.measure import draftvocab
 from atlas.measure.cells import RepeatCounts, build_cell, seed_for
 from atlas.measure.checkpoint import load_checkpoint, pick_device, place_model, resolve
 from atlas.measure.engines.transformers_engine import PEER_BASELINE, Peer
@@ -149,7 +150,12 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         regime = (f"dense-equivalent DSA: prompt + new tokens <= index_topk = {dense_limit}, so the indexer selects every "
                   "key and attention is exactly dense MLA; the indexer weights are loaded and not run")
         log(f"regime: {regime}")
-    fused = build_fused_model(model, loaded.mtp, longest + options.max_new_tokens + max(ks) + 2, prompts[workloads[0].name][0][:64], max_draft=max(ks))
+    draft_vocab, vocab_info = None, None
+    if options.draft_vocab is not None:
+        draft_vocab, vocab_info = draftvocab.read(folder, options.draft_vocab, model.get_output_embeddings().weight.shape[0])
+        log(f"draft vocabulary: the {vocab_info['size']} most frequent training tokens ({vocab_info['coverage']:.1%} of those counted)")
+    fused = build_fused_model(model, loaded.mtp, longest + options.max_new_tokens + max(ks) + 2, prompts[workloads[0].name][0][:64],
+                              max_draft=max(ks), draft_vocab=draft_vocab)
     timer = PassTimer(fused, ks, int(statistics.median(len(p) for ps in prompts.values() for p in ps)) + options.max_new_tokens // 2)
     pass_reps = 10  # pass-cost rounds before every repeat
     if options.peer and not loaded.transformers_mtp:
@@ -190,7 +196,9 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     record = new_record(
         options, folder=folder, model_id=model_id, revision=revision, hardware=hardware(device, placement), prompt_set=prompt_set,
         device=str(device), workloads=[w.name for w in workloads], draft_tokens=ks if options.ours else [mtp_k], cells=cells,
-        load_before=load_before, settings={"placement": placement, "regime": regime}, pass_costs=costs,
+        load_before=load_before, pass_costs=costs,
+        settings={"placement": placement, "regime": regime, "kernels": fused.kernels if device.type == "cpu" else "F.linear",
+                  "draft_vocab": vocab_info},
         recurrent_state=RecurrentState(**state) if (state := recurrent_summary(fused.layers)) else None,
     )
     path = write_record(record, options.out)
