@@ -5,6 +5,12 @@ folder (or --out), not evidence/.
 
     .venv/bin/python benchmarks/measure.py [--model PATH] [--repeats 5] [--max-new-tokens 128] [--runs 2]
     .venv/bin/python benchmarks/measure.py --hybrid [--repeats 30]
+    .venv/bin/python benchmarks/measure.py --pass-costs [--model DIR] [--threads 1,2] [--draft-vocab 4096,8192]
+
+--pass-costs: one forward of each kind (plain step, verify k = 1..4, draft step, catch-up) on the real
+team model (make real-model), interleaved over our loop's kernels before ("mm") and after ("rows"),
+and with the draft head cut to the most frequent training tokens; each ratio over the same variant's
+plain step, against the targets verify(k=1) <= 1.10, verify(k=3) <= 1.20, draft <= 0.08 plain.
 
 --hybrid: one hybrid checkpoint (Qwen3-Next as shipped, three Gated DeltaNet layers per attention
 layer, tiny sizes from the mirror config) against the same model with every layer full attention:
@@ -25,6 +31,12 @@ Timings on shared cores are noisy: figures are medians over interleaved repeats.
 
 from __future__ import annotations
 
+import os
+
+# Before torch starts OpenMP: its default spin-wait made 2 threads about 6 times slower than 1 on
+# busy shared cores (research-notes/real-model-head-and-cpu.md); a passive wait keeps them level.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import shlex
 import statistics
@@ -35,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from atlas.measure import smollm
 from atlas.measure.checkpoint import DEFAULT_MODEL, load_checkpoint
 from atlas.measure.engines.atlas_engine import run
 from atlas.measure.model import FastLayer, FusedModel, ModuleLayer, build_fused_model
@@ -42,6 +55,8 @@ from atlas.measure.oracles import write_checkpoint
 from atlas.measure.recurrent import state_bytes
 from atlas.measure.options import Options
 from atlas.measure.records import Cell, Record
+from atlas.measure.stamp import load_average
+from atlas.paths import project_path
 
 
 def row(label: str, tps: float, c: Cell | None, plain_tps: float | None = None) -> str:
@@ -151,6 +166,76 @@ def hybrid_report(repeats: int, depth: int = 8, max_len: int = 256, ks: tuple[in
               f"   plain {med[1] / base:.2f}x the first row's")
 
 
+PASS_TARGETS = {"verify k=1": 1.10, "verify k=3": 1.20, "draft": 0.08}  # issue 22's targets, each over the same variant's plain step
+
+
+def pass_cost_report(model: str, threads: list[int], rounds: int, vocab_sizes: list[int], position: int = 160) -> None:
+    """One forward of each kind, timed interleaved over variants of our loop on one checkpoint: the
+    matmul kernels before ("mm": torch.mm for every row count) and after ("rows": by row count),
+    and the draft head cut to the most frequent training tokens. Each figure is a median over
+    `rounds` rounds, each verify pass timed right after its k draft steps (as the loop runs it), and
+    every ratio is over the SAME variant's plain step; "plain vs mm" says whether the baseline
+    itself got slower. CPU time of this thread would hide waiting on a busy machine's cores, so
+    this is wall time: read the ratios, and the load printed beside them."""
+    from atlas.measure import draftvocab
+
+    loaded = load_checkpoint(model, torch.device("cpu"), torch.float32, peer=False)
+    vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
+    prompt = [(100 + 7 * i) % vocab_size for i in range(position)]
+    variants: dict[str, FusedModel] = {}
+    coverage: dict[str, float] = {}
+    for kernels in ("mm", "rows"):
+        variants[kernels] = build_fused_model(loaded.model, loaded.mtp, position + 16, prompt[:64], max_draft=4, kernels=kernels)
+    for n in vocab_sizes:
+        ids, info = draftvocab.read(Path(model), n, vocab_size)
+        variants[f"rows, draft vocab {n}"] = build_fused_model(loaded.model, loaded.mtp, position + 16, prompt[:64], max_draft=4,
+                                                               draft_vocab=ids)
+        coverage[f"rows, draft vocab {n}"] = info["coverage"]
+    ids = torch.zeros(5, dtype=torch.long)
+    hidden = torch.zeros(1, loaded.model.config.hidden_size)
+    for t in threads:
+        torch.set_num_threads(t)
+        samples: dict[tuple[str, str], list[float]] = {}
+
+        def timed(key: tuple[str, str], fn) -> None:
+            t0 = time.perf_counter()
+            fn()
+            samples.setdefault(key, []).append(time.perf_counter() - t0)
+
+        load_before = load_average()
+        with torch.inference_mode():
+            for f in variants.values():
+                f.main(torch.tensor(prompt), 0)  # fills every cache slot the passes read
+            for _ in range(rounds):
+                for name, f in variants.items():
+                    f.main(ids[:1], position)
+                    timed((name, "plain"), lambda: f.main(ids[:1], position))
+                    for k in (1, 2, 3, 4):
+                        for i in range(k):
+                            timed((name, "draft"), lambda i=i: f.draft(ids[:1], hidden, position + i))
+                        timed((name, f"verify k={k}"), lambda k=k: f.main(ids[: k + 1], position))
+                    for n in (1, 2, 3):  # the catch-up after n accepted drafts: n + 1 rows through the MTP layer
+                        timed((name, f"catch-up {n + 1} rows"), lambda n=n: f.catch_up(ids[: n + 1], hidden.expand(n + 1, -1), position))
+        load_after = load_average()
+        kinds = ["plain", *(f"verify k={k}" for k in (1, 2, 3, 4)), "draft", *(f"catch-up {n + 1} rows" for n in (1, 2, 3))]
+        print(f"\npass costs on {model}, fp32, {t} torch thread(s) (OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}), "
+              f"position {position}, median of {rounds} interleaved rounds; load average before {load_before}, after {load_after}")
+        print(f"{'variant':<26}" + "".join(f"{k:>17}" for k in kinds))
+        mm_plain = statistics.median(samples[("mm", "plain")])
+        for name in variants:
+            med = {k: statistics.median(samples[(name, k)]) for k in kinds}
+            cells = [f"{med['plain'] * 1e3:9.2f} ms     "] + [f"{med[k] * 1e3:6.2f} ({med[k] / med['plain']:.2f}x)" for k in kinds[1:]]
+            print(f"{name:<26}" + "".join(f"{c:>17}" for c in cells)
+                  + (f"   coverage {coverage[name]:.1%}" if name in coverage else "") + f"   plain vs mm {med['plain'] / mm_plain:.2f}x")
+        best = list(variants)[-1]
+        med = {k: statistics.median(samples[(best, k)]) for k in kinds}
+        for kind, target in PASS_TARGETS.items():
+            ratio = med[kind] / med["plain"]
+            print(f"  target {kind} / plain <= {target:.2f} ({best}): {ratio:.2f} -> {'met' if ratio <= target else f'missed by {ratio - target:.2f}'}")
+        catch, one = med["catch-up 2 rows"], med["draft"]
+        print(f"  target catch-up (2 rows) <= 1-row draft: {catch * 1e3:.2f} vs {one * 1e3:.2f} ms -> {'met' if catch <= one else 'missed'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=str(DEFAULT_MODEL))
@@ -163,7 +248,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2, help="back-to-back runs whose gate decisions are compared")
     parser.add_argument("--out", default=None, help="keep the records in this folder (default: a scratch folder)")
     parser.add_argument("--hybrid", action="store_true", help="pass costs and state memory: a hybrid checkpoint vs full attention")
+    parser.add_argument("--pass-costs", action="store_true",
+                        help="pass costs of our loop's kernels before/after and with a cut draft vocabulary (--model: default the real team model)")
+    parser.add_argument("--threads", default="1,2", help="--pass-costs: torch thread counts, measured in turn")
+    parser.add_argument("--draft-vocab", default="4096,8192", help="--pass-costs: cut draft vocabulary sizes")
     args = parser.parse_args()
+    if args.pass_costs:
+        model = args.model if args.model != str(DEFAULT_MODEL) else str(project_path(smollm.DEFAULT_OUT_PATH))
+        pass_cost_report(model, [int(t) for t in args.threads.split(",")], max(args.repeats, 5) * 6,
+                         [int(n) for n in args.draft_vocab.split(",") if n])
+        return
     if args.hybrid:
         hybrid_report(args.repeats)
         return

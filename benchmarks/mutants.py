@@ -44,6 +44,7 @@ LOOP = "atlas.measure.generate"
 RECURRENT = "atlas.measure.recurrent"
 RECORDS = "atlas.measure.records"
 CELLS = "atlas.measure.cells"
+MODEL = "atlas.measure.model"
 MUTANTS = (
     Mutant("reused-uniform", "lossy", LOOP,
            "r = torch.rand(k, generator=gen, device=p.device)",
@@ -128,6 +129,27 @@ MUTANTS = (
            "before = [p % c for p in range(start - self.kernel + 1, start) if p >= 0]",
            "before = [p % c for p in range(start - self.kernel + 2, start + 1) if p >= 0]", tuple(RECURRENT_TESTS),
            "the conv window keeps the newest column written, a rejected draft's input after a rejection"),
+    # the CPU kernels, the cut draft vocabulary, the one-expert fold and the head's training (issue 22)
+    Mutant("verify-rows-padding-read", "lossy", MODEL,
+           'y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")[:n]',
+           'y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")[-n:]', ("tests/test_decode.py",),
+           "a verify pass of 2-4 rows reads the zero padding's rows instead of its own"),
+    Mutant("draft-vocab-scattered-wrong", "metric", MODEL,
+           'return x, logits.new_full((self.vocab_size,), float("-inf")).index_copy_(0, p.vocab, logits)',
+           'return x, logits.new_full((self.vocab_size,), float("-inf")).index_copy_(0, p.vocab.roll(1), logits)',
+           ("tests/test_decode.py",), "the cut head's scores land on the wrong tokens (output stays exact, drafts go wrong)"),
+    Mutant("fixed-route-weight-dropped", "metric", MODEL,
+           "gates.append(g), ups.append(u), downs.append(experts.down_proj[e].detach() * w)",
+           "gates.append(g), ups.append(u), downs.append(experts.down_proj[e].detach())", ("tests/test_smollm.py",),
+           "the one-expert fold forgets the routing weight (then refused by its own check: the block runs routed)"),
+    Mutant("head-chain-attends-own-step", "metric", "atlas.measure.headtrain.head",
+           "k1, v1 = (t[:, :, :n].repeat_interleave(rep, dim=1) for t in keys[0])",
+           "k1, v1 = (t[:, :, :n].repeat_interleave(rep, dim=1) for t in keys[-1])", ("tests/test_headtrain.py",),
+           "training's chain step s attends to its own step's keys, not the first step's as decoding does"),
+    Mutant("head-acceptance-unreached-chains", "metric", "atlas.measure.headtrain.train",
+           "before = chain_ok.get((r, jj)) if s > 0 else True",
+           "before = chain_ok.get((r, jj), True) if s > 0 else True", ("tests/test_headtrain.py",),
+           "held-out acceptance counts chains whose earlier drafts target prompt tokens"),
 )
 
 
