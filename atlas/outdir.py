@@ -37,6 +37,8 @@ def check_replaceable(out: Path, command: str, legacy: Callable[[Path], bool] | 
     (its marker, or for folders written before markers existed, `legacy`: the command's own manifest)."""
     if out.is_symlink():
         raise AtlasError(f"--out {out} is a symbolic link; give the folder itself")
+    if Path.cwd().is_relative_to(out.resolve()):
+        raise AtlasError(f"--out {out} is the working folder or holds it; give a folder of its own")
     if not out.exists():
         return
     if not out.is_dir():
@@ -54,6 +56,7 @@ def replace(out: Path, command: str, write: Callable[[Path], T], legacy: Callabl
     a folder whose own manifest is `legacy`'s proof), then swap it in for `out` in one step. On any
     failure the sibling goes and `out` stays as it was."""
     check_replaceable(out, command, legacy)
+    out = Path(os.path.abspath(out))  # `out.parent` of a relative name such as "x" is "."
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))

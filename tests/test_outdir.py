@@ -57,8 +57,22 @@ def test_export_into_the_working_folder_or_its_parent_is_refused(store_db: Path,
     before = user_folder(work)
     monkeypatch.chdir(work)
     result = invoke("export", "--db", str(store_db), "--out", parent)
-    assert result.exit_code == 1 and "is not replaced" in result.output
+    assert result.exit_code == 1 and "working folder" in result.output
     assert snapshot(work) == before
+    # even when the working folder is empty: it would be swapped away under the shell
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    result = invoke("export", "--db", str(store_db), "--out", ".")
+    assert result.exit_code == 1 and "working folder" in result.output and empty.is_dir()
+
+
+def test_a_relative_out_is_written_beside_the_working_files(store_db: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert invoke("export", "--db", str(store_db), "--out", "data").exit_code == 0
+    assert outdir.written_by(tmp_path / "data") == "atlas export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
 
 
 def test_export_replaces_its_own_folder_and_a_pre_marker_export(store_db: Path, tmp_path: Path) -> None:
