@@ -16,16 +16,19 @@ from site_helpers import (
     HOSTILE_ID,
     HOSTILE_MODELS,
     PLANTED_SPEED,
+    Model,
     REPO,
     hostile_store,
     parse_html,
     plant_measurement,
     site_copy,
+    write_snapshot,
 )
 
 from atlas import AtlasError, fingerprints, store
 from atlas.measure import theory
 from atlas.site import diagrams, evidence, modelpages, render, reported, servable, worked_round
+from atlas.site.mdsafe import escape
 
 REPORTED = REPO / "evidence" / "reported.toml"
 MATRIX = REPO / "evidence" / "servable.toml"
@@ -376,6 +379,28 @@ def test_prose_quotes_reported_figures_by_id_and_an_unknown_id_fails_the_build(t
     layout = site_copy(tmp_path / "s", "---\nnumber: 8\ntitle: x\n---\n{{ reported_figure('no-such') }}\n")
     with pytest.raises(AtlasError, match="no reported figure with id 'no-such'"):
         render.render_site(layout)
+
+
+# Two valid 82-character repo ids (found by a birthday search) that share the readable part (cut at
+# 80 characters) and the first 8 hex digits of their sha256: one page slug before `slugs`.
+COLLIDING_IDS = ["collide-org/" + "m" * 67 + "hwo", "collide-org/" + "m" * 67 + "v_U"]
+
+
+def test_two_ids_whose_short_slugs_collide_get_a_page_each(tmp_path: Path) -> None:
+    assert all(len(i) == 82 for i in COLLIDING_IDS)
+    assert modelpages.slug(COLLIDING_IDS[0]) == modelpages.slug(COLLIDING_IDS[1])  # the collision is real
+    db = tmp_path / "atlas.duckdb"
+    write_snapshot(db, 29, [Model(i, str(n) * 40, 1, "num_nextn_predict_layers", 1, "mtp.*")
+                            for n, i in enumerate(COLLIDING_IDS, 1)])
+    models = modelpages.generate(db, tmp_path / "models.json", MATRIX, tmp_path)
+    slugs = {m.repo_id: m.slug for m in models.models}
+    assert len(set(slugs.values())) == 2, slugs
+    written = modelpages.render(models, reported.load(REPORTED), tmp_path / "docs" / "models")
+    for rid, s in slugs.items():
+        page = tmp_path / "docs" / "models" / f"{s}.md"
+        assert page in written and escape(rid) in page.read_text(encoding="utf-8")
+    # a short slug no other id shares is kept, so no other page moves
+    assert modelpages.slugs(["a/b", *COLLIDING_IDS])["a/b"] == modelpages.slug("a/b")
 
 
 def test_without_models_data_the_finder_says_so_and_the_calculator_is_not_a_measurement(tmp_path: Path) -> None:

@@ -26,8 +26,9 @@ import html
 import json
 import re
 import shutil
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 from urllib.parse import quote
 
 import duckdb
@@ -141,11 +142,33 @@ _MEASURED = """
     ORDER BY model_id, run_date, engine, workload, temperature, draft_tokens, record_id"""
 
 
-def slug(repo_id: str) -> str:
-    """A file name for the model's page: readable, and unique even when two ids differ only in
-    characters a file name cannot hold (hence the digest)."""
+def slug(repo_id: str, digits: int = 8) -> str:
+    """A file name for the model's page: readable, with a digest of the exact id so that two ids
+    differing only in characters a file name cannot hold (or past the readable part's 80
+    characters) still differ. Eight hex digits are unique only by chance: `slugs` makes a set unique."""
     readable = re.sub(r"[^a-z0-9._-]+", "-", repo_id.lower().replace("/", "--")).strip("-.")[:80]
-    return f"{readable or 'model'}-{hashlib.sha256(repo_id.encode()).hexdigest()[:8]}"
+    return f"{readable or 'model'}-{hashlib.sha256(repo_id.encode()).hexdigest()[:digits]}"
+
+
+def slugs(repo_ids: Iterable[str]) -> dict[str, str]:
+    """Each id's page slug, unique among these ids by construction: an id keeps its short slug
+    unless another id shares it (32 bits collide by chance from about 10^5 models, and on purpose
+    far sooner); then it takes the whole digest, and a counter if even that is taken. Every id in a
+    collision moves, so which one keeps the short slug never depends on order."""
+    ids = sorted(set(repo_ids))
+    short = Counter(slug(i) for i in ids)
+    out = {i: slug(i) for i in ids if short[slug(i)] == 1}
+    taken = set(out.values())
+    for rid in ids:
+        if rid in out:
+            continue
+        candidate, n = slug(rid, 64), 1
+        while candidate in taken:
+            n += 1
+            candidate = f"{slug(rid, 64)}-{n}"
+        out[rid] = candidate
+        taken.add(candidate)
+    return out
 
 
 def _date(value: Any) -> str:
@@ -215,7 +238,8 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
             derivatives.setdefault(base, []).append(rid)
 
     models: list[Model] = []
-    for rid in sorted(set(current) | set(measured)):
+    page_slugs = slugs(set(current) | set(measured))
+    for rid in sorted(page_slugs):
         now = current.get(rid)
         snaps_of = [_snapshot(h) for h in history.get(rid) or ([now] if now else [])]
         archs = [a.strip() for a in ((now or {}).get("architectures") or "").split(",") if a.strip()]
@@ -237,7 +261,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
         # history and links are shown on a model's own page only: a model without one is a
         # finder row, and keeps only what the row shows
         models.append(Model(
-            repo_id=rid, slug=slug(rid), org=rid.split("/", 1)[0] if "/" in rid else "",
+            repo_id=rid, slug=page_slugs[rid], org=rid.split("/", 1)[0] if "/" in rid else "",
             family=(now or {}).get("model_type"), architectures=(now or {}).get("architectures"),
             is_derivative=bool((now or {}).get("is_derivative")),
             base_models=list((now or {}).get("base_models") or []) if has_page else [],
