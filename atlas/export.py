@@ -319,9 +319,32 @@ def _quote(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
 
+# A spreadsheet runs a cell that starts with one of these as a formula (CSV injection), and a Hub
+# card's base_model or a record's workload is text anyone can write: OWASP's advice is a quote before it.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+CSV_NOTE = ("In the CSV files a text value that starts with =, +, -, @, a tab or a carriage return has a "
+            "quote (') put before it, so that a spreadsheet shows it as text instead of running it as a "
+            "formula; the Parquet files hold the exact value, and numeric columns are never changed.")
+CSV_TEXT = " (in CSV, a value starting with =, +, -, @, a tab or a carriage return has a ' put before it)"
+
+
+def _csv_safe(con: duckdb.DuckDBPyConnection, sql: str) -> str:
+    """`sql` with each text column's formula-like values quoted (FORMULA_STARTS); other columns,
+    numbers above all (a negative number is no formula), pass as they are."""
+    starts = ", ".join(f"chr({ord(c)})" for c in FORMULA_STARTS)
+    columns = []
+    for name, ctype, *_ in con.execute(f"DESCRIBE {sql}").fetchall():
+        ident = '"' + name.replace('"', '""') + '"'
+        columns.append(f"CASE WHEN left({ident}, 1) IN ({starts}) THEN chr(39) || {ident} ELSE {ident} END AS {ident}"
+                       if ctype == "VARCHAR" else ident)
+    return f"SELECT {', '.join(columns)} FROM ({sql})"
+
+
 def _copy(con: duckdb.DuckDBPyConnection, sql: str, out: Path, fmt: str) -> None:
-    options = "FORMAT parquet, COMPRESSION zstd" if fmt == "parquet" else "FORMAT csv, HEADER true"
-    con.execute(f"COPY ({sql}) TO {_quote(out)} ({options})")
+    if fmt == "parquet":
+        con.execute(f"COPY ({sql}) TO {_quote(out)} (FORMAT parquet, COMPRESSION zstd)")
+    else:
+        con.execute(f"COPY ({_csv_safe(con, sql)}) TO {_quote(out)} (FORMAT csv, HEADER true)")
 
 
 def _sha256(path: Path) -> str:
@@ -369,7 +392,9 @@ def _export_into(staging: Path, db: Path, matrix: servable_matrix.Matrix, eviden
         files: list[FileEntry] = []
         for t in TABLES:
             for column, ctype, *_ in con.execute(f"DESCRIBE {t.sql}").fetchall():
-                dictionary.append((t.name, column, ctype, MEANINGS[t.name].get(column, "")))
+                meaning = MEANINGS[t.name].get(column, "")
+                # a reader of the CSV looks its column up here, so the quote is said where it applies
+                dictionary.append((t.name, column, ctype, meaning + CSV_TEXT if meaning and ctype == "VARCHAR" else meaning))
             files += _write(con, staging, t.name, t.sql, con.execute(t.as_of).fetchone()[0])
         dictionary += [(DICTIONARY, c, "VARCHAR", m) for c, m in MEANINGS[DICTIONARY].items()]
         con.execute("CREATE OR REPLACE TEMP TABLE _dictionary "
@@ -379,7 +404,7 @@ def _export_into(staging: Path, db: Path, matrix: servable_matrix.Matrix, eviden
         log = changelog.collect(con, matrix, runs, evidence_dir / "conformance", root)
         manifest = Manifest(
             description={t.name: t.description for t in TABLES}
-            | {DICTIONARY: "One row per exported column: its table, name, type and meaning."},
+            | {DICTIONARY: "One row per exported column: its table, name, type and meaning. " + CSV_NOTE},
             files=files, snapshots=_snapshots(con),
             measurement_records=[{"record_id": r.record_id, "source_path": r.source_path} for r in runs],
             conformance_records=[_relative(p, root) for p in checked],
@@ -469,7 +494,7 @@ speed-up appears only in `measured_cells`, and figures other people published on
 {table_lines}
 
 `data_dictionary` names every column's type and meaning. Each table is also written as CSV
-(list columns as `[a, b]`).
+(list columns as `[a, b]`). {CSV_NOTE}
 
 ## Reading it
 

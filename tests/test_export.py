@@ -6,6 +6,7 @@ dataset-card format; the changelog is checked on a store holding two snapshots o
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 from urllib.parse import quote
@@ -18,7 +19,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from hub_fixtures import copy_mirror, make_hub, write_watchlist  # noqa: F401  (fixture)
-from site_helpers import REPO, build_demo_site, engines_in, parse_html, site_copy
+from site_helpers import (REPO, Model, build_demo_site, engines_in, parse_html, plant_measurement, site_copy,
+                          write_snapshot)
 
 from atlas import AtlasError, export, store
 from atlas.cli import cli
@@ -239,6 +241,54 @@ def test_the_card_is_a_hugging_face_dataset_card_whose_configs_read_with_duckdb(
         assert r["record_id"] in body
     assert all(c in body for c in manifest.conformance_records)
     assert f"support matrix `evidence/servable.toml` of\n{servable.load(MATRIX).date.isoformat()}" in body
+
+
+FORMULAS = ['=HYPERLINK("http://127.0.0.1/x","click")', "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(A1)",
+            "\tTAB=1", "\r=CR"]
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # OWASP's list, as issue 25 F6 names it
+
+
+def test_csv_text_never_starts_a_formula_and_parquet_keeps_the_exact_value(tmp_path: Path) -> None:
+    """A Hub card's base model, config strings and a record's model id that start a spreadsheet
+    formula: quoted in every CSV text cell, exact in Parquet, numbers untouched, and said in the
+    data dictionary and the card."""
+    db = tmp_path / "atlas.duckdb"
+    write_snapshot(db, 29, [Model("org/formula", "a" * 40, 1, FORMULAS[2], 1, FORMULAS[3], FORMULAS[0],
+                                  FORMULAS[4], base=[FORMULAS[1]]),
+                            Model("org/plain", "b" * 40, 1, FORMULAS[5], 1, "mtp.*")])
+    plant_measurement(db, tmp_path / "records", "@org/measured")
+    out = tmp_path / "out"
+    export.export(db, out, REPO / "evidence", REPO)
+    con = duckdb.connect()
+    seen = set()
+    try:
+        for t in [t.name for t in export.TABLES] + [export.DICTIONARY]:
+            parquet = con.execute(f"SELECT * FROM read_parquet('{out / t}.parquet')")
+            exact = parquet.fetchall()
+            with (out / f"{t}.csv").open(newline="", encoding="utf-8") as f:
+                as_csv = list(csv.reader(f))[1:]
+            assert len(as_csv) == len(exact), t
+            for got, want in zip(as_csv, exact):
+                for cell, value in zip(got, want):
+                    assert not cell.startswith(FORMULA_STARTS), (t, cell)
+                    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+                        assert cell == "'" + value, (t, cell, value)
+                        seen.add(value)
+    finally:
+        con.close()
+    assert set(FORMULAS) | {"@org/measured"} <= seen | {FORMULAS[1]}, seen  # every planted value reached a file
+    assert "+1+cmd" in (out / "fingerprints.parquet").read_bytes().decode("latin-1")  # the list column, exact
+    # a number is never a formula: a negative one stays a number, a text one is quoted
+    con = duckdb.connect()
+    try:
+        export._copy(con, "SELECT -2 AS n, -0.5::DOUBLE AS x, '-2' AS t", tmp_path / "n.csv", "csv")
+    finally:
+        con.close()
+    assert (tmp_path / "n.csv").read_text(encoding="utf-8") == "n,x,t\n-2,-0.5,'-2\n"
+    meanings = {(d["table"], d["column"]): d["meaning"] for d in rows(out / "data_dictionary.parquet")}
+    assert "' put before it" in meanings[("measured_cells", "workload")]
+    assert "' put before it" not in meanings[("measured_cells", "temperature")]
+    assert export.CSV_NOTE in (out / export.CARD).read_text(encoding="utf-8")
 
 
 def test_export_refuses_a_store_without_a_complete_snapshot(tmp_path: Path) -> None:
