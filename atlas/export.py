@@ -27,6 +27,7 @@ import yaml
 from pydantic import BaseModel
 
 from atlas import AtlasError, outdir, store
+from atlas.paths import published
 from atlas.measure import conformance
 from atlas.site import changelog
 from atlas.site import measured as measured_section
@@ -72,7 +73,8 @@ TABLES = (
     Table("measured_cells",
           "The atlas's own measurements: one row per record, engine, workload, temperature and "
           "draft length, with the record id it was imported as (smoke runs left out).",
-          "SELECT m.* FROM measurement_cells m JOIN _evidence_records e USING (record_id) "
+          "SELECT m.* REPLACE (e.source_path AS source_path) FROM measurement_cells m "
+          "JOIN _evidence_records e USING (record_id) "
           "ORDER BY m.run_date, m.record_id, m.engine, m.workload, m.temperature, m.draft_tokens",
           "SELECT max(m.run_date)::DATE FROM measurement_cells m JOIN _evidence_records e USING (record_id)"),
     Table("conformance_verdicts",
@@ -282,9 +284,12 @@ def _load_side_tables(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Ma
 
     sources = _measurement_sources(con)
     runs = [r for r in measured_section.load_runs(sources) if not r.record.settings.quick]
-    con.execute("CREATE OR REPLACE TEMP TABLE _evidence_records (record_id VARCHAR)")
+    # each record's path as published: the store keeps where it was imported from, which for a
+    # record from outside the checkout is the importer's absolute path
+    con.execute("CREATE OR REPLACE TEMP TABLE _evidence_records (record_id VARCHAR, source_path VARCHAR)")
     if runs:
-        con.executemany("INSERT INTO _evidence_records VALUES (?)", [[r.record_id] for r in runs])
+        con.executemany("INSERT INTO _evidence_records VALUES (?, ?)",
+                        [[r.record_id, published(r.source_path, root)] for r in runs])
 
     folder = evidence_dir / "conformance"
     records = conformance.load_records(folder)
@@ -351,10 +356,21 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _snapshots(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+def _published_source(endpoint: str | None, root: Path) -> str | None:
+    """A snapshot's source as published: a mirror crawl's label holds the mirror folder as the
+    crawl was given it, often an absolute path."""
+    from atlas.site.evidence import MIRROR_PREFIX
+
+    if endpoint is None or not endpoint.startswith(MIRROR_PREFIX):
+        return endpoint
+    return MIRROR_PREFIX + published(endpoint.removeprefix(MIRROR_PREFIX), root)
+
+
+def _snapshots(con: duckdb.DuckDBPyConnection, root: Path) -> list[dict[str, Any]]:
     rows = con.execute("SELECT snapshot_id, finished_at, endpoint FROM snapshots WHERE status = 'complete' "
                        "ORDER BY snapshot_id").fetchall()
-    return [{"snapshot_id": i, "finished": f.strftime("%Y-%m-%d %H:%M"), "source": e} for i, f, e in rows]
+    return [{"snapshot_id": i, "finished": f.strftime("%Y-%m-%d %H:%M"), "source": _published_source(e, root)}
+            for i, f, e in rows]
 
 
 def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
@@ -405,18 +421,14 @@ def _export_into(staging: Path, db: Path, matrix: servable_matrix.Matrix, eviden
         manifest = Manifest(
             description={t.name: t.description for t in TABLES}
             | {DICTIONARY: "One row per exported column: its table, name, type and meaning. " + CSV_NOTE},
-            files=files, snapshots=_snapshots(con),
-            measurement_records=[{"record_id": r.record_id, "source_path": r.source_path} for r in runs],
-            conformance_records=[_relative(p, root) for p in checked],
+            files=files, snapshots=_snapshots(con, root),
+            measurement_records=[{"record_id": r.record_id, "source_path": published(r.source_path, root)} for r in runs],
+            conformance_records=[published(p.resolve(), root) for p in checked],
             servable_date=matrix.date.isoformat(),
         )
     finally:
         con.close()
     return manifest, log
-
-
-def _relative(path: Path, root: Path) -> str:
-    return path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
 
 
 def _write(con: duckdb.DuckDBPyConnection, folder: Path, name: str, sql: str,

@@ -37,6 +37,17 @@ def default_db() -> Path:
     return path if os.environ.get("ATLAS_DB") or path.is_absolute() else project_root() / path
 
 
+def published(path: str | Path, root: Path = ROOT) -> str:
+    """A path as the atlas may publish it (export, card, changelog): relative to the repository
+    `root`, or the file or folder's name alone. An absolute path, or a relative one that climbs out
+    with '..', would publish the importer's own folders and means nothing to a reader."""
+    given = Path(path)
+    if given.is_absolute():
+        here, top = given.resolve(), root.resolve()
+        return here.relative_to(top).as_posix() if here.is_relative_to(top) else here.name
+    return given.name if ".." in given.parts else given.as_posix()
+
+
 def replace_text(path: Path, text: str, what: str) -> bool:
     """Write a generated file only when its content changes; returns whether it did. Written aside
     and renamed, so a full disk or a kill mid-write never leaves a torn file. `what` names the

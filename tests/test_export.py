@@ -291,6 +291,41 @@ def test_csv_text_never_starts_a_formula_and_parquet_keeps_the_exact_value(tmp_p
     assert export.CSV_NOTE in (out / export.CARD).read_text(encoding="utf-8")
 
 
+def _published_text(out: Path) -> str:
+    """Everything an export publishes, as text: its text files as they are, every Parquet value."""
+    con = duckdb.connect()
+    try:
+        values = [repr(con.execute(f"SELECT * FROM read_parquet('{p}')").fetchall()) for p in sorted(out.glob("*.parquet"))]
+    finally:
+        con.close()
+    return "\n".join([p.read_text(encoding="utf-8") for p in sorted(out.iterdir()) if p.suffix != ".parquet"] + values)
+
+
+def test_the_export_publishes_no_absolute_path(exported, tmp_path: Path) -> None:
+    """A mirror and a record inside the checkout given by absolute path are published relative to
+    it; a mirror and a record outside it by their names alone (manifest, card, measured_cells)."""
+    _, out, manifest, _, _ = exported
+    inside = _published_text(out)
+    assert str(REPO) not in inside
+    assert {s["source"] for s in manifest.snapshots} == {"mirror:data/hub-mirror"}
+    assert all(not Path(r["source_path"]).is_absolute() for r in manifest.measurement_records)
+
+    home = tmp_path / "home" / "someone"
+    mirror = copy_mirror(home / "private-mirror")
+    shutil.copy(REPO / "data" / "hub-mirror" / "watchlist.toml", mirror)
+    db = tmp_path / "atlas.duckdb"
+    result = CliRunner().invoke(cli, ["crawl", "--db", str(db), "--mirror", str(mirror), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    plant_measurement(db, home / "private-records", "outside/model")
+    made = export.export(db, tmp_path / "out", REPO / "evidence", REPO)
+    outside = _published_text(tmp_path / "out")
+    assert str(tmp_path) not in outside and "someone" not in outside and "private-records" not in outside
+    assert [s["source"] for s in made.snapshots] == ["mirror:private-mirror"]
+    name = next((home / "private-records").glob("*.json")).name
+    assert [r["source_path"] for r in made.measurement_records] == [name]
+    assert {r["source_path"] for r in rows(tmp_path / "out" / "measured_cells.parquet")} == {name}
+
+
 def test_export_refuses_a_store_without_a_complete_snapshot(tmp_path: Path) -> None:
     db = tmp_path / "empty.duckdb"
     store.connect(db).close()

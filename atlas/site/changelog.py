@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from atlas import AtlasError
 from atlas.measure import conformance
+from atlas.paths import published
 from atlas.site import measured as measured_section
 from atlas.site import servable as servable_matrix
 from atlas.site.mdsafe import Markdown, code, escape, table
@@ -130,7 +131,7 @@ def _records(runs: list[measured_section.Run], conformance_dir: Path, root: Path
         r = run.record
         keys = [(r.model_id, c.engine, c.workload, c.temperature, c.draft_tokens) for c in r.cells]
         entries.append((r.run_date.isoformat(), RecordChange(
-            kind="measurement", source=run.source_path, record_id=run.record_id,
+            kind="measurement", source=published(run.source_path, root), record_id=run.record_id,
             date=r.run_date.strftime("%Y-%m-%d %H:%M"), subject=r.model_id, n_rows=len(keys),
             added=0, remeasured={}), keys))
     for path, rec in conformance.load_records(conformance_dir):
