@@ -635,13 +635,13 @@ def causes_text(rows: list[Verdict]) -> str:
     """Markdown: each known cause behind these verdicts, by its short id (K1, …, as the table cites
     them): the mechanism, which builds and checks it breaks, the upstream issue and fix, what
     reading says of the other builds, and the run-time patch that takes it out."""
-    from atlas.site.mdsafe import code, escape
+    from atlas.site.mdsafe import code, escape, link
 
     ids = _cause_ids(rows)
     causes = {k.id: k for v in rows for k in v.causes}
     return "\n".join(
         f"- **{ids[k.id]}** ({escape(k.id)}): {escape(k.mechanism)}. Applies to {escape(k.applies_to)}. Upstream: "
-        f"[issue]({k.upstream_issue}), [fix]({k.upstream_fix}). Other builds: {escape(k.other_paths)}. "
-        f"Run-time patch: {code(k.patch or '—')} (`atlas conformance run --patch {k.patch}`), recorded as a patched build."
+        f"{link('issue', k.upstream_issue)}, {link('fix', k.upstream_fix)}. Other builds: {escape(k.other_paths)}. "
+        f"Run-time patch: {code(k.patch or '—')} ({code(f'atlas conformance run --patch {k.patch}')}), recorded as a patched build."
         for k in causes.values()
     )

@@ -25,7 +25,7 @@ from atlas.measure import conformance
 from atlas.paths import published
 from atlas.site import measured as measured_section
 from atlas.site import servable as servable_matrix
-from atlas.site.mdsafe import Markdown, code, escape, table
+from atlas.site.mdsafe import Markdown, code, escape, file_link, table
 
 FILE_NAME = "changelog.json"
 COMPARED = ("declared_num_mtp_layers", "shipped_mtp_layers", "declared_key", "model_type")
@@ -217,7 +217,7 @@ def _snapshot_section(s: SnapshotChanges, servable_date: str) -> list[str]:
 
 def _record_row(r: RecordChange, links: dict[str, str]) -> list[object]:
     name = Path(r.source).name
-    source = (Markdown(f"[{escape(name)}]({links[r.source]})") if r.source in links else code(name))
+    source = file_link(name, links[r.source]) if r.source in links else code(name)
     again = "; ".join(f"{n} of {Path(src).name}" for src, n in r.remeasured.items()) or "—"
     return [Markdown(f'<span class="atlas-nowrap">{escape(r.date)}</span>'), r.kind, escape(r.subject), source,
             r.n_rows, r.added, escape(again)]

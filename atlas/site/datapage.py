@@ -12,14 +12,13 @@ Without an export both pages say how to make one; the record files are listed ei
 from __future__ import annotations
 
 import hashlib
-from urllib.parse import quote
 import shutil
 from pathlib import Path
 
 from atlas import export
 from atlas.measure import conformance, records
 from atlas.site import changelog
-from atlas.site.mdsafe import Markdown, code, escape, table
+from atlas.site.mdsafe import Markdown, code, escape, file_link, table
 
 RECORD_KINDS = ("measurements", "conformance")
 RECORDS = "data/records"  # under docs/: the record files, one folder per kind
@@ -51,9 +50,9 @@ def _record_rows(evidence: Path, docs: Path) -> tuple[list[list[object]], dict[s
             else:
                 crec = checked[path]
                 what, when = f"{crec.package} {crec.version}, {crec.hardware}", crec.run_date
-            rel = f"records/{kind}/{quote(path.name)}"  # from the Data page, docs/data/index.md
             links[f"evidence/{kind}/{path.name}"] = f"{RECORDS}/{kind}/{path.name}"
-            rows.append([Markdown(f"[{escape(path.name)}]({rel})"), kind,
+            # linked from the Data page, docs/data/index.md
+            rows.append([file_link(path.name, f"records/{kind}/{path.name}"), kind,
                          Markdown(f'<span class="atlas-nowrap">{when:%Y-%m-%d %H:%M}</span>'),
                          escape(what), _sha(hashlib.sha256(path.read_bytes()).hexdigest())])
     return rows, links
@@ -65,7 +64,7 @@ def _tables(manifest: export.Manifest, data: Path, out: Path) -> list[str]:
     for f in manifest.files:
         shutil.copyfile(data / f.path, files / f.path)
     shutil.copyfile(data / export.MANIFEST, files / export.MANIFEST)
-    rows = [[Markdown(f"[{escape(f.path)}](files/{f.path})"), code(f.table), f.format, f.rows,
+    rows = [[file_link(f.path, f"files/{f.path}"), code(f.table), f.format, f.rows,
              Markdown(f'<span class="atlas-nowrap">{f.as_of or "—"}</span>'), _sha(f.sha256)]
             for f in manifest.files]
     snaps = "\n".join(f"- snapshot #{s['snapshot_id']}: crawl finished {escape(s['finished'])} UTC, "

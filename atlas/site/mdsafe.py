@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from typing import Iterable
+from urllib.parse import quote
 
 # A translate table replaces each character once, so `&` needs no special ordering.
 _ENTITIES = {c: f"&#{ord(c)};" for c in "&<>\"'|`*_[]{}\\~#"}
@@ -40,6 +41,27 @@ def code(value: object) -> Markdown:
     """Untrusted value shown in a monospace span. An HTML <code> element instead of backticks,
     because a backtick inside the value would end a Markdown code span early."""
     return Markdown(f"<code>{escape(value)}</code>")
+
+
+# What a URL may keep as it is; every other character is percent-encoded, so a URL a record cites
+# can neither close its link nor start markup.
+_URL_SAFE = "/:?#&=%@+,;~"
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def link(text: object, url: str) -> Markdown:
+    """A Markdown link to an untrusted URL: the text escaped, the URL percent-encoded. A URL with a
+    scheme other than http(s) (javascript:, data:) is no link: the text is shown alone."""
+    scheme = _SCHEME.match(url)
+    if not scheme or scheme.group().lower() not in ("http:", "https:"):
+        return escape(text)
+    return Markdown(f"[{escape(text)}]({quote(url, safe=_URL_SAFE)})")
+
+
+def file_link(text: object, path: str) -> Markdown:
+    """A Markdown link to a file of the site by its relative path, whatever characters its name
+    holds: each is percent-encoded but '/', so the link reaches exactly that file and ends there."""
+    return Markdown(f"[{escape(text)}]({quote(path, safe='/')})")
 
 
 def cell(value: object) -> Markdown:

@@ -423,7 +423,7 @@ def anchor_text(runs: list[Run], anchors: list[reported_figures.Figure]) -> str:
                 and "chat" in c.workload and c.derived.acceptance_rate is not None]
         for c in chat:
             line = (f"R{n}{escape(label(run))}, {escape(c.workload)} at T = 1, k = 1: acceptance "
-                    f"{c.derived.acceptance_rate:.3f} ({ENGINE_NAMES.get(c.engine, c.engine)}).")
+                    f"{c.derived.acceptance_rate:.3f} ({escape(ENGINE_NAMES.get(c.engine, c.engine))}).")
             for f in anchors:
                 line += (f" Reported beside it, not compared as if equal: {escape(f.subject)}, "
                          f"\"{escape(f.figure)}\" ({escape(f.source)}; engine {escape(f.engine)}, workload "
