@@ -33,6 +33,11 @@ NO_MEASUREMENT = "No measurement yet."
 ENGINE_NAMES = {"atlas": "atlas", "transformers-use_mtp": "transformers use_mtp"}
 
 
+def engine_name(engine: str) -> Markdown:
+    """A cell's engine as the pages name it, escaped here: the name is the record's own text."""
+    return escape(ENGINE_NAMES.get(engine, engine))
+
+
 @dataclass
 class Run:
     """One imported record, with the id the store knows it by (records.record_id)."""
@@ -225,7 +230,7 @@ def _summary(run: Run, baselines: dict[str, str]) -> list[tuple[str, Markdown]]:
         by_baseline.setdefault(baselines[cell.baseline], []).append([
             escape(workload),
             _temp(t),
-            ENGINE_NAMES.get(engine, engine),
+            engine_name(engine),
             gate_text,
             _bound(d) if gate is not None else "—",
             _num(d.acceptance_rate, 3),
@@ -246,7 +251,7 @@ def _detail(run: Run, baselines: dict[str, str]) -> str:
     for (engine, workload, t), group in _groups(run.record).items():
         for c in sorted(group, key=lambda c: c.draft_tokens):
             d = c.derived
-            heads.setdefault(engine, f"*{escape(ENGINE_NAMES.get(engine, engine))} "
+            heads.setdefault(engine, f"*{engine_name(engine)} "
                                      f"{escape(c.engine_version)}, baseline {baselines[c.baseline]}*")
             by_pos = " / ".join(_num(p, 2) for p in _by_position(d)[0]) or "—"
             by_engine.setdefault(engine, []).append([
@@ -341,6 +346,7 @@ def evidence_runs(runs: list[Run]) -> list[tuple[int, Run]]:
 
 
 def _engine_text(run: Run, cell: records.Cell) -> str:
+    """The engine and version a cell ran on, as plain text: a table header or `escape` takes it."""
     er = run.record.engine_run
     if er is not None:
         return f"{er.package} {er.version}"
@@ -423,7 +429,7 @@ def anchor_text(runs: list[Run], anchors: list[reported_figures.Figure]) -> str:
                 and "chat" in c.workload and c.derived.acceptance_rate is not None]
         for c in chat:
             line = (f"R{n}{escape(label(run))}, {escape(c.workload)} at T = 1, k = 1: acceptance "
-                    f"{c.derived.acceptance_rate:.3f} ({escape(ENGINE_NAMES.get(c.engine, c.engine))}).")
+                    f"{c.derived.acceptance_rate:.3f} ({engine_name(c.engine)}).")
             for f in anchors:
                 line += (f" Reported beside it, not compared as if equal: {escape(f.subject)}, "
                          f"\"{escape(f.figure)}\" ({escape(f.source)}; engine {escape(f.engine)}, workload "
