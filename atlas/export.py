@@ -138,7 +138,7 @@ MEANINGS: dict[str, dict[str, str]] = {
     },
     "measured_cells": {
         "record_id": "sha256 of the record's canonical serialisation: the id it was imported as",
-        "source_path": "the record file, relative to the repository",
+        "source_path": "the record file, relative to the repository (a record imported from outside it: its file name)",
         "run_date": "when the run started (UTC)",
         "model_id": "the measured checkpoint",
         "revision": "the checkpoint's revision or content digest",
