@@ -1023,6 +1023,9 @@ def crawl(
     if token is None:
         token = os.environ.get("HF_TOKEN") or False  # used, never stored or logged
     redact.keep_secret(token)
+    # the endpoint's own credentials are used to connect and never shown: a hub may echo them too
+    redact.keep_secret(urlsplit(endpoint).password)
+    endpoint_label = endpoint_label or redact.text(endpoint)
     bounds = bounds or DEFAULT_BOUNDS
     cache_dir = cache_dir or db.parent / "hf-cache"
     started = store.utc_now()
@@ -1046,10 +1049,10 @@ def crawl(
         with CrawlProgress(pacer, enabled=progress) as bar:
             problems: list[str] = []
             coverage: list[OrgCoverage] = []
-            bar.phase("listing", f"listing {len(watch.orgs)} orgs of {endpoint_label or endpoint}")
+            bar.phase("listing", f"listing {len(watch.orgs)} orgs of {endpoint_label}")
             listed = list_scope(ctx, watch, problems, coverage)
             if watch.orgs and len(problems) == len(watch.orgs) and not any(x.row.fetch_status == "ok" for x in listed):
-                raise AtlasError(f"no listing of {endpoint} succeeded, nothing to snapshot: " + "; ".join(problems[:3]))
+                raise AtlasError(f"no listing of {endpoint_label} succeeded, nothing to snapshot: " + "; ".join(problems[:3]))
             readable = [x for x in listed if x.row.fetch_status == "ok"]
             known = store.stored_pairs(con, [(x.repo_id, x.sha) for x in readable if x.sha])
             side_state = store.side_file_state(con, known)
@@ -1066,7 +1069,7 @@ def crawl(
             bar.phase("fetching", f"{len(listed)} models in scope, {len(todo)} to fetch", total=len(todo))
             fetched = _fetch_all(ctx, todo, known, concurrency, bar)
             return _finish(con, watch, digest, listed, known, stored_errors, fetched, problems, pacer,
-                           started, clock, endpoint_label or endpoint, coverage)
+                           started, clock, endpoint_label, coverage)
     except KeyboardInterrupt:
         pacer.abort()
         newest = _last_snapshot(con) if con is not None else None

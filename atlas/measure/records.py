@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, cast
 
 from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, StringConstraints, ValidationError,
-                      model_serializer, model_validator)
+                      field_validator, model_serializer, model_validator)
 
 from atlas import AtlasError
+from atlas.hub import redact
 from atlas.measure.placement import Placement
 from atlas.measure.theory import conditional_acceptance, ideal_speedup as ideal_from_costs
 from atlas.paths import ROOT
@@ -344,6 +345,14 @@ class Record(Strict):
     load_before: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(default=None, max_length=3)
     load_after: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(default=None, max_length=3)
     provenance: Provenance | None = None  # a checkpoint this project made: how (labelled on the site)
+
+    @field_validator("command")
+    @classmethod
+    def _no_credential(cls, value: str) -> str:
+        # evidence and export publish the command: a hand-written one with a password stops here
+        if redact.text(value) != value:
+            raise ValueError("holds a credential (a URL's user info or a token); record the command without it")
+        return value
 
     @model_validator(mode="after")
     def _unique_cells(self) -> "Record":
