@@ -31,8 +31,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, cast
 
-from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, StringConstraints, ValidationError,
-                      field_validator, model_serializer, model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, StringConstraints,
+                      ValidationError, field_validator, model_serializer, model_validator)
 
 from atlas import AtlasError
 from atlas.hub import redact
@@ -256,6 +256,24 @@ class Cell(Strict):
         return self
 
 
+def _finite(value: Any, where: str = "") -> Any:
+    """`value` unchanged when no number inside it is NaN or infinite; else ValueError naming where.
+    `allow_inf_nan` covers typed float fields only: free-form engine arguments are `Any`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where or 'value'} is {value!r}: a JSON number must be finite")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _finite(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _finite(item, f"{where}[{i}]")
+    return value
+
+
+# Engine arguments as given (JSON of any shape), with every number inside them finite.
+EngineArgs = Annotated[dict[str, Any], AfterValidator(_finite)]
+
+
 class EngineRun(Strict):
     """How an external engine (vLLM) ran: its own environment's versions, the exact engine
     arguments, the parallel layout and devices, how drafts were sampled, and what was checked."""
@@ -272,11 +290,11 @@ class EngineRun(Strict):
     tensor_parallel_size: int = Field(ge=1, le=1_000_000)
     pipeline_parallel_size: int = Field(ge=1, le=1_000_000)
     draft_sample_method: Name  # vLLM's default "greedy": draft = argmax, q treated as one-hot
-    options: dict[str, Any]  # the user's pass-through engine options, as given
-    engine_args: dict[str, Any]  # everything the engine was built with (k = 0 engine)
-    speculative_config: dict[str, Any]  # merged into engine_args for each k > 0 engine
+    options: EngineArgs  # the user's pass-through engine options, as given
+    engine_args: EngineArgs  # everything the engine was built with (k = 0 engine)
+    speculative_config: EngineArgs  # merged into engine_args for each k > 0 engine
     layout: Name  # the MTP layout the engine ran (after any conversion)
-    conversion: dict[str, Any] | None = None  # how the checkpoint was rewritten for the engine
+    conversion: EngineArgs | None = None  # how the checkpoint was rewritten for the engine
     counter_check: Text  # per-request counts against the engine's counter deltas
     schedule: Text  # how plain and speculative runs were ordered
 
