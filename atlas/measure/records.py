@@ -25,8 +25,12 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import signal
 import statistics
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, cast
@@ -695,14 +699,46 @@ def record_id(record: Record) -> str:
     return hashlib.sha256(canonical_bytes(record)).hexdigest()
 
 
+_INTERRUPTED = threading.Event()
+
+
+@contextmanager
+def no_record_after_interrupt() -> Iterator[None]:
+    """While a run measures, a SIGINT is remembered before it is raised: no record is written after
+    it even where code on the way catches the KeyboardInterrupt (a run stopped by SIGINT wrote a
+    record that had lost its provenance). Main thread only, as every signal handler."""
+
+    def interrupted(signum: int, frame: object) -> None:
+        _INTERRUPTED.set()
+        raise KeyboardInterrupt
+
+    _INTERRUPTED.clear()
+    previous = signal.signal(signal.SIGINT, interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def write_record(record: Record, out_dir: Path) -> Path:
-    """Write a validated, self-consistent record as <date>-<model>-<digest12>.json."""
+    """Write a validated, self-consistent record as <date>-<model>-<digest12>.json, whole or not at
+    all: into a sibling that import does not read (*.json.partial), then renamed."""
+    if _INTERRUPTED.is_set():
+        raise AtlasError("interrupted (SIGINT): the run did not finish, so no record was written")
     check_consistency(record)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = canonical_bytes(record)
     slug = "".join(c if c.isalnum() or c in "-." else "-" for c in record.model_id)[-60:]
     path = out_dir / f"{record.run_date:%Y%m%dT%H%M%SZ}-{slug}-{hashlib.sha256(data).hexdigest()[:12]}.json"
-    path.write_bytes(data)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with partial.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
     return path
 
 
