@@ -373,6 +373,24 @@ def measure_import(db: str | None, directory: str | None) -> None:
         raise AtlasError("rejected:\n  " + "\n  ".join(errors))
 
 
+@measure_group.command("forget")
+@click.option("--db", type=click.Path(dir_okay=False), default=None, help="store (default data/atlas.duckdb or $ATLAS_DB)")
+@click.argument("record")
+def measure_forget(db: str | None, record: str) -> None:
+    """Remove an imported record from the store, by its id (12 characters at least) or source path:
+    for a record whose file is gone (evidence and export read every imported record's file)."""
+    from atlas import store
+    from atlas.measure import records
+    from atlas.paths import default_db
+
+    con = store.connect(db or default_db())
+    try:
+        [(record_id, source)] = records.forget_record(con, record)
+    finally:
+        con.close()
+    click.echo(f"forgot measurement record {record_id[:12]} (imported from {source})")
+
+
 @cli.group("conformance")
 def conformance_group() -> None:
     """Engine conformance: is an engine's MTP lossless? Dated records under evidence/conformance/."""

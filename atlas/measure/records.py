@@ -844,3 +844,25 @@ def import_records(con: duckdb.DuckDBPyConnection, directory: Path) -> tuple[int
             continue
         loaded += 1
     return loaded, present, errors
+
+
+def forget_record(con: duckdb.DuckDBPyConnection, key: str) -> list[tuple[str, str]]:
+    """Remove one imported record's rows: `key` is its id, a prefix of it (12 characters at least,
+    as messages show it) or the source path it was imported from. The way out when a record's file
+    is gone: evidence and export read every imported record's file. Returns the (record_id,
+    source_path) forgotten; AtlasError when `key` names no record or several."""
+    ensure_schema(con)
+    if len(key) < 12 and not key.endswith(".json"):
+        raise AtlasError(f"{key!r}: give a record id (12 characters at least) or the record's source path")
+    path = Path(key)
+    source = _repo_relative(path) if path.is_absolute() or path.suffix == ".json" else key
+    found = con.execute("SELECT DISTINCT record_id, source_path FROM measurement_cells "
+                        "WHERE starts_with(record_id, ?) OR source_path = ? OR source_path = ? ORDER BY record_id",
+                        [key, key, source]).fetchall()
+    if not found:
+        raise AtlasError(f"no imported measurement record has the id or source path {key!r}")
+    if len({rid for rid, _ in found}) > 1:
+        raise AtlasError(f"{key!r} names {len(found)} records; give more of the id: " + ", ".join(rid[:16] for rid, _ in found))
+    con.execute("DELETE FROM measurement_cells WHERE record_id = ?", [found[0][0]])
+    return found[:1]
+
