@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from click.testing import CliRunner
-from hub_fixtures import build_mirror, config, make_hub, write_watchlist  # noqa: F401
+from hub_fixtures import build_mirror, bundled_hub, config, make_hub, write_watchlist  # noqa: F401
 
 from atlas import AtlasError
 from atlas.cli import cli
@@ -79,3 +79,52 @@ def test_a_record_whose_command_holds_a_password_is_refused_by_name(tmp_path: Pa
     with pytest.raises(AtlasError, match=r"leaky\.json.*command.*credential") as refused:
         records.read_record(path)
     assert "Secret" not in str(refused.value)
+
+
+# ---- F4: NO_PROXY of any length --------------------------------------------------------------------
+
+
+def test_a_thousand_no_proxy_entries_build_no_transport_each(tmp_path: Path, bundled_hub,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crawl through a working proxy on 127.0.0.1 with 1000 NO_PROXY entries: it goes through the
+    proxy, the entries still route their hosts direct, and no transport (each with its own TLS
+    context) is built per entry."""
+    from huggingface_hub.utils import get_session, httpx
+    from test_crawl import _ForwardProxy
+
+    from atlas.hub import crawl as crawler
+
+    built: list[object] = []
+    plain_init = httpx.HTTPTransport.__init__
+
+    def counted(self, *args, **kwargs) -> None:
+        built.append(self)
+        plain_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(httpx.HTTPTransport, "__init__", counted)
+    proxy = _ForwardProxy(bundled_hub.url)
+    try:
+        for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        monkeypatch.setenv("NO_PROXY", ",".join([f"n{i}.internal.example" for i in range(999)] + ["direct.example"]))
+        summary = crawler.crawl(tmp_path / "a.duckdb", write_watchlist(tmp_path / "w.toml", ["zai-org"]),
+                                endpoint="http://hub.invalid", token=False, cache_dir=tmp_path / "c", concurrency=2,
+                                progress=False)
+        assert summary.fetched > 0 and summary.failed == 0
+        assert proxy.seen and all(p.startswith("http://hub.invalid/") for p in proxy.seen)
+        assert len(built) < 20, f"{len(built)} transports built"
+        # the routing itself, on a client as the crawl builds it: a NO_PROXY host direct, others through the proxy
+        crawler.install_client(crawler.Pacer("http://hub.invalid"), 5.0, crawler.Silence(crawler.Pacer("http://hub.invalid")))
+        try:
+            client = get_session()
+            direct = client._transport_for_url(httpx.URL("http://direct.example/x"))
+            proxied = client._transport_for_url(httpx.URL("http://hub.invalid/x"))
+            assert direct is client._transport_for_url(httpx.URL("http://n500.internal.example/"))
+            assert direct is client._transport_for_url(httpx.URL("http://127.0.0.1:1/"))
+            assert proxied is not direct and proxied._pool._proxy_url is not None
+            assert getattr(direct._pool, "_proxy_url", None) is None
+        finally:
+            crawler.restore_client()
+    finally:
+        proxy.close()

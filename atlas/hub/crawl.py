@@ -389,13 +389,22 @@ def install_client(pacer: Pacer, timeout_s: float, silence: Silence, request_s: 
 
     def factory() -> Any:
         # A client given its own transport drops the environment's proxies (HTTPS_PROXY, HTTP_PROXY,
-        # ALL_PROXY, NO_PROXY): they are mounted again here, each through a watched transport. A hub
+        # ALL_PROXY, NO_PROXY): they are mounted again here, one watched transport per distinct
+        # proxy. Every NO_PROXY entry routes to the one direct transport: a transport per entry,
+        # each with its own TLS context, took 20 s for 100 entries and over 300 s for 1000. A hub
         # on this machine (the mirror's server, a test hub) is always reached direct: a proxy
         # elsewhere cannot reach this machine's loopback.
-        mounts = {pattern: Watched(proxy) for pattern, proxy in httpx._utils.get_environment_proxies().items()}
-        mounts.update({f"all://{host}": Watched() for host in LOOPBACK} if mounts else {})
+        transports: dict[str | None, Watched] = {None: Watched()}
+
+        def through(proxy: str | None) -> Watched:
+            if proxy not in transports:
+                transports[proxy] = Watched(proxy)
+            return transports[proxy]
+
+        mounts = {pattern: through(proxy) for pattern, proxy in httpx._utils.get_environment_proxies().items()}
+        mounts.update({f"all://{host}": transports[None] for host in LOOPBACK} if mounts else {})
         return httpx.Client(  # the Hub redirects once (307 or 302): a loop is cut short, not followed 20 times
-            transport=Watched(), mounts=mounts, follow_redirects=True, max_redirects=MAX_REDIRECTS,
+            transport=transports[None], mounts=mounts, follow_redirects=True, max_redirects=MAX_REDIRECTS,
             timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)),
             event_hooks={"request": [hf_request_event_hook, on_request], "response": [on_response]},
         )
