@@ -75,10 +75,11 @@ def test_a_record_whose_command_holds_a_password_is_refused_by_name(tmp_path: Pa
 
     good = json.loads(records.canonical_bytes(make_record(model_id="o/m")))
     path = tmp_path / "leaky.json"
-    path.write_text(json.dumps({**good, "command": f"atlas measure run --endpoint https://{USER}:{PASSWORD}@h"}))
-    with pytest.raises(AtlasError, match=r"leaky\.json.*command.*credential") as refused:
-        records.read_record(path)
-    assert "Secret" not in str(refused.value)
+    for command in (f"atlas measure run --endpoint https://{USER}:{PASSWORD}@h", "atlas --endpoint https://u:pw-Secret1@h"):
+        path.write_text(json.dumps({**good, "command": command}))  # the short one is short enough to be shown
+        with pytest.raises(AtlasError, match=r"leaky\.json.*command.*credential") as refused:
+            records.read_record(path)
+        assert "Secret" not in str(refused.value), refused.value
 
 
 # ---- F4: NO_PROXY of any length --------------------------------------------------------------------
@@ -128,3 +129,14 @@ def test_a_thousand_no_proxy_entries_build_no_transport_each(tmp_path: Path, bun
             crawler.restore_client()
     finally:
         proxy.close()
+
+
+def test_a_conformance_record_whose_command_holds_a_password_is_refused_by_name(tmp_path: Path) -> None:
+    from atlas.measure import conformance
+
+    root = Path(__file__).resolve().parents[1]
+    good = json.loads((root / "evidence" / "conformance" / "20261201T104900Z-vllm-cpu-0.32.0.json").read_text())
+    (tmp_path / "leaky.json").write_text(json.dumps({**good, "command": f"atlas conformance run --x https://{USER}:{PASSWORD}@h"}))
+    with pytest.raises(AtlasError, match=r"leaky\.json: not a valid conformance record.*credential") as refused:
+        conformance.load_records(tmp_path)
+    assert "Secret" not in str(refused.value)

@@ -31,6 +31,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from atlas import AtlasError
+from atlas.hub import redact
 from atlas.measure.engines.convert import without_remote_code
 
 # 2: the build's run-time patches, the known causes found in it, and the fixed driver (no min_tokens)
@@ -165,6 +166,8 @@ class ConformanceRecord(Strict):
             derived = passed_by_statistics(check, self.alpha)
             if derived is not None and derived != check.passed:
                 raise ValueError(f"check {check.label} says passed = {check.passed}, but its statistics say {derived}")
+        if redact.text(self.command) != self.command:  # the site and the export publish it
+            raise ValueError("command holds a credential (a URL's user info or a token); record the command without it")
         applied = {p.name for p in self.patches}
         for cause in self.causes:
             if (cause.status == "patched") != (cause.patch is not None and cause.patch in applied):

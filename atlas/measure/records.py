@@ -683,7 +683,7 @@ def _shown_value(value: object) -> str:
     if isinstance(value, (int, float)):
         return f" = {value!r}"
     if isinstance(value, str):
-        return f" = {value!r}" if len(value) <= 60 else f" ({len(value):,} characters)"
+        return f" = {redact.text(value)!r}" if len(value) <= 60 else f" ({len(value):,} characters)"  # never a credential
     if isinstance(value, list):
         return f" ({len(value):,} entries)"
     return ""
