@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -239,6 +241,20 @@ def _numbers(text: str, option: str, kind: type[int] | type[float]) -> tuple:
     return values
 
 
+@contextmanager
+def _interrupt_writes_no_record() -> Iterator[None]:
+    """A measure run stopped by SIGINT exits 130 and says so; no record is written after the
+    signal (atlas.measure.records.no_record_after_interrupt)."""
+    from atlas.measure.records import no_record_after_interrupt
+
+    try:
+        with no_record_after_interrupt():
+            yield
+    except KeyboardInterrupt:
+        click.secho("Interrupted: the run did not finish, so no record was written.", fg="yellow", err=True)
+        sys.exit(130)
+
+
 @measure_group.command("run")
 @click.option("--model", default=None, help="checkpoint folder or hub repo id (default: the bundled team model)")
 @click.option("--revision", default=None, help="hub revision (branch, tag or commit); hub ids only")
@@ -303,7 +319,8 @@ def measure_run(model: str | None, workloads: str | None, temperatures: str, dra
             out=Path(out) if out else project_path(DEFAULT_OUT_PATH), command=command_line(),
             **options,  # type: ignore[arg-type]
         )
-        record, path = run_vllm(quick_run(opts) if quick else opts, engine_opts, log=click.echo)
+        with _interrupt_writes_no_record():
+            record, path = run_vllm(quick_run(opts) if quick else opts, engine_opts, log=click.echo)
         click.echo(f"wrote {path} ({len(record.cells)} cells, {record.engine_run.package} {record.engine_run.version})")
         return
     if engine_options or engine_python or tensor_parallel_size != 1 or pipeline_parallel_size != 1 or engine_schedule != "interleaved":
@@ -323,7 +340,8 @@ def measure_run(model: str | None, workloads: str | None, temperatures: str, dra
         command=command_line(),
         **options,  # type: ignore[arg-type]
     )
-    record, path = run_atlas(quick_run(opts) if quick else opts, log=click.echo)
+    with _interrupt_writes_no_record():
+        record, path = run_atlas(quick_run(opts) if quick else opts, log=click.echo)
     for g in record.gates:
         click.echo(f"  gate {g.workload} T={g.temperature:g}: {g.reason}")
     gated = (f"MTP on for {sum(g.enabled for g in record.gates)} of {len(record.gates)} workload x temperature" if record.gates
@@ -353,6 +371,24 @@ def measure_import(db: str | None, directory: str | None) -> None:
     click.echo(f"measurements: {loaded} record(s) loaded, {present} already present, {len(errors)} rejected")
     if errors:
         raise AtlasError("rejected:\n  " + "\n  ".join(errors))
+
+
+@measure_group.command("forget")
+@click.option("--db", type=click.Path(dir_okay=False), default=None, help="store (default data/atlas.duckdb or $ATLAS_DB)")
+@click.argument("record")
+def measure_forget(db: str | None, record: str) -> None:
+    """Remove an imported record from the store, by its id (12 characters at least) or source path:
+    for a record whose file is gone (evidence and export read every imported record's file)."""
+    from atlas import store
+    from atlas.measure import records
+    from atlas.paths import default_db
+
+    con = store.connect(db or default_db())
+    try:
+        [(record_id, source)] = records.forget_record(con, record)
+    finally:
+        con.close()
+    click.echo(f"forgot measurement record {record_id[:12]} (imported from {source})")
 
 
 @cli.group("conformance")

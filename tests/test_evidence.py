@@ -416,6 +416,14 @@ def test_schema_2_runs_show_conditional_acceptance_undecided_gates_and_keep_smok
     assert text.count("Run R") == 1
 
 
+def _acceptance_figures(t: float, passed: bool) -> dict:
+    """An oracle acceptance check's statistics that say what `passed` says (a record whose
+    statistics contradict its checks is refused)."""
+    if t == 0:
+        return {"drafted": 4, "accepted": 4 if passed else 3}
+    return {"p_value": 0.5 if passed else 0.0}
+
+
 def test_servable_cells_carry_conformance_verdicts_for_their_layout(hostile_db: Path, tmp_path: Path) -> None:
     import shutil
     from datetime import datetime, timezone
@@ -429,7 +437,7 @@ def test_servable_cells_carry_conformance_verdicts_for_their_layout(hostile_db: 
     def check(t: float, passed: bool, layout: str = "deepseek_v3") -> conformance.Check:
         return conformance.Check(layout=layout, checkpoint="oracle", temperature=t, draft_tokens=1,
                                  draft_sampling="greedy", name="acceptance", passed=passed,
-                                 summary="planted", figures={})
+                                 summary="planted", figures=_acceptance_figures(t, passed))
 
     conformance.write_record(conformance.ConformanceRecord(
         schema_version=conformance.SCHEMA_VERSION, run_date=datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc),
@@ -463,7 +471,8 @@ def test_conformance_results_name_the_build_and_the_layout_checked(tmp_path: Pat
 
     def check(t: float, passed: bool, sampling: str = "greedy", k: int = 1) -> conformance.Check:
         return conformance.Check(layout="qwen3_next", checkpoint="oracle", temperature=t, draft_tokens=k,
-                                 draft_sampling=sampling, name="acceptance", passed=passed, summary="s", figures={})
+                                 draft_sampling=sampling, name="acceptance", passed=passed, summary="s",
+                                 figures=_acceptance_figures(t, passed))
 
     def record(hour: int, passed_t1: bool, patched: bool) -> conformance.ConformanceRecord:
         return conformance.ConformanceRecord(

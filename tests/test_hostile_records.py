@@ -700,3 +700,26 @@ def test_the_paged_finder_filters_and_sorts_every_model_in_the_browser(big_finde
             assert page.evaluate(_rows_js()) == [f"org0/model-00049"]
         finally:
             page.close()
+
+
+# ---- issue 25, leftover: non-finite numbers inside the free-form engine arguments -------------------
+
+
+VLLM_RECORD = Path(__file__).resolve().parents[1] / "evidence" / "measurements" / "20261130T133215Z-mtp-atlas-byte-mtp-8l-87e840811ef0.json"
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+@pytest.mark.parametrize(("field", "inner"), [("engine_args", '{"gpu_memory_utilization": %s}'),
+                                               ("options", '{"deep": {"list": [1, %s]}}'),
+                                               ("speculative_config", '{"method": "mtp", "x": %s}'),
+                                               ("conversion", '{"scale": %s}')])
+def test_non_finite_numbers_inside_the_engine_arguments_are_rejected_by_name(tmp_path: Path, field: str, inner: str,
+                                                                            value: str) -> None:
+    data = json.loads(VLLM_RECORD.read_text())
+    data["engine_run"][field] = "PLACEHOLDER"
+    path = tmp_path / "bad-engine-args.json"
+    path.write_text(json.dumps(data).replace('"PLACEHOLDER"', inner % value))  # JSON's NaN / Infinity, as Python writes them
+    with pytest.raises(AtlasError, match=rf"bad-engine-args\.json: not a valid measurement record .*engine_run\.{field}.*"
+                                         rf"is {'nan' if value == 'NaN' else '-?inf'}: a JSON number must be finite"):
+        records.read_record(path)
+    records.read_record(VLLM_RECORD)  # the record as committed is good

@@ -389,13 +389,22 @@ def install_client(pacer: Pacer, timeout_s: float, silence: Silence, request_s: 
 
     def factory() -> Any:
         # A client given its own transport drops the environment's proxies (HTTPS_PROXY, HTTP_PROXY,
-        # ALL_PROXY, NO_PROXY): they are mounted again here, each through a watched transport. A hub
+        # ALL_PROXY, NO_PROXY): they are mounted again here, one watched transport per distinct
+        # proxy. Every NO_PROXY entry routes to the one direct transport: a transport per entry,
+        # each with its own TLS context, took 20 s for 100 entries and over 300 s for 1000. A hub
         # on this machine (the mirror's server, a test hub) is always reached direct: a proxy
         # elsewhere cannot reach this machine's loopback.
-        mounts = {pattern: Watched(proxy) for pattern, proxy in httpx._utils.get_environment_proxies().items()}
-        mounts.update({f"all://{host}": Watched() for host in LOOPBACK} if mounts else {})
+        transports: dict[str | None, Watched] = {None: Watched()}
+
+        def through(proxy: str | None) -> Watched:
+            if proxy not in transports:
+                transports[proxy] = Watched(proxy)
+            return transports[proxy]
+
+        mounts = {pattern: through(proxy) for pattern, proxy in httpx._utils.get_environment_proxies().items()}
+        mounts.update({f"all://{host}": transports[None] for host in LOOPBACK} if mounts else {})
         return httpx.Client(  # the Hub redirects once (307 or 302): a loop is cut short, not followed 20 times
-            transport=Watched(), mounts=mounts, follow_redirects=True, max_redirects=MAX_REDIRECTS,
+            transport=transports[None], mounts=mounts, follow_redirects=True, max_redirects=MAX_REDIRECTS,
             timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)),
             event_hooks={"request": [hf_request_event_hook, on_request], "response": [on_response]},
         )
@@ -1023,6 +1032,9 @@ def crawl(
     if token is None:
         token = os.environ.get("HF_TOKEN") or False  # used, never stored or logged
     redact.keep_secret(token)
+    # the endpoint's own credentials are used to connect and never shown: a hub may echo them too
+    redact.keep_secret(urlsplit(endpoint).password)
+    endpoint_label = endpoint_label or redact.text(endpoint)
     bounds = bounds or DEFAULT_BOUNDS
     cache_dir = cache_dir or db.parent / "hf-cache"
     started = store.utc_now()
@@ -1046,10 +1058,10 @@ def crawl(
         with CrawlProgress(pacer, enabled=progress) as bar:
             problems: list[str] = []
             coverage: list[OrgCoverage] = []
-            bar.phase("listing", f"listing {len(watch.orgs)} orgs of {endpoint_label or endpoint}")
+            bar.phase("listing", f"listing {len(watch.orgs)} orgs of {endpoint_label}")
             listed = list_scope(ctx, watch, problems, coverage)
             if watch.orgs and len(problems) == len(watch.orgs) and not any(x.row.fetch_status == "ok" for x in listed):
-                raise AtlasError(f"no listing of {endpoint} succeeded, nothing to snapshot: " + "; ".join(problems[:3]))
+                raise AtlasError(f"no listing of {endpoint_label} succeeded, nothing to snapshot: " + "; ".join(problems[:3]))
             readable = [x for x in listed if x.row.fetch_status == "ok"]
             known = store.stored_pairs(con, [(x.repo_id, x.sha) for x in readable if x.sha])
             side_state = store.side_file_state(con, known)
@@ -1066,7 +1078,7 @@ def crawl(
             bar.phase("fetching", f"{len(listed)} models in scope, {len(todo)} to fetch", total=len(todo))
             fetched = _fetch_all(ctx, todo, known, concurrency, bar)
             return _finish(con, watch, digest, listed, known, stored_errors, fetched, problems, pacer,
-                           started, clock, endpoint_label or endpoint, coverage)
+                           started, clock, endpoint_label, coverage)
     except KeyboardInterrupt:
         pacer.abort()
         newest = _last_snapshot(con) if con is not None else None

@@ -25,12 +25,13 @@ import tempfile
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from atlas import AtlasError
+from atlas.hub import redact
 from atlas.measure.engines.convert import without_remote_code
 
 # 2: the build's run-time patches, the known causes found in it, and the fixed driver (no min_tokens)
@@ -39,6 +40,7 @@ DEFAULT_DIR = "evidence/conformance"
 ALPHA = 1e-4  # per check; about 30 checks a run keep a false failure under 0.5 %
 POWER = 0.99
 SINGLES = 4  # requests rerun one at a time for the batching control
+RANDOM_HEAD_ACCEPTANCE = 0.25  # a random head's T = 0 acceptance stays under this (near 0 expected)
 # vLLM's shape limits on CPU (head sizes 32..256; MLA with kv_lora_rank 512 and qk_rope_head_dim 64)
 # and the DeepSeek-V3 router as its real configs declare it (vLLM keeps e_score_correction_bias
 # only for noaux_tc).
@@ -51,32 +53,74 @@ ENGINE_SHAPES: dict[str, dict[str, object]] = {
     "qwen3_next": {"head_dim": 32, "full_attention_interval": 1},
 }
 LAYOUTS = tuple(ENGINE_SHAPES)
+# Bounds as for measurement records (atlas.measure.records): a real record is under 40 KB with 81
+# checks; an 82 MB one was accepted and grew to 979 MB at export (every verdict row copies the
+# record's command and causes). Each bound is far above any real run.
+MAX_RECORD_BYTES = 2 * 1024 * 1024
+MAX_CHECKS = 2000
+MAX_FIGURES = 64
+MAX_CAUSES = 8
+
+Name = Annotated[str, StringConstraints(max_length=200)]
+Text = Annotated[str, StringConstraints(max_length=4096)]
+Figure = float | int | Name | Annotated[list[float | None], Field(max_length=64)] | None
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # a NaN p-value compares false with everything: it would pass no check and fail none
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Check(Strict):
-    layout: str
+    layout: Name
     checkpoint: Literal["oracle", "random"]
-    temperature: float = Field(ge=0)
-    draft_tokens: int = Field(ge=0)  # 0: the plain engine, a calibration control
-    draft_sampling: str  # "greedy" (vLLM's default) or "probabilistic"
+    temperature: float = Field(ge=0, le=10)
+    draft_tokens: int = Field(ge=0, le=64)  # 0: the plain engine, a calibration control
+    draft_sampling: Literal["greedy", "probabilistic"]  # vLLM's default, or sampled drafts
     name: Literal["identity", "acceptance", "distribution"]
     passed: bool
-    summary: str  # what was expected, what was observed
-    figures: dict[str, float | int | str | list[float | None] | None]
+    summary: Text  # what was expected, what was observed
+    figures: dict[Name, Figure] = Field(max_length=MAX_FIGURES)
+
+    @property
+    def label(self) -> str:
+        return f"{self.layout} {self.checkpoint} T={self.temperature:g} k={self.draft_tokens} {self.draft_sampling} {self.name}"
+
+
+def _figure(check: Check, key: str) -> float:
+    value = check.figures.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"check {check.label}: its figures lack the number {key!r} its result follows from")
+    return value
+
+
+def passed_by_statistics(check: Check, alpha: float) -> bool | None:
+    """Whether `check` passed, from its recorded figures by the rule the suite applies (run_suite);
+    None for the one check whose figures hold no statistic (the plain engine's argmax chain)."""
+    if check.name == "identity":
+        if check.checkpoint == "oracle" and check.draft_tokens == 0:
+            return None
+        return _figure(check, "identical") == _figure(check, "requests")
+    if check.name == "acceptance" and check.temperature == 0:
+        drafted, accepted = _figure(check, "drafted"), _figure(check, "accepted")
+        if check.checkpoint == "oracle":
+            return accepted == drafted  # the oracle head drafts the argmax: every draft is accepted
+        return (accepted / drafted if drafted else 0.0) < RANDOM_HEAD_ACCEPTANCE
+    if check.name == "acceptance":
+        return _figure(check, "p_value") >= alpha
+    figures = {"p_value": _figure(check, "p_value"),
+               "chi2_p_value": None if check.figures.get("chi2_p_value") is None else _figure(check, "chi2_p_value")}
+    return distribution_passed(figures, alpha)
 
 
 class AppliedPatch(Strict):
     """A named run-time patch the driver applied before building any engine: the build checked is
     then this package version *plus* the patch, never the release."""
 
-    name: str
+    name: Name
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # of the patch file's bytes
-    replaces: str  # the dotted name of what it replaced
-    file: str  # the patch file, under atlas/measure/engines/
+    replaces: Name  # the dotted name of what it replaced
+    file: Name  # the patch file, under atlas/measure/engines/
 
 
 GITHUB_THREAD = r"^https://github\.com/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/(issues|pull)/[0-9]+$"  # linked on the page
@@ -86,34 +130,53 @@ class KnownCause(Strict):
     """A defect found in the engine's code, attached to every record of a build it applies to, so a
     failed verdict names its cause (or, in a patched build, what the patch took out)."""
 
-    id: str
-    applies_to: str  # which builds, and which checks it can break
-    mechanism: str
-    upstream_issue: str = Field(pattern=GITHUB_THREAD)
-    upstream_fix: str = Field(pattern=GITHUB_THREAD)
-    other_paths: str  # what reading says of the builds it does not apply to, and how far that is checked
+    id: Name
+    applies_to: Text  # which builds, and which checks it can break
+    mechanism: Text
+    upstream_issue: str = Field(pattern=GITHUB_THREAD, max_length=200)
+    upstream_fix: str = Field(pattern=GITHUB_THREAD, max_length=200)
+    other_paths: Text  # what reading says of the builds it does not apply to, and how far that is checked
     status: Literal["present", "patched"]
-    patch: str | None = None  # the AppliedPatch name that removes it
+    patch: Name | None = None  # the AppliedPatch name that removes it
 
 
 class ConformanceRecord(Strict):
     schema_version: Literal[1, 2]  # 1: before the driver fix (min_tokens = max_tokens masked EOS); kept as history
     run_date: datetime
-    engine: str
-    package: str
-    version: str
-    hardware: str
-    device: str
-    dtype: str
-    command: str
+    engine: Name
+    package: Name
+    version: Name
+    hardware: Text
+    device: Name
+    dtype: Name
+    command: Text
     seed: int
-    alpha: float
-    requests: int
-    max_new_tokens: int
+    alpha: float = Field(gt=0, lt=1)
+    requests: int = Field(ge=1, le=1_000_000)
+    max_new_tokens: int = Field(ge=1, le=1_000_000)
     triton: bool | None = None  # vLLM's Triton kernels ran (else its C++ stand-ins); None: not asked (schema 1)
-    patches: list[AppliedPatch] = []
-    causes: list[KnownCause] = []
-    checks: list[Check] = Field(min_length=1)
+    patches: list[AppliedPatch] = Field(default=[], max_length=MAX_CAUSES)
+    causes: list[KnownCause] = Field(default=[], max_length=MAX_CAUSES)
+    checks: list[Check] = Field(min_length=1, max_length=MAX_CHECKS)
+
+    @model_validator(mode="after")
+    def _believable(self) -> "ConformanceRecord":
+        """A record is shown only when its fields agree: each check's `passed` follows from its own
+        statistics, and a cause is patched out exactly when the patch that removes it was applied
+        (a release record whose cause says "patched" was shown as checked lossless)."""
+        for check in self.checks:
+            derived = passed_by_statistics(check, self.alpha)
+            if derived is not None and derived != check.passed:
+                raise ValueError(f"check {check.label} says passed = {check.passed}, but its statistics say {derived}")
+        if redact.text(self.command) != self.command:  # the site and the export publish it
+            raise ValueError("command holds a credential (a URL's user info or a token); record the command without it")
+        applied = {p.name for p in self.patches}
+        for cause in self.causes:
+            if (cause.status == "patched") != (cause.patch is not None and cause.patch in applied):
+                raise ValueError(f"cause {cause.id} says {cause.status}, but its patch {cause.patch!r} was "
+                                 + ("applied" if cause.patch in applied else "not applied (patches: "
+                                    + (", ".join(sorted(applied)) or "none") + ")"))
+        return self
 
     @property
     def build(self) -> str:
@@ -158,22 +221,34 @@ def outcome(v: Verdict) -> Outcome:
 # ---- records -------------------------------------------------------------------------------------
 
 
+def read_record(path: Path) -> ConformanceRecord:
+    """One record file, bounded and checked (AtlasError naming the file and the first problem)."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_RECORD_BYTES:
+            raise AtlasError(f"{path}: {size:,} bytes, over the {MAX_RECORD_BYTES:,}-byte limit for a conformance record; not read")
+        return ConformanceRecord.model_validate_json(path.read_bytes())
+    except OSError as exc:
+        raise AtlasError(f"{path}: cannot read: {exc}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise AtlasError(f"{path}: not a valid conformance record ({exc.error_count()} problem(s); first: "
+                         f"{loc + ': ' if loc else ''}{first['msg']})") from None
+
+
 def load_records(folder: Path) -> list[tuple[Path, ConformanceRecord]]:
-    """Every record under `folder` (sorted by name, so by date); AtlasError naming a bad file."""
-    out = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        try:
-            out.append((path, ConformanceRecord.model_validate_json(path.read_bytes())))
-        except (OSError, ValidationError) as exc:
-            raise AtlasError(f"{path}: not a valid conformance record: {exc}") from None
-    return out
+    """Every record under `folder`, oldest run first (by its run date, not its file name, which
+    anyone can choose); AtlasError naming a bad file."""
+    out = [(path, read_record(path)) for path in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+    return sorted(out, key=lambda item: (item[1].run_date, item[0].name))
 
 
 def latest_records(folder: Path) -> list[tuple[Path, ConformanceRecord]]:
     """Per build (package, version and patches) and hardware, its newest record (older ones stay,
     by date)."""
     latest: dict[tuple[str, str], tuple[Path, ConformanceRecord]] = {}
-    for path, rec in load_records(folder):  # sorted by date: the last one wins
+    for path, rec in load_records(folder):  # sorted by run date: the last one wins
         latest[(rec.build, rec.hardware)] = (path, rec)
     return list(latest.values())
 
@@ -527,7 +602,7 @@ def run_suite(
                                     f"accepted {a} of {d} drafts where all {d} is exact", {"drafted": d, "accepted": a})
                             else:
                                 rate = a / d if d else 0.0
-                                add(mode, 0.0, k, sampling, "acceptance", rate < 0.25,
+                                add(mode, 0.0, k, sampling, "acceptance", rate < RANDOM_HEAD_ACCEPTANCE,
                                     f"acceptance {rate:.3f} (an unrelated random head: near 0 expected)", {"drafted": d, "accepted": a})
                         if mode != "oracle":
                             continue
@@ -565,9 +640,9 @@ def _z(z: float | str) -> str:
     return f"= {z}" if isinstance(z, str) or abs(z) < 1000 else ("< -1000" if z < 0 else "> 1000")
 
 
-def distribution_passed(f: dict) -> bool:
-    """Both tests at level ALPHA (a chi-square with no bin to test counts as passed)."""
-    return f["p_value"] >= ALPHA and (f["chi2_p_value"] is None or f["chi2_p_value"] >= ALPHA)
+def distribution_passed(f: dict, alpha: float = ALPHA) -> bool:
+    """Both tests at level `alpha` (a chi-square with no bin to test counts as passed)."""
+    return f["p_value"] >= alpha and (f["chi2_p_value"] is None or f["chi2_p_value"] >= alpha)
 
 
 def _dist_summary(f: dict) -> str:

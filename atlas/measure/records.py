@@ -25,16 +25,21 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import signal
 import statistics
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, cast
 
-from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, StringConstraints, ValidationError,
-                      model_serializer, model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, StringConstraints,
+                      ValidationError, field_validator, model_serializer, model_validator)
 
 from atlas import AtlasError
+from atlas.hub import redact
 from atlas.measure.placement import Placement
 from atlas.measure.theory import conditional_acceptance, ideal_speedup as ideal_from_costs
 from atlas.paths import ROOT
@@ -255,6 +260,24 @@ class Cell(Strict):
         return self
 
 
+def _finite(value: Any, where: str = "") -> Any:
+    """`value` unchanged when no number inside it is NaN or infinite; else ValueError naming where.
+    `allow_inf_nan` covers typed float fields only: free-form engine arguments are `Any`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where or 'value'} is {value!r}: a JSON number must be finite")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _finite(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _finite(item, f"{where}[{i}]")
+    return value
+
+
+# Engine arguments as given (JSON of any shape), with every number inside them finite.
+EngineArgs = Annotated[dict[str, Any], AfterValidator(_finite)]
+
+
 class EngineRun(Strict):
     """How an external engine (vLLM) ran: its own environment's versions, the exact engine
     arguments, the parallel layout and devices, how drafts were sampled, and what was checked."""
@@ -271,11 +294,11 @@ class EngineRun(Strict):
     tensor_parallel_size: int = Field(ge=1, le=1_000_000)
     pipeline_parallel_size: int = Field(ge=1, le=1_000_000)
     draft_sample_method: Name  # vLLM's default "greedy": draft = argmax, q treated as one-hot
-    options: dict[str, Any]  # the user's pass-through engine options, as given
-    engine_args: dict[str, Any]  # everything the engine was built with (k = 0 engine)
-    speculative_config: dict[str, Any]  # merged into engine_args for each k > 0 engine
+    options: EngineArgs  # the user's pass-through engine options, as given
+    engine_args: EngineArgs  # everything the engine was built with (k = 0 engine)
+    speculative_config: EngineArgs  # merged into engine_args for each k > 0 engine
     layout: Name  # the MTP layout the engine ran (after any conversion)
-    conversion: dict[str, Any] | None = None  # how the checkpoint was rewritten for the engine
+    conversion: EngineArgs | None = None  # how the checkpoint was rewritten for the engine
     counter_check: Text  # per-request counts against the engine's counter deltas
     schedule: Text  # how plain and speculative runs were ordered
 
@@ -344,6 +367,14 @@ class Record(Strict):
     load_before: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(default=None, max_length=3)
     load_after: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(default=None, max_length=3)
     provenance: Provenance | None = None  # a checkpoint this project made: how (labelled on the site)
+
+    @field_validator("command")
+    @classmethod
+    def _no_credential(cls, value: str) -> str:
+        # evidence and export publish the command: a hand-written one with a password stops here
+        if redact.text(value) != value:
+            raise ValueError("holds a credential (a URL's user info or a token); record the command without it")
+        return value
 
     @model_validator(mode="after")
     def _unique_cells(self) -> "Record":
@@ -652,7 +683,7 @@ def _shown_value(value: object) -> str:
     if isinstance(value, (int, float)):
         return f" = {value!r}"
     if isinstance(value, str):
-        return f" = {value!r}" if len(value) <= 60 else f" ({len(value):,} characters)"
+        return f" = {redact.text(value)!r}" if len(value) <= 60 else f" ({len(value):,} characters)"  # never a credential
     if isinstance(value, list):
         return f" ({len(value):,} entries)"
     return ""
@@ -668,14 +699,46 @@ def record_id(record: Record) -> str:
     return hashlib.sha256(canonical_bytes(record)).hexdigest()
 
 
+_INTERRUPTED = threading.Event()
+
+
+@contextmanager
+def no_record_after_interrupt() -> Iterator[None]:
+    """While a run measures, a SIGINT is remembered before it is raised: no record is written after
+    it even where code on the way catches the KeyboardInterrupt (a run stopped by SIGINT wrote a
+    record that had lost its provenance). Main thread only, as every signal handler."""
+
+    def interrupted(signum: int, frame: object) -> None:
+        _INTERRUPTED.set()
+        raise KeyboardInterrupt
+
+    _INTERRUPTED.clear()
+    previous = signal.signal(signal.SIGINT, interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def write_record(record: Record, out_dir: Path) -> Path:
-    """Write a validated, self-consistent record as <date>-<model>-<digest12>.json."""
+    """Write a validated, self-consistent record as <date>-<model>-<digest12>.json, whole or not at
+    all: into a sibling that import does not read (*.json.partial), then renamed."""
+    if _INTERRUPTED.is_set():
+        raise AtlasError("interrupted (SIGINT): the run did not finish, so no record was written")
     check_consistency(record)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = canonical_bytes(record)
     slug = "".join(c if c.isalnum() or c in "-." else "-" for c in record.model_id)[-60:]
     path = out_dir / f"{record.run_date:%Y%m%dT%H%M%SZ}-{slug}-{hashlib.sha256(data).hexdigest()[:12]}.json"
-    path.write_bytes(data)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with partial.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
     return path
 
 
@@ -781,3 +844,25 @@ def import_records(con: duckdb.DuckDBPyConnection, directory: Path) -> tuple[int
             continue
         loaded += 1
     return loaded, present, errors
+
+
+def forget_record(con: duckdb.DuckDBPyConnection, key: str) -> list[tuple[str, str]]:
+    """Remove one imported record's rows: `key` is its id, a prefix of it (12 characters at least,
+    as messages show it) or the source path it was imported from. The way out when a record's file
+    is gone: evidence and export read every imported record's file. Returns the (record_id,
+    source_path) forgotten; AtlasError when `key` names no record or several."""
+    ensure_schema(con)
+    if len(key) < 12 and not key.endswith(".json"):
+        raise AtlasError(f"{key!r}: give a record id (12 characters at least) or the record's source path")
+    path = Path(key)
+    source = _repo_relative(path) if path.is_absolute() or path.suffix == ".json" else key
+    found = con.execute("SELECT DISTINCT record_id, source_path FROM measurement_cells "
+                        "WHERE starts_with(record_id, ?) OR source_path = ? OR source_path = ? ORDER BY record_id",
+                        [key, key, source]).fetchall()
+    if not found:
+        raise AtlasError(f"no imported measurement record has the id or source path {key!r}")
+    if len({rid for rid, _ in found}) > 1:
+        raise AtlasError(f"{key!r} names {len(found)} records; give more of the id: " + ", ".join(rid[:16] for rid, _ in found))
+    con.execute("DELETE FROM measurement_cells WHERE record_id = ?", [found[0][0]])
+    return found[:1]
+

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from atlas import __version__
+from atlas.hub import redact
 from atlas.measure.placement import Placement
 from atlas.measure.records import Hardware, Software
 from atlas.paths import ROOT
@@ -93,4 +94,6 @@ def load_average() -> list[float] | None:
 
 
 def command_line() -> str:
-    return shlex.join(["atlas", *sys.argv[1:]])
+    """The command as the record keeps it, which evidence and export publish: without the user
+    info of a URL (`--endpoint https://user:password@host`) or a registered token."""
+    return redact.text(shlex.join(["atlas", *sys.argv[1:]]))

@@ -55,8 +55,8 @@ def load_runs(sources: list[tuple[str, str]]) -> list[Run]:
         path = path if path.is_absolute() else ROOT / path
         if not path.is_file():
             raise AtlasError(
-                f"measurement record {source_path} (imported as {record_id[:12]}) is gone: "
-                f"restore it or re-import the records (`atlas measure import`)"
+                f"measurement record {source_path} (imported as {record_id[:12]}) is gone: restore the file, "
+                f"or forget the record (`atlas measure forget {record_id[:12]}`)"
             )
         record = records.read_record(path)
         # the import's identity is the record's canonical serialisation (records.record_id), so a
