@@ -8,7 +8,8 @@ folder (or --out), not evidence/.
     .venv/bin/python benchmarks/measure.py --pass-costs [--model DIR] [--threads 1,2] [--draft-vocab 4096,8192]
 
 --pass-costs: one forward of each kind (plain step, verify k = 1..4, draft step, catch-up) on the real
-team model (make real-model), interleaved over our loop's kernels before ("mm") and after ("rows"),
+team model (make real-model), interleaved over our loop's kernels: "mm" (before), "rows" (oneDNN for
+every 2+ row count) and "auto" (the faster of the two per row count, timed when the model is built),
 and with the draft head cut to the most frequent training tokens; each ratio over the same variant's
 plain step, against the targets verify(k=1) <= 1.10, verify(k=3) <= 1.20, draft <= 0.08 plain.
 
@@ -171,7 +172,8 @@ PASS_TARGETS = {"verify k=1": 1.10, "verify k=3": 1.20, "draft": 0.08}  # issue 
 
 def pass_cost_report(model: str, threads: list[int], rounds: int, vocab_sizes: list[int], position: int = 160) -> None:
     """One forward of each kind, timed interleaved over variants of our loop on one checkpoint: the
-    matmul kernels before ("mm": torch.mm for every row count) and after ("rows": by row count),
+    matmul kernels ("mm": torch.mm for every row count; "rows": oneDNN from 2 rows; "auto": chosen per
+    row count by timing at build),
     and the draft head cut to the most frequent training tokens. Each figure is a median over
     `rounds` rounds, each verify pass timed right after its k draft steps (as the loop runs it), and
     every ratio is over the SAME variant's plain step; "plain vs mm" says whether the baseline
@@ -184,13 +186,14 @@ def pass_cost_report(model: str, threads: list[int], rounds: int, vocab_sizes: l
     prompt = [(100 + 7 * i) % vocab_size for i in range(position)]
     variants: dict[str, FusedModel] = {}
     coverage: dict[str, float] = {}
-    for kernels in ("mm", "rows"):
+    for kernels in ("mm", "rows", "auto"):
         variants[kernels] = build_fused_model(loaded.model, loaded.mtp, position + 16, prompt[:64], max_draft=4, kernels=kernels)
+    print(f"auto chose: {variants['auto'].kernels}")
     for n in vocab_sizes:
         ids, info = draftvocab.read(Path(model), n, vocab_size)
-        variants[f"rows, draft vocab {n}"] = build_fused_model(loaded.model, loaded.mtp, position + 16, prompt[:64], max_draft=4,
+        variants[f"auto, draft vocab {n}"] = build_fused_model(loaded.model, loaded.mtp, position + 16, prompt[:64], max_draft=4,
                                                                draft_vocab=ids)
-        coverage[f"rows, draft vocab {n}"] = info["coverage"]
+        coverage[f"auto, draft vocab {n}"] = info["coverage"]
     ids = torch.zeros(5, dtype=torch.long)
     hidden = torch.zeros(1, loaded.model.config.hidden_size)
     for t in threads:

@@ -95,18 +95,23 @@ def test_greedy_speculative_equals_plain_and_transformers() -> None:
             assert sum(spec.accepted_per_position) + spec.verify_passes == len(spec.tokens) - 1
 
 
-@pytest.mark.parametrize("kernels", ["rows", "mm"])
+@pytest.mark.parametrize("kernels", ["rows", "mm", "auto"])
 def test_verify_rows_equal_one_row_steps(kernels: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The verify pass's rows (oneDNN for 2+ rows with kernels="rows", MKL for one) give the logits
-    of one-row steps at the same positions to within 1e-5 of the logit scale, the stated tolerance
-    of the kernels; and greedy speculation stays identical to plain decoding through them."""
+    """The verify pass's rows (oneDNN for 2+ rows with kernels="rows", MKL for one, or per row
+    count as "auto" timed them) give the logits of one-row steps at the same positions to within
+    1e-5 of the logit scale, the stated tolerance of the kernels; and greedy speculation stays
+    identical to plain decoding through them."""
     import atlas.measure.model as fused_model
 
     monkeypatch.setattr(fused_model, "PACKED_MIN_BYTES", 0)  # a tiny model's weights are packed too
     model, mtp = tiny_model(vocab=64, layers=3, d=64, seed=3)
     engine = build_fused_model(model, mtp, 96, [1, 2, 3], kernels=kernels)
-    assert engine.kernels == kernels
-    assert (engine.layers[0].qkv.packed is not None) == (kernels == "rows")
+    assert engine.kernels == kernels if kernels != "auto" else engine.kernels.startswith("auto: ")
+    assert (engine.layers[0].qkv.packed is not None) == (kernels != "mm")
+    if kernels == "auto":  # every packed Linear, the MTP layer's included, follows the one choice
+        chosen = engine.layers[0].qkv.packed_rows
+        assert all(linear.packed_rows is chosen for linear in engine._linears())
+        assert engine.mtp_layers[0].block.qkv in engine._linears()
     prompt = list(range(5, 40))
     ids = torch.randint(0, 64, (6,), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
@@ -120,6 +125,30 @@ def test_verify_rows_equal_one_row_steps(kernels: str, monkeypatch: pytest.Monke
     plain = generate_plain(engine, prompt, 32, Sampling(), gen)
     for k in (1, 2, 3, 4):
         assert generate_speculative(engine, prompt, 32, k, Sampling(), gen).tokens == plain.tokens
+
+
+def test_auto_kernels_keep_the_faster_path_per_row_count_by_median() -> None:
+    from atlas.measure.model import describe_rows, faster_rows
+
+    times = {(2, True): [3.0, 1.0, 9.0], (2, False): [2.0, 2.0, 2.0],   # oneDNN's median 3.0 loses to 2.0
+             (3, True): [1.0, 1.5, 50.0], (3, False): [2.0, 2.1, 1.0],  # one slow outlier does not decide
+             (4, True): [2.0, 2.0, 2.0], (4, False): [2.0, 2.0, 2.0]}   # a tie keeps torch.mm
+    assert faster_rows(times) == {3}
+    assert describe_rows(frozenset({5, 3})) == "3, 5 rows"
+
+
+def test_auto_kernels_are_not_timed_through_a_recurrent_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timing passes would advance a recurrent layer's state, so a hybrid model keeps torch.mm."""
+    import atlas.measure.model as fused_model
+    from atlas.measure.checkpoint import load_checkpoint
+    from atlas.measure.oracles import write_checkpoint
+
+    monkeypatch.setattr(fused_model, "PACKED_MIN_BYTES", 0)
+    folder = write_checkpoint("qwen3_next", tmp_path / "hybrid", "random", seed=1)
+    loaded = load_checkpoint(str(folder), torch.device("cpu"), torch.float32, peer=False)
+    engine = build_fused_model(loaded.model, loaded.mtp, 64, [1, 2, 3])
+    assert engine.kernels == "mm" and engine._linears()  # packed copies exist, and are not used
+    assert not any(2 in linear.packed_rows for linear in engine._linears())
 
 
 def test_cut_draft_vocab_is_greedy_lossless_and_only_drafts_its_tokens() -> None:

@@ -27,7 +27,9 @@ t_{j+1}); after each verify pass one catch-up call over the accepted tokens rewr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import statistics
+import time
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
 import torch
@@ -76,16 +78,30 @@ def _rms_of(module: nn.Module | None) -> Rms | None:
     return rms if torch.allclose(ours, module(x), atol=tol, rtol=tol) else None
 
 
-KERNELS = ("rows", "mm")  # FusedModel.kernels: by row count (default), or torch.mm for every row count
+# FusedModel.kernels: "auto" (default) times whole verify passes through both paths when the model
+# is built and sends each row count down the faster one; "rows" sends every 2+ row count through
+# oneDNN; "mm" keeps torch.mm for every row count (the path before the choice, for benchmarks)
+KERNELS = ("auto", "rows", "mm")
 # oneDNN's fp32 inner product reads the weight once from 5 rows up, but for 2-4 rows it took a
-# path that cost 1.2-1.5 plain steps on the project's CPU; padded to 5 rows, 2-5 rows cost
-# 1.0-1.1 (benchmarks/measure.py --pass-costs shows both)
+# path that cost 1.2-1.5 plain steps on an AVX-512 host; padded to 5 rows, 2-5 rows cost 1.0-1.1.
+# On an AVX2-only host the same padded path cost 2.0 plain steps at 2 rows where torch.mm cost
+# 1.6, and 2.0 at 4 rows where torch.mm cost 3.4: which path wins depends on the CPU, hence "auto"
+# (benchmarks/measure.py --pass-costs and benchmarks/kernels.py show both)
 PACKED_ROWS = 5
+CALIBRATION_ROUNDS = 7
 
 
 # Below this a weight stays in the CPU's caches between passes and MKL's path is the faster one for
 # every row count (the byte-level team model's 192-wide layers ran slower through oneDNN)
 PACKED_MIN_BYTES = 1 << 20
+
+
+class _AllRows:
+    def __contains__(self, n: object) -> bool:
+        return True
+
+
+ALL_ROWS = _AllRows()
 
 
 def _packable(w: torch.Tensor) -> bool:
@@ -103,23 +119,25 @@ class Linear:
     steps. oneDNN's inner product on a weight reordered once into its blocked layout reads the
     weight once for a few rows. So with `kernels="rows"` one row goes through MKL and more rows
     through oneDNN (at least PACKED_ROWS of them, zero-padded); `kernels="mm"` keeps torch.mm for
-    every row count (the old path, for side-by-side benchmarks). The second stored copy doubles
-    the fused weights' memory. On CUDA F.linear serves every row count.
+    every row count (the old path, for side-by-side benchmarks); with "auto" the model sets
+    `packed_rows`, the row counts that go through oneDNN, from its own timing. The second stored
+    copy doubles the fused weights' memory. On CUDA F.linear serves every row count.
     """
 
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None, device: torch.device, kernels: str = "rows") -> None:
         self.cpu = device.type == "cpu"
         self.w = w.t().contiguous() if self.cpu else w.contiguous()
         self.b = b
-        pack = kernels == "rows" and self.cpu and _packable(w)
+        pack = kernels != "mm" and self.cpu and _packable(w)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PACKED_ROWS - 1) if pack else None
+        self.packed_rows: Container[int] = ALL_ROWS
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if not self.cpu:
             y = F.linear(x, self.w, self.b)
             return y if residual is None else residual + y
         n = x.shape[0]
-        if self.packed is not None and n > 1:
+        if self.packed is not None and n > 1 and n in self.packed_rows:
             if n < PACKED_ROWS:
                 x = torch.cat([x, x.new_zeros(PACKED_ROWS - n, x.shape[1])])
             y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")[:n]
@@ -470,7 +488,7 @@ class FusedModel:
     dtype: torch.dtype
     fast: bool = True
     max_draft: int = 4  # the longest draft a verify pass checks: recurrent layers keep max_draft + 2 state slots
-    kernels: str = "rows"  # CPU matmul kernels (Linear): by row count, or torch.mm for every row count
+    kernels: str = "auto"  # CPU matmul kernels (Linear, KERNELS); after "auto" it names what was chosen
     # A cut draft vocabulary (FR-Spec): the MTP head scores only these token ids, every other token
     # gets draft probability 0. The accept/resample rule stays exact for any draft distribution, so
     # the output distribution is unchanged; only drafts outside the set become impossible.
@@ -515,6 +533,45 @@ class FusedModel:
         self.mtp_device = self.mtp_layers[0].device
         self.devices = list(dict.fromkeys([self.device, *self.layer_devices, self.head_device, *(p.device for p in self.mtp_layers)]))
         self._carry: list[torch.Tensor | None] = [None] * len(heads)
+        if self.kernels == "auto":
+            self.kernels = self._choose_kernels()
+
+    def _linears(self) -> list[Linear]:
+        """Every Linear of the model that holds a packed copy, MTP layers included."""
+        found: list[Linear] = []
+        parts = [self.head, *self.layers, *self.mtp_layers, *(p.block for p in self.mtp_layers)]
+        for part in parts:
+            for value in ([part] if isinstance(part, Linear) else vars(part).values()):
+                if isinstance(value, Linear) and value.packed is not None and value not in found:
+                    found.append(value)
+        return found
+
+    @torch.inference_mode()
+    def _choose_kernels(self) -> str:
+        """For each verify row count 2..max_draft+1, time whole passes through oneDNN and through
+        torch.mm, interleaved, and keep the faster; the choice is what the record names. Skipped
+        (torch.mm throughout) where nothing is packed, and where a recurrent layer's state would be
+        advanced by the timing passes; attention caches are only written at slots the next prefill
+        overwrites."""
+        linears = self._linears()
+        if not linears or any(isinstance(layer, RecurrentLayer) for layer in self.layers):
+            for linear in linears:
+                linear.packed_rows = ()
+            return "mm"
+        ids = torch.zeros(self.max_draft + 1, dtype=torch.long, device=self.device)
+        times: dict[tuple[int, bool], list[float]] = {}
+        for _ in range(CALIBRATION_ROUNDS):
+            for n in range(2, self.max_draft + 2):
+                for packed in (True, False):
+                    for linear in linears:
+                        linear.packed_rows = ALL_ROWS if packed else ()
+                    start = time.perf_counter()
+                    self.main(ids[:n], 0)
+                    times.setdefault((n, packed), []).append(time.perf_counter() - start)
+        rows = faster_rows(times)
+        for linear in linears:
+            linear.packed_rows = rows
+        return f"auto: oneDNN for {describe_rows(rows)}" if rows else "auto: torch.mm for every row count"
 
     def _mtp_pieces(self, head: MtpHead) -> "MtpPieces":
         device = _device_of(head.block, self.device)
@@ -665,9 +722,18 @@ class FusedModel:
         return max(errors)
 
 
+def faster_rows(times: dict[tuple[int, bool], list[float]]) -> frozenset[int]:
+    """The row counts whose median pass time through oneDNN (key (n, True)) is below torch.mm's (n, False)."""
+    return frozenset(n for n, packed in times if packed and statistics.median(times[(n, True)]) < statistics.median(times[(n, False)]))
+
+
+def describe_rows(rows: frozenset[int]) -> str:
+    return ", ".join(str(n) for n in sorted(rows)) + " rows"
+
+
 @torch.no_grad()
 def build_fused_model(model: nn.Module, mtp: MtpHead | nn.Module, max_len: int, check_prompt: list[int], max_draft: int = 4,
-                      kernels: str = "rows", draft_vocab: torch.Tensor | None = None) -> FusedModel:
+                      kernels: str = "auto", draft_vocab: torch.Tensor | None = None) -> FusedModel:
     """Fast pieces where recognised; if they do not reproduce transformers (or do not fit, e.g. a
     partial RoPE), whole-layer modules; if those do not either, AtlasError.
 
