@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from datetime import datetime, timezone
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import TypeVar
 
@@ -59,7 +60,8 @@ def replace(out: Path, command: str, write: Callable[[Path], T], legacy: Callabl
     out = Path(os.path.abspath(out))  # `out.parent` of a relative name such as "x" is "."
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+        _sweep_stale(out)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".partial", dir=out.parent))
         umask = os.umask(0)
         os.umask(umask)
         staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would outlive the swap
@@ -79,6 +81,25 @@ def replace(out: Path, command: str, write: Callable[[Path], T], legacy: Callabl
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # after the swap it holds the previous folder
     return result
+
+
+def _sweep_stale(out: Path) -> None:
+    """Remove the staging siblings of `out` that a killed run left (its pid is in the name and no
+    longer runs); a live run's staging folder is left alone."""
+    for path in out.parent.glob(f".{glob_escape(out.name)}.*.partial"):
+        pid = path.name[len(out.name) + 2:].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)) and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 _RENAME_EXCHANGE = 2

@@ -5,6 +5,7 @@ whole (a failed run leaves the previous one as it was), and leave no partial fol
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -193,3 +194,31 @@ def test_two_exports_into_one_folder_at_once_leave_one_whole_export(store_db: Pa
     manifest = export.read_manifest(target)
     assert manifest is not None and all((target / f.path).is_file() for f in manifest.files)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]  # neither staging folder is left
+
+
+def test_an_export_killed_mid_write_keeps_the_previous_one_and_the_next_run_sweeps_its_leftovers(
+        store_db: Path, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    target = tmp_path / "data"
+    assert invoke("export", "--db", str(store_db), "--out", str(target)).exit_code == 0
+    before = snapshot(target)
+    run = subprocess.Popen([sys.executable, "-m", "atlas", "export", "--db", str(store_db), "--out", str(target)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".data.*.partial")) and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    from atlas import export
+
+    # the kill lands before the swap (the previous export, byte for byte) or after it (the new one,
+    # whole): never between, and never no export at all
+    assert snapshot(target) == before or all((target / f.path).is_file() for f in export.read_manifest(target).files)
+    live = tmp_path / f".data.{os.getpid()}.x.partial"  # a run of this process, still going: kept
+    live.mkdir()
+    assert invoke("export", "--db", str(store_db), "--out", str(target)).exit_code == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "data"])
