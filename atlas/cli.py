@@ -409,6 +409,20 @@ def conformance_show(directory: str | None) -> None:
                    f"{v.result}: {v.reason}; {v.detail}")
 
 
+@cli.command("query")
+@click.argument("sql")
+@click.option("--db", type=click.Path(dir_okay=False), default=None,
+              help="The atlas store (default: $ATLAS_DB or data/atlas.duckdb).")
+def query_cmd(sql: str, db: str | None) -> None:
+    """Run read-only SQL against the store and print the result as a plain table."""
+    from atlas import store
+    from atlas.paths import default_db
+
+    columns, rows = store.query(db or default_db(), sql)
+    click.echo(store.plain_table(columns, rows))
+    click.echo(f"({len(rows)} row{'' if len(rows) == 1 else 's'})")
+
+
 # ---- evidence and site (store -> evidence -> site) ---------------------------------------------
 
 
