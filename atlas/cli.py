@@ -435,14 +435,33 @@ def conformance_run(engine: str, engine_python: str | None, layouts: str, draft_
 @conformance_group.command("show")
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None, help="record folder (default: evidence/conformance/)")
 def conformance_show(directory: str | None) -> None:
-    """Print the verdicts of every conformance record (engine, version, layout, T)."""
+    """Print the verdicts of every conformance record, grouped by record (named by its file), the
+    latest record of each build and hardware marked: that is the one pages and refusals read."""
     from atlas.measure import conformance
     from atlas.paths import project_path
 
     folder = Path(directory) if directory else project_path(conformance.DEFAULT_DIR)
-    for v in conformance.verdicts(conformance.load_records(folder)):
-        click.echo(f"{v.date} {v.build} {v.layout:<12} T {v.temperature:<3} drafts {v.draft_sampling:<13} "
-                   f"{v.result}: {v.reason}; {v.detail}")
+    latest = {path for path, _ in conformance.latest_records(folder)}
+    for path, record in conformance.load_records(folder):
+        mark = "  [latest for this build]" if path in latest else ""
+        click.echo(f"{path.name}: {record.build}, {record.hardware}, {record.run_date:%Y-%m-%d %H:%M} UTC{mark}")
+        for v in conformance.verdicts([(path, record)]):
+            click.echo(f"  {v.layout:<12} T {v.temperature:<3} drafts {v.draft_sampling:<13} "
+                       f"{v.result}: {v.reason}; {v.detail}")
+
+
+@cli.command("query")
+@click.argument("sql")
+@click.option("--db", type=click.Path(dir_okay=False), default=None,
+              help="The atlas store (default: $ATLAS_DB or data/atlas.duckdb).")
+def query_cmd(sql: str, db: str | None) -> None:
+    """Run read-only SQL against the store and print the result as a plain table."""
+    from atlas import store
+    from atlas.paths import default_db
+
+    columns, rows = store.query(db or default_db(), sql)
+    click.echo(store.plain_table(columns, rows))
+    click.echo(f"({len(rows)} row{'' if len(rows) == 1 else 's'})")
 
 
 # ---- evidence and site (store -> evidence -> site) ---------------------------------------------

