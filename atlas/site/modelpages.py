@@ -403,7 +403,7 @@ def generate(db: Path, out: Path, matrix_path: Path, root: Path) -> Models:
 
     matrix = servable_matrix.load(matrix_path)
     folder = matrix_path.parent / "conformance"
-    verdicts = conformance.verdicts(conformance.latest_records(folder), folder.parent.parent)
+    verdicts = conformance.current_verdicts(conformance.load_records(folder), folder.parent.parent)
     con = store.connect(db, read_only=True)
     try:
         models = collect(con, matrix, root, verdicts)
