@@ -105,6 +105,10 @@ def test_a_control_failed_by_chance_does_not_mask_a_far_larger_failure() -> None
     assert result == "fails", reason
     # within chance of the control's own deviation (6.0 - 4.2 < sqrt(2) * 3.89): the control explains it
     assert conformance.judge([checks[2]], [checks[0]])[0] == "inconclusive"
+    # the chi-square's p-value counts as a deviation too, however small
+    chi = _check("distribution", 1.0, 1, _distribution(1008) | {"chi2_p_value": 1e-300}, passed=False)
+    assert 36 < conformance.deviation(chi) < 38
+    assert conformance.judge([chi], [control])[0] == "fails"
     # a T = 0 control (exact comparison, no deviation) explains any T = 0 difference on its checkpoint
     batching = _check("identity", 0.0, 0, {"requests": 4, "identical": 3, "first_difference": 5}, passed=False, checkpoint="random")
     differs = _check("identity", 0.0, 1, {"requests": 16, "identical": 15, "first_difference": 9}, passed=False, checkpoint="random")

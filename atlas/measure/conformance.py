@@ -13,7 +13,9 @@ Checkpoints (atlas.measure.oracles, with the engine's shape limits as overrides)
 
 Each check is a two-sided test at level ALPHA with its figures recorded; the distribution check also
 states its power (the smallest mean-NLL shift it detects with probability 0.99), and the same check
-run on the k = 0 engine is recorded as the calibration control.
+run on the k = 0 engine is recorded as the calibration control. Every check also carries its sample
+and the sample that detects its deviation with 95 % power (Power): a pass on fewer is underpowered
+and never makes a row lossless (`judge`).
 """
 
 from __future__ import annotations
@@ -359,7 +361,8 @@ def deviation(check: Check) -> float | None:
     if z is None:
         return None
     chi_p = _number(check, "chi2_p_value")
-    chi_z = math.inf if chi_p == 0 else (_normal_quantile(1 - chi_p) if chi_p is not None and chi_p < 1 else 0.0)
+    # -quantile(p), not quantile(1 - p): 1 - 1e-300 rounds to 1, where the quantile is undefined
+    chi_z = math.inf if chi_p == 0 else (-_normal_quantile(chi_p) if chi_p is not None and chi_p < 1 else 0.0)
     return max(abs(z), chi_z)
 
 
