@@ -402,7 +402,8 @@ def conformance_group() -> None:
 @click.option("--layouts", default=",".join(("mimo", "deepseek_v3", "qwen3_next")), show_default=True, help="MTP layouts to check")
 @click.option("--draft-tokens", default="1,2,3", show_default=True, help="draft lengths k")
 @click.option("--draft-sampling", default="greedy,probabilistic", show_default=True, help="vLLM draft_sample_method values checked at T > 0")
-@click.option("--requests", type=click.IntRange(min=1), default=16, show_default=True, help="requests per check")
+@click.option("--requests", type=click.IntRange(min=1), default=16, show_default=True,
+              help="requests per check (at least 4: the batching control reruns 4 of them one at a time)")
 @click.option("--max-new-tokens", type=click.IntRange(min=8), default=64, show_default=True)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -418,6 +419,7 @@ def conformance_run(engine: str, engine_python: str | None, layouts: str, draft_
     from atlas.measure.stamp import command_line
     from atlas.paths import project_path
 
+    conformance.check_requests(requests)  # before the engine starts: a run this small could only fail its control
     samplings = [s.strip() for s in draft_sampling.split(",") if s.strip()]
     if not samplings or any(s not in ("greedy", "probabilistic") for s in samplings):
         raise AtlasError(f"--draft-sampling expects greedy and/or probabilistic, got {draft_sampling!r}")

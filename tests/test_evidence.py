@@ -418,10 +418,12 @@ def test_schema_2_runs_show_conditional_acceptance_undecided_gates_and_keep_smok
 
 def _acceptance_figures(t: float, passed: bool) -> dict:
     """An oracle acceptance check's statistics that say what `passed` says (a record whose
-    statistics contradict its checks is refused)."""
+    statistics contradict its checks is refused), over enough drafts for a pass to count as
+    lossless (conformance.derive_power)."""
     if t == 0:
-        return {"drafted": 4, "accepted": 4 if passed else 3}
-    return {"p_value": 0.5 if passed else 0.0}
+        return {"drafted": 400, "accepted": 400 if passed else 399}
+    return {"drafted": 1000, "accepted": 500 if passed else 0, "expected_accepted": 500.0, "expected_acceptance": 0.5,
+            "z": 0.0 if passed else -31.6, "p_value": 1.0 if passed else 0.0}
 
 
 def test_servable_cells_carry_conformance_verdicts_for_their_layout(hostile_db: Path, tmp_path: Path) -> None:

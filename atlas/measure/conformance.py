@@ -13,7 +13,9 @@ Checkpoints (atlas.measure.oracles, with the engine's shape limits as overrides)
 
 Each check is a two-sided test at level ALPHA with its figures recorded; the distribution check also
 states its power (the smallest mean-NLL shift it detects with probability 0.99), and the same check
-run on the k = 0 engine is recorded as the calibration control.
+run on the k = 0 engine is recorded as the calibration control. Every check also carries its sample
+and the sample that detects its deviation with 95 % power (Power): a pass on fewer is underpowered
+and never makes a row lossless (`judge`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,14 @@ from atlas.measure.engines.convert import without_remote_code
 SCHEMA_VERSION = 2
 DEFAULT_DIR = "evidence/conformance"
 ALPHA = 1e-4  # per check; about 30 checks a run keep a false failure under 0.5 %
-POWER = 0.99
+POWER = 0.99  # the distribution test's stated power (its detectable_nll_shift figure)
+# The power a check needs before its pass can count towards "lossless", and the smallest deviation
+# each kind of check must detect with it (Power, derive_power). A run too small for these gives
+# "underpowered" passes: they can make a row inconclusive, never lossless.
+NEEDED_POWER = 0.95
+IDENTITY_RATE = 0.01  # T = 0: a defect that changes 1 % of output tokens (or rejects 1 % of exact drafts)
+ACCEPTANCE_GAP = 0.1  # T > 0: an acceptance rate off its exact expectation by 0.1
+NLL_SHIFT = 0.35  # T > 0: a mean NLL off the visited states' entropy by 0.35 nats/token (T = 1.6 for 1.0 shifts it more)
 SINGLES = 4  # requests rerun one at a time for the batching control
 RANDOM_HEAD_ACCEPTANCE = 0.25  # a random head's T = 0 acceptance stays under this (near 0 expected)
 # vLLM's shape limits on CPU (head sizes 32..256; MLA with kv_lora_rank 512 and qk_rope_head_dim 64)
@@ -71,6 +80,25 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+class Power(Strict):
+    """What a check counted and whether that was enough: `needed` is the sample that detects a
+    deviation of `effect` with probability NEEDED_POWER at the record's alpha (None: the record
+    does not say enough to know, which counts as too few)."""
+
+    sample: int = Field(ge=0)
+    unit: Literal["tokens", "drafts", "transitions"]
+    effect: float = Field(gt=0)
+    needed: int | None = Field(default=None, ge=1)
+
+    @property
+    def sufficient(self) -> bool:
+        return self.needed is not None and self.sample >= self.needed
+
+    @property
+    def text(self) -> str:
+        return f"{self.sample} of {self.needed if self.needed is not None else 'an unknown number of'} {self.unit} needed"
+
+
 class Check(Strict):
     layout: Name
     checkpoint: Literal["oracle", "random"]
@@ -81,6 +109,7 @@ class Check(Strict):
     passed: bool
     summary: Text  # what was expected, what was observed
     figures: dict[Name, Figure] = Field(max_length=MAX_FIGURES)
+    power: Power | None = None  # filled in from the figures when a record is read (derive_power)
 
     @property
     def label(self) -> str:
@@ -111,6 +140,61 @@ def passed_by_statistics(check: Check, alpha: float) -> bool | None:
     figures = {"p_value": _figure(check, "p_value"),
                "chi2_p_value": None if check.figures.get("chi2_p_value") is None else _figure(check, "chi2_p_value")}
     return distribution_passed(figures, alpha)
+
+
+def _number(check: Check, key: str) -> float | None:
+    value = check.figures.get(key)
+    if isinstance(value, str) and value in ("inf", "-inf"):
+        return float(value)
+    return None if isinstance(value, bool) or not isinstance(value, (int, float)) else float(value)
+
+
+def _needed_for_mean(sd: float, effect: float, alpha: float) -> int:
+    """The sample whose mean, with per-unit standard deviation `sd`, detects a shift of `effect`
+    with probability NEEDED_POWER in a two-sided test at level `alpha`."""
+    z = _normal_quantile(1 - alpha / 2) + _normal_quantile(NEEDED_POWER)
+    return max(1, math.ceil((z * sd / effect) ** 2))
+
+
+def derive_power(check: Check, alpha: float, max_new_tokens: int) -> Power:
+    """Each check's sample and the sample it needs, from what every record (committed ones too)
+    holds:
+    - identity: exact comparison, so a defect changing a fraction IDENTITY_RATE of tokens escapes
+      n tokens with probability (1 - rate)^n; n is requests x the record's max_new_tokens (an upper
+      bound where a request ended at EOS first: the records do not say how many tokens each got).
+    - T = 0 acceptance: the same rule over the drafts (every exact draft must be accepted, and a
+      random head's rate is read over them).
+    - T > 0 acceptance: the mean acceptance per draft against ACCEPTANCE_GAP; its per-draft SD is
+      the recorded `sd` of the accepted total, else recovered as |accepted - expected| / |z| when
+      |z| >= 1 (z is rounded to 0.01), else bounded by k·e·(1 - e) per draft (e the expected
+      acceptance; Bhatia-Davis per verify step of at most k drafts, Cauchy-Schwarz over steps).
+    - distribution: the mean NLL against NLL_SHIFT; the per-transition SD follows from the
+      recorded detectable_nll_shift, which is that SD / sqrt(n) times the z sum at POWER."""
+    if check.name == "identity":
+        sample = int(_number(check, "requests") or 0) * max_new_tokens
+        return Power(sample=sample, unit="tokens", effect=IDENTITY_RATE,
+                     needed=math.ceil(math.log(1 - NEEDED_POWER) / math.log(1 - IDENTITY_RATE)))
+    drafted = int(_number(check, "drafted") or 0)
+    if check.name == "acceptance" and check.temperature == 0:
+        return Power(sample=drafted, unit="drafts", effect=IDENTITY_RATE,
+                     needed=math.ceil(math.log(1 - NEEDED_POWER) / math.log(1 - IDENTITY_RATE)))
+    if check.name == "acceptance":
+        sd, z = _number(check, "sd"), _number(check, "z")
+        accepted, expected, rate = (_number(check, k) for k in ("accepted", "expected_accepted", "expected_acceptance"))
+        if sd is None and z is not None and math.isfinite(z) and abs(z) >= 1 and None not in (accepted, expected):
+            sd = abs(accepted - expected) / abs(z)
+        if sd is not None:
+            per_draft = sd / math.sqrt(drafted) if drafted else None
+        else:
+            per_draft = math.sqrt(max(check.draft_tokens, 1) * rate * (1 - rate)) if rate is not None else None
+        needed = None if per_draft is None else _needed_for_mean(per_draft, ACCEPTANCE_GAP, alpha)
+        return Power(sample=drafted, unit="drafts", effect=ACCEPTANCE_GAP, needed=needed)
+    n, shift, power = (_number(check, k) for k in ("transitions", "detectable_nll_shift", "power"))
+    needed = None
+    if n and shift and power:
+        per_token = shift * math.sqrt(n) / (_normal_quantile(1 - alpha / 2) + _normal_quantile(power))
+        needed = _needed_for_mean(per_token, NLL_SHIFT, alpha)
+    return Power(sample=int(n or 0), unit="transitions", effect=NLL_SHIFT, needed=needed)
 
 
 class AppliedPatch(Strict):
@@ -168,6 +252,10 @@ class ConformanceRecord(Strict):
             derived = passed_by_statistics(check, self.alpha)
             if derived is not None and derived != check.passed:
                 raise ValueError(f"check {check.label} says passed = {check.passed}, but its statistics say {derived}")
+            power = derive_power(check, self.alpha, self.max_new_tokens)
+            if check.power is not None and check.power != power:
+                raise ValueError(f"check {check.label} says its power is {check.power.text}, but its statistics say {power.text}")
+            check.power = power
         if redact.text(self.command) != self.command:  # the site and the export publish it
             raise ValueError("command holds a credential (a URL's user info or a token); record the command without it")
         applied = {p.name for p in self.patches}
@@ -265,60 +353,121 @@ def _t_class(t: float) -> str:
     return "0" if t == 0 else "> 0"
 
 
+def deviation(check: Check) -> float | None:
+    """How far a check's statistic sits from its exact expectation, in standard normal units: |z|,
+    or the chi-square's equivalent where that is larger; None for the exact (T = 0) comparisons,
+    whose failures are counts, not deviations."""
+    z = _number(check, "z")
+    if z is None:
+        return None
+    chi_p = _number(check, "chi2_p_value")
+    # -quantile(p), not quantile(1 - p): 1 - 1e-300 rounds to 1, where the quantile is undefined
+    chi_z = math.inf if chi_p == 0 else (-_normal_quantile(chi_p) if chi_p is not None and chi_p < 1 else 0.0)
+    return max(abs(z), chi_z)
+
+
+def masks(control: Check, failure: Check, alpha: float = ALPHA) -> bool:
+    """Whether a failed k = 0 control explains a failed k > 0 check on its checkpoint.
+
+    The rule: where both have a deviation (T > 0), the control explains the failure unless the
+    failure sits beyond the control's own deviation by more than chance allows between two such
+    statistics: |z_k>0| - |z_k=0| > sqrt(2) * z(1 - alpha/2), the critical value of the difference
+    of two independent standard normals (the same sample size, so a bias shared by the plain
+    engine shifts both alike). A control failed by chance (|z| near 4) then cannot turn a z = -30
+    MTP failure inconclusive. Exact T = 0 comparisons have no deviation to weigh: a failed control
+    there (plain decoding that depends on batching) explains any T = 0 difference."""
+    fail, ctrl = deviation(failure), deviation(control)
+    if fail is None or ctrl is None:
+        return True
+    return fail - ctrl <= math.sqrt(2) * _normal_quantile(1 - alpha / 2)
+
+
 def judge(group: list[Check], controls: list[Check]) -> tuple[Result, str]:
     """The verdict of one layout x temperature class x draft sampling, by rule.
 
     `group` holds the k > 0 checks, `controls` the same layout's k = 0 checks at this temperature
     class (the plain engine: batching invariance and the argmax chain at T = 0, the calibrated
-    distribution test at T > 0). A failed k > 0 check counts against the MTP path only when every
-    control on its checkpoint passed: if plain decoding already fails there (e.g. its output depends
-    on how requests are batched), a k > 0 difference cannot be laid on the MTP path.
-    lossless: no k > 0 check failed. fails: some failed check had passing controls.
-    inconclusive: every failed check sits on a checkpoint whose own control failed."""
+    distribution test at T > 0). A failed k > 0 check counts against the MTP path unless a failed
+    control on its checkpoint explains it (`masks`).
+    fails: some failed check is not explained by a control.
+    lossless: no k > 0 check failed and every one had the power to detect its deviation (Power);
+    a pass from too small a sample ("underpowered") never counts as lossless.
+    inconclusive: no checks, every failure explained by a failed control, or passes underpowered."""
+    if not group:
+        return "inconclusive", "no k > 0 checks ran"
     failed = [c for c in group if not c.passed]
-    if not failed:
-        return "lossless", f"all {len(group)} k > 0 checks passed"
-    broken = {c.checkpoint for c in controls if not c.passed}
-    counted = [c for c in failed if c.checkpoint not in broken]
+    broken = [c for c in controls if not c.passed]
+    counted = [c for c in failed if not any(masks(k, c) for k in broken if k.checkpoint == c.checkpoint)]
     if counted:
-        return "fails", f"{len(counted)} of {len(group)} k > 0 checks failed with their k = 0 controls passing"
-    others = [c for c in group if c.checkpoint not in broken]
-    why = "; ".join(f"k=0 {c.checkpoint} {c.name}: {c.summary}" for c in controls if not c.passed)
-    return "inconclusive", (
-        f"{len(failed)} k > 0 checks on the {'/'.join(sorted(broken))} checkpoint failed, but the plain engine failed its own "
-        f"control there ({why}), so those differences cannot be laid on the MTP path"
-        + (f"; all {len(others)} checks on the other checkpoint passed" if others else "")
-    )
+        return "fails", f"{len(counted)} of {len(group)} k > 0 checks failed beyond what their k = 0 controls explain"
+    weak = [c for c in group if c.passed and not (c.power and c.power.sufficient)]
+    if failed:
+        spots = sorted({c.checkpoint for c in failed})
+        why = "; ".join(f"k=0 {c.checkpoint} {c.name}: {c.summary}" for c in broken if c.checkpoint in spots)
+        others = [c for c in group if c.checkpoint not in spots]
+        return "inconclusive", (
+            f"{len(failed)} k > 0 checks on the {'/'.join(spots)} checkpoint failed, but the plain engine failed its own "
+            f"control there ({why}), so those differences cannot be laid on the MTP path"
+            + (f"; all {len(others)} checks on the other checkpoint passed" if others and not weak else "")
+            + (f"; {len(weak)} passing checks underpowered" if weak else "")
+        )
+    if weak:
+        first = weak[0]
+        return "inconclusive", (f"all {len(group)} k > 0 checks passed, but {len(weak)} underpowered (too small a sample to "
+                                f"detect the deviation each must; e.g. k={first.draft_tokens} {first.checkpoint} {first.name}: "
+                                f"{first.power.text if first.power else 'no sample recorded'})")
+    return "lossless", f"all {len(group)} k > 0 checks passed, each with {NEEDED_POWER:.0%} power for its deviation"
 
 
 def verdicts(records: Iterable[tuple[Path, ConformanceRecord]], root: Path | None = None) -> list[Verdict]:
     """Per record, layout, temperature class and draft sampling, the rule's verdict (`judge`); the
     detail names the failed checks' summaries (or the headline figures when all passed)."""
-    rows = []
+    return [v for path, rec in records for v, _ in _judged(path, rec, root)]
+
+
+def current_verdicts(records: Iterable[tuple[Path, ConformanceRecord]], root: Path | None = None) -> list[Verdict]:
+    """What the site shows: per build (release or patched), hardware, layout, temperature class and
+    draft sampling, the verdict of the newest record that decided it: that failed beyond chance, or
+    ran every check with the power to detect its deviation (else of the newest that ran them at all). Not the newest record of the
+    build: a narrower or smaller later run then hid the rows it did not run (issue 28), and a
+    release's "fails" stays beside a patched build's "lossless", each its own build. `records`
+    oldest first (load_records)."""
+    shown: dict[tuple[str, str, str, str, str], tuple[Verdict, bool]] = {}
     for path, rec in records:
-        groups: dict[tuple[str, str, str], list[Check]] = {}
-        controls: dict[tuple[str, str], list[Check]] = {}
-        for c in rec.checks:
-            if c.draft_tokens == 0:
-                controls.setdefault((c.layout, _t_class(c.temperature)), []).append(c)
-                continue
-            sampling = c.draft_sampling if c.temperature > 0 else "any"
-            groups.setdefault((c.layout, _t_class(c.temperature), sampling), []).append(c)
-        for (layout, t, sampling), checks in groups.items():
-            result, reason = judge(checks, controls.get((layout, t), []))
-            failed = [c for c in checks if not c.passed]
-            shown = failed or checks[:2]
-            detail = "; ".join(f"k={c.draft_tokens} {c.checkpoint} {c.name}: {c.summary}" for c in shown[:3])
-            if len(failed) > 3:
-                detail += f"; and {len(failed) - 3} more failed"
-            source = path.relative_to(root).as_posix() if root and path.is_relative_to(root) else path.name
-            causes = [k for k in rec.causes if t == "> 0" and (k.status == "patched" or result != "lossless")]
-            rows.append(Verdict(
-                package=rec.package, version=rec.version, build=rec.build, patched=bool(rec.patches), hardware=rec.hardware,
-                device=rec.device, date=rec.run_date.date().isoformat(), layout=layout, temperature=t, draft_sampling=sampling,
-                result=result, reason=reason, detail=f"{len(checks) - len(failed)}/{len(checks)} checks passed; {detail}",
-                causes=causes, command=rec.command, source=source,
-            ))
+        for v, powered in _judged(path, rec, root):
+            key = (v.build, v.hardware, v.layout, v.temperature, v.draft_sampling)
+            if powered or not shown.get(key, (None, False))[1]:
+                shown[key] = (v, powered)
+    return [v for v, _ in shown.values()]
+
+
+def _judged(path: Path, rec: ConformanceRecord, root: Path | None) -> list[tuple[Verdict, bool]]:
+    """`verdicts` of one record, each with whether it decides its row: a failure beyond chance
+    does at any sample; a pass only when all its k > 0 checks had the power they need."""
+    rows = []
+    groups: dict[tuple[str, str, str], list[Check]] = {}
+    controls: dict[tuple[str, str], list[Check]] = {}
+    for c in rec.checks:
+        if c.draft_tokens == 0:
+            controls.setdefault((c.layout, _t_class(c.temperature)), []).append(c)
+            continue
+        sampling = c.draft_sampling if c.temperature > 0 else "any"
+        groups.setdefault((c.layout, _t_class(c.temperature), sampling), []).append(c)
+    for (layout, t, sampling), checks in groups.items():
+        result, reason = judge(checks, controls.get((layout, t), []))
+        failed = [c for c in checks if not c.passed]
+        shown = failed or checks[:2]
+        detail = "; ".join(f"k={c.draft_tokens} {c.checkpoint} {c.name}: {c.summary}" for c in shown[:3])
+        if len(failed) > 3:
+            detail += f"; and {len(failed) - 3} more failed"
+        source = path.relative_to(root).as_posix() if root and path.is_relative_to(root) else path.name
+        causes = [k for k in rec.causes if t == "> 0" and (k.status == "patched" or result != "lossless")]
+        rows.append((Verdict(
+            package=rec.package, version=rec.version, build=rec.build, patched=bool(rec.patches), hardware=rec.hardware,
+            device=rec.device, date=rec.run_date.date().isoformat(), layout=layout, temperature=t, draft_sampling=sampling,
+            result=result, reason=reason, detail=f"{len(checks) - len(failed)}/{len(checks)} checks passed; {detail}",
+            causes=causes, command=rec.command, source=source,
+        ), result == "fails" or all(c.power is not None and c.power.sufficient for c in checks)))
     return rows
 
 
@@ -446,7 +595,7 @@ def acceptance_test(p: np.ndarray, q: np.ndarray, greedy: bool, k: int, runs: li
                 per_pos_exp[i] += float(probs[i])
     sd = math.sqrt(variance)
     z = (observed - expected) / sd if sd > 0 else (0.0 if observed == round(expected) else math.inf)
-    return {"drafted": drafted, "accepted": observed, "expected_accepted": round(expected, 3),
+    return {"drafted": drafted, "accepted": observed, "expected_accepted": round(expected, 3), "sd": round(sd, 4),
             "acceptance": observed / drafted if drafted else None, "expected_acceptance": expected / drafted if drafted else None,
             "z": round(z, 2) if math.isfinite(z) else str(z), "p_value": _two_sided_p(z) if math.isfinite(z) else 0.0,
             "per_position": [round(o / e, 4) if e else None for o, e in zip(per_pos_obs, per_pos_exp)]}
@@ -514,6 +663,16 @@ def for_the_engine(folder: Path) -> Path:
     return folder
 
 
+def check_requests(requests: int) -> None:
+    """Refuse a run with fewer requests than the batching control reruns one at a time: it would
+    compare SINGLES outputs against fewer references and fail by construction, and a failed control
+    makes every T = 0 difference on its checkpoint inconclusive."""
+    if requests < SINGLES:
+        raise AtlasError(f"--requests {requests}: a conformance run needs at least {SINGLES} requests, since the batching "
+                         f"control reruns {SINGLES} of them one at a time (with fewer it fails by construction and "
+                         "hides any T = 0 failure); its verdicts also need the sample: 16 requests is the default")
+
+
 def run_suite(
     python: Path,
     layouts: Iterable[str] = LAYOUTS,
@@ -532,6 +691,7 @@ def run_suite(
     from atlas.measure.engines.vllm_client import Driver
     from atlas.measure.oracles import bigram_tables, write_checkpoint
 
+    check_requests(requests)
     checks: list[Check] = []
     ks = sorted(set(draft_tokens))
     with Driver(python) as driver, tempfile.TemporaryDirectory(prefix="atlas-conformance-") as tmp:
@@ -665,15 +825,15 @@ VERDICT_WORDS = {"lossless": "checked lossless", "fails": "fails", "inconclusive
 
 
 def evidence_table(folder: Path, root: Path | None = None) -> str:
-    """Markdown: per build (release or patched) and hardware, its latest record's verdicts (one row
-    per layout, temperature class and draft sampling), newest first; older records stay in the
-    folder, named by date. What is the same for a whole record (file, build, hardware, date,
+    """Markdown: per build (release or patched), hardware, layout, temperature class and draft
+    sampling, the verdict of the newest record that ran it with power (current_verdicts), newest
+    first; each row names its record. What is the same for a whole record (file, build, hardware, date,
     command) is said once, under the table, by its short id, and so is each known cause. A row
     that fails with a known cause present shows the cause instead of figures: those figures are
     what the defect left in memory, not a property of the engine."""
     from atlas.site.mdsafe import Markdown, code, escape, table
 
-    rows = verdicts(latest_records(folder), root)
+    rows = current_verdicts(load_records(folder), root)
     if not rows:
         return "_No engine conformance record yet (`atlas conformance run`)._\n"
     rows.sort(key=lambda v: (v.date, v.build, v.layout, v.temperature, v.draft_sampling), reverse=True)

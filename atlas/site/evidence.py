@@ -677,9 +677,10 @@ def _conformance(folder: Path, verdicts: list[conformance.Verdict]) -> str:
         "T = 0" if t == "0" else f"T {t}, {sampling} drafts" for t, sampling in columns), "record"]
     return (head + "\n" + table(headers, body)
             + "\n\nA cell: whether the engine's MTP kept the model's output at that temperature "
-            "with that draft method — *lossless* (every check with drafts passed), *fails* (one failed "
-            "while the plain engine passed its own control there), *inconclusive* (the only failures sit "
-            "where the plain engine already failed its control, so they cannot be laid on the MTP path); "
+            "with that draft method — *lossless* (every check with drafts passed, each on a sample with 95 % power "
+            "to detect its deviation), *fails* (one failed beyond what the plain engine's own control explains), "
+            "*inconclusive* (the only failures sit where the plain engine already failed its control, or a pass "
+            "came from too small a sample); each cell comes from the newest record that ran it with that power; "
             "a build with a run-time patch is its own row, never the release. At T = 0 the draft method does not matter: "
             "output must equal plain decoding token for token.\n\n"
             + (f"**Known causes** of the failures (K1, …: the statistics below cite them):\n\n{causes}\n\n" if causes else "")
@@ -688,7 +689,7 @@ def _conformance(folder: Path, verdicts: list[conformance.Verdict]) -> str:
 
 
 def _verdicts(folder: Path) -> list[conformance.Verdict]:
-    return conformance.verdicts(conformance.latest_records(folder), folder.parent.parent)
+    return conformance.current_verdicts(conformance.load_records(folder), folder.parent.parent)
 
 
 VERDICT_CSS = {"lossless": "verified", "fails": "fails", "inconclusive": "inconclusive"}  # the marks' colours (atlas.css)

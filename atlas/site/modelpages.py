@@ -403,7 +403,7 @@ def generate(db: Path, out: Path, matrix_path: Path, root: Path) -> Models:
 
     matrix = servable_matrix.load(matrix_path)
     folder = matrix_path.parent / "conformance"
-    verdicts = conformance.verdicts(conformance.latest_records(folder), folder.parent.parent)
+    verdicts = conformance.current_verdicts(conformance.load_records(folder), folder.parent.parent)
     con = store.connect(db, read_only=True)
     try:
         models = collect(con, matrix, root, verdicts)
@@ -605,10 +605,14 @@ def runner_line(model_type: str | None) -> Markdown:
 
 
 def _conformance_words(e: Engine) -> str:
-    """One engine's conformance in a few words: per build checked, its results; else not checked."""
+    """One engine's conformance in a few words, as the servable matrix names it: per build checked,
+    whether it was the release or a patched build, the device and the layout checked, then its
+    results; else not checked. The finder and the claim-level row show only these words, so a
+    patched build's "lossless" never reads as the release's."""
     if not e.conformance:
         return "conformance not checked"
-    return "; ".join(f"{c.build}: {servable_matrix.results_text(c)}" for c in e.conformance)
+    return "; ".join(f"{c.build} ({'patched, not the release' if c.patched else 'the release'}) on {c.device}, "
+                     f"{c.layout} layout checked: {servable_matrix.results_text(c)}" for c in e.conformance)
 
 
 def _shown(value: object) -> str:

