@@ -129,6 +129,14 @@ MUTANTS = (
            "before = [p % c for p in range(start - self.kernel + 1, start) if p >= 0]",
            "before = [p % c for p in range(start - self.kernel + 2, start + 1) if p >= 0]", tuple(RECURRENT_TESTS),
            "the conv window keeps the newest column written, a rejected draft's input after a rejection"),
+    # the DSA dense regime's boundary (issue 30): keys attended = prompt + new tokens - 1 <= index_topk
+    Mutant("dsa-forward-one-key-generous", "lossy", MODEL,
+           "if self.dense_limit is not None and start + n > self.dense_limit:",
+           "if self.dense_limit is not None and start + n > self.dense_limit + 1:", ("tests/test_families.py",),
+           "a main forward attending index_topk + 1 keys runs as dense, where the indexer would select a subset"),
+    Mutant("dsa-run-one-key-generous", "lossy", MODEL,
+           "    return prompt + new - 1\n", "    return prompt + new - 2\n", ("tests/test_families.py",),
+           "a run whose last forward attends index_topk + 1 keys passes the up-front check"),
     # the CPU kernels, the cut draft vocabulary, the one-expert fold and the head's training (issue 22)
     Mutant("verify-rows-padding-read", "lossy", MODEL,
            'y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")[:n]',

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from atlas import AtlasError
 from atlas.measure.families import FAMILIES, load_family
 from atlas.measure.generate import Sampling, generate_plain, generate_speculative
-from atlas.measure.model import build_fused_model
+from atlas.measure.model import build_fused_model, dense_regime
 from atlas.measure.oracles import LAYOUTS, bigram_tables, write_checkpoint
 from atlas.measure.checkpoint import load_checkpoint
 from atlas.measure.theory import bigram_acceptance
@@ -317,7 +317,7 @@ def dsa_pair(tmp_path: Path, family: str, index_topk: int):
 
 @pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa"])
 def test_dsa_below_index_topk_agrees_with_transformers_and_its_indexer(tmp_path: Path, family: str) -> None:
-    """While prompt + new tokens <= index_topk the indexer selects every key: our dense loop's
+    """While prompt + new tokens - 1 <= index_topk the indexer selects every key: our dense loop's
     logits equal transformers' full forward (indexer running), and our greedy output equals its
     cached generate, plain and speculative at k = 1..4."""
     got, theirs = dsa_pair(tmp_path, family, index_topk=len(PROMPT) + 20)
@@ -332,6 +332,32 @@ def test_dsa_below_index_topk_agrees_with_transformers_and_its_indexer(tmp_path:
     assert plain.tokens == ref[0, len(PROMPT):].tolist()
     for k in (1, 2, 3, 4):
         assert generate_speculative(engine, PROMPT, 20, k, Sampling(), gen).tokens == plain.tokens
+
+
+def test_dsa_exactly_at_index_topk_runs_exact_and_one_key_past_is_refused(tmp_path: Path) -> None:
+    """The boundary itself: prompt + new - 1 keys (the last token is never forwarded) equal to
+    index_topk runs, plain and at k = 1..3, and equals transformers' generate with its indexer
+    running; one token more makes the final forward attend index_topk + 1 keys and is refused, in
+    the loop and by the run's up-front check alike."""
+    limit = len(PROMPT) + 12
+    got, theirs = dsa_pair(tmp_path, "deepseek_v32", index_topk=limit)
+    engine = build_fused_model(got.model, got.mtp, limit + 8, PROMPT)
+    at = limit - len(PROMPT) + 1  # new tokens with exactly `limit` keys attended
+    assert f"{limit} keys <= index_topk = {limit}" in dense_regime("DeepSeek-V3.2", limit, len(PROMPT), at)
+    gen = torch.Generator().manual_seed(0)
+    plain = generate_plain(engine, PROMPT, at, Sampling(), gen)
+    ref = theirs.generate(torch.tensor([PROMPT]), max_new_tokens=at, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert plain.tokens == ref[0, len(PROMPT):].tolist()
+    for k in (1, 2, 3):
+        assert generate_speculative(engine, PROMPT, at, k, Sampling(), gen).tokens == plain.tokens
+    past = f"not measured beyond index_topk = {limit} keys \\({limit + 1} asked\\)"
+    with pytest.raises(AtlasError, match="DeepSeek-V3.2: DSA sparse attention: " + past):
+        dense_regime("DeepSeek-V3.2", limit, len(PROMPT), at + 1)
+    with pytest.raises(AtlasError, match=past):
+        generate_plain(engine, PROMPT, at + 1, Sampling(), gen)
+    for k in (1, 2, 3):
+        with pytest.raises(AtlasError, match=past):
+            generate_speculative(engine, PROMPT, at + 1, k, Sampling(), gen)
 
 
 def test_dsa_beyond_index_topk_is_refused_by_name(tmp_path: Path) -> None:

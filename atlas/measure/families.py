@@ -177,7 +177,7 @@ def measurability(model_type: str) -> Measurability:
     if row.transformers_type and model_type != row.transformers_type:
         how += f"; main model on transformers' {row.transformers_type} classes, no remote code"
     if row.dense_limit:
-        how += f"; only while prompt + new tokens <= {row.dense_limit}, where its sparse attention is exactly dense"
+        how += f"; only while prompt + new tokens - 1 (the keys attended) <= {row.dense_limit}, where its sparse attention is exactly dense"
     if "{N}" in row.glue or "{m}" in row.glue:
         how += "; n > 1 shipped MTP layers chained (draft i from layer i mod n)"
     return Measurability(model_type, row.name, "measurable", how)

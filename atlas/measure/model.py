@@ -460,6 +460,24 @@ def beyond_dense(keys: int, limit: int) -> str:
             "selects a subset, and transformers' own cached and uncached paths already disagree there")
 
 
+def dense_keys(prompt: int, new: int) -> int:
+    """The most keys any forward of a generation attends: the prompt and every emitted token but the
+    last, which is returned and never forwarded (plain and speculative alike: a final round drafts
+    only up to the token before the last). The indexer keeps min(index_topk, keys) keys, so
+    dense_keys <= index_topk is exactly the dense-equivalent regime."""
+    return prompt + new - 1
+
+
+def dense_regime(family: str, limit: int, prompt: int, new: int) -> str:
+    """A DSA run's regime statement, or its refusal by name when some forward would see a key subset."""
+    keys = dense_keys(prompt, new)
+    if keys > limit:
+        raise AtlasError(f"{family}: " + beyond_dense(keys, limit))
+    return (f"dense-equivalent DSA: prompt + new tokens - 1 = {keys} keys <= index_topk = {limit} (the last token is "
+            "never forwarded), so the indexer selects every key and attention is exactly dense MLA; the indexer "
+            "weights are loaded and not run")
+
+
 @dataclass
 class MtpPieces:
     """One MTP layer's pieces over its own static cache."""

@@ -20,7 +20,7 @@ from atlas.measure.cells import RepeatCounts, build_cell, seed_for
 from atlas.measure.checkpoint import load_checkpoint, pick_device, place_model, resolve
 from atlas.measure.engines.transformers_engine import PEER_BASELINE, Peer
 from atlas.measure.generate import RunStats, Sampling, Stopwatch, generate_plain, generate_speculative
-from atlas.measure.model import FusedModel, beyond_dense, build_fused_model
+from atlas.measure.model import FusedModel, build_fused_model, dense_regime
 from atlas.measure.options import MAX_PROMPT_TOKENS, Options, new_record
 from atlas.measure.recurrent import summary as recurrent_summary
 from atlas.measure.records import Cell, PassCosts, Record, RecurrentState, Repeat, write_record
@@ -145,10 +145,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     regime = None
     dense_limit = getattr(model.config.get_text_config(), "index_topk", None)  # DSA: see atlas.measure.families.AllKeys
     if dense_limit is not None:
-        if longest + options.max_new_tokens > dense_limit:
-            raise AtlasError(f"{loaded.family}: " + beyond_dense(longest + options.max_new_tokens, dense_limit))
-        regime = (f"dense-equivalent DSA: prompt + new tokens <= index_topk = {dense_limit}, so the indexer selects every "
-                  "key and attention is exactly dense MLA; the indexer weights are loaded and not run")
+        regime = dense_regime(loaded.family, dense_limit, longest, options.max_new_tokens)
         log(f"regime: {regime}")
     draft_vocab, vocab_info = None, None
     if options.draft_vocab is not None:
