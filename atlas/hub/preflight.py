@@ -13,20 +13,12 @@ from urllib.parse import urlsplit
 import duckdb
 
 from atlas import AtlasError, store
-from atlas.hub.crawl import (
-    QUANT_SIDECAR,
-    SINGLE_FILE,
-    Silence,
-    WEIGHT_INDEX,
-    Context,
-    OrgCoverage,
-    install_client,
-    list_scope,
-    load_watchlist,
-    reach,
-    restore_client,
-    side_files_pending,
-)
+from atlas.hub.client import Silence, install_client, restore_client
+from atlas.hub.context import Context
+from atlas.hub.crawl import reach
+from atlas.hub.fetch import QUANT_SIDECAR, SINGLE_FILE, WEIGHT_INDEX, side_files_pending
+from atlas.hub.listing import OrgCoverage, list_scope
+from atlas.hub.watchlist import load_watchlist
 from atlas.hub.pacing import TIERS, WINDOW_S, Pacer
 
 # Requests one file costs on the Hub: a small file is a GET of /resolve/ answered by a 307 to the
