@@ -25,7 +25,7 @@ from chromium_cdp import Chromium
 from site_helpers import REPO, build_demo_site, declared_repo_ids
 
 from atlas.measure import records
-from atlas.site import evidence, render
+from atlas.site import render
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None,

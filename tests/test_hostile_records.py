@@ -694,7 +694,7 @@ def test_the_paged_finder_filters_and_sorts_every_model_in_the_browser(big_finde
         page = browser.open(finder + "?find=model-00049", 390)  # ?find= on a phone
         try:
             assert page.evaluate(_wait_for_count("0")) == f"1 of {N_FINDER} models shown"
-            assert page.evaluate(_rows_js()) == [f"org0/model-00049"]
+            assert page.evaluate(_rows_js()) == ["org0/model-00049"]
         finally:
             page.close()
 
