@@ -10,7 +10,7 @@ TEAM    := $(MIRROR)/mtp-atlas/byte-mtp-8l
 export HF_HUB_DISABLE_TELEMETRY := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup crawl crawl-mirror measure measure-import team-model evidence export site serve demo test bench vllm-env conformance \
+.PHONY: setup crawl crawl-mirror measure measure-import team-model evidence export site serve demo test lint bench vllm-env conformance \
 	real-model-deps real-model real-model-head-data real-model-head measure-real-model measure-real-model-vllm
 
 # Idempotent: the stamp is newer than pyproject.toml once the venv holds what it asks for.
@@ -33,10 +33,12 @@ team-model: setup  ## retrain the bundled team model, deterministic from its see
 
 measure: setup  ## self-speculative decoding on the team model (CUDA when present), record under evidence/measurements/
 	$(ATLAS) measure run --model $(TEAM)
+	$(MAKE) measure-import
+
+measure-import: setup  ## import the measurement records under evidence/measurements/ into the store (idempotent)
 	$(ATLAS) measure import --db $(DB)
 
-evidence: setup  ## deliberate: import the committed records and rewrite the committed evidence file from the store
-	$(ATLAS) measure import --db $(DB)
+evidence: measure-import  ## deliberate: import the committed records and rewrite the committed evidence file from the store
 	$(ATLAS) evidence --db $(DB)
 
 export: setup  ## the store's tables as Parquet + CSV, data dictionary, dataset card, changelog data -> build/data/
@@ -117,6 +119,9 @@ conformance: setup vllm-env  ## engine conformance suite -> a dated record under
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+lint: setup  ## ruff, with the rules in pyproject.toml
+	$(BIN)/ruff check .
 
 bench: setup
 	$(BIN)/python benchmarks/crawl.py

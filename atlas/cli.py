@@ -40,12 +40,24 @@ def cli() -> None:
     """MTP Atlas: crawl model configs, measure self-speculative decoding, render the course site."""
 
 
+def _store_path(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path:
+    from atlas.paths import default_db
+
+    return value if value is not None else default_db()
+
+
+# The one --db of every command that reads or writes the store: a Path, the default resolved here.
+db_option = click.option(
+    "--db", type=click.Path(dir_okay=False, path_type=Path), default=None, callback=_store_path,
+    help="The atlas store (default: $ATLAS_DB, else data/atlas.duckdb of the project).",
+)
+
+
 # ---- crawl (hub -> store) -------------------------------------------------------------------
 
 
 @cli.command()
-@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="DuckDB store (default: $ATLAS_DB or data/atlas.duckdb).")
+@db_option
 @click.option("--mirror", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Crawl this mirror folder through a local hub server on 127.0.0.1 instead of the Hub.")
 @click.option("--watchlist", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -62,7 +74,7 @@ def cli() -> None:
 @click.option("--probe", is_flag=True,
               help="No crawl: a handful of requests printing each answer's status, X-Error-Code and RateLimit headers.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint: str | None, concurrency: int,
+def crawl(db: Path, mirror: Path | None, watchlist: Path | None, endpoint: str | None, concurrency: int,
           cache_dir: Path | None, refingerprint: bool, plan: bool, probe: bool, no_progress: bool) -> None:
     """Crawl the watch list's models into a new dated snapshot of the store.
 
@@ -75,9 +87,7 @@ def crawl(db: Path | None, mirror: Path | None, watchlist: Path | None, endpoint
 
     from atlas.hub import crawl as crawler
     from atlas.hub.redact import text as shown
-    from atlas.paths import default_db
 
-    db = db or default_db()
     if refingerprint:
         n = crawler.refingerprint(db)
         click.echo(f"re-fingerprinted {n} stored configs with rules {crawler.RULE_VERSION}")
@@ -350,20 +360,20 @@ def measure_run(model: str | None, workloads: str | None, temperatures: str, dra
 
 
 @measure_group.command("import")
-@click.option("--db", type=click.Path(dir_okay=False), default=None, help="store (default data/atlas.duckdb or $ATLAS_DB)")
+@db_option
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
               help="record folder (default: evidence/measurements/ of the project)")
-def measure_import(db: str | None, directory: str | None) -> None:
+def measure_import(db: Path, directory: str | None) -> None:
     """Load measurement records into the store (idempotent; bad or tampered files are rejected)."""
     from atlas import store
     from atlas.measure import records
     from atlas.measure.options import DEFAULT_OUT_PATH
-    from atlas.paths import default_db, project_path
+    from atlas.paths import project_path
 
     folder = Path(directory) if directory else project_path(DEFAULT_OUT_PATH)
     if not folder.is_dir():
         raise AtlasError(f"no measurement folder {folder}")
-    con = store.connect(db or default_db())
+    con = store.connect(db)
     try:
         loaded, present, errors = records.import_records(con, folder)
     finally:
@@ -374,16 +384,15 @@ def measure_import(db: str | None, directory: str | None) -> None:
 
 
 @measure_group.command("forget")
-@click.option("--db", type=click.Path(dir_okay=False), default=None, help="store (default data/atlas.duckdb or $ATLAS_DB)")
+@db_option
 @click.argument("record")
-def measure_forget(db: str | None, record: str) -> None:
+def measure_forget(db: Path, record: str) -> None:
     """Remove an imported record from the store, by its id (12 characters at least) or source path:
     for a record whose file is gone (evidence and export read every imported record's file)."""
     from atlas import store
     from atlas.measure import records
-    from atlas.paths import default_db
 
-    con = store.connect(db or default_db())
+    con = store.connect(db)
     try:
         [(record_id, source)] = records.forget_record(con, record)
     finally:
@@ -454,14 +463,12 @@ def conformance_show(directory: str | None) -> None:
 
 @cli.command("query")
 @click.argument("sql")
-@click.option("--db", type=click.Path(dir_okay=False), default=None,
-              help="The atlas store (default: $ATLAS_DB or data/atlas.duckdb).")
-def query_cmd(sql: str, db: str | None) -> None:
+@db_option
+def query_cmd(sql: str, db: Path) -> None:
     """Run read-only SQL against the store and print the result as a plain table."""
     from atlas import store
-    from atlas.paths import default_db
 
-    columns, rows = store.query(db or default_db(), sql)
+    columns, rows = store.query(db, sql)
     click.echo(store.plain_table(columns, rows))
     click.echo(f"({len(rows)} row{'' if len(rows) == 1 else 's'})")
 
@@ -470,8 +477,7 @@ def query_cmd(sql: str, db: str | None) -> None:
 
 
 @cli.command("evidence")
-@click.option("--db", type=click.Path(dir_okay=False), default=None,
-              help="The atlas store (default: $ATLAS_DB or data/atlas.duckdb).")
+@db_option
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Evidence file (default: evidence/module-08.evidence.md of the project).")
 @click.option("--servable", "servable_path", type=click.Path(dir_okay=False), default=None,
@@ -480,22 +486,21 @@ def query_cmd(sql: str, db: str | None) -> None:
 @click.option("--mirror-sources", type=click.Path(dir_okay=False), default=None,
               help="Provenance of the bundled mirror's files, shown after a mirror crawl "
                    "(default: data/hub-mirror/SOURCES.tsv of the project).")
-def evidence_cmd(db: str | None, out: str | None, servable_path: str | None,
+def evidence_cmd(db: Path, out: str | None, servable_path: str | None,
                  mirror_sources: str | None) -> None:
     """Run the named evidence queries against the store and write the module 8 evidence file."""
     from atlas.site import evidence, modelpages
-    from atlas.paths import default_db, project_path, project_root
+    from atlas.paths import project_path, project_root
     from atlas.store import require_complete_snapshot
 
     out_path = Path(out) if out else project_path("evidence/module-08.evidence.md")
     matrix = Path(servable_path) if servable_path else project_path("evidence/servable.toml")
     sources = Path(mirror_sources) if mirror_sources else project_path("data/hub-mirror/SOURCES.tsv")
-    db_path = Path(db) if db else default_db()
-    require_complete_snapshot(db_path)  # evidence from no snapshot would only count zeros
-    ev = evidence.generate(db_path, out_path, matrix, sources)
+    require_complete_snapshot(db)  # evidence from no snapshot would only count zeros
+    ev = evidence.generate(db, out_path, matrix, sources)
     # the per-model pages' data, next to the evidence file it belongs with
     models_path = out_path.with_name(modelpages.FILE_NAME)
-    models = modelpages.generate(db_path, models_path, matrix, project_root())
+    models = modelpages.generate(db, models_path, matrix, project_root())
     f = ev.facts
     click.echo(
         f"Wrote {out_path}: snapshot {f.snapshot_id} ({f.snapshot_date}), {f.n_models} models, "
@@ -506,19 +511,18 @@ def evidence_cmd(db: str | None, out: str | None, servable_path: str | None,
 
 
 @cli.command("export")
-@click.option("--db", type=click.Path(dir_okay=False), default=None,
-              help="The atlas store (default: $ATLAS_DB or data/atlas.duckdb).")
+@db_option
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Output folder, rebuilt whole (default: build/data/ of the project, where "
                    "`atlas site build` finds it).")
-def export_cmd(db: str | None, out: str | None) -> None:
+def export_cmd(db: Path, out: str | None) -> None:
     """Write the store's tables as Parquet and CSV (DuckDB COPY), with a data dictionary, a dataset
     card (README.md), a manifest and the changelog's data."""
     from atlas import export
-    from atlas.paths import default_db, project_path, project_root
+    from atlas.paths import project_path, project_root
 
     out_path = Path(out) if out else project_path(export.DEFAULT_OUT)
-    manifest = export.export(Path(db) if db else default_db(), out_path, project_path("evidence"), project_root())
+    manifest = export.export(db, out_path, project_path("evidence"), project_root())
     for f in manifest.files:
         if f.format == "parquet":
             click.echo(f"  {f.table:<22} {f.rows:>6} rows  (data as of {f.as_of or '—'})")

@@ -410,7 +410,6 @@ def _is_export(folder: Path) -> bool:
         return read_manifest(folder) is not None
     except AtlasError:
         return False
-    return manifest
 
 
 def _export_into(staging: Path, db: Path, matrix: servable_matrix.Matrix, evidence_dir: Path,

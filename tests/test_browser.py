@@ -11,53 +11,33 @@ Skips only when no Chromium binary exists."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from browser_helpers import ARTIFACTS, CHROMIUM
 from chromium_cdp import Chromium
 from site_helpers import REPO, build_demo_site, declared_repo_ids
 
 from atlas.measure import records
-from atlas.site import evidence, render
+from atlas.site import render
 
-CHROMIUM = next(
-    (found for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-     if (found := shutil.which(name))),
-    None,
-)
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None,
     reason="no Chromium binary (chromium, chromium-browser or google-chrome) on PATH, so the "
     "browser test cannot run here; .ci/run installs Debian's chromium",
 )
-ARTIFACTS = Path(os.environ.get("ATLAS_TEST_ARTIFACTS") or REPO / "build" / "test-artifacts")
 PROBE = (Path(__file__).parent / "layout_probe.js").read_text(encoding="utf-8")
 WIDE, PHONE = 1400, 390
 MIN_LABEL_PX = 9.0
 MODULE_8 = "modules/module-08/"
 SUMMARY_HEADER = ["workload", "T", "engine", "gate (k shown)", "gate's lower bound", "acceptance",
                   "accepted length", "speed-up (range)", "ideal", "efficiency", "greedy identical"]
-
-
-def _chromium(*args: str) -> subprocess.CompletedProcess[str]:
-    """One headless Chromium run from the command line (--dump-dom, --screenshot ...), with its
-    own throw-away profile; tests/test_course_browser.py uses it too."""
-    with tempfile.TemporaryDirectory() as profile:
-        return subprocess.run(
-            [CHROMIUM or "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-             "--no-first-run", "--disable-background-networking", "--disable-component-update",
-             "--disable-sync", f"--user-data-dir={profile}", *args],
-            capture_output=True, text=True, timeout=90,
-        )
 
 
 def _free_port() -> int:

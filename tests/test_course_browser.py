@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from browser_helpers import ARTIFACTS, CHROMIUM, run_chromium
 from site_helpers import build_demo_site, parse_html
-from test_browser import ARTIFACTS, CHROMIUM, _chromium
 
 from atlas.measure import theory
 from atlas.site import modelpages, render, widgets
@@ -116,7 +116,7 @@ def test_widget_numbers_match_the_python_formulas(site) -> None:
       }, 200);
     });</script>"""
     page = _page(layout, "widget-check.html", "".join(blocks) + "".join(real) + act)
-    dom = _chromium("--virtual-time-budget=3000", "--dump-dom", page.as_uri())
+    dom = run_chromium("--virtual-time-budget=3000", "--dump-dom", page.as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
 
@@ -158,7 +158,7 @@ def test_widget_numbers_match_the_python_formulas(site) -> None:
 def test_finder_filters_from_its_url_and_lists_every_model(site, parameter: str) -> None:
     layout, models = site
     finder = layout.build / "models" / "index.html"
-    dom = _chromium("--virtual-time-budget=3000", "--dump-dom", finder.as_uri() + f"?{parameter}=kimi")
+    dom = run_chromium("--virtual-time-budget=3000", "--dump-dom", finder.as_uri() + f"?{parameter}=kimi")
     assert dom.returncode == 0, dom.stderr[-2000:]
     page = parse_html(dom.stdout)
     table = next(t for t in page.tables if t.header[:1] == ["model"])
@@ -178,13 +178,13 @@ def test_screenshot_of_diagrams_and_widgets(site) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "module-08-diagrams-and-widgets.png"
     shot.unlink(missing_ok=True)
-    done = _chromium("--window-size=1000,3600", "--hide-scrollbars", "--virtual-time-budget=3000",
+    done = run_chromium("--window-size=1000,3600", "--hide-scrollbars", "--virtual-time-budget=3000",
                      f"--screenshot={shot}", page.as_uri())
     assert done.returncode == 0, done.stderr[-2000:]
     assert shot.stat().st_size > 100_000, "a rendered page, not a blank one"
     phone = ARTIFACTS / "module-08-diagrams-and-widgets-390px.png"
     phone.unlink(missing_ok=True)
-    done = _chromium("--window-size=390,5200", "--hide-scrollbars", "--virtual-time-budget=3000",
+    done = run_chromium("--window-size=390,5200", "--hide-scrollbars", "--virtual-time-budget=3000",
                      f"--screenshot={phone}", page.as_uri())
     assert done.returncode == 0, done.stderr[-2000:]
     assert phone.stat().st_size > 50_000
@@ -223,7 +223,7 @@ def test_widgets_follow_k_show_one_mode_and_clear_stale_results(site) -> None:
     diagram = _DIAGRAM.findall(built)[1]  # the round diagram: tapped once, it shows at its drawn width
     act = act.replace("}, 200); });</script>", "document.querySelector('.atlas-diagram').click(); }, 200); });</script>")
     page = _page(layout, "widget-states.html", calc * 4 + accept * 2 + diagram + act)
-    dom = _chromium("--virtual-time-budget=3000", "--dump-dom", page.as_uri())
+    dom = run_chromium("--virtual-time-budget=3000", "--dump-dom", page.as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
     found = _instances(html, "calculator")

@@ -775,7 +775,7 @@ class _ForwardProxy:
         direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the proxy itself goes direct
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:  # http.server's name for it
                 seen.append(self.path)
                 parts = urlsplit(self.path)
                 target = upstream.rstrip("/") + parts.path + (f"?{parts.query}" if parts.query else "")

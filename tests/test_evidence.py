@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import markdown
 import pytest
@@ -24,6 +25,9 @@ from site_helpers import (
 from atlas import AtlasError, store
 from atlas.site import evidence, mdsafe
 from atlas.cli import cli
+
+if TYPE_CHECKING:  # the record helper below imports it when it runs
+    from atlas.measure import records
 
 MATRIX = REPO / "evidence" / "servable.toml"
 
@@ -343,7 +347,7 @@ def test_charts_escape_labels_and_draw_what_they_are_given() -> None:
         charts.bar_chart("t", [], "y")
 
 
-def _schema2_record(quick: bool, model_id: str) -> "records.Record":
+def _schema2_record(quick: bool, model_id: str) -> records.Record:
     """A schema-2 record through the records module: conditional counts, per-repeat pass costs,
     speed-ups 0.7/1.0/1.3 (the paired bounds straddle 1: undecided)."""
     from datetime import datetime, timezone

@@ -25,8 +25,8 @@ from site_helpers import (REPO, Model, build_demo_site, engines_in, parse_html, 
 from atlas import AtlasError, export, store
 from atlas.cli import cli
 from atlas.hub import crawl as crawler
-from atlas.measure import conformance, records
-from atlas.site import changelog, evidence, measured, render, reported, servable
+from atlas.measure import conformance
+from atlas.site import changelog, measured, render, reported, servable
 
 MATRIX = REPO / "evidence" / "servable.toml"
 

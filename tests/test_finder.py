@@ -11,8 +11,7 @@ import re
 import pytest
 from site_helpers import REPO, build_demo_site, engines_in, parse_html
 
-from atlas.measure import records
-from atlas.site import evidence, render, servable
+from atlas.site import render, servable
 
 TEAM = "mtp-atlas/byte-mtp-8l"
 MATRIX = REPO / "evidence" / "servable.toml"

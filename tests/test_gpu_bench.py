@@ -11,7 +11,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"))
-import pass_costs  # noqa: E402
+import pass_costs
 
 
 def _config(repo: str) -> dict:

@@ -9,7 +9,6 @@ import json
 import struct
 from pathlib import Path
 
-import duckdb
 import pytest
 from click.testing import CliRunner
 from hub_fixtures import GOOD, build_mirror, config, make_hub, no_sleep, rows, write_watchlist  # noqa: F401  (fixtures)

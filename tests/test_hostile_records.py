@@ -28,6 +28,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from browser_helpers import CHROMIUM, run_chromium
+from chromium_cdp import Chromium
 from click.testing import CliRunner
 from site_helpers import REPO, hostile_store, parse_html, site_copy
 
@@ -93,7 +95,7 @@ SHOWN_ON_MODULE_8 = ["model", "hardware", "device", "dtype", "command", "baselin
 
 
 @pytest.fixture(scope="module")
-def hostile_site(tmp_path_factory: pytest.TempPathFactory) -> render.Layout:
+def hostile_record_site(tmp_path_factory: pytest.TempPathFactory) -> render.Layout:
     """The real course pages over a store holding the hostile record, through the real import,
     `atlas evidence`'s two writers and the real build."""
     root = tmp_path_factory.mktemp("hostile-records-site")
@@ -146,9 +148,9 @@ def _assert_inert(html: str, reference: str, where: str) -> None:
         assert own(page, tag) == own(base, tag), (where, tag)
 
 
-def test_every_record_string_is_inert_text_on_every_page(hostile_site: render.Layout) -> None:
-    pages = _pages(hostile_site)
-    reference = (hostile_site.build / "index.html").read_text(encoding="utf-8")
+def test_every_record_string_is_inert_text_on_every_page(hostile_record_site: render.Layout) -> None:
+    pages = _pages(hostile_record_site)
+    reference = (hostile_record_site.build / "index.html").read_text(encoding="utf-8")
     model_pages = [n for n in pages if n not in ("module-08", "finder")]
     assert model_pages, "the measured hostile model has its own page"
     for name, html in pages.items():
@@ -167,10 +169,10 @@ def test_every_record_string_is_inert_text_on_every_page(hostile_site: render.La
 _CHART = re.compile(r'<div class="atlas-chart">.*?</div>', re.S)
 
 
-def test_chart_titles_and_legends_show_the_workload_as_text(hostile_site: render.Layout) -> None:
+def test_chart_titles_and_legends_show_the_workload_as_text(hostile_record_site: render.Layout) -> None:
     """The reviewer's case, as a class: every chart drawn from the record (legend, SVG titles,
     tick labels, inside the collapsible box) holds no element the record made, and its text."""
-    html = _pages(hostile_site)["module-08"]
+    html = _pages(hostile_record_site)["module-08"]
     charts = [c for c in _CHART.findall(html) if "workload-a" in c]
     assert len(charts) >= 3, "the record's charts are on module 8"
     for chart in charts:
@@ -182,18 +184,16 @@ def test_chart_titles_and_legends_show_the_workload_as_text(hostile_site: render
     assert any("workload-a" in item for item in legend)
 
 
-def test_in_the_browser_no_record_string_became_a_link_or_a_script(hostile_site: render.Layout) -> None:
+def test_in_the_browser_no_record_string_became_a_link_or_a_script(hostile_record_site: render.Layout) -> None:
     """The same in Chromium's DOM, after the site's own scripts (sortable tables, widgets) ran."""
-    from test_browser import CHROMIUM, _chromium
-
     if CHROMIUM is None:
         pytest.skip("no Chromium binary on PATH")
     dumped = {}
-    for name, url in (("index", (hostile_site.build / "index.html").as_uri()),
-                      ("module-08", (hostile_site.build / "modules" / "module-08" / "index.html").as_uri()),
+    for name, url in (("index", (hostile_record_site.build / "index.html").as_uri()),
+                      ("module-08", (hostile_record_site.build / "modules" / "module-08" / "index.html").as_uri()),
                       # the finder's rows built by its script from the loaded parts
-                      ("finder", (hostile_site.build / "models" / "index.html").as_uri() + "?find=alert(5)")):
-        done = _chromium("--virtual-time-budget=3000", "--dump-dom", url)
+                      ("finder", (hostile_record_site.build / "models" / "index.html").as_uri() + "?find=alert(5)")):
+        done = run_chromium("--virtual-time-budget=3000", "--dump-dom", url)
         assert done.returncode == 0, done.stderr[-2000:]
         dumped[name] = done.stdout
     for name in ("module-08", "finder"):
@@ -656,9 +656,6 @@ def _rows_js() -> str:
 
 
 def test_the_paged_finder_filters_and_sorts_every_model_in_the_browser(big_finder: render.Layout) -> None:
-    from chromium_cdp import Chromium
-    from test_browser import CHROMIUM
-
     if CHROMIUM is None:
         pytest.skip("no Chromium binary on PATH")
     finder = (big_finder.build / "models" / "index.html").as_uri()
@@ -697,7 +694,7 @@ def test_the_paged_finder_filters_and_sorts_every_model_in_the_browser(big_finde
         page = browser.open(finder + "?find=model-00049", 390)  # ?find= on a phone
         try:
             assert page.evaluate(_wait_for_count("0")) == f"1 of {N_FINDER} models shown"
-            assert page.evaluate(_rows_js()) == [f"org0/model-00049"]
+            assert page.evaluate(_rows_js()) == ["org0/model-00049"]
         finally:
             page.close()
 

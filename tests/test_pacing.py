@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import math
+import threading
 
 from atlas.hub.pacing import GaveUp, Pacer, bucket_of, parse_ratelimit, retry_after
 
@@ -114,9 +115,18 @@ def test_a_429_pauses_the_bucket_for_the_announced_time() -> None:
 
 
 def test_abort_wakes_the_default_wait() -> None:
+    """An interrupted crawl does not wait out a reset: abort() ends a wait already under way, and
+    a wait asked for after it returns at once. Run in a thread joined with a bound (a tenth of the
+    wait), so a regression fails here instead of hanging the suite for the whole wait."""
     pacer = Pacer(HUB)
+    bound_s = pacer.max_wait_s / 10
+    waits = [threading.Thread(target=pacer.pause, args=(pacer.max_wait_s,), daemon=True) for _ in range(2)]
+    waits[0].start()  # waiting (or about to) when abort() comes
     pacer.abort()
-    pacer.pause(pacer.max_wait_s)  # returns at once: an interrupted crawl does not wait out a reset
+    waits[1].start()  # asked for after abort()
+    for wait in waits:
+        wait.join(bound_s)
+        assert not wait.is_alive(), f"pause() still waiting {bound_s:g} s after abort()"
     assert pacer.aborted
 
 

@@ -134,7 +134,7 @@ def _tamper(path: Path, edit) -> None:
     ids=["derived-speedup", "raw-count", "gate", "pass-cost", "gate-decision", "missing-field", "impossible-count", "bad-digest"],
 )
 def test_tampered_records_are_rejected_and_others_load(tmp_path: Path, edit, message: str) -> None:
-    good = write_record(make_record(model_id="good/model"), tmp_path)
+    write_record(make_record(model_id="good/model"), tmp_path)
     bad = write_record(make_record(), tmp_path)
     _tamper(bad, edit)
     with pytest.raises(AtlasError, match=message) as info:

@@ -13,20 +13,12 @@ from urllib.parse import urlsplit
 import duckdb
 
 from atlas import AtlasError, store
-from atlas.hub.crawl import (
-    QUANT_SIDECAR,
-    SINGLE_FILE,
-    Silence,
-    WEIGHT_INDEX,
-    Context,
-    OrgCoverage,
-    install_client,
-    list_scope,
-    load_watchlist,
-    reach,
-    restore_client,
-    side_files_pending,
-)
+from atlas.hub.client import Silence, install_client, restore_client
+from atlas.hub.context import Context
+from atlas.hub.crawl import reach
+from atlas.hub.fetch import QUANT_SIDECAR, SINGLE_FILE, WEIGHT_INDEX, side_files_pending
+from atlas.hub.listing import OrgCoverage, list_scope
+from atlas.hub.watchlist import load_watchlist
 from atlas.hub.pacing import TIERS, WINDOW_S, Pacer
 
 # Requests one file costs on the Hub: a small file is a GET of /resolve/ answered by a 307 to the
@@ -184,7 +176,7 @@ def probe(watchlist: Path, endpoint: str, token: str | bool | None = None) -> It
                 ask("HEAD", f"/{repo}/resolve/main/{lfs}", "302 to the CDN (an LFS file)")
     except AtlasError:
         raise
-    except Exception as exc:  # noqa: BLE001 - the probe reports, it does not crash
+    except Exception as exc:  # any failure: the probe reports it, it does not crash
         lines.append(f"probe stopped: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     finally:
         restore_client()

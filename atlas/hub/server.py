@@ -39,224 +39,24 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 import struct
 import sys
 import threading
 import time
-import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
-from atlas import AtlasError
+from atlas.hub.handlers import CdnHandler, Fault, HubHandler, HubHTTPServer
+from atlas.hub.mirror import MirrorRepo, git_blob_id, is_lfs, load_mirror
 from atlas.hub.pacing import TIERS, WINDOW_S
 
-METADATA_FILE = "HUB_METADATA.toml"
-_LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx")
-_CHUNK = 1 << 20
+# Fault and MirrorRepo are part of what a test drives the hub with; load_mirror is how it is filled.
+__all__ = ["Fault", "HubServer", "MirrorRepo", "load_mirror"]
+
 MAX_HEADER_BYTES = 25_000_000  # as huggingface_hub: a larger safetensors header is not one
-DISABLED_MESSAGE = "Access to this resource is disabled."
-
-
-def _git_blob_id(path_or_bytes: bytes | Path, size: int) -> str:
-    digest = hashlib.sha1(b"blob %d\0" % size)
-    for chunk in _chunks(path_or_bytes):
-        digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _sha256(path_or_bytes: bytes | Path) -> str:
-    digest = hashlib.sha256()
-    for chunk in _chunks(path_or_bytes):
-        digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _chunks(src: bytes | Path, start: int = 0, end: int | None = None):
-    """The bytes [start, end) of `src` in pieces of at most 1 MiB: big files are never read whole."""
-    if isinstance(src, bytes):
-        data = src[start:end]
-        for i in range(0, len(data), _CHUNK):
-            yield data[i:i + _CHUNK]
-        return
-    with open(src, "rb") as fh:
-        fh.seek(start)
-        left = None if end is None else max(0, end - start)
-        while left is None or left > 0:
-            chunk = fh.read(_CHUNK if left is None else min(_CHUNK, left))
-            if not chunk:
-                return
-            if left is not None:
-                left -= len(chunk)
-            yield chunk
-
-
-@dataclass
-class MirrorRepo:
-    """One repo: file name -> content (bytes, or a Path read on demand) plus hub metadata."""
-
-    repo_id: str
-    files: dict[str, bytes | Path]
-    meta: dict[str, Any] = field(default_factory=dict)
-    sha: str = ""
-    etags: dict[str, str] = field(default_factory=dict)
-    sizes: dict[str, int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        digest = hashlib.sha1()
-        for name in sorted(self.files):
-            src = self.files[name]
-            size = len(src) if isinstance(src, bytes) else src.stat().st_size
-            self.sizes[name] = size
-            # the Hub's ETag: an LFS file's sha256, else git's blob id (both streamed)
-            self.etags[name] = _sha256(src) if is_lfs(name) else _git_blob_id(src, size)
-            digest.update(f"{name}\0{self.etags[name]}\n".encode())
-        self.sha = digest.hexdigest()
-
-    def read(self, name: str, start: int = 0, end: int | None = None) -> bytes:
-        return b"".join(_chunks(self.files[name], start, end))
-
-
-def is_lfs(filename: str) -> bool:
-    return filename.endswith(_LFS_SUFFIXES)
-
-
-def _inside(path: Path, root: Path) -> bool:
-    """Whether `path`, symlinks resolved, stays under `root` (a link out of the mirror is skipped)."""
-    try:
-        return path.resolve().is_relative_to(root)
-    except (OSError, RuntimeError):  # a link loop
-        return False
-
-
-class _HardLinks:
-    """Whether every name of a hard-linked file lies inside the mirror: its st_nlink names must all
-    be found by a walk of the mirror, else one lies outside it (a file of the host, linked in)."""
-
-    def __init__(self, root: Path) -> None:
-        self._root = root
-        self._names: dict[tuple[int, int], int] | None = None  # (device, inode) -> names in the mirror
-
-    def inside(self, path: Path) -> bool:
-        try:
-            st = path.stat()
-        except OSError:
-            return False
-        if st.st_nlink <= 1:
-            return True
-        if self._names is None:  # walked once, and only for a mirror that has hard links at all
-            self._names = {}
-            for folder, _, names in os.walk(self._root):
-                for name in names:
-                    try:
-                        other = os.lstat(os.path.join(folder, name))
-                    except OSError:
-                        continue
-                    if other.st_nlink > 1:
-                        key = (other.st_dev, other.st_ino)
-                        self._names[key] = self._names.get(key, 0) + 1
-        return self._names.get((st.st_dev, st.st_ino), 0) >= st.st_nlink
-
-
-def load_metadata(path: Path) -> dict[str, Any]:
-    """HUB_METADATA.toml, or AtlasError naming the file and the problem in one line."""
-    if not path.exists():
-        return {}
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise AtlasError(f"mirror metadata {path} is not valid TOML: {exc}") from None
-    bad = [k for k, v in data.items() if not isinstance(v, dict)]
-    if bad:
-        raise AtlasError(f"mirror metadata {path}: entry {bad[0]!r} is not a table of fields")
-    return data
-
-
-def load_mirror(root: Path | str) -> dict[str, MirrorRepo]:
-    """Read a mirror folder into repos keyed by repo id."""
-    root = Path(root)
-    real_root = root.resolve()
-    meta_all = load_metadata(root / METADATA_FILE)
-    repos: dict[str, MirrorRepo] = {}
-    links = _HardLinks(real_root)
-
-    def dirs(parent: Path) -> list[Path]:
-        return sorted(p for p in parent.iterdir()
-                      if p.is_dir() and not p.name.startswith(("_", ".")) and _inside(p, real_root))
-
-    for org in dirs(root):
-        for repo_dir in dirs(org):
-            files: dict[str, bytes | Path] = {}
-            for f in sorted(repo_dir.rglob("*")):
-                rel = f.relative_to(repo_dir)
-                if (any(part.startswith(".") for part in rel.parts) or not _inside(f, real_root) or not f.is_file()
-                        or not links.inside(f)):
-                    continue
-                files[rel.as_posix()] = f
-            repo_id = f"{org.name}/{repo_dir.name}"
-            repos[repo_id] = MirrorRepo(repo_id, files, dict(meta_all.get(repo_id, {})))
-    return repos
-
-
-@dataclass
-class Fault:
-    """Answer matching requests with `status` (and headers) instead of serving them; status 0
-    drops the connection without an answer; status 200 serves the request as usual, with
-    `headers` added. `drip_s`: the answer goes out one byte every drip_s seconds (its body only,
-    or from its status line on with drip_headers). `listing` (on /api/models): a listing without
-    end: "empty" pages, or "same" page again, each linking to a next one; or "junk", every page
-    one new model that no filter keeps."""
-
-    status: int
-    path_contains: str = ""  # matched against the path and its query string
-    method: str | None = None
-    times: int = 1  # how many requests it hits; -1 = every one
-    headers: dict[str, str] = field(default_factory=dict)
-    error_code: str | None = None
-    drip_s: float = 0.0
-    drip_headers: bool = False
-    listing: str | None = None
-
-
-class _Drip:
-    """A connection's output sent one byte at a time, `seconds` apart, once `on` (a slow link or a
-    hostile server; the client must not wait for it without end)."""
-
-    def __init__(self, out: Any, seconds: float, pause: threading.Event, on: bool) -> None:
-        self._out, self._seconds, self._pause, self.on = out, seconds, pause, on
-
-    def write(self, data: bytes) -> int:
-        if not self.on:
-            return self._out.write(data)
-        for i in range(len(data)):
-            self._out.write(data[i:i + 1])
-            self._out.flush()
-            self._pause.wait(self._seconds)
-        return len(data)
-
-    def flush(self) -> None:
-        self._out.flush()
-
-    @property
-    def closed(self) -> bool:
-        return self._out.closed
-
-    def close(self) -> None:
-        self._out.close()
-
-
-class _QuietServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # clients dropping idle keep-alive connections are normal, not worth a traceback
-        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
-            super().handle_error(request, client_address)
 
 
 @dataclass
@@ -309,8 +109,8 @@ class HubServer:
         self._files_started = 0
         self.held = 0
         self._release = threading.Event()
-        self._httpd = _QuietServer(("127.0.0.1", 0), _make_handler(self))
-        self._cdn = _QuietServer(("127.0.0.1", 0), _make_cdn_handler(self))
+        self._httpd = HubHTTPServer(self, HubHandler)
+        self._cdn = HubHTTPServer(self, CdnHandler)
         self._threads: list[threading.Thread] = []
 
     @property
@@ -359,7 +159,8 @@ class HubServer:
     def release(self) -> None:
         self._release.set()
 
-    def _maybe_hold(self) -> None:
+    def hold_if_asked(self) -> None:
+        """Before a file request is answered: held unanswered while `hold_files` asks for it."""
         with self._lock:
             self._files_started += 1
             hold = self._hold_after is not None and self._files_started > self._hold_after
@@ -383,7 +184,23 @@ class HubServer:
         """Requests for a file (the /resolve/ entry points; redirect hops are in the log too)."""
         return [r for r in self.requests if "/resolve/" in r["path"]]
 
-    # ---- internals used by the handlers ------------------------------------------------------
+    # ---- what the handlers ask of the hub (atlas.hub.handlers.ServedHub) ---------------------
+
+    def pause(self, seconds: float) -> None:
+        self._pause.wait(seconds)
+
+    def model_json(self, repo: MirrorRepo, expand: list[str] | tuple[str, ...]) -> dict[str, Any]:
+        return _model_json(repo, expand)
+
+    def tree(self, repo: MirrorRepo, folder: str, recursive: bool) -> list[dict[str, Any]] | None:
+        return _tree_entries(repo, folder, recursive)
+
+    def byte_range(self, value: str | None, size: int) -> tuple[int, int] | str | None:
+        return _parse_range(value, size)
+
+    def blob(self, etag: str) -> tuple[MirrorRepo, str] | None:
+        """The LFS file the CDN serves under `etag` (its sha256)."""
+        return self._blobs.get(etag)
 
     def listing(self, query: dict[str, list[str]]) -> list[MirrorRepo]:
         """The repos a model listing with these filters and sort returns, in order (cached)."""
@@ -410,7 +227,7 @@ class HubServer:
             self._listings[key] = repos
         return repos
 
-    def _take_fault(self, method: str, path: str) -> Fault | None:
+    def take_fault(self, method: str, path: str) -> Fault | None:
         with self._lock:
             for fault in self.faults:
                 if fault.times != 0 and fault.path_contains in path and fault.method in (None, method):
@@ -419,7 +236,7 @@ class HubServer:
                     return fault
         return None
 
-    def _count(self, bucket: str, authed: bool) -> tuple[bool, dict[str, str]]:
+    def count(self, bucket: str, authed: bool) -> tuple[bool, dict[str, str]]:
         """Count one request in its bucket's fixed window: (over the quota?, RateLimit headers)."""
         quota = self.quotas[authed][bucket]
         with self._lock:
@@ -444,7 +261,7 @@ class HubServer:
             headers["Retry-After"] = str(max(1, math.ceil(left)))
         return over, headers
 
-    def _log(self, entry: dict[str, Any], cdn: bool = False) -> None:
+    def log(self, entry: dict[str, Any], cdn: bool = False) -> None:
         with self._lock:
             (self.cdn_requests if cdn else self.requests).append(entry)
             if self._log_path is not None:
@@ -544,7 +361,7 @@ def _tree_entries(repo: MirrorRepo, folder: str, recursive: bool) -> list[dict[s
         elif is_lfs(path):
             size = repo.sizes[path]
             pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{repo.etags[path]}\nsize {size}\n".encode()
-            entries.append({"type": "file", "oid": _git_blob_id(pointer, len(pointer)), "size": size, "path": path,
+            entries.append({"type": "file", "oid": git_blob_id(pointer, len(pointer)), "size": size, "path": path,
                             "lfs": {"oid": repo.etags[path], "size": size, "pointerSize": len(pointer)}})
         else:
             entries.append({"type": "file", "oid": repo.etags[path], "size": repo.sizes[path], "path": path})
@@ -617,15 +434,6 @@ def _expand(repo: MirrorRepo, field_name: str) -> Any:
     if field_name == "config":
         return _config_subset(repo)
     raise KeyError(field_name)
-
-
-# What the model *listing* accepts in `expand` (huggingface_hub 2.4.0's list_models docstring);
-# repo info accepts these plus the ones only it can compute.
-LISTING_EXPAND = (
-    "author", "cardData", "config", "createdAt", "disabled", "downloads", "gated", "lastModified",
-    "library_name", "likes", "pipeline_tag", "private", "safetensors", "sha", "siblings", "tags",
-)
-INFO_ONLY_EXPAND = ("baseModels", "childrenModelCount", "usedStorage")
 _DEFAULT_FIELDS = ("author", "createdAt", "downloads", "likes", "library_name", "pipeline_tag", "private", "tags")
 
 
@@ -641,318 +449,6 @@ def _model_json(repo: MirrorRepo, expand: list[str] | tuple[str, ...]) -> dict[s
             out[name] = value
     return out
 
-
-# ---- HTTP plumbing shared by the hub and the CDN --------------------------------------------------
-
-_UNSAFE_HEADER = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _header_value(value: str) -> str:
-    """A header value that cannot split the answer (CR/LF) or fail to encode (non-Latin-1):
-    control characters and anything outside printable ASCII are percent-encoded."""
-    value = _UNSAFE_HEADER.sub(lambda m: quote(m.group()), str(value))
-    return value if value.isascii() else quote(value, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~%")
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "atlas-hubserver"
-    _status = 0
-    hub: HubServer
-
-    @property
-    def echo_headers(self) -> bool:
-        return self.hub.echo_headers
-
-    def log_message(self, format: str, *args: Any) -> None:  # the JSON log replaces stderr noise
-        pass
-
-    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
-              head: bool = False, length: int | None = None) -> None:
-        self._status = status
-        self.send_response(status)
-        for key, value in (headers or {}).items():
-            self.send_header(key, _header_value(value))
-        self.send_header("Content-Length", str(len(body) if length is None else length))
-        self.end_headers()
-        if isinstance(self.wfile, _Drip):
-            self.wfile.on = True  # the headers went out at once: the body trickles
-        if not head and body:
-            self.wfile.write(body)
-
-    def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None, head: bool = False) -> None:
-        body = json.dumps(payload).encode()
-        self._send(status, body, {"Content-Type": "application/json", **(headers or {})}, head)
-
-    def _error(self, status: int, code: str | None, message: str, head: bool, extra: dict[str, str] | None = None) -> None:
-        if self.echo_headers and self.headers.get("Authorization"):
-            message += f" (credentials refused: Authorization: {self.headers['Authorization']})"
-        headers = {"X-Error-Message": message, **(extra or {})}
-        if code:
-            headers["X-Error-Code"] = code
-        self._json(status, {"error": message}, headers, head)
-
-    def _file(self, src: bytes | Path, size: int, headers: dict[str, str], head: bool) -> None:
-        """200 with the whole file, 206 with a Range of it, 416 for a Range past its end; streamed."""
-        headers = {**headers, "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
-        rng = _parse_range(self.headers.get("Range"), size)
-        if rng == "unsatisfiable":
-            self._error(416, None, "Requested range not satisfiable", head, {**headers, "Content-Range": f"bytes */{size}"})
-            return
-        start, end = rng if rng is not None else (0, size)
-        if rng is not None:
-            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-        self._send(206 if rng is not None else 200, b"", headers, head=True, length=end - start)
-        if not head:
-            for chunk in _chunks(src, start, end):
-                self.wfile.write(chunk)
-
-
-def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(_Handler):
-        def do_GET(self) -> None:
-            self._serve(head=False)
-
-        def do_HEAD(self) -> None:
-            self._serve(head=True)
-
-        def _serve(self, head: bool) -> None:
-            self._status, self._limits, self._bucket, self._extra = 0, {}, None, {}
-            started, mono = time.time(), time.monotonic()
-            split = urlsplit(self.path)
-            path = unquote(split.path, errors="replace")
-            authed = bool(self.headers.get("Authorization"))
-            try:
-                if hub.latency_s:
-                    hub._pause.wait(hub.latency_s)
-                if "/resolve/" in path:
-                    hub._maybe_hold()
-                self._dispatch(path, parse_qs(split.query), head, authed)
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-            except Exception as exc:  # a server bug must reach the client as a 500, not a dropped socket
-                if not self._status:
-                    self._error(500, None, f"hubserver error: {type(exc).__name__}", head)
-            finally:
-                hub._log({
-                    "ts": round(started, 4), "ts_mono": mono, "method": self.command, "path": path,
-                    "query": split.query, "status": self._status, "range": self.headers.get("Range"),
-                    "auth": authed, "bucket": self._bucket,
-                })
-
-        def _dispatch(self, path: str, query: dict[str, list[str]], head: bool, authed: bool) -> None:
-            fault = hub._take_fault(self.command, f"{path}?{urlsplit(self.path).query}")
-            if fault is not None and fault.status == 0:
-                self.close_connection = True  # no answer at all: the client sees a dropped connection
-                return
-            if fault is not None and fault.drip_s:
-                self.wfile = _Drip(self.wfile, fault.drip_s, hub._pause, on=fault.drip_headers)
-                self.close_connection = True  # this connection's output is spoilt for any later answer
-            if fault is not None and fault.listing and path == "/api/models":
-                self._endless(fault.listing, query, head)
-                return
-            if fault is not None and fault.status != 200:
-                self._error(fault.status, fault.error_code, f"injected {fault.status}", head, fault.headers)
-                return
-            if fault is not None:
-                self._extra = fault.headers
-            if path.startswith("/api/resolve-cache/") or "/resolve/" in path:
-                bucket = "resolvers"
-            else:
-                bucket = "api" if path.startswith("/api/") else "pages"
-            self._bucket = bucket
-            over, self._limits = hub._count(bucket, authed)
-            if over:
-                wait = self._limits["Retry-After"]
-                self._error(429, None, f"You have been rate-limited: retry after {wait} seconds", head, self._limits)
-                return
-            if path == "/api/models":
-                self._list(query, head)
-            elif path.startswith("/api/resolve-cache/models/"):
-                self._resolve_cache(path[len("/api/resolve-cache/models/"):], head, authed)
-            elif path.startswith("/api/models/"):
-                self._info(path[len("/api/models/"):], query, head, authed)
-            elif "/resolve/" in path:
-                self._resolve(path, head, authed)
-            else:
-                self._error(404, None, "not found", head, self._limits)
-
-        def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
-                  head: bool = False, length: int | None = None) -> None:
-            extra = {**getattr(self, "_limits", {}), **(headers or {}), **getattr(self, "_extra", {})}
-            super()._send(status, body, extra, head, length)
-
-        # -- access as the Hub decides it ---------------------------------------------------
-
-        def _repo(self, repo_id: str, head: bool, authed: bool) -> MirrorRepo | None:
-            """The repo if this request may see it; else the Hub's answer is sent and None returned."""
-            repo = hub.repos.get(repo_id)
-            hidden = repo is None or repo.meta.get("private") is True
-            if hidden or (repo is not None and repo.meta.get("disabled") is True and not authed):
-                # without a token the Hub cannot tell missing from private or disabled: 401 for all
-                self._error(401 if not authed else 404, "RepoNotFound", "Repository not found", head)
-                return None
-            if repo.meta.get("disabled") is True:
-                self._error(403, None, DISABLED_MESSAGE, head)
-                return None
-            return repo
-
-        def _revision(self, repo: MirrorRepo, rev: str, head: bool) -> bool:
-            if rev in ("main", repo.sha):
-                return True
-            self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}", head)
-            return False
-
-        # -- endpoints ------------------------------------------------------------------------
-
-        def _list(self, query: dict[str, list[str]], head: bool) -> None:
-            expand = query.get("expand", [])
-            unknown = [e for e in expand if e not in LISTING_EXPAND]
-            if unknown:
-                self._error(400, None, f'"expand" must be one of the listing\'s fields; got {unknown}', head)
-                return
-            repos = hub.listing(query)
-            page = hub.page_size
-            limit = query.get("limit", [""])[0]
-            if limit.isdigit() and len(limit) < 10:
-                page = max(1, min(page, int(limit)))
-            raw_cursor = query.get("cursor", ["0"])[0]
-            cursor = int(raw_cursor) if raw_cursor.isdigit() and len(raw_cursor) < 10 else 0
-            chunk = repos[cursor:cursor + page]
-            headers: dict[str, str] = {}
-            if cursor + page < len(repos):
-                params = [(k, v) for k, vs in query.items() if k != "cursor" for v in vs]
-                params.append(("cursor", str(cursor + page)))
-                headers["Link"] = f'<{hub.url}/api/models?{urlencode(params)}>; rel="next"'
-            self._json(200, [_model_json(r, expand) for r in chunk], headers, head)
-
-        def _endless(self, kind: str, query: dict[str, list[str]], head: bool) -> None:
-            """A listing page of a listing without end (see Fault.listing), linking to a next one."""
-            raw = query.get("cursor", ["0"])[0]
-            cursor = int(raw) if raw.isdigit() and len(raw) < 10 else 0
-            author = query.get("author", ["endless"])[0]
-            if kind == "same":  # the first page of the real listing, linking to itself
-                items = [_model_json(r, query.get("expand", [])) for r in hub.listing(query)[:hub.page_size]]
-            elif kind == "junk":  # one new model a page, of a pipeline tag no one asks for
-                items = [{"id": f"{author}/junk-{cursor}", "pipeline_tag": "junk", "downloads": 10**6}]
-            else:
-                items = []
-            params = [(k, v) for k, vs in query.items() if k != "cursor" for v in vs]
-            params.append(("cursor", str(cursor if kind == "same" else cursor + 1)))
-            self._json(200, items, {"Link": f'<{hub.url}/api/models?{urlencode(params)}>; rel="next"'}, head)
-
-        def _info(self, rest: str, query: dict[str, list[str]], head: bool, authed: bool) -> None:
-            parts = rest.split("/")
-            repo = self._repo("/".join(parts[:2]), head, authed)
-            if repo is None:
-                return
-            tail = "/".join(parts[2:])
-            if tail.startswith("tree/"):
-                self._tree(repo, tail[len("tree/"):], query, head)
-                return
-            if tail and not self._revision(repo, tail[len("revision/"):] if tail.startswith("revision/") else "", head):
-                return
-            expand = query.get("expand", [])
-            unknown = [e for e in expand if e not in LISTING_EXPAND + INFO_ONLY_EXPAND]
-            if unknown:
-                self._error(400, None, f'"expand" must be one of the repo fields; got {unknown}', head)
-                return
-            fields = expand or [e for e in LISTING_EXPAND + ("baseModels",) if e not in ("safetensors", "config")]
-            self._json(200, _model_json(repo, fields), None, head)
-
-        def _tree(self, repo: MirrorRepo, rest: str, query: dict[str, list[str]], head: bool) -> None:
-            rev, _, folder = rest.partition("/")
-            if not self._revision(repo, rev, head):
-                return
-            entries = _tree_entries(repo, folder.strip("/"), query.get("recursive", ["false"])[0].lower() == "true")
-            if entries is None:
-                self._error(404, "EntryNotFound", f"{folder} does not exist at this revision", head, {"X-Repo-Commit": repo.sha})
-                return
-            self._json(200, entries, None, head)
-
-        def _file_of(self, repo_id: str, rev: str, filename: str, head: bool, authed: bool) -> MirrorRepo | None:
-            """Checks shared by /resolve/ and /api/resolve-cache/: the repo, its revision, the gate, the file."""
-            repo = self._repo(repo_id, head, authed)
-            if repo is None or not self._revision(repo, rev, head):
-                return None
-            commit = {"X-Repo-Commit": repo.sha}
-            if repo.repo_id in hub.gated and not (authed and repo.repo_id in hub.granted):
-                self._error(
-                    403 if authed else 401, "GatedRepo",
-                    f"Access to model {repo.repo_id} is restricted. You must have access to it and be authenticated.",
-                    head, commit,
-                )
-                return None
-            if filename not in repo.files:
-                self._error(404, "EntryNotFound", f"{filename} does not exist at this revision", head, commit)
-                return None
-            return repo
-
-        def _resolve(self, path: str, head: bool, authed: bool) -> None:
-            before, _, after = path.lstrip("/").partition("/resolve/")
-            rev, _, filename = after.partition("/")
-            repo = self._file_of(before, rev, filename, head, authed)
-            if repo is None:
-                return
-            etag, size = repo.etags[filename], repo.sizes[filename]
-            headers = {"X-Repo-Commit": repo.sha, "X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(size),
-                       "ETag": f'"{etag}"'}
-            if is_lfs(filename):  # LFS: a signed URL on another host; the Authorization stays behind
-                location = f"{hub.cdn_url}/repos/{repo.sha[:2]}/{etag}?X-Amz-Expires=3600&X-Amz-Signature=local"
-                self._send(302, b"", {**headers, "Location": location}, head)
-            else:  # a small file: the commit-pinned resolve cache on the same host
-                location = (f"/api/resolve-cache/models/{quote(repo.repo_id)}/{repo.sha}/{quote(filename)}"
-                            f"?etag={quote(chr(34) + etag + chr(34))}")
-                self._send(307, b"", {**headers, "Location": location}, head)
-
-        def _resolve_cache(self, rest: str, head: bool, authed: bool) -> None:
-            parts = rest.split("/")
-            if len(parts) < 4:
-                self._error(404, "EntryNotFound", "no such file", head)
-                return
-            repo = self._file_of("/".join(parts[:2]), parts[2], "/".join(parts[3:]), head, authed)
-            if repo is None:
-                return
-            filename = "/".join(parts[3:])
-            headers = {"X-Repo-Commit": repo.sha, "ETag": f'"{repo.etags[filename]}"'}
-            self._file(repo.files[filename], repo.sizes[filename], headers, head)
-
-    Handler.hub = hub
-    return Handler
-
-
-def _make_cdn_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
-    class CdnHandler(_Handler):
-        server_version = "atlas-hubcdn"
-
-        def do_GET(self) -> None:
-            self._serve(head=False)
-
-        def do_HEAD(self) -> None:
-            self._serve(head=True)
-
-        def _serve(self, head: bool) -> None:
-            self._status = 0
-            split = urlsplit(self.path)
-            auth = self.headers.get("Authorization") is not None
-            try:
-                etag = split.path.rsplit("/", 1)[-1]
-                found = hub._blobs.get(etag)
-                if auth:  # a client that forwards the Hub token to a CDN leaks it
-                    self._error(400, None, "Authorization header must not be sent to the CDN", head)
-                elif found is None:
-                    self._error(404, None, "no such blob", head)
-                else:
-                    repo, name = found
-                    self._file(repo.files[name], repo.sizes[name], {"ETag": f'"{etag}"'}, head)
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-            finally:
-                hub._log({"ts": round(time.time(), 4), "method": self.command, "path": split.path,
-                          "status": self._status, "range": self.headers.get("Range"), "auth": auth}, cdn=True)
-
-    CdnHandler.hub = hub
-    return CdnHandler
 
 
 _RANGE = re.compile(r"bytes=(\d{0,18})-(\d{0,18})")  # fullmatch: `$` lets a trailing newline through
@@ -973,6 +469,7 @@ def _parse_range(value: str | None, size: int) -> tuple[int, int] | str | None:
         return "unsatisfiable"
     end = min(size, int(last) + 1) if last else size
     return None if end <= start else (start, end)
+
 
 
 def _main(argv: list[str]) -> int:

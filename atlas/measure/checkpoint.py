@@ -123,7 +123,7 @@ def transformers_peer(model: PreTrainedModel, family: Family, device: torch.devi
         with torch.inference_mode():
             model.generate(torch.tensor([[1, 2, 3]], device=device), max_new_tokens=4, do_sample=False, use_mtp=True,
                            eos_token_id=None, pad_token_id=0)
-    except Exception as exc:  # noqa: BLE001 -- whatever transformers raises, the peer is left out and the reason kept
+    except Exception as exc:  # whatever transformers raises, the peer is left out and the reason kept
         return 0, f"transformers' use_mtp cannot run it: {type(exc).__name__}: {str(exc)[:200]}"
     return n, note
 

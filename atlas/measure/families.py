@@ -381,7 +381,7 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
     """The main model (transformers' class, `num_hidden_layers` layers) and the MTP layer built from
     the checkpoint's own tensors by `family`'s row. AtlasError naming the family when it is refused
     or when a tensor the row names is missing."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     if family.refuse:

@@ -516,7 +516,6 @@ class FusedModel:
     def __post_init__(self) -> None:
         base = self.model.get_decoder()
         config = self.model.config.get_text_config()
-        d = config.hidden_size
         embed = base.get_input_embeddings()
         if type(embed) is not nn.Embedding:
             raise AtlasError(f"unsupported embedding module {type(embed).__name__}")

@@ -838,9 +838,9 @@ def _by_month(created: list[dict[str, Any]]) -> str:
                            and r["created_at"].strftime("%Y-%m") == m)
             values.append(float(running))
         stacks.append(Stack(name=lab, values=values))
-    note = (f"Cumulative count of the Hub models in this snapshot that declare MTP, by the month "
-            f"their repository was created on the Hub (listing field createdAt), coloured by lab "
-            f"(org). A repository created in a month may have declared MTP only later.")
+    note = ("Cumulative count of the Hub models in this snapshot that declare MTP, by the month "
+            "their repository was created on the Hub (listing field createdAt), coloured by lab "
+            "(org). A repository created in a month may have declared MTP only later.")
     if unknown:
         note += f" {unknown} model(s) with an unknown creation date are not placed."
     chart = stacked_bar_chart("MTP-declaring Hub models by creation month, cumulative", months,

@@ -382,7 +382,7 @@ def backfires_text(runs: list[Run]) -> str:
     lead = "".join(_real_backfires(n, run) for n, run in numbered if label(run))
     return (lead + f"In this build's own measurements, {len(slow)} of {n_cells} cells ran slower than "
             f"plain decoding (median speed-up below 1×): " + "; ".join(per_run) + ". Every cell is in its "
-            f"run's table of every draft length k, under Measured.")
+            "run's table of every draft length k, under Measured.")
 
 
 def _real_backfires(n: int, run: Run) -> str:

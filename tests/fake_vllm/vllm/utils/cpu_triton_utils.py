@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 
-def _expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # noqa: N803
+def _expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # vLLM's signature, MAX_NUM_TOKENS included
     copy = output if output.dtype == torch.int64 else output.to(torch.int64)
     ends = cu_num_tokens.tolist()
     for i, end in enumerate(ends):
