@@ -10,6 +10,8 @@ family's real tensor names), in two modes:
   norm times `draft_scale`. So the draft distribution is softmax(draft_scale · main logits of that
   token): with draft_scale = 1 greedy acceptance is exactly 1 at every k, and for any scale the
   expected T = 1 acceptance follows in closed form from `bigram_tables` (atlas.measure.theory).
+  With `disagree` the final norm is also perturbed, so the draft's argmax differs from the main
+  model's on some tokens: T = 0 acceptance is then known (the argmax tables) and below 1 too.
 
 The layouts are written here from the families' published inference code (names per
 ../shared/research-notes), independently of atlas.measure.families, which reads them: a naming
@@ -293,6 +295,7 @@ def write_checkpoint(
     seed: int = 0,
     noise: float = 0.0,
     mtp_layers: int = 1,
+    disagree: float = 0.0,
 ) -> Path:
     """Write a tiny `family` checkpoint (config.json, model.safetensors, a byte-level tokenizer)
     into `out` and return it. `depth` main layers (any depth: the MTP tensor index follows it where
@@ -301,7 +304,12 @@ def write_checkpoint(
 
     `noise` (oracle mode): the MTP layer's hidden columns and its block's branch outputs get random
     weights of this scale instead of zeros, so its drafts depend on the hidden it is fed and on its
-    own KV cache while still being right often: what a check of the draft chain's wiring needs."""
+    own KV cache while still being right often: what a check of the draft chain's wiring needs.
+
+    `disagree` (oracle mode): random noise of this scale added to the MTP layer's final norm, so
+    its argmax departs from the main model's on some tokens (T = 0 acceptance below 1) while its
+    law stays first order and closed form (`bigram_tables` reads the norm as written): an oracle
+    with a known, partial acceptance at every temperature."""
     if family not in LAYOUTS:
         raise AtlasError(f"no oracle layout for {family!r} (known: {', '.join(LAYOUTS)})")
     if mode not in ("oracle", "random"):
@@ -366,6 +374,8 @@ def write_checkpoint(
             proj[:, e_cols] = torch.eye(d)
             tensors[names["proj"]] = proj
             tensors[names["final_norm"]] = draft_scale * effective - (1 if layout.gemma_norms else 0)
+            if disagree:
+                tensors[names["final_norm"]] += disagree * torch.randn(d, generator=gen)
             if noise:
                 h_cols = slice(0, d) if layout.hidden_first else slice(d, 2 * d)
                 proj[:, h_cols] = noise * torch.randn(d, d, generator=gen) / d**0.5
