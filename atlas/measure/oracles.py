@@ -39,6 +39,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from atlas import AtlasError
+from atlas.measure.layercut import cut_to_depth
 from atlas.paths import ROOT
 
 Mode = Literal["oracle", "random"]
@@ -225,9 +226,20 @@ def shrunk_config(layout: Layout, depth: int, overrides: dict[str, Any]) -> tupl
     pattern cycles M, *, E (or is given as hybrid_override_pattern); the MTP block is the
     config's mtp_hybrid_override_pattern."""
     saved = json.loads((ROOT / "data" / "hub-mirror" / str(layout.mirror) / "config.json").read_text())
-    text = saved["text_config"] if isinstance(saved.get("text_config"), dict) else saved
-    _merge(text, {**layout.defaults, **{k: v for k, v in overrides.items() if k != "layer_types"}})
-    text["num_hidden_layers"] = depth
+    return shrink(saved, depth, layout.defaults, overrides)
+
+
+def shrink(saved: dict[str, Any], depth: int, sizes: dict[str, Any], overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
+    """shrunk_config's work on a config already read: every per-layer setting cut to `depth` by
+    atlas.measure.layercut's rule, `sizes` and `overrides` merged in, the layer pattern set."""
+    saved = copy.deepcopy(saved)
+    nested = isinstance(saved.get("text_config"), dict)
+    text = cut_to_depth(saved["text_config"] if nested else saved, depth)
+    if nested:
+        saved["text_config"] = text
+    else:
+        saved = text
+    _merge(text, {**sizes, **{k: v for k, v in overrides.items() if k != "layer_types"}})
     for config in (saved, text):  # the tiny weights are written unquantised
         config.pop("quantization_config", None)
     if "mtp_hybrid_override_pattern" in text:
@@ -264,6 +276,9 @@ def _transformers_config(layout: Layout, saved: dict[str, Any], types: list[str]
         text["hybrid_override_pattern"] = "".join(letters[t] for t in [*types, *block])
     else:
         text.update(num_hidden_layers=len(types) + len(block), layer_types=[*types, *block])
+    for key, fill in (("mlp_layer_types", "sparse"), ("indexer_types", "full")):  # MTP blocks: MoE, own indexer, as shipped
+        if isinstance(text.get(key), list):
+            text[key] = [*text[key][: len(types)], *[fill] * len(block)]
     config = AutoConfig.for_model(model_type, **text)
     if isinstance(getattr(config, "mlp_layer_types", None), list):  # the MTP blocks are MoE, as shipped
         config.mlp_layer_types = [*config.mlp_layer_types[: len(types)], *["sparse"] * len(block)]
