@@ -142,6 +142,10 @@ MUTANTS = (
            "        if len(out) < max_new:\n            # Catch the MTP caches up",
            "        if len(out) < max_new and n > 0:\n            # Catch the MTP caches up", ("tests/test_known_acceptance.py",),
            "no MTP catch-up after a round with no accepted draft: the next round drafts from a stale state"),
+    Mutant("dt-floor-every-step", "lossy", RECURRENT,
+           "dt = F.softplus(dt.float() + self.dt_bias).clamp(self.limit[0], self.limit[1])",
+           "dt = F.softplus(dt.float() + self.dt_bias).clamp(max(self.limit[0], self.m.config.time_step_min) if start else self.limit[0], self.limit[1])",
+           tuple(RECURRENT_TESTS), "Mamba2 time steps floored at time_step_min in every decode step (plain and verify alike; the prefill right)"),
     # the CPU kernels, the cut draft vocabulary, the one-expert fold and the head's training (issue 22)
     Mutant("verify-rows-padding-read", "lossy", MODEL,
            'y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")[:n]',
