@@ -16,8 +16,6 @@ full-attention family (MiMo)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
