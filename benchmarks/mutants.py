@@ -137,6 +137,15 @@ MUTANTS = (
     Mutant("dsa-run-one-key-generous", "lossy", MODEL,
            "    return prompt + new - 1\n", "    return prompt + new - 2\n", ("tests/test_families.py",),
            "a run whose last forward attends index_topk + 1 keys passes the up-front check"),
+    # known acceptance (issue 30): greedy output stays exact, the counts leave the known value
+    Mutant("no-catch-up-after-zero-accepted", "metric", LOOP,
+           "        if len(out) < max_new:\n            # Catch the MTP caches up",
+           "        if len(out) < max_new and n > 0:\n            # Catch the MTP caches up", ("tests/test_known_acceptance.py",),
+           "no MTP catch-up after a round with no accepted draft: the next round drafts from a stale state"),
+    Mutant("dt-floor-every-step", "lossy", RECURRENT,
+           "dt = F.softplus(dt.float() + self.dt_bias).clamp(self.limit[0], self.limit[1])",
+           "dt = F.softplus(dt.float() + self.dt_bias).clamp(max(self.limit[0], self.m.config.time_step_min) if start else self.limit[0], self.limit[1])",
+           tuple(RECURRENT_TESTS), "Mamba2 time steps floored at time_step_min in every decode step (plain and verify alike; the prefill right)"),
     # the CPU kernels, the cut draft vocabulary, the one-expert fold and the head's training (issue 22)
     Mutant("verify-rows-padding-read", "lossy", MODEL,
            'y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")[:n]',

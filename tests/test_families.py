@@ -180,6 +180,21 @@ def test_refused_families_say_which_and_why(tmp_path: Path, family) -> None:
     assert f"{family.name}: not measured: {family.refuse}" in str(err.value)
 
 
+def test_minimax_m3_is_refused_by_family_name_not_by_transformers(tmp_path: Path) -> None:
+    """A MiniMaxM3VLConfig-shaped config (a vision-language wrapper, the language model's type
+    under text_config) with mtp.* tensors: refused as MiniMax-M3 with the reason, not with
+    transformers' "Unrecognized configuration class" for a config it has no causal-LM class for."""
+    config = {"model_type": "minimax_m3_vl", "architectures": ["MiniMaxM3SparseForConditionalGeneration"],
+              "text_config": {"model_type": "minimax_m3_vl_text", "num_hidden_layers": 2, "num_mtp_modules": 1}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file({"mtp.0.enorm.weight": torch.ones(4)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(AtlasError) as err:
+        load_checkpoint(str(tmp_path), CPU, torch.float32)
+    message = str(err.value)
+    assert message.startswith("MiniMax-M3: not measured: a vision-language model whose MTP module has no checked tensor layout")
+    assert "minimax_m3_sparse" in message and "Unrecognized" not in message
+
+
 def test_unknown_layout_is_refused_not_guessed(tmp_path: Path) -> None:
     folder = write_checkpoint("mimo", tmp_path, "random", depth=1)
     config = json.loads((folder / "config.json").read_text())

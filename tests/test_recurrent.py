@@ -86,6 +86,41 @@ def test_greedy_identical_when_drafts_are_often_but_not_always_right(tmp_path: P
     assert partial  # some rounds accepted a prefix and rejected the rest
 
 
+@pytest.mark.parametrize(("family", "depth"), HYBRIDS)
+def test_plain_decode_logits_equal_transformers_full_forward(tmp_path: Path, family: str, depth: int) -> None:
+    """The plain baseline's own logits, every step, against transformers' full-sequence forward of
+    the sequence it emitted (the config's time_step_limit applied to transformers' Mamba2 mixers,
+    as the loader does). Plain and speculative decoding share the recurrent layers' code, so an
+    error in it that both make alike (a dt floor on every decode step) keeps greedy output
+    identical; only a reference outside our loop shows it. Half the Mamba2 heads are slow (dt
+    around 1e-4, as trained models have), so a floor at time_step_min would change them."""
+    folder = write_checkpoint(family, tmp_path / family, "random", depth=depth)
+    got = load_checkpoint(str(folder), CPU, torch.float32)
+    slowed = 0
+    for layer in got.model.get_decoder().layers:
+        mixer = getattr(layer, "mixer", None)
+        if hasattr(mixer, "time_step_limit"):
+            mixer.dt_bias.data[: mixer.num_heads // 2] = -9.0
+            slowed += 1
+    assert slowed == sum(c == "M" for c in getattr(got.model.config, "hybrid_override_pattern", ""))  # every Mamba2 layer
+    model = build_fused_model(got.model, got.mtp, 96, PROMPT, max_draft=4)
+    rows: list[torch.Tensor] = []
+    main = model.main
+
+    def recorded(ids: torch.Tensor, pos: int):
+        hidden, logits = main(ids, pos)
+        rows.append(logits[-1].clone())  # the row the plain loop picks its next token from
+        return hidden, logits
+
+    model.main = recorded
+    plain = generate_plain(model, PROMPT, 24, Sampling(), torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        full = got.model(torch.tensor([PROMPT + plain.tokens[:-1]])).logits[0, len(PROMPT) - 1 :]
+    assert len(rows) == len(full) == 24
+    scale = max(1.0, float(full.abs().max()))
+    assert (torch.stack(rows) - full).abs().max() < 1e-4 * scale
+
+
 def test_state_slots_cost_what_their_shapes_say(tmp_path: Path) -> None:
     """The memory figure the record carries, recomputed from the config: per recurrent layer,
     max_draft + 2 fp32 states and kernel - 1 + max_draft + 1 conv columns; the extra over one state

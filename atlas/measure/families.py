@@ -144,6 +144,16 @@ FAMILIES: tuple[Family, ...] = (
         "MiniMax-M2", ("minimax_m2", "minimax"), "",
         refuse="configs declare num_mtp_modules but the published checkpoints ship no MTP tensors; no layout to load",
     ),
+    Family(
+        # transformers 5.24 has MiniMaxM3VLConfig but no causal-LM class for it (only for its text
+        # config), and its model class ignores mtp.* on load: without this row the refusal was
+        # transformers' "Unrecognized configuration class", which names neither family nor reason.
+        "MiniMax-M3", ("minimax_m3_vl", "minimax_m3_vl_text"), "",
+        refuse="a vision-language model whose MTP module has no checked tensor layout (transformers' MiniMaxM3VL classes "
+        "drop mtp.* tensors on load and build no MTP layer; MiniMax answered \"Don't support MTP now\", MiniMax-M3 issue #13), "
+        "and whose minimax_m3_sparse attention layers (a lightning indexer choosing key blocks) have no dense-equivalent "
+        "regime checked in our loop",
+    ),
     Family("Step-3.5", ("step3p5", "step3p7", "step3"), "", refuse="no published MTP tensor layout checked for this family"),
     Family("Bailing hybrid", ("bailing_hybrid", "bailing_moe"), "",
            refuse="no checked MTP tensor layout; its linear-attention main layers are not a kind checked against our "

@@ -10,6 +10,8 @@ family's real tensor names), in two modes:
   norm times `draft_scale`. So the draft distribution is softmax(draft_scale · main logits of that
   token): with draft_scale = 1 greedy acceptance is exactly 1 at every k, and for any scale the
   expected T = 1 acceptance follows in closed form from `bigram_tables` (atlas.measure.theory).
+  With `disagree` the final norm is also perturbed, so the draft's argmax differs from the main
+  model's on some tokens: T = 0 acceptance is then known (the argmax tables) and below 1 too.
 
 The layouts are written here from the families' published inference code (names per
 ../shared/research-notes), independently of atlas.measure.families, which reads them: a naming
@@ -36,6 +38,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from atlas import AtlasError
+from atlas.measure.layercut import cut_to_depth
 from atlas.paths import ROOT
 
 Mode = Literal["oracle", "random"]
@@ -222,9 +225,20 @@ def shrunk_config(layout: Layout, depth: int, overrides: dict[str, Any]) -> tupl
     pattern cycles M, *, E (or is given as hybrid_override_pattern); the MTP block is the
     config's mtp_hybrid_override_pattern."""
     saved = json.loads((ROOT / "data" / "hub-mirror" / str(layout.mirror) / "config.json").read_text())
-    text = saved["text_config"] if isinstance(saved.get("text_config"), dict) else saved
-    _merge(text, {**layout.defaults, **{k: v for k, v in overrides.items() if k != "layer_types"}})
-    text["num_hidden_layers"] = depth
+    return shrink(saved, depth, layout.defaults, overrides)
+
+
+def shrink(saved: dict[str, Any], depth: int, sizes: dict[str, Any], overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
+    """shrunk_config's work on a config already read: every per-layer setting cut to `depth` by
+    atlas.measure.layercut's rule, `sizes` and `overrides` merged in, the layer pattern set."""
+    saved = copy.deepcopy(saved)
+    nested = isinstance(saved.get("text_config"), dict)
+    text = cut_to_depth(saved["text_config"] if nested else saved, depth)
+    if nested:
+        saved["text_config"] = text
+    else:
+        saved = text
+    _merge(text, {**sizes, **{k: v for k, v in overrides.items() if k != "layer_types"}})
     for config in (saved, text):  # the tiny weights are written unquantised
         config.pop("quantization_config", None)
     if "mtp_hybrid_override_pattern" in text:
@@ -261,6 +275,9 @@ def _transformers_config(layout: Layout, saved: dict[str, Any], types: list[str]
         text["hybrid_override_pattern"] = "".join(letters[t] for t in [*types, *block])
     else:
         text.update(num_hidden_layers=len(types) + len(block), layer_types=[*types, *block])
+    for key, fill in (("mlp_layer_types", "sparse"), ("indexer_types", "full")):  # MTP blocks: MoE, own indexer, as shipped
+        if isinstance(text.get(key), list):
+            text[key] = [*text[key][: len(types)], *[fill] * len(block)]
     config = AutoConfig.for_model(model_type, **text)
     if isinstance(getattr(config, "mlp_layer_types", None), list):  # the MTP blocks are MoE, as shipped
         config.mlp_layer_types = [*config.mlp_layer_types[: len(types)], *["sparse"] * len(block)]
@@ -292,6 +309,7 @@ def write_checkpoint(
     seed: int = 0,
     noise: float = 0.0,
     mtp_layers: int = 1,
+    disagree: float = 0.0,
 ) -> Path:
     """Write a tiny `family` checkpoint (config.json, model.safetensors, a byte-level tokenizer)
     into `out` and return it. `depth` main layers (any depth: the MTP tensor index follows it where
@@ -300,7 +318,12 @@ def write_checkpoint(
 
     `noise` (oracle mode): the MTP layer's hidden columns and its block's branch outputs get random
     weights of this scale instead of zeros, so its drafts depend on the hidden it is fed and on its
-    own KV cache while still being right often: what a check of the draft chain's wiring needs."""
+    own KV cache while still being right often: what a check of the draft chain's wiring needs.
+
+    `disagree` (oracle mode): random noise of this scale added to the MTP layer's final norm, so
+    its argmax departs from the main model's on some tokens (T = 0 acceptance below 1) while its
+    law stays first order and closed form (`bigram_tables` reads the norm as written): an oracle
+    with a known, partial acceptance at every temperature."""
     if family not in LAYOUTS:
         raise AtlasError(f"no oracle layout for {family!r} (known: {', '.join(LAYOUTS)})")
     if mode not in ("oracle", "random"):
@@ -365,6 +388,8 @@ def write_checkpoint(
             proj[:, e_cols] = torch.eye(d)
             tensors[names["proj"]] = proj
             tensors[names["final_norm"]] = draft_scale * effective - (1 if layout.gemma_norms else 0)
+            if disagree:
+                tensors[names["final_norm"]] += disagree * torch.randn(d, generator=gen)
             if noise:
                 h_cols = slice(0, d) if layout.hidden_first else slice(d, 2 * d)
                 proj[:, h_cols] = noise * torch.randn(d, d, generator=gen) / d**0.5
