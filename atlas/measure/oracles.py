@@ -25,6 +25,7 @@ checkpoints carry the shipped keys, layer pattern rule and multimodal nesting.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import tempfile
