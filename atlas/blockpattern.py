@@ -58,7 +58,7 @@ def read(config: Mapping[str, Any], which: Which) -> Pattern | None:
     if not found:
         return None
     if len(found) == 2 and found[0].kinds != found[1].kinds:
-        raise AtlasError(f"{found[0].key} {found[0].letters!r} and {found[1].key} {found[1].letters!r} spell "
+        raise AtlasError(f"{found[0].key} {_short(found[0].letters)} and {found[1].key} {_short(found[1].letters)} spell "
                          "different block patterns")
     return found[-1]  # the list spelling when both agree: it is the one transformers keeps
 
@@ -74,8 +74,16 @@ def _parse(key: str, value: Any) -> Pattern:
         raise AtlasError(f"{key} is empty")
     if len(items) > MAX_LAYERS:
         raise AtlasError(f"{key} has {len(items):,} layers, over the {MAX_LAYERS:,} a real config holds")
-    unknown = sorted({repr(x) for x in items if not isinstance(x, str) or x not in table})
+    unknown = sorted({_short(x) for x in items if not isinstance(x, str) or x not in table})
     if unknown:
         known = ", ".join(map(repr, table))
         raise AtlasError(f"{key} has unknown {what}(s) {', '.join(unknown[:5])} (known: {known})")
     return Pattern(tuple(table[x] for x in items), key)
+
+
+SHOWN_CHARS = 60  # a config value quoted in a message: enough to recognise, never a megabyte
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."

@@ -222,11 +222,14 @@ def test_three_mtp_sub_layers_are_still_one_module() -> None:
     ({"mtp_layers_block_type": []}, "mtp_layers_block_type is empty"),
     ({"mtp_hybrid_override_pattern": "E*"}, "mtp_hybrid_override_pattern 'E*' and mtp_layers_block_type '*E' spell different"),
     ({"layers_block_type": {"0": "mamba"}}, "layers_block_type is dict, expected"),
+    ({"layers_block_type": ["mamba", "x" * 100_000]}, "layers_block_type has unknown entry(s) 'xxx"),
+    ({"layers_block_type": ["mamba"] * 10_001}, "layers_block_type has 10,001 layers, over the 10,000"),
 ])
 def test_bad_or_disagreeing_block_patterns_are_warnings(change: dict, warning: str) -> None:
     config = dict(cfg("nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16"), **change)
     fp = fingerprint(config, NEMOTRON_MTP_NAMES, "index")
     assert any(w.startswith(warning) and w.endswith("; ignored") for w in fp.warnings), fp.warnings
+    assert all(len(w) < 400 for w in fp.warnings)  # a hostile value is quoted, not copied whole
     assert fp.shipped_family == "nemotron_h"  # the tensors are still named for what they are
 
 
