@@ -17,11 +17,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from atlas import AtlasError
+from atlas import AtlasError, blockpattern
 
 # Bump on any change to the tables or the logic below: stored fingerprints carry the version
 # that produced them.
-RULE_VERSION = "fp-2026.11.29.1"
+RULE_VERSION = "fp-2026.12.02.1"
 
 # Where keys are looked up, in order. "" is the top level; multimodal configs nest the language
 # model's hyperparameters (Qwen3.5: text_config.mtp_num_hidden_layers).
@@ -51,9 +51,11 @@ class WeightRule:
     family: str
     pattern: str
     evidence: str  # shown in the atlas; `{idx}` becomes the matched layer numbers
-    requires_key: str | None = None  # rule applies only when the config has this key
-    # Config key whose string length is the number of sub-layers per MTP module (Nemotron-H).
-    sublayers_key: str | None = None
+    # The rule applies only when the config has one of these keys (none: always).
+    requires_keys: tuple[str, ...] = ()
+    # The block pattern (atlas.blockpattern) whose length is the number of sub-layers per MTP
+    # module: each sub-layer has its own mtp.layers.{idx} (Nemotron-H).
+    sublayers_from: blockpattern.Which | None = None
 
 
 @dataclass(frozen=True)
@@ -100,8 +102,9 @@ WEIGHT_RULES: tuple[WeightRule, ...] = (
         "nemotron_h",
         _PREFIX + r"mtp\.layers\.(?P<idx>\d+)\.",
         "mtp.layers.*",
-        requires_key="mtp_hybrid_override_pattern",
-        sublayers_key="mtp_hybrid_override_pattern",
+        # either spelling of the MTP block: the string (Nemotron-3 Super) or the list (Ultra, 3.5)
+        requires_keys=blockpattern.KEYS["mtp"],
+        sublayers_from="mtp",
     ),
     WeightRule("qwen3_next", _PREFIX + r"mtp\.(?:layers\.(?P<idx>\d+)\.)?", "mtp.*"),
 )
@@ -283,12 +286,41 @@ def _facts(config: Mapping[str, Any], sidecar: Mapping[str, Any] | None, fp: Fin
                 continue
             fp.facts[rule.name] = (value, path)
             break
+    _pattern_facts(config, fp)
     if "quant_method" not in fp.facts and sidecar is not None:
         # NVIDIA ModelOpt checkpoints keep the method only in hf_quant_config.json.
         found, algo = _lookup(sidecar, "", "quantization.quant_algo")
         value = _coerce(algo, "ident") if found else None
         if isinstance(value, str):
             fp.facts["quant_method"] = (value.lower(), "hf_quant_config.json:quantization.quant_algo")
+
+
+# fact name for the main stack's and the MTP block's pattern, whichever spelling the config uses
+PATTERN_FACTS: dict[blockpattern.Which, str] = {"main": "block_pattern", "mtp": "mtp_block_pattern"}
+
+
+def _pattern_facts(config: Mapping[str, Any], fp: Fingerprint) -> None:
+    """Nemotron-H block patterns as facts in one spelling (letters), each with the key it was read
+    from; a config that gives its depth only as the list's length (Nemotron-3 Ultra has no
+    num_hidden_layers: transformers derives it from layers_block_type) gets it from there."""
+    for which, name in PATTERN_FACTS.items():
+        pattern = _pattern(config, which, fp)
+        if pattern is None:
+            continue
+        container = "text_config." if isinstance(config.get("text_config"), Mapping) else ""
+        fp.facts[name] = (pattern.letters, container + pattern.key)
+        if which == "main" and "num_hidden_layers" not in fp.facts:
+            fp.facts["num_hidden_layers"] = (len(pattern.kinds), f"len({container}{pattern.key})")
+
+
+def _pattern(config: Mapping[str, Any], which: blockpattern.Which, fp: Fingerprint) -> blockpattern.Pattern | None:
+    """blockpattern.read, its errors kept as a fingerprint warning (once) instead of raised."""
+    try:
+        return blockpattern.read(config, which)
+    except AtlasError as exc:
+        if str(exc) + "; ignored" not in fp.warnings:
+            fp.warnings.append(f"{exc}; ignored")
+        return None
 
 
 def _coerce(raw: Any, kind: str) -> Any:
@@ -309,7 +341,7 @@ def _coerce(raw: Any, kind: str) -> Any:
 
 def _shipped(config: Mapping[str, Any], names: Sequence[str], fp: Fingerprint) -> None:
     for rule, regex in _COMPILED:
-        if rule.requires_key and not _lookup(config, "", rule.requires_key)[0]:
+        if rule.requires_keys and not any(_lookup(config, "", key)[0] for key in rule.requires_keys):
             continue
         indices: set[int] = set()
         prefixes: set[str] = set()
@@ -330,10 +362,10 @@ def _shipped(config: Mapping[str, Any], names: Sequence[str], fp: Fingerprint) -
         if not matched:
             continue
         count = len(indices) or 1
-        if rule.sublayers_key:
-            _, pattern = _lookup(config, "", rule.sublayers_key)
-            if isinstance(pattern, str) and pattern:
-                count = math.ceil(count / len(pattern))
+        if rule.sublayers_from:
+            pattern = _pattern(config, rule.sublayers_from, fp)
+            if pattern is not None:
+                count = math.ceil(count / len(pattern.kinds))
         prefix = min(prefixes, key=len)
         fp.shipped_mtp_layers = count
         fp.shipped_family = rule.family

@@ -75,6 +75,8 @@ EXPECTED_DECLARED: dict[str, tuple[int | None, str | None]] = {
     "nvidia/MiniMax-M2.5-NVFP4": (3, "num_mtp_modules"),
     "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": (None, None),
     "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8": (1, "num_nextn_predict_layers"),
+    "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16": (1, "num_nextn_predict_layers"),
+    "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4": (1, "num_nextn_predict_layers"),
     "nvidia/Nemotron-H-56B-Base-8K": (None, None),
     "openai/gpt-oss-120b": (None, None),
     "openai/gpt-oss-20b": (None, None),

@@ -165,8 +165,8 @@ def test_tensor_layout_diagram_is_drawn_from_the_fingerprint_rules() -> None:
         assert f"{i}. {rule.family}" in texts
         segments = [s.replace("{idx}", "i") for s in rule.evidence.split(".")]
         assert all(s in texts for s in segments), (rule.family, segments)
-        if rule.requires_key:
-            assert any(rule.requires_key in t for t in texts)
+        for key in rule.requires_keys:
+            assert any(key in t for t in texts)
     # a rule added to the table shows up with no edit to the diagram code (escaped, too)
     extra = fingerprints.WeightRule("new<family>&co", r"^x\.", "model.brand_new_mtp.*")
     svg = _svg(diagrams.tensor_layouts((*fingerprints.WEIGHT_RULES, extra)))

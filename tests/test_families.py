@@ -40,7 +40,9 @@ def wiring_reference(folder: Path, family: str, block: torch.nn.Module, rotary, 
     layout = LAYOUTS[family]
     config = json.loads((folder / "config.json").read_text())
     text = config.get("text_config") or config
-    names = layout.names(text["num_hidden_layers"], len(text.get("mtp_hybrid_override_pattern", "x")))
+    main = text.get("hybrid_override_pattern", text.get("layers_block_type"))  # Nemotron-H, either spelling
+    mtp = text.get("mtp_hybrid_override_pattern", text.get("mtp_layers_block_type", "x"))
+    names = layout.names(len(main) if main is not None else text["num_hidden_layers"], len(mtp))
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         t = {n: f.get_tensor(names[n]) for n in ("e_norm", "h_norm", "proj", "final_norm", "mtp_head", "mtp_embed")}
     shift = 1.0 if layout.gemma_norms else 0.0
@@ -67,7 +69,8 @@ def loaded(tmp_path: Path, family: str, mode: str, depth: int, **kwargs):
 
 # Depths other than the real ones; the hybrids' include a full-attention layer (transformers'
 # generate, the reference, cannot decode a cache of recurrent layers only) and every layer kind.
-DEPTHS = {"qwen3_next": (4, 6), "qwen3_5": (4, 5), "qwen3_5_moe": (4, 7), "nemotron_h": (3, 5)}
+DEPTHS = {"qwen3_next": (4, 6), "qwen3_5": (4, 5), "qwen3_5_moe": (4, 7), "nemotron_h": (3, 5),
+          "nemotron_h_ultra": (3, 4), "nemotron_h_lightning": (3, 5)}
 CASES = [(f, d) for f in sorted(LAYOUTS) for d in DEPTHS.get(f, (1, 3))]
 
 
@@ -121,8 +124,7 @@ def test_oracle_greedy_acceptance_is_exactly_one(tmp_path: Path, family: str) ->
         assert spec.accepted_per_position == spec.drafted_per_position and sum(spec.drafted_per_position) > 0
 
 
-@pytest.mark.parametrize(("family", "k"), [("mimo", 2), ("deepseek_v3", 3), ("deepseek_v2", 2), ("deepseek_v32", 2), ("glm_moe_dsa", 3),
-                                           ("qwen3_next", 2), ("qwen3_5", 3), ("qwen3_5_moe", 1), ("nemotron_h", 2)])
+@pytest.mark.parametrize(("family", "k"), [("mimo", 2), ("deepseek_v3", 3), ("deepseek_v2", 2), ("deepseek_v32", 2), ("glm_moe_dsa", 3), ("qwen3_next", 2), ("qwen3_5", 3), ("qwen3_5_moe", 1), ("nemotron_h", 2), ("nemotron_h_ultra", 3), ("nemotron_h_lightning", 2)])
 def test_oracle_sampled_acceptance_matches_the_closed_form(tmp_path: Path, family: str, k: int) -> None:
     """draft_scale 0.6: the MTP head's law is a flattened copy of the main model's, so at T = 1 the
     expected drafted and accepted counts per position follow exactly from the two [V, V] tables
@@ -166,6 +168,38 @@ def test_nemotron_mtp_sub_layers_other_than_attention_and_moe_are_refused_by_nam
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(AtlasError, match=f"Nemotron-H / Nemotron-3: not measured: mtp_hybrid_override_pattern '{re.escape(pattern)}' has {why}"):
         load_checkpoint(str(folder), CPU, torch.float32)
+
+
+@pytest.mark.parametrize(("listed", "why"), [(["attention", "mamba"], "sub-layer type\\(s\\) 'mamba'"),
+                                           (["mlp", "moe"], "sub-layer type\\(s\\) 'mlp'"),
+                                           (["attention", "full_attention", "moe"], "2 attention sub-layers")])
+def test_list_spelled_mtp_sub_layers_other_than_attention_and_moe_are_refused_by_name(tmp_path: Path, listed: list, why: str) -> None:
+    folder = write_checkpoint("nemotron_h_ultra", tmp_path, "random", depth=3)
+    config = json.loads((folder / "config.json").read_text())
+    config["mtp_layers_block_type"] = listed
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(AtlasError, match=f"Nemotron-H / Nemotron-3: not measured: mtp_layers_block_type {re.escape(repr(listed))} has {why}"):
+        load_checkpoint(str(folder), CPU, torch.float32)
+
+
+def test_mtp_tensors_the_config_does_not_select_are_named_not_called_missing(tmp_path: Path) -> None:
+    """Issue 29: a Nemotron-H checkpoint whose MTP block is under mtp.layers.0/1 but whose config
+    spells the block in neither key (here: the list key dropped) is refused naming the tensors
+    looked for, the key condition it fails and the mtp tensors it does ship; never "ships no MTP
+    tensors"."""
+    folder = write_checkpoint("nemotron_h_ultra", tmp_path, "random", depth=3)
+    config = json.loads((folder / "config.json").read_text())
+    del config["mtp_layers_block_type"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        mtp = sorted(n for n in f.keys() if n.startswith("mtp."))
+    with pytest.raises(AtlasError) as err:
+        load_checkpoint(str(folder), CPU, torch.float32)
+    message = str(err.value)
+    assert "ships no MTP tensors" not in message
+    assert "looked for mtp.layers.0.enorm.weight, mtp.layers.0.hnorm.weight, mtp.layers.0.eh_proj.weight" in message
+    assert "only when the config has mtp_hybrid_override_pattern or mtp_layers_block_type, and it has neither" in message
+    assert f"found {len(mtp)} tensor(s) under an mtp prefix ({', '.join(mtp[:5])} and {len(mtp) - 5} more)" in message
 
 
 REFUSED = [f for f in FAMILIES if f.refuse]
@@ -238,6 +272,7 @@ def test_real_configs_from_the_mirror_get_a_row(tmp_path: Path) -> None:
         seen[path.parent.name] = family.name if family else None
     assert seen["DeepSeek-V3"] == "DeepSeek-V3" and seen["GLM-4.5"] == "GLM-4-MoE"
     assert seen["Qwen3.5-397B-A17B"] == "Qwen3.5" and seen["NVIDIA-Nemotron-3-Super-120B-A12B-FP8"] == "Nemotron-H / Nemotron-3"
+    assert seen["NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16"] == seen["NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"] == "Nemotron-H / Nemotron-3"
     assert seen["MiniMax-M2.7"] == "MiniMax-M2" and seen["GLM-5-FP8"] == "GLM-5" and seen["DeepSeek-V3.2"] == "DeepSeek-V3.2"
     assert seen["XiaomiMiMo-MiMo-7B-variant-from-jj8127-mimo_kor"] == "MiMo"
     assert seen.pop("byte-mtp-8l") is None  # the team model: transformers' own MTP loader

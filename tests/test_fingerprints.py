@@ -160,6 +160,79 @@ def test_nemotron_h_counts_modules_not_sublayers() -> None:
     assert (fp.shipped_mtp_layers, fp.shipped_family, fp.shipped_evidence) == (1, "nemotron_h", "mtp.layers.*")
 
 
+# Nemotron-3 Ultra and Nemotron-3.5 Lightning spell their block patterns as lists (issue 29)
+LIST_SPELLED = ["nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16", "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"]
+# an MTP block of two sub-layers, each under its own mtp.layers.{i} (vLLM nemotron_h_mtp.py)
+NEMOTRON_MTP_NAMES = ["backbone.embeddings.weight", "mtp.layers.0.enorm.weight", "mtp.layers.0.hnorm.weight",
+                      "mtp.layers.0.eh_proj.weight", "mtp.layers.0.mixer.q_proj.weight",
+                      "mtp.layers.1.mixer.experts.0.up_proj.weight", "mtp.layers.1.final_layernorm.weight"]
+
+
+def as_list_spelling(config: dict) -> dict:
+    """A string-spelled Nemotron-H config (Nemotron-3 Super) converted to the list spelling the
+    newer configs use: a converted test input, not a shipped config. The names are those the real
+    list-spelled configs use (mamba, moe, attention; mlp as transformers' own)."""
+    names = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
+    out = {k: v for k, v in config.items() if k not in ("hybrid_override_pattern", "mtp_hybrid_override_pattern")}
+    out["layers_block_type"] = [names[c] for c in config["hybrid_override_pattern"]]
+    out["mtp_layers_block_type"] = [names[c] for c in config["mtp_hybrid_override_pattern"]]
+    return out
+
+
+@pytest.mark.parametrize("repo_id", LIST_SPELLED)
+def test_list_spelled_nemotron_is_fingerprinted_with_its_mtp_sub_layers(repo_id: str) -> None:
+    """The shipped list spelling: MTP tensors under mtp.layers.0/1 are one MTP module of two
+    sub-layers of family nemotron_h (not two Qwen-style mtp.* layers), and the block patterns read
+    as transformers' own NemotronHConfig reads them (its hybrid_override_pattern properties)."""
+    from transformers import NemotronHConfig
+
+    config = cfg(repo_id)
+    assert "mtp_hybrid_override_pattern" not in config and "hybrid_override_pattern" not in config
+    fp = fingerprint(config, NEMOTRON_MTP_NAMES, "index")
+    assert (fp.declared_num_mtp_layers, fp.shipped_mtp_layers, fp.shipped_family, fp.shipped_evidence) == (
+        1, 1, "nemotron_h", "mtp.layers.*")
+    theirs = NemotronHConfig(**{k: v for k, v in config.items() if k not in ("architectures", "auto_map")})
+    assert fp.facts["block_pattern"] == (theirs.hybrid_override_pattern, "layers_block_type")
+    assert fp.facts["mtp_block_pattern"] == (theirs.mtp_hybrid_override_pattern, "mtp_layers_block_type") == ("*E", "mtp_layers_block_type")
+    depth = len(config["layers_block_type"])
+    assert fp.facts["num_hidden_layers"] == ((depth, "len(layers_block_type)") if "num_hidden_layers" not in config
+                                             else (config["num_hidden_layers"], "num_hidden_layers"))
+    assert fp.facts["num_hidden_layers"][0] == theirs.num_hidden_layers
+    assert fp.warnings == []
+
+
+def test_both_spellings_of_one_config_fingerprint_alike() -> None:
+    string = cfg("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8")
+    a, b = fingerprint(string, NEMOTRON_MTP_NAMES, "index"), fingerprint(as_list_spelling(string), NEMOTRON_MTP_NAMES, "index")
+    assert (a.shipped_mtp_layers, a.shipped_family) == (b.shipped_mtp_layers, b.shipped_family) == (1, "nemotron_h")
+    for name in ("block_pattern", "mtp_block_pattern", "num_hidden_layers"):
+        assert a.facts[name][0] == b.facts[name][0], name
+    assert a.facts["block_pattern"][1] == "hybrid_override_pattern" and b.facts["block_pattern"][1] == "layers_block_type"
+
+
+def test_three_mtp_sub_layers_are_still_one_module() -> None:
+    config = dict(cfg("nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16"), mtp_layers_block_type=["attention", "moe", "mlp"])
+    names = [f"mtp.layers.{i}.norm.weight" for i in range(6)]  # two modules of three sub-layers
+    assert fingerprint(config, names, "index").shipped_mtp_layers == 2
+
+
+@pytest.mark.parametrize(("change", "warning"), [
+    ({"mtp_layers_block_type": ["attention", "dense"]}, "mtp_layers_block_type has unknown entry(s) 'dense'"),
+    ({"mtp_layers_block_type": "attention"}, "mtp_layers_block_type has unknown letter(s) 'a'"),
+    ({"mtp_layers_block_type": []}, "mtp_layers_block_type is empty"),
+    ({"mtp_hybrid_override_pattern": "E*"}, "mtp_hybrid_override_pattern 'E*' and mtp_layers_block_type '*E' spell different"),
+    ({"layers_block_type": {"0": "mamba"}}, "layers_block_type is dict, expected"),
+    ({"layers_block_type": ["mamba", "x" * 100_000]}, "layers_block_type has unknown entry(s) 'xxx"),
+    ({"layers_block_type": ["mamba"] * 10_001}, "layers_block_type has 10,001 layers, over the 10,000"),
+])
+def test_bad_or_disagreeing_block_patterns_are_warnings(change: dict, warning: str) -> None:
+    config = dict(cfg("nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16"), **change)
+    fp = fingerprint(config, NEMOTRON_MTP_NAMES, "index")
+    assert any(w.startswith(warning) and w.endswith("; ignored") for w in fp.warnings), fp.warnings
+    assert all(len(w) < 400 for w in fp.warnings)  # a hostile value is quoted, not copied whole
+    assert fp.shipped_family == "nemotron_h"  # the tensors are still named for what they are
+
+
 def test_ernie_names() -> None:
     # no ERNIE config in the mirror: DeepSeek-V3's real config carries the ERNIE-named tensors
     names = main_model(61) + [f"model.mtp_{p}.0.weight" for p in ("emb_norm", "hidden_norm", "linear_proj")]

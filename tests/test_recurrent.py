@@ -6,6 +6,7 @@ recomputation says which computes the config's model."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -13,11 +14,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from atlas import AtlasError
 from atlas.measure.checkpoint import load_checkpoint
 from atlas.measure.generate import Sampling, generate_plain, generate_speculative
 from atlas.measure.model import build_fused_model
 from atlas.measure.oracles import write_checkpoint
-from atlas.measure.recurrent import Mamba2, RecurrentLayer, state_bytes
+from atlas.measure.recurrent import Mamba2, RecurrentLayer, state_bytes, time_step_limit
 
 CPU = torch.device("cpu")
 PROMPT = [5, 9, 33, 2, 7, 100, 4]
@@ -219,7 +221,8 @@ def test_nemotron_loaded_model_generates_what_our_loop_decodes(tmp_path: Path) -
     assert generate_speculative(model, PROMPT, 24, 3, Sampling(), gen).tokens == plain.tokens
 
 
-@pytest.mark.parametrize(("family", "depth"), [("qwen3_next", 5), ("qwen3_5_moe", 6), ("nemotron_h", 4)])
+@pytest.mark.parametrize(("family", "depth"), [("qwen3_next", 5), ("qwen3_5_moe", 6), ("nemotron_h", 4),
+                                             ("nemotron_h_ultra", 4), ("nemotron_h_lightning", 3)])
 def test_measure_run_on_a_hybrid_oracle(tmp_path: Path, family: str, depth: int) -> None:
     """`atlas measure run --model DIR` end to end on a tiny real-layout hybrid oracle: greedy
     identical to plain decoding, every draft accepted at T = 0, and the record says how the
@@ -245,6 +248,45 @@ def test_measure_run_on_a_hybrid_oracle(tmp_path: Path, family: str, depth: int)
     layers = sum(isinstance(layer, RecurrentLayer) for layer in fused(tmp_path / "again", family, depth, mode="oracle")[1].layers)
     assert state is not None and state.layers == layers and state.state_slots == 4 + 2 and "token-by-token" in state.path
     assert 0 < state.extra_slot_bytes < state.state_bytes
+
+
+@pytest.mark.parametrize("family", ["nemotron_h_ultra", "nemotron_h_lightning"])
+def test_quick_measure_run_on_a_list_spelled_nemotron_with_random_weights(tmp_path: Path, family: str) -> None:
+    """Issue 29's check as the issue states it: `atlas measure run --quick --no-peer` on a checkpoint
+    shrunk from the real Nemotron-3 Ultra / 3.5 Lightning config (block patterns as lists, the MTP
+    block's tensors under mtp.layers.0/1), random weights: measured, every cell greedy-lossless, the
+    record naming the family and how many Mamba2 layers it ran."""
+    from click.testing import CliRunner
+
+    from atlas.cli import cli
+    from atlas.measure.records import read_record
+
+    folder = write_checkpoint(family, tmp_path / family, "random", depth=4)
+    config = json.loads((folder / "config.json").read_text())
+    assert "mtp_hybrid_override_pattern" not in config and config["mtp_layers_block_type"] == ["attention", "moe"]
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["measure", "run", "--quick", "--no-peer", "--model", str(folder), "--out", str(out), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    [path] = out.glob("*.json")
+    record = read_record(path)
+    greedy = [cell for cell in record.cells if cell.derived.greedy_lossless is not None]  # None: a T > 0 cell
+    assert greedy and all(cell.derived.greedy_lossless is True for cell in greedy)
+    assert record.recurrent_state is not None
+    assert record.recurrent_state.layers == config["layers_block_type"].count("mamba")
+
+
+def test_a_time_step_limit_past_float32_is_no_limit() -> None:
+    """Nemotron-3 Ultra writes its upper time-step limit as 1e308: read as +inf, which clamps no
+    float32 value (torch.clamp refuses 1e308 itself as an overflow)."""
+    assert time_step_limit([0.0, 1e308]) == (0.0, math.inf) and time_step_limit([-1e308, 0.5]) == (-math.inf, 0.5)
+    assert time_step_limit([0.0, float("inf")]) == (0.0, math.inf) and time_step_limit((0.001, 0.1)) == (0.001, 0.1)
+    dt = torch.tensor([0.0, 1e-3, 3.0e38, torch.finfo(torch.float32).max])
+    assert torch.equal(dt.clamp(*time_step_limit([0.0, 1e308])), dt)
+    with pytest.raises(RuntimeError, match="overflow"):
+        dt.clamp(0.0, 1e308)
+    for bad in ([0.0], "0,1", [0.0, "inf"], [1.0, 0.5], [True, 1.0]):
+        with pytest.raises(AtlasError, match="time_step_limit"):
+            time_step_limit(bad)
 
 
 def test_half_precision_model_keeps_fp32_recurrent_state(tmp_path: Path) -> None:

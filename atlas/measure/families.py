@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,8 +29,9 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
-from atlas import AtlasError
-from atlas.fingerprints import fingerprint
+from atlas import AtlasError, blockpattern
+from atlas.fingerprints import WEIGHT_RULES, Fingerprint, fingerprint
+from atlas.measure.recurrent import time_step_limit
 
 Order = Literal["embedding_first", "hidden_first"]
 NormStyle = Literal["rms", "gemma"]
@@ -38,8 +40,9 @@ NormStyle = Literal["rms", "gemma"]
 # cache, Gated DeltaNet ("linear_attention") by its per-position state slots (atlas.measure.recurrent).
 # Nemotron-H's "linear_attention" is a Mamba2 layer (same slots); its "moe" and "mlp" blocks keep no state.
 ROLLBACK_OK = {"full_attention", "sliding_attention", "linear_attention", "moe", "mlp"}
-# Nemotron-H MTP sub-layer letters the loop runs (vLLM's nemotron_h_mtp runs the same two).
-MTP_SUBLAYERS = {"*": "full_attention", "E": "moe"}
+# Nemotron-H MTP sub-layer types the loop runs (vLLM's nemotron_h_mtp runs the same two), in
+# transformers' names; atlas.blockpattern reads either spelling into them.
+MTP_SUBLAYERS = {"full_attention", "moe"}
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,8 @@ class Family:
     proj: str = ""  # [H, 2H] over the concatenation, in `order`
     final_norm: str | None = None  # the norm both the logits and the recycled hidden go through
     final_glue: str | None = None  # prefix of final_norm when not `glue`; {last} = the block's last sub-layer
-    sublayers_key: str | None = None  # config key spelling the MTP block as a chain of sub-layers (Nemotron-H)
+    # the block pattern (atlas.blockpattern) spelling the MTP block as a chain of sub-layers (Nemotron-H)
+    sublayers_from: blockpattern.Which | None = None
     order: Order = "embedding_first"
     norm: NormStyle = "rms"
     combine: Literal["concat"] = "concat"
@@ -130,8 +134,9 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "Nemotron-H / Nemotron-3", ("nemotron_h",), "nemotron_h", glue="mtp.layers.0.", block="mtp.layers.{i}.",
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="final_layernorm.weight",
-        final_glue="mtp.layers.{last}.", sublayers_key="mtp_hybrid_override_pattern",
-        block_type="the chain of mtp_hybrid_override_pattern sub-layers (* attention, E MoE), as Nemotron-H main blocks",
+        final_glue="mtp.layers.{last}.", sublayers_from="mtp",
+        block_type="the chain of MTP sub-layers (mtp_hybrid_override_pattern * E, or mtp_layers_block_type attention, moe), "
+        "as Nemotron-H main blocks",
         source="vLLM nemotron_h_mtp.py (enorm/hnorm/eh_proj on the first sub-layer, final_layernorm on the last)",
     ),
     Family(
@@ -303,11 +308,34 @@ def identify(config: dict, names: list[str]) -> Family | None:
             return family
     if rows and fp.declared_num_mtp_layers:
         # e.g. a re-upload that dropped the MTP layer: transformers would build one from nothing
-        raise AtlasError(
-            f"{rows[0].name}: the config declares {fp.declared_num_mtp_layers} MTP layer(s) ({fp.declared_key}) but the "
-            f"checkpoint ships no MTP tensors in the family's layout ({rows[0].glue.replace('{N}', 'N')}*); nothing to measure"
-        )
+        raise AtlasError(_unmatched(next(f for f in rows if not f.refuse), fp, config, names))
     return None
+
+
+MTP_SEGMENT = re.compile(r"(?:^|\.)mtp(?:[._]|$)")  # a name segment that is, or starts, "mtp" (mtp., mtp_layers., model.mtp.)
+SHOWN = 5  # tensor names quoted in a message; the rest counted
+
+
+def _unmatched(row: Family, fp: Fingerprint, config: dict, names: list[str]) -> str:
+    """Why a config that declares MTP layers matched no layout of its family: the tensor names the
+    row looked for (and the rule's key condition when the config does not meet it), and every name
+    under an mtp prefix, so that a spelling mismatch never reads as "ships nothing"."""
+    depth = fp.facts.get("num_hidden_layers", ("N", ""))[0]
+    glue = row.glue.replace("{N}", str(depth)).replace("{m}", "0")
+    wanted = ", ".join(glue + n for n in (row.e_norm, row.h_norm, row.proj) if n)
+    rule = next(r for r in WEIGHT_RULES if r.family == row.shipped_family)
+    looked = f"looked for {wanted} ({rule.family} tensor rule: {rule.evidence.replace('{idx}', 'i')})"
+    unmet = rule.requires_keys and not any(k in config for k in rule.requires_keys)
+    if unmet:
+        looked += f", a rule that applies only when the config has {' or '.join(rule.requires_keys)}, and it has neither"
+    found = sorted(n for n in names if MTP_SEGMENT.search(n))
+    head = f"{row.name}: the config declares {fp.declared_num_mtp_layers} MTP layer(s) ({fp.declared_key}) but"
+    if not found:
+        return f"{head} the checkpoint ships no MTP tensors in the family's layout: {looked}; no tensor name has an mtp prefix; nothing to measure"
+    more = f" and {len(found) - SHOWN} more" if len(found) > SHOWN else ""
+    read = f"read as the {fp.shipped_family} layout" if fp.shipped_family else "matching no MTP layout"
+    return (f"{head} its tensors match no MTP layout of the family: {looked}; found {len(found)} tensor(s) under an mtp prefix "
+            f"({', '.join(found[:SHOWN])}{more}), {read}; not measured")
 
 
 class Chain(nn.Module):
@@ -327,21 +355,30 @@ class Chain(nn.Module):
 
 def _sublayers(folder: Path, family: Family, config: object) -> list[str]:
     """The MTP block's sub-layer types: one full-attention layer, or the family's pattern read
-    from config.json (letters other than those the loop runs refused by name)."""
-    if not family.sublayers_key:
+    from config.json in either spelling (types other than those the loop runs refused by name)."""
+    if not family.sublayers_from:
         return ["full_attention"]
     raw = json.loads((folder / "config.json").read_text())
-    pattern = (raw.get("text_config") or raw).get(family.sublayers_key)
-    if not isinstance(pattern, str) or not pattern:
-        raise AtlasError(f"{family.name}: config.json has no {family.sublayers_key} string spelling the MTP block")
-    other = sorted({c for c in pattern if c not in MTP_SUBLAYERS})
+    try:
+        pattern = blockpattern.read(raw, family.sublayers_from)
+    except AtlasError as exc:
+        raise AtlasError(f"{family.name}: not measured: {exc}") from None
+    if pattern is None:
+        raise AtlasError(f"{family.name}: config.json spells no MTP block: neither of "
+                         f"{' nor '.join(blockpattern.KEYS[family.sublayers_from])}")
+    text = raw.get("text_config") or raw
+    shown = text[pattern.key]  # as the config spells it: the message names what the user can find there
+    spelled = list(shown) if isinstance(shown, str) else shown
+    other = sorted({repr(s) for s, kind in zip(spelled, pattern.kinds) if kind not in MTP_SUBLAYERS})
     if other:
-        raise AtlasError(f"{family.name}: not measured: {family.sublayers_key} {pattern!r} has sub-layer letter(s) "
-                         f"{', '.join(map(repr, other))}; the loop runs only * (attention) and E (MoE) MTP sub-layers")
-    if pattern.count("*") > 1:
-        raise AtlasError(f"{family.name}: not measured: {family.sublayers_key} {pattern!r} has {pattern.count('*')} attention "
+        what = "letter" if isinstance(shown, str) else "type"
+        raise AtlasError(f"{family.name}: not measured: {pattern.key} {shown!r} has sub-layer {what}(s) {', '.join(other)}; "
+                         "the loop runs only attention (* / attention) and MoE (E / moe) MTP sub-layers")
+    attention = pattern.kinds.count("full_attention")
+    if attention > 1:
+        raise AtlasError(f"{family.name}: not measured: {pattern.key} {shown!r} has {attention} attention "
                          "sub-layers; the loop keeps one KV cache per MTP layer")
-    return [MTP_SUBLAYERS[c] for c in pattern]
+    return list(pattern.kinds)
 
 
 class AllKeys(nn.Module):
@@ -410,7 +447,7 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         )
     chain = max((int(v) for k in ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
                  if isinstance(v := getattr(config, k, None), int)), default=1)
-    if chain > 1 and ("{N}" not in family.glue and "{m}" not in family.glue or family.sublayers_key):
+    if chain > 1 and ("{N}" not in family.glue and "{m}" not in family.glue or family.sublayers_from):
         raise AtlasError(f"{family.name}: not measured: {chain} MTP layers declared, but the family's glue ({family.glue}*) is one "
                          "set of tensors, not one per layer; only families with per-layer glue (DeepSeek, GLM, MiMo) are chained")
     if getattr(config, "kv_lora_rank", None) and config.num_key_value_heads != config.num_attention_heads:
@@ -475,7 +512,7 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
             # transformers 5.24's NemotronHMamba2Mixer clamps dt at time_step_min in its chunked scan
             # but not in its one-token step (so its cached decode drifts from its full forward); the
             # config's time_step_limit (Nemotron-3 Super: [0, inf]) is the model's, in both paths.
-            layer.mixer.time_step_limit = tuple(float(v) for v in limit)
+            layer.mixer.time_step_limit = time_step_limit(limit)
 
     def tensor(name: str) -> torch.Tensor:
         with safe_open(str(names[name]), "pt", device="cpu") as f:

@@ -38,7 +38,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from atlas import AtlasError
+from atlas import AtlasError, blockpattern
 from atlas.measure.layercut import cut_to_depth
 from atlas.paths import ROOT
 
@@ -103,6 +103,20 @@ _MLA = dict(moe_intermediate_size=32, first_k_dense_replace=1, n_routed_experts=
 _INDEXER = dict(index_n_heads=2, index_head_dim=32)  # index_topk kept: 2048, as shipped
 # Nemotron-H pattern letters -> transformers' block types; the MTP block may use only * and E.
 NEMOTRON_BLOCKS = {"M": "linear_attention", "*": "full_attention", "E": "moe", "-": "mlp"}
+
+# Nemotron-H's tensor names (vLLM nemotron_h_mtp.py: glue on the first MTP sub-layer, final norm on the last)
+_NEMOTRON: dict[str, Any] = dict(
+    model_type="nemotron_h", architectures=("NemotronHForCausalLM",), count_key="num_nextn_predict_layers",
+    glue="mtp.layers.0.", block="mtp.layers.{i}.", final_glue="mtp.layers.{i}.",
+    e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="final_layernorm.weight",
+    hidden_first=False, gemma_norms=False,
+    main_prefix="backbone.", shipped_prefix="backbone.", embed="embeddings.weight", norm="norm_f.weight",
+)
+_NEMOTRON_SIZES = dict(_SHRUNK, head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=8, chunk_size=8,
+                       n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=32,
+                       pad_token_id=256)
+# transformers layer types -> the names the shipped list-spelled configs write (Nemotron-3 Ultra, 3.5)
+LIST_NAMES = {"linear_attention": "mamba", "full_attention": "attention", "moe": "moe", "mlp": "mlp"}
 
 LAYOUTS: dict[str, Layout] = {
     "mimo": Layout(  # as MiMo-7B ships it: model_type mimo, run on transformers' Qwen2 classes
@@ -181,16 +195,14 @@ LAYOUTS: dict[str, Layout] = {
         e_norm="pre_fc_norm_embedding.weight", h_norm="pre_fc_norm_hidden.weight", proj="fc.weight",
         final_norm="norm.weight", hidden_first=False, gemma_norms=True, mirror="Qwen/Qwen3.5-35B-A3B", shipped_prefix="model.language_model.",
     ),
-    "nemotron_h": Layout(  # Nemotron-3 Super: Mamba2 / MoE / attention main layers, MTP block "*E"
-        model_type="nemotron_h", architectures=("NemotronHForCausalLM",), count_key="num_nextn_predict_layers",
-        defaults=dict(_SHRUNK, head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=8, chunk_size=8,
-                      n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=32,
-                      moe_latent_size=32, pad_token_id=256),
-        glue="mtp.layers.0.", block="mtp.layers.{i}.", final_glue="mtp.layers.{i}.",
-        e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="final_layernorm.weight",
-        hidden_first=False, gemma_norms=False, mirror="nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8",
-        main_prefix="backbone.", shipped_prefix="backbone.", embed="embeddings.weight", norm="norm_f.weight",
-    ),
+    # Nemotron-3 Super: Mamba2 / MoE / attention main layers, MTP block "*E" (string spelling)
+    "nemotron_h": Layout(**_NEMOTRON, defaults=dict(_NEMOTRON_SIZES, moe_latent_size=32), mirror="nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8"),
+    # Nemotron-3 Ultra: the same blocks spelled as lists (layers_block_type, mtp_layers_block_type),
+    # no num_hidden_layers key (the depth is the list's length), a latent MoE
+    "nemotron_h_ultra": Layout(**_NEMOTRON, defaults=dict(_NEMOTRON_SIZES, moe_latent_size=32),
+                               mirror="nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16"),
+    # Nemotron-3.5 Lightning: lists too, with num_hidden_layers, and no latent MoE (moe_latent_size null, kept)
+    "nemotron_h_lightning": Layout(**_NEMOTRON, defaults=_NEMOTRON_SIZES, mirror="nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"),
 }
 
 
@@ -239,7 +251,7 @@ def shrink(saved: dict[str, Any], depth: int, sizes: dict[str, Any], overrides: 
         saved["text_config"] = text
     else:
         saved = text
-    _merge(text, {**sizes, **{k: v for k, v in overrides.items() if k != "layer_types"}})
+    _merge(text, {**sizes, **{k: v for k, v in overrides.items() if k not in ("layer_types", "layers_block_type")}})
     for config in (saved, text):  # the tiny weights are written unquantised
         config.pop("quantization_config", None)
     if "mtp_hybrid_override_pattern" in text:
@@ -249,6 +261,14 @@ def shrink(saved: dict[str, Any], depth: int, sizes: dict[str, Any], overrides: 
         text["hybrid_override_pattern"] = pattern
         block = [NEMOTRON_BLOCKS[c] for c in text["mtp_hybrid_override_pattern"]]
         return saved, [NEMOTRON_BLOCKS[c] for c in pattern], block
+    if "mtp_layers_block_type" in text:  # the list spelling, in the names the shipped lists use
+        listed = list(overrides.get("layers_block_type", (["mamba", "attention", "moe"] * depth)[:depth]))
+        if len(listed) != depth:
+            raise AtlasError(f"layers_block_type has {len(listed)} entries for {depth} main layers")
+        text["layers_block_type"] = listed
+        main, block = blockpattern.read(text, "main"), blockpattern.read(text, "mtp")
+        assert main is not None and block is not None  # both keys were just checked / written
+        return saved, list(main.kinds), list(block.kinds)
     interval = int(text.get("full_attention_interval", 1))
     types = list(overrides.get("layer_types", ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(depth)]))
     if len(types) != depth:
@@ -274,6 +294,9 @@ def _transformers_config(layout: Layout, saved: dict[str, Any], types: list[str]
     if "hybrid_override_pattern" in text:
         letters = {v: k for k, v in NEMOTRON_BLOCKS.items()}
         text["hybrid_override_pattern"] = "".join(letters[t] for t in [*types, *block])
+    elif "layers_block_type" in text:  # transformers derives the depth from the list: no num_hidden_layers
+        text.pop("num_hidden_layers", None)
+        text["layers_block_type"] = [LIST_NAMES[t] for t in [*types, *block]]
     else:
         text.update(num_hidden_layers=len(types) + len(block), layer_types=[*types, *block])
     for key, fill in (("mlp_layer_types", "sparse"), ("indexer_types", "full")):  # MTP blocks: MoE, own indexer, as shipped
@@ -423,8 +446,10 @@ def bigram_tables(folder: Path, family: str) -> tuple[np.ndarray, np.ndarray]:
     layout = LAYOUTS[family]
     config = json.loads((folder / "config.json").read_text())
     text = config.get("text_config") or config
-    pattern = text.get("mtp_hybrid_override_pattern", "x")
-    depth = len(text["hybrid_override_pattern"]) if "hybrid_override_pattern" in text else text["num_hidden_layers"]
+    # the MTP block's sub-layer count and the main depth, in either Nemotron-H spelling
+    pattern = text.get("mtp_hybrid_override_pattern", text.get("mtp_layers_block_type", "x"))
+    main = text.get("hybrid_override_pattern", text.get("layers_block_type"))
+    depth = len(main) if main is not None else text["num_hidden_layers"]
     eps = text.get("rms_norm_eps", text.get("layer_norm_epsilon"))
     names = layout.names(depth, len(pattern))
     with safe_open(str(folder / "model.safetensors"), "np") as f:

@@ -18,13 +18,14 @@ recurrent layers with the same operations, and greedy output is identical token 
 transformers' chunked kernel (its multi-token path) agrees with it only up to rounding.
 
 Mamba2 time steps are clamped to the config's `time_step_limit` (Nemotron-3 Super ships
-[0, inf]) in every path. transformers 5.24's NemotronHMamba2Mixer clamps them at `time_step_min`
+[0, inf]; Nemotron-3 Ultra [0, 1e308], read as [0, inf]: see time_step_limit) in every path. transformers 5.24's NemotronHMamba2Mixer clamps them at `time_step_min`
 in its chunked scan only (not in its one-token step), which is why its cached decode drifts from
 its own full forward; atlas.measure.families sets its limit from the config so the two agree.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -133,6 +134,20 @@ class GatedDeltaNet:
         return self.m.out_proj(y.reshape(n, -1))
 
 
+def time_step_limit(values: object) -> tuple[float, float]:
+    """A config's Mamba2 time_step_limit as clamp bounds. A bound past float32's range (Nemotron-3
+    Ultra's JSON writes "no upper limit" as 1e308, JSON having no Infinity) is no bound at all for
+    the float32 / bfloat16 time steps it clamps, so it becomes +-inf: exact for every value those
+    dtypes hold, where torch.clamp would refuse 1e308 as an overflow."""
+    if not isinstance(values, (list, tuple)) or len(values) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        raise AtlasError(f"time_step_limit {values!r} is not a [low, high] pair of numbers")
+    top = torch.finfo(torch.float32).max
+    low, high = (float(v) if abs(v) <= top else math.copysign(math.inf, v) for v in values)
+    if low > high:
+        raise AtlasError(f"time_step_limit {values!r}: low above high")
+    return low, high
+
+
 class Mamba2:
     """A Nemotron-H Mamba2 mixer's computation over position-addressed slots: in_proj to
     (gate, xBC, dt), causal conv on xBC, dt = softplus(dt + dt_bias) clamped to the config's
@@ -148,7 +163,7 @@ class Mamba2:
         self.slots = StateSlots(mixer.conv_dim, mixer.conv_kernel_size, (self.h, self.p, self.n), max_draft, device, dtype)
         self.a = -mixer.A_log.detach().float().exp()
         self.dt_bias, self.d = mixer.dt_bias.detach().float(), mixer.D.detach().float()
-        self.limit = tuple(float(v) for v in mixer.config.time_step_limit)
+        self.limit = time_step_limit(mixer.config.time_step_limit)
 
     def __call__(self, x: torch.Tensor, start: int) -> torch.Tensor:
         n, m = x.shape[0], self.m

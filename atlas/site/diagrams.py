@@ -233,12 +233,13 @@ def tensor_layouts(rules: tuple[fingerprints.WeightRule, ...] | None = None) -> 
         note = []
         if "{idx}" in rule.evidence and rule.evidence.startswith("model.layers."):
             note.append("i = N + d: the MTP layer continues the main layer list")
-        if rule.requires_key:
-            note.append(f"only when the config has {rule.requires_key}")
-        if rule.sublayers_key:
+        if rule.requires_keys:
+            note.append(f"only when the config has {' or '.join(rule.requires_keys)}")
+        if rule.sublayers_from:
             note.append("its length = sub-layers per MTP layer")
         if note:
-            b.append(_text(290, y + 52, "; ".join(note), size=11, colour="#495057"))
+            # from the left edge: two key spellings do not fit right of the name column
+            b.append(_text(10, y + 52, "; ".join(note), size=11, colour="#495057"))
     height = top + len(rules) * row_h + 6
     return _wrap(n, "Where each family keeps its MTP tensors", 800, height, b,
                  "One row per weight-name rule of the atlas fingerprinter: "
