@@ -26,7 +26,7 @@ import duckdb
 import yaml
 from pydantic import BaseModel
 
-from atlas import AtlasError, outdir, store
+from atlas import AtlasError, __version__, croissant, outdir, store
 from atlas.paths import published
 from atlas.measure import conformance, records
 from atlas.site import changelog
@@ -440,6 +440,7 @@ def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
         (staging / MANIFEST).write_text(manifest.model_dump_json(indent=1) + "\n", encoding="utf-8")
         (staging / CARD).write_text(card(manifest), encoding="utf-8")
         (staging / changelog.FILE_NAME).write_text(changelog.dumps(log), encoding="utf-8")
+        _write_croissant(staging, manifest)
         return manifest
 
     # a folder of the user's is refused; a previous export stays whole until the new one is complete
@@ -518,6 +519,60 @@ def read_manifest(folder: Path) -> Manifest | None:
         return Manifest.model_validate_json(path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise AtlasError(f"{path} does not match this version; run `atlas export` again: {exc}") from None
+
+
+# ---- citation and Croissant ---------------------------------------------------------------------
+
+CREATOR = "MTP Atlas project"
+
+
+def data_date(manifest: Manifest) -> str | None:
+    """The newest data date of the export's files (snapshot data date, run, record or reading)."""
+    return max((f.as_of for f in manifest.files if f.as_of), default=None)
+
+
+def citation(manifest: Manifest) -> tuple[str, str]:
+    """(BibTeX, plain text) for the export: the project, its version and the data's own date."""
+    date = data_date(manifest) or "undated"
+    year = date[:4] if date != "undated" else "n.d."
+    title = "MTP Atlas: multi-token prediction in open-weight language models, and measured self-speculative decoding"
+    bibtex = (f"@misc{{mtp_atlas_{date.replace('-', '')},\n"
+              f"  title = {{{title}}},\n"
+              f"  author = {{{{{CREATOR}}}}},\n"
+              f"  year = {{{year}}},\n"
+              f"  version = {{{__version__}}},\n"
+              f"  note = {{Dataset exported by atlas export, data of {date}; license {LICENSE}}}\n"
+              "}")
+    plain = f"{CREATOR} ({year}). {title}. Dataset, version {__version__}, data of {date}. License: Apache-2.0."
+    return bibtex, plain
+
+
+def _write_croissant(folder: Path, manifest: Manifest) -> None:
+    """croissant.json beside the card: every file and field, read from what was just written."""
+    con = duckdb.connect()
+    try:
+        columns = con.execute(f"SELECT * FROM read_parquet({_quote(folder / (DICTIONARY + '.parquet'))})").fetchall()
+    finally:
+        con.close()
+    tables = dict.fromkeys(f.table for f in manifest.files)
+    bibtex, _ = citation(manifest)
+    doc = croissant.describe(
+        folder, {t: manifest.description[t] for t in tables}, columns,
+        {CARD: "the dataset card (Hugging Face dataset-card format)",
+         MANIFEST: "rows, sha256 and data date of every table file; the snapshots and records the tables come from",
+         changelog.FILE_NAME: "what changed between snapshots and records, as the site's Changelog shows it"},
+        {"name": "MTP Atlas",
+         "description": "Dated facts about how open-weight language models use multi-token prediction (MTP): "
+                        "what their configs declare and their weights ship (present claims), and the atlas's "
+                        "own measurements of self-speculative decoding with an MTP head (measured claims), in "
+                        "separate tables.",
+         "license": croissant.LICENSE_URL,
+         "creator": {"@type": "sc:Organization", "name": CREATOR},
+         "citeAs": bibtex,
+         "version": __version__,
+         "keywords": card_metadata(manifest)["tags"],
+         "isLiveDataset": False} | ({"datePublished": data_date(manifest)} if data_date(manifest) else {}))
+    (folder / croissant.FILE_NAME).write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 # ---- the dataset card -------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from hub_fixtures import copy_mirror, make_hub, write_watchlist  # noqa: F401  (
 from site_helpers import (REPO, Model, build_demo_site, engines_in, parse_html, plant_measurement, site_copy,
                           write_snapshot)
 
-from atlas import AtlasError, export, store
+from atlas import AtlasError, croissant, export, store
 from atlas.cli import cli
 from atlas.hub import crawl as crawler
 from atlas.measure import conformance, records
@@ -104,7 +104,7 @@ def test_export_is_deterministic(exported, tmp_path: Path) -> None:
     db, out, manifest, layout, _ = exported
     again = export.export(db, tmp_path / "again", layout.evidence, REPO)
     assert again == manifest
-    for name in (export.CARD, export.MANIFEST, changelog.FILE_NAME):
+    for name in (export.CARD, export.MANIFEST, changelog.FILE_NAME, croissant.FILE_NAME):
         assert (tmp_path / "again" / name).read_bytes() == (out / name).read_bytes()
 
 
@@ -352,6 +352,42 @@ def test_the_card_is_a_hugging_face_dataset_card_whose_configs_read_with_duckdb(
     assert f"support matrix `evidence/servable.toml` of\n{servable.load(MATRIX).date.isoformat()}" in body
 
 
+def test_croissant_json_validates_with_mlcroissant_describes_every_file_and_field_and_loads_a_record_set(exported) -> None:
+    import mlcroissant as mlc
+
+    _, out, manifest, _, _ = exported
+    doc = json.loads((out / croissant.FILE_NAME).read_text(encoding="utf-8"))
+    assert doc["conformsTo"] == "http://mlcommons.org/croissant/1.1"
+    dataset = mlc.Dataset(jsonld=out / croissant.FILE_NAME)  # raises on any validation error
+    issues = dataset.metadata.ctx.issues
+    assert not issues.errors and not issues.warnings, issues.report()
+    # every file of the export but the description itself, with its sha256
+    described = {d["contentUrl"]: d["sha256"] for d in doc["distribution"]}
+    # (the folder's hidden marker, which says atlas export wrote it, is no data)
+    assert set(described) == {p.name for p in out.iterdir() if not p.name.startswith(".")} - {croissant.FILE_NAME}
+    assert all(hashlib.sha256((out / n).read_bytes()).hexdigest() == h for n, h in described.items())
+    # every column of every table, with its meaning, as the data dictionary has it
+    dictionary = rows(out / "data_dictionary.parquet")
+    fields = {(rs["name"], f["name"]): f for rs in doc["recordSet"] for f in rs["field"]}
+    assert set(fields) == {(d["table"], d["column"]) for d in dictionary}
+    for d in dictionary:
+        f = fields[(d["table"], d["column"])]
+        assert f["description"] == d["meaning"]
+        assert f.get("isArray", False) == d["type"].endswith("[]"), (d["table"], d["column"])
+    # a record set loads through mlcroissant and equals the Parquet file, row for row
+    loaded = [{k.split("/", 1)[1]: v for k, v in r.items()} for r in dataset.records("measured_cells")]
+    parquet = rows(out / "measured_cells.parquet")
+    assert len(loaded) == len(parquet) == next(f.rows for f in manifest.files if f.path == "measured_cells.parquet")
+
+    def text(v: object) -> object:
+        return v.decode() if isinstance(v, bytes) else v
+
+    for got, want in zip(loaded, parquet):
+        assert text(got["record_id"]) == want["record_id"] and text(got["gate_verdict"]) == want["gate_verdict"]
+        assert got["speedup"] == want["speedup"] and got["draft_tokens"] == want["draft_tokens"]
+        assert bool(got["made_by_atlas"]) == want["made_by_atlas"]
+
+
 FORMULAS = ['=HYPERLINK("http://127.0.0.1/x","click")', "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(A1)",
             "\tTAB=1", "\r=CR"]
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # OWASP's list, as issue 25 F6 names it
@@ -571,3 +607,13 @@ def test_changelog_records_count_new_and_remeasured_cells(exported) -> None:
         earlier = {key(c) for c in cells if c["run_date"] < mine[0]["run_date"]}
         again = sum(1 for c in mine if key(c) in earlier)
         assert (r.added, sum(r.remeasured.values())) == (r.n_rows - again, again)
+
+
+def test_the_licence_is_one_licence_in_the_repository_the_package_and_the_data() -> None:
+    """LICENSE at the root is the Apache License 2.0; pyproject.toml, the card and croissant.json say the same."""
+    import tomllib
+
+    text = (REPO / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["license"] == {"text": "Apache-2.0"}
+    assert export.LICENSE == "apache-2.0" and croissant.LICENSE_URL == "https://www.apache.org/licenses/LICENSE-2.0"
