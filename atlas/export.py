@@ -438,7 +438,7 @@ def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
         except duckdb.Error as exc:  # outdir.replace removes the staging folder: nothing half-written stays
             raise _export_error(db, out, staging, exc) from None
         (staging / MANIFEST).write_text(manifest.model_dump_json(indent=1) + "\n", encoding="utf-8")
-        (staging / CARD).write_text(card(manifest), encoding="utf-8")
+        (staging / CARD).write_text(card(manifest, staging), encoding="utf-8")
         (staging / changelog.FILE_NAME).write_text(changelog.dumps(log), encoding="utf-8")
         _write_croissant(staging, manifest)
         return manifest
@@ -549,11 +549,7 @@ def citation(manifest: Manifest) -> tuple[str, str]:
 
 def _write_croissant(folder: Path, manifest: Manifest) -> None:
     """croissant.json beside the card: every file and field, read from what was just written."""
-    con = duckdb.connect()
-    try:
-        columns = con.execute(f"SELECT * FROM read_parquet({_quote(folder / (DICTIONARY + '.parquet'))})").fetchall()
-    finally:
-        con.close()
+    columns = _read_dictionary(folder)
     tables = dict.fromkeys(f.table for f in manifest.files)
     bibtex, _ = citation(manifest)
     doc = croissant.describe(
@@ -570,7 +566,7 @@ def _write_croissant(folder: Path, manifest: Manifest) -> None:
          "creator": {"@type": "sc:Organization", "name": CREATOR},
          "citeAs": bibtex,
          "version": __version__,
-         "keywords": card_metadata(manifest)["tags"],
+         "keywords": card_metadata(manifest, columns)["tags"],
          "isLiveDataset": False} | ({"datePublished": data_date(manifest)} if data_date(manifest) else {}))
     (folder / croissant.FILE_NAME).write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
@@ -578,14 +574,34 @@ def _write_croissant(folder: Path, manifest: Manifest) -> None:
 # ---- the dataset card -------------------------------------------------------------------------------
 
 
-def card_metadata(manifest: Manifest) -> dict[str, Any]:
-    """The card's YAML front matter: one config per table, each reading its Parquet file."""
+# The Hugging Face `datasets` feature type of each DuckDB column type the export writes.
+HF_DTYPES = {"VARCHAR": "string", "JSON": "string", "BOOLEAN": "bool", "BIGINT": "int64", "INTEGER": "int32",
+             "DOUBLE": "float64", "DATE": "date32", "TIMESTAMP": "timestamp[us]"}
+
+
+def _feature(column: str, ctype: str) -> dict[str, str]:
+    if ctype.endswith("[]"):
+        return {"name": column, "sequence": HF_DTYPES[ctype[:-2]]}
+    return {"name": column, "dtype": HF_DTYPES[ctype]}
+
+
+def card_metadata(manifest: Manifest, columns: list[tuple[str, str, str, str]]) -> dict[str, Any]:
+    """The card's YAML front matter (the Hugging Face dataset-card fields): one config per table,
+    each reading its Parquet file, with its features (columns and types) and its one split."""
     tables = list(dict.fromkeys(f.table for f in manifest.files))
     rows = max((f.rows for f in manifest.files), default=0)
+    parquet = {f.table: f for f in manifest.files if f.format == "parquet"}
     return {
         "pretty_name": "MTP Atlas",
         "license": LICENSE,
         "language": ["en"],
+        # the rows are facts about models and measurements: no machine-learning task is trained on them
+        "task_categories": ["other"],
+        "source_datasets": ["original"],
+        # fingerprints are read from configs and weight names by rule; measurements are the atlas's runs
+        "annotations_creators": ["machine-generated"],
+        "language_creators": ["machine-generated"],
+        "creators": [CREATOR],
         "tags": ["multi-token-prediction", "speculative-decoding", "model-architecture"],
         "size_categories": ["n<1K" if rows < 1000 else "1K<n<10K" if rows < 10_000 else "10K<n<100K"
                             if rows < 100_000 else "100K<n<1M"],
@@ -594,20 +610,67 @@ def card_metadata(manifest: Manifest) -> dict[str, Any]:
             | ({"default": True} if i == 0 else {})
             for i, t in enumerate(tables)
         ],
+        "dataset_info": [
+            {"config_name": t,
+             "features": [_feature(c, ctype) for table, c, ctype, _ in columns if table == t],
+             "splits": [{"name": "train", "num_bytes": parquet[t].bytes, "num_examples": parquet[t].rows}]}
+            for t in tables
+        ],
     }
 
 
-def card(manifest: Manifest) -> str:
-    meta = yaml.safe_dump(card_metadata(manifest), sort_keys=False, allow_unicode=False)
+def _read_dictionary(folder: Path) -> list[tuple[str, str, str, str]]:
+    """(table, column, type, meaning) of every exported column, from the data dictionary written there."""
+    con = duckdb.connect()
+    try:
+        return [tuple(r) for r in con.execute(  # type: ignore[misc]
+            f"SELECT * FROM read_parquet({_quote(folder / (DICTIONARY + '.parquet'))})").fetchall()]
+    finally:
+        con.close()
+
+
+def _limits(folder: Path, manifest: Manifest) -> str:
+    """What the data cannot tell, from the data: how many models the latest crawl read and from
+    where, and on what hardware and of whose checkpoints every measurement is."""
+    con = duckdb.connect()
+    try:
+        (hardware, ours, cells) = con.execute(
+            "SELECT list(DISTINCT hardware ORDER BY hardware), bool_and(made_by_atlas), count(*) "
+            f"FROM read_parquet({_quote(folder / 'measured_cells.parquet')})").fetchone()
+        (models,) = con.execute(f"SELECT count(*) FROM read_parquet({_quote(folder / 'model_facts.parquet')})").fetchone()
+    finally:
+        con.close()
+    latest = manifest.snapshots[-1] if manifest.snapshots else None
+    source = latest["source"] if latest else None
+    if source and source.startswith("mirror:"):
+        crawl = (f"The latest snapshot is a crawl of a bundled mirror (`{source}`) of {models} model configs, "
+                 "not of the Hub: it says what those files declare, not how common MTP is on the Hub.")
+    else:
+        crawl = f"The latest snapshot read {models} models from `{source}`: the watch list's, not every Hub model."
+    if not cells:
+        measured = "There are no measurements in this export."
+    else:
+        whose = "of checkpoints this project made" if ours else "of checkpoints, some from the Hub"
+        measured = (f"Every one of the {cells} measured cells is a run {whose}, on "
+                    + "; ".join(f"`{h}`" for h in hardware) + ". No figure here is a GPU's, or a Hub model's "
+                    "speed-up; figures other people published are in `reported_figures`, with their sources.")
+    return crawl + " " + measured
+
+
+def card(manifest: Manifest, folder: Path) -> str:
+    """The dataset card (README.md), after the Hugging Face dataset-card template, for the tables
+    written into `folder`."""
+    columns = _read_dictionary(folder)
+    meta = yaml.safe_dump(card_metadata(manifest, columns), sort_keys=False, allow_unicode=False)
     parquet = [f for f in manifest.files if f.format == "parquet"]
     table_lines = "\n".join(
         f"| `{f.table}` | {f.rows} | {f.as_of or '—'} | {manifest.description[f.table]} |" for f in parquet)
     snaps = "\n".join(f"- snapshot #{s['snapshot_id']}: crawl finished {s['finished']} UTC, from `{s['source']}`, "
-                      f"data of {s['data_date']}"
-                      for s in manifest.snapshots)
+                      f"data of {s['data_date']}" for s in manifest.snapshots)
     records = "\n".join(f"- `{r['record_id']}` (`{r['source_path']}`)" for r in manifest.measurement_records) or "- none"
     conf = "\n".join(f"- `{c}`" for c in manifest.conformance_records) or "- none"
     first = parquet[0].table if parquet else "fingerprints"
+    bibtex, plain = citation(manifest)
     return f"""---
 {meta}---
 
@@ -615,23 +678,30 @@ def card(manifest: Manifest) -> str:
 
 Dated facts about how open-weight language models use multi-token prediction (MTP), and the
 atlas's own measurements of self-speculative decoding with an MTP head. Exported by `atlas export`
-from the atlas store; every row says where it came from.
+from the atlas store; every row says where it came from. Data of {data_date(manifest) or '—'}.
 
 Present claims (what a config declares, what the weights ship, which engine has code to serve
 it) and measured claims (a dated run on named hardware) are different tables and never mix: a
 speed-up appears only in `measured_cells`, and figures other people published only in
 `reported_figures`.
 
-## Tables
+## Dataset Structure
 
 | config | rows | data as of | what it holds |
 |---|---|---|---|
 {table_lines}
 
-`data_dictionary` names every column's type and meaning. Each table is also written as CSV
-(list columns as `[a, b]`). {CSV_NOTE}
+`data_dictionary` names every column's type and meaning (the YAML above lists each config's
+features); `croissant.json` describes every file and field in Croissant 1.1. Each table is also
+written as CSV (list columns as `[a, b]`). {CSV_NOTE}
 
-## Reading it
+## Uses
+
+### Direct Use
+
+Looking up what a model's config declares about MTP and what its weights ship, at a dated
+revision; which engines have code to draft with its MTP layers; and what the atlas measured when
+it ran MTP self-speculative decoding, with the gate's verdict and its paired 95 % bounds.
 
 ```python
 import duckdb
@@ -642,9 +712,26 @@ load_dataset("parquet", data_files="{first}.parquet")   # one table
 load_dataset("/path/to/this/folder", "{first}")        # by the configs above (a folder path, not ".")
 ```
 
-## Provenance
+### Out-of-Scope Use
 
-Snapshots (crawls) in these files:
+Not a benchmark of Hub models' decoding speed, and not a census of the Hub: see the limits below.
+The tables hold facts read from configs and weight names, never weights.
+
+## Dataset Creation
+
+### Curation Rationale
+
+Whether a model ships MTP layers, and whether using them pays, is usually stated without a date,
+a revision or a device. Each row here has all three, or says it has none.
+
+### Source Data
+
+#### Data Collection and Processing
+
+`atlas crawl` reads each watched repository's config.json and weight names at a revision (or a
+mirror folder of verbatim configs with their provenance) and applies versioned fingerprint rules
+(`rule_version`); `atlas measure` runs the atlas's own decoding loop and writes a record whose
+derived figures are recomputed from its raw counts on import. Snapshots (crawls) in these files:
 
 {snaps}
 
@@ -659,6 +746,37 @@ Conformance records:
 Servable engines (`model_facts.servable_engines`): the support matrix `evidence/servable.toml` of
 {manifest.servable_date}, which cites the engine source it was read from.
 
-License: {LICENSE}, the atlas project's. The tables hold facts read from public model
-repositories' configs and weight names at the revisions given, not their weights.
+#### Who are the source data producers?
+
+The model configs and weight names are the model publishers' (named by `repo_id`); the
+measurements and conformance checks are the atlas's own runs; `reported_figures` quote their
+sources, which each row names.
+
+## Bias, Risks, and Limitations
+
+{_limits(folder, manifest)}
+
+A speed-up is for the named hardware, engine, workload, temperature and draft length only.
+`speedup_slowest_repeat` / `speedup_fastest_repeat` are the range of the repeats, not confidence
+bounds; `speedup_paired_lower_95` / `speedup_paired_upper_95` are the gate's one-sided 95 % bounds.
+
+## Citation
+
+**BibTeX:**
+
+```bibtex
+{bibtex}
+```
+
+**Plain:** {plain}
+
+## License
+
+{LICENSE} (the Apache License 2.0, the atlas project's; LICENSE in its repository). The model
+configs' facts are read from public repositories at the revisions given; their own licences are
+their publishers'.
+
+## Contact
+
+The {CREATOR}: open an issue in the repository this export was made from.
 """

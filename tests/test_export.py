@@ -388,6 +388,45 @@ def test_croissant_json_validates_with_mlcroissant_describes_every_file_and_fiel
         assert bool(got["made_by_atlas"]) == want["made_by_atlas"]
 
 
+HF_TYPES = {"VARCHAR": "string", "BOOLEAN": "bool", "BIGINT": "int64", "INTEGER": "int32", "DOUBLE": "float64",
+            "DATE": "date32", "TIMESTAMP": "timestamp[us]"}
+
+
+def test_the_card_follows_the_hugging_face_template_with_features_sections_and_limits_from_the_data(exported) -> None:
+    _, out, manifest, _, _ = exported
+    text = (out / export.CARD).read_text(encoding="utf-8")
+    meta = yaml.safe_load(re.match(r"\A---\n(.*?)\n---\n", text, re.S).group(1))
+    assert meta["task_categories"] and meta["source_datasets"] == ["original"]
+    assert meta["annotations_creators"] and meta["language_creators"] and meta["creators"]
+    # dataset_info: each config's features are its Parquet file's columns, typed as `datasets` names them
+    con = duckdb.connect()
+    try:
+        for info in meta["dataset_info"]:
+            path = out / f"{info['config_name']}.parquet"
+            columns = con.execute(f"DESCRIBE SELECT * FROM read_parquet('{path}')").fetchall()
+            want = [{"name": n, "sequence": HF_TYPES[t[:-2]]} if t.endswith("[]") else {"name": n, "dtype": HF_TYPES[t]}
+                    for n, t, *_ in columns]
+            assert info["features"] == want, info["config_name"]
+            (split,) = info["splits"]
+            assert split["num_examples"] == len(rows(path)) and split["num_bytes"] == path.stat().st_size
+        (cells, hardware) = con.execute(f"SELECT count(*), list(DISTINCT hardware) FROM read_parquet('{out / 'measured_cells.parquet'}')").fetchone()
+        (models,) = con.execute(f"SELECT count(*) FROM read_parquet('{out / 'model_facts.parquet'}')").fetchone()
+    finally:
+        con.close()
+    assert [d["config_name"] for d in meta["dataset_info"]] == [c["config_name"] for c in meta["configs"]]
+    headings = re.findall(r"^#+ (.+)$", text, re.M)
+    for section in ("Uses", "Dataset Creation", "Source Data", "Bias, Risks, and Limitations", "Citation", "License",
+                    "Contact"):
+        assert section in headings, section
+    # the limits are the data's: the mirror crawl's size and every cell's hardware, counted here
+    limits = text.split("## Bias, Risks, and Limitations", 1)[1].split("## Citation", 1)[0]
+    assert f"bundled mirror (`mirror:data/hub-mirror`) of {models} model configs" in limits
+    assert f"Every one of the {cells} measured cells is a run of checkpoints this project made" in limits
+    assert all(f"`{h}`" in limits for h in hardware) and "2 cores" in limits
+    bibtex, plain = export.citation(manifest)
+    assert bibtex in text and plain in text and export.data_date(manifest) in plain
+
+
 FORMULAS = ['=HYPERLINK("http://127.0.0.1/x","click")', "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(A1)",
             "\tTAB=1", "\r=CR"]
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # OWASP's list, as issue 25 F6 names it
