@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import html as html_text
 import json
 import math
 from urllib.parse import quote
@@ -560,6 +561,46 @@ def test_data_page_lists_and_links_every_file_and_record(exported) -> None:
     home = parse_html(built(layout))
     hrefs = [dict(a).get("href") for tag, a in home.elements if tag == "a"]
     assert "data/" in hrefs and "changelog/" in hrefs
+
+
+def _shown(value: object) -> str:
+    """A preview cell as the Data page's rule says (written again here, from its description)."""
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    text = "[" + ", ".join(_shown(v) for v in value) + "]" if isinstance(value, list) else str(value)
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def test_the_data_page_shows_columns_types_definitions_three_rows_licence_citation_and_date(exported) -> None:
+    _, out, manifest, layout, _ = exported
+    html = built(layout, "data")
+    page = parse_html(html)
+    definitions = [t for t in page.tables if t.header == ["column", "type", "definition"]]
+    previews = [t for t in page.tables if t.header[:1] == ["column"] and t.header[1:2] == ["row 1"]]
+    tables = [f.table for f in manifest.files if f.format == "parquet"]
+    assert len(definitions) == len(previews) == len(tables)
+    dictionary = rows(out / "data_dictionary.parquet")
+    for name, defs, preview in zip(tables, definitions, previews):
+        assert defs.rows == [[d["column"], d["type"], d["meaning"]] for d in dictionary if d["table"] == name], name
+        con = duckdb.connect()
+        try:
+            cur = con.execute(f"SELECT * FROM read_parquet('{out / name}.parquet') LIMIT 3")
+            cols = [d[0] for d in cur.description]
+            first = cur.fetchall()
+        finally:
+            con.close()
+        assert preview.header == ["column"] + [f"row {i + 1}" for i in range(len(first))] and len(first) == 3, name
+        assert preview.rows == [[c] + [_shown(r[i]) for r in first] for i, c in enumerate(cols)], name
+    visible = " ".join(html_text.unescape(re.sub(r"<[^>]+>", "", html)).split())
+    bibtex, plain = export.citation(manifest)
+    assert "Apache License 2.0" in html and "apache-2.0" in html
+    assert export.data_date(manifest) in html
+    assert f"Data of {export.data_date(manifest)}." in html
+    assert 'href="files/croissant.json"' in html
+    assert (layout.build / "data" / "files" / "croissant.json").read_bytes() == (out / "croissant.json").read_bytes()
+    assert plain in visible and " ".join(bibtex.split()) in visible
 
 
 def test_without_an_export_the_data_page_says_how_and_still_lists_the_records(tmp_path: Path) -> None:
