@@ -364,6 +364,12 @@ def _measurement_sources(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]
         # no record imported: an empty table of the right columns, so the file still has them
         con.execute(records.TABLE.replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE"))
         return []
+    have = {n for (n,) in con.execute("SELECT column_name FROM information_schema.columns "
+                                      "WHERE table_name = 'measurement_cells'").fetchall()}
+    if missing := [c for c in records.COLUMNS if c not in have]:
+        # the store is open read-only here; the import migrates the table in place
+        raise AtlasError(f"the store's measurements predate its current columns ({', '.join(missing[:3])}"
+                         f"{', ...' if len(missing) > 3 else ''}): run `atlas measure import` on it first")
     return [(r, s) for r, s in con.execute(
         "SELECT record_id, any_value(source_path) FROM measurement_cells GROUP BY record_id "
         "ORDER BY record_id").fetchall()]
