@@ -643,24 +643,28 @@ def _limits(folder: Path, manifest: Manifest) -> str:
         (hardware, ours, cells) = con.execute(
             "SELECT list(DISTINCT hardware ORDER BY hardware), bool_and(made_by_atlas), count(*) "
             f"FROM read_parquet({_quote(folder / 'measured_cells.parquet')})").fetchone()
-        (models,) = con.execute(f"SELECT count(*) FROM read_parquet({_quote(folder / 'model_facts.parquet')})").fetchone()
+        (models, own) = con.execute("SELECT count(*) FILTER (NOT made_by_atlas), count(*) FILTER (made_by_atlas) "
+                                    f"FROM read_parquet({_quote(folder / 'model_facts.parquet')})").fetchone()
     finally:
         con.close()
     latest = manifest.snapshots[-1] if manifest.snapshots else None
     source = latest["source"] if latest else None
+    besides = f" (besides {own} of this project's own)" if own else ""
     if source and source.startswith("mirror:"):
-        crawl = (f"The latest snapshot is a crawl of a bundled mirror (`{source}`) of {models} model configs, "
+        crawl = (f"The latest snapshot is a crawl of a bundled mirror (`{source}`) of {models} model configs{besides}, "
                  "not of the Hub: it says what those files declare, not how common MTP is on the Hub.")
     else:
-        crawl = f"The latest snapshot read {models} models from `{source}`: the watch list's, not every Hub model."
+        crawl = (f"The latest snapshot read {models} models{besides} from `{source}`: the watch list's, "
+                 "not every Hub model.")
     if not cells:
-        measured = "There are no measurements in this export."
-    else:
-        whose = "of checkpoints this project made" if ours else "of checkpoints, some from the Hub"
-        measured = (f"Every one of the {cells} measured cells is a run {whose}, on "
-                    + "; ".join(f"`{h}`" for h in hardware) + ". No figure here is a GPU's, or a Hub model's "
-                    "speed-up; figures other people published are in `reported_figures`, with their sources.")
-    return crawl + " " + measured
+        return crawl + " There are no measurements in this export."
+    whose = "of checkpoints this project made" if ours else "of checkpoints, some from the Hub"
+    measured = f"Every one of the {cells} measured cells is a run {whose}, on " + "; ".join(f"`{h}`" for h in hardware) + "."
+    if all(h.startswith("CPU") for h in hardware):  # the stamp names a GPU run's device first
+        measured += " No measured figure here is a GPU's."
+    if ours:
+        measured += " No measured figure here is a Hub model's speed-up."
+    return crawl + " " + measured + " Figures other people published are in `reported_figures`, with their sources."
 
 
 def card(manifest: Manifest, folder: Path) -> str:

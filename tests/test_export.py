@@ -415,7 +415,8 @@ def test_the_card_follows_the_hugging_face_template_with_features_sections_and_l
             (split,) = info["splits"]
             assert split["num_examples"] == len(rows(path)) and split["num_bytes"] == path.stat().st_size
         (cells, hardware) = con.execute(f"SELECT count(*), list(DISTINCT hardware) FROM read_parquet('{out / 'measured_cells.parquet'}')").fetchone()
-        (models,) = con.execute(f"SELECT count(*) FROM read_parquet('{out / 'model_facts.parquet'}')").fetchone()
+        (models, own) = con.execute("SELECT count(*) FILTER (NOT made_by_atlas), count(*) FILTER (made_by_atlas) "
+                                    f"FROM read_parquet('{out / 'model_facts.parquet'}')").fetchone()
     finally:
         con.close()
     assert [d["config_name"] for d in meta["dataset_info"]] == [c["config_name"] for c in meta["configs"]]
@@ -425,7 +426,8 @@ def test_the_card_follows_the_hugging_face_template_with_features_sections_and_l
         assert section in headings, section
     # the limits are the data's: the mirror crawl's size and every cell's hardware, counted here
     limits = text.split("## Bias, Risks, and Limitations", 1)[1].split("## Citation", 1)[0]
-    assert f"bundled mirror (`mirror:data/hub-mirror`) of {models} model configs" in limits
+    assert f"bundled mirror (`mirror:data/hub-mirror`) of {models} model configs (besides {own} of this project's own)" in limits
+    assert "No measured figure here is a GPU's." in limits  # every run is a CPU run
     assert f"Every one of the {cells} measured cells is a run of checkpoints this project made" in limits
     assert all(f"`{h}`" in limits for h in hardware) and "2 cores" in limits
     bibtex, plain = export.citation(manifest)
