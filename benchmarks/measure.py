@@ -69,7 +69,7 @@ def row(label: str, tps: float, c: Cell | None, plain_tps: float | None = None) 
     ideal = "-" if d.ideal_speedup is None else f"{d.ideal_speedup:.2f}"
     eff = "-" if d.efficiency is None else f"{d.efficiency:.2f}"
     vs_ours = "" if plain_tps is None else f"   ({tps / plain_tps:.2f}x our plain)"
-    return (f"  {label:<16} {tps:8.1f} {acc:>6} {length:>6} {d.speedup:6.2f} ({d.speedup_lo:.2f}-{d.speedup_hi:.2f})"
+    return (f"  {label:<16} {tps:8.1f} {acc:>6} {length:>6} {d.speedup:6.2f} ({d.speedup_slowest_repeat:.2f}-{d.speedup_fastest_repeat:.2f})"
             f" {ideal:>6} {eff:>5}  {c.gate_verdict}{vs_ours}")
 
 

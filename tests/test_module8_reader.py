@@ -184,7 +184,7 @@ def test_the_gate_is_described_as_computed_and_its_bound_shown(demo) -> None:
     for lo, hi, word in ((1.01, 1.3, "on"), (0.7, 0.99, "off"), (0.98, 1.2, "undecided")):
         d = records.Derived(drafted=1, accepted=1, acceptance_rate=1, per_position_acceptance=[1.0],
                             mean_accepted_length=2, tokens_per_second=1, baseline_tokens_per_second=1,
-                            speedup=1, speedup_lo=1, speedup_hi=1, ideal_speedup=None, efficiency=None,
+                            speedup=1, speedup_slowest_repeat=1, speedup_fastest_repeat=1, ideal_speedup=None, efficiency=None,
                             greedy_lossless=None, speedup_bound_lo=lo, speedup_bound_hi=hi)
         assert records.gate(d, records.MIN_GATE_REPEATS).verdict == word
         assert records.gate(d, records.MIN_GATE_REPEATS - 1).verdict == "undecided"

@@ -10,6 +10,7 @@ import pytest
 
 from atlas import AtlasError
 from atlas.measure.records import (
+    COLUMNS,
     SCHEMA_VERSION,
     Cell,
     Hardware,
@@ -83,7 +84,7 @@ def test_round_trip_and_gate(tmp_path: Path) -> None:
     again = read_record(path)
     assert again == record
     by_workload = {c.workload: c for c in again.cells if c.draft_tokens == 2}
-    assert by_workload["code"].gate_enabled and by_workload["code"].derived.speedup_lo > 1
+    assert by_workload["code"].gate_enabled and by_workload["code"].derived.speedup_slowest_repeat > 1
     assert not by_workload["random"].gate_enabled and by_workload["random"].gate_reason.startswith("off: 95 % bounds")
     decisions = {(g.workload, g.temperature): g for g in again.gates}
     assert decisions[("code", 1.0)].enabled and decisions[("code", 1.0)].draft_tokens == 2
@@ -184,7 +185,7 @@ def test_headline_speedup_is_the_median_and_efficiency_has_bounds() -> None:
     costs = PassCosts(plain=0.002, verify={1: 0.0024}, draft=0.0004)
     repeats = [fast(r).model_copy(update={"pass_costs": costs}) for r in (1.1, 1.5, 1.2)]
     d = derive(repeats, 0.0, 1, costs)
-    assert d.speedup == pytest.approx(1.2) and (d.speedup_lo, d.speedup_hi) == pytest.approx((1.1, 1.5))
+    assert d.speedup == pytest.approx(1.2) and (d.speedup_slowest_repeat, d.speedup_fastest_repeat) == pytest.approx((1.1, 1.5))
     ideal = (35 / 20) * 0.002 / (0.0024 + 0.0004)
     assert d.efficiency == pytest.approx(1.2 / ideal)
     assert (d.efficiency_lo, d.efficiency_hi) == pytest.approx((1.1 / ideal, 1.5 / ideal))
@@ -289,3 +290,33 @@ def test_an_unreadable_file_does_not_stop_the_others(tmp_path: Path) -> None:
     con = connect(tmp_path / "db.duckdb")
     loaded, _, errors = import_records(con, tmp_path)
     assert loaded == 1 and len(errors) == 1 and "a-folder.json: cannot read" in errors[0]
+
+
+def test_a_table_from_before_issue_23_keeps_its_speedup_range_under_the_new_names_and_fills_the_new_columns(
+        tmp_path: Path) -> None:
+    """speedup_lo / speedup_hi became speedup_slowest_repeat / _fastest_repeat (they are the range of
+    the repeats, not confidence bounds); the verdict, paired bounds, acceptance lists, pass costs and
+    provenance columns came with them. A store as the older version left it is migrated in place."""
+    record = make_record()
+    write_record(record, tmp_path / "m")
+    con = connect(tmp_path / "db.duckdb")
+    import_records(con, tmp_path / "m")
+    con.execute("ALTER TABLE measurement_cells RENAME COLUMN speedup_slowest_repeat TO speedup_lo")
+    con.execute("ALTER TABLE measurement_cells RENAME COLUMN speedup_fastest_repeat TO speedup_hi")
+    added = COLUMNS[COLUMNS.index("baseline") + 1:]
+    for name in added:
+        con.execute(f"ALTER TABLE measurement_cells DROP COLUMN {name}")
+    assert import_records(con, tmp_path / "m") == (1, 0, [])
+    have = {n for (n,) in con.execute("SELECT column_name FROM information_schema.columns "
+                                      "WHERE table_name = 'measurement_cells'").fetchall()}
+    assert have == set(COLUMNS) and not have & {"speedup_lo", "speedup_hi"}
+    got = con.execute("SELECT workload, temperature, draft_tokens, speedup_slowest_repeat, speedup_fastest_repeat, "
+                      "gate_verdict, speedup_paired_lower_95, pass_verify_seconds, provenance_recorded "
+                      "FROM measurement_cells ORDER BY ALL").fetchall()
+    want = sorted((c.workload, c.temperature, c.draft_tokens,
+                   min(r.baseline_seconds / r.seconds for r in c.repeats),
+                   max(r.baseline_seconds / r.seconds for r in c.repeats),
+                   c.gate_verdict, c.derived.speedup_bound_lo, record.pass_costs.verify[c.draft_tokens], False)
+                  for c in record.cells)
+    assert got == want
+    assert import_records(con, tmp_path / "m") == (0, 1, [])

@@ -213,6 +213,12 @@ class Repeat(Strict):
 
 
 class Derived(Strict):
+    # The slowest and fastest repeat's speed-ups are named for what they are (never confidence
+    # bounds: those are speedup_bound_lo/hi); the record files keep their first keys, speedup_lo
+    # and speedup_hi, so a record's bytes and its id stay what they were.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
+
     drafted: int
     accepted: int
     acceptance_rate: float | None  # accepted / drafted, pooled over positions
@@ -221,8 +227,8 @@ class Derived(Strict):
     tokens_per_second: float
     baseline_tokens_per_second: float
     speedup: float  # median over repeats of baseline_seconds / seconds
-    speedup_lo: float  # min over repeats
-    speedup_hi: float
+    speedup_slowest_repeat: float = Field(alias="speedup_lo")  # min over repeats
+    speedup_fastest_repeat: float = Field(alias="speedup_hi")  # max over repeats
     ideal_speedup: float | None
     efficiency: float | None  # median over repeats of speedup / ideal (schema 1: median speedup / ideal)
     greedy_lossless: bool | None  # None when T > 0
@@ -490,8 +496,8 @@ def derive(repeats: list[Repeat], temperature: float, k: int, costs: PassCosts |
         tokens_per_second=statistics.median(r.tokens / r.seconds for r in repeats),
         baseline_tokens_per_second=statistics.median(r.tokens / r.baseline_seconds for r in repeats),
         speedup=speedup,
-        speedup_lo=min(speedups),
-        speedup_hi=max(speedups),
+        speedup_slowest_repeat=min(speedups),
+        speedup_fastest_repeat=max(speedups),
         ideal_speedup=ideal,
         efficiency=efficiency,
         greedy_lossless=all(bool(r.identical_to_baseline) for r in repeats) if greedy else None,
@@ -617,7 +623,7 @@ def _close(a: object, b: object) -> bool:
 
 # The derived fields a schema 1 file had; only these are checked in one.
 V1_DERIVED = ("drafted", "accepted", "acceptance_rate", "per_position_acceptance", "mean_accepted_length", "tokens_per_second",
-              "baseline_tokens_per_second", "speedup", "speedup_lo", "speedup_hi", "ideal_speedup", "efficiency", "greedy_lossless")
+              "baseline_tokens_per_second", "speedup", "speedup_slowest_repeat", "speedup_fastest_repeat", "ideal_speedup", "efficiency", "greedy_lossless")
 
 
 def check_consistency(record: Record) -> None:
@@ -633,8 +639,10 @@ def check_consistency(record: Record) -> None:
         where = f"cell {cell.engine}/{cell.workload}/T={cell.temperature}/k={cell.draft_tokens}"
         for name in fields:
             if not _close(getattr(cell.derived, name), getattr(expected, name)):
+                # named as the file names it (a renamed field keeps its key in the file)
+                key = Derived.model_fields[name].alias or name
                 raise ValueError(
-                    f"{where}: {name} is {getattr(cell.derived, name)!r} but the raw counts give {getattr(expected, name)!r}"
+                    f"{where}: {key} is {getattr(cell.derived, name)!r} but the raw counts give {getattr(expected, name)!r}"
                 )
         # schema 1 gates were set by the old rule (min over repeats > 1) and are kept as recorded
         g = gate(expected, len(cell.repeats), record.settings.quick)
@@ -750,25 +758,48 @@ CREATE TABLE IF NOT EXISTS measurement_cells (
     record_id VARCHAR, source_path VARCHAR, run_date TIMESTAMP, model_id VARCHAR, revision VARCHAR,
     hardware VARCHAR, engine VARCHAR, engine_version VARCHAR, workload VARCHAR, temperature DOUBLE,
     draft_tokens INTEGER, drafted BIGINT, accepted BIGINT, acceptance_rate DOUBLE,
-    mean_accepted_length DOUBLE, speedup DOUBLE, speedup_lo DOUBLE, speedup_hi DOUBLE,
+    mean_accepted_length DOUBLE, speedup DOUBLE, speedup_slowest_repeat DOUBLE, speedup_fastest_repeat DOUBLE,
     ideal_speedup DOUBLE, efficiency DOUBLE, gate_enabled BOOLEAN, gate_reason VARCHAR,
     greedy_lossless BOOLEAN, command VARCHAR, seed INTEGER, prompt_set VARCHAR,
-    prompt_set_digest VARCHAR, baseline VARCHAR
+    prompt_set_digest VARCHAR, baseline VARCHAR, gate_verdict VARCHAR,
+    speedup_paired_lower_95 DOUBLE, speedup_paired_upper_95 DOUBLE,
+    per_position_acceptance DOUBLE[], conditional_acceptance DOUBLE[],
+    pass_plain_seconds DOUBLE, pass_verify_seconds DOUBLE, pass_draft_seconds DOUBLE,
+    provenance_recorded BOOLEAN, provenance_project_made BOOLEAN, provenance_kind VARCHAR,
+    provenance_main_model VARCHAR, provenance_main_package VARCHAR, provenance_main_sha256 VARCHAR,
+    provenance_head_sha256 VARCHAR
 )"""
 COLUMNS = [line.split()[0] for line in TABLE.split("(", 1)[1].rsplit(")", 1)[0].replace("\n", " ").split(",")]
+_TYPES = {line.split()[0]: line.split()[1] for line in TABLE.split("(", 1)[1].rsplit(")", 1)[0].replace("\n", " ").split(",")}
+# Columns every row fills (never NULL), one per migration that added columns: a record whose rows
+# lack one was imported before that column existed and is loaded again to fill the new columns.
+FILLED = ("baseline", "provenance_recorded")
+NEWEST = FILLED[-1]
+# Renamed columns, old name -> new: a store made before the rename keeps its rows under the new name.
+RENAMED = {"speedup_lo": "speedup_slowest_repeat", "speedup_hi": "speedup_fastest_repeat"}
 
 
 def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
-    """Create the table, or bring an older one up to the current columns (added ones stay NULL
-    until their record is imported again, which import_records does)."""
+    """Create the table, or bring an older one up to the current columns (renamed ones keep their
+    values; added ones stay NULL until their record is imported again, which import_records does)."""
     con.execute(TABLE)
-    con.execute("ALTER TABLE measurement_cells ADD COLUMN IF NOT EXISTS baseline VARCHAR")
+    have = {name for (name,) in con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'measurement_cells'").fetchall()}
+    for old, new in RENAMED.items():
+        if old in have and new not in have:
+            con.execute(f"ALTER TABLE measurement_cells RENAME COLUMN {old} TO {new}")
+            have = (have - {old}) | {new}
+    for name in COLUMNS:
+        if name not in have:
+            con.execute(f"ALTER TABLE measurement_cells ADD COLUMN {name} {_TYPES[name]}")
 
 
 def _rows(record: Record, record_id: str, source_path: str) -> list[tuple[object, ...]]:
     rows = []
+    prov = record.provenance
     for c in record.cells:
         d = c.derived
+        costs = record.pass_costs if c.engine == "atlas" else None
         values = {
             "record_id": record_id,
             "source_path": source_path,
@@ -786,8 +817,8 @@ def _rows(record: Record, record_id: str, source_path: str) -> list[tuple[object
             "acceptance_rate": d.acceptance_rate,
             "mean_accepted_length": d.mean_accepted_length,
             "speedup": d.speedup,
-            "speedup_lo": d.speedup_lo,
-            "speedup_hi": d.speedup_hi,
+            "speedup_slowest_repeat": d.speedup_slowest_repeat,
+            "speedup_fastest_repeat": d.speedup_fastest_repeat,
             "ideal_speedup": d.ideal_speedup,
             "efficiency": d.efficiency,
             "gate_enabled": c.gate_enabled,
@@ -798,9 +829,34 @@ def _rows(record: Record, record_id: str, source_path: str) -> list[tuple[object
             "prompt_set": record.prompt_set,
             "prompt_set_digest": record.prompt_set_digest,
             "baseline": c.baseline,
+            "gate_verdict": c.gate_verdict,
+            "speedup_paired_lower_95": d.speedup_bound_lo,
+            "speedup_paired_upper_95": d.speedup_bound_hi,
+            "per_position_acceptance": d.per_position_acceptance,
+            "conditional_acceptance": d.conditional_acceptance,
+            # the pass costs the cell's ideal speed-up uses: our loop's, timed on this run (derive)
+            "pass_plain_seconds": costs.plain if costs else None,
+            "pass_verify_seconds": costs.verify.get(c.draft_tokens) if costs else None,
+            "pass_draft_seconds": costs.draft if costs else None,
+            "provenance_recorded": prov is not None,
+            "provenance_project_made": prov.project_made if prov else None,
+            "provenance_kind": prov.kind if prov else None,
+            "provenance_main_model": prov.main_model.get("source") if prov else None,
+            "provenance_main_package": _package(prov.main_model) if prov else None,
+            "provenance_main_sha256": prov.main_model.get("sha256") if prov else None,
+            "provenance_head_sha256": str(prov.mtp_head["sha256"]) if prov and "sha256" in prov.mtp_head else None,
         }
         rows.append(tuple(values[name] for name in COLUMNS))
     return rows
+
+
+def _package(main_model: dict[str, str]) -> str | None:
+    """The package the main weights came from, with its version (pip's name==version)."""
+    name = main_model.get("package")
+    if name is None:
+        return None
+    version = main_model.get("package_version")
+    return f"{name}=={version}" if version else name
 
 
 def _repo_relative(path: Path) -> str:
@@ -828,7 +884,8 @@ def import_records(con: duckdb.DuckDBPyConnection, directory: Path) -> tuple[int
         rid = record_id(record)
         source = _repo_relative(path)
         # rows stored before a column existed are loaded again to fill it
-        if con.execute("SELECT 1 FROM measurement_cells WHERE record_id = ? AND baseline IS NOT NULL LIMIT 1", [rid]).fetchone():
+        if con.execute("SELECT 1 FROM measurement_cells WHERE record_id = ? AND "
+                       + " AND ".join(f"{c} IS NOT NULL" for c in FILLED) + " LIMIT 1", [rid]).fetchone():
             present += 1
             continue
         con.execute("BEGIN TRANSACTION")

@@ -7,7 +7,9 @@ Per complete snapshot, against the one before it: models that newly declare or s
 values (declared and shipped layer counts, declared key, model_type) with the new revision, models
 added to or gone from the crawl, and families (model_type) that have a servable model now and had
 none before. Per record, in run order: what it added (cells, or verdict rows, for conditions no
-earlier record covered) and which earlier records it re-measured. Models this project made are
+earlier record covered) and which earlier records it re-measured; a build with run-time patches
+is its own subject. Per condition: each verdict it took, when one record's differs from an
+earlier one's (e.g. a layout's T = 0 result going fails -> inconclusive -> lossless). Models this project made are
 left out of the snapshot entries, as out of every Hub count.
 """
 
@@ -62,10 +64,27 @@ class RecordChange(BaseModel):
     remeasured: dict[str, int]  # earlier record (source) -> rows of it this record measured again
 
 
+class Step(BaseModel):
+    value: str
+    source: str  # the record that gave it
+    date: str
+
+
+class Moved(BaseModel):
+    """A condition whose verdict changed from one record to a later one: every value it took, in
+    run order, with the record of each (a value is listed again only when it changed)."""
+
+    kind: Literal["measurement", "conformance"]
+    condition: str
+    field: str  # what moved: a conformance result, or the gate's verdict of a measured cell
+    steps: list[Step]
+
+
 class Changelog(BaseModel):
     servable_date: str
     snapshots: list[SnapshotChanges]  # oldest first
     records: list[RecordChange]  # oldest first
+    moved: list[Moved]  # in the order the conditions were first recorded
 
 
 _HISTORY = """
@@ -93,7 +112,8 @@ def _snapshots(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix) -
     for values in cur.fetchall():
         r = dict(zip(cols, values))
         by_snap.setdefault(r["snapshot_id"], {})[r["repo_id"]] = r
-        dates[r["snapshot_id"]] = r["snapshot_date"].strftime("%Y-%m-%d")
+        # to the minute: two crawls of one day differ by more than their number
+        dates[r["snapshot_id"]] = r["snapshot_date"].strftime("%Y-%m-%d %H:%M")
 
     def servable_families(rows: dict[str, dict[str, Any]]) -> set[str]:
         return {r["model_type"] or "(no model_type)" for r in rows.values() if matrix.serving(
@@ -122,31 +142,47 @@ def _snapshots(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix) -
     return out
 
 
-def _records(runs: list[measured_section.Run], conformance_dir: Path, root: Path) -> list[RecordChange]:
-    """Every evidence record in run order, each against the records before it: a row's condition
-    is (model, engine, workload, T, k) for a measurement, (engine build, hardware, layout, T class,
-    draft sampling) for a conformance verdict."""
-    entries: list[tuple[str, RecordChange, list[tuple[Any, ...]]]] = []
+# A row of a record: its condition, a readable name of it, and the verdict it got there.
+_Row = tuple[tuple[Any, ...], str, str]
+
+
+def _entries(runs: list[measured_section.Run], conformance_dir: Path,
+             root: Path) -> list[tuple[str, RecordChange, str, list[_Row]]]:
+    """Every evidence record in run order, with its rows. A row's condition is (model, engine,
+    workload, T, k) for a measurement, (engine build, hardware, layout, T class, draft sampling)
+    for a conformance verdict: a build with run-time patches is its own subject, never a
+    re-measurement of the release it patches."""
+    entries: list[tuple[str, RecordChange, str, list[_Row]]] = []
     for run in runs:
         r = run.record
-        keys = [(r.model_id, c.engine, c.workload, c.temperature, c.draft_tokens) for c in r.cells]
+        rows = [((r.model_id, c.engine, c.workload, c.temperature, c.draft_tokens),
+                 f"{r.model_id}, {c.engine}, {c.workload}, T = {c.temperature:g}, k = {c.draft_tokens}",
+                 c.gate_verdict or "—") for c in r.cells]
         entries.append((r.run_date.isoformat(), RecordChange(
             kind="measurement", source=published(run.source_path, root), record_id=run.record_id,
-            date=r.run_date.strftime("%Y-%m-%d %H:%M"), subject=r.model_id, n_rows=len(keys),
-            added=0, remeasured={}), keys))
+            date=r.run_date.strftime("%Y-%m-%d %H:%M"), subject=r.model_id, n_rows=len(rows),
+            added=0, remeasured={}), "gate verdict", rows))
     for path, rec in conformance.load_records(conformance_dir):
-        rows = conformance.verdicts([(path, rec)], root)
-        keys = [("conformance", v.package, v.version, v.hardware, v.layout, v.temperature, v.draft_sampling)
-                for v in rows]
-        source = rows[0].source if rows else path.name
+        verdicts = conformance.verdicts([(path, rec)], root)
+        rows = [(("conformance", v.build, v.hardware, v.layout, v.temperature, v.draft_sampling),
+                 f"{v.build} on {v.hardware}: {v.layout}, T {v.temperature}, {v.draft_sampling} drafts", v.result)
+                for v in verdicts]
+        source = verdicts[0].source if verdicts else path.name
+        subject = verdicts[0].build if verdicts else f"{rec.package} {rec.version}"
         entries.append((rec.run_date.isoformat(), RecordChange(
             kind="conformance", source=source, record_id=None, date=rec.run_date.strftime("%Y-%m-%d %H:%M"),
-            subject=f"{rec.package} {rec.version}", n_rows=len(keys), added=0, remeasured={}), keys))
+            subject=subject, n_rows=len(rows), added=0, remeasured={}), "result", rows))
     entries.sort(key=lambda e: (e[0], e[1].source))
+    return entries
+
+
+def _records(entries: list[tuple[str, RecordChange, str, list[_Row]]]) -> list[RecordChange]:
+    """Each record against the records before it: the conditions it added, and the rows of which
+    earlier record it measured again."""
     seen: dict[tuple[Any, ...], str] = {}  # condition -> the newest record that covered it
     out = []
-    for _, change, keys in entries:
-        for key in dict.fromkeys(keys):
+    for _, change, _, rows in entries:
+        for key in dict.fromkeys(k for k, _, _ in rows):
             if key in seen:
                 change.remeasured[seen[key]] = change.remeasured.get(seen[key], 0) + 1
             else:
@@ -156,11 +192,23 @@ def _records(runs: list[measured_section.Run], conformance_dir: Path, root: Path
     return out
 
 
+def _moved(entries: list[tuple[str, RecordChange, str, list[_Row]]]) -> list[Moved]:
+    """Every condition whose verdict differs between two of its records, with each value it took."""
+    chains: dict[tuple[Any, ...], Moved] = {}
+    for _, change, field, rows in entries:
+        for key, label, value in rows:
+            chain = chains.setdefault(key, Moved(kind=change.kind, condition=label, field=field, steps=[]))
+            if not chain.steps or chain.steps[-1].value != value:
+                chain.steps.append(Step(value=value, source=change.source, date=change.date))
+    return [m for m in chains.values() if len(m.steps) > 1]
+
+
 def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix,
             runs: list[measured_section.Run], conformance_dir: Path, root: Path) -> Changelog:
     """`runs`: the evidence records (smoke runs already left out), as the measured section has them."""
+    entries = _entries(runs, conformance_dir, root)
     return Changelog(servable_date=matrix.date.isoformat(), snapshots=_snapshots(con, matrix),
-                     records=_records(runs, conformance_dir, root))
+                     records=_records(entries), moved=_moved(entries))
 
 
 def dumps(log: Changelog) -> str:
@@ -184,7 +232,7 @@ def _ids(ids: list[str]) -> Markdown:
 
 
 def _snapshot_section(s: SnapshotChanges, servable_date: str) -> list[str]:
-    lines = [f"### Snapshot #{s.snapshot_id} — {s.date}", ""]
+    lines = [f"### Snapshot #{s.snapshot_id} — {s.date} UTC", ""]
     if s.previous is None:
         lines += [escape(f"The first snapshot in the store: {s.n_models} Hub models, "
                          f"{len(s.new_mtp)} of them declare or ship MTP."), ""]
@@ -216,11 +264,22 @@ def _snapshot_section(s: SnapshotChanges, servable_date: str) -> list[str]:
 
 
 def _record_row(r: RecordChange, links: dict[str, str]) -> list[object]:
-    name = Path(r.source).name
-    source = file_link(name, links[r.source]) if r.source in links else code(name)
+    source = _record_link(r.source, links)
     again = "; ".join(f"{n} of {Path(src).name}" for src, n in r.remeasured.items()) or "—"
     return [Markdown(f'<span class="atlas-nowrap">{escape(r.date)}</span>'), r.kind, escape(r.subject), source,
             r.n_rows, r.added, escape(again)]
+
+
+def _record_link(source: str, links: dict[str, str]) -> Markdown:
+    name = Path(source).name
+    return file_link(name, links[source]) if source in links else code(name)
+
+
+def _moved_rows(log: Changelog, links: dict[str, str]) -> list[list[object]]:
+    return [[m.kind, escape(m.condition), escape(m.field),
+             Markdown(" → ".join(f"<strong>{escape(st.value)}</strong> ({_record_link(st.source, links)}, "
+                                 f'<span class="atlas-nowrap">{escape(st.date)}</span>)' for st in m.steps))]
+            for m in log.moved]
 
 
 def page(log: Changelog | None, links: dict[str, str]) -> str:
@@ -236,8 +295,14 @@ def page(log: Changelog | None, links: dict[str, str]) -> str:
         "engine, workload, temperature, draft length) or its conformance verdicts (engine build, "
         "hardware, layout, temperature class, draft sampling). Models this project made are not "
         "listed under snapshots.", "",
-        "## Records", "",
+        "## What moved", "",
+        "Conditions whose verdict changed from one record to a later one (a conformance result, or "
+        "the gate's verdict of a measured cell), with every value in run order and the record that "
+        "gave it.", "",
     ]
+    lines += [table(["kind", "condition", "what", "values, oldest first"], _moved_rows(log, links)) if log.moved
+              else "No verdict changed between records.", ""]
+    lines += ["## Records", ""]
     if log.records:
         lines += [table(["run (UTC)", "kind", "subject", "record file", "#rows", "#new conditions",
                          "measured again (rows of earlier records)"],

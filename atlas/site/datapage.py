@@ -4,7 +4,8 @@
 data dictionary, the manifest) into docs/data/files/, and the committed record files
 (evidence/measurements/*.json, evidence/conformance/*.json) into docs/data/records/, so mkdocs
 ships them as downloadable files; docs/data/index.md lists each with its rows, date and sha256,
-and docs/changelog.md renders the changelog's data. The dataset card (README.md) would be a page
+then per table its columns (type, definition) and first rows, the licence and a citation, and
+docs/changelog.md renders the changelog's data. The dataset card (README.md) would be a page
 to mkdocs, so it is copied into the built site after mkdocs ran (add_card), byte for byte.
 Without an export both pages say how to make one; the record files are listed either way.
 """
@@ -15,7 +16,9 @@ import hashlib
 import shutil
 from pathlib import Path
 
-from atlas import export
+import duckdb
+
+from atlas import croissant, export
 from atlas.measure import conformance, records
 from atlas.site import changelog
 from atlas.site.mdsafe import Markdown, code, escape, file_link, table
@@ -58,17 +61,83 @@ def _record_rows(evidence: Path, docs: Path) -> tuple[list[list[object]], dict[s
     return rows, links
 
 
+PREVIEW_ROWS = 3
+PREVIEW_CHARS = 60  # a preview cell's text is cut here (the file holds it whole)
+
+
+def preview_value(value: object) -> str:
+    """A value as the preview shows it: NULL as —, a float to 6 significant digits, a list as
+    [a, b], text cut at PREVIEW_CHARS characters with an ellipsis."""
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list):
+        text = "[" + ", ".join(preview_value(v) for v in value) + "]"
+    else:
+        text = str(value)
+    return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS - 1] + "…"
+
+
+def _breakable(text: str) -> Markdown:
+    """`text` escaped, with a break opportunity every 16 characters inside a long unbroken run (a
+    digest, a path), so that a narrow column wraps it instead of overflowing."""
+    out = []
+    for word in text.split(" "):
+        parts = [word[i:i + 16] for i in range(0, len(word), 16)] or [""]
+        out.append("<wbr>".join(str(escape(p)) for p in parts))
+    return Markdown(" ".join(out))
+
+
+def _columns(data: Path, manifest: export.Manifest) -> list[str]:
+    """Per table: its columns with their types and definitions (the data dictionary), and its first
+    PREVIEW_ROWS rows, transposed (a row per column) so that a wide table stays narrow."""
+    con = duckdb.connect()
+    try:
+        dictionary = con.execute("SELECT * FROM read_parquet(?)", [str(data / f"{export.DICTIONARY}.parquet")]).fetchall()
+        lines: list[str] = ["## Columns and preview", "",
+                            f"Each table's columns with their DuckDB type and definition, then its first "
+                            f"{PREVIEW_ROWS} rows in file order (floats to 6 significant digits, text cut at "
+                            f"{PREVIEW_CHARS} characters: the files hold every value whole).", ""]
+        for f in manifest.files:
+            if f.format != "parquet":
+                continue
+            cur = con.execute(f"SELECT * FROM read_parquet(?) LIMIT {PREVIEW_ROWS}", [str(data / f.path)])
+            names = [d[0] for d in cur.description]
+            first = cur.fetchall()
+            lines += [f"### {code(f.table)}", "", escape(manifest.description[f.table]), "",
+                      table(["column", "type", "definition"],
+                            [[code(c), code(t), escape(m)] for tab, c, t, m in dictionary if tab == f.table]), ""]
+            lines += [table(["column"] + [f"row {i + 1}" for i in range(len(first))],
+                            [[code(n)] + [_breakable(preview_value(r[i])) for r in first] for i, n in enumerate(names)])
+                      if first else "No rows yet.", ""]
+    finally:
+        con.close()
+    return lines
+
+
+def _citation(manifest: export.Manifest) -> list[str]:
+    bibtex, plain = export.citation(manifest)
+    return ["## Licence and citation", "",
+            f"Licence: {code(export.LICENSE)}, the Apache License 2.0 (the project's LICENSE, as pyproject.toml "
+            "declares it). The tables hold facts read from public model repositories at the revisions given, "
+            "not their weights.", "",
+            "BibTeX:", "", "```bibtex", bibtex, "```", "",
+            f"Plain: {escape(plain)}", ""]
+
+
 def _tables(manifest: export.Manifest, data: Path, out: Path) -> list[str]:
     files = out / "files"
     files.mkdir(parents=True)
     for f in manifest.files:
         shutil.copyfile(data / f.path, files / f.path)
-    shutil.copyfile(data / export.MANIFEST, files / export.MANIFEST)
+    for name in (export.MANIFEST, croissant.FILE_NAME):
+        shutil.copyfile(data / name, files / name)
     rows = [[file_link(f.path, f"files/{f.path}"), code(f.table), f.format, f.rows,
              Markdown(f'<span class="atlas-nowrap">{f.as_of or "—"}</span>'), _sha(f.sha256)]
             for f in manifest.files]
     snaps = "\n".join(f"- snapshot #{s['snapshot_id']}: crawl finished {escape(s['finished'])} UTC, "
-                      f"from {code(s['source'])}" for s in manifest.snapshots)
+                      f"from {code(s['source'])}, data of {escape(s['data_date'])}" for s in manifest.snapshots)
     described = "\n".join(f"- {code(t)}: {escape(d)}" for t, d in manifest.description.items())
     first = manifest.files[0].path if manifest.files else "fingerprints.parquet"
     return [
@@ -80,7 +149,8 @@ def _tables(manifest: export.Manifest, data: Path, out: Path) -> list[str]:
         described, "",
         Markdown('The folder is a dataset as it is: its card, <a href="files/README.md">README.md</a> '
                  "(Hugging Face dataset-card format, one config per table), the "
-                 f"[manifest](files/{export.MANIFEST}) and the files above."), "",
+                 f"[manifest](files/{export.MANIFEST}), its Croissant 1.1 description "
+                 f"[{croissant.FILE_NAME}](files/{croissant.FILE_NAME}) and the files above."), "",
         "```python",
         "import duckdb",
         f"duckdb.sql(\"SELECT * FROM read_parquet('{first}')\")",
@@ -88,7 +158,7 @@ def _tables(manifest: export.Manifest, data: Path, out: Path) -> list[str]:
         f"load_dataset(\"parquet\", data_files=\"{first}\")",
         "```", "",
         "Snapshots in these files:", "", snaps, "",
-    ]
+    ] + _columns(data, manifest) + _citation(manifest)
 
 
 def render(data: Path, evidence: Path, docs: Path) -> list[Path]:
@@ -105,6 +175,8 @@ def render(data: Path, evidence: Path, docs: Path) -> list[Path]:
         lines += ["No export in this build: `atlas export` writes the tables from the store "
                   "(`make demo` does), then `atlas site build` lists them here.", ""]
     else:
+        # the data's own date: the newest data date of the files (a mirror crawl's is the mirror's)
+        lines += [f"Data of {escape(export.data_date(manifest) or '—')}.", ""]
         lines += _tables(manifest, data, out)
     lines += ["## Record files", "",
               "The committed records, byte for byte (the sha256 is the file's; a measurement's "

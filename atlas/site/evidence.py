@@ -30,7 +30,7 @@ from pydantic import BaseModel, ValidationError
 
 from atlas import AtlasError
 from atlas.paths import replace_text
-from atlas.measure import conformance
+from atlas.measure import conformance, records
 from atlas.site import measured as measured_section
 from atlas.site import reported as reported_figures
 from atlas.site import servable as servable_matrix
@@ -212,11 +212,11 @@ def _measurement_sources(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]
         return []
     found = con.execute(
         "SELECT count(*) FROM information_schema.columns "
-        "WHERE table_name = 'measurement_cells' AND column_name = 'baseline'"
+        "WHERE table_name = 'measurement_cells' AND column_name = ?", [records.NEWEST]
     ).fetchone()
     if not (found and found[0]):
         # the store is open read-only here; the import brings the table up to date
-        raise AtlasError("the store's measurements predate the baseline column: run "
+        raise AtlasError("the store's measurements predate its current columns: run "
                          "`atlas measure import` first")
     return _rows(con, "measurement_sources")
 

@@ -79,7 +79,7 @@ def _num(value: float | None, digits: int) -> str:
 
 def _speed(d: records.Derived) -> Markdown:
     # the range on its own line (atlas.css), still "1.23 (1.10–1.35)" as text for sorting
-    return Markdown(f'{d.speedup:.2f}<span class="atlas-range"> ({d.speedup_lo:.2f}–{d.speedup_hi:.2f})</span>')
+    return Markdown(f'{d.speedup:.2f}<span class="atlas-range"> ({d.speedup_slowest_repeat:.2f}–{d.speedup_fastest_repeat:.2f})</span>')
 
 
 def _greedy(d: records.Derived) -> str:
@@ -310,8 +310,8 @@ def _charts(run: Run, n: int) -> list[str]:
     for t in temps:
         series = []
         for w in workloads:
-            pts = [Point(x=c.draft_tokens, y=c.derived.speedup, lo=c.derived.speedup_lo,
-                         hi=c.derived.speedup_hi)
+            pts = [Point(x=c.draft_tokens, y=c.derived.speedup, lo=c.derived.speedup_slowest_repeat,
+                         hi=c.derived.speedup_fastest_repeat)
                    for c in cells if c.workload == w and c.temperature == t]
             if pts:
                 series.append(Series(name=w, points=pts))

@@ -81,8 +81,8 @@ class Measured(BaseModel):
     acceptance_rate: float | None
     mean_accepted_length: float | None
     speedup: float | None
-    speedup_lo: float | None
-    speedup_hi: float | None
+    speedup_slowest_repeat: float | None
+    speedup_fastest_repeat: float | None
     record_id: str
     source_path: str | None = None  # the record file; None in models.json files written before it
 
@@ -136,7 +136,7 @@ _WITH_PAGE = """h.repo_id IN (
 
 _MEASURED = """
     SELECT model_id, run_date, revision, hardware, engine, engine_version, workload, temperature,
-           draft_tokens, acceptance_rate, mean_accepted_length, speedup, speedup_lo, speedup_hi,
+           draft_tokens, acceptance_rate, mean_accepted_length, speedup, speedup_slowest_repeat, speedup_fastest_repeat,
            record_id, source_path, ideal_speedup
     FROM measurement_cells
     ORDER BY model_id, run_date, engine, workload, temperature, draft_tokens, record_id"""
@@ -251,7 +251,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
                      workload=m["workload"], temperature=m["temperature"],
                      draft_tokens=m["draft_tokens"], acceptance_rate=m["acceptance_rate"],
                      mean_accepted_length=m["mean_accepted_length"], speedup=m["speedup"],
-                     speedup_lo=m["speedup_lo"], speedup_hi=m["speedup_hi"],
+                     speedup_slowest_repeat=m["speedup_slowest_repeat"], speedup_fastest_repeat=m["speedup_fastest_repeat"],
                      record_id=m["record_id"], source_path=m["source_path"])
             for m in measured.get(rid, [])
         ]
@@ -574,8 +574,8 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
                        "#speed-up (range)"],
                       [[escape(x.engine), escape(x.workload), f"{x.temperature:g}", x.draft_tokens,
                         _num(x.acceptance_rate, 3), _num(x.mean_accepted_length, 2),
-                        _num(x.speedup, 2) + (f" ({x.speedup_lo:.2f}–{x.speedup_hi:.2f})"
-                                              if x.speedup_lo is not None and x.speedup_hi is not None
+                        _num(x.speedup, 2) + (f" ({x.speedup_slowest_repeat:.2f}–{x.speedup_fastest_repeat:.2f})"
+                                              if x.speedup_slowest_repeat is not None and x.speedup_fastest_repeat is not None
                                               else "")] for x in cells]), "",
             ]
     else:
