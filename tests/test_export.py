@@ -27,7 +27,7 @@ from site_helpers import (REPO, Model, build_demo_site, engines_in, parse_html, 
 from atlas import AtlasError, croissant, export, store
 from atlas.cli import cli
 from atlas.hub import crawl as crawler
-from atlas.measure import conformance
+from atlas.measure import conformance, records
 from atlas.site import changelog, measured, render, reported, servable
 
 MATRIX = REPO / "evidence" / "servable.toml"

@@ -124,7 +124,9 @@ def test_oracle_greedy_acceptance_is_exactly_one(tmp_path: Path, family: str) ->
         assert spec.accepted_per_position == spec.drafted_per_position and sum(spec.drafted_per_position) > 0
 
 
-@pytest.mark.parametrize(("family", "k"), [("mimo", 2), ("deepseek_v3", 3), ("deepseek_v2", 2), ("deepseek_v32", 2), ("glm_moe_dsa", 3), ("qwen3_next", 2), ("qwen3_5", 3), ("qwen3_5_moe", 1), ("nemotron_h", 2), ("nemotron_h_ultra", 3), ("nemotron_h_lightning", 2)])
+@pytest.mark.parametrize(("family", "k"), [("mimo", 2), ("deepseek_v3", 3), ("deepseek_v2", 2), ("deepseek_v32", 2), ("glm_moe_dsa", 3),
+                                           ("qwen3_next", 2), ("qwen3_5", 3), ("qwen3_5_moe", 1), ("nemotron_h", 2),
+                                           ("nemotron_h_ultra", 3), ("nemotron_h_lightning", 2)])
 def test_oracle_sampled_acceptance_matches_the_closed_form(tmp_path: Path, family: str, k: int) -> None:
     """draft_scale 0.6: the MTP head's law is a flattened copy of the main model's, so at T = 1 the
     expected drafted and accepted counts per position follow exactly from the two [V, V] tables
