@@ -61,8 +61,11 @@ class Layout:
     final_norm: str
     hidden_first: bool
     gemma_norms: bool  # every norm computes x̂·(1 + w)
-    own_head: str | None = None  # a physical copy of lm_head inside the MTP layer
+    own_head: str | None = None  # a physical copy of lm_head inside the MTP layer, as the family ships it
     own_embed: str | None = None
+    # The names those copies take (under `glue`) in a checkpoint of this layout that carries them,
+    # whether or not the family's releases do (GLM-5 ships none; DeepSeek-V3 ships both)
+    copy_names: tuple[str, str] | None = None  # (head, embedding)
     # A real config in the bundled mirror (data/hub-mirror/<org>/<name>/config.json) that the
     # checkpoint's config is a shrunk copy of: every key kept, `defaults` replacing the sizes (into
     # text_config for a multimodal config), the layer pattern cut to the depth asked for.
@@ -73,16 +76,29 @@ class Layout:
     norm: str = "norm.weight"  # the main final norm, under the main prefix
     final_glue: str | None = None  # prefix of final_norm when it is not `glue` ({i} = the last sub-layer)
 
-    def names(self, depth: int, sublayers: int = 1, layer: int = 0) -> dict[str, str]:
+    def copies(self, local_copies: bool | None = None) -> tuple[str | None, str | None]:
+        """(head copy, embedding copy) names a checkpoint written with `local_copies` carries: None
+        as the family ships, True both (copy_names), False neither."""
+        if local_copies is None:
+            return self.own_head, self.own_embed
+        if not local_copies:
+            return None, None
+        if self.copy_names is None:
+            raise AtlasError(f"{self.model_type}: no layer-local copy names for this layout")
+        return self.copy_names
+
+    def names(self, depth: int, sublayers: int = 1, layer: int = 0, local_copies: bool | None = None) -> dict[str, str]:
         """The checkpoint names of the tensors an oracle's closed form reads (of MTP layer `layer`
-        in a chain; a chain's layer i is a one-block layer whose prefixes take {i} = i)."""
+        in a chain; a chain's layer i is a one-block layer whose prefixes take {i} = i); the MTP
+        layer's head and embedding are its own copies where the checkpoint has them (`copies`)."""
         glue = _prefix(self.glue, depth, layer)
         final = _prefix(self.final_glue, depth, sublayers - 1) if self.final_glue else glue
+        own_head, own_embed = self.copies(local_copies)
         return {
             "e_norm": glue + self.e_norm, "h_norm": glue + self.h_norm, "proj": glue + self.proj,
             "final_norm": final + self.final_norm, "embed": self.shipped_prefix + self.embed, "norm": self.shipped_prefix + self.norm,
-            "mtp_embed": glue + self.own_embed if self.own_embed else self.shipped_prefix + self.embed,
-            "mtp_head": glue + self.own_head if self.own_head else "lm_head.weight",
+            "mtp_embed": glue + own_embed if own_embed else self.shipped_prefix + self.embed,
+            "mtp_head": glue + own_head if own_head else "lm_head.weight",
         }
 
 
@@ -101,6 +117,9 @@ _INDEXER = dict(index_n_heads=2, index_head_dim=32)  # index_topk kept: 2048, as
 # Nemotron-H pattern letters -> transformers' block types; the MTP block may use only * and E.
 NEMOTRON_BLOCKS = {"M": "linear_attention", "*": "full_attention", "E": "moe", "-": "mlp"}
 
+# Where the DeepSeek-style MTP layer keeps its own head and embedding when a checkpoint carries them
+COPIES = ("shared_head.head.weight", "embed_tokens.weight")
+
 LAYOUTS: dict[str, Layout] = {
     "mimo": Layout(  # as MiMo-7B ships it: model_type mimo, run on transformers' Qwen2 classes
         model_type="qwen2", architectures=("MiMoForCausalLM",), count_key="num_nextn_predict_layers",
@@ -114,28 +133,28 @@ LAYOUTS: dict[str, Layout] = {
         model_type="deepseek_v3", architectures=("DeepseekV3ForCausalLM",), count_key="num_nextn_predict_layers",
         defaults=dict(_SHRUNK, **_MLA), glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
-        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight", copy_names=COPIES,
         mirror="deepseek-ai/DeepSeek-V3",
     ),
     "deepseek_v2": Layout(  # no DeepSeek-V2 config in the mirror: a fixture with the DeepSeek MTP glue
         model_type="deepseek_v2", architectures=("DeepseekV2ForCausalLM",), count_key="num_nextn_predict_layers",
         defaults=dict(_TINY, **_MLA), glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
-        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight", copy_names=COPIES,
     ),
     "deepseek_v32": Layout(  # DSA: every key selected while the sequence fits in index_topk
         model_type="deepseek_v32", architectures=("DeepseekV32ForCausalLM",), count_key="num_nextn_predict_layers",
         defaults=dict(_SHRUNK, **_MLA, **_INDEXER), glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
-        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight", copy_names=COPIES,
         mirror="deepseek-ai/DeepSeek-V3.2",
     ),
-    "glm_moe_dsa": Layout(  # GLM-5: DeepSeek-V3.2 attention; no shared_head.head (the main lm_head is used)
+    "glm_moe_dsa": Layout(  # GLM-5: DeepSeek-V3.2 attention; as GLM-5.x ships, no layer-local embed_tokens or shared_head.head
         model_type="glm_moe_dsa", architectures=("GlmMoeDsaForCausalLM",), count_key="num_nextn_predict_layers",
         defaults=dict(_SHRUNK, **_MLA, **_INDEXER, head_dim=16, qk_head_dim=32, pad_token_id=256),
         glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
-        hidden_first=False, gemma_norms=False, own_embed="embed_tokens.weight", mirror="zai-org/GLM-5-FP8",
+        hidden_first=False, gemma_norms=False, copy_names=COPIES, mirror="zai-org/GLM-5-FP8",
     ),
     "glm4_moe": Layout(
         model_type="glm4_moe", architectures=("Glm4MoeForCausalLM",), count_key="num_nextn_predict_layers",
@@ -143,7 +162,7 @@ LAYOUTS: dict[str, Layout] = {
                       num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1, pad_token_id=256),
         glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
-        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight", copy_names=COPIES,
         mirror="zai-org/GLM-4.5",
     ),
     "glm4_moe_lite": Layout(  # GLM-4.7-Flash: MLA attention, DeepSeek-style MTP glue
@@ -153,7 +172,7 @@ LAYOUTS: dict[str, Layout] = {
                       qk_nope_head_dim=16, v_head_dim=16),
         glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
-        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight", copy_names=COPIES,
     ),
     "qwen3_next": Layout(  # as shipped: three Gated DeltaNet layers per full-attention one
         model_type="qwen3_next", architectures=("Qwen3NextForCausalLM",), count_key="num_nextn_predict_layers",
@@ -293,6 +312,7 @@ def write_checkpoint(
     seed: int = 0,
     noise: float = 0.0,
     mtp_layers: int = 1,
+    local_copies: bool | None = None,
 ) -> Path:
     """Write a tiny `family` checkpoint (config.json, model.safetensors, a byte-level tokenizer)
     into `out` and return it. `depth` main layers (any depth: the MTP tensor index follows it where
@@ -301,7 +321,10 @@ def write_checkpoint(
 
     `noise` (oracle mode): the MTP layer's hidden columns and its block's branch outputs get random
     weights of this scale instead of zeros, so its drafts depend on the hidden it is fed and on its
-    own KV cache while still being right often: what a check of the draft chain's wiring needs."""
+    own KV cache while still being right often: what a check of the draft chain's wiring needs.
+
+    `local_copies`: whether the MTP layers carry their own copies of the head and embedding (None:
+    as the family ships, e.g. DeepSeek-V3 both, GLM-5 neither; Layout.copies)."""
     if family not in LAYOUTS:
         raise AtlasError(f"no oracle layout for {family!r} (known: {', '.join(LAYOUTS)})")
     if mode not in ("oracle", "random"):
@@ -348,10 +371,14 @@ def write_checkpoint(
         tensors[names["h_norm"]] = one + 0.3 * torch.randn(d, generator=gen)
         tensors[names["proj"]] = 1.5 * torch.randn(d, 2 * d, generator=gen) / (2 * d) ** 0.5
         tensors[names["final_norm"]] = one + 0.3 * torch.randn(d, generator=gen)
-        if layout.own_head:
-            tensors[glue + layout.own_head] = head.clone()
-        if layout.own_embed:
-            tensors[glue + layout.own_embed] = embed.clone()
+        # Layer-local copies: in an oracle the target's (the law needs them); random elsewhere, so a
+        # loader that binds the target's where the checkpoint has its own is caught by the wiring.
+        own_head, own_embed = layout.copies(local_copies)
+        if own_head:
+            tensors[glue + own_head] = head.clone() if mode == "oracle" else 3.0 * torch.randn(head.shape, generator=gen) / d**0.5
+        if own_embed:
+            copy = torch.randn(embed.shape, generator=gen)
+            tensors[glue + own_embed] = embed.clone() if mode == "oracle" else copy / copy.pow(2).mean(-1, keepdim=True).sqrt()
     if mode == "oracle":
         for name, t in tensors.items():
             if BRANCH_OUT.search(name):
