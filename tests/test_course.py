@@ -245,7 +245,7 @@ def test_one_page_per_qualifying_model_and_none_for_the_rest(course_site) -> Non
             continue
         page = parse_html(html)
         levels = next(t for t in page.tables if t.header == ["claim level", "what it says", "provenance"])
-        assert [r[0] for r in levels.rows] == ["declared", "shipped", "servable", "reported", "measured"]
+        assert [r[0] for r in levels.rows] == ["declared", "shipped", "MTP precision (shipped)", "servable", "reported", "measured"]
         assert shown(m.repo_id) in page.text
 
 

@@ -60,6 +60,12 @@ class Snapshot(BaseModel):
     shipped: int | None = None
     shipped_evidence: str | None = None
     fetch_status: str | None = None
+    # the MTP layer's precision as shipped (atlas.mtpprecision), a present claim; None: the
+    # snapshot's fingerprints predate the rule (or the model has no MTP layer)
+    mtp_quantized: str | None = None
+    mtp_quantized_evidence: str | None = None
+    mtp_dtype: str | None = None
+    mtp_dtype_evidence: str | None = None
 
 
 class Engine(BaseModel):
@@ -133,6 +139,13 @@ _HISTORY = """
 _WITH_PAGE = """h.repo_id IN (
     SELECT repo_id FROM mtp_fingerprints_history WHERE snapshot_id = $latest
       AND (coalesce(declared_num_mtp_layers, 0) > 0 OR coalesce(shipped_mtp_layers, 0) > 0))"""
+
+# Read from the long fingerprints table, not its wide view: a store written before these rows
+# existed still opens read-only with its old view, and simply has none of them.
+_PRECISION = """
+    SELECT f.repo_id, f.name, f.value, f.path
+    FROM fingerprints f JOIN hub_models h ON h.repo_id = f.repo_id AND h.sha = f.sha
+    WHERE h.snapshot_id = $latest AND f.name IN ('mtp_quantized', 'mtp_dtype')"""
 
 _MEASURED = """
     SELECT model_id, run_date, revision, hardware, engine, engine_version, workload, temperature,
@@ -232,6 +245,9 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
         measured.setdefault(r["model_id"], []).append(r)
 
     current = {r["repo_id"]: r for r in _rows(con, _HISTORY.format(where="h.snapshot_id = $latest"), {"latest": latest})}
+    precision: dict[str, dict[str, Any]] = {}
+    for r in _rows(con, _PRECISION, {"latest": latest}) if latest is not None else []:
+        precision.setdefault(r["repo_id"], {}).update({r["name"]: r["value"], r["name"] + "_evidence": r["path"]})
     derivatives: dict[str, list[str]] = {}
     for rid, r in current.items():
         for base in r["base_models"] or []:
@@ -242,6 +258,8 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
     for rid in sorted(page_slugs):
         now = current.get(rid)
         snaps_of = [_snapshot(h) for h in history.get(rid) or ([now] if now else [])]
+        if now and rid in precision:
+            snaps_of[-1] = snaps_of[-1].model_copy(update=precision[rid])
         archs = [a.strip() for a in ((now or {}).get("architectures") or "").split(",") if a.strip()]
         engines = matrix.serving(now["model_type"], archs, now["declared_num_mtp_layers"],
                                  now["shipped_mtp_layers"]) if now else []
@@ -485,6 +503,7 @@ def _levels(m: Model, figures: list[reported_figures.Figure], mirror_date: str |
             Markdown(escape(where) + _rev(c.revision)
                      + (Markdown(", ") + code(c.shipped_evidence) if c.shipped_evidence else Markdown(""))),
         ]
+    precision = _precision_row(c, where)
     if m.servable:
         servable: list[Any] = [
             Markdown("; ".join(f"{escape(e.engine)} {escape(e.version)} ({_conformance_words(e)})" for e in m.servable)),
@@ -507,9 +526,24 @@ def _levels(m: Model, figures: list[reported_figures.Figure], mirror_date: str |
          "dated records under evidence/measurements/ (below)"]
         if m.measured else ["not measured by the atlas", "—"]
     )
-    rows = [["declared", *declared], ["shipped", *shipped], ["servable", *servable],
+    rows = [["declared", *declared], ["shipped", *shipped], ["MTP precision (shipped)", *precision], ["servable", *servable],
             ["reported", *rep], ["measured", *meas]]
     return table(["claim level", "what it says", "provenance"], rows)
+
+
+PRECISION_WORDS = {"no": "not quantized", "partly": "partly quantized", "yes": "quantized", "unknown": "unknown"}
+
+
+def _precision_row(c: Snapshot | None, where: str) -> list[Any]:
+    """The MTP layer's precision as the checkpoint ships it (atlas.mtpprecision): whether it is
+    quantized, in what dtype, and from which file and key; "unknown" whenever the rules cannot say."""
+    if c is None or c.mtp_quantized is None:
+        return ["unknown (not read for this snapshot: its fingerprints predate the precision rule)", "—"]
+    what = PRECISION_WORDS.get(c.mtp_quantized, "unknown")
+    dtype = c.mtp_dtype or "unknown"
+    return [f"{what}; dtype: {dtype}" if what != "unknown" or dtype != "unknown" else "unknown",
+            Markdown(escape(where) + _rev(c.revision) + Markdown(", ") + code(c.mtp_quantized_evidence or "—")
+                     + Markdown("; dtype from ") + code(c.mtp_dtype_evidence or "—"))]
 
 
 def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figure],
