@@ -308,6 +308,22 @@ def identify(config: dict, names: list[str]) -> Family | None:
     return None
 
 
+CHAIN_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
+
+
+def chain_length(text_config: dict) -> int:
+    """How many MTP layers the (language model's) config declares, 1 when it names none."""
+    return max((int(v) for k in CHAIN_KEYS if isinstance(v := text_config.get(k), int) and not isinstance(v, bool)), default=1)
+
+
+def chain_refusal(family: Family, chain: int) -> str | None:
+    """Why `chain` declared MTP layers cannot be run by this family's glue, None when they can."""
+    if chain > 1 and ("{N}" not in family.glue and "{m}" not in family.glue or family.sublayers_key):
+        return (f"{family.name}: not measured: {chain} MTP layers declared, but the family's glue ({family.glue}*) is one "
+                "set of tensors, not one per layer; only families with per-layer glue (DeepSeek, GLM, MiMo) are chained")
+    return None
+
+
 class Chain(nn.Module):
     """An MTP block spelled as several main-model sub-layers (Nemotron-H's mtp_hybrid_override_pattern),
     called like one decoder layer; its one attention sub-layer uses the cache it is given."""
@@ -323,12 +339,11 @@ class Chain(nn.Module):
         return hidden_states
 
 
-def _sublayers(folder: Path, family: Family, config: object) -> list[str]:
+def mtp_sublayers(raw: dict, family: Family) -> list[str]:
     """The MTP block's sub-layer types: one full-attention layer, or the family's pattern read
-    from config.json (letters other than those the loop runs refused by name)."""
+    from the raw config.json (letters other than those the loop runs refused by name)."""
     if not family.sublayers_key:
         return ["full_attention"]
-    raw = json.loads((folder / "config.json").read_text())
     pattern = (raw.get("text_config") or raw).get(family.sublayers_key)
     if not isinstance(pattern, str) or not pattern:
         raise AtlasError(f"{family.name}: config.json has no {family.sublayers_key} string spelling the MTP block")
@@ -406,17 +421,15 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
             f"{family.name}: not measured: main-model layer types {', '.join(bad)} have no rollback in our loop "
             "(it keeps per-position state slots only for Gated DeltaNet and Mamba2 layers)"
         )
-    chain = max((int(v) for k in ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
-                 if isinstance(v := getattr(config, k, None), int)), default=1)
-    if chain > 1 and ("{N}" not in family.glue and "{m}" not in family.glue or family.sublayers_key):
-        raise AtlasError(f"{family.name}: not measured: {chain} MTP layers declared, but the family's glue ({family.glue}*) is one "
-                         "set of tensors, not one per layer; only families with per-layer glue (DeepSeek, GLM, MiMo) are chained")
+    chain = chain_length({k: getattr(config, k, None) for k in CHAIN_KEYS})
+    if refusal := chain_refusal(family, chain):
+        raise AtlasError(refusal)
     if getattr(config, "kv_lora_rank", None) and config.num_key_value_heads != config.num_attention_heads:
         # MLA expands keys and values to every head from the shared latent (kv_b_proj has a row
         # block per attention head), so a smaller num_key_value_heads has no meaning; transformers
         # 5.24 would still repeat the expanded heads by its ratio and fail on a size mismatch.
         config.num_key_value_heads = config.num_attention_heads
-    sub = ["indexed_attention"] if family.dense_limit else _sublayers(folder, family, config)
+    sub = ["indexed_attention"] if family.dense_limit else mtp_sublayers(json.loads((folder / "config.json").read_text()), family)
     names = tensor_names(folder)
     glues = [_at(family.glue, depth, m) for m in range(chain)]
     final_glues = [(_at(family.final_glue, depth, m) if family.final_glue else g).replace("{last}", str(len(sub) - 1)) for m, g in enumerate(glues)]

@@ -24,6 +24,7 @@ checkpoints carry the shipped keys, layer pattern rule and multimodal nesting.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 import tempfile
@@ -313,6 +314,7 @@ def write_checkpoint(
     noise: float = 0.0,
     mtp_layers: int = 1,
     local_copies: bool | None = None,
+    mirror: str | None = None,
 ) -> Path:
     """Write a tiny `family` checkpoint (config.json, model.safetensors, a byte-level tokenizer)
     into `out` and return it. `depth` main layers (any depth: the MTP tensor index follows it where
@@ -324,7 +326,8 @@ def write_checkpoint(
     own KV cache while still being right often: what a check of the draft chain's wiring needs.
 
     `local_copies`: whether the MTP layers carry their own copies of the head and embedding (None:
-    as the family ships, e.g. DeepSeek-V3 both, GLM-5 neither; Layout.copies)."""
+    as the family ships, e.g. DeepSeek-V3 both, GLM-5 neither; Layout.copies). `mirror`: the bundled
+    mirror's org/name whose config is shrunk (a mirror-based layout's own by default)."""
     if family not in LAYOUTS:
         raise AtlasError(f"no oracle layout for {family!r} (known: {', '.join(LAYOUTS)})")
     if mode not in ("oracle", "random"):
@@ -333,7 +336,8 @@ def write_checkpoint(
 
     from atlas.measure.teammodel import build_tokenizer
 
-    layout = LAYOUTS[family]
+    # `mirror`: another real config of the family, shrunk instead of the layout's own (coverage)
+    layout = dataclasses.replace(LAYOUTS[family], mirror=mirror) if mirror else LAYOUTS[family]
     overrides = dict(overrides or {})
     if mtp_layers > 1 and "{" not in layout.glue:
         raise AtlasError(f"{family}: its MTP glue is one set of tensors; no chain of {mtp_layers} layers to write")
@@ -377,8 +381,8 @@ def write_checkpoint(
         if own_head:
             tensors[glue + own_head] = head.clone() if mode == "oracle" else 3.0 * torch.randn(head.shape, generator=gen) / d**0.5
         if own_embed:
-            copy = torch.randn(embed.shape, generator=gen)
-            tensors[glue + own_embed] = embed.clone() if mode == "oracle" else copy / copy.pow(2).mean(-1, keepdim=True).sqrt()
+            fresh = torch.randn(embed.shape, generator=gen)
+            tensors[glue + own_embed] = embed.clone() if mode == "oracle" else fresh / fresh.pow(2).mean(-1, keepdim=True).sqrt()
     if mode == "oracle":
         for name, t in tensors.items():
             if BRANCH_OUT.search(name):
