@@ -94,3 +94,33 @@ def test_each_mtp_declaring_mirror_config_runs_or_is_refused_by_name(tmp_path: P
     plain = generate_plain(engine, PROMPT, 12, Sampling(), gen)
     for k in (1, 2):
         assert generate_speculative(engine, PROMPT, 12, k, Sampling(), gen).tokens == plain.tokens
+
+
+def test_the_crawl_gives_one_coverage_table_for_the_finder_and_module_8(tmp_path: Path) -> None:
+    """The bundled mirror crawled for real: each model that declares or ships MTP carries the verdict
+    the rule gives on its own mirror files, the finder row ends with it, and module 8's table lists
+    the same cells under the count."""
+    from site_helpers import REPO, crawl_mirror
+
+    from atlas import store
+    from atlas.site import course, modelpages
+    from atlas.site import servable as servable_matrix
+
+    db = tmp_path / "atlas.duckdb"
+    crawl_mirror(db)
+    con = store.connect(db, read_only=True)
+    try:
+        data = modelpages.collect(con, servable_matrix.load(REPO / "evidence" / "servable.toml"), REPO)
+    finally:
+        con.close()
+    covered = {m.repo_id: m for m in data.models if m.runner}
+    assert sorted(covered) == [r for r in DECLARING if not r.startswith("_unattributed/")]  # those are in no crawl
+    for repo, m in covered.items():
+        assert m.runner == coverage(_config(repo), _names(repo)).words()
+        assert modelpages.finder_row(m)[-1] == m.runner
+    assert modelpages.FINDER_COLUMNS[-1] == "our loop"
+    modelpages.write(data, tmp_path / "ev" / modelpages.FILE_NAME)
+    text = str(course.Course(tmp_path / "ev").runner_coverage())
+    runs = sum(1 for m in covered.values() if m.runner.startswith("runs"))
+    assert text.startswith(f"{runs} of the {len(covered)} models in the crawl that declare or ship an MTP layer run in our loop; 2 are refused by name; 1 ship")
+    assert text.count("\n| ") == len(covered) + 2  # header, separator, one row per model
