@@ -124,3 +124,16 @@ def test_the_crawl_gives_one_coverage_table_for_the_finder_and_module_8(tmp_path
     runs = sum(1 for m in covered.values() if m.runner.startswith("runs"))
     assert text.startswith(f"{runs} of the {len(covered)} models in the crawl that declare or ship an MTP layer run in our loop; 2 are refused by name; 1 ship")
     assert text.count("\n| ") == len(covered) + 2  # header, separator, one row per model
+
+
+def test_a_separate_drafter_repo_is_refused_by_name(tmp_path: Path) -> None:
+    """Gemma 4's MTP ships as drafter repos of its own (model_type gemma4_assistant, sharing the
+    target's KV cache): not a layout our loop runs, so refused by name, by the loader and the rule
+    alike. (A hand-made config: no verbatim drafter config is in the mirror yet.)"""
+    config = {"model_type": "gemma4_assistant", "architectures": ["Gemma4AssistantForCausalLM"]}
+    said = coverage(config)
+    assert said.verdict == "refused" and said.reason.startswith("a separate MTP drafter repo")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file({"model.layers.0.input_layernorm.weight": torch.ones(4)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(AtlasError, match="Gemma 4 assistant: not measured: a separate MTP drafter repo"):
+        load_checkpoint(str(tmp_path), CPU, torch.float32, peer=False)

@@ -154,6 +154,11 @@ FAMILIES: tuple[Family, ...] = (
            refuse="no checked MTP tensor layout; its linear-attention main layers are not a kind checked against our "
                   "per-position state slots (Gated DeltaNet, Mamba2)"),
     Family("Inkling", ("inkling", "inkling2"), "", refuse="no published MTP tensor layout checked for this family"),
+    Family(
+        "Gemma 4 assistant", ("gemma4_assistant",), "",
+        refuse="a separate MTP drafter repo (google/gemma-4-*-it-assistant): its 4 layers read the target's KV cache, "
+        "while our loop runs only an MTP layer shipped inside the target's own checkpoint, with a cache of its own",
+    ),
 )
 
 
