@@ -380,9 +380,11 @@ def write_checkpoint(
         own_head, own_embed = layout.copies(local_copies)
         if own_head:
             tensors[glue + own_head] = head.clone() if mode == "oracle" else 3.0 * torch.randn(head.shape, generator=gen) / d**0.5
-        if own_embed:
+        if own_embed and mode == "oracle":
+            tensors[glue + own_embed] = embed.clone()
+        elif own_embed:
             fresh = torch.randn(embed.shape, generator=gen)
-            tensors[glue + own_embed] = embed.clone() if mode == "oracle" else fresh / fresh.pow(2).mean(-1, keepdim=True).sqrt()
+            tensors[glue + own_embed] = fresh / fresh.pow(2).mean(-1, keepdim=True).sqrt()
     if mode == "oracle":
         for name, t in tensors.items():
             if BRANCH_OUT.search(name):
