@@ -90,6 +90,8 @@ def _quant_config(config: Mapping[str, Any], sidecar: Mapping[str, Any] | None) 
                         ("text_config.quantization_config", text.get("quantization_config"))):
         if isinstance(node, Mapping):
             return dict(node), where
+        if node is not None:  # a quantization config that is no object: quantized how, unknown
+            return {}, where
     if sidecar is not None and isinstance(sidecar.get("quantization"), Mapping):
         return dict(sidecar["quantization"]), "hf_quant_config.json:quantization"
     return None, ""

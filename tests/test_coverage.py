@@ -137,3 +137,14 @@ def test_a_separate_drafter_repo_is_refused_by_name(tmp_path: Path) -> None:
     save_file({"model.layers.0.input_layernorm.weight": torch.ones(4)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(AtlasError, match="Gemma 4 assistant: not measured: a separate MTP drafter repo"):
         load_checkpoint(str(tmp_path), CPU, torch.float32, peer=False)
+
+
+@pytest.mark.parametrize("change", [
+    {"text_config": "junk"}, {"model_type": ["x"]}, {"num_nextn_predict_layers": "two"}, {"num_nextn_predict_layers": 10**9},
+    {"model_type": "nemotron_h", "mtp_hybrid_override_pattern": 5}, {"model_type": "nemotron_h", "mtp_hybrid_override_pattern": "*M"},
+    {"model_type": "llama"}, {"model_type": "mellum", "num_mtp_layers": "x"},
+])
+def test_a_hostile_crawled_config_gets_a_verdict_not_a_crash(change: dict) -> None:
+    """The site computes the verdict for every crawled config: junk in any key is a verdict."""
+    said = coverage({**_config("zai-org/GLM-4.5"), **change})
+    assert said.verdict in ("runs", "refused", "not shipped") and said.reason

@@ -182,3 +182,20 @@ def test_a_store_fingerprinted_before_the_rule_reads_unknown_not_a_default(crawl
     glm = _models(old, REPO)["zai-org/GLM-5-FP8"]
     assert glm.current.mtp_quantized is None
     assert "unknown (not read for this snapshot" in str(modelpages._levels(glm, [], None, "2026-12-01"))
+
+
+@pytest.mark.parametrize("quant", [
+    "junk", {"quant_method": 7}, {"quant_method": "fp8", "modules_to_not_convert": "model.layers.78"},
+    {"quant_method": "fp8", "modules_to_not_convert": [None, 5, "model.layers.78.eh_proj"]},
+    {"quant_method": "compressed-tensors", "ignore": ["re:[", "re:model\\.layers\\.78\\..*"], "config_groups": {"g": {"weights": {"type": "float", "num_bits": 8}}}},
+    {"quant_method": "fp8", "fmt": ["e4m3"], "weight_block_size": ["a", "b"], "modules_to_not_convert": ["x" * 100_000]},
+])
+def test_a_hostile_quantization_config_gets_a_claim_not_a_crash(quant: object) -> None:
+    config = cfg("zai-org/GLM-5-FP8")
+    config["quantization_config"] = quant
+    config["torch_dtype"] = "<b>bf16</b>"
+    got = {n: (v, p) for n, v, p in fingerprint(config).rows()}
+    assert got["mtp_quantized"][0] in ("no", "partly", "yes", "unknown")
+    if not isinstance(quant, dict) or not isinstance(quant.get("quant_method"), str):
+        assert got["mtp_quantized"][0] == "unknown"  # a quantization config the rules cannot read: never "no"
+    assert "<b>" not in got["mtp_dtype"][0] and all(len(v) <= 300 and len(p or "") <= 300 for v, p in got.values() if v)

@@ -38,11 +38,11 @@ def _transformers_has_mtp(config: Mapping[str, Any], model_type: str) -> bool:
     (the team model's Mellum: num_mtp_layers): the loader's fallback for a model_type with no row."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    if config.get("model_type") not in CONFIG_MAPPING:
+    if not isinstance(config.get("model_type"), str) or config["model_type"] not in CONFIG_MAPPING:
         return False
     try:
         parsed = CONFIG_MAPPING[config["model_type"]].from_dict(dict(config)).get_text_config()
-    except (ValueError, TypeError, KeyError):
+    except Exception:  # noqa: BLE001 -- a crawled config transformers cannot read: no MTP it loads
         return False
     n = getattr(parsed, "num_mtp_layers", None)
     return isinstance(n, int) and n > 0
@@ -66,7 +66,7 @@ def coverage(config: Mapping[str, Any], names: Sequence[str] | None = None) -> C
         return Coverage("refused", row.name, refusal.split(": not measured: ", 1)[-1])
     if not row.dense_limit:
         try:
-            mtp_sublayers(dict(config), row)
+            mtp_sublayers(dict(text), row)
         except AtlasError as exc:
             return Coverage("refused", row.name, str(exc).split(": not measured: ", 1)[-1])
     how = f"{row.name} layout"
