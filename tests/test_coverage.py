@@ -148,3 +148,17 @@ def test_a_hostile_crawled_config_gets_a_verdict_not_a_crash(change: dict) -> No
     """The site computes the verdict for every crawled config: junk in any key is a verdict."""
     said = coverage({**_config("zai-org/GLM-4.5"), **change})
     assert said.verdict in ("runs", "refused", "not shipped") and said.reason
+
+
+def test_an_evidence_file_from_before_the_table_says_so(tmp_path: Path) -> None:
+    """The committed models.json of an older evidence run has no verdicts: module 8 says to rerun
+    `atlas evidence`, never that no model declares MTP."""
+    from site_helpers import REPO
+
+    from atlas.site import course, modelpages
+
+    old = modelpages.read(REPO / "evidence" / modelpages.FILE_NAME)
+    assert old is not None and any((m.current.declared or 0) > 0 for m in old.models if m.current)
+    stripped = old.model_copy(update={"models": [m.model_copy(update={"runner": None}) for m in old.models]})
+    modelpages.write(stripped, tmp_path / modelpages.FILE_NAME)
+    assert "predates this table" in str(course.Course(tmp_path).runner_coverage())

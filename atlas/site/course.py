@@ -52,6 +52,9 @@ class Course:
         from atlas.site.mdsafe import code, table
 
         models = [m for m in (self.models.models if self.models else []) if m.runner]
+        if not models and self.models and any((m.current.declared or 0) > 0 for m in self.models.models if m.current):
+            # a models.json written before the verdicts existed: say so rather than "none"
+            return Markdown("The evidence file predates this table: rerun `atlas evidence` (`make evidence`) to generate it.")
         if not models:
             return Markdown("No MTP-declaring model in the crawl yet: run `atlas crawl` and `atlas evidence`.")
         runs = sum(1 for m in models if m.runner.startswith("runs"))
