@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from atlas import AtlasError
 from atlas.fingerprints import fingerprint
-from atlas.measure.families import FAMILIES, mtp_sublayers, chain_length, chain_refusal
+from atlas.measure.families import FAMILIES, chain_length, chain_refusal, mtp_sublayers
 
 Verdict = Literal["runs", "refused", "not shipped"]
 RUNS = "runs (tested on checkpoints shrunk from this config)"
