@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlas import AtlasError, blockpattern
+from atlas.mtpprecision import Precision, mtp_precision
 
 # Bump on any change to the tables or the logic below: stored fingerprints carry the version
 # that produced them.
@@ -139,6 +140,7 @@ class Fingerprint:
     shipped_family: str | None = None
     weight_source: str | None = None
     facts: dict[str, tuple[Any, str]] = field(default_factory=dict)  # name -> (value, key path)
+    precision: Precision | None = None  # the MTP layer's (atlas.mtpprecision); None: no MTP declared or shipped
     warnings: list[str] = field(default_factory=list)
 
     def rows(self) -> list[tuple[str, str, str | None]]:
@@ -151,6 +153,9 @@ class Fingerprint:
             out.append(("shipped_family", self.shipped_family or "none", self.weight_source))
         for name, (value, path) in self.facts.items():
             out.append((name, _as_text(value), path))
+        if self.precision is not None:
+            out.append(("mtp_quantized", self.precision.quantized, self.precision.quantized_evidence))
+            out.append(("mtp_dtype", self.precision.dtype, self.precision.dtype_evidence))
         if self.warnings:
             out.append(("warnings", "; ".join(self.warnings), None))
         return out
@@ -229,6 +234,11 @@ def fingerprint(
     if weight_names is not None:
         fp.weight_source = weight_source
         _shipped(config, weight_names, fp)
+    # A precision claim for a model with an MTP layer to have one: declared, and not shown absent
+    # by the weight names read, or shipped
+    if (fp.declared_num_mtp_layers or 0) > 0 and fp.shipped_mtp_layers != 0 or (fp.shipped_mtp_layers or 0) > 0:
+        fp.precision = mtp_precision(config, weight_names, quant_sidecar, fp.declared_num_mtp_layers or fp.shipped_mtp_layers,
+                                     fp.shipped_family)
     return fp
 
 

@@ -93,7 +93,13 @@ SELECT repo_id, sha, any_value(rule_version) AS rule_version,
     max(value) FILTER (WHERE name = 'torch_dtype') AS torch_dtype,
     max(value) FILTER (WHERE name = 'quant_method') AS quant_method,
     TRY_CAST(max(value) FILTER (WHERE name = 'num_experts') AS INTEGER) AS num_experts,
-    max(value) FILTER (WHERE name = 'warnings') AS warnings
+    max(value) FILTER (WHERE name = 'warnings') AS warnings,
+    -- the MTP layer's precision (atlas.mtpprecision); NULL in fingerprints from before the rule
+    -- (atlas crawl --refingerprint adds it without the network). Appended: the view is replaced on
+    -- every writable connect, and readers of the columns above keep their positions.
+    max(value) FILTER (WHERE name = 'mtp_quantized') AS mtp_quantized,
+    max(path) FILTER (WHERE name = 'mtp_quantized') AS mtp_quantized_evidence,
+    max(value) FILTER (WHERE name = 'mtp_dtype') AS mtp_dtype
 FROM fingerprints GROUP BY repo_id, sha;
 
 CREATE OR REPLACE VIEW mtp_fingerprints_history AS

@@ -185,6 +185,28 @@ MUTANTS = (
            "before = chain_ok.get((r, jj)) if s > 0 else True",
            "before = chain_ok.get((r, jj), True) if s > 0 else True", ("tests/test_headtrain.py",),
            "held-out acceptance counts chains whose earlier drafts target prompt tokens"),
+    # issue 24: the MTP layer's own head/embedding (used where shipped, the target's bound where not)
+    Mutant("mtp-embed-copy-ignored", "metric", "atlas.measure.families",
+           "            embed = tensor(glue + family.own_embed)\n", "            pass\n",
+           ("tests/test_families.py::test_random_checkpoint_with_or_without_layer_local_copies_is_faithful_and_lossless",),
+           "the target's embedding drafts where the checkpoint ships the MTP layer's own copy"),
+    Mutant("mtp-shared-unrecorded", "metric", "atlas.measure.families",
+           "            shared[glue + family.own_head] = target_name(model.lm_head.weight)", "            pass",
+           ("tests/test_families.py::test_oracle_with_or_without_layer_local_copies_accepts_every_draft",),
+           "the target's lm_head is bound in place of a missing shared_head.head without the record saying so"),
+    # the MTP layer's precision, a present claim
+    Mutant("precision-prefix-off-by-one", "metric", "atlas.mtpprecision",
+           'return [f"model.layers.{depth + i}." for i in range(n)]', 'return [f"model.layers.{depth + i + 1}." for i in range(n)]',
+           ("tests/test_mtpprecision.py",), "the exclusion lists are read for the layer after the MTP layer"),
+    Mutant("precision-unknown-as-dtype", "metric", "atlas.mtpprecision",
+           'return Precision("unknown", f"{where}: no exclusion list and no weight names read", "unknown", "not stated")',
+           'return Precision("no", f"{where}: no exclusion list and no weight names read", *plain)',
+           ("tests/test_mtpprecision.py",), "a quantized config that names no exclusion reads as an unquantized bf16 MTP layer"),
+    # coverage by rule
+    Mutant("coverage-ignores-refusal", "metric", "atlas.measure.coverage",
+           "    if row.refuse:", "    if False:",
+           ("tests/test_coverage.py::test_each_mtp_declaring_mirror_config_runs_or_is_refused_by_name",),
+           "a refused family (MiniMax) is listed as running in our loop"),
 )
 
 

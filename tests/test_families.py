@@ -31,18 +31,19 @@ PROMPT = [5, 9, 33, 2, 7, 100, 4]
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-def wiring_reference(folder: Path, family: str, block: torch.nn.Module, rotary, hidden, ids, positions) -> torch.Tensor:
+def wiring_reference(folder: Path, family: str, block: torch.nn.Module, rotary, hidden, ids, positions,
+                     local_copies: bool | None = None) -> torch.Tensor:
     """The family's MTP wiring as its inference code states it, read from the checkpoint by the
     names in atlas.measure.oracles.LAYOUTS (written independently of the family table): each input
     normed by its own norm (x̂·w, or x̂·(1+w) for Gemma-style families), concatenated in the family's
     order, projected, the block under a causal mask, the final norm, then the head (its own copy
-    where the family ships one)."""
+    where the checkpoint was written with one: `local_copies`, None as the family ships)."""
     layout = LAYOUTS[family]
     config = json.loads((folder / "config.json").read_text())
     text = config.get("text_config") or config
     main = text.get("hybrid_override_pattern", text.get("layers_block_type"))  # Nemotron-H, either spelling
     mtp = text.get("mtp_hybrid_override_pattern", text.get("mtp_layers_block_type", "x"))
-    names = layout.names(len(main) if main is not None else text["num_hidden_layers"], len(mtp))
+    names = layout.names(len(main) if main is not None else text["num_hidden_layers"], len(mtp), local_copies=local_copies)
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         t = {n: f.get_tensor(names[n]) for n in ("e_norm", "h_norm", "proj", "final_norm", "mtp_head", "mtp_embed")}
     shift = 1.0 if layout.gemma_norms else 0.0
@@ -95,6 +96,57 @@ def test_family_at_any_depth_is_faithful_and_lossless(tmp_path: Path, family: st
     assert plain.tokens == ref[0, len(PROMPT):].tolist()
     for k in (1, 2, 3, 4):
         assert generate_speculative(engine, PROMPT, 24, k, Sampling(), gen).tokens == plain.tokens
+
+
+# ---- layer-local head and embedding: used where shipped, the target's bound where absent ----------
+
+
+def _shared(depth: int, copies: bool) -> dict[str, str]:
+    return {} if copies else {f"model.layers.{depth}.shared_head.head.weight": "lm_head.weight",
+                              f"model.layers.{depth}.embed_tokens.weight": "model.embed_tokens.weight"}
+
+
+@pytest.mark.parametrize("family", ["glm_moe_dsa", "deepseek_v3"])
+@pytest.mark.parametrize("copies", [False, True], ids=["no-copies", "copies"])
+def test_random_checkpoint_with_or_without_layer_local_copies_is_faithful_and_lossless(tmp_path: Path, family: str, copies: bool) -> None:
+    """GLM-5 as it ships (no layer-local embed_tokens or shared_head.head) and DeepSeek-V3's layout
+    (both, here random and unlike the target's), each family in both layouts: the draft equals the
+    wiring stated with the tensors the checkpoint holds (a loader binding the target's where a copy
+    is shipped, or the copy where none is, differs), greedy output equals plain decoding, and the
+    head says exactly which tensors it shared."""
+    depth = 2
+    folder = write_checkpoint(family, tmp_path / family, "random", depth=depth, local_copies=copies)
+    got = load_checkpoint(str(folder), CPU, torch.float32)
+    assert got.mtp.shared == _shared(depth, copies)
+    engine = build_fused_model(got.model, got.mtp, 96, PROMPT)
+    ids = torch.tensor(PROMPT)
+    with torch.inference_mode():
+        hidden = got.model(ids[None], output_hidden_states=True).hidden_states[-1][0]
+        positions = torch.arange(1, len(PROMPT))
+        theirs = wiring_reference(folder, family, got.mtp.block, got.model.get_decoder().rotary_emb, hidden[:-1], ids[1:], positions, copies)
+        other = wiring_reference(folder, family, got.mtp.block, got.model.get_decoder().rotary_emb, hidden[:-1], ids[1:], positions, False)
+        _, drafted = engine.draft(ids[1:], hidden[:-1], 0)
+    assert (drafted - theirs[-1]).abs().max() < 1e-4
+    assert not copies or (drafted - other[-1]).abs().max() > 0.1  # the copies matter: binding the target's would show
+    gen = torch.Generator().manual_seed(0)
+    plain = generate_plain(engine, PROMPT, 20, Sampling(), gen)
+    for k in (1, 2, 3):
+        assert generate_speculative(engine, PROMPT, 20, k, Sampling(), gen).tokens == plain.tokens
+
+
+@pytest.mark.parametrize("family", ["glm_moe_dsa", "deepseek_v3"])
+@pytest.mark.parametrize("copies", [False, True], ids=["no-copies", "copies"])
+def test_oracle_with_or_without_layer_local_copies_accepts_every_draft(tmp_path: Path, family: str, copies: bool) -> None:
+    folder = write_checkpoint(family, tmp_path / family, "oracle", depth=2, local_copies=copies)
+    got = load_checkpoint(str(folder), CPU, torch.float32)
+    assert got.mtp.shared == _shared(2, copies)
+    engine = build_fused_model(got.model, got.mtp, 96, PROMPT)
+    gen = torch.Generator().manual_seed(0)
+    plain = generate_plain(engine, PROMPT, 20, Sampling(), gen)
+    for k in (1, 2, 3):
+        spec = generate_speculative(engine, PROMPT, 20, k, Sampling(), gen)
+        assert spec.tokens == plain.tokens
+        assert spec.accepted_per_position == spec.drafted_per_position and sum(spec.drafted_per_position) > 0
 
 
 def test_a_wrong_concat_order_is_caught(tmp_path: Path) -> None:

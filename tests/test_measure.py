@@ -83,6 +83,12 @@ def test_run_measures_a_family_checkpoint_through_the_cli(tmp_path: Path, family
     assert (record.settings.regime or "").startswith("dense-equivalent DSA: prompt + new tokens - 1 = ") == dsa
     assert dsa == ("keys <= index_topk = 2048" in (record.settings.regime or ""))
     assert dsa or record.settings.regime is None
+    # GLM-5 ships no layer-local embedding or head: the record names the target tensors bound in
+    # their place, read back from the file; families whose checkpoints carry their own say nothing.
+    shared = {f"model.layers.3.{n}": t for n, t in (("shared_head.head.weight", "lm_head.weight"),
+                                                     ("embed_tokens.weight", "model.embed_tokens.weight"))}
+    assert record.settings.shared_tensors == (shared if family == "glm_moe_dsa" else None)
+    assert ("shared_tensors" in json.loads(path.read_text())["settings"]) == (family == "glm_moe_dsa")
 
 
 def test_a_dsa_run_longer_than_index_topk_is_refused_by_name(tmp_path: Path) -> None:

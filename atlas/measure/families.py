@@ -62,8 +62,12 @@ class Family:
     order: Order = "embedding_first"
     norm: NormStyle = "rms"
     combine: Literal["concat"] = "concat"
-    own_head: str | None = None  # else the main lm_head is shared
-    own_embed: str | None = None  # else the main embedding is shared
+    # The names a layer-local copy of the head / the embedding has under `glue` in this family's
+    # checkpoints. One rule for every row: a copy the checkpoint ships is used; one it lacks (GLM-5
+    # ships neither) is bound to the target's lm_head / embedding, and MtpHead.shared says so.
+    # None: the family never has such a copy, the target's is always used.
+    own_head: str | None = None
+    own_embed: str | None = None
     block_type: str = ""  # what the block is (the main model's decoder-layer class builds it)
     reuse: str = "k > 1: the one layer again on its own output hidden and draft (vLLM: layer i mod n)"
     source: str = ""
@@ -111,9 +115,10 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "GLM-5", ("glm_moe_dsa",), "deepseek_glm", glue="model.layers.{N}.", block="model.layers.{N}.",
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
-        own_embed="embed_tokens.weight", dense_limit="index_topk",
+        own_head="shared_head.head.weight", own_embed="embed_tokens.weight", dense_limit="index_topk",
         block_type="GLM-5 decoder layer (DeepSeek-V3.2 attention with a DSA indexer, MoE), run dense-equivalent",
-        source="vLLM deepseek_mtp.py (DeepseekV32MTPModel); no shared_head.head, the main lm_head is shared (vLLM PR #34385)",
+        source="vLLM deepseek_mtp.py (DeepseekV32MTPModel); GLM-5.x ships neither shared_head.head nor the layer's "
+        "embed_tokens: the target's lm_head and embedding are bound (vLLM PR #34385)",
     ),
     Family(
         "DeepSeek-V4", ("deepseek_v4",), "deepseek_glm",
@@ -164,6 +169,11 @@ FAMILIES: tuple[Family, ...] = (
            refuse="no checked MTP tensor layout; its linear-attention main layers are not a kind checked against our "
                   "per-position state slots (Gated DeltaNet, Mamba2)"),
     Family("Inkling", ("inkling", "inkling2"), "", refuse="no published MTP tensor layout checked for this family"),
+    Family(
+        "Gemma 4 assistant", ("gemma4_assistant",), "",
+        refuse="a separate MTP drafter repo (google/gemma-4-*-it-assistant): its 4 layers read the target's KV cache, "
+        "while our loop runs only an MTP layer shipped inside the target's own checkpoint, with a cache of its own",
+    ),
 )
 
 
@@ -227,6 +237,9 @@ class MtpHead:
     reference: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     # Layers 1..n-1 of a chain of n shipped MTP layers (draft i uses layer i mod n, as vLLM)
     next_layers: list[MtpHead] = field(default_factory=list)
+    # Layer-local tensors the checkpoint lacks -> the target's tensor bound in their place
+    # (GLM-5: {"model.layers.78.shared_head.head.weight": "lm_head.weight", ...}); empty: none shared
+    shared: dict[str, str] = field(default_factory=dict)
 
 
 class Norm(nn.Module):
@@ -338,6 +351,22 @@ def _unmatched(row: Family, fp: Fingerprint, config: dict, names: list[str]) -> 
             f"({', '.join(found[:SHOWN])}{more}), {read}; not measured")
 
 
+CHAIN_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
+
+
+def chain_length(text_config: dict) -> int:
+    """How many MTP layers the (language model's) config declares, 1 when it names none."""
+    return max((int(v) for k in CHAIN_KEYS if isinstance(v := text_config.get(k), int) and not isinstance(v, bool)), default=1)
+
+
+def chain_refusal(family: Family, chain: int) -> str | None:
+    """Why `chain` declared MTP layers cannot be run by this family's glue, None when they can."""
+    if chain > 1 and ("{N}" not in family.glue and "{m}" not in family.glue or family.sublayers_from):
+        return (f"{family.name}: not measured: {chain} MTP layers declared, but the family's glue ({family.glue}*) is one "
+                "set of tensors, not one per layer; only families with per-layer glue (DeepSeek, GLM, MiMo) are chained")
+    return None
+
+
 class Chain(nn.Module):
     """An MTP block spelled as several main-model sub-layers (Nemotron-H's mtp_hybrid_override_pattern),
     called like one decoder layer; its one attention sub-layer uses the cache it is given."""
@@ -353,12 +382,11 @@ class Chain(nn.Module):
         return hidden_states
 
 
-def _sublayers(folder: Path, family: Family, config: object) -> list[str]:
+def mtp_sublayers(raw: dict, family: Family) -> list[str]:
     """The MTP block's sub-layer types: one full-attention layer, or the family's pattern read
     from config.json in either spelling (types other than those the loop runs refused by name)."""
     if not family.sublayers_from:
         return ["full_attention"]
-    raw = json.loads((folder / "config.json").read_text())
     try:
         pattern = blockpattern.read(raw, family.sublayers_from)
     except AtlasError as exc:
@@ -445,22 +473,20 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
             f"{family.name}: not measured: main-model layer types {', '.join(bad)} have no rollback in our loop "
             "(it keeps per-position state slots only for Gated DeltaNet and Mamba2 layers)"
         )
-    chain = max((int(v) for k in ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
-                 if isinstance(v := getattr(config, k, None), int)), default=1)
-    if chain > 1 and ("{N}" not in family.glue and "{m}" not in family.glue or family.sublayers_from):
-        raise AtlasError(f"{family.name}: not measured: {chain} MTP layers declared, but the family's glue ({family.glue}*) is one "
-                         "set of tensors, not one per layer; only families with per-layer glue (DeepSeek, GLM, MiMo) are chained")
+    chain = chain_length({k: getattr(config, k, None) for k in CHAIN_KEYS})
+    if refusal := chain_refusal(family, chain):
+        raise AtlasError(refusal)
     if getattr(config, "kv_lora_rank", None) and config.num_key_value_heads != config.num_attention_heads:
         # MLA expands keys and values to every head from the shared latent (kv_b_proj has a row
         # block per attention head), so a smaller num_key_value_heads has no meaning; transformers
         # 5.24 would still repeat the expanded heads by its ratio and fail on a size mismatch.
         config.num_key_value_heads = config.num_attention_heads
-    sub = ["indexed_attention"] if family.dense_limit else _sublayers(folder, family, config)
+    sub = ["indexed_attention"] if family.dense_limit else mtp_sublayers(json.loads((folder / "config.json").read_text()), family)
     names = tensor_names(folder)
     glues = [_at(family.glue, depth, m) for m in range(chain)]
     final_glues = [(_at(family.final_glue, depth, m) if family.final_glue else g).replace("{last}", str(len(sub) - 1)) for m, g in enumerate(glues)]
     blocks = [_at(family.block, depth, m).replace("{i}", str(i)) for m in range(chain) for i in range(len(sub))]
-    wanted = [g + n for g in glues for n in (family.e_norm, family.h_norm, family.proj, family.own_head, family.own_embed) if n]
+    wanted = [g + n for g in glues for n in (family.e_norm, family.h_norm, family.proj) if n]
     wanted += [g + family.final_norm for g in final_glues] if family.final_norm else []
     missing = [n for n in wanted if n not in names]
     if missing:
@@ -514,6 +540,12 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
             # config's time_step_limit (Nemotron-3 Super: [0, inf]) is the model's, in both paths.
             layer.mixer.time_step_limit = time_step_limit(limit)
 
+    parameter_names = {id(p): n for n, p in model.named_parameters()}  # a tied head answers the embedding's name
+
+    def target_name(parameter: torch.Tensor) -> str:
+        """The main model's name for one of its tensors, as the record states what was shared."""
+        return parameter_names[id(parameter)]
+
     def tensor(name: str) -> torch.Tensor:
         with safe_open(str(names[name]), "pt", device="cpu") as f:
             return f.get_tensor(name).to(device=device, dtype=dtype)
@@ -533,10 +565,17 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         enorm, hnorm = Norm(tensor(glue + family.e_norm), eps, family.norm), Norm(tensor(glue + family.h_norm), eps, family.norm)
         post = [Norm(tensor(final_glue + family.final_norm), eps, family.norm)] if family.final_norm else []
         head: nn.Module = model.lm_head
-        if family.own_head:
+        embed = base.get_input_embeddings().weight.detach()
+        shared: dict[str, str] = {}
+        if family.own_head and glue + family.own_head in names:
             head = nn.Linear(d, int(config.vocab_size), bias=False, device=device, dtype=dtype)
             head.weight = nn.Parameter(tensor(glue + family.own_head), requires_grad=False)
-        embed = tensor(glue + family.own_embed) if family.own_embed else base.get_input_embeddings().weight.detach()
+        elif family.own_head:
+            shared[glue + family.own_head] = target_name(model.lm_head.weight)
+        if family.own_embed and glue + family.own_embed in names:
+            embed = tensor(glue + family.own_embed)
+        elif family.own_embed:
+            shared[glue + family.own_embed] = target_name(base.get_input_embeddings().weight)
 
         def reference(hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             """The family's published wiring, module by module over the whole sequence (no cache):
@@ -558,7 +597,7 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
 
         return MtpHead(
             family=family.name, enorm=enorm, hnorm=hnorm, w_e=w_e, w_h=w_h, block=mtp_block, post_norms=post, head=head,
-            embed=embed, rotary=rotary, rope_layer_type=rope_type, reference=reference,
+            embed=embed, rotary=rotary, rope_layer_type=rope_type, reference=reference, shared=shared,
         )
 
     first, *rest = (head_of(g, f, b) for g, f, b in zip(glues, final_glues, mtp_blocks))

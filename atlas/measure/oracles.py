@@ -26,6 +26,7 @@ checkpoints carry the shipped keys, layer pattern rule and multimodal nesting.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 import tempfile
@@ -64,8 +65,11 @@ class Layout:
     final_norm: str
     hidden_first: bool
     gemma_norms: bool  # every norm computes x̂·(1 + w)
-    own_head: str | None = None  # a physical copy of lm_head inside the MTP layer
+    own_head: str | None = None  # a physical copy of lm_head inside the MTP layer, as the family ships it
     own_embed: str | None = None
+    # The names those copies take (under `glue`) in a checkpoint of this layout that carries them,
+    # whether or not the family's releases do (GLM-5 ships none; DeepSeek-V3 ships both)
+    copy_names: tuple[str, str] | None = None  # (head, embedding)
     # A real config in the bundled mirror (data/hub-mirror/<org>/<name>/config.json) that the
     # checkpoint's config is a shrunk copy of: every key kept, `defaults` replacing the sizes (into
     # text_config for a multimodal config), the layer pattern cut to the depth asked for.
@@ -76,16 +80,29 @@ class Layout:
     norm: str = "norm.weight"  # the main final norm, under the main prefix
     final_glue: str | None = None  # prefix of final_norm when it is not `glue` ({i} = the last sub-layer)
 
-    def names(self, depth: int, sublayers: int = 1, layer: int = 0) -> dict[str, str]:
+    def copies(self, local_copies: bool | None = None) -> tuple[str | None, str | None]:
+        """(head copy, embedding copy) names a checkpoint written with `local_copies` carries: None
+        as the family ships, True both (copy_names), False neither."""
+        if local_copies is None:
+            return self.own_head, self.own_embed
+        if not local_copies:
+            return None, None
+        if self.copy_names is None:
+            raise AtlasError(f"{self.model_type}: no layer-local copy names for this layout")
+        return self.copy_names
+
+    def names(self, depth: int, sublayers: int = 1, layer: int = 0, local_copies: bool | None = None) -> dict[str, str]:
         """The checkpoint names of the tensors an oracle's closed form reads (of MTP layer `layer`
-        in a chain; a chain's layer i is a one-block layer whose prefixes take {i} = i)."""
+        in a chain; a chain's layer i is a one-block layer whose prefixes take {i} = i); the MTP
+        layer's head and embedding are its own copies where the checkpoint has them (`copies`)."""
         glue = _prefix(self.glue, depth, layer)
         final = _prefix(self.final_glue, depth, sublayers - 1) if self.final_glue else glue
+        own_head, own_embed = self.copies(local_copies)
         return {
             "e_norm": glue + self.e_norm, "h_norm": glue + self.h_norm, "proj": glue + self.proj,
             "final_norm": final + self.final_norm, "embed": self.shipped_prefix + self.embed, "norm": self.shipped_prefix + self.norm,
-            "mtp_embed": glue + self.own_embed if self.own_embed else self.shipped_prefix + self.embed,
-            "mtp_head": glue + self.own_head if self.own_head else "lm_head.weight",
+            "mtp_embed": glue + own_embed if own_embed else self.shipped_prefix + self.embed,
+            "mtp_head": glue + own_head if own_head else "lm_head.weight",
         }
 
 
@@ -117,6 +134,8 @@ _NEMOTRON_SIZES = dict(_SHRUNK, head_dim=16, mamba_num_heads=8, mamba_head_dim=1
                        pad_token_id=256)
 # transformers layer types -> the names the shipped list-spelled configs write (Nemotron-3 Ultra, 3.5)
 LIST_NAMES = {"linear_attention": "mamba", "full_attention": "attention", "moe": "moe", "mlp": "mlp"}
+# Where the DeepSeek-style MTP layer keeps its own head and embedding when a checkpoint carries them
+COPIES = ("shared_head.head.weight", "embed_tokens.weight")
 
 LAYOUTS: dict[str, Layout] = {
     "mimo": Layout(  # as MiMo-7B ships it: model_type mimo, run on transformers' Qwen2 classes
@@ -131,28 +150,28 @@ LAYOUTS: dict[str, Layout] = {
         model_type="deepseek_v3", architectures=("DeepseekV3ForCausalLM",), count_key="num_nextn_predict_layers",
         defaults=dict(_SHRUNK, **_MLA), glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
-        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight", copy_names=COPIES,
         mirror="deepseek-ai/DeepSeek-V3",
     ),
     "deepseek_v2": Layout(  # no DeepSeek-V2 config in the mirror: a fixture with the DeepSeek MTP glue
         model_type="deepseek_v2", architectures=("DeepseekV2ForCausalLM",), count_key="num_nextn_predict_layers",
         defaults=dict(_TINY, **_MLA), glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
-        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight", copy_names=COPIES,
     ),
     "deepseek_v32": Layout(  # DSA: every key selected while the sequence fits in index_topk
         model_type="deepseek_v32", architectures=("DeepseekV32ForCausalLM",), count_key="num_nextn_predict_layers",
         defaults=dict(_SHRUNK, **_MLA, **_INDEXER), glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
-        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight", copy_names=COPIES,
         mirror="deepseek-ai/DeepSeek-V3.2",
     ),
-    "glm_moe_dsa": Layout(  # GLM-5: DeepSeek-V3.2 attention; no shared_head.head (the main lm_head is used)
+    "glm_moe_dsa": Layout(  # GLM-5: DeepSeek-V3.2 attention; as GLM-5.x ships, no layer-local embed_tokens or shared_head.head
         model_type="glm_moe_dsa", architectures=("GlmMoeDsaForCausalLM",), count_key="num_nextn_predict_layers",
         defaults=dict(_SHRUNK, **_MLA, **_INDEXER, head_dim=16, qk_head_dim=32, pad_token_id=256),
         glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
-        hidden_first=False, gemma_norms=False, own_embed="embed_tokens.weight", mirror="zai-org/GLM-5-FP8",
+        hidden_first=False, gemma_norms=False, copy_names=COPIES, mirror="zai-org/GLM-5-FP8",
     ),
     "glm4_moe": Layout(
         model_type="glm4_moe", architectures=("Glm4MoeForCausalLM",), count_key="num_nextn_predict_layers",
@@ -160,7 +179,7 @@ LAYOUTS: dict[str, Layout] = {
                       num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1, pad_token_id=256),
         glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
-        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight", copy_names=COPIES,
         mirror="zai-org/GLM-4.5",
     ),
     "glm4_moe_lite": Layout(  # GLM-4.7-Flash: MLA attention, DeepSeek-style MTP glue
@@ -170,7 +189,7 @@ LAYOUTS: dict[str, Layout] = {
                       qk_nope_head_dim=16, v_head_dim=16),
         glue="model.layers.{N+i}.", block="model.layers.{N+i}.",
         e_norm="enorm.weight", h_norm="hnorm.weight", proj="eh_proj.weight", final_norm="shared_head.norm.weight",
-        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight",
+        hidden_first=False, gemma_norms=False, own_head="shared_head.head.weight", own_embed="embed_tokens.weight", copy_names=COPIES,
     ),
     "qwen3_next": Layout(  # as shipped: three Gated DeltaNet layers per full-attention one
         model_type="qwen3_next", architectures=("Qwen3NextForCausalLM",), count_key="num_nextn_predict_layers",
@@ -334,6 +353,8 @@ def write_checkpoint(
     noise: float = 0.0,
     mtp_layers: int = 1,
     disagree: float = 0.0,
+    local_copies: bool | None = None,
+    mirror: str | None = None,
 ) -> Path:
     """Write a tiny `family` checkpoint (config.json, model.safetensors, a byte-level tokenizer)
     into `out` and return it. `depth` main layers (any depth: the MTP tensor index follows it where
@@ -347,7 +368,11 @@ def write_checkpoint(
     `disagree` (oracle mode): random noise of this scale added to the MTP layer's final norm, so
     its argmax departs from the main model's on some tokens (T = 0 acceptance below 1) while its
     law stays first order and closed form (`bigram_tables` reads the norm as written): an oracle
-    with a known, partial acceptance at every temperature."""
+    with a known, partial acceptance at every temperature.
+
+    `local_copies`: whether the MTP layers carry their own copies of the head and embedding (None:
+    as the family ships, e.g. DeepSeek-V3 both, GLM-5 neither; Layout.copies). `mirror`: the bundled
+    mirror's org/name whose config is shrunk (a mirror-based layout's own by default)."""
     if family not in LAYOUTS:
         raise AtlasError(f"no oracle layout for {family!r} (known: {', '.join(LAYOUTS)})")
     if mode not in ("oracle", "random"):
@@ -356,7 +381,8 @@ def write_checkpoint(
 
     from atlas.measure.teammodel import build_tokenizer
 
-    layout = LAYOUTS[family]
+    # `mirror`: another real config of the family, shrunk instead of the layout's own (coverage)
+    layout = dataclasses.replace(LAYOUTS[family], mirror=mirror) if mirror else LAYOUTS[family]
     overrides = dict(overrides or {})
     if mtp_layers > 1 and "{" not in layout.glue:
         raise AtlasError(f"{family}: its MTP glue is one set of tensors; no chain of {mtp_layers} layers to write")
@@ -394,10 +420,16 @@ def write_checkpoint(
         tensors[names["h_norm"]] = one + 0.3 * torch.randn(d, generator=gen)
         tensors[names["proj"]] = 1.5 * torch.randn(d, 2 * d, generator=gen) / (2 * d) ** 0.5
         tensors[names["final_norm"]] = one + 0.3 * torch.randn(d, generator=gen)
-        if layout.own_head:
-            tensors[glue + layout.own_head] = head.clone()
-        if layout.own_embed:
-            tensors[glue + layout.own_embed] = embed.clone()
+        # Layer-local copies: in an oracle the target's (the law needs them); random elsewhere, so a
+        # loader that binds the target's where the checkpoint has its own is caught by the wiring.
+        own_head, own_embed = layout.copies(local_copies)
+        if own_head:
+            tensors[glue + own_head] = head.clone() if mode == "oracle" else 3.0 * torch.randn(head.shape, generator=gen) / d**0.5
+        if own_embed and mode == "oracle":
+            tensors[glue + own_embed] = embed.clone()
+        elif own_embed:
+            fresh = torch.randn(embed.shape, generator=gen)
+            tensors[glue + own_embed] = fresh / fresh.pow(2).mean(-1, keepdim=True).sqrt()
     if mode == "oracle":
         for name, t in tensors.items():
             if BRANCH_OUT.search(name):

@@ -166,6 +166,10 @@ class Settings(Strict):
     # choice existed (they ran "mm")
     kernels: Name | None = None
     draft_vocab: DraftVocab | None = None  # --draft-vocab: the MTP head scored only these tokens
+    # MTP layer-local tensors the checkpoint does not ship, each bound to the target's tensor named
+    # (GLM-5: the layer's embed_tokens and shared_head.head -> the main embedding and lm_head);
+    # None: every tensor the MTP layer uses is its own, or the family has no layer-local copies
+    shared_tensors: dict[Name, Name] | None = Field(default=None, max_length=MAX_LIST)
 
 
 class PassCosts(Strict):
@@ -408,7 +412,7 @@ class Record(Strict):
         it was written: its canonical bytes, and so its id, stay what they were. A record of a
         checkpoint with no provenance file leaves the field out for the same reason."""
         data = handler(self)
-        for key in ("regime", "kernels", "draft_vocab"):  # records written before these fields keep their bytes
+        for key in ("regime", "kernels", "draft_vocab", "shared_tensors"):  # records written before these fields keep their bytes
             if data["settings"].get(key) is None:
                 data["settings"].pop(key, None)
         if data["hardware"].get("omp_wait_policy") is None:

@@ -45,6 +45,25 @@ class Course:
             raise AtlasError(f"no reported figure with id {figure_id!r} in evidence/reported.toml")
         return escape(found.figure)
 
+    def runner_coverage(self) -> Markdown:
+        """Per MTP-declaring (or -shipping) model of the crawl: whether our loop runs its layout,
+        refuses it and why, or it ships no MTP tensors (Model.runner, atlas.measure.coverage), with
+        the count the module states; one table, the same cells as the finder's "our loop" column."""
+        from atlas.site.mdsafe import code, table
+
+        models = [m for m in (self.models.models if self.models else []) if m.runner]
+        if not models and self.models and any((m.current.declared or 0) > 0 for m in self.models.models if m.current):
+            # a models.json written before the verdicts existed: say so rather than "none"
+            return Markdown("The evidence file predates this table: rerun `atlas evidence` (`make evidence`) to generate it.")
+        if not models:
+            return Markdown("No MTP-declaring model in the crawl yet: run `atlas crawl` and `atlas evidence`.")
+        runs = sum(1 for m in models if m.runner.startswith("runs"))
+        refused = sum(1 for m in models if m.runner.startswith("refused"))
+        lead = escape(f"{runs} of the {len(models)} models in the crawl that declare or ship an MTP layer run in our loop; "
+                      f"{refused} are refused by name; {len(models) - runs - refused} ship no MTP tensors.")
+        rows = [[escape(m.repo_id), code(m.family or "—"), escape(m.runner)] for m in models]
+        return Markdown(f"{lead}\n\n{table(['model', 'model_type', 'our loop'], rows)}")
+
     def template_helpers(self) -> dict[str, Callable[..., Any]]:
         step = worked_round.rejected_step()
         position = step.position if step else worked_round.POSITIONS[0]
@@ -61,6 +80,7 @@ class Course:
                 list(position.p), list(position.p.values()),
                 [position.q.get(t, 0.0) for t in position.p]),
             "runner_families": runner_families,
+            "runner_coverage": self.runner_coverage,
             "model_count": lambda: Markdown(str(sum(1 for m in self.models.models if m.has_page))
                                             if self.models else "0"),
             # the gate's constants, so prose about the gate (the glossary) follows records.gate

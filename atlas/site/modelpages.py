@@ -60,6 +60,12 @@ class Snapshot(BaseModel):
     shipped: int | None = None
     shipped_evidence: str | None = None
     fetch_status: str | None = None
+    # the MTP layer's precision as shipped (atlas.mtpprecision), a present claim; None: the
+    # snapshot's fingerprints predate the rule (or the model has no MTP layer)
+    mtp_quantized: str | None = None
+    mtp_quantized_evidence: str | None = None
+    mtp_dtype: str | None = None
+    mtp_dtype_evidence: str | None = None
 
 
 class Engine(BaseModel):
@@ -104,6 +110,9 @@ class Model(BaseModel):
     # a checkpoint this project made (its records' provenance): labelled on every figure, in no
     # crawl, never a Hub model
     provenance: records.Provenance | None = None
+    # whether our loop runs its MTP layout, by rule from its stored config and weight names
+    # (atlas.measure.coverage): "runs (...)", "refused: ...", "not shipped: ..."; None: no page
+    runner: str | None = None
 
 
 class Models(BaseModel):
@@ -133,6 +142,22 @@ _HISTORY = """
 _WITH_PAGE = """h.repo_id IN (
     SELECT repo_id FROM mtp_fingerprints_history WHERE snapshot_id = $latest
       AND (coalesce(declared_num_mtp_layers, 0) > 0 OR coalesce(shipped_mtp_layers, 0) > 0))"""
+
+# Read from the long fingerprints table, not its wide view: a store written before these rows
+# existed still opens read-only with its old view, and simply has none of them.
+_PRECISION = """
+    SELECT f.repo_id, f.name, f.value, f.path
+    FROM fingerprints f JOIN hub_models h ON h.repo_id = f.repo_id AND h.sha = f.sha
+    WHERE h.snapshot_id = $latest AND f.name IN ('mtp_quantized', 'mtp_dtype')"""
+
+# The stored config and weight names of the latest snapshot's models, for the coverage rule.
+_RAW_CONFIG = """
+    SELECT h.repo_id, r.content FROM hub_models h
+    JOIN raw_files r ON r.repo_id = h.repo_id AND r.sha = h.sha AND r.filename = 'config.json'
+    WHERE h.snapshot_id = $latest"""
+_WEIGHT_NAMES = """
+    SELECT h.repo_id, w.names FROM hub_models h JOIN weight_names w ON w.repo_id = h.repo_id AND w.sha = h.sha
+    WHERE h.snapshot_id = $latest"""
 
 _MEASURED = """
     SELECT model_id, run_date, revision, hardware, engine, engine_version, workload, temperature,
@@ -232,16 +257,23 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
         measured.setdefault(r["model_id"], []).append(r)
 
     current = {r["repo_id"]: r for r in _rows(con, _HISTORY.format(where="h.snapshot_id = $latest"), {"latest": latest})}
+    precision: dict[str, dict[str, Any]] = {}
+    for r in _rows(con, _PRECISION, {"latest": latest}) if latest is not None else []:
+        precision.setdefault(r["repo_id"], {}).update({r["name"]: r["value"], r["name"] + "_evidence": r["path"]})
     derivatives: dict[str, list[str]] = {}
     for rid, r in current.items():
         for base in r["base_models"] or []:
             derivatives.setdefault(base, []).append(rid)
 
+    runner = _runner(con, latest, {rid for rid, r in current.items()
+                                   if (r["declared_num_mtp_layers"] or 0) > 0 or (r["shipped_mtp_layers"] or 0) > 0})
     models: list[Model] = []
     page_slugs = slugs(set(current) | set(measured))
     for rid in sorted(page_slugs):
         now = current.get(rid)
         snaps_of = [_snapshot(h) for h in history.get(rid) or ([now] if now else [])]
+        if now and rid in precision:
+            snaps_of[-1] = snaps_of[-1].model_copy(update=precision[rid])
         archs = [a.strip() for a in ((now or {}).get("architectures") or "").split(",") if a.strip()]
         engines = matrix.serving(now["model_type"], archs, now["declared_num_mtp_layers"],
                                  now["shipped_mtp_layers"]) if now else []
@@ -274,11 +306,33 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
                       for e in engines],
             measured=cells,
             provenance=_provenance(measured.get(rid, []), root),
+            runner=runner.get(rid),
         ))
     snap_date = next((m.current.snapshot_date for m in models if m.current), None)
     return Models(snapshot_id=latest, snapshot_date=snap_date, mirror_date=mirror_date,
                   servable_date=matrix.date.isoformat(), models=models,
                   prefill=_prefill(measured_rows, root))
+
+
+def _runner(con: duckdb.DuckDBPyConnection, latest: int | None, wanted: set[str]) -> dict[str, str]:
+    """Our loop's coverage of each wanted model's MTP layout, from its stored config.json and weight
+    names (atlas.measure.coverage, the family table's rules); a config the rules cannot read gets none."""
+    from atlas import AtlasError
+    from atlas.fingerprints import parse_config_bytes
+    from atlas.measure.coverage import coverage
+
+    if latest is None or not wanted:
+        return {}
+    names = {r["repo_id"]: list(r["names"]) for r in _rows(con, _WEIGHT_NAMES, {"latest": latest}) if r["repo_id"] in wanted}
+    out = {}
+    for r in _rows(con, _RAW_CONFIG, {"latest": latest}):
+        if r["repo_id"] not in wanted:
+            continue
+        try:
+            out[r["repo_id"]] = coverage(parse_config_bytes(r["content"].encode("utf-8")), names.get(r["repo_id"])).words()
+        except AtlasError:
+            continue
+    return out
 
 
 def _mirror_date(endpoint: str | None, root: Path) -> str | None:
@@ -485,6 +539,7 @@ def _levels(m: Model, figures: list[reported_figures.Figure], mirror_date: str |
             Markdown(escape(where) + _rev(c.revision)
                      + (Markdown(", ") + code(c.shipped_evidence) if c.shipped_evidence else Markdown(""))),
         ]
+    precision = _precision_row(c, where)
     if m.servable:
         servable: list[Any] = [
             Markdown("; ".join(f"{escape(e.engine)} {escape(e.version)} ({_conformance_words(e)})" for e in m.servable)),
@@ -507,9 +562,24 @@ def _levels(m: Model, figures: list[reported_figures.Figure], mirror_date: str |
          "dated records under evidence/measurements/ (below)"]
         if m.measured else ["not measured by the atlas", "—"]
     )
-    rows = [["declared", *declared], ["shipped", *shipped], ["servable", *servable],
+    rows = [["declared", *declared], ["shipped", *shipped], ["MTP precision (shipped)", *precision], ["servable", *servable],
             ["reported", *rep], ["measured", *meas]]
     return table(["claim level", "what it says", "provenance"], rows)
+
+
+PRECISION_WORDS = {"no": "not quantized", "partly": "partly quantized", "yes": "quantized", "unknown": "unknown"}
+
+
+def _precision_row(c: Snapshot | None, where: str) -> list[Any]:
+    """The MTP layer's precision as the checkpoint ships it (atlas.mtpprecision): whether it is
+    quantized, in what dtype, and from which file and key; "unknown" whenever the rules cannot say."""
+    if c is None or c.mtp_quantized is None:
+        return ["unknown (not read for this snapshot: its fingerprints predate the precision rule)", "—"]
+    what = PRECISION_WORDS.get(c.mtp_quantized, "unknown")
+    dtype = c.mtp_dtype or "unknown"
+    return [f"{what}; dtype: {dtype}" if what != "unknown" or dtype != "unknown" else "unknown",
+            Markdown(escape(where) + _rev(c.revision) + Markdown(", ") + code(c.mtp_quantized_evidence or "—")
+                     + Markdown("; dtype from ") + code(c.mtp_dtype_evidence or "—"))]
 
 
 def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figure],
@@ -623,7 +693,7 @@ def _shown(value: object) -> str:
 
 def finder_row(m: Model) -> list[str | None]:
     """One model as the finder shows it: id, its page's slug (None without a page), then the text
-    of the org, family, declared, shipped, servable and measured cells."""
+    of the org, family, declared, shipped, servable, measured and our-loop cells."""
     c = m.current
     return [
         _shown(m.repo_id), m.slug if m.has_page else None, _shown(m.org), _shown(m.family),
@@ -631,10 +701,11 @@ def finder_row(m: Model) -> list[str | None]:
         ", ".join([f"{_shown(e.engine)} ({_shown(_conformance_words(e))})" for e in m.servable]
                   + [f"{_shown(e)} (measured run)" for e in measured_serving(m)]) or "—",
         f"{len(m.measured)} cells: " + ", ".join(_shown(e) for e in measured_engines(m)) if m.measured else "—",
+        _shown(m.runner),
     ]
 
 
-FINDER_COLUMNS = ["model", "org", "family", "declared", "shipped", "servable", "measured"]
+FINDER_COLUMNS = ["model", "org", "family", "declared", "shipped", "servable", "measured", "our loop"]
 
 
 def finder(data: Models | None) -> str:
@@ -662,7 +733,8 @@ def finder(data: Models | None) -> str:
         f"servable is the support matrix of {data.servable_date}, for models that declare or ship "
         "MTP layers, each engine with its conformance result (lossless / fails / inconclusive, per "
         "build checked; or not checked; an engine marked \"measured run\" ran the model's MTP in a "
-        "dated record); measured counts the atlas's own dated cells and names their engines."
+        "dated record); measured counts the atlas's own dated cells and names their engines; our loop says whether "
+        "atlas measure run runs the model's MTP layout, by the family table's rule on its config (module 8)."
     )
     # raw HTML on one line, which Python-Markdown passes through; its text escaped by mdsafe all
     # the same. The script sets the rows it loads as text.

@@ -139,6 +139,9 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         loaded = load_checkpoint(str(folder), device, dtype, peer=options.peer)
     model, tokenizer = loaded.model, loaded.tokenizer
     log(f"MTP layer built by: {loaded.family}")
+    shared = {k: v for h in (loaded.mtp, *loaded.mtp.next_layers) for k, v in h.shared.items()}
+    if shared:
+        log("shared with the target (the checkpoint has no layer-local copy): " + ", ".join(f"{k} <- {v}" for k, v in shared.items()))
     prompts = prompt_set.encode_workloads(tokenizer, workloads, options.prompts_per_workload, MAX_PROMPT_TOKENS)
     ks = sorted(set(options.draft_tokens))
     longest = max(len(p) for ps in prompts.values() for p in ps)
@@ -195,7 +198,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         device=str(device), workloads=[w.name for w in workloads], draft_tokens=ks if options.ours else [mtp_k], cells=cells,
         load_before=load_before, pass_costs=costs,
         settings={"placement": placement, "regime": regime, "kernels": fused.kernels if device.type == "cpu" else "F.linear",
-                  "draft_vocab": vocab_info},
+                  "draft_vocab": vocab_info, "shared_tensors": shared or None},
         recurrent_state=RecurrentState(**state) if (state := recurrent_summary(fused.layers)) else None,
     )
     path = write_record(record, options.out)
