@@ -22,7 +22,7 @@ NAME = "expand-kernel-fix"
 REPLACES = "vllm.utils.cpu_triton_utils._expand_kernel_impl"
 
 
-def expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None) -> None:  # vLLM's signature, MAX_NUM_TOKENS included
+def expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None) -> None:  # noqa: N803 (vLLM's signature)
     import torch
 
     if cu_num_tokens.numel() == 0:
