@@ -136,3 +136,20 @@ def test_the_head_recipe_is_read_from_the_provenance_and_gaps_are_named() -> Non
     run.record.provenance.mtp_head.update(training_answer_tokens=123456, heldout_first_draft_t0=0.41)
     text = _text(measured.head_recipe_text(run))
     assert "on 123456 answer tokens" in text and "0.41 at T = 0" in text and "does not record" not in text
+
+
+def test_the_runner_line_says_what_backs_can_measure_and_that_a_measured_model_was_run() -> None:
+    """C1 and the hybrid pages: a measured checkpoint with no crawled model_type is never told there
+    is no family to look up; a family the runner can measure but the atlas has not run says what
+    backs that claim and that the model itself was not measured."""
+    from atlas.measure.families import measurability_table
+    from atlas.site import modelpages
+
+    ran = _text(modelpages.runner_line(None, 30))
+    assert "no family to look up" not in ran and "measured this checkpoint: 30 cells" in ran
+    assert "no family to look up" in _text(modelpages.runner_line(None, 0))
+    measurable = next(m.model_type for m in measurability_table() if m.status == "measurable")
+    line = _text(modelpages.runner_line(measurable, 0))
+    assert "can measure" in line and "shrunk from a config of the family" in line
+    assert "this model itself has not been measured" in line
+    assert "has not been measured" not in _text(modelpages.runner_line(measurable, 4))
