@@ -136,7 +136,7 @@ Exemplars: {{ facts.exemplars | join(", ") }}
 
 {% for name in ["summary", "declared", "aggregate", "shipped", "mismatches", "servable",
                 "conformance", "measured", "adoption_chart", "layers_chart", "provenance",
-                "backfires", "verdict_measured"] %}
+                "backfires", "verdict_measured", "answer", "runs"] %}
 <h2 id="ev-{{ name | replace('_', '-') }}">{{ name | replace('_', ' ') }}</h2>
 
 {{ evidence(name) }}

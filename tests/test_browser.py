@@ -127,7 +127,7 @@ def test_no_table_or_chart_overflows_the_column_at_1400px(layouts: dict[tuple[st
         _blocks_fit(page, m, right)
     assert checked >= 10, "module 8 alone has more tables and charts than that"
     assert sum(1 for page, _ in layouts if page.startswith("models/")) > 10, "the model pages were measured"
-    assert any(t["header"] == SUMMARY_HEADER for t in layouts[(MODULE_8, WIDE)]["tables"])
+    assert any(t["header"] == SUMMARY_HEADER for t in layouts[(_first_run_page(), WIDE)]["tables"])
 
 
 def test_every_page_is_usable_at_390px(layouts: dict[tuple[str, int], dict]) -> None:
@@ -163,10 +163,47 @@ def _blocks_fit(page: str, m: dict, right: float) -> None:
         assert kinds == ["accept-resample", "calculator", "layouts", "round", "wiring"], kinds
 
 
+def _first_run() -> records.Record:
+    """R1: the run the pages lead with, a record with provenance (the real main model with a
+    project-made head), then the earliest run."""
+    committed = [records.read_record(p) for p in sorted((REPO / "evidence" / "measurements").glob("*.json"))]
+    return min((r for r in committed if not r.settings.quick),
+               key=lambda r: (r.provenance is None, r.run_date, r.model_id, records.record_id(r)))
+
+
+def _first_run_page() -> str:
+    """R1's own page, as a path under the site's root."""
+    return f"runs/{records.record_id(_first_run())[:12]}/"
+
+
+def test_module_8_fits_its_budget_with_the_verdict_in_its_first_half(
+        served: tuple[str, Path, render.Layout], browser: Chromium) -> None:
+    """As a reader opens it (folded blocks closed): at most 15 screens at 1400 px and 35 at 390 px,
+    a screen being the viewport's height; the verdict starts in the first half; the generated
+    answer on a real model is within the first two screens."""
+    url, _, _ = served
+    probe = ("(() => { const y = e => e.getBoundingClientRect().top + scrollY;"
+             " const v = Array.from(document.querySelectorAll('article h2'))"
+             ".find(e => e.textContent.startsWith('The honest trade-off'));"
+             " const a = Array.from(document.querySelectorAll('article p'))"
+             ".find(p => p.textContent.startsWith('Measured on a real model'));"
+             " return {height: document.documentElement.scrollHeight, screen: innerHeight,"
+             " verdict: v ? y(v) : null, answer: a ? y(a) : null}; })()")
+    for width, screens in ((WIDE, 15), (PHONE, 35)):
+        page = browser.open(url + MODULE_8, width)
+        try:
+            m = page.evaluate(probe)
+        finally:
+            page.close()
+        assert m["height"] <= screens * m["screen"], (width, m)
+        assert m["verdict"] is not None and m["verdict"] <= m["height"] / 2, (width, m)
+        assert m["answer"] is not None and m["answer"] < 2 * m["screen"], (width, m)
+
+
 def test_measured_summary_shows_its_fields(served: tuple[str, Path, render.Layout], browser: Chromium) -> None:
     url, _, _ = served
     summary = _in_page(
-        browser, url + MODULE_8, WIDE,
+        browser, url + _first_run_page(), WIDE,
         "Array.from(document.querySelectorAll('article table')).map(t => ["
         " Array.from(t.tHead.rows[0].cells).map(c => c.textContent.trim()),"
         " Array.from(t.tBodies[0].rows).map(r => Array.from(r.cells).map(c => c.textContent.trim())),"
@@ -174,10 +211,7 @@ def test_measured_summary_shows_its_fields(served: tuple[str, Path, render.Layou
         ".textContent.trim()])"
         ".filter(t => t[0][4] === \"gate's lower bound\")")
     assert summary, "no measured summary table on module 8"
-    committed = [records.read_record(p) for p in sorted((REPO / "evidence" / "measurements").glob("*.json"))]
-    # R1 is the run the page promises to lead with: a record with provenance (the real main model
-    # with a project-made head), then the earliest run
-    first = min(committed, key=lambda r: (r.provenance is None, r.run_date, r.model_id, records.record_id(r)))
+    first = _first_run()
     # the first run's tables: one per baseline, each captioned with its one baseline id
     mine = [t for t in summary if t[2].startswith(("R1,", "R1 ("))]  # "R1 (its label), ..." when project-made
     baselines = list(dict.fromkeys(c.baseline for c in first.cells))
@@ -207,7 +241,7 @@ def test_a_header_click_sorts_the_column(served: tuple[str, Path, render.Layout]
     summary = ("Array.from(document.querySelectorAll('.md-content__inner table'))"
                ".findIndex(t => t.tHead && t.tHead.rows[0].cells.length > 4 && "
                "t.tHead.rows[0].cells[4].textContent.trim() === \"gate's lower bound\")")
-    result = _in_page(browser, url + MODULE_8, WIDE,
+    result = _in_page(browser, url + _first_run_page(), WIDE,
                       f"atlasProbe.sort({summary}, {SUMMARY_HEADER.index('acceptance')})")
     numbers = [float(v) for v in result["before"]]
     assert [float(v) for v in result["first"]] == sorted(numbers)

@@ -454,12 +454,12 @@ def test_prefill_uses_the_records_reached_counts_and_skips_smoke_runs(tmp_path: 
 
 
 def test_module_8_and_model_pages_say_whether_the_atlas_runner_measures_the_family(course_site) -> None:
-    """Generated from the family table: module 8 lists every row (refused ones with their reason),
-    each model page says it for its own model_type."""
+    """Generated from the family table: the Runs page lists every row (refused ones with their
+    reason), each model page says it for its own model_type."""
     from atlas.measure.families import FAMILIES
 
     layout, models = course_site
-    module = parse_html(built(layout, "modules", "module-08"))
+    module = parse_html(built(layout, "runs"))
     runner = next(t for t in module.tables if t.header == ["family", "model_type", "atlas runner", "how, or why not"])
     assert {r[0] for r in runner.rows} == {f.name for f in FAMILIES}
     by_name = {r[0]: r for r in runner.rows}

@@ -96,9 +96,9 @@ def test_each_mtp_declaring_mirror_config_runs_or_is_refused_by_name(tmp_path: P
         assert generate_speculative(engine, PROMPT, 12, k, Sampling(), gen).tokens == plain.tokens
 
 
-def test_the_crawl_gives_one_coverage_table_for_the_finder_and_module_8(tmp_path: Path) -> None:
+def test_the_crawl_gives_one_coverage_table_for_the_finder_and_the_runs_page(tmp_path: Path) -> None:
     """The bundled mirror crawled for real: each model that declares or ships MTP carries the verdict
-    the rule gives on its own mirror files, the finder row ends with it, and module 8's table lists
+    the rule gives on its own mirror files, the finder row ends with it, and the Runs page's table lists
     the same cells under the count."""
     from site_helpers import REPO, crawl_mirror
 

@@ -23,7 +23,7 @@ from site_helpers import (
 )
 
 from atlas import AtlasError, store
-from atlas.site import evidence, mdsafe
+from atlas.site import evidence, mdsafe, measured
 from atlas.cli import cli
 
 if TYPE_CHECKING:  # the record helper below imports it when it runs
@@ -403,9 +403,10 @@ def test_schema_2_runs_show_conditional_acceptance_undecided_gates_and_keep_smok
     assert loaded == 2 and not errors, errors
     ev = evidence.generate(hostile_db, tmp_path / "ev.md", MATRIX)
     assert (ev.facts.n_measurement_records, ev.facts.n_measurements) == (1, 2)  # the smoke run is not counted
-    measured = ev.sections["measured"]
-    page = parse_html(site_markdown(measured))
-    summary, detail = page.tables  # the full run only: the smoke run has no table
+    pages = measured.split_run_pages(ev.sections["runs"])
+    assert len(pages) == 1  # the full run only: the smoke run has no page
+    page = parse_html(site_markdown(pages[0][2]))
+    summary, detail = page.tables[:2]
     assert len(summary.rows) == 1 and summary.rows[0][3] == "undecided (best k=1)"  # equal medians: the first
     assert [r[4] for r in detail.rows] == ["0.75", "0.75 / 0.60"]  # accepted_i / reached_i
     assert [r[-1].split(" (lower ")[0] for r in detail.rows] == ["undecided", "undecided"]
@@ -415,9 +416,12 @@ def test_schema_2_runs_show_conditional_acceptance_undecided_gates_and_keep_smok
     low = summary.rows[0][4]
     assert re.fullmatch(r"\d\.\d\d \(upper \d\.\d\d\)", low) and float(low.split()[0]) <= 1
     text = " ".join(page.text.split())
-    assert "Smoke runs — not evidence" in text and "org/smoke-run" in text
-    assert "org/smoke-run" not in " ".join(" ".join(r) for t in page.tables for r in t.rows)
-    assert text.count("Run R") == 1
+    assert "org/smoke-run" not in text and text.count("Run R") == 1
+    index = parse_html(site_markdown(ev.sections["runs_index"]))
+    assert "Smoke runs — not evidence" in index.text and "org/smoke-run" in index.text
+    # module 8's compact table: one row, the full run's, no smoke run
+    compact = parse_html(site_markdown(ev.sections["measured"])).tables
+    assert len(compact) == 1 and [r[1] for r in compact[0].rows] == ["org/full-run"]
 
 
 def _acceptance_figures(t: float, passed: bool) -> dict:

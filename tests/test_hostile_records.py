@@ -91,7 +91,7 @@ def hostile_record() -> records.Record:
         pass_costs=costs, cells=cells)
 
 
-SHOWN_ON_MODULE_8 = ["model", "hardware", "device", "dtype", "command", "baseline", "version", "engine"]
+SHOWN_ON_RUN_PAGE = ["model", "hardware", "device", "dtype", "command", "baseline", "version", "engine"]
 
 
 @pytest.fixture(scope="module")
@@ -115,10 +115,12 @@ def hostile_record_site(tmp_path_factory: pytest.TempPathFactory) -> render.Layo
 
 
 def _pages(layout: render.Layout) -> dict[str, str]:
-    """Every built page that can show a record string: module 8, the finder, the model pages."""
+    """Every built page that can show a record string: module 8, the finder, the Runs page, each
+    run's page ("run:<slug>"), the model pages."""
     built = layout.build
     pages = {"module-08": built / "modules" / "module-08" / "index.html",
-             "finder": built / "models" / "index.html"}
+             "finder": built / "models" / "index.html", "runs": built / "runs" / "index.html"}
+    pages |= {f"run:{p.parent.name}": p for p in (built / "runs").glob("*/index.html")}
     pages |= {p.parent.name: p for p in (built / "models").glob("*/index.html")}
     return {name: p.read_text(encoding="utf-8") for name, p in pages.items()}
 
@@ -151,14 +153,18 @@ def _assert_inert(html: str, reference: str, where: str) -> None:
 def test_every_record_string_is_inert_text_on_every_page(hostile_record_site: render.Layout) -> None:
     pages = _pages(hostile_record_site)
     reference = (hostile_record_site.build / "index.html").read_text(encoding="utf-8")
-    model_pages = [n for n in pages if n not in ("module-08", "finder")]
+    model_pages = [n for n in pages if n not in ("module-08", "finder", "runs") and not n.startswith("run:")]
     assert model_pages, "the measured hostile model has its own page"
     for name, html in pages.items():
         _assert_inert(html, reference, name)
-    text = " ".join(parse_html(pages["module-08"]).text.split())
-    for field in SHOWN_ON_MODULE_8 + ["workload-a", "workload-b"]:
+    (run_page,) = [html for name, html in pages.items() if name.startswith("run:")]
+    text = " ".join(parse_html(run_page).text.split())
+    for field in SHOWN_ON_RUN_PAGE + ["workload-a", "workload-b"]:
         assert shown(hostile(field)) in text, field  # shown, character for character
-    assert text.count("{{ 7*7 }}") >= len(SHOWN_ON_MODULE_8)  # Jinja in a record is never evaluated
+    assert text.count("{{ 7*7 }}") >= len(SHOWN_ON_RUN_PAGE)  # Jinja in a record is never evaluated
+    module = " ".join(parse_html(pages["module-08"]).text.split())
+    for field in ("model", "hardware", "device"):  # module 8's one row for the run
+        assert shown(hostile(field)) in module, field
     # the model page shows the record's model id, hardware and workloads as text too
     page_text = " ".join(parse_html(pages[modelpages.slug(hostile("model"))]).text.split())
     for field in ("model", "hardware", "workload-a"):
@@ -172,9 +178,9 @@ _CHART = re.compile(r'<div class="atlas-chart">.*?</div>', re.S)
 def test_chart_titles_and_legends_show_the_workload_as_text(hostile_record_site: render.Layout) -> None:
     """The reviewer's case, as a class: every chart drawn from the record (legend, SVG titles,
     tick labels, inside the collapsible box) holds no element the record made, and its text."""
-    html = _pages(hostile_record_site)["module-08"]
+    (html,) = [h for n, h in _pages(hostile_record_site).items() if n.startswith("run:")]
     charts = [c for c in _CHART.findall(html) if "workload-a" in c]
-    assert len(charts) >= 3, "the record's charts are on module 8"
+    assert len(charts) >= 3, "the record's charts are on its run's page"
     for chart in charts:
         part = parse_html(chart)
         tags = {t for t, _ in part.elements}

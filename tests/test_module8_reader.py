@@ -48,6 +48,11 @@ def _run_name(n: int, r: records.Record) -> str:
     return f"R{n} ({r.provenance.kind})" if r.provenance is not None else f"R{n}"
 
 
+def _runs_html(layout: render.Layout) -> str:
+    """Every committed run's own page (docs/runs/<record id[:12]>), in the order they are numbered."""
+    return "".join(_html(layout, "runs", records.record_id(r)[:12]) for r in _committed())
+
+
 def _section(html: str, heading: str, next_heading: str) -> str:
     start = html.index(f">{heading}<")
     return html[start:html.index(f">{next_heading}<", start)]
@@ -58,15 +63,16 @@ def test_the_page_follows_the_seed_evidence_then_verdict_then_the_rest(demo) -> 
     html = _html(layout, "modules", "module-08")
     h2 = [re.sub(r"<[^>]+>", "", re.sub(r'<a class="headerlink".*?</a>', "", h)).strip()
           for h in re.findall(r"<h2[^>]*>(.*?)</h2>", html, re.S)]
-    order = ["Under the hood", "Fingerprint evidence", "Reported — what others published", "Measured",
-             "The honest trade-off (verdict)", "Neighbours: other ways to draft", "Try it", "Exercises",
-             "Glossary delta"]
+    # the seed's order: the verdict right after the evidence; reported and measured figures follow it
+    order = ["Under the hood", "Fingerprint evidence", "The honest trade-off (verdict)",
+             "Reported — what others published", "Measured", "Neighbours: other ways to draft", "Try it",
+             "Exercises", "Glossary delta"]
     assert [h for h in h2 if h in order] == order
     # the evidence opens with the summary box, before any table
     evidence_part = _section(html, "Fingerprint evidence", "Declared — what the configs say")
     assert "What the evidence says" in evidence_part and "<table" not in evidence_part
     # the verdict's last block is the dated line of what the atlas itself measured
-    verdict = _section(html, "The honest trade-off (verdict)", "Neighbours: other ways to draft")
+    verdict = _section(html, "The honest trade-off (verdict)", "Reported — what others published")
     last = verdict[verdict.rindex("What the atlas itself measured"):]
     assert "admonition" not in last
 
@@ -131,7 +137,7 @@ def test_when_it_backfires_is_a_warning_pointing_at_the_pages_own_slow_cells(dem
 def test_the_verdict_ends_with_what_the_atlas_measured_dated_and_cited(demo) -> None:
     layout, _, _ = demo
     html = _html(layout, "modules", "module-08")
-    verdict = _section(html, "The honest trade-off (verdict)", "Neighbours: other ways to draft")
+    verdict = _section(html, "The honest trade-off (verdict)", "Reported — what others published")
     text = " ".join(re.sub(r"<[^>]+>", "", verdict[verdict.index("What the atlas itself measured"):]).split())
     for n, r in enumerate(_committed(), 1):
         rid = records.record_id(r)[:12]
@@ -170,7 +176,7 @@ def test_the_pass_cost_paragraph_follows_its_record(demo) -> None:
 
 def test_the_gate_is_described_as_computed_and_its_bound_shown(demo) -> None:
     layout, _, _ = demo
-    html = _html(layout, "modules", "module-08")
+    html = _runs_html(layout)  # each run's page states the rule beside its tables
     text = _text(html)
     assert "lower bound of the measured speed-up, over repeats" not in text  # the old, wrong rule
     rule = " ".join(re.sub(r"<[^>]+>", "", measured.GATE_RULE.replace("*", "")).split())
@@ -223,7 +229,7 @@ def test_one_name_for_the_revision_and_the_mirrors_own_date(demo) -> None:
     for html in [p.read_text(encoding="utf-8") for p in layout.build.rglob("index.html")]:
         assert "mirror hash" not in html.lower()
         assert "Hub commit</th>" not in html
-    page = parse_html(_html(layout, "modules", "module-08"))
+    page = parse_html(_html(layout, "fingerprints"))  # the present-claim tables' own page
     present = [t for t in page.tables if "revision" in t.header]
     assert len(present) >= 3
     for t in present:
@@ -248,7 +254,7 @@ def test_one_name_for_the_revision_and_the_mirrors_own_date(demo) -> None:
 
 def test_the_conformance_grid_reads_each_verdict_through_one_function(demo) -> None:
     layout, _, _ = demo
-    html = _html(layout, "modules", "module-08")
+    html = _html(layout, "conformance")
     page = parse_html(html)
     grid = next(t for t in page.tables if t.header[:3] == ["engine", "layout", "T = 0"])
     verdicts = conformance.verdicts(conformance.latest_records(REPO / "evidence" / "conformance"))
@@ -301,10 +307,12 @@ def test_the_real_model_leads_the_measured_section_labelled_and_backfiring(demo)
     html = _html(layout, "modules", "module-08")
     real = _committed()[0]
     assert real.provenance is not None and real.provenance.kind == REAL_LABEL
-    measured = _text(_section(html, "Measured", "The honest trade-off (verdict)"))
-    measured = " ".join(measured.split())
-    assert measured.index(f"Run R1 ({REAL_LABEL}) — {real.model_id}") < measured.index("Run R2")
-    for where in (f"R1 ({REAL_LABEL}), speed-ups over baseline", f"R1 ({REAL_LABEL}): every draft length k",
+    # module 8's compact table leads with it, linked to its page
+    compact = next(t for t in parse_html(html).tables if t.header[:3] == ["run", "model", "label"])
+    assert compact.rows[0][:3] == ["R1", real.model_id, REAL_LABEL]
+    measured = _text(_html(layout, "runs", records.record_id(real)[:12]))
+    assert f"Run R1 ({REAL_LABEL}) — {real.model_id}" in measured and "Every draft length k" in measured
+    for where in (f"R1 ({REAL_LABEL}), speed-ups over baseline",
                   f"R1 ({REAL_LABEL}): speed-up vs draft length k", f"R1 ({REAL_LABEL}): acceptance by workload"):
         assert where in measured, where
     main, head = real.provenance.main_model, real.provenance.mtp_head
@@ -345,8 +353,7 @@ def test_a_checkpoint_several_engines_ran_has_one_acceptance_table(demo) -> None
     acceptance per workload and temperature, a column per engine, counts recomputed here from the
     records; every T = 0 cell greedy identical to that engine's own plain decoding."""
     layout, _, _ = demo
-    html = _html(layout, "modules", "module-08")
-    page = parse_html(_section(html, "Measured", "The honest trade-off (verdict)"))
+    page = parse_html(_html(layout, "runs"))  # the Runs page, beside every run's list line
     runs = _committed()
     real = [(n, r) for n, r in enumerate(runs, 1) if r.provenance is not None]
     columns: dict[str, dict[tuple[str, float], records.Cell]] = {}

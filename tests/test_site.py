@@ -101,8 +101,13 @@ def test_measured_summary_has_one_row_per_engine_workload_temperature(hostile_si
     page = parse_html(module_08_html(hostile_site))
     record = RECORD_ID["planted"][:12]
     speed = f"{PLANTED_SPEED:.2f}"
-    measured = [t for t in page.tables if t.section == "measured"]
-    summary, *details = measured
+    # module 8's compact table: one row for the one run, over its one baseline, linked to its page
+    (compact,) = [t for t in page.tables if t.section == "measured"]
+    assert [(r[0], r[1], r[6]) for r in compact.rows] == [("R1", shown(HOSTILE_ID), "B1")]
+    assert compact.rows[0][7].startswith(f"{PLANTED_SPEED:.2f}×") and compact.rows[0][9] == "on 2 of 2"
+    assert f'href="../../runs/{record}/"' in module_08_html(hostile_site)
+    # the run's own page (here under its evidence heading) holds the per-baseline summary and every k
+    summary, *details = [t for t in page.tables if t.section == "runs"]
     assert summary.header == ["workload", "T", "engine", "gate (k shown)", "gate's lower bound",
                               "acceptance", "accepted length", "speed-up (range)", "ideal",
                               "efficiency", "greedy identical"]
@@ -124,10 +129,13 @@ def test_measured_summary_has_one_row_per_engine_workload_temperature(hostile_si
     text = " ".join(page.text.split())
     assert f"B1: {shown(HOSTILE_BASELINE)}" in text  # one legend, not a sentence per row
     assert shown(HOSTILE_HARDWARE) in text and record in text and "2026-11-28 12:00 UTC" in text
-    assert text.count(shown(HOSTILE_BASELINE)) == 1
+    # one legend per page: the run's page, and module 8's compact table
+    run_page = (hostile_site.build / "runs" / record / "index.html").read_text(encoding="utf-8")
+    assert " ".join(parse_html(run_page).text.split()).count(shown(HOSTILE_BASELINE)) == 1
+    assert text.count(shown(HOSTILE_BASELINE)) == 2
     # The planted measurement appears in no present-claim table, not even for the model it measured.
     for table in page.tables:
-        if table.section == "measured":
+        if table.section in ("measured", "runs"):
             continue
         flat = " ".join(" ".join(r) for r in [table.header, *table.rows])
         assert record not in flat and speed not in flat and "2026-11-28" not in flat, table.section

@@ -51,6 +51,9 @@ SECTIONS = (
     "provenance",
     "backfires",
     "verdict_measured",
+    "answer",
+    "runs",
+    "runs_index",
 )
 
 # Hub orgs whose models this project made (team model, oracle checkpoints): never counted as Hub
@@ -379,13 +382,17 @@ def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path,
         "mismatches": _mismatches(mismatch_rows, revs),
         "servable": _servable(servable_rows, matrix, verdicts),
         "conformance": _conformance(matrix_path.parent / "conformance", verdicts),
-        "measured": measured_section.section(runs, _MEASURED_HEAD, _anchors(matrix_path.parent / "reported.toml")),
+        # module 8 keeps one row per run; the runs' own pages (docs/runs/) hold every figure
+        "measured": measured_section.compact_summary(runs, "../runs/"),
         "adoption_chart": _adoption(_rows(con, "adoption"), created),
         "layers_chart": _layers_chart(layers, facts, revs),
         "provenance": _provenance(snap, _rows(con, "rule_versions"), runs, matrix, matrix_path,
                                   facts, revs),
         "backfires": measured_section.backfires_text(runs) + "\n",
         "verdict_measured": measured_section.measured_line(runs),
+        "answer": measured_section.answer_text(runs, "../runs/"),
+        "runs": measured_section.run_pages(runs, _anchors(matrix_path.parent / "reported.toml")),
+        "runs_index": _MEASURED_HEAD + "\n" + measured_section.runs_index(runs, "runs/"),
     }
     return Evidence(facts=facts, sections=sections)
 

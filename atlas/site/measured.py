@@ -7,11 +7,13 @@ counts and the per-(workload, temperature) gate live only there. A file whose re
 has the imported record id (records.record_id) is refused: the page would otherwise show figures
 nobody imported.
 
-Layout: the gate's rule as records.gate computes it, then per run (one record: one model revision
-on one machine, one date) a stamp line, then one summary table per baseline (speed-ups over
-different baselines never share a table) with one row per (engine, workload, temperature) at the
-draft length the gate chose (or, where the gate is not on, the best median speed-up, labelled so)
-and the paired bound the gate decided on, then a collapsible table of every cell.
+Layout: module 8 shows one row per run (compact_summary) and the generated answer (answer_text);
+each run (one record: one model revision on one machine, one date) has a page of its own
+(run_pages): a stamp line, its provenance and head recipe, the gate's rule as records.gate
+computes it, one summary table per baseline (speed-ups over different baselines never share a
+table) with one row per (engine, workload, temperature) at the draft length the gate chose (or,
+where the gate is not on, the best median speed-up, labelled so) and the paired bound the gate
+decided on, then every cell, the pass costs and the charts.
 
 Module 8's verdict reads its measured facts from here too: the cells slower than plain decoding
 (`backfires_text`) and the dated line of what the atlas itself measured (`measured_line`).
@@ -19,6 +21,8 @@ Module 8's verdict reads its measured facts from here too: the cells slower than
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -381,8 +385,8 @@ def backfires_text(runs: list[Run]) -> str:
                            f"{worst.derived.speedup:.2f}× ({escape(_engine_text(run, worst))})")
     lead = "".join(_real_backfires(n, run) for n, run in numbered if label(run))
     return (lead + f"In this build's own measurements, {len(slow)} of {n_cells} cells ran slower than "
-            f"plain decoding (median speed-up below 1×): " + "; ".join(per_run) + ". Every cell is in its "
-            "run's table of every draft length k, under Measured.")
+            f"plain decoding (median speed-up below 1×): " + "; ".join(per_run) + ". Every cell is on its "
+            "run's page, in its table of every draft length k.")
 
 
 def _real_backfires(n: int, run: Run) -> str:
@@ -519,51 +523,6 @@ def measured_line(runs: list[Run]) -> str:
             "not generalised to any other model, engine or machine.\n")
 
 
-def section(runs: list[Run], head: str, anchors: list[reported_figures.Figure] = ()) -> str:
-    """The whole measured section (Markdown). Smoke runs (--quick) are listed apart, without a
-    figure: they check that the loop runs, and are never evidence."""
-    smoke = [r for r in runs if r.record.settings.quick]
-    runs = [r for r in runs if not r.record.settings.quick]
-    parts = [head]
-    if not runs:
-        parts.append(NO_MEASUREMENT)
-    else:
-        parts.append(GATE_RULE)
-    baselines = _baseline_ids(runs)
-    for n, run in enumerate(runs, start=1):
-        parts.append(_stamp(run, n, baselines))
-        if run.record.provenance is not None and run.record.provenance.project_made:
-            parts.append(provenance_note(run.record.provenance))
-        for bid, summary in _summary(run, baselines):
-            parts.append(f"*R{n}{escape(label(run))}, speed-ups over baseline {bid} (legend below the runs)*\n\n{summary}")
-        parts.append(
-            f'??? measured "R{n}{escape(label(run))}: every draft length k ({len(run.record.cells)} cells)"\n'
-            + _indent(_detail(run, baselines))
-        )
-        charts = _charts(run, n)
-        if charts:
-            parts.append(
-                f'???+ measured "R{n}{escape(label(run))}: charts — acceptance by depth and workload, speed-up by k"\n'
-                + _indent("\n\n".join(charts))
-            )
-    parts.extend(across_engines(runs))
-    anchored = anchor_text(runs, list(anchors))
-    if anchored:
-        parts.append(anchored)
-    if runs:
-        legend = "\n".join(f"- **{bid}**: {escape(text)}" for text, bid in baselines.items())
-        parts.append(_COLUMNS + "\n\n**Baselines** (what each speed-up divides by; rows with "
-                     "different baselines do not compare):\n\n" + legend)
-    if smoke:
-        lines = "\n".join(
-            f"- {code(r.record.model_id)}, run {r.record.run_date:%Y-%m-%d %H:%M} UTC, record "
-            f"{code(r.record_id[:12])} ({code(shown_source(r.source_path))})" for r in smoke)
-        parts.append('!!! note "Smoke runs — not evidence"\n' + _indent(
-            "These records come from `--quick` runs (few tokens, one prompt): they show the loop "
-            "runs, not how fast. Their figures are in no table and set no gate.\n\n" + lines))
-    return "\n\n".join(parts) + "\n"
-
-
 # The gate's confidence as the site writes a percentage ("95 %").
 GATE_CONFIDENCE_TEXT = f"{records.GATE_CONFIDENCE:.0%}".replace("%", " %")
 # The gate as records.gate and records.decide compute it (schema 2); constants from that module.
@@ -594,3 +553,258 @@ _COLUMNS = (
     "pass costs; *efficiency*: speed-up ÷ ideal (range over repeats where recorded). *Greedy "
     "identical*: at T = 0, whether every repeat's output equalled plain decoding token for token."
 )
+
+
+# ---- the Runs pages and module 8's compact summary ---------------------------------------------
+# Module 8 keeps one row per run and the generated answer; each run's tables, charts, pass costs,
+# gate and provenance are on a page of its own (docs/runs/<slug>.md), so the course page stays
+# readable while no figure is cut.
+
+RUNS_DIR = "runs"  # under docs/: one page per evidence run; the index is docs/runs.md
+_PAGE_MARK = re.compile(r"^<!-- atlas-run-page: ([0-9a-f]{12}) (\{.*\}) -->$", re.M)
+
+
+def run_slug(run: Run) -> str:
+    """A run page's file name: its record id's first 12 hex digits (stable, and id-safe)."""
+    return run.record_id[:12]
+
+
+def _run_title(n: int, run: Run) -> str:
+    # the title reaches the theme's <title> unescaped: only id-safe characters (the body escapes)
+    return re.sub(r"[^A-Za-z0-9._/ -]", "?", f"R{n} {run.record.model_id} {run.record.run_date:%Y-%m-%d}")
+
+
+def _gate_counts(run: Run) -> str:
+    """The run's gate over its (workload, temperature) pairs: how many on, off, undecided."""
+    words = [("on" if g.enabled else (g.verdict or "undecided")) for g in run.record.gates]
+    if not words:
+        return "— (no gate)"
+    counts = {w: words.count(w) for w in dict.fromkeys(sorted(words))}
+    return " · ".join(f"{w} {n}" for w, n in counts.items()) + f" of {len(words)}"
+
+
+def _gated_cells(run: Run) -> list[records.Cell]:
+    """The cells of the engine the run's gate decides for; every cell when no engine is gated."""
+    engine = records.gated_engine(run.record.cells)
+    return [c for c in run.record.cells if c.engine == engine] or list(run.record.cells)
+
+
+def _best_with_bounds(cell: records.Cell) -> Markdown:
+    d = cell.derived
+    bounds = ("" if d.speedup_bound_lo is None or d.speedup_bound_hi is None else
+              f", {GATE_CONFIDENCE_TEXT} bounds {d.speedup_bound_lo:.2f}–{d.speedup_bound_hi:.2f}")
+    return Markdown(f"{d.speedup:.2f}×<span class=\"atlas-range\"> ({escape(cell.workload)}, "
+                    f"T = {_temp(cell.temperature)}, k = {cell.draft_tokens}{bounds})</span>")
+
+
+def _k1_acceptance(run: Run) -> str:
+    by_workload = workload_acceptance(_gated_cells(run))
+    return "; ".join(f"{w} {a:.2f}" for w, a in by_workload.items()) or "—"
+
+
+def compact_summary(runs: list[Run], link: str) -> str:
+    """Module 8's Measured table: one row per evidence run, each linked to its page under `link`
+    (a relative URL prefix); the backfire line and the Runs page follow it in the module."""
+    numbered = evidence_runs(runs)
+    if not numbered:
+        return NO_MEASUREMENT + "\n"
+    baselines = _baseline_ids([r for _, r in numbered])
+    rows = []
+    for n, run in numbered:
+        r = run.record
+        best = max(_gated_cells(run), key=lambda c: c.derived.speedup)
+        rows.append([
+            Markdown(f"[R{n}]({link}{run_slug(run)}.md)"),
+            code(r.model_id),
+            escape(r.provenance.kind) if r.provenance is not None else "—",
+            escape(", ".join(dict.fromkeys(_engine_text(run, c) for c in r.cells))),
+            escape(f"{r.settings.device}: {r.hardware.text}"),
+            f"{r.run_date:%Y-%m-%d}",
+            baselines[best.baseline],
+            _best_with_bounds(best),
+            escape(_k1_acceptance(run)),
+            _gate_counts(run),
+        ])
+    legend = "; ".join(f"**{bid}** {escape(text)}" for text, bid in baselines.items())
+    return (table(["run", "model", "label", "engine", "device", "date", "baseline",
+                   "best median speed-up (paired bounds)", "k = 1 acceptance by workload",
+                   "gate (workload × T)"], rows)
+            + f"\n\nBaselines (what a speed-up divides by): {legend}. Each row's speed-up is over its "
+            "own baseline; the run's page has every cell.\n")
+
+
+def _is_real(run: Run) -> bool:
+    """A run of a real main model (its record's provenance names one), not the byte-level
+    teaching model."""
+    p = run.record.provenance
+    return p is not None and bool(p.main_model.get("source"))
+
+
+def answer_text(runs: list[Run], link: str) -> str:
+    """The answer up front, by rule from the records: one dated, linked sentence on what the atlas
+    measured on a real model and whether it paid (the gate on for at least one workload and
+    temperature), then one on where a gain came from (or why there was none)."""
+    numbered = evidence_runs(runs)
+    real = [(n, r) for n, r in numbered if _is_real(r)]
+    if not real:
+        first = ("**Measured on a real model:** nothing in this build. "
+                 + (f"Its {len(numbered)} run(s) are of the atlas's own teaching model only, so this page "
+                    "makes no measured claim about a real model." if numbered else
+                    "It holds no measurement record at all."))
+    else:
+        n, run = max(real, key=lambda nr: (nr[1].record.run_date, nr[0]))
+        r = run.record
+        cells = _gated_cells(run)
+        faster = sum(1 for c in cells if c.derived.speedup > 1)
+        on = sum(1 for g in r.gates if g.enabled)
+        paid = "it paid" if on else "it did not pay"
+        first = (f"**Measured on a real model:** on {r.run_date:%Y-%m-%d} the atlas ran "
+                 f"{code(r.model_id)} ({escape(r.provenance.kind)}) on {escape(r.hardware.text)} "
+                 f"([R{n}]({link}{run_slug(run)}.md)), and **{paid}**: the gate switched MTP on for "
+                 f"{on} of {len(r.gates)} workload × temperature pairs, and {faster} of {len(cells)} "
+                 f"cells ran faster than plain decoding (median speed-ups {_speed_range(cells)}).")
+        if len(real) > 1:
+            first += f" It is the newest of {len(real)} real-model runs in the Measured table."
+    return first + " " + _gain_source(numbered, real, link) + "\n"
+
+
+def _gain_source(numbered: list[tuple[int, Run]], real: list[tuple[int, Run]], link: str) -> str:
+    """Where a gain came from: the gated-on row with the best median (real runs first), named with
+    its acceptance and its run's pass costs; with no gain anywhere, the acceptance against the
+    break-even that the real run's own pass costs set."""
+    for pool in (real, [nr for nr in numbered if nr not in real]):
+        found = []
+        for n, run in pool:
+            for g in run.record.gates:
+                if g.enabled and g.draft_tokens is not None:
+                    c = next((c for c in _gated_cells(run) if (c.workload, c.temperature, c.draft_tokens)
+                              == (g.workload, g.temperature, g.draft_tokens)), None)
+                    if c is not None:
+                        found.append((c.derived.speedup, n, run, c))
+        if found:
+            _, n, run, c = max(found, key=lambda f: f[0])
+            d = c.derived
+            where = "" if _is_real(run) else " (the atlas's teaching model, not a real one)"
+            text = (f"**Where the gain came from:** the best gated-on row is [R{n}]({link}{run_slug(run)}.md)"
+                    f"{where}, {escape(c.workload)} at T = {_temp(c.temperature)}, k = {c.draft_tokens}: "
+                    f"{d.speedup:.2f}×, with {_num(d.acceptance_rate, 2)} of its drafts accepted "
+                    f"({_num(d.mean_accepted_length, 2)} tokens per verify pass)")
+            costs = run.record.pass_costs
+            verify = costs.verify.get(c.draft_tokens) if costs else None
+            if costs and verify is not None:
+                text += (f" against a round that cost {(verify + c.draft_tokens * costs.draft) / costs.plain:.2f} "
+                         f"plain steps on {escape(run.record.hardware.text)}")
+            return text + "."
+    if not real:
+        return ""
+    n, run = real[-1]
+    k1 = [c.derived.acceptance_rate for c in _gated_cells(run)
+          if c.draft_tokens == 1 and c.derived.acceptance_rate is not None]
+    even = break_even_acceptance(run.record.pass_costs)
+    text = f"**Where a gain would come from:** no gate turned on in R{n}"
+    if k1 and even is not None:
+        text += (f"; at k = 1 its head's drafts were accepted {min(k1):.2f}–{max(k1):.2f} of the time, and "
+                 f"with that run's pass costs breaking even needs about {even:.2f}")
+    return text + "."
+
+
+def head_recipe_text(run: Run) -> str:
+    """Why a project-made head accepts what it does, from the record's provenance: how long and on
+    what it was trained, and what it agreed on held-out text; says which of these the record lacks."""
+    p = run.record.provenance
+    if p is None:
+        return ""
+    head = p.mtp_head
+    facts = []
+    if "steps" in head:
+        facts.append(f"trained for {escape(str(head['steps']))} optimiser steps")
+    if "training_answer_tokens" in head:
+        facts.append(f"on {escape(str(head['training_answer_tokens']))} answer tokens")
+    if "target" in head:
+        facts.append(f"towards {escape(str(head['target']))}")
+    held = [(k, v) for k, v in (("T = 0", head.get("heldout_first_draft_t0")),
+                                ("T = 1", head.get("heldout_first_draft_t1"))) if v is not None]
+    text = f"**Why its acceptance is what it is.** The MTP head ({escape(str(head.get('made_by', '—')))}) was "
+    text += (", ".join(facts) if facts else "made by a recipe this record does not describe") + "."
+    if held:
+        text += (" On held-out answers, teacher-forced, its first draft agreed with the main model "
+                 + " and ".join(f"{escape(str(v))} at {k}" for k, v in held) + ".")
+    else:
+        text += " The record carries no held-out agreement for the head."
+    missing = [w for w, key in (("training tokens", "training_answer_tokens"), ("steps", "steps")) if key not in head]
+    if missing:
+        text += f" It does not record the head's {' or '.join(missing)}."
+    text += (" A head trained this briefly, after the main model was frozen, agrees with it far less "
+             "often than an MTP module trained with its model from the start, and a draft is only "
+             "accepted where it agrees.")
+    return text
+
+
+def pass_costs_table(run: Run) -> str:
+    """The run's pass costs, timed in isolation: seconds and plain steps per forward."""
+    costs = run.record.pass_costs
+    if costs is None:
+        return "This run timed no passes of its own (an engine's run): no pass costs."
+    rows = [["plain step (1 row)", f"{costs.plain * 1000:.2f}", "1.00"],
+            ["draft step (MTP layer, 1 row)", f"{costs.draft * 1000:.2f}", f"{costs.draft / costs.plain:.2f}"]]
+    rows += [[f"verify pass, k = {k} ({k + 1} rows)", f"{v * 1000:.2f}", f"{v / costs.plain:.2f}"]
+             for k, v in sorted(costs.verify.items())]
+    even = break_even_acceptance(costs)
+    note = "" if even is None else f"\n\nAt k = 1 drafting breaks even at an acceptance of about {even:.2f} with these costs."
+    return table(["forward", "#milliseconds (median)", "#plain steps"], rows) + note
+
+
+def run_pages(runs: list[Run], anchors: list[reported_figures.Figure] = ()) -> str:
+    """Every evidence run's page, each after a marker line (slug, title as JSON) that
+    `split_run_pages` reads back."""
+    numbered = evidence_runs(runs)
+    anchored = anchor_text(runs, list(anchors)).splitlines()
+    baselines = _baseline_ids([r for _, r in numbered])
+    out = []
+    for n, run in numbered:
+        parts = [_stamp(run, n, baselines)]
+        if run.record.provenance is not None and run.record.provenance.project_made:
+            parts.append(provenance_note(run.record.provenance))
+            parts.append(head_recipe_text(run))
+        parts.append(GATE_RULE)
+        for bid, summary in _summary(run, baselines):
+            parts.append(f"*R{n}{escape(label(run))}, speed-ups over baseline {bid}*\n\n{summary}")
+        parts.append("### Every draft length k\n\n" + _detail(run, baselines))
+        parts.append("### Pass costs\n\n" + pass_costs_table(run))
+        charts = _charts(run, n)
+        if charts:
+            parts.append("### Charts\n\n" + "\n\n".join(charts))
+        mine = [a for a in anchored if a.startswith(f"- R{n}{escape(label(run))},")]
+        if mine:
+            parts.append("**Acceptance beside a reported anchor**\n\n" + "\n".join(mine))
+        legend = "\n".join(f"- **{bid}**: {escape(text)}" for text, bid in baselines.items())
+        parts.append(_COLUMNS + "\n\n**Baselines**:\n\n" + legend)
+        title = json.dumps({"title": _run_title(n, run)}, ensure_ascii=True).replace("-->", "--\\u003e")
+        out.append(f"<!-- atlas-run-page: {run_slug(run)} {title} -->\n" + "\n\n".join(parts))
+    return "\n\n".join(out) + "\n"
+
+
+def split_run_pages(text: str) -> list[tuple[str, str, str]]:
+    """The run pages of the evidence's `runs` section: (slug, title, Markdown body)."""
+    marks = list(_PAGE_MARK.finditer(text))
+    ends = [m.start() for m in marks[1:]] + [len(text)]
+    return [(m.group(1), json.loads(m.group(2))["title"], text[m.end():end].strip() + "\n")
+            for m, end in zip(marks, ends)]
+
+
+def runs_index(runs: list[Run], link: str) -> str:
+    """The Runs page's list: every evidence run, linked, its one dated line; then the comparison
+    across engines and the smoke runs (which are never evidence)."""
+    numbered = evidence_runs(runs)
+    lines = run_lines(runs)
+    parts = ["\n".join(f"- [R{n}]({link}{run_slug(run)}.md) — {line.split(': ', 1)[1]}"
+                       for (n, run), line in zip(numbered, lines)) or NO_MEASUREMENT]
+    parts.extend(across_engines(runs))
+    smoke = [r for r in runs if r.record.settings.quick]
+    if smoke:
+        parts.append('!!! note "Smoke runs — not evidence"\n' + _indent(
+            "These records come from `--quick` runs (few tokens, one prompt): they show the loop "
+            "runs, not how fast. Their figures are in no table and set no gate.\n\n" + "\n".join(
+                f"- {code(r.record.model_id)}, run {r.record.run_date:%Y-%m-%d %H:%M} UTC, record "
+                f"{code(r.record_id[:12])} ({code(shown_source(r.source_path))})" for r in smoke)))
+    return "\n\n".join(parts) + "\n"

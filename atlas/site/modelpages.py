@@ -650,7 +650,7 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
             ]
     else:
         lines += ["The atlas has no measurement of this model.", ""]
-    lines += ["## The atlas's own runner", "", runner_line(m.family), ""]
+    lines += ["## The atlas's own runner", "", runner_line(m.family, len(m.measured)), ""]
     if len(m.history) > 1:
         lines += ["## History across snapshots", "",
                   table(["snapshot", "date", "revision", "#declared", "key", "#shipped", "status"],
@@ -661,17 +661,28 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
     return "\n".join(lines)
 
 
-def runner_line(model_type: str | None) -> Markdown:
+def runner_line(model_type: str | None, n_measured: int = 0) -> Markdown:
     """Whether `atlas measure run` can measure this model's family, and why (the family table's
-    answer, atlas.measure.families.measurability), as one escaped line."""
+    answer, atlas.measure.families.measurability), as one escaped line; with what backs a "can
+    measure" for a model the atlas has not run, and, for one it ran, that it did (`n_measured`
+    cells), whether or not a crawl gave it a model_type."""
     from atlas.measure.families import measurability
 
+    ran = (f" The atlas's own runner measured this checkpoint: {n_measured} cells, under Measured above."
+           if n_measured else "")
     if not model_type:
+        if n_measured:
+            # a project-made checkpoint is in no crawl, so no model_type of a crawl: it was still run
+            return Markdown("No crawl holds it, so there is no crawled model_type to look its family up by." + ran)
         return Markdown("No model_type in its config: the atlas's own runner has no family to look up.")
     got = measurability(model_type)
     row = f" (family row {escape(got.family)})" if got.family else ""
     verdict = {"measurable": "can measure", "refused": "refuses", "no row": "has no family row for"}[got.status]
-    return Markdown(f"The atlas's own runner {verdict} {code(model_type)}{row}: {escape(got.reason)}.")
+    backing = ""
+    if got.status == "measurable" and not n_measured:
+        backing = (" What backs this: the runner's tests of the layout on small checkpoints shrunk from a "
+                   "config of the family; this model itself has not been measured.")
+    return Markdown(f"The atlas's own runner {verdict} {code(model_type)}{row}: {escape(got.reason)}.{backing}{ran}")
 
 
 def _conformance_words(e: Engine) -> str:

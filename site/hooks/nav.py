@@ -1,5 +1,5 @@
-"""mkdocs hook: the nav in reading order (home, modules by number, finder, data, changelog,
-glossary, how-made), computed from what `atlas site build` rendered into docs/, so adding a module needs no config edit."""
+"""mkdocs hook: the nav in reading order (home, modules by number, finder, fingerprints, runs,
+conformance, data, changelog, glossary, how-made), computed from what `atlas site build` rendered into docs/, so adding a module needs no config edit."""
 
 from __future__ import annotations
 
@@ -18,8 +18,11 @@ def on_config(config: Any) -> Any:
     if (docs / "models" / "index.md").exists():
         # the finder links every per-model page; those pages stay out of the nav (not_in_nav)
         nav.append({"Model finder": "models/index.md"})
-    for title, name in (("Data", "data/index.md"), ("Changelog", "changelog.md"),
-                        ("Glossary", "glossary.md"), ("How this atlas is made", "how-made.md")):
+    # the Runs page lists the run pages (docs/runs/), which stay out of the nav like model pages
+    for title, name in (("Fingerprints", "fingerprints.md"), ("Runs", "runs.md"),
+                        ("Conformance", "conformance.md"), ("Data", "data/index.md"),
+                        ("Changelog", "changelog.md"), ("Glossary", "glossary.md"),
+                        ("How this atlas is made", "how-made.md")):
         if (docs / name).exists():
             nav.append({title: name})
     config["nav"] = nav

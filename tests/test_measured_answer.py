@@ -1,0 +1,155 @@
+"""Module 8's answer up front and its compact Measured table, from records built here through the
+records module (several prompts and repeats, the real derive and gate): a real model that gains
+with the gate on, one that does not, a build with no real model, and a gain only on the teaching
+model. Every expected figure is recomputed here from the repeats, not read from the page code."""
+
+from __future__ import annotations
+
+import statistics
+from datetime import datetime, timezone
+
+from site_helpers import parse_html
+from test_evidence import site_markdown
+
+from atlas.measure import records
+from atlas.site import measured
+
+COSTS = records.PassCosts(plain=0.010, verify={1: 0.0153}, draft=0.0021)
+
+
+def _cell(workload: str, speeds: list[float], accepted: int) -> records.Cell:
+    """One k = 1 cell at T = 0: one repeat per speed-up (plain seconds ÷ speculative seconds), each
+    over 3 prompts' drafts (60 drafted, `accepted` kept)."""
+    repeats = [
+        records.Repeat(tokens=60 + accepted, seconds=1.0, baseline_seconds=s, drafted_per_position=[60],
+                       reached_per_position=[60], accepted_per_position=[accepted], verify_passes=60,
+                       identical_to_baseline=True, pass_costs=COSTS)
+        for s in speeds
+    ]
+    derived = records.derive(repeats, 0.0, 1, COSTS)
+    g = records.gate(derived, len(repeats), False)
+    return records.Cell(engine="atlas", engine_version="0.1.0", baseline="atlas plain decoder", workload=workload,
+                        temperature=0.0, draft_tokens=1, repeats=repeats, derived=derived,
+                        gate_enabled=g.enabled, gate_reason=g.reason)
+
+
+def _run(model_id: str, speeds: dict[str, list[float]], *, real: bool, day: int = 1) -> measured.Run:
+    provenance = records.Provenance(
+        kind="project-made MTP head on a real main model", project_made=True, model_id=model_id,
+        main_model={"source": "Org/Real-Main"}, mtp_head={"made_by": "the test", "steps": 150},
+    ) if real else None
+    record = records.Record(
+        schema_version=3, run_date=datetime(2026, 12, day, 9, 0, tzinfo=timezone.utc), model_id=model_id,
+        revision="sha256:" + "cd" * 32,
+        hardware=records.Hardware(text="CPU: test box (8 cores)", cpu="test", cpu_cores=8, memory_gib=8.0,
+                                  torch_threads=1),
+        software=records.Software(python="3.11", torch="2.13.0", transformers="5.24.0", atlas="0.1.0",
+                                  atlas_commit=None, atlas_tree_dirty=False, numpy="2.3", blas="openblas", os="Linux"),
+        command="atlas measure run", seed=0, prompt_set="p", prompt_set_digest="0" * 64,
+        settings=records.Settings(device="cpu", dtype="float32", workloads=list(speeds), temperatures=[0.0],
+                                  draft_tokens=[1], max_new_tokens=64, repeats=4, prompts_per_workload=3),
+        pass_costs=COSTS, provenance=provenance,
+        cells=[_cell(w, s, 45 if min(s) > 1 else 12) for w, s in speeds.items()],
+    )
+    return measured.Run(record, records.record_id(record), f"evidence/measurements/{model_id.replace('/', '-')}-{day}.json")
+
+
+GAIN = {"code": [1.30, 1.34, 1.28, 1.31], "chat": [0.80, 0.82, 0.79, 0.81]}
+LOSS = {"code": [0.71, 0.69, 0.70, 0.72], "chat": [0.60, 0.62, 0.61, 0.59]}
+# faster by the median, but repeats too scattered for the paired bound: the gate stays undecided
+UNSURE = {"code": [1.50, 0.80, 1.40, 0.70], "chat": [0.60, 0.62, 0.61, 0.59]}
+BIG_GAIN = {"code": [1.90, 1.95, 1.92, 1.91], "chat": [1.50, 1.52, 1.49, 1.51]}
+
+
+def _text(markdown_text: str) -> str:
+    return " ".join(parse_html(site_markdown(markdown_text)).text.split())
+
+
+def test_a_real_model_that_gains_with_the_gate_on_is_said_to_pay_and_the_gain_is_traced() -> None:
+    run = _run("org/real-gain", GAIN, real=True)
+    text = _text(measured.answer_text([run], "../runs/"))
+    on = [g for g in run.record.gates if g.enabled]
+    assert [g.workload for g in on] == ["code"]  # the rule's own verdict on these repeats
+    assert "on 2026-12-01 the atlas ran org/real-gain" in text and "CPU: test box (8 cores)" in text
+    assert "and it paid:" in text and f"on for 1 of {len(run.record.gates)}" in text
+    faster = sum(1 for s in GAIN.values() if statistics.median(s) > 1)
+    assert f"{faster} of 2 cells ran faster" in text
+    best = statistics.median(GAIN["code"])
+    assert f"code at T = 0, k = 1: {best:.2f}×, with {45 / 60:.2f} of its drafts accepted" in text
+    assert f"{(0.0153 + 0.0021) / 0.010:.2f} plain steps" in text
+    assert f"../runs/{run.record_id[:12]}.md" in measured.answer_text([run], "../runs/")
+    assert "teaching model" not in text
+    # a bigger gain on the teaching model does not displace the real model's as the answer
+    teaching = _run("mtp-atlas/byte", BIG_GAIN, real=False, day=2)
+    text = _text(measured.answer_text([run, teaching], "../runs/"))
+    assert f"the best gated-on row is R1, code at T = 0, k = 1: {best:.2f}×" in text
+
+
+def test_faster_by_the_median_without_the_gate_on_does_not_pay() -> None:
+    run = _run("org/real-unsure", UNSURE, real=True)
+    assert not any(g.enabled for g in run.record.gates)
+    text = _text(measured.answer_text([run], "../runs/"))
+    assert "and it did not pay:" in text and "1 of 2 cells ran faster" in text
+
+
+def test_a_real_model_that_does_not_gain_is_said_not_to_pay_with_its_break_even() -> None:
+    run = _run("org/real-loss", LOSS, real=True)
+    text = _text(measured.answer_text([run], "../runs/"))
+    assert not any(g.enabled for g in run.record.gates)
+    assert "and it did not pay:" in text and "0 of 2 cells ran faster" in text
+    even = (0.0153 + 0.0021) / 0.010 - 1
+    assert f"no gate turned on in R1; at k = 1 its head's drafts were accepted {12 / 60:.2f}–{12 / 60:.2f}" in text
+    assert f"breaking even needs about {even:.2f}" in text
+    assert "it paid" not in text.replace("did not pay", "")
+
+
+def test_a_gain_only_on_the_teaching_model_is_not_laid_on_the_real_one() -> None:
+    real, teaching = _run("org/real-loss", LOSS, real=True), _run("mtp-atlas/byte", GAIN, real=False, day=2)
+    text = _text(measured.answer_text([real, teaching], "../runs/"))
+    assert "ran org/real-loss" in text and "did not pay" in text
+    assert "the best gated-on row is R2 (the atlas's teaching model, not a real one)" in text
+
+
+def test_a_build_without_a_real_model_says_so() -> None:
+    assert "nothing in this build" in _text(measured.answer_text([_run("mtp-atlas/byte", GAIN, real=False)], ""))
+    assert "no measurement record at all" in _text(measured.answer_text([], ""))
+
+
+def test_the_newest_real_run_answers_and_the_compact_table_has_one_row_per_run() -> None:
+    older, newer = _run("org/real-gain", GAIN, real=True, day=1), _run("org/real-loss", LOSS, real=True, day=3)
+    text = _text(measured.answer_text([older, newer], "../runs/"))
+    assert "on 2026-12-03 the atlas ran org/real-loss" in text and "newest of 2 real-model runs" in text
+    rows = parse_html(site_markdown(measured.compact_summary([older, newer], "../runs/"))).tables[0].rows
+    assert [r[1] for r in rows] == ["org/real-gain", "org/real-loss"]
+    for row, speeds in zip(rows, (GAIN, LOSS)):
+        best = max(speeds, key=lambda w: statistics.median(speeds[w]))
+        assert row[7].startswith(f"{statistics.median(speeds[best]):.2f}× ({best}, T = 0, k = 1, 95 % bounds ")
+        assert row[8] == "; ".join(f"{w} {(45 if min(s) > 1 else 12) / 60:.2f}" for w, s in speeds.items())
+    assert rows[0][9] == "off 1 · on 1 of 2" and rows[1][9] == "off 2 of 2"
+
+
+def test_the_head_recipe_is_read_from_the_provenance_and_gaps_are_named() -> None:
+    run = _run("org/real-gain", GAIN, real=True)
+    text = _text(measured.head_recipe_text(run))
+    assert "trained for 150 optimiser steps" in text and "no held-out agreement" in text
+    assert "does not record the head's training tokens" in text
+    run.record.provenance.mtp_head.update(training_answer_tokens=123456, heldout_first_draft_t0=0.41)
+    text = _text(measured.head_recipe_text(run))
+    assert "on 123456 answer tokens" in text and "0.41 at T = 0" in text and "does not record" not in text
+
+
+def test_the_runner_line_says_what_backs_can_measure_and_that_a_measured_model_was_run() -> None:
+    """C1 and the hybrid pages: a measured checkpoint with no crawled model_type is never told there
+    is no family to look up; a family the runner can measure but the atlas has not run says what
+    backs that claim and that the model itself was not measured."""
+    from atlas.measure.families import measurability_table
+    from atlas.site import modelpages
+
+    ran = _text(modelpages.runner_line(None, 30))
+    assert "no family to look up" not in ran and "measured this checkpoint: 30 cells" in ran
+    assert "no family to look up" in _text(modelpages.runner_line(None, 0))
+    measurable = next(m.model_type for m in measurability_table() if m.status == "measurable")
+    line = _text(modelpages.runner_line(measurable, 0))
+    assert "can measure" in line and "shrunk from a config of the family" in line
+    assert "this model itself has not been measured" in line
+    assert "has not been measured" not in _text(modelpages.runner_line(measurable, 4))
