@@ -55,7 +55,9 @@
                 widget: !!t.closest(".atlas-widget"),
                 brokenWords: t.closest(".atlas-widget") ? brokenWords(t) : [],
                 minFont: Math.min.apply(null, fonts.concat([99])),
-                rows: t.tBodies.length ? t.tBodies[0].rows.length : 0};
+                rows: t.tBodies.length ? t.tBodies[0].rows.length : 0,
+                rowHeights: t.tBodies.length ? Array.prototype.map.call(t.tBodies[0].rows, function (r) {
+                  return box(r).height; }) : []};
       });
       var charts = Array.prototype.map.call(main.querySelectorAll(".atlas-chart"), function (c) {
         var svg = c.querySelector("svg");

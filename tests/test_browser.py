@@ -130,6 +130,11 @@ def test_no_table_or_chart_overflows_the_column_at_1400px(layouts: dict[tuple[st
     assert any(t["header"] == SUMMARY_HEADER for t in layouts[(_first_run_page(), WIDE)]["tables"])
 
 
+# a table's median phone card under the old line-per-column card's 250 px, whatever its text; a
+# table of figures (seven to ten short cells a row) in a few lines
+CARD_PX, FIGURES_CARD_PX = 250, 120
+
+
 def test_every_page_is_usable_at_390px(layouts: dict[tuple[str, int], dict]) -> None:
     for (page, width), m in layouts.items():
         if width != PHONE:
@@ -144,6 +149,14 @@ def test_every_page_is_usable_at_390px(layouts: dict[tuple[str, int], dict]) -> 
             assert t["maxCellRight"] <= right and t["hiddenScroll"] <= 1, (page, t["header"])
             assert t["minFont"] >= 11, (page, t["header"])
             assert not t["brokenWords"], (page, t["header"], "words broken inside", t["brokenWords"])
+            if t["cards"] and len(t["rowHeights"]) >= 3:
+                # compact cards: a row's cells run on as "name value" pairs, a few lines per row
+                # (the line-per-column cards were about 250 px a row)
+                heights = sorted(t["rowHeights"])
+                median = heights[len(heights) // 2]
+                assert median < CARD_PX, (page, t["header"], heights)
+                if "speed-up (range)" in t["header"] or "acceptance" in t["header"]:
+                    assert median <= FIGURES_CARD_PX, (page, t["header"], heights)
         for c in m["charts"]:
             assert c["box"]["right"] <= right, (page, c["title"])
             assert c["minSvgFont"] >= MIN_LABEL_PX, (page, c["title"], c["minSvgFont"])

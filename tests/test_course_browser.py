@@ -169,6 +169,32 @@ def test_finder_filters_from_its_url_and_lists_every_model(site, parameter: str)
     assert 'data-atlas-sortable="1"' in dom.stdout  # sort-tables.js wired the finder's table
 
 
+def test_a_search_that_matches_nothing_says_which_family_it_names(site) -> None:
+    """"mimo" matched nothing with no hint, though module 8 uses MiMo three times: the crawl tracks
+    no MiMo checkpoint. The finder now says that MiMo is a family the runner's table knows; other
+    words get what the finder searches; a family name with models finds them (its alias)."""
+    layout, models = site
+    finder = layout.build / "models" / "index.html"
+
+    def shown(words: str) -> tuple[list[str], str]:
+        dom = run_chromium("--virtual-time-budget=3000", "--dump-dom", finder.as_uri() + "?find=" + words)
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        table = next(t for t in parse_html(dom.stdout).tables if t.header[:1] == ["model"])
+        hint = re.search(r"<p data-atlas-finder-hint( hidden)?[^>]*>(.*?)</p>", dom.stdout, re.S)
+        assert hint is not None
+        return [r[0] for r in table.rows], "" if hint.group(1) else hint.group(2)
+
+    assert not any(m.family == "mimo" for m in models.models)
+    rows, hint = shown("mimo")
+    assert rows == [] and "MiMo (model_type qwen2, mimo) is a family in the runner&#39;s table: our loop runs its layout" \
+        in hint.replace("'", "&#39;")
+    rows, hint = shown("zzqx")
+    assert rows == [] and "try part of a model id" in hint
+    rows, hint = shown("nemotron-h")
+    assert rows and hint == ""
+    assert set(rows) >= {m.repo_id for m in models.models if m.family == "nemotron_h" and m.runner}
+
+
 def test_screenshot_of_diagrams_and_widgets(site) -> None:
     layout, _ = site
     built = (layout.build / "modules" / "module-08" / "index.html").read_text(encoding="utf-8")

@@ -97,3 +97,49 @@ def test_the_finder_table_is_out_of_the_search_index_and_model_pages_are_in(find
             first = re.sub("<[^>]+>", "", entries[0]["text"])
             assert len(first) < 400, (m.repo_id, first)  # a preview, not a table
 
+
+
+def test_a_model_page_puts_each_baseline_in_a_table_of_its_own(finder_site) -> None:
+    """C2: the real team model's page held our loop's and transformers' speed-ups in one table,
+    each over its own engine's plain decoding. One table per record and baseline, named above it."""
+    from atlas.measure import records
+
+    layout, models, _ = finder_site
+    real = next(m for m in models.models if m.repo_id.endswith("smollm2-135m-instruct-mtp"))
+    html_text = (layout.build / "models" / real.slug / "index.html").read_text(encoding="utf-8")
+    committed = [records.read_record(p) for p in sorted((REPO / "evidence" / "measurements").glob("*.json"))]
+    baseline_of = {f"{c.engine} {c.engine_version}".strip(): c.baseline for r in committed
+                   if r.model_id == real.repo_id and not r.settings.quick for c in r.cells}
+    pairs = {(r.model_id, records.record_id(r), c.baseline) for r in committed
+             if r.model_id == real.repo_id and not r.settings.quick for c in r.cells}
+    assert len({b for _, _, b in pairs}) >= 2, "the real model was run over more than one baseline"
+    page = parse_html(html_text)
+    tables = [t for t in page.tables if "speed-up (range)" in t.header]
+    assert len(tables) == len(pairs)
+    for t in tables:
+        engines = {r[t.header.index("engine")] for r in t.rows}
+        assert len({baseline_of[e] for e in engines}) == 1, engines
+    text = " ".join(page.text.split())
+    for _, _, baseline in pairs:
+        assert f"Speed-ups over {baseline}:" in text
+
+
+def test_a_family_name_finds_its_models_and_only_mtp_models_carry_it(finder_site) -> None:
+    """The finder's family cell carries the family-table name (module 8 says Nemotron-H, MiMo,
+    GLM-5) beside the model_type, for models that declare or ship MTP only: MiMo's row also reads
+    qwen2, which no Qwen2 model should answer to."""
+    layout, models, _ = finder_site
+    rows = finder_rows(layout)
+    nemotron = [m for m in models.models if m.family == "nemotron_h" and m.runner]
+    assert nemotron
+    for m in nemotron:
+        assert rows[m.repo_id]["family"] == "nemotron_h (Nemotron-H / Nemotron-3)"
+    for m in models.models:
+        if not m.runner:
+            assert "(" not in rows[m.repo_id]["family"], m.repo_id
+    qwen35 = next(m for m in models.models if m.family == "qwen3_5" and m.runner)
+    assert rows[qwen35.repo_id]["family"] == "qwen3_5"  # "Qwen3.5" is its model_type spelled again
+    hint = json.loads(__import__("html").unescape(
+        re.search(r'data-atlas-finder-families="([^"]*)"', (layout.build / "models" / "index.html").read_text(encoding="utf-8")).group(1)))
+    mimo = next(f for f in hint if f["name"] == "MiMo")
+    assert mimo["types"] == ["qwen2", "mimo"] and mimo["says"] == "our loop runs its layout"

@@ -91,6 +91,7 @@ class Measured(BaseModel):
     speedup_fastest_repeat: float | None
     record_id: str
     source_path: str | None = None  # the record file; None in models.json files written before it
+    baseline: str | None = None  # what the speed-up divides by; None in models.json files written before it
 
 
 class Model(BaseModel):
@@ -162,7 +163,7 @@ _WEIGHT_NAMES = """
 _MEASURED = """
     SELECT model_id, run_date, revision, hardware, engine, engine_version, workload, temperature,
            draft_tokens, acceptance_rate, mean_accepted_length, speedup, speedup_slowest_repeat, speedup_fastest_repeat,
-           record_id, source_path, ideal_speedup
+           record_id, source_path, ideal_speedup, baseline
     FROM measurement_cells
     ORDER BY model_id, run_date, engine, workload, temperature, draft_tokens, record_id"""
 
@@ -284,7 +285,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
                      draft_tokens=m["draft_tokens"], acceptance_rate=m["acceptance_rate"],
                      mean_accepted_length=m["mean_accepted_length"], speedup=m["speedup"],
                      speedup_slowest_repeat=m["speedup_slowest_repeat"], speedup_fastest_repeat=m["speedup_fastest_repeat"],
-                     record_id=m["record_id"], source_path=m["source_path"])
+                     record_id=m["record_id"], source_path=m["source_path"], baseline=m["baseline"])
             for m in measured.get(rid, [])
         ]
         declares = bool(now and (now["declared_num_mtp_layers"] or 0) > 0)
@@ -640,14 +641,20 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
             lines += [
                 f"Record {code(record_id[:12])}: run {escape(first.run_date)}, revision "
                 f"{_rev(first.revision)}, hardware {escape(first.hardware)}.{link}", "",
-                table(["engine", "workload", "#T", "#k", "#acceptance", "#accepted length",
-                       "#speed-up (range)"],
-                      [[escape(x.engine), escape(x.workload), f"{x.temperature:g}", x.draft_tokens,
-                        _num(x.acceptance_rate, 3), _num(x.mean_accepted_length, 2),
-                        _num(x.speedup, 2) + (f" ({x.speedup_slowest_repeat:.2f}–{x.speedup_fastest_repeat:.2f})"
-                                              if x.speedup_slowest_repeat is not None and x.speedup_fastest_repeat is not None
-                                              else "")] for x in cells]), "",
             ]
+            # speed-ups over different baselines never share a table (module 8's rule): one per baseline
+            for baseline in dict.fromkeys(x.baseline for x in cells):
+                mine = [x for x in cells if x.baseline == baseline]
+                lines += [
+                    f"*Speed-ups over {escape(baseline) if baseline else 'a baseline this evidence file does not name (rerun atlas evidence)'}:*", "",
+                    table(["engine", "workload", "#T", "#k", "#acceptance", "#accepted length",
+                           "#speed-up (range)"],
+                          [[escape(x.engine), escape(x.workload), f"{x.temperature:g}", x.draft_tokens,
+                            _num(x.acceptance_rate, 3), _num(x.mean_accepted_length, 2),
+                            _num(x.speedup, 2) + (f" ({x.speedup_slowest_repeat:.2f}–{x.speedup_fastest_repeat:.2f})"
+                                                  if x.speedup_slowest_repeat is not None and x.speedup_fastest_repeat is not None
+                                                  else "")] for x in mine]), "",
+                ]
     else:
         lines += ["The atlas has no measurement of this model.", ""]
     lines += ["## The atlas's own runner", "", runner_line(m.family, len(m.measured)), ""]
@@ -693,7 +700,9 @@ def _conformance_words(e: Engine) -> str:
     if not e.conformance:
         return "conformance not checked"
     return "; ".join(f"{c.build} ({'patched, not the release' if c.patched else 'the release'}) on {c.device}, "
-                     f"{c.layout} layout checked: {servable_matrix.results_text(c)}" for c in e.conformance)
+                     + (f"checked on a {c.layout} stand-in (the same MTP tensor layout; this family's own engine code was not run)"
+                        if c.stand_in else f"{c.layout} layout checked")
+                     + f": {servable_matrix.results_text(c)}" for c in e.conformance)
 
 
 def _shown(value: object) -> str:
@@ -702,12 +711,45 @@ def _shown(value: object) -> str:
     return "—" if value is None else html.unescape(escape(value))
 
 
+def family_name(m: Model) -> str | None:
+    """The family-table name (MiMo, Nemotron-H / Nemotron-3, …) of a crawled model that declares
+    or ships MTP (the ones our loop gave a verdict), when it is more than its model_type spelled
+    again: what a reader types who learnt the family from module 8. Only those models: the table
+    also reads model_types that other families share (MiMo's row reads qwen2)."""
+    from atlas.measure.families import measurability
+
+    if not m.runner or not m.family:
+        return None
+    name = measurability(m.family).family
+    return name if name and _squash(name) != _squash(m.family) else None
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def finder_families() -> list[dict[str, Any]]:
+    """Every family-table row as the finder's no-match hint names it: its name, the model_types
+    it reads, and the runner's answer for it (measures / refuses, why)."""
+    from atlas.measure.families import FAMILIES, measurability
+
+    out = []
+    for f in FAMILIES:
+        got = measurability(f.model_types[0])
+        says = "our loop runs its layout" if got.status == "measurable" else f"our loop refuses it ({got.reason})"
+        out.append({"name": f.name, "types": list(f.model_types), "says": says})
+    return out
+
+
 def finder_row(m: Model) -> list[str | None]:
     """One model as the finder shows it: id, its page's slug (None without a page), then the text
-    of the org, family, declared, shipped, servable, measured and our-loop cells."""
+    of the org, family (with its family-table name where that differs), declared, shipped,
+    servable, measured and our-loop cells."""
     c = m.current
+    alias = family_name(m)
     return [
-        _shown(m.repo_id), m.slug if m.has_page else None, _shown(m.org), _shown(m.family),
+        _shown(m.repo_id), m.slug if m.has_page else None, _shown(m.org),
+        _shown(m.family) + (f" ({_shown(alias)})" if alias else ""),
         _shown(c.declared) if c else not_crawled_words(m), _shown(c.shipped) if c else not_crawled_words(m),
         ", ".join([f"{_shown(e.engine)} ({_shown(_conformance_words(e))})" for e in m.servable]
                   + [f"{_shown(e)} (measured run)" for e in measured_serving(m)]) or "—",
@@ -740,7 +782,8 @@ def finder(data: Models | None) -> str:
         f"measured model: {len(data.models)} in all.{listed} {n_pages} declare, ship or were measured with "
         "MTP and have their own page (linked). Type to filter (all words must match, anywhere in "
         "the row; a link can carry the filter as ?find=words, or as the site search's ?h=words); "
-        "click a column header to sort. Declared and shipped are layer counts (— unknown); "
+        "click a column header to sort. A model that declares or ships MTP also carries its family-table name "
+        "beside its model_type (MiMo, Nemotron-H / Nemotron-3, GLM-5), so a family's name finds it. Declared and shipped are layer counts (— unknown); "
         f"servable is the support matrix of {data.servable_date}, for models that declare or ship "
         "MTP layers, each engine with its conformance result (lossless / fails / inconclusive, per "
         "build checked; or not checked; an engine marked \"measured run\" ran the model's MTP in a "
@@ -751,10 +794,13 @@ def finder(data: Models | None) -> str:
     # the same. The script sets the rows it loads as text.
     table_html = (
         f'<div class="atlas-finder" data-atlas-finder-total="{len(data.models)}" '
-        f'data-atlas-finder-parts="{n_parts}" data-atlas-finder-src="{FINDER_PARTS}/part-">'
+        f'data-atlas-finder-parts="{n_parts}" data-atlas-finder-src="{FINDER_PARTS}/part-" '
+        f'data-atlas-finder-families="{html.escape(json.dumps(finder_families()), quote=True)}">'
         '<p><label>Filter models <input type="search" data-atlas-finder '
         'placeholder="e.g. deepseek, qwen3_next, vLLM" autocomplete="off"></label> '
         '<span data-atlas-finder-count aria-live="polite"></span></p>'
+        # shown when nothing matches: which known family the words name, if any
+        '<p data-atlas-finder-hint hidden></p>'
         # out of the search index: a hit would preview the whole table as one run of text; the
         # per-model pages are the index's entries for models
         "<table data-atlas-finder-table data-search-exclude><thead><tr>"

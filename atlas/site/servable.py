@@ -99,17 +99,19 @@ class Checked(BaseModel):
     record: str  # the record file, repo-relative
     layout: str  # the conformance layout checked
     layout_note: str  # how that layout relates to this family
+    stand_in: bool = False  # the layout checked is another family's with the same MTP tensors
     results: dict[str, Result]  # "T 0", "T > 0 greedy drafts", "T > 0 probabilistic drafts"
     causes: list[Cause]
 
 
-def _layout_for(model_type: str | None, architectures: list[str]) -> tuple[str, str] | None:
+def _layout_for(model_type: str | None, architectures: list[str]) -> tuple[str, str, bool] | None:
+    """(layout checked, how it relates to this family, whether it is a stand-in)."""
     for layout, cov in COVERAGE.items():
         if model_type in cov.same or cov.checked_as in architectures:
-            return layout, f"this family's own layout ({cov.tensors}), checked as {cov.checked_as}"
+            return layout, f"this family's own layout ({cov.tensors}), checked as {cov.checked_as}", False
         if model_type in cov.same_tensors:
             return layout, (f"the same {cov.tensors} MTP tensor layout, checked as {layout} ({cov.checked_as}); "
-                            "the engine's code for this family itself was not run")
+                            "the engine's code for this family itself was not run"), True
     return None
 
 
@@ -121,14 +123,14 @@ def checked_for(model_type: str | None, architectures: list[str], engine: str, v
     found = _layout_for(model_type, architectures)
     if found is None:
         return []
-    layout, note = found
+    layout, note, stand_in = found
     out: dict[str, Checked] = {}
     for v in verdicts:
         if v.layout != layout or v.package.split("-")[0].lower() != engine.lower():
             continue
         c = out.setdefault(v.source, Checked(
             build=v.build, patched=v.patched, device=v.device, hardware=v.hardware, date=v.date, record=v.source,
-            layout=layout, layout_note=note, results={}, causes=[]))
+            layout=layout, layout_note=note, stand_in=stand_in, results={}, causes=[]))
         key = "T 0" if v.temperature == "0" else f"T > 0 {v.draft_sampling} drafts"
         c.results[key] = v.result
         for k in v.causes:

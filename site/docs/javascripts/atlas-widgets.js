@@ -237,6 +237,9 @@
     var nParts = parseInt(box.getAttribute("data-atlas-finder-parts"), 10) || 0;
     var src = box.getAttribute("data-atlas-finder-src");
     var names = Array.prototype.map.call(table.tHead.rows[0].cells, function (th) { return th.textContent.trim(); });
+    var hint = box.querySelector("[data-atlas-finder-hint]");
+    var families = [];
+    try { families = JSON.parse(box.getAttribute("data-atlas-finder-families") || "[]"); } catch (e) { families = []; }
     var rows = null, waiting = [], loading = false, sortIndex = null, descending = false;
 
     function words() {
@@ -304,6 +307,28 @@
         count.textContent = hits.length + " of " + total + " models shown" +
           (hits.length > LISTED ? " (the first " + LISTED + " listed: add words to narrow)" : "");
       }
+      if (hint) {
+        hint.hidden = hits.length > 0 || !ws.length;
+        hint.textContent = hint.hidden ? "" : noMatch(ws);
+      }
+    }
+
+    // Nothing matches: say whether the words name a family the runner's table knows (module 8
+    // uses family names; the crawl holds only the watchlist's models), else what the finder searches.
+    function squash(s) { return s.toLowerCase().replace(/[^a-z0-9]/g, ""); }
+    function noMatch(ws) {
+      var keys = ws.map(squash).filter(function (w) { return w.length > 2; });
+      var named = families.filter(function (f) {
+        var own = [f.name].concat(f.types).map(squash);
+        return keys.some(function (w) { return own.some(function (o) { return o.indexOf(w) !== -1; }); });
+      });
+      if (named.length) {
+        return "No model of this snapshot matches every word. " + named.map(function (f) {
+          return f.name + " (model_type " + f.types.join(", ") + ") is a family in the runner's table: " + f.says;
+        }).join("; ") + ". The finder lists the crawl's models only; the Runs page has the family table.";
+      }
+      return "No model of this snapshot matches every word. The finder searches each row's text (id, org, " +
+        "family, the claim cells): try part of a model id, an org, or a model_type such as deepseek_v3.";
     }
 
     function apply() {
