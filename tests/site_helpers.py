@@ -242,7 +242,6 @@ def build_demo_site(root: Path, *, conformance: bool = False, sources: bool = Fa
     shown; `export_data`: the export is written first (the Data and Changelog pages);
     `copy_measurements`: the records are copied beside the evidence as well."""
     from atlas import export
-    from atlas.measure import records
     from atlas.site import evidence, modelpages, render
 
     layout = site_copy(root)
@@ -252,12 +251,7 @@ def build_demo_site(root: Path, *, conformance: bool = False, sources: bool = Fa
         shutil.copytree(REPO / "evidence" / "measurements", layout.evidence / "measurements")
     db = root / "atlas.duckdb"
     crawl_mirror(db)
-    con = store.connect(db)
-    try:
-        loaded, _, errors = records.import_records(con, REPO / "evidence" / "measurements")
-    finally:
-        con.close()
-    assert loaded and not errors, errors
+    assert import_folder(db, REPO / "evidence" / "measurements")
     manifest = export.export(db, layout.data, layout.evidence, REPO) if export_data else None
     ev = evidence.generate(db, layout.evidence / "module-08.evidence.md", layout.evidence / "servable.toml",
                            REPO / "data" / "hub-mirror" / "SOURCES.tsv" if sources else None)
@@ -325,13 +319,22 @@ def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list
         pass_costs=costs, cells=cells,
     )
     path = records.write_record(record, directory)
+    assert import_folder(db, directory) == 1
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def import_folder(db: Path, folder: Path) -> int:
+    """`atlas measure import` of `folder` into the store at `db`, as the CLI runs it: how many
+    records were loaded; a rejected record fails the test."""
+    from atlas.measure import records
+
     con = store.connect(db)
     try:
-        loaded, _, errors = records.import_records(con, directory)
+        loaded, _, errors = records.import_records(con, folder)
     finally:
         con.close()
-    assert loaded == 1 and not errors, errors
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    assert not errors, errors
+    return loaded
 
 
 # ---- the model finder (helper DATA) ------------------------------------------------------

@@ -25,6 +25,7 @@ from hub_fixtures import (
     copy_mirror,
     make_hub,  # noqa: F401  (fixture)
     no_sleep,  # noqa: F401  (fixture)
+    rows as query,
     team_model_present,
     write_watchlist,
 )
@@ -41,14 +42,6 @@ def run_crawl(tmp_path: Path, hub, watchlist: Path, **kwargs) -> crawler.CrawlSu
         tmp_path / "atlas.duckdb", watchlist, endpoint=hub.url, endpoint_label="mirror:test", token=False,
         cache_dir=tmp_path / "cache", concurrency=4, progress=False, **kwargs,
     )
-
-
-def query(db: Path, sql: str) -> list[tuple]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def fingerprint_table(db: Path, snapshot_id: int) -> list[tuple]:

@@ -18,6 +18,7 @@ from site_helpers import (
     HOSTILE_TYPE,
     REPO,
     hostile_store,
+    import_folder,
     parse_html,
     snapshot_row,
 )
@@ -395,12 +396,7 @@ def test_schema_2_runs_show_conditional_acceptance_undecided_gates_and_keep_smok
     folder = tmp_path / "measurements"
     records.write_record(_schema2_record(False, "org/full-run"), folder)
     records.write_record(_schema2_record(True, "org/smoke-run"), folder)
-    con = store.connect(hostile_db)
-    try:
-        loaded, _, errors = records.import_records(con, folder)
-    finally:
-        con.close()
-    assert loaded == 2 and not errors, errors
+    assert import_folder(hostile_db, folder) == 2
     ev = evidence.generate(hostile_db, tmp_path / "ev.md", MATRIX)
     assert (ev.facts.n_measurement_records, ev.facts.n_measurements) == (1, 2)  # the smoke run is not counted
     pages = measured.split_run_pages(ev.sections["runs"])

@@ -14,10 +14,10 @@ from typing import Any, Callable
 from urllib.parse import unquote
 
 import pytest
-from site_helpers import REPO, crawl_mirror, parse_html, site_copy
+from site_helpers import REPO, crawl_mirror, import_folder, parse_html, site_copy
 from test_hostile_records import _assert_inert
 
-from atlas import AtlasError, export, store
+from atlas import AtlasError, export
 from atlas.measure import conformance, records
 from atlas.site import evidence, mdsafe, modelpages, render
 from atlas.site import reported as reported_figures
@@ -127,12 +127,7 @@ def every_field_site(tmp_path_factory: pytest.TempPathFactory) -> render.Layout:
     assert all(kept.values()), kept
     db = root / "atlas.duckdb"
     crawl_mirror(db)
-    con = store.connect(db)
-    try:
-        loaded, _, errors = records.import_records(con, ev / "measurements")
-    finally:
-        con.close()
-    assert loaded and not errors, errors
+    assert import_folder(db, ev / "measurements")
     layout = layout.model_copy(update={"data_dir": root / "data"})
     export.export(db, layout.data, ev, root)
     evidence.generate(db, ev / "module-08.evidence.md", ev / "servable.toml")

@@ -4,7 +4,6 @@ and `atlas team-model` trains deterministically from its seed."""
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import pytest
@@ -58,21 +57,10 @@ def test_config_declares_one_mellum_mtp_layer() -> None:
 
 
 def test_mtp_layer_loads_from_the_file_through_transformers(model: MellumForCausalLM) -> None:
-    reports: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            reports.append(record.getMessage())
-
-    handler = Collect(level=logging.WARNING)
-    logger = logging.getLogger("transformers.modeling_layers")
-    logger.addHandler(handler)
-    try:
+    with teammodel.mtp_load_reports() as reports:
         # The very call `generate(use_mtp=True)` makes; it raises if an MTP weight is missing.
         mtp = MtpModel.from_pretrained(model, device_map={"": torch.device("cpu")})
-    finally:
-        logger.removeHandler(handler)
-    assert not [r for r in reports if "LOAD REPORT" in r]
+    assert not reports
 
     stored = load_file(CHECKPOINT / "model.safetensors")
     layer = mtp.layers[0]

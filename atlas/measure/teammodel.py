@@ -23,6 +23,7 @@ import shlex
 import sysconfig
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -594,7 +595,6 @@ def verify_checkpoint(path: Path) -> list[str]:
     """Problems with a saved checkpoint as transformers sees it (empty when it is sound): the main
     model and its MTP layer load with no missing or unexpected keys, and the MTP weights in
     memory are the file's."""
-    import logging
 
     import torch
     from safetensors.torch import load_file
@@ -607,22 +607,12 @@ def verify_checkpoint(path: Path) -> list[str]:
         if info.get(kind):
             problems.append(f"main model {kind}: {sorted(info[kind])}")
 
-    reports: list[str] = []
-
-    class _Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            reports.append(record.getMessage())
-
-    handler = _Collect(level=logging.WARNING)
-    logger = logging.getLogger("transformers.modeling_layers")
-    logger.addHandler(handler)
-    try:
-        mtp = MtpModel.from_pretrained(model, device_map={"": torch.device("cpu")})
-    except RuntimeError as exc:  # missing MTP weights raise here
-        return [*problems, str(exc)]
-    finally:
-        logger.removeHandler(handler)
-    problems += [f"MTP load report: {r}" for r in reports if "LOAD REPORT" in r]
+    with mtp_load_reports() as reports:
+        try:
+            mtp = MtpModel.from_pretrained(model, device_map={"": torch.device("cpu")})
+        except RuntimeError as exc:  # missing MTP weights raise here
+            return [*problems, str(exc)]
+    problems += [f"MTP load report: {r}" for r in reports]
     stored = load_file(path / "model.safetensors")
     loaded = mtp_state_dict(mtp)
     in_file = {k for k in stored if k.startswith("mtp.")}
@@ -631,6 +621,28 @@ def verify_checkpoint(path: Path) -> list[str]:
     problems += [f"MTP tensor {k} in memory differs from the file" for k in sorted(in_file & set(loaded))
                  if not torch.equal(stored[k], loaded[k])]
     return problems
+
+
+@contextmanager
+def mtp_load_reports() -> Iterator[list[str]]:
+    """The LOAD REPORTs transformers' MTP loader logs while the block runs: it names missing or
+    unexpected MTP tensors only in its log, never in a return value."""
+    import logging
+
+    reports: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "LOAD REPORT" in record.getMessage():
+                reports.append(record.getMessage())
+
+    handler = _Collect(level=logging.WARNING)
+    logger = logging.getLogger("transformers.modeling_layers")
+    logger.addHandler(handler)
+    try:
+        yield reports
+    finally:
+        logger.removeHandler(handler)
 
 
 def make_team_model(spec: TeamModelSpec, out: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
