@@ -86,7 +86,7 @@ KERNELS = ("auto", "rows", "mm")
 # path that cost 1.2-1.5 plain steps on an AVX-512 host; padded to 5 rows, 2-5 rows cost 1.0-1.1.
 # On an AVX2-only host the same padded path cost 2.0 plain steps at 2 rows where torch.mm cost
 # 1.6, and 2.0 at 4 rows where torch.mm cost 3.4: which path wins depends on the CPU, hence "auto"
-# (benchmarks/measure.py --pass-costs and benchmarks/kernels.py show both)
+# (benchmarks/measure.py --pass-costs and benchmarks/matmul_kernels.py show both)
 PACKED_ROWS = 5
 CALIBRATION_ROUNDS = 7
 

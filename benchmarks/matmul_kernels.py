@@ -2,7 +2,7 @@
 could use for y = x Wᵀ, per weight shape of a checkpoint and per row count (1 = a decode step,
 k + 1 = a verify pass), as a ratio over the 1-row `torch.mm` of the same shape, interleaved.
 
-    .venv/bin/python benchmarks/kernels.py [--model DIR] [--threads 1] [--rows 1,2,3,4,5] [--reps 15]
+    .venv/bin/python benchmarks/matmul_kernels.py [--model DIR] [--threads 1] [--rows 1,2,3,4,5] [--reps 15]
 
 A ratio near 1 for n rows means the kernel streams the weight once and the extra rows are free, as a
 verify pass needs; a ratio near n means it reads the weight once per row. Kernels:
