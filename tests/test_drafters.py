@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -164,3 +165,17 @@ def test_a_hostile_target_id_in_a_drafters_card_is_escaped(site) -> None:
     assert "<img" not in page and f"for {escape(HOSTILE)} (target" in page
     row = _finder_row_html(folder, EVIL)
     assert "<img" not in row and f"for {escape(HOSTILE)} (base" in row
+
+
+def test_a_store_crawled_before_the_rule_gets_its_drafters_by_refingerprint(crawled: Path, tmp_path: Path) -> None:
+    db = tmp_path / "old.duckdb"
+    shutil.copy(crawled, db)
+    con = duckdb.connect(str(db))
+    try:
+        con.execute("DELETE FROM fingerprints WHERE name = 'mtp_drafter'")  # as the older rules left it
+        assert con.execute("SELECT count(*) FROM mtp_drafter_links").fetchall() == [(0,)]
+    finally:
+        con.close()
+    crawler.refingerprint(db)  # no network: the stored configs are read again
+    links = dict(_query(db, "SELECT drafter, target FROM mtp_drafter_links"))
+    assert links == {BY_NAME: "google/gemma-4-E2B-it", BY_CARD: "google/gemma-4-e4b-it", UNKNOWN: None, EVIL: HOSTILE}
