@@ -123,6 +123,14 @@ MEANINGS: dict[str, dict[str, str]] = {
         "shipped_family": "the MTP weight layout the weight names match",
         "weight_source": "where the weight names came from (index or single-file header)",
         "side_file_error": "why a side file (weight index, header) could not be read",
+        "mtp_drafter": "the drafter kind (e.g. gemma4_assistant) when the config makes this repo an MTP drafter for "
+                       "a model in another repo (a present claim of its own; its declared count stays its config's)",
+        "drafter_target": "the model this drafter repo drafts for (NULL: not a drafter, or target unknown)",
+        "drafter_target_evidence": "where drafter_target comes from: base_model (the card names exactly one) or "
+                                   "name (a repo of the snapshot named as the drafter, its drafter suffix stripped); "
+                                   "NULL for a drafter: target unknown",
+        "mtp_drafters_published": "MTP drafter repos of the same snapshot whose target is this model, comma-separated "
+                                  "(their layers are not counted in this model's declared or shipped)",
         "data_date": DATA_DATE,
         "made_by_atlas": "a model this project made (team model, oracles), not counted as Hub adoption",
     },

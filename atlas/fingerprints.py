@@ -22,7 +22,7 @@ from atlas.mtpprecision import Precision, mtp_precision
 
 # Bump on any change to the tables or the logic below: stored fingerprints carry the version
 # that produced them.
-RULE_VERSION = "fp-2026.12.02.1"
+RULE_VERSION = "fp-2026.12.04.1"
 
 # Where keys are looked up, in order. "" is the top level; multimodal configs nest the language
 # model's hyperparameters (Qwen3.5: text_config.mtp_num_hidden_layers).
@@ -123,6 +123,28 @@ FACT_RULES: tuple[FactRule, ...] = (
     FactRule("mtp_transformer_layers", ("mtp_transformer_layers",), "int"),
 )
 
+
+@dataclass(frozen=True)
+class DrafterRule:
+    """A config kind that makes a repo an MTP drafter for a model in another repo (Gemma 4 ships
+    its MTP as separate small drafter repos that share the target's KV cache). The config says
+    only that it is a drafter, never for which model: the target comes from the repo's card or
+    name (the store's mtp_drafter_links view), so it is recorded with that evidence."""
+
+    kind: str  # the name recorded as the `mtp_drafter` fingerprint
+    model_types: tuple[str, ...]
+    architectures: tuple[str, ...]
+    # the repo-name suffix that, stripped, names the target (google/gemma-4-E2B-it-assistant ->
+    # google/gemma-4-E2B-it); lower case, matched without regard to case
+    name_suffix: str
+
+
+DRAFTER_RULES: tuple[DrafterRule, ...] = (
+    # google/gemma-4-{E2B,E4B,12B,26B-A4B,31B}-it-assistant (transformers 5.24:
+    # SinglePositionMultiTokenCandidateGenerator)
+    DrafterRule("gemma4_assistant", ("gemma4_assistant",), ("Gemma4AssistantForCausalLM",), "-assistant"),
+)
+
 # Used with fullmatch: `$` would accept one trailing newline ("deepseek_v3\n", a second family).
 _IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}")
 _COMPILED = tuple((rule, re.compile(rule.pattern)) for rule in WEIGHT_RULES)
@@ -141,6 +163,9 @@ class Fingerprint:
     weight_source: str | None = None
     facts: dict[str, tuple[Any, str]] = field(default_factory=dict)  # name -> (value, key path)
     precision: Precision | None = None  # the MTP layer's (atlas.mtpprecision); None: no MTP declared or shipped
+    # (kind, key path) when the config makes the repo an MTP drafter for another repo's model
+    # (DRAFTER_RULES); its declared count stays what its own config says
+    drafter: tuple[str, str] | None = None
     warnings: list[str] = field(default_factory=list)
 
     def rows(self) -> list[tuple[str, str, str | None]]:
@@ -156,6 +181,8 @@ class Fingerprint:
         if self.precision is not None:
             out.append(("mtp_quantized", self.precision.quantized, self.precision.quantized_evidence))
             out.append(("mtp_dtype", self.precision.dtype, self.precision.dtype_evidence))
+        if self.drafter is not None:
+            out.append(("mtp_drafter", *self.drafter))
         if self.warnings:
             out.append(("warnings", "; ".join(self.warnings), None))
         return out
@@ -231,6 +258,7 @@ def fingerprint(
     fp = Fingerprint()
     _declared(config, fp)
     _facts(config, quant_sidecar, fp)
+    fp.drafter = _drafter(fp.facts)
     if weight_names is not None:
         fp.weight_source = weight_source
         _shipped(config, weight_names, fp)
@@ -273,6 +301,19 @@ def _declared(config: Mapping[str, Any], fp: Fingerprint) -> None:
                     return
             fp.declared_num_mtp_layers, fp.declared_key = count, path
             return
+
+
+def _drafter(facts: Mapping[str, tuple[Any, str]]) -> tuple[str, str] | None:
+    """The drafter kind the config's model_type (else one of its architectures) names, and the
+    key path it was read from; None for every other config."""
+    model_type, type_path = facts.get("model_type", (None, ""))
+    archs, arch_path = facts.get("architectures", ([], ""))
+    for rule in DRAFTER_RULES:
+        if model_type in rule.model_types:
+            return rule.kind, type_path
+        if any(a in rule.architectures for a in archs):
+            return rule.kind, arch_path
+    return None
 
 
 def _count(value: Any) -> int | None:

@@ -29,6 +29,7 @@ import duckdb
 import numpy as np
 
 from atlas import AtlasError
+from atlas.fingerprints import DRAFTER_RULES
 
 DEFAULT_DB = Path("data/atlas.duckdb")
 
@@ -102,6 +103,27 @@ SELECT repo_id, sha, any_value(rule_version) AS rule_version,
     max(value) FILTER (WHERE name = 'mtp_dtype') AS mtp_dtype
 FROM fingerprints GROUP BY repo_id, sha;
 
+-- MTP drafters that ship as repos of their own (fingerprint `mtp_drafter`, atlas.fingerprints
+-- DRAFTER_RULES) and, per snapshot, the target each is for, with the evidence: the card's
+-- base_model when it names exactly one model ('base_model'), else a repo of the same snapshot whose
+-- name is the drafter's with the rule's suffix stripped ('name'), else NULL (target unknown). The
+-- config never names its target, so nothing else is taken for one.
+CREATE OR REPLACE VIEW mtp_drafter_links AS
+WITH drafters AS (
+    SELECT h.snapshot_id, h.repo_id, h.base_models, f.value AS kind, f.path AS kind_key
+    FROM hub_models h JOIN fingerprints f ON f.repo_id = h.repo_id AND f.sha = h.sha AND f.name = 'mtp_drafter'
+), by_name AS (
+    SELECT d.snapshot_id, d.repo_id, min(n.repo_id) AS target
+    FROM drafters d
+    JOIN (VALUES {drafter_suffixes}) s(kind, suffix) ON s.kind = d.kind
+    JOIN hub_models n ON n.snapshot_id = d.snapshot_id AND lower(d.repo_id) = lower(n.repo_id) || s.suffix
+    GROUP BY d.snapshot_id, d.repo_id
+)
+SELECT d.snapshot_id, d.repo_id AS drafter, d.kind AS drafter_kind, d.kind_key AS drafter_kind_key,
+    CASE WHEN len(d.base_models) = 1 THEN d.base_models[1] ELSE b.target END AS target,
+    CASE WHEN len(d.base_models) = 1 THEN 'base_model' WHEN b.target IS NOT NULL THEN 'name' END AS target_evidence
+FROM drafters d LEFT JOIN by_name b ON b.snapshot_id = d.snapshot_id AND b.repo_id = d.repo_id;
+
 CREATE OR REPLACE VIEW mtp_fingerprints_history AS
 SELECT h.repo_id, h.sha AS revision, s.snapshot_id, s.finished_at AS snapshot_date,
     f.model_type, f.architectures, f.declared_num_mtp_layers, f.declared_key,
@@ -109,10 +131,19 @@ SELECT h.repo_id, h.sha AS revision, s.snapshot_id, s.finished_at AS snapshot_da
     nullif(array_to_string(h.base_models, ','), '') AS base_model, h.fetch_status,
     coalesce(h.error, f.warnings) AS error, h.downloads, h.likes, h.last_modified,
     f.rule_version, h.base_relation, h.pipeline_tag, f.shipped_family, f.weight_source,
-    h.side_file_error
+    h.side_file_error,
+    -- appended, like the precision columns: the drafter side and the target side of a drafter
+    -- link, each its own claim; the declared counts above stay each repo's own
+    l.drafter_kind AS mtp_drafter, l.target AS drafter_target, l.target_evidence AS drafter_target_evidence,
+    p.drafters AS mtp_drafters_published
 FROM hub_models h
 JOIN snapshots s ON s.snapshot_id = h.snapshot_id AND s.status = 'complete'
-LEFT JOIN fingerprints_wide f ON f.repo_id = h.repo_id AND f.sha = h.sha;
+LEFT JOIN fingerprints_wide f ON f.repo_id = h.repo_id AND f.sha = h.sha
+LEFT JOIN mtp_drafter_links l ON l.snapshot_id = h.snapshot_id AND l.drafter = h.repo_id
+LEFT JOIN (
+    SELECT snapshot_id, lower(target) AS target, string_agg(drafter, ',' ORDER BY drafter) AS drafters
+    FROM mtp_drafter_links WHERE target IS NOT NULL GROUP BY snapshot_id, lower(target)
+) p ON p.snapshot_id = h.snapshot_id AND p.target = lower(h.repo_id);
 
 CREATE OR REPLACE VIEW mtp_fingerprints AS
 SELECT * FROM mtp_fingerprints_history
@@ -126,7 +157,9 @@ FROM hub_models h
 JOIN snapshots s ON s.snapshot_id = h.snapshot_id
 LEFT JOIN fingerprints_wide f ON f.repo_id = h.repo_id AND f.sha = h.sha
 WHERE s.snapshot_id = (SELECT max(snapshot_id) FROM snapshots WHERE status = 'complete');
-"""
+""".replace(
+    # the rules' own constants (identifier-like, no quote), not data from a hub
+    "{drafter_suffixes}", ", ".join(f"('{r.kind}', '{r.name_suffix}')" for r in DRAFTER_RULES))
 
 
 _DISK_FULL = ("no space left on device", "disk is full", "not enough space")

@@ -94,6 +94,25 @@ class Measured(BaseModel):
     baseline: str | None = None  # what the speed-up divides by; None in models.json files written before it
 
 
+class DrafterLink(BaseModel):
+    """This repo is an MTP drafter for a model in another repo (a present claim from its config,
+    atlas.fingerprints DRAFTER_RULES), and the target the store's mtp_drafter_links found."""
+
+    kind: str  # e.g. gemma4_assistant
+    kind_key: str  # the config key that says so (model_type or architectures)
+    target: str | None  # None: target unknown
+    evidence: str | None  # 'base_model' (the card) or 'name' (the repo's name); None: target unknown
+    target_slug: str | None = None  # the target's page, when the target is in the snapshot
+
+
+class PublishedDrafter(BaseModel):
+    """An MTP drafter repo of the same snapshot whose target is this model, and how it was linked."""
+
+    repo_id: str
+    evidence: str  # 'base_model' or 'name', as on the drafter's DrafterLink
+    slug: str  # the drafter's page (a drafter in the snapshot always has one)
+
+
 class Model(BaseModel):
     repo_id: str
     slug: str
@@ -114,6 +133,8 @@ class Model(BaseModel):
     # whether our loop runs its MTP layout, by rule from its stored config and weight names
     # (atlas.measure.coverage): "runs (...)", "refused: ...", "not shipped: ..."; None: no page
     runner: str | None = None
+    drafter: DrafterLink | None = None  # set when this repo is an MTP drafter of its own
+    drafters: list[PublishedDrafter] = []  # MTP drafter repos published for this model
 
 
 class Models(BaseModel):
@@ -231,11 +252,36 @@ def not_crawled_words(m: Model) -> str:
     return "not in the latest snapshot"
 
 
-def _has_measurements(con: duckdb.DuckDBPyConnection) -> bool:
-    found = con.execute(
-        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'measurement_cells'"
-    ).fetchone()
+def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    found = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()
     return bool(found and found[0])
+
+
+def _has_measurements(con: duckdb.DuckDBPyConnection) -> bool:
+    return _has_table(con, "measurement_cells")
+
+
+# A store last written before the view existed opens read-only without it: it has no drafter links.
+_DRAFTERS = """
+    SELECT drafter, drafter_kind, drafter_kind_key, target, target_evidence FROM mtp_drafter_links
+    WHERE snapshot_id = $latest ORDER BY drafter"""
+
+
+def _drafter_links(con: duckdb.DuckDBPyConnection, latest: int | None
+                   ) -> tuple[dict[str, DrafterLink], dict[str, list[tuple[str, str]]]]:
+    """The latest snapshot's drafter repos (by id) and, by lower-cased target id (the Hub's ids
+    are case-insensitive; a card may spell one otherwise), the drafters published for it with
+    their evidence."""
+    if latest is None or not _has_table(con, "mtp_drafter_links"):
+        return {}, {}
+    links: dict[str, DrafterLink] = {}
+    published: dict[str, list[tuple[str, str]]] = {}
+    for r in _rows(con, _DRAFTERS, {"latest": latest}):
+        links[r["drafter"]] = DrafterLink(kind=r["drafter_kind"], kind_key=r["drafter_kind_key"],
+                                          target=r["target"], evidence=r["target_evidence"])
+        if r["target"] is not None:
+            published.setdefault(r["target"].lower(), []).append((r["drafter"], r["target_evidence"]))
+    return links, published
 
 
 def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root: Path,
@@ -261,6 +307,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
     precision: dict[str, dict[str, Any]] = {}
     for r in _rows(con, _PRECISION, {"latest": latest}) if latest is not None else []:
         precision.setdefault(r["repo_id"], {}).update({r["name"]: r["value"], r["name"] + "_evidence": r["path"]})
+    drafter_of, published = _drafter_links(con, latest)
     derivatives: dict[str, list[str]] = {}
     for rid, r in current.items():
         for base in r["base_models"] or []:
@@ -270,6 +317,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
                                    if (r["declared_num_mtp_layers"] or 0) > 0 or (r["shipped_mtp_layers"] or 0) > 0})
     models: list[Model] = []
     page_slugs = slugs(set(current) | set(measured))
+    in_snapshot = {rid.lower(): rid for rid in current}
     for rid in sorted(page_slugs):
         now = current.get(rid)
         snaps_of = [_snapshot(h) for h in history.get(rid) or ([now] if now else [])]
@@ -290,7 +338,14 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
         ]
         declares = bool(now and (now["declared_num_mtp_layers"] or 0) > 0)
         ships = bool(now and (now["shipped_mtp_layers"] or 0) > 0)
-        has_page = declares or ships or bool(cells)
+        drafters = [PublishedDrafter(repo_id=d, evidence=e, slug=page_slugs[d])
+                    for d, e in published.get(rid.lower(), [])] if now else []
+        drafter = drafter_of.get(rid)
+        if drafter is not None and drafter.target is not None and drafter.target.lower() in in_snapshot:
+            drafter = drafter.model_copy(update={"target_slug": page_slugs[in_snapshot[drafter.target.lower()]]})
+        # a drafter repo and its target declare no MTP layers of their own, yet each is the
+        # other's MTP claim: both get a page, so the two can link to each other
+        has_page = declares or ships or bool(cells) or drafter is not None or bool(drafters)
         # history and links are shown on a model's own page only: a model without one is a
         # finder row, and keeps only what the row shows
         models.append(Model(
@@ -308,6 +363,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
             measured=cells,
             provenance=_provenance(measured.get(rid, []), root),
             runner=runner.get(rid),
+            drafter=drafter, drafters=drafters,
         ))
     snap_date = next((m.current.snapshot_date for m in models if m.current), None)
     return Models(snapshot_id=latest, snapshot_date=snap_date, mirror_date=mirror_date,
@@ -565,7 +621,40 @@ def _levels(m: Model, figures: list[reported_figures.Figure], mirror_date: str |
     )
     rows = [["declared", *declared], ["shipped", *shipped], ["MTP precision (shipped)", *precision], ["servable", *servable],
             ["reported", *rep], ["measured", *meas]]
+    if m.drafter is not None or m.drafters:
+        # present, like declared and shipped; after the measured row, and never summed into either count
+        rows.append(["MTP drafter (own repo)", Markdown("; ".join(_drafter_words(m))),
+                     Markdown(escape(where) + _rev(c.revision if c else None))])
     return table(["claim level", "what it says", "provenance"], rows)
+
+
+DRAFTER_EVIDENCE = {"base_model": "from its card's base_model",
+                    "name": "from its repo name, the drafter suffix stripped"}
+
+
+def _slug_link(text: str, slug: str | None) -> Markdown:
+    return Markdown(f"[{escape(text)}]({slug}.md)") if slug else escape(text)
+
+
+def _drafter_words(m: Model) -> list[Markdown]:
+    """The drafter link in words, each side linking to the other's page: what this drafter repo
+    drafts for (and by which evidence, or that the target is unknown), and the drafter repos
+    published for this model."""
+    out = []
+    d = m.drafter
+    if d is not None:
+        kind = f"MTP drafter ({code(d.kind)}, config key {code(d.kind_key)})"
+        if d.target is not None:
+            out.append(Markdown(f"{kind} for {_slug_link(d.target, d.target_slug)} "
+                                f"(target {escape(DRAFTER_EVIDENCE.get(d.evidence or '', d.evidence or ''))})"))
+        else:
+            out.append(Markdown(f"{kind}; target unknown: its card names no single base_model and no repo of this "
+                                "snapshot has its name without the drafter suffix"))
+    if m.drafters:
+        out.append(Markdown("MTP drafter published: " + ", ".join(
+            f"{_slug_link(p.repo_id, p.slug)} ({escape(DRAFTER_EVIDENCE.get(p.evidence, p.evidence))})"
+            for p in m.drafters)))
+    return out
 
 
 PRECISION_WORDS = {"no": "not quantized", "partly": "partly quantized", "yes": "quantized", "unknown": "unknown"}
@@ -574,6 +663,9 @@ PRECISION_WORDS = {"no": "not quantized", "partly": "partly quantized", "yes": "
 def _precision_row(c: Snapshot | None, where: str) -> list[Any]:
     """The MTP layer's precision as the checkpoint ships it (atlas.mtpprecision): whether it is
     quantized, in what dtype, and from which file and key; "unknown" whenever the rules cannot say."""
+    if c is not None and c.mtp_quantized is None and not (c.declared or 0) > 0 and not (c.shipped or 0) > 0:
+        # a page without an MTP layer of its own: an MTP drafter repo's target (or, by its config, the drafter)
+        return ["no MTP layer declared or shipped in this repo: no precision to read", "—"]
     if c is None or c.mtp_quantized is None:
         return ["unknown (not read for this snapshot: its fingerprints predate the precision rule)", "—"]
     what = PRECISION_WORDS.get(c.mtp_quantized, "unknown")
@@ -599,6 +691,8 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
     if m.derivatives:
         lines += ["Derivatives tracked by the atlas: "
                   + ", ".join(_link(by_id.get(d), d) for d in m.derivatives) + ".", ""]
+    if m.drafter is not None or m.drafters:
+        lines += ["; ".join(_drafter_words(m)) + ".", ""]
     lines += [
         "## Claim levels", "",
         "Five separate claims, each with where it comes from. Only the measured level shows a "
@@ -741,10 +835,33 @@ def finder_families() -> list[dict[str, Any]]:
     return out
 
 
-def finder_row(m: Model) -> list[str | None]:
+# A finder cell: its text, or text pieces each with the slug of the page it links to (None: no
+# link), so a drafter's and its target's cells link to each other's pages.
+Linked = list[tuple[str, str | None]]
+
+
+def drafter_cell(m: Model) -> str | Linked:
+    """The finder's MTP-drafter cell: what this drafter repo drafts for, or the drafters published
+    for this model, the other repo linked; "—" for every other model."""
+    pieces: Linked = []
+    d = m.drafter
+    if d is not None and d.target is not None:
+        pieces += [(f"drafter ({_shown(d.kind)}) for ", None), (_shown(d.target), d.target_slug),
+                   (f" ({_shown(d.evidence)})", None)]
+    elif d is not None:
+        pieces.append((f"drafter ({_shown(d.kind)}), target unknown", None))
+    if m.drafters:
+        pieces.append(("; MTP drafter published: " if pieces else "MTP drafter published: ", None))
+        for i, p in enumerate(m.drafters):
+            pieces += [(", ", None)] if i else []
+            pieces.append((_shown(p.repo_id), p.slug))
+    return pieces or "—"
+
+
+def finder_row(m: Model) -> list[str | None | Linked]:
     """One model as the finder shows it: id, its page's slug (None without a page), then the text
     of the org, family (with its family-table name where that differs), declared, shipped,
-    servable, measured and our-loop cells."""
+    servable, measured, MTP-drafter (text pieces with links) and our-loop cells."""
     c = m.current
     alias = family_name(m)
     return [
@@ -754,11 +871,20 @@ def finder_row(m: Model) -> list[str | None]:
         ", ".join([f"{_shown(e.engine)} ({_shown(_conformance_words(e))})" for e in m.servable]
                   + [f"{_shown(e)} (measured run)" for e in measured_serving(m)]) or "—",
         f"{len(m.measured)} cells: " + ", ".join(_shown(e) for e in measured_engines(m)) if m.measured else "—",
+        drafter_cell(m),
         _shown(m.runner),
     ]
 
 
-FINDER_COLUMNS = ["model", "org", "family", "declared", "shipped", "servable", "measured", "our loop"]
+FINDER_COLUMNS = ["model", "org", "family", "declared", "shipped", "servable", "measured", "MTP drafter", "our loop"]
+
+
+def _cell_html(cell: str | Linked) -> str:
+    """A finder cell of the page's first screen, as the script builds the rest: text escaped, each
+    linked piece an <a> to that model's page."""
+    if isinstance(cell, str):
+        return str(escape(cell))
+    return "".join(f'<a href="{slug}/">{escape(text)}</a>' if slug else str(escape(text)) for text, slug in cell)
 
 
 def finder(data: Models | None) -> str:
@@ -769,7 +895,7 @@ def finder(data: Models | None) -> str:
     rows = []
     for m in data.models[:FIRST_ROWS]:
         row = finder_row(m)
-        cells = [str(escape(text)) for text in row[2:]]
+        cells = [_cell_html(cell) for cell in row[2:]]
         name = str(escape(row[0]))
         name = f'<a href="{row[1]}/">{name}</a>' if row[1] else name
         rows.append("<tr><td>" + "</td><td>".join([name, *cells]) + "</td></tr>")
@@ -780,14 +906,16 @@ def finder(data: Models | None) -> str:
     intro = (
         f"Every model of {snapshot_words(data.snapshot_id, data.snapshot_date, data.mirror_date)}, plus any "
         f"measured model: {len(data.models)} in all.{listed} {n_pages} declare, ship or were measured with "
-        "MTP and have their own page (linked). Type to filter (all words must match, anywhere in "
+        "MTP, or are an MTP drafter repo or its target, and have their own page (linked). Type to filter (all words must match, anywhere in "
         "the row; a link can carry the filter as ?find=words, or as the site search's ?h=words); "
         "click a column header to sort. A model that declares or ships MTP also carries its family-table name "
         "beside its model_type (MiMo, Nemotron-H / Nemotron-3, GLM-5), so a family's name finds it. Declared and shipped are layer counts (— unknown); "
         f"servable is the support matrix of {data.servable_date}, for models that declare or ship "
         "MTP layers, each engine with its conformance result (lossless / fails / inconclusive, per "
         "build checked; or not checked; an engine marked \"measured run\" ran the model's MTP in a "
-        "dated record); measured counts the atlas's own dated cells and names their engines; our loop says whether "
+        "dated record); measured counts the atlas's own dated cells and names their engines; MTP drafter links a "
+        "drafter that ships as a repo of its own (Gemma 4's *-assistant) and the model it drafts for, each to the "
+        "other, with where the link comes from (the drafter's card base_model, or its name); our loop says whether "
         "atlas measure run runs the model's MTP layout, by the family table's rule on its config (module 8)."
     )
     # raw HTML on one line, which Python-Markdown passes through; its text escaped by mdsafe all

@@ -225,8 +225,13 @@
   // each calling atlasFinderPart(i, rows)), loaded as scripts the first time a reader filters or
   // sorts, so the page opens as fast with 10^5 models as with 10. At most LISTED matching rows are
   // put in the table at once (a DOM of 10^5 rows is what made the page slow); the count says how
-  // many match. Rows are built as text nodes: no model string is ever parsed as HTML.
+  // many match. Rows are built as text nodes: no model string is ever parsed as HTML. A cell is its
+  // text, or [text, slug] pieces (the MTP-drafter cell), a piece with a slug a link to that page.
   var LISTED = 200;
+
+  function textOf(c) {
+    return Array.isArray(c) ? c.map(function (p) { return p[0]; }).join("") : c;
+  }
 
   function finder(input) {
     var box = input.closest(".atlas-finder");
@@ -257,7 +262,7 @@
         parts[i] = data;
         left -= 1;
         if (left === 0) {
-          rows = [].concat.apply([], parts).map(function (r) { return { cells: r, text: [r[0]].concat(r.slice(2)).join(" ").toLowerCase() }; });
+          rows = [].concat.apply([], parts).map(function (r) { return { cells: r, text: [r[0]].concat(r.slice(2)).map(textOf).join(" ").toLowerCase() }; });
           waiting.splice(0).forEach(function (f) { f(); });
         }
       };
@@ -272,17 +277,22 @@
       }
     }
 
-    function cell(text, slug, label) {
-      var td = document.createElement("td");
-      td.setAttribute("data-label", label);
+    function piece(td, text, slug) {
       if (slug) {
         var a = document.createElement("a");
         a.setAttribute("href", slug + "/");
         a.textContent = text;
         td.appendChild(a);
       } else {
-        td.textContent = text;
+        td.appendChild(document.createTextNode(text));
       }
+    }
+
+    function cell(c, slug, label) {
+      var td = document.createElement("td");
+      td.setAttribute("data-label", label);
+      if (Array.isArray(c)) c.forEach(function (p) { piece(td, p[0], p[1]); });
+      else piece(td, c, slug);
       return td;
     }
 
@@ -291,7 +301,7 @@
       var hits = rows.filter(function (r) { return ws.every(function (w) { return r.text.indexOf(w) !== -1; }); });
       if (sortIndex !== null) {
         var col = sortIndex === 0 ? 0 : sortIndex + 1, order = window.atlasTableSort;
-        var keyed = hits.map(function (r, i) { return { k: order.keyOf(r.cells[col]), i: i, r: r }; });
+        var keyed = hits.map(function (r, i) { return { k: order.keyOf(textOf(r.cells[col])), i: i, r: r }; });
         keyed.sort(function (a, b) { return (descending ? -1 : 1) * order.compare(a.k, b.k) || a.i - b.i; });
         hits = keyed.map(function (x) { return x.r; });
       }
