@@ -31,6 +31,7 @@ from pydantic import BaseModel, ValidationError
 from atlas import AtlasError
 from atlas.paths import replace_text
 from atlas.measure import conformance, records
+from atlas.site import conformance_table
 from atlas.site import measured as measured_section
 from atlas.site import reported as reported_figures
 from atlas.site import servable as servable_matrix
@@ -662,12 +663,12 @@ def _conformance(folder: Path, verdicts: list[conformance.Verdict]) -> str:
         "engine's MTP, not a given checkpoint.",
     )
     if not verdicts:
-        return head + "\n" + conformance.evidence_table(folder, folder.parent.parent)
+        return head + "\n" + conformance_table.evidence_table(folder, folder.parent.parent)
     columns = list(dict.fromkeys(
         (v.temperature, v.draft_sampling)
         for v in sorted(verdicts, key=lambda v: (v.temperature != "0", v.draft_sampling))))
-    ids = conformance.record_ids(verdicts)
-    causes = conformance.causes_text(verdicts)
+    ids = conformance_table.record_ids(verdicts)
+    causes = conformance_table.causes_text(verdicts)
     grid: dict[tuple[str, str, str], dict[tuple[str, str], conformance.Verdict]] = {}
     for v in verdicts:
         grid.setdefault((v.build, v.layout, v.source), {})[(v.temperature, v.draft_sampling)] = v
@@ -692,7 +693,7 @@ def _conformance(folder: Path, verdicts: list[conformance.Verdict]) -> str:
             "output must equal plain decoding token for token.\n\n"
             + (f"**Known causes** of the failures (K1, …: the statistics below cite them):\n\n{causes}\n\n" if causes else "")
             + '??? servable "The statistics behind each verdict"\n'
-            + _indent(conformance.evidence_table(folder, folder.parent.parent)) + "\n")
+            + _indent(conformance_table.evidence_table(folder, folder.parent.parent)) + "\n")
 
 
 def _verdicts(folder: Path) -> list[conformance.Verdict]:
@@ -730,7 +731,7 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix,
     engines = list(dict.fromkeys(e.engine for e in matrix.entry))
     methods = {m: f"M{i}" for i, m in enumerate(dict.fromkeys(e.method for e in matrix.entry), 1)}
     cites = {id(e): f"S{i}" for i, e in enumerate(matrix.entry, 1)}
-    checks = conformance.record_ids(verdicts)
+    checks = conformance_table.record_ids(verdicts)
     used: set[str] = set()
     families: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
