@@ -27,6 +27,8 @@ import yaml
 from pydantic import BaseModel
 
 from atlas import AtlasError, __version__, croissant, outdir, store
+from atlas.exportformat import (CARD, CREATOR, DICTIONARY, FORMATS, LICENSE, MANIFEST, FileEntry, Manifest, citation,
+                                data_date, read_manifest)
 from atlas.paths import published
 from atlas.measure import conformance, records
 from atlas.site import changelog
@@ -35,10 +37,6 @@ from atlas.site import reported as reported_figures
 from atlas.site import servable as servable_matrix
 
 DEFAULT_OUT = "build/data"
-MANIFEST = "manifest.json"
-CARD = "README.md"
-FORMATS = ("parquet", "csv")
-LICENSE = "apache-2.0"  # the project's (pyproject.toml)
 
 
 @dataclass(frozen=True)
@@ -91,7 +89,6 @@ TABLES = (
           "SELECT * FROM _reported ORDER BY id",
           "SELECT max(date_read) FROM _reported"),
 )
-DICTIONARY = "data_dictionary"
 
 DATA_DATE = ("the date of the data, as every site row shows it: after a crawl of a mirror folder with a "
              "MIRROR.toml, the mirror's own date (the day its files were last changed); else the crawl's day (UTC)")
@@ -239,25 +236,6 @@ MEANINGS: dict[str, dict[str, str]] = {
         "meaning": "what it holds",
     },
 }
-
-
-class FileEntry(BaseModel):
-    path: str  # relative to the export folder
-    table: str
-    format: str
-    rows: int
-    bytes: int
-    sha256: str
-    as_of: str | None  # date of the newest row's data (snapshot, run, record or reading date)
-
-
-class Manifest(BaseModel):
-    description: dict[str, str]  # table -> what it holds
-    files: list[FileEntry]
-    snapshots: list[dict[str, Any]]  # id, finished (UTC), source of every complete snapshot
-    measurement_records: list[dict[str, str]]  # record_id, source_path
-    conformance_records: list[str]
-    servable_date: str  # the support matrix model_facts.servable_engines comes from
 
 
 # ---- temporary tables: what is not in the store -------------------------------------------------
@@ -516,40 +494,7 @@ def _write(con: duckdb.DuckDBPyConnection, folder: Path, name: str, sql: str,
     return out
 
 
-def read_manifest(folder: Path) -> Manifest | None:
-    path = folder / MANIFEST
-    if not path.exists():
-        return None
-    try:
-        return Manifest.model_validate_json(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise AtlasError(f"{path} does not match this version; run `atlas export` again: {exc}") from None
-
-
-# ---- citation and Croissant ---------------------------------------------------------------------
-
-CREATOR = "MTP Atlas project"
-
-
-def data_date(manifest: Manifest) -> str | None:
-    """The newest data date of the export's files (snapshot data date, run, record or reading)."""
-    return max((f.as_of for f in manifest.files if f.as_of), default=None)
-
-
-def citation(manifest: Manifest) -> tuple[str, str]:
-    """(BibTeX, plain text) for the export: the project, its version and the data's own date."""
-    date = data_date(manifest) or "undated"
-    year = date[:4] if date != "undated" else "n.d."
-    title = "MTP Atlas: multi-token prediction in open-weight language models, and measured self-speculative decoding"
-    bibtex = (f"@misc{{mtp_atlas_{date.replace('-', '')},\n"
-              f"  title = {{{title}}},\n"
-              f"  author = {{{{{CREATOR}}}}},\n"
-              f"  year = {{{year}}},\n"
-              f"  version = {{{__version__}}},\n"
-              f"  note = {{Dataset exported by atlas export, data of {date}; license {LICENSE}}}\n"
-              "}")
-    plain = f"{CREATOR} ({year}). {title}. Dataset, version {__version__}, data of {date}. License: Apache-2.0."
-    return bibtex, plain
+# ---- Croissant ----------------------------------------------------------------------------------
 
 
 def _write_croissant(folder: Path, manifest: Manifest) -> None:
