@@ -367,10 +367,9 @@ def measure_import(db: Path, directory: str | None) -> None:
     """Load measurement records into the store (idempotent; bad or tampered files are rejected)."""
     from atlas import store
     from atlas.measure import records
-    from atlas.measure.options import DEFAULT_OUT_PATH
     from atlas.paths import project_path
 
-    folder = Path(directory) if directory else project_path(DEFAULT_OUT_PATH)
+    folder = Path(directory) if directory else project_path(records.DEFAULT_DIR)
     if not folder.is_dir():
         raise AtlasError(f"no measurement folder {folder}")
     con = store.connect(db)
