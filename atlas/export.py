@@ -27,6 +27,7 @@ import yaml
 from pydantic import BaseModel
 
 from atlas import AtlasError, __version__, croissant, outdir, store
+from atlas.hub.mirror import MIRROR_PREFIX, load_mirror_date
 from atlas.exportformat import (CARD, CREATOR, DICTIONARY, FORMATS, LICENSE, MANIFEST, FileEntry, Manifest, citation,
                                 data_date, read_manifest)
 from atlas.paths import published
@@ -50,9 +51,7 @@ class Table:
 # The project's own models (team model, oracles) are in the store; the site keeps them out of Hub
 # counts, so the files mark them instead of dropping them.
 def _ours(column: str = "repo_id") -> str:
-    from atlas.site.evidence import PROJECT_ORGS
-
-    return f"lower(split_part({column}, '/', 1)) IN (" + ", ".join(f"'{o}'" for o in PROJECT_ORGS) + ")"
+    return f"lower(split_part({column}, '/', 1)) IN (" + ", ".join(f"'{o}'" for o in store.PROJECT_ORGS) + ")"
 
 
 TABLES = (
@@ -287,8 +286,6 @@ class _DataDate(BaseModel):
 def _data_dates(con: duckdb.DuckDBPyConnection, root: Path) -> list[dict[str, Any]]:
     """Per complete snapshot, the date of its data: a mirror crawl reads files fixed on the mirror's
     own date (its MIRROR.toml, as the site dates it), a Hub crawl reads the Hub on its own day."""
-    from atlas.site.evidence import MIRROR_PREFIX, load_mirror_date
-
     out = []
     for sid, finished, endpoint in con.execute(
             "SELECT snapshot_id, finished_at, endpoint FROM snapshots WHERE status = 'complete' ORDER BY snapshot_id").fetchall():
@@ -395,8 +392,6 @@ def _sha256(path: Path) -> str:
 def _published_source(endpoint: str | None, root: Path) -> str | None:
     """A snapshot's source as published: a mirror crawl's label holds the mirror folder as the
     crawl was given it, often an absolute path."""
-    from atlas.site.evidence import MIRROR_PREFIX
-
     if endpoint is None or not endpoint.startswith(MIRROR_PREFIX):
         return endpoint
     return MIRROR_PREFIX + published(endpoint.removeprefix(MIRROR_PREFIX), root)
@@ -594,7 +589,7 @@ def _limits(folder: Path, manifest: Manifest) -> str:
     latest = manifest.snapshots[-1] if manifest.snapshots else None
     source = latest["source"] if latest else None
     besides = f" (besides {own} of this project's own)" if own else ""
-    if source and source.startswith("mirror:"):
+    if source and source.startswith(MIRROR_PREFIX):
         crawl = (f"The latest snapshot is a crawl of a bundled mirror (`{source}`) of {models} model configs{besides}, "
                  "not of the Hub: it says what those files declare, not how common MTP is on the Hub.")
     else:
