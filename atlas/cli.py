@@ -98,10 +98,11 @@ def crawl(db: Path, mirror: Path | None, watchlist: Path | None, endpoint: str |
         raise AtlasError("--plan and --probe exclude each other")
     with ExitStack() as stack:
         if mirror is not None:
+            from atlas.hub.mirror import MIRROR_PREFIX
             from atlas.hub.server import HubServer, load_mirror
 
             hub = stack.enter_context(HubServer(load_mirror(mirror)))
-            url, label, token = hub.url, f"mirror:{mirror.as_posix()}", False
+            url, label, token = hub.url, MIRROR_PREFIX + mirror.as_posix(), False
             watch = watchlist or mirror / "watchlist.toml"
         else:
             url, label, token = endpoint or crawler.LIVE_ENDPOINT, None, None
@@ -367,10 +368,9 @@ def measure_import(db: Path, directory: str | None) -> None:
     """Load measurement records into the store (idempotent; bad or tampered files are rejected)."""
     from atlas import store
     from atlas.measure import records
-    from atlas.measure.options import DEFAULT_OUT_PATH
     from atlas.paths import project_path
 
-    folder = Path(directory) if directory else project_path(DEFAULT_OUT_PATH)
+    folder = Path(directory) if directory else project_path(records.DEFAULT_DIR)
     if not folder.is_dir():
         raise AtlasError(f"no measurement folder {folder}")
     con = store.connect(db)

@@ -27,6 +27,9 @@ import yaml
 from pydantic import BaseModel
 
 from atlas import AtlasError, __version__, croissant, outdir, store
+from atlas.hub.mirror import MIRROR_PREFIX, load_mirror_date
+from atlas.exportformat import (CARD, CREATOR, DICTIONARY, FORMATS, LICENSE, MANIFEST, FileEntry, Manifest, citation,
+                                data_date, read_manifest)
 from atlas.paths import published
 from atlas.measure import conformance, records
 from atlas.site import changelog
@@ -35,10 +38,6 @@ from atlas.site import reported as reported_figures
 from atlas.site import servable as servable_matrix
 
 DEFAULT_OUT = "build/data"
-MANIFEST = "manifest.json"
-CARD = "README.md"
-FORMATS = ("parquet", "csv")
-LICENSE = "apache-2.0"  # the project's (pyproject.toml)
 
 
 @dataclass(frozen=True)
@@ -52,9 +51,7 @@ class Table:
 # The project's own models (team model, oracles) are in the store; the site keeps them out of Hub
 # counts, so the files mark them instead of dropping them.
 def _ours(column: str = "repo_id") -> str:
-    from atlas.site.evidence import PROJECT_ORGS
-
-    return f"lower(split_part({column}, '/', 1)) IN (" + ", ".join(f"'{o}'" for o in PROJECT_ORGS) + ")"
+    return f"lower(split_part({column}, '/', 1)) IN (" + ", ".join(f"'{o}'" for o in store.PROJECT_ORGS) + ")"
 
 
 TABLES = (
@@ -91,7 +88,6 @@ TABLES = (
           "SELECT * FROM _reported ORDER BY id",
           "SELECT max(date_read) FROM _reported"),
 )
-DICTIONARY = "data_dictionary"
 
 DATA_DATE = ("the date of the data, as every site row shows it: after a crawl of a mirror folder with a "
              "MIRROR.toml, the mirror's own date (the day its files were last changed); else the crawl's day (UTC)")
@@ -249,25 +245,6 @@ MEANINGS: dict[str, dict[str, str]] = {
 }
 
 
-class FileEntry(BaseModel):
-    path: str  # relative to the export folder
-    table: str
-    format: str
-    rows: int
-    bytes: int
-    sha256: str
-    as_of: str | None  # date of the newest row's data (snapshot, run, record or reading date)
-
-
-class Manifest(BaseModel):
-    description: dict[str, str]  # table -> what it holds
-    files: list[FileEntry]
-    snapshots: list[dict[str, Any]]  # id, finished (UTC), source of every complete snapshot
-    measurement_records: list[dict[str, str]]  # record_id, source_path
-    conformance_records: list[str]
-    servable_date: str  # the support matrix model_facts.servable_engines comes from
-
-
 # ---- temporary tables: what is not in the store -------------------------------------------------
 
 _PY_TYPES = {str: "VARCHAR", bool: "BOOLEAN", int: "BIGINT", float: "DOUBLE", dt.date: "DATE",
@@ -317,8 +294,6 @@ class _DataDate(BaseModel):
 def _data_dates(con: duckdb.DuckDBPyConnection, root: Path) -> list[dict[str, Any]]:
     """Per complete snapshot, the date of its data: a mirror crawl reads files fixed on the mirror's
     own date (its MIRROR.toml, as the site dates it), a Hub crawl reads the Hub on its own day."""
-    from atlas.site.evidence import MIRROR_PREFIX, load_mirror_date
-
     out = []
     for sid, finished, endpoint in con.execute(
             "SELECT snapshot_id, finished_at, endpoint FROM snapshots WHERE status = 'complete' ORDER BY snapshot_id").fetchall():
@@ -425,8 +400,6 @@ def _sha256(path: Path) -> str:
 def _published_source(endpoint: str | None, root: Path) -> str | None:
     """A snapshot's source as published: a mirror crawl's label holds the mirror folder as the
     crawl was given it, often an absolute path."""
-    from atlas.site.evidence import MIRROR_PREFIX
-
     if endpoint is None or not endpoint.startswith(MIRROR_PREFIX):
         return endpoint
     return MIRROR_PREFIX + published(endpoint.removeprefix(MIRROR_PREFIX), root)
@@ -524,40 +497,7 @@ def _write(con: duckdb.DuckDBPyConnection, folder: Path, name: str, sql: str,
     return out
 
 
-def read_manifest(folder: Path) -> Manifest | None:
-    path = folder / MANIFEST
-    if not path.exists():
-        return None
-    try:
-        return Manifest.model_validate_json(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise AtlasError(f"{path} does not match this version; run `atlas export` again: {exc}") from None
-
-
-# ---- citation and Croissant ---------------------------------------------------------------------
-
-CREATOR = "MTP Atlas project"
-
-
-def data_date(manifest: Manifest) -> str | None:
-    """The newest data date of the export's files (snapshot data date, run, record or reading)."""
-    return max((f.as_of for f in manifest.files if f.as_of), default=None)
-
-
-def citation(manifest: Manifest) -> tuple[str, str]:
-    """(BibTeX, plain text) for the export: the project, its version and the data's own date."""
-    date = data_date(manifest) or "undated"
-    year = date[:4] if date != "undated" else "n.d."
-    title = "MTP Atlas: multi-token prediction in open-weight language models, and measured self-speculative decoding"
-    bibtex = (f"@misc{{mtp_atlas_{date.replace('-', '')},\n"
-              f"  title = {{{title}}},\n"
-              f"  author = {{{{{CREATOR}}}}},\n"
-              f"  year = {{{year}}},\n"
-              f"  version = {{{__version__}}},\n"
-              f"  note = {{Dataset exported by atlas export, data of {date}; license {LICENSE}}}\n"
-              "}")
-    plain = f"{CREATOR} ({year}). {title}. Dataset, version {__version__}, data of {date}. License: Apache-2.0."
-    return bibtex, plain
+# ---- Croissant ----------------------------------------------------------------------------------
 
 
 def _write_croissant(folder: Path, manifest: Manifest) -> None:
@@ -657,7 +597,7 @@ def _limits(folder: Path, manifest: Manifest) -> str:
     latest = manifest.snapshots[-1] if manifest.snapshots else None
     source = latest["source"] if latest else None
     besides = f" (besides {own} of this project's own)" if own else ""
-    if source and source.startswith("mirror:"):
+    if source and source.startswith(MIRROR_PREFIX):
         crawl = (f"The latest snapshot is a crawl of a bundled mirror (`{source}`) of {models} model configs{besides}, "
                  "not of the Hub: it says what those files declare, not how common MTP is on the Hub.")
     else:

@@ -31,6 +31,11 @@ import numpy as np
 from atlas import AtlasError
 from atlas.fingerprints import DRAFTER_RULES
 
+# Hub orgs whose models this project made (team model, oracle checkpoints): never counted as Hub
+# adoption (the site leaves them out, the export marks them made_by_atlas; both read it here).
+# Lower-case; the org is the part of the repo id before the first "/".
+PROJECT_ORGS = ("mtp-atlas",)
+
 DEFAULT_DB = Path("data/atlas.duckdb")
 
 

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from atlas import AtlasError
 from atlas.cli import cli
 from atlas.measure import conformance
+from atlas.site import conformance_table
 from atlas.measure.engines.convert import convert_mellum, qwen3_next_config
 from atlas.measure.engines.vllm_engine import cross_check, parse_engine_options, to_run_stats
 from atlas.measure.engines.vllm_client import Driver, Generated, Result
@@ -360,7 +361,7 @@ def test_require_conforming(tmp_path: Path) -> None:
 
 def test_verdict_table_escapes_and_says_fails(tmp_path: Path) -> None:
     conformance.write_record(_record(passed_t1=False), tmp_path)
-    table = conformance.evidence_table(tmp_path)
+    table = conformance_table.evidence_table(tmp_path)
     assert "**checked lossless**" in table and "**fails**" in table
     assert "<b>" not in table and "&#124;" in table  # untrusted summary text is escaped
     (tmp_path / "bad.json").write_text("{}")

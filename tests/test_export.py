@@ -28,7 +28,7 @@ from atlas import AtlasError, croissant, export, store
 from atlas.cli import cli
 from atlas.hub import crawl as crawler
 from atlas.measure import conformance, records
-from atlas.measure.families import FAMILIES
+from atlas.measure.familytable import FAMILIES
 from atlas.site import changelog, measured, render, reported, servable
 
 MATRIX = REPO / "evidence" / "servable.toml"

@@ -19,7 +19,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from atlas import AtlasError
 from atlas.measure import draftvocab, smollm
 from atlas.measure.checkpoint import transformers_peer
-from atlas.measure.families import FAMILIES, load_family
+from atlas.measure.families import load_family
+from atlas.measure.familytable import FAMILIES
 from atlas.measure.headtrain.head import MtpLayer, Shape
 from atlas.measure.generate import Sampling, generate_plain, generate_speculative, probs_from_logits
 from atlas.measure.model import FastLayer, build_fused_model

@@ -4,6 +4,7 @@ only files that stay inside the mirror are served (no symlink or hard link out o
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import os
 import tomllib
@@ -15,6 +16,10 @@ from typing import Any
 from atlas import AtlasError
 
 METADATA_FILE = "HUB_METADATA.toml"
+# A crawl of a mirror folder records its endpoint as this prefix + the folder (`atlas crawl --mirror`).
+MIRROR_PREFIX = "mirror:"
+# The bundled mirror's own metadata beside its SOURCES.tsv: the date its files were last fixed.
+MIRROR_FILE = "MIRROR.toml"
 _LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx")
 _CHUNK = 1 << 20
 
@@ -157,3 +162,17 @@ def load_mirror(root: Path | str) -> dict[str, MirrorRepo]:
             repo_id = f"{org.name}/{repo_dir.name}"
             repos[repo_id] = MirrorRepo(repo_id, files, dict(meta_all.get(repo_id, {})))
     return repos
+
+
+def load_mirror_date(folder: Path | None) -> dt.date | None:
+    """`fixed` of the mirror's MIRROR.toml (the day its files were last changed); None without one."""
+    path = folder / MIRROR_FILE if folder is not None else None
+    if path is None or not path.exists():
+        return None
+    try:
+        fixed = tomllib.loads(path.read_text(encoding="utf-8")).get("fixed")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise AtlasError(f"{path}: not valid TOML: {exc}") from None
+    if not isinstance(fixed, dt.date) or isinstance(fixed, dt.datetime):
+        raise AtlasError(f"{path}: `fixed` must be a date (YYYY-MM-DD), got {fixed!r}")
+    return fixed

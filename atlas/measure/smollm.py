@@ -354,7 +354,8 @@ def verify(folder: Path, llama: Any | None = None) -> list[str]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from atlas.measure.families import FAMILIES, load_family
+    from atlas.measure.families import load_family
+    from atlas.measure.familytable import FAMILIES
 
     problems: list[str] = []
     with quiet_load_report():

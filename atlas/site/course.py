@@ -15,7 +15,7 @@ from atlas.site.mdsafe import Markdown, escape
 
 def runner_families() -> Markdown:
     """Per family of the table: whether the atlas's own runner measures it, and if not why."""
-    from atlas.measure.families import measurability_table
+    from atlas.measure.familytable import measurability_table
     from atlas.site.mdsafe import code, table
 
     by_row: dict[str, list] = {}

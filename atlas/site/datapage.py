@@ -1,7 +1,8 @@
 """The Data and Changelog pages: what a reader can take away.
 
-`atlas site build` copies what `atlas export` wrote (atlas.export: tables as Parquet and CSV, the
-data dictionary, the manifest) into docs/data/files/, and the committed record files
+`atlas site build` copies what `atlas export` wrote (tables as Parquet and CSV, the data
+dictionary, the manifest; their names and the manifest's schema are atlas.exportformat's, so this
+page never imports the exporter) into docs/data/files/, and the committed record files
 (evidence/measurements/*.json, evidence/conformance/*.json) into docs/data/records/, so mkdocs
 ships them as downloadable files; docs/data/index.md lists each with its rows, date and sha256,
 then per table its columns (type, definition) and first rows, the licence and a citation, and
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import duckdb
 
-from atlas import croissant, export
+from atlas import croissant, exportformat
 from atlas.measure import conformance, records
 from atlas.site import changelog
 from atlas.site.mdsafe import Markdown, code, escape, file_link, table
@@ -89,12 +90,12 @@ def _breakable(text: str) -> Markdown:
     return Markdown(" ".join(out))
 
 
-def _columns(data: Path, manifest: export.Manifest) -> list[str]:
+def _columns(data: Path, manifest: exportformat.Manifest) -> list[str]:
     """Per table: its columns with their types and definitions (the data dictionary), and its first
     PREVIEW_ROWS rows, transposed (a row per column) so that a wide table stays narrow."""
     con = duckdb.connect()
     try:
-        dictionary = con.execute("SELECT * FROM read_parquet(?)", [str(data / f"{export.DICTIONARY}.parquet")]).fetchall()
+        dictionary = con.execute("SELECT * FROM read_parquet(?)", [str(data / f"{exportformat.DICTIONARY}.parquet")]).fetchall()
         lines: list[str] = ["## Columns and preview", "",
                             f"Each table's columns with their DuckDB type and definition, then its first "
                             f"{PREVIEW_ROWS} rows in file order (floats to 6 significant digits, text cut at "
@@ -116,22 +117,22 @@ def _columns(data: Path, manifest: export.Manifest) -> list[str]:
     return lines
 
 
-def _citation(manifest: export.Manifest) -> list[str]:
-    bibtex, plain = export.citation(manifest)
+def _citation(manifest: exportformat.Manifest) -> list[str]:
+    bibtex, plain = exportformat.citation(manifest)
     return ["## Licence and citation", "",
-            f"Licence: {code(export.LICENSE)}, the Apache License 2.0 (the project's LICENSE, as pyproject.toml "
+            f"Licence: {code(exportformat.LICENSE)}, the Apache License 2.0 (the project's LICENSE, as pyproject.toml "
             "declares it). The tables hold facts read from public model repositories at the revisions given, "
             "not their weights.", "",
             "BibTeX:", "", "```bibtex", bibtex, "```", "",
             f"Plain: {escape(plain)}", ""]
 
 
-def _tables(manifest: export.Manifest, data: Path, out: Path) -> list[str]:
+def _tables(manifest: exportformat.Manifest, data: Path, out: Path) -> list[str]:
     files = out / "files"
     files.mkdir(parents=True)
     for f in manifest.files:
         shutil.copyfile(data / f.path, files / f.path)
-    for name in (export.MANIFEST, croissant.FILE_NAME):
+    for name in (exportformat.MANIFEST, croissant.FILE_NAME):
         shutil.copyfile(data / name, files / name)
     rows = [[file_link(f.path, f"files/{f.path}"), code(f.table), f.format, f.rows,
              Markdown(f'<span class="atlas-nowrap">{f.as_of or "—"}</span>'), _sha(f.sha256)]
@@ -149,7 +150,7 @@ def _tables(manifest: export.Manifest, data: Path, out: Path) -> list[str]:
         described, "",
         Markdown('The folder is a dataset as it is: its card, <a href="files/README.md">README.md</a> '
                  "(Hugging Face dataset-card format, one config per table), the "
-                 f"[manifest](files/{export.MANIFEST}), its Croissant 1.1 description "
+                 f"[manifest](files/{exportformat.MANIFEST}), its Croissant 1.1 description "
                  f"[{croissant.FILE_NAME}](files/{croissant.FILE_NAME}) and the files above."), "",
         "```python",
         "import duckdb",
@@ -166,7 +167,7 @@ def render(data: Path, evidence: Path, docs: Path) -> list[Path]:
     out = docs / "data"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    manifest = export.read_manifest(data) if data.is_dir() else None
+    manifest = exportformat.read_manifest(data) if data.is_dir() else None
     record_rows, links = _record_rows(evidence, docs)
     lines = ["# Data", "",
              "Everything the atlas's tables show, as files: the exported tables and the dated record "
@@ -176,7 +177,7 @@ def render(data: Path, evidence: Path, docs: Path) -> list[Path]:
                   "(`make demo` does), then `atlas site build` lists them here.", ""]
     else:
         # the data's own date: the newest data date of the files (a mirror crawl's is the mirror's)
-        lines += [f"Data of {escape(export.data_date(manifest) or '—')}.", ""]
+        lines += [f"Data of {escape(exportformat.data_date(manifest) or '—')}.", ""]
         lines += _tables(manifest, data, out)
     lines += ["## Record files", "",
               "The committed records, byte for byte (the sha256 is the file's; a measurement's "
@@ -198,6 +199,6 @@ def _front(title: str) -> str:
 
 def add_card(data: Path, build: Path) -> None:
     """Copy the dataset card into the built site beside the files it describes."""
-    card = data / export.CARD
+    card = data / exportformat.CARD
     if (build / "data" / "files").is_dir() and card.is_file():
-        shutil.copyfile(card, build / "data" / "files" / export.CARD)
+        shutil.copyfile(card, build / "data" / "files" / exportformat.CARD)

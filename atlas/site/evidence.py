@@ -11,7 +11,7 @@ its revision and crawl date, and the revision says what it is: a Hub commit (lin
 crawl, a content hash of the bundled mirror folder after a mirror crawl, whose files' real origin
 (SOURCES.tsv) is listed beside it.
 
-Models this project made itself (PROJECT_ORGS: the team model, oracle checkpoints) are not the
+Models this project made itself (atlas.store.PROJECT_ORGS: the team model, oracle checkpoints) are not the
 Hub: they are left out of every count, chart and exemplar list and shown in their own row group.
 """
 
@@ -29,8 +29,11 @@ import duckdb
 from pydantic import BaseModel, ValidationError
 
 from atlas import AtlasError
+from atlas.hub.mirror import MIRROR_FILE, MIRROR_PREFIX, load_mirror_date
 from atlas.paths import replace_text
+from atlas.store import PROJECT_ORGS
 from atlas.measure import conformance, records
+from atlas.site import conformance_table
 from atlas.site import measured as measured_section
 from atlas.site import reported as reported_figures
 from atlas.site import servable as servable_matrix
@@ -56,15 +59,9 @@ SECTIONS = (
     "runs_index",
 )
 
-# Hub orgs whose models this project made (team model, oracle checkpoints): never counted as Hub
-# adoption. Lower-case; the org is the part of the repo id before the first "/".
-PROJECT_ORGS = ("mtp-atlas",)
 _OURS = "lower(split_part(repo_id, '/', 1)) IN (" + ", ".join(f"'{o}'" for o in PROJECT_ORGS) + ")"
 # Repos created before the Hub recorded creation dates all carry this createdAt (Hub API docs).
 HUB_PLACEHOLDER_CREATED = dt.datetime(2022, 3, 2, 23, 29, 4)
-MIRROR_PREFIX = "mirror:"
-# The bundled mirror's own metadata beside its SOURCES.tsv: the date its files were last fixed.
-MIRROR_FILE = "MIRROR.toml"
 
 QUERIES: dict[str, str] = {
     "snapshot": """
@@ -234,22 +231,6 @@ def load_mirror_sources(path: Path | None) -> list[MirrorSource]:
             return [MirrorSource.model_validate(row) for row in reader]
         except ValidationError as exc:
             raise AtlasError(f"{path}: a row does not have the SOURCES.tsv columns: {exc}") from None
-
-
-def load_mirror_date(folder: Path | None) -> dt.date | None:
-    """`fixed` of the mirror's MIRROR.toml (the day its files were last changed); None without one."""
-    import tomllib
-
-    path = folder / MIRROR_FILE if folder is not None else None
-    if path is None or not path.exists():
-        return None
-    try:
-        fixed = tomllib.loads(path.read_text(encoding="utf-8")).get("fixed")
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise AtlasError(f"{path}: not valid TOML: {exc}") from None
-    if not isinstance(fixed, dt.date) or isinstance(fixed, dt.datetime):
-        raise AtlasError(f"{path}: `fixed` must be a date (YYYY-MM-DD), got {fixed!r}")
-    return fixed
 
 
 def _date(value: dt.datetime | dt.date | None) -> str:
@@ -662,12 +643,12 @@ def _conformance(folder: Path, verdicts: list[conformance.Verdict]) -> str:
         "engine's MTP, not a given checkpoint.",
     )
     if not verdicts:
-        return head + "\n" + conformance.evidence_table(folder, folder.parent.parent)
+        return head + "\n" + conformance_table.evidence_table(folder, folder.parent.parent)
     columns = list(dict.fromkeys(
         (v.temperature, v.draft_sampling)
         for v in sorted(verdicts, key=lambda v: (v.temperature != "0", v.draft_sampling))))
-    ids = conformance.record_ids(verdicts)
-    causes = conformance.causes_text(verdicts)
+    ids = conformance_table.record_ids(verdicts)
+    causes = conformance_table.causes_text(verdicts)
     grid: dict[tuple[str, str, str], dict[tuple[str, str], conformance.Verdict]] = {}
     for v in verdicts:
         grid.setdefault((v.build, v.layout, v.source), {})[(v.temperature, v.draft_sampling)] = v
@@ -692,7 +673,7 @@ def _conformance(folder: Path, verdicts: list[conformance.Verdict]) -> str:
             "output must equal plain decoding token for token.\n\n"
             + (f"**Known causes** of the failures (K1, …: the statistics below cite them):\n\n{causes}\n\n" if causes else "")
             + '??? servable "The statistics behind each verdict"\n'
-            + _indent(conformance.evidence_table(folder, folder.parent.parent)) + "\n")
+            + _indent(conformance_table.evidence_table(folder, folder.parent.parent)) + "\n")
 
 
 def _verdicts(folder: Path) -> list[conformance.Verdict]:
@@ -730,7 +711,7 @@ def _servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix,
     engines = list(dict.fromkeys(e.engine for e in matrix.entry))
     methods = {m: f"M{i}" for i, m in enumerate(dict.fromkeys(e.method for e in matrix.entry), 1)}
     cites = {id(e): f"S{i}" for i, e in enumerate(matrix.entry, 1)}
-    checks = conformance.record_ids(verdicts)
+    checks = conformance_table.record_ids(verdicts)
     used: set[str] = set()
     families: dict[str, list[dict[str, Any]]] = {}
     for r in rows:

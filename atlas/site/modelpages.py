@@ -394,7 +394,7 @@ def _runner(con: duckdb.DuckDBPyConnection, latest: int | None, wanted: set[str]
 
 def _mirror_date(endpoint: str | None, root: Path) -> str | None:
     """The crawled mirror's own date, when the snapshot is a mirror crawl whose folder has one."""
-    from atlas.site.evidence import MIRROR_PREFIX, load_mirror_date
+    from atlas.hub.mirror import MIRROR_PREFIX, load_mirror_date
 
     if not endpoint or not endpoint.startswith(MIRROR_PREFIX):
         return None
@@ -764,10 +764,10 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
 
 def runner_line(model_type: str | None, n_measured: int = 0) -> Markdown:
     """Whether `atlas measure run` can measure this model's family, and why (the family table's
-    answer, atlas.measure.families.measurability), as one escaped line; with what backs a "can
+    answer, atlas.measure.familytable.measurability), as one escaped line; with what backs a "can
     measure" for a model the atlas has not run, and, for one it ran, that it did (`n_measured`
     cells), whether or not a crawl gave it a model_type."""
-    from atlas.measure.families import measurability
+    from atlas.measure.familytable import measurability
 
     ran = (f" The atlas's own runner measured this checkpoint: {n_measured} cells, under Measured above."
            if n_measured else "")
@@ -810,7 +810,7 @@ def family_name(m: Model) -> str | None:
     or ships MTP (the ones our loop gave a verdict), when it is more than its model_type spelled
     again: what a reader types who learnt the family from module 8. Only those models: the table
     also reads model_types that other families share (MiMo's row reads qwen2)."""
-    from atlas.measure.families import measurability
+    from atlas.measure.familytable import measurability
 
     if not m.runner or not m.family:
         return None
@@ -825,7 +825,7 @@ def _squash(text: str) -> str:
 def finder_families() -> list[dict[str, Any]]:
     """Every family-table row as the finder's no-match hint names it: its name, the model_types
     it reads, and the runner's answer for it (measures / refuses, why)."""
-    from atlas.measure.families import FAMILIES, measurability
+    from atlas.measure.familytable import FAMILIES, measurability
 
     out = []
     for f in FAMILIES:

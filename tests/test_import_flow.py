@@ -1,0 +1,109 @@
+"""Imports follow the data flow, hub -> store -> evidence -> site (issue 26 §2): no module lower in
+the flow imports the site, and the commands that only read evidence (`atlas site build`, `atlas
+measure import`) run in a process where torch cannot be imported at all."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from site_helpers import REPO, build_demo_site
+
+# Below the site in the flow: the crawler, the measurement side, the store and the exporter.
+LOWER = [*sorted((REPO / "atlas" / "hub").rglob("*.py")), *sorted((REPO / "atlas" / "measure").rglob("*.py")),
+         REPO / "atlas" / "store.py", REPO / "atlas" / "export.py"]
+
+# What the exporter still takes from the site: the servable matrix, the reported figures, the
+# measured runs and the changelog are loaded by site modules, and moving those loaders below the
+# site is the rest of issue 26 §2. Listed so that the set can only shrink: a new upward import
+# fails the test, and one taken away must be taken off the list.
+KNOWN_UPWARD = {
+    ("atlas/export.py", "atlas.site.changelog"),
+    ("atlas/export.py", "atlas.site.measured"),
+    ("atlas/export.py", "atlas.site.reported"),
+    ("atlas/export.py", "atlas.site.servable"),
+}
+
+
+def _site_imports(path: Path) -> set[str]:
+    """Every atlas.site module `path` imports, at module level or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            # `from atlas.site import x` imports the module atlas.site.x; `from atlas import site` the package
+            names = [f"{node.module}.{a.name}" for a in node.names] if node.module in ("atlas", "atlas.site") else [node.module]
+        else:
+            continue
+        found |= {n for n in names if n == "atlas.site" or n.startswith("atlas.site.")}
+    return found
+
+
+def test_no_module_below_the_site_imports_it() -> None:
+    upward = {(str(p.relative_to(REPO)), m) for p in LOWER for m in _site_imports(p)}
+    assert upward - KNOWN_UPWARD == set(), "imports climbing back up the data flow"
+    assert KNOWN_UPWARD - upward == set(), "an upward import is gone: take it off KNOWN_UPWARD"
+
+
+def test_the_site_does_not_import_the_exporter() -> None:
+    """The Data page reads an export through atlas.exportformat, so export and site form no cycle."""
+    site = sorted((REPO / "atlas" / "site").rglob("*.py"))
+    assert [str(p.relative_to(REPO)) for p in site if _imports_export(p)] == []
+
+
+def _imports_export(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import) and any(a.name == "atlas.export" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module == "atlas.export"
+                                                 or node.module == "atlas" and any(a.name == "export" for a in node.names)):
+            return True
+    return False
+
+
+# The command line in a process where torch cannot be imported: every attempt is refused and
+# listed on stderr at exit, so that an attempt some caller swallowed still shows.
+NO_TORCH = """
+import atexit, json, sys
+attempts = []
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            attempts.append(name)
+            raise ImportError(f"torch is not importable in this test ({name})")
+        return None
+sys.meta_path.insert(0, NoTorch())
+atexit.register(lambda: print("TORCH-ATTEMPTS " + json.dumps(attempts), file=sys.stderr))
+from atlas.cli import cli
+cli(sys.argv[1:], prog_name="atlas")
+"""
+
+
+def _atlas_without_torch(*args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([sys.executable, "-c", NO_TORCH, *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    attempts = json.loads(result.stderr.rsplit("TORCH-ATTEMPTS ", 1)[1])
+    assert attempts == [], result.stderr
+    return result
+
+
+def test_site_build_never_imports_torch(tmp_path: Path) -> None:
+    demo = build_demo_site(tmp_path, conformance=True, export_data=True)
+    result = _atlas_without_torch("site", "build", "--root", str(demo.root))
+    assert "Rendered" in result.stdout and (demo.layout.build / "index.html").is_file()
+
+
+def test_measure_import_never_imports_torch(tmp_path: Path) -> None:
+    db = tmp_path / "atlas.duckdb"
+    result = _atlas_without_torch("measure", "import", "--db", str(db), "--dir", str(REPO / "evidence" / "measurements"))
+    assert "record(s) loaded" in result.stdout and ", 0 rejected" in result.stdout
+
+
+def test_import_reads_the_folder_the_run_writes() -> None:
+    from atlas.measure import options, records
+
+    assert records.DEFAULT_DIR == options.DEFAULT_OUT_PATH
