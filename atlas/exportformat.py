@@ -13,7 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from atlas import AtlasError, __version__
+from atlas import __version__
+from atlas.jsonfile import read_written
 
 MANIFEST = "manifest.json"
 CARD = "README.md"
@@ -42,13 +43,7 @@ class Manifest(BaseModel):
 
 
 def read_manifest(folder: Path) -> Manifest | None:
-    path = folder / MANIFEST
-    if not path.exists():
-        return None
-    try:
-        return Manifest.model_validate_json(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise AtlasError(f"{path} does not match this version; run `atlas export` again: {exc}") from None
+    return read_written(folder / MANIFEST, Manifest, "atlas export")
 
 
 CREATOR = "MTP Atlas project"

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import duckdb
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from atlas import AtlasError
 from atlas.measure import conformance
 from atlas.paths import published
+from atlas.jsonfile import read_written
 from atlas.site import measured as measured_section
 from atlas.site import servable as servable_matrix
 from atlas.site.mdsafe import Markdown, code, escape, file_link, table
@@ -216,12 +216,7 @@ def dumps(log: Changelog) -> str:
 
 
 def read(path: Path) -> Changelog | None:
-    if not path.exists():
-        return None
-    try:
-        return Changelog.model_validate_json(path.read_text(encoding="utf-8"))
-    except ValidationError as exc:
-        raise AtlasError(f"{path} does not match this version; run `atlas export` again: {exc}") from None
+    return read_written(path, Changelog, "atlas export")
 
 
 # ---- the page ------------------------------------------------------------------------------------

@@ -32,11 +32,12 @@ from typing import Any, Iterable
 from urllib.parse import quote
 
 import duckdb
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from atlas import AtlasError
 from atlas.measure import records
 from atlas.paths import replace_text
+from atlas.jsonfile import read_written
 from atlas.site import datapage
 from atlas.site import measured as measured_section
 from atlas.site import reported as reported_figures
@@ -527,12 +528,7 @@ def generate(db: Path, out: Path, matrix_path: Path, root: Path) -> Models:
 
 
 def read(path: Path) -> Models | None:
-    if not path.exists():
-        return None
-    try:
-        return Models.model_validate_json(path.read_text(encoding="utf-8"))
-    except ValidationError as exc:
-        raise AtlasError(f"{path} does not match this version; run `atlas evidence`: {exc}") from None
+    return read_written(path, Models, "atlas evidence")
 
 
 # ---- rendering (site build time, no store) ---------------------------------------------------
