@@ -268,7 +268,8 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         if limit is not None and hasattr(getattr(layer, "mixer", None), "time_step_limit"):
             # transformers 5.24's NemotronHMamba2Mixer clamps dt at time_step_min in its chunked scan
             # but not in its one-token step (so its cached decode drifts from its full forward); the
-            # config's time_step_limit (Nemotron-3 Super: [0, inf]) is the model's, in both paths.
+            # config's time_step_limit (Nemotron-3 Super: [0, inf]) is the model's, in both paths
+            # (5.25 reads it itself; the pin allows 5.24).
             layer.mixer.time_step_limit = time_step_limit(limit)
 
     parameter_names = {id(p): n for n, p in model.named_parameters()}  # a tied head answers the embedding's name
