@@ -276,13 +276,88 @@ def test_engine_transformers_measures_only_its_generate_pair(tmp_path: Path) -> 
 def test_transformers_rounds_are_counted_like_ours() -> None:
     from atlas.measure.engines.transformers_engine import round_counts
 
+    def counts(emitted: list[int], k: int) -> tuple[list[int], list[int], list[int]]:
+        c = round_counts(emitted, k)
+        return c.drafted, c.reached, c.accepted
+
     # 47 decode tokens in 24 passes: 23 accepted one draft, the last had one token left to emit
-    assert round_counts([2] * 23 + [1], 1) == ([23], [23], [23])
+    assert counts([2] * 23 + [1], 1) == ([23], [23], [23])
     # a rejection mid-run is a drafted, tested, unaccepted position; the final single token is no draft
-    assert round_counts([2, 1, 2, 1], 1) == ([3], [3], [2])
-    assert round_counts([3, 1, 2], 2) == ([3, 2], [3, 1], [2, 1])  # k = 2: the last pass, 2 tokens left, drafts 1
+    assert counts([2, 1, 2, 1], 1) == ([3], [3], [2])
+    assert counts([3, 1, 2], 2) == ([3, 2], [3, 1], [2, 1])  # k = 2: the last pass, 2 tokens left, drafts 1
     with pytest.raises(AtlasError, match="not a speculative round"):
         round_counts([3, 1], 1)
+
+
+# Rounds written as the fate of each drafted position: A accepted, R rejected (tested, failed), - not
+# tested (an earlier draft failed). Per prompt, k = 3; each has a full-accept and a zero-accept round,
+# one ends on a shortened round (drafts cut near max_new), one on a bonus-only round (nothing drafted).
+PROMPT_ROUNDS = [
+    ["AAA", "R--", "AR-", "AA"],
+    ["R--", "AAA", "AAA", ""],
+    ["AAR", "AAA", "R-", "A"],
+]
+
+
+def _independent_counts(prompts: list[list[str]], k: int) -> dict[str, object]:
+    """The per-position counts read straight off the written fates, as a reader would tally them."""
+    rounds = [r for p in prompts for r in p]
+    return {
+        "drafted": [sum(len(r) > i for r in rounds) for i in range(k)],
+        "reached": [sum(len(r) > i and r[i] in "AR" for r in rounds) for i in range(k)],
+        "accepted": [sum(r[i:i + 1] == "A" for r in rounds) for i in range(k)],
+        "passes": len(rounds),
+        "tokens": sum(r.count("A") + 1 for r in rounds),  # accepted drafts plus the verify pass's own token
+    }
+
+
+def test_round_counts_equal_an_independent_count_over_several_prompts() -> None:
+    from atlas.measure.cells import RepeatCounts
+    from atlas.measure.generate import RoundCounts, RunStats
+
+    k = 3
+    repeat = RepeatCounts()
+    for rounds in PROMPT_ROUNDS:
+        c = RoundCounts(k)
+        for fate in rounds:
+            c.observe(len(fate), fate.count("A"))
+        decoded = [7] * (c.emitted + 1)  # the first token comes from the prefill
+        plain = RunStats(decoded, 1.0, [], [], len(decoded) - 1)
+        repeat.add(c.stats(decoded, 0.5), plain)
+    got = repeat.repeat(greedy=True)
+    want = _independent_counts(PROMPT_ROUNDS, k)
+    assert want == {"drafted": [11, 10, 8], "reached": [11, 7, 5], "accepted": [8, 6, 4], "passes": 12, "tokens": 30}
+    assert (got.drafted_per_position, got.reached_per_position, got.accepted_per_position) == (
+        want["drafted"], want["reached"], want["accepted"])
+    assert (got.verify_passes, got.tokens) == (want["passes"], want["tokens"])
+    # the record's invariant: every decode token is an accepted draft or a verify pass's own token
+    assert sum(got.accepted_per_position) + got.verify_passes == got.tokens
+
+
+@pytest.mark.parametrize("bad", [(2, 3), (4, 1), (-1, 0)])
+def test_a_round_that_cannot_be_is_refused(bad: tuple[int, int]) -> None:
+    from atlas.measure.generate import RoundCounts
+
+    with pytest.raises(AtlasError, match="drafts, where at most 3 are drafted per round"):
+        RoundCounts(3).observe(*bad)
+
+
+def test_every_engine_feeds_the_same_round_counts() -> None:
+    """The same rounds reach the record alike from our loop's, transformers' and vLLM's reports."""
+    from atlas.measure.engines.transformers_engine import round_counts
+    from atlas.measure.generate import RoundCounts
+
+    for rounds in PROMPT_ROUNDS:
+        ours = RoundCounts(3)
+        for fate in rounds:
+            ours.observe(len(fate), fate.count("A"))
+        n = ours.emitted + 1
+        theirs = round_counts([fate.count("A") + 1 for fate in rounds], 3)
+        # vLLM drafts a full k every step and reports it; to_run_stats cuts the steps near the end
+        vllm = to_run_stats(_result([(3, fate.count("A")) for fate in rounds], n), n)
+        for got in (theirs.stats(list(range(n)), 0.5), vllm):
+            assert (got.drafted_per_position, got.reached_per_position, got.accepted_per_position, got.verify_passes) == (
+                ours.drafted, ours.reached, ours.accepted, ours.rounds)
 
 
 @needs_team

@@ -12,7 +12,6 @@ metrics and must equal the engine's own counter deltas around the same call, or 
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +21,8 @@ from atlas import AtlasError
 from atlas.measure.engines.convert import (config_for_the_engine, convert_glm, convert_mellum, glm_needs_rewrite, needs_conversion,
                                            without_remote_code)
 from atlas.measure.engines.vllm_client import Counters, Driver, Generated, Hello, Result, find_python
-from atlas.measure.generate import RunStats
-from atlas.measure.records import Cell, EngineRun, Hardware, Record, Repeat, write_record
+from atlas.measure.generate import RoundCounts, RunStats
+from atlas.measure.records import Cell, EngineRun, Hardware, Record, Repeat, is_greedy, write_record
 from atlas.paths import ROOT
 
 VLLM_BASELINE = "vLLM k=0 engine (plain decoding), same version, options and prompts; runs interleaved"
@@ -92,24 +91,17 @@ def to_run_stats(result: Result, max_new: int) -> RunStats:
     if len(result.per_step_drafted) != len(result.per_step_accepted):
         raise AtlasError("vLLM per-step drafted and accepted arrays differ in length")
     decode = max_new - 1
-    k = max(result.per_step_drafted, default=0)
-    drafted, reached, accepted = [0] * k, [0] * k, [0] * k
-    emitted = 0
+    counts = RoundCounts(max(result.per_step_drafted, default=0))
     for d, a in zip(result.per_step_drafted, result.per_step_accepted):
         if not 0 <= a <= d:
             raise AtlasError(f"vLLM reported {a} accepted of {d} drafted in one step")
-        room = decode - emitted - 1  # drafts that can still be emitted before the bonus token
+        room = decode - counts.emitted - 1  # drafts that can still be emitted before the bonus token
         if room < 0:
             raise AtlasError("vLLM reported a verify step after the last token was emitted")
-        d, a = min(d, room), min(a, room)
-        for i in range(d):
-            drafted[i] += 1
-            reached[i] += int(i <= a)  # drafts before i all passed, so i was tested
-            accepted[i] += int(i < a)
-        emitted += a + 1
-    if result.per_step_drafted and emitted != decode:
-        raise AtlasError(f"vLLM's steps account for {emitted} decode tokens, the output has {decode}")
-    return RunStats(result.tokens, result.decode_seconds, drafted, accepted, len(result.per_step_drafted), reached)
+        counts.observe(min(d, room), min(a, room))
+    if result.per_step_drafted and counts.emitted != decode:
+        raise AtlasError(f"vLLM's steps account for {counts.emitted} decode tokens, the output has {decode}")
+    return counts.stats(result.tokens, result.decode_seconds)
 
 
 def cross_check(generated: Generated, k: int) -> None:
@@ -117,13 +109,12 @@ def cross_check(generated: Generated, k: int) -> None:
     c = generated.counters
     if c is None:
         raise AtlasError("the speculative engine reported no spec-decode counters")
-    steps = [(d, a) for r in generated.results for d, a in zip(r.per_step_drafted, r.per_step_accepted)]
-    sums = Counters(
-        num_drafts=len(steps),
-        num_draft_tokens=sum(d for d, _ in steps),
-        num_accepted_tokens=sum(a for _, a in steps),
-        accepted_per_position=[sum(a > i for _, a in steps) for i in range(k)],
-    )
+    counts = RoundCounts(k)
+    for r in generated.results:
+        for d, a in zip(r.per_step_drafted, r.per_step_accepted):
+            counts.observe(d, a)
+    sums = Counters(num_drafts=counts.rounds, num_draft_tokens=sum(counts.drafted), num_accepted_tokens=sum(counts.accepted),
+                    accepted_per_position=counts.accepted)
     if sums != c:
         raise AtlasError(f"vLLM's per-request spec-decode metrics {sums.model_dump()} disagree with its counter deltas "
                          f"{c.model_dump()}; counts that do not agree are not recorded")
@@ -148,7 +139,7 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
     from transformers import AutoTokenizer
 
     from atlas.measure import conformance
-    from atlas.measure.cells import RepeatCounts, build_cell, seed_for
+    from atlas.measure.cells import RepeatCounts, build_cell, progress_line, seed_for
     from atlas.measure.checkpoint import resolve
     from atlas.measure.options import MAX_PROMPT_TOKENS, Options, new_record
     from atlas.measure.stamp import load_average
@@ -225,12 +216,9 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
                     acc = RepeatCounts()
                     for i in range(len(prompts[w.name])):
                         acc.add(runs[(k, k, t, w.name, r, i)], runs[(0, pair, t, w.name, r, i)])
-                    repeats.append(acc.repeat(t == 0))
+                    repeats.append(acc.repeat(is_greedy(t)))
                 raw[(w.name, t, k)] = repeats
-                drafted = sum(sum(x.drafted_per_position) for x in repeats)
-                accepted = sum(sum(x.accepted_per_position) for x in repeats)
-                speedup = statistics.median(x.baseline_seconds / x.seconds for x in repeats)
-                log(f"  {w.name:<10} T={t:g} k={k}: acc {accepted / drafted if drafted else 0:.2f} x{speedup:.2f}")
+                log(progress_line(w.name, t, {f"k={k}": repeats}))
     version = f"{hello.package} {hello.version}"
     cells: list[Cell] = [
         build_cell("vllm", version, VLLM_BASELINE, name, t, k, repeats, None, options.quick) for (name, t, k), repeats in raw.items()
