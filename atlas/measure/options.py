@@ -1,12 +1,16 @@
-"""What a measurement run is asked to do (`atlas measure run`'s options), for every engine."""
+"""What a measurement run is asked to do (`atlas measure run`'s options, Options), for every engine,
+with vLLM's own options among them (VllmOptions, from --engine-option pairs by parse_vllm_options)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from atlas import AtlasError
 from atlas.measure.checkpoint import DEFAULT_MODEL
 from atlas.measure.records import MIN_GATE_REPEATS, SCHEMA_VERSION, Cell, Hardware, Record, Settings, read_provenance
 from atlas.measure.stamp import load_average, software
@@ -19,7 +23,20 @@ MAX_PROMPT_TOKENS = 256
 
 
 @dataclass
+class VllmOptions:
+    """What only `--engine vllm` takes; every other engine refuses any of them set (their defaults)."""
+
+    python: str | None = None  # the interpreter of vLLM's environment (atlas.measure.engines.vllm_client.find_python)
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    options: dict[str, Any] = field(default_factory=dict)  # LLM(...) keyword arguments, recorded
+    speculative: dict[str, Any] = field(default_factory=dict)  # extra speculative_config keys
+    schedule: str = "interleaved"  # or "sequential" (atlas.measure.engines.vllm_engine.SCHEDULES)
+
+
+@dataclass
 class Options:
+    engine: str = "atlas"  # a name in atlas.measure.engines.ENGINES
     model: str = str(DEFAULT_MODEL)
     revision: str | None = None
     endpoint: str | None = None
@@ -39,10 +56,15 @@ class Options:
     threads: int | None = None
     draft_vocab: int | None = None  # our loop: the MTP head scores only the N most frequent training tokens (atlas.measure.draftvocab)
     peer: bool = True
-    ours: bool = True  # False (--engine transformers): only transformers' generate / use_mtp pair is measured
+    vllm: VllmOptions = field(default_factory=VllmOptions)
     out: Path = ROOT / DEFAULT_OUT_PATH
     command: str = ""
     quick: bool = False
+
+    @property
+    def ours(self) -> bool:
+        """Our loop is measured; --engine transformers runs the same harness for transformers' generate pair alone."""
+        return self.engine == "atlas"
 
 
 def new_record(options: Options, *, folder: Path, model_id: str, revision: str, hardware: Hardware, prompt_set: PromptSet,
@@ -85,3 +107,38 @@ def quick(options: Options) -> Options:
     options.repeats = min(options.repeats, MIN_GATE_REPEATS)
     options.prompts_per_workload = 1
     return options
+
+
+# LLM(...) arguments atlas sets itself (from its own options), and one it never allows.
+_RESERVED = {"model", "dtype", "seed", "tensor_parallel_size", "pipeline_parallel_size", "speculative_config",
+             "skip_tokenizer_init", "max_model_len", "per_request_spec_decode_metrics", "disable_log_stats"}
+
+
+def parse_vllm_options(pairs: Iterable[str], python: str | None, tp: int, pp: int, schedule: str = "interleaved") -> VllmOptions:
+    """`--engine-option KEY=VALUE` pairs: VALUE is JSON when it parses (numbers, true, lists), else
+    text; `speculative.KEY` goes into speculative_config."""
+    options: dict[str, Any] = {}
+    speculative: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise AtlasError(f"--engine-option expects KEY=VALUE, got {pair!r}")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        if key == "trust_remote_code":
+            raise AtlasError("--engine-option trust_remote_code: never; checkpoints run only through the engine's own code")
+        if key.startswith("speculative."):
+            name = key.removeprefix("speculative.")
+            if name in ("method", "num_speculative_tokens"):
+                raise AtlasError(f"--engine-option {key}: set by atlas (method mtp, k from --draft-tokens)")
+            speculative[name] = value
+        elif key in _RESERVED:
+            raise AtlasError(f"--engine-option {key}: set by atlas from its own options (--dtype, --seed, "
+                             "--tensor-parallel-size, --pipeline-parallel-size, --draft-tokens)")
+        else:
+            options[key] = value
+    return VllmOptions(python=python, tensor_parallel_size=tp, pipeline_parallel_size=pp, options=options,
+                       speculative=speculative, schedule=schedule)

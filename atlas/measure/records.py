@@ -470,6 +470,11 @@ def paired_bounds(ratios: Sequence[float]) -> tuple[float, float] | None:
     return math.exp(mean - half), math.exp(mean + half)
 
 
+def is_greedy(temperature: float) -> bool:
+    """Temperature 0 is greedy decoding (argmax), for every engine and the record's figures alike."""
+    return temperature <= 0.0
+
+
 def derive(repeats: list[Repeat], temperature: float, k: int, costs: PassCosts | None) -> Derived:
     """Every derived figure of a cell, from its raw counts (and, for the ideal, the pass costs:
     each repeat's own when it has them, else the record's)."""
@@ -494,7 +499,7 @@ def derive(repeats: list[Repeat], temperature: float, k: int, costs: PassCosts |
         if all(e is not None for e in per_repeat):
             efficiency, efficiency_lo, efficiency_hi = statistics.median(per_repeat), min(per_repeat), max(per_repeat)
     bounds = paired_bounds(speedups)
-    greedy = temperature == 0
+    greedy = is_greedy(temperature)
     return Derived(
         drafted=drafted,
         accepted=accepted,

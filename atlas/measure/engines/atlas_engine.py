@@ -16,12 +16,12 @@ import torch
 
 from atlas import AtlasError, __version__
 from atlas.measure import draftvocab
-from atlas.measure.cells import RepeatCounts, build_cell, seed_for
+from atlas.measure.cells import RepeatCounts, build_cell, progress_line, seed_for
 from atlas.measure.checkpoint import load_checkpoint, pick_device, place_model, resolve
 from atlas.measure.engines.transformers_engine import PEER_BASELINE, Peer
 from atlas.measure.generate import RunStats, Sampling, Stopwatch, generate_plain, generate_speculative
 from atlas.measure.model import FusedModel, build_fused_model, dense_regime
-from atlas.measure.options import MAX_PROMPT_TOKENS, Options, new_record
+from atlas.measure.options import MAX_PROMPT_TOKENS, Options, VllmOptions, new_record
 from atlas.measure.recurrent import summary as recurrent_summary
 from atlas.measure.records import Cell, PassCosts, Record, RecurrentState, Repeat, write_record
 from atlas.measure.stamp import hardware, load_average
@@ -112,7 +112,17 @@ def _measure_workload(
     return ours, theirs
 
 
+def check(options: Options) -> None:
+    """Refuse vLLM's options; a bad --device fails here, before anything loads."""
+    if options.vllm != VllmOptions():
+        raise AtlasError("--tensor-parallel-size, --pipeline-parallel-size, --engine-option, --engine-python and "
+                         "--engine-schedule need --engine vllm")
+    pick_device(options.device)
+
+
 def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, Path]:
+    """Measure `options` with our loop and, unless `options.peer` is off, transformers' generate pair
+    on the same prompts (only that pair for --engine transformers); write and return the record."""
     load_before = load_average()
     device = pick_device(options.device)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(options.dtype)
@@ -184,7 +194,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         for w in workloads:
             ours, theirs = _measure_workload(fused, peer, prompts[w.name], s, ks, mtp_k, w.name, options, timer, pass_reps)
             raw.append((w.name, t, ours, theirs))
-            log(progress_line(w.name, t, ours, theirs))
+            log(progress_line(w.name, t, {f"k={k}": r for k, r in ours.items()} | ({"hf": theirs} if theirs else {})))
     costs = timer.costs() if options.ours else None
     if costs:
         log(f"pass costs: plain {costs.plain * 1e3:.2f} ms, " + ", ".join(f"verify k={k} {v * 1e3:.2f} ms" for k, v in costs.verify.items()) + f", draft {costs.draft * 1e3:.2f} ms")
@@ -212,13 +222,3 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         )
     return record, path
 
-
-def progress_line(workload: str, t: float, ours: dict[int, list[Repeat]], theirs: list[Repeat]) -> str:
-    """Acceptance and median speed-up per engine, as the run goes (the record has everything)."""
-    parts = []
-    for label, repeats in [*((f"k={k}", r) for k, r in ours.items()), *([("hf", theirs)] if theirs else [])]:
-        drafted = sum(sum(r.drafted_per_position) for r in repeats)
-        accepted = sum(sum(r.accepted_per_position) for r in repeats)
-        speedup = statistics.median(r.baseline_seconds / r.seconds for r in repeats)
-        parts.append(f"{label} acc {accepted / drafted if drafted else 0:.2f} x{speedup:.2f}")
-    return f"  {workload:<10} T={t:g}: " + "; ".join(parts)

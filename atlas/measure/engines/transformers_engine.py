@@ -3,11 +3,16 @@ prompts as our loop (the peer beside it, or alone with `--engine transformers`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import torch
 from transformers.generation.streamers import BaseStreamer
 
 from atlas import AtlasError
-from atlas.measure.generate import RunStats, Sampling, Stopwatch
+from atlas.measure.generate import RoundCounts, RunStats, Sampling, Stopwatch
+from atlas.measure.options import Options
+from atlas.measure.records import Record
 
 PEER_BASELINE = "transformers plain generate; decode phase timed from its first new token (after the main prefill and use_mtp's MTP load)"
 
@@ -32,23 +37,20 @@ class _DecodePhase(BaseStreamer):
         pass
 
 
-def round_counts(emitted: list[int], k: int) -> tuple[list[int], list[int], list[int]]:
-    """Per draft position: (drafted, reached, accepted) over verify passes that emitted `emitted`
-    tokens each (accepted drafts + 1), kept as our loop keeps them: a pass drafts only what could
-    still be emitted, min(k, tokens left - 1), so a final pass with one token left drafts nothing
-    (counting it as a draft would read as a rejection that never happened)."""
-    drafted, reached, accepted = [0] * k, [0] * k, [0] * k
+def round_counts(emitted: list[int], k: int) -> RoundCounts:
+    """The rounds of verify passes that emitted `emitted` tokens each (accepted drafts + 1), kept as
+    our loop keeps them: a pass drafts only what could still be emitted, min(k, tokens left - 1), so
+    a final pass with one token left drafts nothing (counting it as a draft would read as a
+    rejection that never happened)."""
+    counts = RoundCounts(k)
     left = sum(emitted)
     for e in emitted:
-        d, a = min(k, left - 1), e - 1
-        if not 0 <= a <= d:
+        d = min(k, left - 1)
+        if not 0 <= e - 1 <= d:
             raise AtlasError(f"transformers' verify pass emitted {e} token(s) where it could draft {d}: not a speculative round")
-        for j in range(d):
-            drafted[j] += 1
-            reached[j] += j <= a  # position j was tested when every draft before it passed
-            accepted[j] += j < a
+        counts.observe(d, e - 1)
         left -= e
-    return drafted, reached, accepted
+    return counts
 
 
 class Peer:
@@ -95,5 +97,21 @@ class Peer:
         if len(emitted) != passes or sum(emitted) != len(tokens) - 1:
             raise AtlasError(f"transformers' use_mtp streamed {len(emitted)} rounds of {sum(emitted)} tokens over {passes} verify "
                              f"passes and {len(tokens) - 1} decode tokens: its rounds cannot be counted like ours")
-        drafted, reached, accepted = round_counts(emitted, self.k)
-        return RunStats(tokens, seconds, drafted, accepted, passes, reached)
+        return round_counts(emitted, self.k).stats(tokens, seconds)
+
+
+def check(options: Options) -> None:
+    """Our loop's refusals (this engine runs its harness), and a run with no peer: nothing to measure."""
+    from atlas.measure.engines import atlas_engine  # imported here: it imports this module's Peer
+
+    atlas_engine.check(options)
+    if not options.peer:
+        raise AtlasError("--engine transformers measures transformers' generate pair itself; --no-peer leaves nothing to run")
+
+
+def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, Path]:
+    """Measure transformers' generate pair alone, through our loop's harness (same prompts, seeds,
+    order and record), which leaves our loop out for this engine (Options.ours)."""
+    from atlas.measure.engines import atlas_engine  # imported here, as in check
+
+    return atlas_engine.run(options, log)

