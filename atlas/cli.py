@@ -322,7 +322,8 @@ def measure_run(engine: str, engine_python: str | None, draft_tokens: str, seed:
                 tensor_parallel_size: int, pipeline_parallel_size: int, engine_options: tuple[str, ...], engine_schedule: str) -> None:
     """Measure plain vs self-speculative decoding and write one record under --out."""
     from atlas.measure.checkpoint import DEFAULT_MODEL_PATH
-    from atlas.measure.options import DEFAULT_OUT_PATH, Options, parse_vllm_options, quick as quick_run
+    from atlas.measure.options import Options, parse_vllm_options, quick as quick_run
+    from atlas.measure.records import DEFAULT_DIR
     from atlas.measure.stamp import command_line
     from atlas.paths import project_path
 
@@ -334,7 +335,7 @@ def measure_run(engine: str, engine_python: str | None, draft_tokens: str, seed:
         max_new_tokens=max_new_tokens, repeats=repeats, prompts_per_workload=prompts_per_workload, seed=seed, top_k=top_k,
         top_p=top_p, threads=threads, draft_vocab=draft_vocab, peer=not no_peer,
         vllm=parse_vllm_options(engine_options, engine_python, tensor_parallel_size, pipeline_parallel_size, engine_schedule),
-        out=Path(out) if out else project_path(DEFAULT_OUT_PATH), command=command_line(),
+        out=Path(out) if out else project_path(DEFAULT_DIR), command=command_line(),
     )
     backend = ENGINES[engine].load()
     backend.check(options)

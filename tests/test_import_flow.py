@@ -101,9 +101,3 @@ def test_measure_import_never_imports_torch(tmp_path: Path) -> None:
     db = tmp_path / "atlas.duckdb"
     result = _atlas_without_torch("measure", "import", "--db", str(db), "--dir", str(REPO / "evidence" / "measurements"))
     assert "record(s) loaded" in result.stdout and ", 0 rejected" in result.stdout
-
-
-def test_import_reads_the_folder_the_run_writes() -> None:
-    from atlas.measure import options, records
-
-    assert records.DEFAULT_DIR == options.DEFAULT_OUT_PATH

@@ -12,13 +12,11 @@ from typing import Any
 
 from atlas import AtlasError
 from atlas.measure.checkpoint import DEFAULT_MODEL
-from atlas.measure.records import MIN_GATE_REPEATS, SCHEMA_VERSION, Cell, Hardware, Record, Settings, read_provenance
+from atlas.measure.records import DEFAULT_DIR, MIN_GATE_REPEATS, SCHEMA_VERSION, Cell, Hardware, Record, Settings, read_provenance
 from atlas.measure.stamp import load_average, software
 from atlas.measure.workloads import PromptSet
 from atlas.paths import ROOT
 
-# relative to the project root (atlas.paths), where the CLI resolves its defaults
-DEFAULT_OUT_PATH = "evidence/measurements"
 MAX_PROMPT_TOKENS = 256
 
 
@@ -57,7 +55,7 @@ class Options:
     draft_vocab: int | None = None  # our loop: the MTP head scores only the N most frequent training tokens (atlas.measure.draftvocab)
     peer: bool = True
     vllm: VllmOptions = field(default_factory=VllmOptions)
-    out: Path = ROOT / DEFAULT_OUT_PATH
+    out: Path = ROOT / DEFAULT_DIR
     command: str = ""
     quick: bool = False
 

@@ -48,9 +48,9 @@ if TYPE_CHECKING:  # the store's engine is needed to import records, not to writ
     import duckdb
 
 SCHEMA_VERSION = 3
-# The record folder `atlas measure import` reads: the one `atlas measure run` writes into
-# (atlas.measure.options.DEFAULT_OUT_PATH, tests/test_import_flow.py holds them equal), named here
-# so that the import never loads the runner's options, and with them torch.
+# The record folder, relative to the project root: `atlas measure run` writes into it and
+# `atlas measure import` reads it. Named here, not with the runner's options, so that the import
+# never loads those (and with them torch).
 DEFAULT_DIR = "evidence/measurements"
 MAX_RECORD_BYTES = 8 * 1024 * 1024  # the largest real record is well under 1 MB; bigger files are refused unread
 # Bounds on what one record may hold, so that no single file can cost the import or the site more
