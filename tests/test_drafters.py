@@ -16,7 +16,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from hub_fixtures import build_mirror, write_watchlist
+from hub_fixtures import build_mirror, rows as _query, write_watchlist
 from site_helpers import REPO
 
 from atlas.fingerprints import fingerprint
@@ -61,14 +61,6 @@ def crawled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                                 endpoint_label="mirror:test", token=False, cache_dir=tmp / "cache", progress=False)
     assert summary.status == "complete" and summary.failed == 0
     yield db
-
-
-def _query(db: Path, sql: str) -> list[tuple]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 @pytest.fixture(scope="module")
