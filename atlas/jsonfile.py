@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from atlas import AtlasError
 
@@ -21,5 +21,5 @@ def read_written(path: Path, model: type[M], rewrite: str) -> M | None:
         return None
     try:
         return model.model_validate_json(path.read_text(encoding="utf-8"))
-    except (ValidationError, ValueError) as exc:
+    except ValueError as exc:  # pydantic's ValidationError among them
         raise AtlasError(f"{path} does not match this version; run `{rewrite}` again: {exc}") from None

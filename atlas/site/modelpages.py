@@ -615,12 +615,11 @@ def _levels(m: Model, figures: list[reported_figures.Figure], mirror_date: str |
          "dated records under evidence/measurements/ (below)"]
         if m.measured else ["not measured by the atlas", "—"]
     )
-    rows = [["declared", *declared], ["shipped", *shipped], ["MTP precision (shipped)", *precision], ["servable", *servable],
-            ["reported", *rep], ["measured", *meas]]
-    if m.drafter is not None or m.drafters:
-        # present, like declared and shipped; after the measured row, and never summed into either count
-        rows.append(["MTP drafter (own repo)", Markdown("; ".join(_drafter_words(m))),
-                     Markdown(escape(where) + _rev(c.revision if c else None))])
+    # a drafter link is a present claim: it sits with declared and shipped, never summed into either count
+    drafter = ([["MTP drafter (own repo)", Markdown("; ".join(_drafter_words(m))),
+                 Markdown(escape(where) + _rev(c.revision if c else None))]] if m.drafter is not None or m.drafters else [])
+    rows = [["declared", *declared], ["shipped", *shipped], ["MTP precision (shipped)", *precision], *drafter,
+            ["servable", *servable], ["reported", *rep], ["measured", *meas]]
     return table(["claim level", "what it says", "provenance"], rows)
 
 

@@ -176,7 +176,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
             driver.generate(requests=[{"prompt": warm, "seed": 0}], max_tokens=8, temperature=t, **sampling)
         return loaded
 
-    def run(driver: Driver, k: int, t: float, name: str, r: int, i: int, prompt: list[int]) -> RunStats:
+    def run_one(driver: Driver, k: int, t: float, name: str, r: int, i: int, prompt: list[int]) -> RunStats:
         out = driver.generate(requests=[{"prompt": prompt, "seed": seed_for(options.seed, t, name, i, r, k)}],
                               max_tokens=n, temperature=t, **sampling)
         if k:
@@ -194,15 +194,15 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         loaded = load(base, 0)
         if vllm.schedule == "sequential":
             for t, name, r, i, prompt in cells_at:
-                runs[(0, None, t, name, r, i)] = run(base, 0, t, name, r, i, prompt)
+                runs[(0, None, t, name, r, i)] = run_one(base, 0, t, name, r, i, prompt)
         for k in ks:
             spec_loaded[k] = load(spec, k)
             for t, name, r, i, prompt in cells_at:
                 if vllm.schedule == "sequential":
-                    runs[(k, k, t, name, r, i)] = run(spec, k, t, name, r, i, prompt)
+                    runs[(k, k, t, name, r, i)] = run_one(spec, k, t, name, r, i, prompt)
                     continue
                 for kk in ([0, k] if (r + i) % 2 == 0 else [k, 0]):
-                    runs[(kk, k, t, name, r, i)] = run(base if kk == 0 else spec, kk, t, name, r, i, prompt)
+                    runs[(kk, k, t, name, r, i)] = run_one(base if kk == 0 else spec, kk, t, name, r, i, prompt)
     draft_method = next((x.draft_sample_method for x in spec_loaded.values() if x.draft_sample_method), draft_method)
     raw: dict[tuple[str, float, int], list[Repeat]] = {}
     for k in ks:
