@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime
 from html.parser import HTMLParser
@@ -108,12 +109,20 @@ def hostile_store(db: Path) -> None:
     write_snapshot(db, 29, HOSTILE_MODELS)
 
 
+def _ignored_by_git(folder: str) -> set[Path]:
+    """What `atlas site build` or `make demo` generated under `folder` (git ignores it): a copy of
+    the sources leaves it out, or a page a test's own build no longer writes would linger there."""
+    listed = subprocess.run(["git", "ls-files", "--others", "--ignored", "--exclude-standard", "--directory", folder],
+                            cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return {(REPO / line.rstrip("/")).resolve() for line in listed.splitlines()}
+
+
 def site_copy(root: Path, module_08: str | None = None) -> Layout:
     """A throwaway project root holding the real site/ sources and modules/ (optionally with a
     replacement module 8), so tests never write into the work tree."""
+    generated = _ignored_by_git("site")
     shutil.copytree(REPO / "site", root / "site",
-                    ignore=shutil.ignore_patterns("build", "modules", "models", "data", "glossary.md", "how-made.md",
-                                                 "changelog.md"))
+                    ignore=lambda folder, names: [n for n in names if Path(folder, n).resolve() in generated])
     shutil.copytree(REPO / "modules", root / "modules")
     (root / "evidence").mkdir()
     shutil.copy(REPO / "evidence" / "servable.toml", root / "evidence" / "servable.toml")
