@@ -3,7 +3,7 @@ record and curated files, loaded into temporary tables first) it writes one Parq
 file per table with DuckDB's own `COPY ... TO`, a data dictionary (one row per column), a dataset
 card (README.md in the Hugging Face dataset-card format, so `datasets.load_dataset` and DuckDB's
 `read_parquet` read the folder as it is), a manifest (rows, sha256, date of the data per file)
-and the changelog's data (atlas.site.changelog), which the site's Data and Changelog pages render.
+and the changelog's data (atlas.evidence.changelog), which the site's Data and Changelog pages render.
 
 Claim levels stay apart here too: present claims (fingerprints, model facts) and measured cells
 are different tables; reported figures and conformance verdicts have their own.
@@ -16,26 +16,20 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import duckdb
-import yaml
 from pydantic import BaseModel
 
-from atlas import AtlasError, __version__, croissant, outdir, store
+from atlas import AtlasError, exportdocs, outdir, store
 from atlas.hub.mirror import MIRROR_PREFIX, load_mirror_date
-from atlas.exportformat import (CARD, CREATOR, DICTIONARY, FORMATS, LICENSE, MANIFEST, FileEntry, Manifest, citation,
-                                data_date, read_manifest)
+from atlas.exportformat import (CARD, CSV_NOTE, DICTIONARY, FORMATS, MANIFEST, FileEntry, Manifest, quote_path,
+                                read_manifest)
 from atlas.paths import published
-from atlas.measure import conformance, records
-from atlas.site import changelog
-from atlas.site import measured as measured_section
-from atlas.site import reported as reported_figures
-from atlas.site import servable as servable_matrix
+from atlas.evidence import catalog, changelog
+from atlas.measure import records
 
 DEFAULT_OUT = "build/data"
 
@@ -48,24 +42,18 @@ class Table:
     as_of: str  # SQL: the date the table's data is of (max over its rows), '' when none
 
 
-# The project's own models (team model, oracles) are in the store; the site keeps them out of Hub
-# counts, so the files mark them instead of dropping them.
-def _ours(column: str = "repo_id") -> str:
-    return f"lower(split_part({column}, '/', 1)) IN (" + ", ".join(f"'{o}'" for o in store.PROJECT_ORGS) + ")"
-
-
 TABLES = (
     Table("fingerprints",
           "What each model's config declares and its weight names ship, per complete snapshot "
           "(present claims: no speed-up here).",
-          f"SELECT h.*, d.data_date, {_ours('h.repo_id')} AS made_by_atlas FROM mtp_fingerprints_history h "
+          f"SELECT h.*, d.data_date, {store.ours('h.repo_id')} AS made_by_atlas FROM mtp_fingerprints_history h "
           "JOIN _data_dates d USING (snapshot_id) ORDER BY snapshot_id, repo_id",
           "SELECT max(d.data_date) FROM mtp_fingerprints_history JOIN _data_dates d USING (snapshot_id)"),
     Table("model_facts",
           "Architecture facts of every model of the latest complete snapshot, and the engines of "
           "the support matrix that serve its MTP (present claims).",
-          f"SELECT f.*, d.data_date, s.servable_engines, {_ours('f.repo_id')} AS made_by_atlas FROM model_facts f "
-          "JOIN _data_dates d USING (snapshot_id) LEFT JOIN _servable s USING (repo_id) ORDER BY f.repo_id",
+          f"SELECT f.*, d.data_date, s.servable_engines, {store.ours('f.repo_id')} AS made_by_atlas FROM model_facts f "
+          "JOIN _data_dates d USING (snapshot_id) LEFT JOIN model_servable s USING (repo_id) ORDER BY f.repo_id",
           "SELECT max(d.data_date) FROM model_facts JOIN _data_dates d USING (snapshot_id)"),
     Table("measured_cells",
           "The atlas's own measurements: one row per record, engine, workload, temperature and "
@@ -73,20 +61,20 @@ TABLES = (
           # the store's columns in their declared order (a migrated store holds them in another),
           # then whether the project made the checkpoint: by its provenance or by its organisation
           "SELECT " + ", ".join("e.source_path" if c == "source_path" else f"m.{c}" for c in records.COLUMNS)
-          + f", coalesce(m.provenance_project_made, false) OR {_ours('m.model_id')} AS made_by_atlas "
-          "FROM measurement_cells m JOIN _evidence_records e USING (record_id) "
+          + ", e.is_ours AS made_by_atlas "
+          "FROM measurement_cells m JOIN evidence_records e USING (record_id) WHERE NOT e.quick "
           "ORDER BY m.run_date, m.record_id, m.engine, m.workload, m.temperature, m.draft_tokens",
-          "SELECT max(m.run_date)::DATE FROM measurement_cells m JOIN _evidence_records e USING (record_id)"),
+          "SELECT max(m.run_date)::DATE FROM measurement_cells m JOIN evidence_records e USING (record_id) WHERE NOT e.quick"),
     Table("conformance_verdicts",
           "Engine conformance: per record, layout, temperature class and draft sampling, whether "
           "the engine's MTP kept the model's output.",
-          "SELECT * FROM _conformance ORDER BY date, source, layout, temperature, draft_sampling",
-          "SELECT max(date)::DATE FROM _conformance"),
+          "SELECT * EXCLUDE (run_date, shown) FROM conformance_verdicts ORDER BY date, source, layout, temperature, draft_sampling",
+          "SELECT max(date)::DATE FROM conformance_verdicts"),
     Table("reported_figures",
           "Figures other people published about MTP decoding, with the conditions their sources "
           "state (never measurements of the atlas).",
-          "SELECT * FROM _reported ORDER BY id",
-          "SELECT max(date_read) FROM _reported"),
+          "SELECT * FROM reported_figures ORDER BY id",
+          "SELECT max(date_read) FROM reported_figures"),
 )
 
 DATA_DATE = ("the date of the data, as every site row shows it: after a crawl of a mirror folder with a "
@@ -245,46 +233,7 @@ MEANINGS: dict[str, dict[str, str]] = {
 }
 
 
-# ---- temporary tables: what is not in the store -------------------------------------------------
-
-_PY_TYPES = {str: "VARCHAR", bool: "BOOLEAN", int: "BIGINT", float: "DOUBLE", dt.date: "DATE",
-             dt.datetime: "TIMESTAMP"}
-
-
-def _sql_type(annotation: Any) -> str:
-    """The column type of a pydantic field; nested models are kept as JSON text."""
-    origin = typing.get_origin(annotation)
-    if origin is typing.Literal:
-        return _PY_TYPES[type(typing.get_args(annotation)[0])]
-    if origin is list:
-        inner = _sql_type(typing.get_args(annotation)[0])
-        return "JSON" if inner == "JSON" else inner + "[]"
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if args and origin is not None:  # X | None
-        return _sql_type(args[0])
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return "JSON"
-    return _PY_TYPES[annotation]
-
-
-def _temp_table(con: duckdb.DuckDBPyConnection, name: str, model: type[BaseModel],
-                rows: list[dict[str, Any]], extra: dict[str, str] | None = None) -> None:
-    """A temporary table with the pydantic model's fields (and `extra` columns) as typed columns;
-    `rows` are the models' model_dump()s."""
-    columns = {f: _sql_type(info.annotation) for f, info in model.model_fields.items()} | (extra or {})
-    as_json = {c for c, t in columns.items() if t == "JSON"}
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ("
-                + ", ".join(f'"{c}" {"VARCHAR" if c in as_json else t}' for c, t in columns.items()) + ")")
-    if rows:
-        con.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * len(columns))})",
-                        [[json.dumps(r[c], sort_keys=True) if c in as_json else r[c] for c in columns]
-                         for r in rows])
-
-
-class _Servable(BaseModel):
-    repo_id: str
-    servable_engines: list[str]
-
+# ---- what the tables read beyond the store's own ------------------------------------------------
 
 class _DataDate(BaseModel):
     snapshot_id: int
@@ -305,72 +254,20 @@ def _data_dates(con: duckdb.DuckDBPyConnection, root: Path) -> list[dict[str, An
     return out
 
 
-def _load_side_tables(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, evidence_dir: Path,
-                      root: Path) -> tuple[list[measured_section.Run], list[Path]]:
-    """What the tables need beyond the store, as temporary tables: the servable engines per model,
-    the evidence records' ids (smoke runs left out), the conformance verdicts, the reported
-    figures. Returns the evidence runs and the conformance record files."""
-    facts = con.execute("SELECT repo_id, model_type, architectures, declared_num_mtp_layers, "
-                        "shipped_mtp_layers FROM mtp_fingerprints").fetchall()
-    _temp_table(con, "_servable", _Servable, [
-        {"repo_id": rid, "servable_engines": [e.engine for e in matrix.serving(
-            mt, [a.strip() for a in (arch or "").split(",") if a.strip()], declared, shipped)]}
-        for rid, mt, arch, declared, shipped in facts])
-
-    _temp_table(con, "_data_dates", _DataDate, _data_dates(con, root))
-
-    sources = _measurement_sources(con)
-    runs = [r for r in measured_section.load_runs(sources) if not r.record.settings.quick]
-    # each record's path as published: the store keeps where it was imported from, which for a
-    # record from outside the checkout is the importer's absolute path
-    con.execute("CREATE OR REPLACE TEMP TABLE _evidence_records (record_id VARCHAR, source_path VARCHAR)")
-    if runs:
-        con.executemany("INSERT INTO _evidence_records VALUES (?, ?)",
-                        [[r.record_id, published(r.source_path, root)] for r in runs])
-
-    folder = evidence_dir / "conformance"
-    checked = conformance.load_records(folder)
-    latest = {path for path, _ in conformance.latest_records(folder)}
-    rows = [v.model_dump() | {"latest": path in latest}
-            for path, rec in checked for v in conformance.verdicts([(path, rec)], root)]
-    _temp_table(con, "_conformance", conformance.Verdict, rows, {"latest": "BOOLEAN"})
-
-    figures = reported_figures.load(evidence_dir / "reported.toml").figure
-    _temp_table(con, "_reported", reported_figures.Figure, [f.model_dump() for f in figures])
-    return runs, [p for p, _ in checked]
-
-
-def _measurement_sources(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
-    found = con.execute("SELECT count(*) FROM information_schema.tables "
-                        "WHERE table_name = 'measurement_cells'").fetchone()
-    if not (found and found[0]):
-        # no record imported: an empty table of the right columns, so the file still has them
-        con.execute(records.TABLE.replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE"))
-        return []
-    have = {n for (n,) in con.execute("SELECT column_name FROM information_schema.columns "
-                                      "WHERE table_name = 'measurement_cells'").fetchall()}
-    if missing := [c for c in records.COLUMNS if c not in have]:
-        # the store is open read-only here; the import migrates the table in place
-        raise AtlasError(f"the store's measurements predate its current columns ({', '.join(missing[:3])}"
-                         f"{', ...' if len(missing) > 3 else ''}): run `atlas measure import` on it first")
-    return [(r, s) for r, s in con.execute(
-        "SELECT record_id, any_value(source_path) FROM measurement_cells GROUP BY record_id "
-        "ORDER BY record_id").fetchall()]
+def _load_side_tables(con: duckdb.DuckDBPyConnection, evidence_dir: Path, root: Path) -> catalog.Catalog:
+    """The evidence catalog (atlas.evidence.catalog: support matrix, reported figures, conformance
+    verdicts, imported records) and each snapshot's data date, as tables on `con`."""
+    cat = catalog.load(con, evidence_dir, root, reported_required=True)
+    catalog.temp_table(con, "_data_dates", _DataDate, _data_dates(con, root))
+    return cat
 
 
 # ---- writing ---------------------------------------------------------------------------------------
 
 
-def _quote(path: Path) -> str:
-    return "'" + str(path).replace("'", "''") + "'"
-
-
 # A spreadsheet runs a cell that starts with one of these as a formula (CSV injection), and a Hub
 # card's base_model or a record's workload is text anyone can write: OWASP's advice is a quote before it.
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-CSV_NOTE = ("In the CSV files a text value that starts with =, +, -, @, a tab or a carriage return has a "
-            "quote (') put before it, so that a spreadsheet shows it as text instead of running it as a "
-            "formula; the Parquet files hold the exact value, and numeric columns are never changed.")
 CSV_TEXT = " (in CSV, a value starting with =, +, -, @, a tab or a carriage return has a ' put before it)"
 
 
@@ -388,9 +285,9 @@ def _csv_safe(con: duckdb.DuckDBPyConnection, sql: str) -> str:
 
 def _copy(con: duckdb.DuckDBPyConnection, sql: str, out: Path, fmt: str) -> None:
     if fmt == "parquet":
-        con.execute(f"COPY ({sql}) TO {_quote(out)} (FORMAT parquet, COMPRESSION zstd)")
+        con.execute(f"COPY ({sql}) TO {quote_path(out)} (FORMAT parquet, COMPRESSION zstd)")
     else:
-        con.execute(f"COPY ({_csv_safe(con, sql)}) TO {_quote(out)} (FORMAT csv, HEADER true)")
+        con.execute(f"COPY ({_csv_safe(con, sql)}) TO {quote_path(out)} (FORMAT csv, HEADER true)")
 
 
 def _sha256(path: Path) -> str:
@@ -417,17 +314,16 @@ def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
     """Write every table (Parquet and CSV), the data dictionary, the manifest, the card and the
     changelog's data into `out` (rebuilt whole). The store is opened read-only."""
     store.require_complete_snapshot(db)
-    matrix = servable_matrix.load(evidence_dir / "servable.toml")
 
     def write(staging: Path) -> Manifest:
         try:
-            manifest, log = _export_into(staging, db, matrix, evidence_dir, root)
+            manifest, log = _export_into(staging, db, evidence_dir, root)
         except duckdb.Error as exc:  # outdir.replace removes the staging folder: nothing half-written stays
             raise _export_error(db, out, staging, exc) from None
         (staging / MANIFEST).write_text(manifest.model_dump_json(indent=1) + "\n", encoding="utf-8")
-        (staging / CARD).write_text(card(manifest, staging), encoding="utf-8")
+        (staging / CARD).write_text(exportdocs.card(manifest, staging), encoding="utf-8")
         (staging / changelog.FILE_NAME).write_text(changelog.dumps(log), encoding="utf-8")
-        _write_croissant(staging, manifest)
+        exportdocs.write_croissant(staging, manifest)
         return manifest
 
     # a folder of the user's is refused; a previous export stays whole until the new one is complete
@@ -453,11 +349,10 @@ def _is_export(folder: Path) -> bool:
         return False
 
 
-def _export_into(staging: Path, db: Path, matrix: servable_matrix.Matrix, evidence_dir: Path,
-                 root: Path) -> tuple[Manifest, changelog.Changelog]:
+def _export_into(staging: Path, db: Path, evidence_dir: Path, root: Path) -> tuple[Manifest, changelog.Changelog]:
     con = store.connect(db, read_only=True)
     try:
-        runs, checked = _load_side_tables(con, matrix, evidence_dir, root)
+        cat = _load_side_tables(con, evidence_dir, root)
         dictionary: list[tuple[str, str, str, str]] = []
         files: list[FileEntry] = []
         for t in TABLES:
@@ -471,14 +366,15 @@ def _export_into(staging: Path, db: Path, matrix: servable_matrix.Matrix, eviden
                     "(\"table\" VARCHAR, \"column\" VARCHAR, \"type\" VARCHAR, meaning VARCHAR)")
         con.executemany("INSERT INTO _dictionary VALUES (?, ?, ?, ?)", dictionary)
         files += _write(con, staging, DICTIONARY, "SELECT * FROM _dictionary", None)
-        log = changelog.collect(con, matrix, runs, evidence_dir / "conformance", root)
+        log = changelog.collect(con, cat, root)
         manifest = Manifest(
             description={t.name: t.description for t in TABLES}
             | {DICTIONARY: "One row per exported column: its table, name, type and meaning. " + CSV_NOTE},
             files=files, snapshots=_snapshots(con, root),
-            measurement_records=[{"record_id": r.record_id, "source_path": published(r.source_path, root)} for r in runs],
-            conformance_records=[published(p.resolve(), root) for p in checked],
-            servable_date=matrix.date.isoformat(),
+            measurement_records=[{"record_id": r.record_id, "source_path": published(r.source_path, root)}
+                                 for r in cat.evidence_runs],
+            conformance_records=[published(p.resolve(), root) for p, _ in cat.conformance_records],
+            servable_date=cat.matrix.date.isoformat(),
         )
     finally:
         con.close()
@@ -495,245 +391,3 @@ def _write(con: duckdb.DuckDBPyConnection, folder: Path, name: str, sql: str,
         out.append(FileEntry(path=path.name, table=name, format=fmt, rows=rows, bytes=path.stat().st_size,
                              sha256=_sha256(path), as_of=as_of.isoformat() if as_of else None))
     return out
-
-
-# ---- Croissant ----------------------------------------------------------------------------------
-
-
-def _write_croissant(folder: Path, manifest: Manifest) -> None:
-    """croissant.json beside the card: every file and field, read from what was just written."""
-    columns = _read_dictionary(folder)
-    tables = dict.fromkeys(f.table for f in manifest.files)
-    bibtex, _ = citation(manifest)
-    doc = croissant.describe(
-        folder, {t: manifest.description[t] for t in tables}, columns,
-        {CARD: "the dataset card (Hugging Face dataset-card format)",
-         MANIFEST: "rows, sha256 and data date of every table file; the snapshots and records the tables come from",
-         changelog.FILE_NAME: "what changed between snapshots and records, as the site's Changelog shows it"},
-        {"name": "MTP Atlas",
-         "description": "Dated facts about how open-weight language models use multi-token prediction (MTP): "
-                        "what their configs declare and their weights ship (present claims), and the atlas's "
-                        "own measurements of self-speculative decoding with an MTP head (measured claims), in "
-                        "separate tables.",
-         "license": croissant.LICENSE_URL,
-         "creator": {"@type": "sc:Organization", "name": CREATOR},
-         "citeAs": bibtex,
-         "version": __version__,
-         "keywords": card_metadata(manifest, columns)["tags"],
-         "isLiveDataset": False} | ({"datePublished": data_date(manifest)} if data_date(manifest) else {}))
-    (folder / croissant.FILE_NAME).write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-# ---- the dataset card -------------------------------------------------------------------------------
-
-
-# The Hugging Face `datasets` feature type of each DuckDB column type the export writes.
-HF_DTYPES = {"VARCHAR": "string", "JSON": "string", "BOOLEAN": "bool", "BIGINT": "int64", "INTEGER": "int32",
-             "DOUBLE": "float64", "DATE": "date32", "TIMESTAMP": "timestamp[us]"}
-
-
-def _feature(column: str, ctype: str) -> dict[str, str]:
-    if ctype.endswith("[]"):
-        return {"name": column, "sequence": HF_DTYPES[ctype[:-2]]}
-    return {"name": column, "dtype": HF_DTYPES[ctype]}
-
-
-def card_metadata(manifest: Manifest, columns: list[tuple[str, str, str, str]]) -> dict[str, Any]:
-    """The card's YAML front matter (the Hugging Face dataset-card fields): one config per table,
-    each reading its Parquet file, with its features (columns and types) and its one split."""
-    tables = list(dict.fromkeys(f.table for f in manifest.files))
-    rows = max((f.rows for f in manifest.files), default=0)
-    parquet = {f.table: f for f in manifest.files if f.format == "parquet"}
-    return {
-        "pretty_name": "MTP Atlas",
-        "license": LICENSE,
-        "language": ["en"],
-        # the rows are facts about models and measurements: no machine-learning task is trained on them
-        "task_categories": ["other"],
-        "source_datasets": ["original"],
-        # fingerprints are read from configs and weight names by rule; measurements are the atlas's runs
-        "annotations_creators": ["machine-generated"],
-        "language_creators": ["machine-generated"],
-        "creators": [CREATOR],
-        "tags": ["multi-token-prediction", "speculative-decoding", "model-architecture"],
-        "size_categories": ["n<1K" if rows < 1000 else "1K<n<10K" if rows < 10_000 else "10K<n<100K"
-                            if rows < 100_000 else "100K<n<1M"],
-        "configs": [
-            {"config_name": t, "data_files": [{"split": "train", "path": f"{t}.parquet"}]}
-            | ({"default": True} if i == 0 else {})
-            for i, t in enumerate(tables)
-        ],
-        "dataset_info": [
-            {"config_name": t,
-             "features": [_feature(c, ctype) for table, c, ctype, _ in columns if table == t],
-             "splits": [{"name": "train", "num_bytes": parquet[t].bytes, "num_examples": parquet[t].rows}]}
-            for t in tables
-        ],
-    }
-
-
-def _read_dictionary(folder: Path) -> list[tuple[str, str, str, str]]:
-    """(table, column, type, meaning) of every exported column, from the data dictionary written there."""
-    con = duckdb.connect()
-    try:
-        return [tuple(r) for r in con.execute(  # type: ignore[misc]
-            f"SELECT * FROM read_parquet({_quote(folder / (DICTIONARY + '.parquet'))})").fetchall()]
-    finally:
-        con.close()
-
-
-def _limits(folder: Path, manifest: Manifest) -> str:
-    """What the data cannot tell, from the data: how many models the latest crawl read and from
-    where, and on what hardware and of whose checkpoints every measurement is."""
-    con = duckdb.connect()
-    try:
-        (hardware, ours, cells) = con.execute(
-            "SELECT list(DISTINCT hardware ORDER BY hardware), bool_and(made_by_atlas), count(*) "
-            f"FROM read_parquet({_quote(folder / 'measured_cells.parquet')})").fetchone()
-        (models, own) = con.execute("SELECT count(*) FILTER (NOT made_by_atlas), count(*) FILTER (made_by_atlas) "
-                                    f"FROM read_parquet({_quote(folder / 'model_facts.parquet')})").fetchone()
-    finally:
-        con.close()
-    latest = manifest.snapshots[-1] if manifest.snapshots else None
-    source = latest["source"] if latest else None
-    besides = f" (besides {own} of this project's own)" if own else ""
-    if source and source.startswith(MIRROR_PREFIX):
-        crawl = (f"The latest snapshot is a crawl of a bundled mirror (`{source}`) of {models} model configs{besides}, "
-                 "not of the Hub: it says what those files declare, not how common MTP is on the Hub.")
-    else:
-        crawl = (f"The latest snapshot read {models} models{besides} from `{source}`: the watch list's, "
-                 "not every Hub model.")
-    if not cells:
-        return crawl + " There are no measurements in this export."
-    whose = "of checkpoints this project made" if ours else "of checkpoints, some from the Hub"
-    measured = f"Every one of the {cells} measured cells is a run {whose}, on " + "; ".join(f"`{h}`" for h in hardware) + "."
-    if all(h.startswith("CPU") for h in hardware):  # the stamp names a GPU run's device first
-        measured += " No measured figure here is a GPU's."
-    if ours:
-        measured += " No measured figure here is a Hub model's speed-up."
-    return crawl + " " + measured + " Figures other people published are in `reported_figures`, with their sources."
-
-
-def card(manifest: Manifest, folder: Path) -> str:
-    """The dataset card (README.md), after the Hugging Face dataset-card template, for the tables
-    written into `folder`."""
-    columns = _read_dictionary(folder)
-    meta = yaml.safe_dump(card_metadata(manifest, columns), sort_keys=False, allow_unicode=False)
-    parquet = [f for f in manifest.files if f.format == "parquet"]
-    table_lines = "\n".join(
-        f"| `{f.table}` | {f.rows} | {f.as_of or '—'} | {manifest.description[f.table]} |" for f in parquet)
-    snaps = "\n".join(f"- snapshot #{s['snapshot_id']}: crawl finished {s['finished']} UTC, from `{s['source']}`, "
-                      f"data of {s['data_date']}" for s in manifest.snapshots)
-    records = "\n".join(f"- `{r['record_id']}` (`{r['source_path']}`)" for r in manifest.measurement_records) or "- none"
-    conf = "\n".join(f"- `{c}`" for c in manifest.conformance_records) or "- none"
-    first = parquet[0].table if parquet else "fingerprints"
-    bibtex, plain = citation(manifest)
-    return f"""---
-{meta}---
-
-# MTP Atlas
-
-Dated facts about how open-weight language models use multi-token prediction (MTP), and the
-atlas's own measurements of self-speculative decoding with an MTP head. Exported by `atlas export`
-from the atlas store; every row says where it came from. Data of {data_date(manifest) or '—'}.
-
-Present claims (what a config declares, what the weights ship, which engine has code to serve
-it) and measured claims (a dated run on named hardware) are different tables and never mix: a
-speed-up appears only in `measured_cells`, and figures other people published only in
-`reported_figures`.
-
-## Dataset Structure
-
-| config | rows | data as of | what it holds |
-|---|---|---|---|
-{table_lines}
-
-`data_dictionary` names every column's type and meaning (the YAML above lists each config's
-features); `croissant.json` describes every file and field in Croissant 1.1. Each table is also
-written as CSV (list columns as `[a, b]`). {CSV_NOTE}
-
-## Uses
-
-### Direct Use
-
-Looking up what a model's config declares about MTP and what its weights ship, at a dated
-revision; which engines have code to draft with its MTP layers; and what the atlas measured when
-it ran MTP self-speculative decoding, with the gate's verdict and its paired 95 % bounds.
-
-```python
-import duckdb
-duckdb.sql("SELECT * FROM read_parquet('{first}.parquet')")
-
-from datasets import load_dataset
-load_dataset("parquet", data_files="{first}.parquet")   # one table
-load_dataset("/path/to/this/folder", "{first}")        # by the configs above (a folder path, not ".")
-```
-
-### Out-of-Scope Use
-
-Not a benchmark of Hub models' decoding speed, and not a census of the Hub: see the limits below.
-The tables hold facts read from configs and weight names, never weights.
-
-## Dataset Creation
-
-### Curation Rationale
-
-Whether a model ships MTP layers, and whether using them pays, is usually stated without a date,
-a revision or a device. Each row here has all three, or says it has none.
-
-### Source Data
-
-#### Data Collection and Processing
-
-`atlas crawl` reads each watched repository's config.json and weight names at a revision (or a
-mirror folder of verbatim configs with their provenance) and applies versioned fingerprint rules
-(`rule_version`); `atlas measure` runs the atlas's own decoding loop and writes a record whose
-derived figures are recomputed from its raw counts on import. Snapshots (crawls) in these files:
-
-{snaps}
-
-Measurement records (ids are the sha256 of each record's canonical serialisation):
-
-{records}
-
-Conformance records:
-
-{conf}
-
-Servable engines (`model_facts.servable_engines`): the support matrix `evidence/servable.toml` of
-{manifest.servable_date}, which cites the engine source it was read from.
-
-#### Who are the source data producers?
-
-The model configs and weight names are the model publishers' (named by `repo_id`); the
-measurements and conformance checks are the atlas's own runs; `reported_figures` quote their
-sources, which each row names.
-
-## Bias, Risks, and Limitations
-
-{_limits(folder, manifest)}
-
-A speed-up is for the named hardware, engine, workload, temperature and draft length only.
-`speedup_slowest_repeat` / `speedup_fastest_repeat` are the range of the repeats, not confidence
-bounds; `speedup_paired_lower_95` / `speedup_paired_upper_95` are the gate's one-sided 95 % bounds.
-
-## Citation
-
-**BibTeX:**
-
-```bibtex
-{bibtex}
-```
-
-**Plain:** {plain}
-
-## License
-
-{LICENSE} (the Apache License 2.0, the atlas project's; LICENSE in its repository). The model
-configs' facts are read from public repositories at the revisions given; their own licences are
-their publishers'.
-
-## Contact
-
-The {CREATOR}: open an issue in the repository this export was made from.
-"""

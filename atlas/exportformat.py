@@ -21,6 +21,15 @@ CARD = "README.md"
 FORMATS = ("parquet", "csv")
 LICENSE = "apache-2.0"  # the project's (pyproject.toml)
 DICTIONARY = "data_dictionary"
+# What the export does to CSV cells a spreadsheet would run (atlas.export FORMULA_STARTS).
+CSV_NOTE = ("In the CSV files a text value that starts with =, +, -, @, a tab or a carriage return has a "
+            "quote (') put before it, so that a spreadsheet shows it as text instead of running it as a "
+            "formula; the Parquet files hold the exact value, and numeric columns are never changed.")
+
+
+def quote_path(path: Path) -> str:
+    """A path as a DuckDB string literal."""
+    return "'" + str(path).replace("'", "''") + "'"
 
 
 class FileEntry(BaseModel):

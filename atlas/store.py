@@ -36,6 +36,15 @@ from atlas.fingerprints import DRAFTER_RULES
 # Lower-case; the org is the part of the repo id before the first "/".
 PROJECT_ORGS = ("mtp-atlas",)
 
+
+def is_ours(repo_id: str) -> bool:
+    return repo_id.split("/", 1)[0].lower() in PROJECT_ORGS
+
+
+def ours(column: str = "repo_id") -> str:
+    """is_ours in SQL, over the repo ids in `column` (the orgs are constants, no data)."""
+    return f"lower(split_part({column}, '/', 1)) IN (" + ", ".join(f"'{o}'" for o in PROJECT_ORGS) + ")"
+
 DEFAULT_DB = Path("data/atlas.duckdb")
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from atlas import store
 from atlas.site.render import Layout
-from atlas.site.servable import Matrix
+from atlas.evidence.servable import Matrix
 
 REPO = Path(__file__).resolve().parents[1]
 

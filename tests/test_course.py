@@ -27,7 +27,8 @@ from site_helpers import (
 
 from atlas import AtlasError, fingerprints, store
 from atlas.measure import theory
-from atlas.site import diagrams, evidence, modelpages, render, reported, servable, worked_round
+from atlas.evidence import reported as reported_figures, servable
+from atlas.site import diagrams, evidence, modelpages, render, reported, worked_round
 from atlas.site.mdsafe import escape
 
 REPORTED = REPO / "evidence" / "reported.toml"
@@ -72,7 +73,7 @@ def built(layout: render.Layout, *parts: str) -> str:
 
 
 def test_reported_figures_load_with_every_condition_and_a_source() -> None:
-    figures = reported.load(REPORTED).figure
+    figures = reported_figures.load(REPORTED).figure
     assert len(figures) >= 5
     for f in figures:
         assert f.source and f.url.startswith("https://") and f.read_in
@@ -103,7 +104,7 @@ def test_reported_schema_rejects_bad_entries(tmp_path: Path, old: str, new: str,
     path = tmp_path / "reported.toml"
     path.write_text(_first_figure_edited(old, new), encoding="utf-8")
     with pytest.raises(AtlasError, match=f"(?s)malformed.*{message}"):
-        reported.load(path)
+        reported_figures.load(path)
 
 
 def test_reported_duplicate_ids_and_missing_file_are_clear_errors(tmp_path: Path) -> None:
@@ -113,16 +114,16 @@ def test_reported_duplicate_ids_and_missing_file_are_clear_errors(tmp_path: Path
     path = tmp_path / "reported.toml"
     path.write_text(text + "\n" + first, encoding="utf-8")
     with pytest.raises(AtlasError, match="duplicate figure ids"):
-        reported.load(path)
+        reported_figures.load(path)
     with pytest.raises(AtlasError, match="not found"):
-        reported.load(tmp_path / "absent.toml")
+        reported_figures.load(tmp_path / "absent.toml")
 
 
 def test_reported_figures_render_in_their_own_box_and_never_as_measured(course_site) -> None:
     layout, _ = course_site
     html = built(layout, "modules", "module-08")
     page = parse_html(html)
-    figures = reported.load(REPORTED).figure
+    figures = reported_figures.load(REPORTED).figure
     reported_tables = [t for t in page.tables if t.header == reported.HEADER]
     assert len(reported_tables) == 1
     rows = reported_tables[0].rows
@@ -284,7 +285,7 @@ def test_model_pages_link_base_and_derivatives_and_carry_reported_figures(course
     base_html = built(layout, "models", base.slug)
     assert f'href="../{deriv.slug}/"' in base_html
     assert f'href="../{base.slug}/"' in built(layout, "models", deriv.slug)
-    figures = reported.load(REPORTED).about(base.repo_id)
+    figures = reported_figures.load(REPORTED).about(base.repo_id)
     assert figures
     page = parse_html(base_html)
     rep = next(t for t in page.tables if t.header == reported.HEADER)
@@ -374,7 +375,7 @@ def test_evidence_command_writes_the_models_file(tmp_path: Path) -> None:
 def test_prose_quotes_reported_figures_by_id_and_an_unknown_id_fails_the_build(tmp_path: Path) -> None:
     text = (REPO / "modules" / "module-08.md").read_text(encoding="utf-8")
     quoted = re.findall(r'reported_figure\("([^"]+)"\)', text)
-    ids = {f.id for f in reported.load(REPORTED).figure}
+    ids = {f.id for f in reported_figures.load(REPORTED).figure}
     assert quoted and set(quoted) <= ids
     layout = site_copy(tmp_path / "s", "---\nnumber: 8\ntitle: x\n---\n{{ reported_figure('no-such') }}\n")
     with pytest.raises(AtlasError, match="no reported figure with id 'no-such'"):
@@ -395,7 +396,7 @@ def test_two_ids_whose_short_slugs_collide_get_a_page_each(tmp_path: Path) -> No
     models = modelpages.generate(db, tmp_path / "models.json", MATRIX, tmp_path)
     slugs = {m.repo_id: m.slug for m in models.models}
     assert len(set(slugs.values())) == 2, slugs
-    written = modelpages.render(models, reported.load(REPORTED), tmp_path / "docs" / "models")
+    written = modelpages.render(models, reported_figures.load(REPORTED), tmp_path / "docs" / "models")
     for rid, s in slugs.items():
         page = tmp_path / "docs" / "models" / f"{s}.md"
         assert page in written and escape(rid) in page.read_text(encoding="utf-8")
@@ -433,7 +434,7 @@ def test_a_measured_model_outside_the_snapshot_still_gets_its_page(tmp_path: Pat
     models = modelpages.generate(db, tmp_path / "models.json", MATRIX, tmp_path)
     lone = next(m for m in models.models if m.repo_id == "someone/not-crawled")
     assert lone.has_page and lone.current is None and len(lone.measured) == 2
-    written = modelpages.render(models, reported.load(REPORTED), tmp_path / "docs" / "models")
+    written = modelpages.render(models, reported_figures.load(REPORTED), tmp_path / "docs" / "models")
     text = (tmp_path / "docs" / "models" / f"{lone.slug}.md").read_text(encoding="utf-8")
     assert (tmp_path / "docs" / "models" / f"{lone.slug}.md") in written
     assert "not in the latest snapshot" in text and "Record " in text

@@ -104,7 +104,7 @@ def test_the_crawl_gives_one_coverage_table_for_the_finder_and_the_runs_page(tmp
 
     from atlas import store
     from atlas.site import course, modelpages
-    from atlas.site import servable as servable_matrix
+    from atlas.evidence import servable as servable_matrix
 
     db = tmp_path / "atlas.duckdb"
     crawl_mirror(db)

@@ -473,7 +473,7 @@ def test_conformance_results_name_the_build_and_the_layout_checked(tmp_path: Pat
     from datetime import datetime, timezone
 
     from atlas.measure import conformance
-    from atlas.site import servable
+    from atlas.evidence import servable
 
     def check(t: float, passed: bool, sampling: str = "greedy", k: int = 1) -> conformance.Check:
         return conformance.Check(layout="qwen3_next", checkpoint="oracle", temperature=t, draft_tokens=k,

@@ -24,12 +24,14 @@ from hub_fixtures import copy_mirror, make_hub, write_watchlist  # noqa: F401  (
 from site_helpers import (REPO, Model, build_demo_site, engines_in, parse_html, plant_measurement, site_copy,
                           write_snapshot)
 
-from atlas import AtlasError, croissant, export, store
+from atlas import AtlasError, croissant, export, exportformat, store
 from atlas.cli import cli
 from atlas.hub import crawl as crawler
 from atlas.measure import conformance, records
 from atlas.measure.familytable import FAMILIES
-from atlas.site import changelog, measured, render, reported, servable
+from atlas.evidence import catalog, changelog as changelog_data, reported, runs as evidence_runs, servable
+from atlas.site import changelog, render
+from atlas.site import reported as reported_section
 
 MATRIX = REPO / "evidence" / "servable.toml"
 
@@ -62,9 +64,9 @@ def built(layout: render.Layout, *parts: str) -> str:
 
 def test_every_file_reads_back_with_its_manifest_rows_and_sha256(exported) -> None:
     _, out, manifest, _, _ = exported
-    tables = [t.name for t in export.TABLES] + [export.DICTIONARY]
+    tables = [t.name for t in export.TABLES] + [exportformat.DICTIONARY]
     assert sorted((f.table, f.format) for f in manifest.files) == sorted(
-        (t, fmt) for t in tables for fmt in export.FORMATS)
+        (t, fmt) for t in tables for fmt in exportformat.FORMATS)
     for f in manifest.files:
         path = out / f.path
         assert hashlib.sha256(path.read_bytes()).hexdigest() == f.sha256
@@ -91,7 +93,7 @@ def test_the_data_dictionary_describes_every_column_with_its_type(exported) -> N
     assert len(described) == len(dictionary)
     con = duckdb.connect()
     try:
-        for t in [t.name for t in export.TABLES] + [export.DICTIONARY]:
+        for t in [t.name for t in export.TABLES] + [exportformat.DICTIONARY]:
             columns = con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [str(out / f"{t}.parquet")]).fetchall()
             assert {c for tab, c in described if tab == t} == {c[0] for c in columns}, t
             for name, ctype, *_ in columns:
@@ -106,7 +108,7 @@ def test_export_is_deterministic(exported, tmp_path: Path) -> None:
     db, out, manifest, layout, _ = exported
     again = export.export(db, tmp_path / "again", layout.evidence, REPO)
     assert again == manifest
-    for name in (export.CARD, export.MANIFEST, changelog.FILE_NAME, croissant.FILE_NAME):
+    for name in (exportformat.CARD, exportformat.MANIFEST, changelog_data.FILE_NAME, croissant.FILE_NAME):
         assert (tmp_path / "again" / name).read_bytes() == (out / name).read_bytes()
 
 
@@ -173,7 +175,7 @@ def test_measured_cells_equal_the_records_the_site_reads_and_the_model_page(expo
                               "GROUP BY record_id").fetchall()
     finally:
         con.close()
-    runs = [r for r in measured.load_runs(sources) if not r.record.settings.quick]
+    runs = [r for r in evidence_runs.load_runs(sources) if not r.record.settings.quick]
     want = sorted(
         (run.record_id, c.engine, c.workload, c.temperature, c.draft_tokens, c.derived.acceptance_rate,
          c.derived.speedup, c.derived.speedup_slowest_repeat, c.derived.speedup_fastest_repeat, c.derived.ideal_speedup,
@@ -335,7 +337,7 @@ def test_conformance_and_reported_equal_what_renders_their_tables(exported) -> N
     # and as a model page shows them: one row per figure about that model, subject and figure first
     base = next(m for m in models.models if m.repo_id == "deepseek-ai/DeepSeek-V3")
     page = parse_html(built(layout, "models", base.slug))
-    shown = next(t for t in page.tables if t.header == reported.HEADER)
+    shown = next(t for t in page.tables if t.header == reported_section.HEADER)
     about = [f for f in exported_figures if base.repo_id in f["models"]]
     assert about and sorted(r[0] for r in shown.rows) == sorted(f"{f['subject']}: {f['figure']}" for f in about)
 
@@ -345,13 +347,13 @@ def test_conformance_and_reported_equal_what_renders_their_tables(exported) -> N
 
 def test_the_card_is_a_hugging_face_dataset_card_whose_configs_read_with_duckdb(exported) -> None:
     _, out, manifest, _, _ = exported
-    text = (out / export.CARD).read_text(encoding="utf-8")
+    text = (out / exportformat.CARD).read_text(encoding="utf-8")
     found = re.match(r"\A---\n(.*?)\n---\n", text, re.S)
     assert found, "the card opens with YAML front matter between --- lines"
     meta = yaml.safe_load(found.group(1))
     assert meta["license"] == "apache-2.0" and meta["pretty_name"]
     configs = meta["configs"]
-    assert [c["config_name"] for c in configs] == [t.name for t in export.TABLES] + [export.DICTIONARY]
+    assert [c["config_name"] for c in configs] == [t.name for t in export.TABLES] + [exportformat.DICTIONARY]
     assert sum(1 for c in configs if c.get("default")) == 1
     for c in configs:
         assert set(c) <= {"config_name", "data_files", "default"}
@@ -415,7 +417,7 @@ HF_TYPES = {"VARCHAR": "string", "BOOLEAN": "bool", "BIGINT": "int64", "INTEGER"
 
 def test_the_card_follows_the_hugging_face_template_with_features_sections_and_limits_from_the_data(exported) -> None:
     _, out, manifest, _, _ = exported
-    text = (out / export.CARD).read_text(encoding="utf-8")
+    text = (out / exportformat.CARD).read_text(encoding="utf-8")
     meta = yaml.safe_load(re.match(r"\A---\n(.*?)\n---\n", text, re.S).group(1))
     assert meta["task_categories"] and meta["source_datasets"] == ["original"]
     assert meta["annotations_creators"] and meta["language_creators"] and meta["creators"]
@@ -446,8 +448,8 @@ def test_the_card_follows_the_hugging_face_template_with_features_sections_and_l
     assert "No measured figure here is a GPU's." in limits  # every run is a CPU run
     assert f"Every one of the {cells} measured cells is a run of checkpoints this project made" in limits
     assert all(f"`{h}`" in limits for h in hardware) and "2 cores" in limits
-    bibtex, plain = export.citation(manifest)
-    assert bibtex in text and plain in text and export.data_date(manifest) in plain
+    bibtex, plain = exportformat.citation(manifest)
+    assert bibtex in text and plain in text and exportformat.data_date(manifest) in plain
 
 
 FORMULAS = ['=HYPERLINK("http://127.0.0.1/x","click")', "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(A1)",
@@ -469,7 +471,7 @@ def test_csv_text_never_starts_a_formula_and_parquet_keeps_the_exact_value(tmp_p
     con = duckdb.connect()
     seen = set()
     try:
-        for t in [t.name for t in export.TABLES] + [export.DICTIONARY]:
+        for t in [t.name for t in export.TABLES] + [exportformat.DICTIONARY]:
             parquet = con.execute(f"SELECT * FROM read_parquet('{out / t}.parquet')")
             exact = parquet.fetchall()
             with (out / f"{t}.csv").open(newline="", encoding="utf-8") as f:
@@ -495,7 +497,7 @@ def test_csv_text_never_starts_a_formula_and_parquet_keeps_the_exact_value(tmp_p
     meanings = {(d["table"], d["column"]): d["meaning"] for d in rows(out / "data_dictionary.parquet")}
     assert "' put before it" in meanings[("measured_cells", "workload")]
     assert "' put before it" not in meanings[("measured_cells", "temperature")]
-    assert export.CSV_NOTE in (out / export.CARD).read_text(encoding="utf-8")
+    assert exportformat.CSV_NOTE in (out / exportformat.CARD).read_text(encoding="utf-8")
 
 
 def _published_text(out: Path) -> str:
@@ -596,7 +598,7 @@ def test_data_page_lists_and_links_every_file_and_record(exported) -> None:
         assert (layout.build / "data" / "files" / f.path).read_bytes() == (out / f.path).read_bytes()
     # the card, byte for byte, beside the files (mkdocs would have made it a page)
     assert 'href="files/README.md"' in html
-    assert (layout.build / "data" / "files" / export.CARD).read_bytes() == (out / export.CARD).read_bytes()
+    assert (layout.build / "data" / "files" / exportformat.CARD).read_bytes() == (out / exportformat.CARD).read_bytes()
     recs = next(t for t in page.tables if t.header[:2] == ["file", "kind"])
     committed = sorted(p for kind in ("measurements", "conformance") for p in (REPO / "evidence" / kind).glob("*.json"))
     assert sorted(r[0] for r in recs.rows) == sorted(p.name for p in committed)
@@ -642,10 +644,10 @@ def test_the_data_page_shows_columns_types_definitions_three_rows_licence_citati
         assert preview.header == ["column"] + [f"row {i + 1}" for i in range(len(first))] and len(first) == 3, name
         assert preview.rows == [[c] + [_shown(r[i]) for r in first] for i, c in enumerate(cols)], name
     visible = " ".join(html_text.unescape(re.sub(r"<[^>]+>", "", html)).split())
-    bibtex, plain = export.citation(manifest)
+    bibtex, plain = exportformat.citation(manifest)
     assert "Apache License 2.0" in html and "apache-2.0" in html
-    assert export.data_date(manifest) in html
-    assert f"Data of {export.data_date(manifest)}." in html
+    assert exportformat.data_date(manifest) in html
+    assert f"Data of {exportformat.data_date(manifest)}." in html
     assert 'href="files/croissant.json"' in html
     assert (layout.build / "data" / "files" / "croissant.json").read_bytes() == (out / "croissant.json").read_bytes()
     assert plain in visible and " ".join(bibtex.split()) in visible
@@ -686,7 +688,7 @@ def test_changelog_of_two_snapshots_names_what_changed(tmp_path: Path, make_hub)
 
     con = store.connect(db, read_only=True)
     try:
-        log = changelog.collect(con, servable.load(MATRIX), [], REPO / "evidence" / "conformance", REPO)
+        log = changelog_data.collect(con, catalog.load(con, REPO / "evidence", REPO), REPO)
     finally:
         con.close()
     first, second = log.snapshots
@@ -725,7 +727,7 @@ def con_rows(db: Path, sql: str) -> list[tuple]:
 
 def test_changelog_records_count_new_and_remeasured_cells(exported) -> None:
     _, out, _, _, _ = exported
-    log = changelog.read(out / changelog.FILE_NAME)
+    log = changelog_data.read(out / changelog_data.FILE_NAME)
     assert log is not None
     measurements = [r for r in log.records if r.kind == "measurement"]
     cells = rows(out / "measured_cells.parquet")
@@ -746,7 +748,7 @@ def test_the_changelog_says_which_verdict_moved_between_records_and_a_patched_bu
     at T = 0: fails -> inconclusive -> lossless), and a patched build's record (C4) re-measures
     none of the release's rows."""
     _, out, _, layout, _ = exported
-    log = changelog.read(out / changelog.FILE_NAME)
+    log = changelog_data.read(out / changelog_data.FILE_NAME)
     folder = layout.evidence / "conformance"
     # the oracle: every verdict row the conformance table renders, per condition in run order
     chains: dict[tuple, list[tuple[str, str]]] = {}
@@ -781,4 +783,4 @@ def test_the_licence_is_one_licence_in_the_repository_the_package_and_the_data()
     text = (REPO / "LICENSE").read_text(encoding="utf-8")
     assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
     assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["license"] == {"text": "Apache-2.0"}
-    assert export.LICENSE == "apache-2.0" and croissant.LICENSE_URL == "https://www.apache.org/licenses/LICENSE-2.0"
+    assert exportformat.LICENSE == "apache-2.0" and croissant.LICENSE_URL == "https://www.apache.org/licenses/LICENSE-2.0"

@@ -11,7 +11,8 @@ import re
 import pytest
 from site_helpers import REPO, build_demo_site, engines_in, parse_html
 
-from atlas.site import render, servable
+from atlas.evidence import servable
+from atlas.site import render
 
 TEAM = "mtp-atlas/byte-mtp-8l"
 MATRIX = REPO / "evidence" / "servable.toml"

@@ -20,8 +20,8 @@ from test_hostile_records import _assert_inert
 from atlas import AtlasError, export
 from atlas.measure import conformance, records
 from atlas.site import evidence, mdsafe, modelpages, render
-from atlas.site import reported as reported_figures
-from atlas.site import servable as servable_matrix
+from atlas.evidence import reported as reported_figures
+from atlas.evidence import servable as servable_matrix
 
 # An event handler, a link out of a Markdown link's parentheses (as a file name can hold), a
 # backtick that ends a code span, a javascript: link in Markdown.

@@ -439,7 +439,7 @@ def test_no_anchored_validator_accepts_a_trailing_newline(tmp_path: Path) -> Non
     """Each validator of atlas/measure and atlas/site that checks a whole value, given the valid
     value and the same with a final newline (Python's `$` matches before one)."""
     from atlas.measure.oracles import BRANCH_OUT
-    from atlas.site import reported
+    from atlas.evidence import reported
 
     good = json.loads(records.canonical_bytes(good_record("x/y")))
     for field, value in (("revision", "a" * 40), ("revision", "sha256:" + "b" * 64), ("prompt_set_digest", "0" * 64)):

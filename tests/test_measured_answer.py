@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from site_helpers import parse_html
 from test_evidence import site_markdown
 
+from atlas.evidence.runs import Run
 from atlas.measure import records
 from atlas.site import measured
 
@@ -33,7 +34,7 @@ def _cell(workload: str, speeds: list[float], accepted: int) -> records.Cell:
                         gate_enabled=g.enabled, gate_reason=g.reason)
 
 
-def _run(model_id: str, speeds: dict[str, list[float]], *, real: bool, day: int = 1) -> measured.Run:
+def _run(model_id: str, speeds: dict[str, list[float]], *, real: bool, day: int = 1) -> Run:
     provenance = records.Provenance(
         kind="project-made MTP head on a real main model", project_made=True, model_id=model_id,
         main_model={"source": "Org/Real-Main"}, mtp_head={"made_by": "the test", "steps": 150},
@@ -51,7 +52,7 @@ def _run(model_id: str, speeds: dict[str, list[float]], *, real: bool, day: int 
         pass_costs=COSTS, provenance=provenance,
         cells=[_cell(w, s, 45 if min(s) > 1 else 12) for w, s in speeds.items()],
     )
-    return measured.Run(record, records.record_id(record), f"evidence/measurements/{model_id.replace('/', '-')}-{day}.json")
+    return Run(record, records.record_id(record), f"evidence/measurements/{model_id.replace('/', '-')}-{day}.json")
 
 
 GAIN = {"code": [1.30, 1.34, 1.28, 1.31], "chat": [0.80, 0.82, 0.79, 0.81]}

@@ -138,7 +138,7 @@ def crawled(tmp_path_factory: pytest.TempPathFactory):
 def _models(db, root):
     from atlas import store
     from atlas.site import modelpages
-    from atlas.site import servable as servable_matrix
+    from atlas.evidence import servable as servable_matrix
 
     con = store.connect(db, read_only=True)
     try:

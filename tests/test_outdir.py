@@ -182,7 +182,7 @@ def test_two_exports_into_one_folder_at_once_leave_one_whole_export(store_db: Pa
     import subprocess
     import sys
 
-    from atlas import export
+    from atlas import exportformat
 
     target = tmp_path / "data"
     command = [sys.executable, "-m", "atlas", "export", "--db", str(store_db), "--out", str(target)]
@@ -191,7 +191,7 @@ def test_two_exports_into_one_folder_at_once_leave_one_whole_export(store_db: Pa
     for code, output in results:
         assert code == 0 or (code == 1 and len(output.strip().splitlines()) == 1 and "Traceback" not in output), output
     assert any(code == 0 for code, _ in results)
-    manifest = export.read_manifest(target)
+    manifest = exportformat.read_manifest(target)
     assert manifest is not None and all((target / f.path).is_file() for f in manifest.files)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]  # neither staging folder is left
 
@@ -213,11 +213,11 @@ def test_an_export_killed_mid_write_keeps_the_previous_one_and_the_next_run_swee
         time.sleep(0.01)
     run.send_signal(signal.SIGKILL)
     run.wait()
-    from atlas import export
+    from atlas import exportformat
 
     # the kill lands before the swap (the previous export, byte for byte) or after it (the new one,
     # whole): never between, and never no export at all
-    assert snapshot(target) == before or all((target / f.path).is_file() for f in export.read_manifest(target).files)
+    assert snapshot(target) == before or all((target / f.path).is_file() for f in exportformat.read_manifest(target).files)
     live = tmp_path / f".data.{os.getpid()}.x.partial"  # a run of this process, still going: kept
     live.mkdir()
     assert invoke("export", "--db", str(store_db), "--out", str(target)).exit_code == 0

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from atlas import AtlasError
+from atlas.evidence import reported as reported_figures
 from atlas.measure import records
 from atlas.site import diagrams, measured, modelpages, reported, widgets, worked_round
 from atlas.site.mdsafe import Markdown, escape
@@ -31,7 +32,7 @@ class Course:
     def __init__(self, evidence_dir: Path, generated_dir: Path | None = None) -> None:
         # generated_dir: where `atlas evidence` wrote models.json, when not evidence/ (make demo)
         path = evidence_dir / "reported.toml"
-        self.reported = reported.load(path) if path.exists() else None
+        self.reported = reported_figures.load(path) if path.exists() else None
         self.models = modelpages.read((generated_dir or evidence_dir) / modelpages.FILE_NAME)
 
     def render_model_pages(self, docs: Path) -> list[Path]:

@@ -21,6 +21,7 @@ import duckdb
 
 from atlas import croissant, exportformat
 from atlas.measure import conformance, records
+from atlas.evidence import changelog as changelog_data
 from atlas.site import changelog
 from atlas.site.mdsafe import Markdown, code, escape, file_link, table
 
@@ -186,8 +187,8 @@ def render(data: Path, evidence: Path, docs: Path) -> list[Path]:
               else "No record file yet.", ""]
     page = out / "index.md"
     page.write_text(_front("Data") + "\n".join(str(x) for x in lines), encoding="utf-8")
-    log_page = docs / changelog.FILE_NAME.replace(".json", ".md")
-    log = changelog.read(data / changelog.FILE_NAME) if manifest is not None else None
+    log_page = docs / changelog_data.FILE_NAME.replace(".json", ".md")
+    log = changelog_data.read(data / changelog_data.FILE_NAME) if manifest is not None else None
     # docs/changelog.md sits at the docs root, so the records' links from there start at data/
     log_page.write_text(_front("Changelog") + changelog.page(log, links), encoding="utf-8")
     return [page, log_page]

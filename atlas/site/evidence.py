@@ -28,15 +28,15 @@ from urllib.parse import quote
 import duckdb
 from pydantic import BaseModel, ValidationError
 
-from atlas import AtlasError
+from atlas import AtlasError, store
 from atlas.hub.mirror import MIRROR_FILE, MIRROR_PREFIX, load_mirror_date
 from atlas.paths import replace_text
-from atlas.store import PROJECT_ORGS
+from atlas.evidence import reported as reported_figures
+from atlas.evidence import runs as evidence_runs
+from atlas.evidence import servable as servable_matrix
 from atlas.measure import conformance, records
 from atlas.site import conformance_table
 from atlas.site import measured as measured_section
-from atlas.site import reported as reported_figures
-from atlas.site import servable as servable_matrix
 from atlas.site.charts import Bar, Stack, bar_chart, stacked_bar_chart
 from atlas.site.mdsafe import Markdown, code, escape, table
 
@@ -59,7 +59,7 @@ SECTIONS = (
     "runs_index",
 )
 
-_OURS = "lower(split_part(repo_id, '/', 1)) IN (" + ", ".join(f"'{o}'" for o in PROJECT_ORGS) + ")"
+_OURS = store.ours()
 # Repos created before the Hub recorded creation dates all carry this createdAt (Hub API docs).
 HUB_PLACEHOLDER_CREATED = dt.datetime(2022, 3, 2, 23, 29, 4)
 
@@ -321,7 +321,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path,
     n_ours = _rows(con, "project_models")[0]["n"]
     layers = {int(r["value"]): int(r["n"]) for r in _rows(con, "layers")}
     sources = _measurement_sources(con)
-    runs = measured_section.load_runs([(s["record_id"], s["source_path"]) for s in sources])
+    runs = evidence_runs.load_runs([(s["record_id"], s["source_path"]) for s in sources])
     mismatch_rows = _rows(con, "mismatches")
     servable_rows = [r for r in _rows(con, "servable") if not r["is_ours"]]
     for r in servable_rows:
@@ -411,7 +411,7 @@ _OURS_NOTE = (
 
 
 def _summary(facts: Facts, revs: _Revisions, verdicts: list[conformance.Verdict],
-             runs: list[measured_section.Run]) -> str:
+             runs: list[evidence_runs.Run]) -> str:
     """"What the evidence says": five lines, one per claim level, each generated from the facts,
     the conformance verdicts or the measurement records (never typed)."""
     if facts.snapshot_id is None:
@@ -877,7 +877,7 @@ def _layers_chart(layers: dict[int, int], facts: Facts, revs: _Revisions) -> str
 def _provenance(
     snap: dict[str, Any] | None,
     rules: list[dict[str, Any]],
-    runs: list[measured_section.Run],
+    runs: list[evidence_runs.Run],
     matrix: servable_matrix.Matrix,
     matrix_path: Path,
     facts: Facts,

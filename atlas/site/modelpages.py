@@ -35,13 +35,14 @@ import duckdb
 from pydantic import BaseModel
 
 from atlas import AtlasError
+from atlas.evidence import reported as reported_figures
+from atlas.evidence import servable as servable_matrix
 from atlas.measure import records
 from atlas.paths import replace_text
 from atlas.jsonfile import read_written
 from atlas.site import datapage
 from atlas.site import measured as measured_section
-from atlas.site import reported as reported_figures
-from atlas.site import servable as servable_matrix
+from atlas.site import reported as reported_section
 from atlas.site.mdsafe import Markdown, code, escape, table
 from atlas.site.widgets import Prefill
 
@@ -713,7 +714,7 @@ def page(m: Model, by_id: dict[str, Model], figures: list[reported_figures.Figur
                   f"result says what the atlas's suite found when it ran one engine build on checkpoints with exact "
                   f"right answers ([module 8]({_MODULE})).", ""]
     if figures:
-        lines += ["## Reported", "", reported_figures.section(figures), ""]
+        lines += ["## Reported", "", reported_section.section(figures), ""]
     lines += ["## Measured", ""]
     if m.measured:
         lines += [

@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from atlas.measure.conformance import Result
-from atlas.site.curated import load_toml
+from atlas.evidence.curated import load_toml
 
 
 class Entry(BaseModel):
