@@ -42,7 +42,7 @@ class Mutant:
 
 LOOP = "atlas.measure.generate"
 RECURRENT = "atlas.measure.recurrent"
-RECORDS = "atlas.measure.records"
+GATING = "atlas.measure.gating"
 CELLS = "atlas.measure.cells"
 MODEL = "atlas.measure.model"
 MUTANTS = (
@@ -91,21 +91,21 @@ MUTANTS = (
            "    h_mtp, q_logits = model.catch_up(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)\n",
            "    h_mtp, q_logits = model.catch_up(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)\n"
            "    watch.start()\n", tuple(LOOP_TESTS), "MTP prefill left out of the speculative time"),
-    Mutant("tokens-per-pass-no-bonus", "metric", RECORDS,
+    Mutant("tokens-per-pass-no-bonus", "metric", GATING,
            "mal = _ratio(accepted + passes, passes)", "mal = _ratio(accepted, passes)", tuple(RECORD_TESTS),
            "tokens per verify pass without the token every pass adds"),
-    Mutant("conditional-as-pooled", "metric", RECORDS,
+    Mutant("conditional-as-pooled", "metric", GATING,
            "conditional = conditional_acceptance(reached_pos, accepted_pos)",
            "conditional = [_ratio(a, d) for a, d in zip(accepted_pos, drafted_pos)]", tuple(RECORD_TESTS),
            "per-position conditional acceptance computed as accepted/drafted"),
-    Mutant("ideal-without-drafts", "metric", RECORDS,
+    Mutant("ideal-without-drafts", "metric", GATING,
            "return ideal_from_costs(mean_accepted_length, k, costs.draft / costs.plain, verify / costs.plain)",
            "return ideal_from_costs(mean_accepted_length, 0, costs.draft / costs.plain, verify / costs.plain)", tuple(RECORD_TESTS),
            "ideal speed-up ignoring the draft steps' cost"),
-    Mutant("headline-max", "metric", RECORDS,
+    Mutant("headline-max", "metric", GATING,
            "speedup = statistics.median(speedups)", "speedup = max(speedups)", tuple(RECORD_TESTS),
            "headline speed-up as the best repeat, not the median"),
-    Mutant("speedup-other-repeat", "metric", RECORDS,
+    Mutant("speedup-other-repeat", "metric", GATING,
            "speedups = [r.baseline_seconds / r.seconds for r in repeats]",
            "speedups = [a.baseline_seconds / b.seconds for a, b in zip(repeats, repeats[1:] + repeats[:1])]",
            tuple(AGGREGATION_TESTS), "each repeat's speed-up paired with the next repeat's baseline"),

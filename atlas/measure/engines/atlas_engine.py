@@ -23,7 +23,8 @@ from atlas.measure.generate import RunStats, Sampling, Stopwatch, generate_plain
 from atlas.measure.model import FusedModel, build_fused_model, dense_regime
 from atlas.measure.options import MAX_PROMPT_TOKENS, Options, VllmOptions, new_record
 from atlas.measure.recurrent import summary as recurrent_summary
-from atlas.measure.records import Cell, PassCosts, Record, RecurrentState, Repeat, write_record
+from atlas.measure.records import Cell, PassCosts, Record, Repeat, write_record
+from atlas.measure.runcontext import RecurrentState
 from atlas.measure.stamp import hardware, load_average
 from atlas.measure.workloads import load_prompt_set
 

@@ -20,9 +20,11 @@ from atlas import AtlasError
 from atlas.measure.engines.convert import (config_for_the_engine, convert_glm, convert_mellum, glm_needs_rewrite, needs_conversion,
                                            without_remote_code)
 from atlas.measure.engines.vllm_client import Counters, Driver, Generated, Hello, Result, find_python
+from atlas.measure.gating import is_greedy
 from atlas.measure.generate import RoundCounts, RunStats
 from atlas.measure.options import MAX_PROMPT_TOKENS, Options, new_record
-from atlas.measure.records import Cell, EngineRun, Hardware, Record, Repeat, is_greedy, write_record
+from atlas.measure.records import Cell, Record, Repeat, write_record
+from atlas.measure.runcontext import EngineRun, Hardware
 from atlas.paths import ROOT
 
 VLLM_BASELINE = "vLLM k=0 engine (plain decoding), same version, options and prompts; runs interleaved"
