@@ -45,6 +45,8 @@ RECURRENT = "atlas.measure.recurrent"
 GATING = "atlas.measure.gating"
 CELLS = "atlas.measure.cells"
 MODEL = "atlas.measure.model"
+KERNELS = "atlas.measure.kernels"
+LAYERS = "atlas.measure.layers"
 MUTANTS = (
     Mutant("reused-uniform", "lossy", LOOP,
            "r = torch.rand(k, generator=gen, device=p.device)",
@@ -165,7 +167,7 @@ MUTANTS = (
             "tests/test_families.py::test_oracle_greedy_acceptance_is_exactly_one"),
            "Nemotron-3 Ultra's 1e308 upper bound passed to torch.clamp, which refuses it as an overflow"),
     # the CPU kernels, the cut draft vocabulary, the one-expert fold and the head's training (issue 22)
-    Mutant("verify-rows-padding-read", "lossy", MODEL,
+    Mutant("verify-rows-padding-read", "lossy", KERNELS,
            'y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")[:n]',
            'y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")[-n:]', ("tests/test_decode.py",),
            "a verify pass of 2-4 rows reads the zero padding's rows instead of its own"),
@@ -173,7 +175,7 @@ MUTANTS = (
            'return x, logits.new_full((self.vocab_size,), float("-inf")).index_copy_(0, p.vocab, logits)',
            'return x, logits.new_full((self.vocab_size,), float("-inf")).index_copy_(0, p.vocab.roll(1), logits)',
            ("tests/test_decode.py",), "the cut head's scores land on the wrong tokens (output stays exact, drafts go wrong)"),
-    Mutant("fixed-route-weight-dropped", "metric", MODEL,
+    Mutant("fixed-route-weight-dropped", "metric", LAYERS,
            "gates.append(g), ups.append(u), downs.append(experts.down_proj[e].detach() * w)",
            "gates.append(g), ups.append(u), downs.append(experts.down_proj[e].detach())", ("tests/test_smollm.py",),
            "the one-expert fold forgets the routing weight (then refused by its own check: the block runs routed)"),

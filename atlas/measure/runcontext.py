@@ -63,7 +63,7 @@ class Settings(Strict):
     # The attention regime the figures hold in, when the family is measured in one only (DSA:
     # dense-equivalent, every sequence within index_topk keys); None: no such restriction.
     regime: str | None = None
-    # CPU matmul kernels of our loop (atlas.measure.model.KERNELS): "rows", "mm", or what "auto"
+    # CPU matmul kernels of our loop (atlas.measure.kernels.KERNELS): "rows", "mm", or what "auto"
     # chose on the run's machine ("auto: oneDNN for 3, 4, 5 rows"); None in records from before the
     # choice existed (they ran "mm")
     kernels: Name | None = None
