@@ -154,7 +154,7 @@ def team_model(out: Path, minutes: float | None, steps: int | None, **options: o
     """Train the bundled team model (byte-level Mellum with one MTP layer) and save it as a HF checkpoint."""
     from pydantic import ValidationError
 
-    from atlas.measure import teammodel
+    from atlas.measure import teamcheckpoint, teammodel
 
     if steps is not None and minutes is not None:
         raise AtlasError("give --steps or --minutes, not both")
@@ -165,7 +165,7 @@ def team_model(out: Path, minutes: float | None, steps: int | None, **options: o
         spec = teammodel.TeamModelSpec(**fields)
     except ValidationError as exc:
         raise AtlasError(f"bad team-model option: {exc.errors()[0]['msg']}") from None
-    record = teammodel.make_team_model(spec, out, log=click.echo)
+    record = teamcheckpoint.make_team_model(spec, out, log=click.echo)
     metrics = record["metrics"]
     click.echo(
         f"saved {out}: {record['steps']} steps in {record['wall_seconds']:.0f} s on {record['device']}; "

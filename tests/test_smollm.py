@@ -26,7 +26,7 @@ from atlas.measure.generate import Sampling, generate_plain, generate_speculativ
 from atlas.measure.layers import FastLayer
 from atlas.measure.model import build_fused_model
 from atlas.measure.records import read_provenance, read_record
-from atlas.measure.teammodel import build_tokenizer
+from atlas.measure.teamcorpus import build_tokenizer
 from atlas.measure.workloads import chat_ids, load_prompt_set
 
 GLM = next(f for f in FAMILIES if f.name == "GLM-4-MoE")

@@ -109,7 +109,7 @@ class Layout:
 _TINY = dict(vocab_size=259, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=False)
 
-# Shrunk sizes for the mirror-based layouts (specials: the byte tokenizer's, atlas.measure.teammodel).
+# Shrunk sizes for the mirror-based layouts (specials: the byte tokenizer's, atlas.measure.teamcorpus).
 _SHRUNK = dict(vocab_size=259, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                max_position_embeddings=1024, bos_token_id=257, eos_token_id=258, dtype="float32")
 _LINEAR = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=8)
@@ -379,7 +379,7 @@ def write_checkpoint(
         raise AtlasError(f"mode must be oracle or random, got {mode!r}")
     from transformers import AutoModelForCausalLM
 
-    from atlas.measure.teammodel import build_tokenizer
+    from atlas.measure.teamcorpus import build_tokenizer
 
     # `mirror`: another real config of the family, shrunk instead of the layout's own (coverage)
     layout = dataclasses.replace(LAYOUTS[family], mirror=mirror) if mirror else LAYOUTS[family]
