@@ -410,16 +410,16 @@ def conformance_group() -> None:
 def conformance_run(engine: str, engine_python: str | None, layouts: str, draft_tokens: str, draft_sampling: str,
                     requests: int, max_new_tokens: int, dtype: str, seed: int, patches: tuple[str, ...], out: str | None) -> None:
     """Run the conformance suite against an engine and write one dated record."""
-    from atlas.measure import conformance
+    from atlas.measure import conformance, conformancesuite
     from atlas.measure.engines.vllm_client import find_python
     from atlas.measure.stamp import command_line
     from atlas.paths import project_path
 
-    conformance.check_requests(requests)  # before the engine starts: a run this small could only fail its control
+    conformancesuite.check_requests(requests)  # before the engine starts: a run this small could only fail its control
     samplings = [s.strip() for s in draft_sampling.split(",") if s.strip()]
     if not samplings or any(s not in ("greedy", "probabilistic") for s in samplings):
         raise AtlasError(f"--draft-sampling expects greedy and/or probabilistic, got {draft_sampling!r}")
-    record = conformance.run_suite(
+    record = conformancesuite.run_suite(
         find_python(engine_python), [x.strip() for x in layouts.split(",") if x.strip()], _numbers(draft_tokens, "--draft-tokens", int),
         samplings, requests, max_new_tokens, seed, dtype, command_line(), log=click.echo, patches=patches,
     )
