@@ -122,8 +122,9 @@ def _figure(check: Check, key: str) -> float:
 
 
 def passed_by_statistics(check: Check, alpha: float) -> bool | None:
-    """Whether `check` passed, from its recorded figures by the rule the suite applies (run_suite);
-    None for the one check whose figures hold no statistic (the plain engine's argmax chain)."""
+    """Whether `check` passed, from its recorded figures by the rule the suite applies
+    (conformancesuite.run_suite); None for the one check whose figures hold no statistic (the plain
+    engine's argmax chain)."""
     if check.name == "identity":
         if check.checkpoint == "oracle" and check.draft_tokens == 0:
             return None
