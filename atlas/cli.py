@@ -154,7 +154,7 @@ def team_model(out: Path, minutes: float | None, steps: int | None, **options: o
     """Train the bundled team model (byte-level Mellum with one MTP layer) and save it as a HF checkpoint."""
     from pydantic import ValidationError
 
-    from atlas.measure import teammodel
+    from atlas.measure import teamcheckpoint, teammodel
 
     if steps is not None and minutes is not None:
         raise AtlasError("give --steps or --minutes, not both")
@@ -165,7 +165,7 @@ def team_model(out: Path, minutes: float | None, steps: int | None, **options: o
         spec = teammodel.TeamModelSpec(**fields)
     except ValidationError as exc:
         raise AtlasError(f"bad team-model option: {exc.errors()[0]['msg']}") from None
-    record = teammodel.make_team_model(spec, out, log=click.echo)
+    record = teamcheckpoint.make_team_model(spec, out, log=click.echo)
     metrics = record["metrics"]
     click.echo(
         f"saved {out}: {record['steps']} steps in {record['wall_seconds']:.0f} s on {record['device']}; "
@@ -410,16 +410,16 @@ def conformance_group() -> None:
 def conformance_run(engine: str, engine_python: str | None, layouts: str, draft_tokens: str, draft_sampling: str,
                     requests: int, max_new_tokens: int, dtype: str, seed: int, patches: tuple[str, ...], out: str | None) -> None:
     """Run the conformance suite against an engine and write one dated record."""
-    from atlas.measure import conformance
+    from atlas.measure import conformance, conformancesuite
     from atlas.measure.engines.vllm_client import find_python
     from atlas.measure.stamp import command_line
     from atlas.paths import project_path
 
-    conformance.check_requests(requests)  # before the engine starts: a run this small could only fail its control
+    conformancesuite.check_requests(requests)  # before the engine starts: a run this small could only fail its control
     samplings = [s.strip() for s in draft_sampling.split(",") if s.strip()]
     if not samplings or any(s not in ("greedy", "probabilistic") for s in samplings):
         raise AtlasError(f"--draft-sampling expects greedy and/or probabilistic, got {draft_sampling!r}")
-    record = conformance.run_suite(
+    record = conformancesuite.run_suite(
         find_python(engine_python), [x.strip() for x in layouts.split(",") if x.strip()], _numbers(draft_tokens, "--draft-tokens", int),
         samplings, requests, max_new_tokens, seed, dtype, command_line(), log=click.echo, patches=patches,
     )

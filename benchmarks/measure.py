@@ -51,7 +51,8 @@ import torch
 from atlas.measure import smollm
 from atlas.measure.checkpoint import DEFAULT_MODEL, load_checkpoint
 from atlas.measure.engines.atlas_engine import run
-from atlas.measure.model import FastLayer, FusedModel, ModuleLayer, build_fused_model
+from atlas.measure.layers import FastLayer, ModuleLayer
+from atlas.measure.model import FusedModel, build_fused_model
 from atlas.measure.oracles import write_checkpoint
 from atlas.measure.recurrent import state_bytes
 from atlas.measure.options import Options

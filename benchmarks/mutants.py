@@ -42,9 +42,11 @@ class Mutant:
 
 LOOP = "atlas.measure.generate"
 RECURRENT = "atlas.measure.recurrent"
-RECORDS = "atlas.measure.records"
+GATING = "atlas.measure.gating"
 CELLS = "atlas.measure.cells"
 MODEL = "atlas.measure.model"
+KERNELS = "atlas.measure.kernels"
+LAYERS = "atlas.measure.layers"
 MUTANTS = (
     Mutant("reused-uniform", "lossy", LOOP,
            "r = torch.rand(k, generator=gen, device=p.device)",
@@ -91,21 +93,21 @@ MUTANTS = (
            "    h_mtp, q_logits = model.catch_up(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)\n",
            "    h_mtp, q_logits = model.catch_up(torch.cat([ids[1:], ids.new_tensor(out)]), hidden, 0)\n"
            "    watch.start()\n", tuple(LOOP_TESTS), "MTP prefill left out of the speculative time"),
-    Mutant("tokens-per-pass-no-bonus", "metric", RECORDS,
+    Mutant("tokens-per-pass-no-bonus", "metric", GATING,
            "mal = _ratio(accepted + passes, passes)", "mal = _ratio(accepted, passes)", tuple(RECORD_TESTS),
            "tokens per verify pass without the token every pass adds"),
-    Mutant("conditional-as-pooled", "metric", RECORDS,
+    Mutant("conditional-as-pooled", "metric", GATING,
            "conditional = conditional_acceptance(reached_pos, accepted_pos)",
            "conditional = [_ratio(a, d) for a, d in zip(accepted_pos, drafted_pos)]", tuple(RECORD_TESTS),
            "per-position conditional acceptance computed as accepted/drafted"),
-    Mutant("ideal-without-drafts", "metric", RECORDS,
+    Mutant("ideal-without-drafts", "metric", GATING,
            "return ideal_from_costs(mean_accepted_length, k, costs.draft / costs.plain, verify / costs.plain)",
            "return ideal_from_costs(mean_accepted_length, 0, costs.draft / costs.plain, verify / costs.plain)", tuple(RECORD_TESTS),
            "ideal speed-up ignoring the draft steps' cost"),
-    Mutant("headline-max", "metric", RECORDS,
+    Mutant("headline-max", "metric", GATING,
            "speedup = statistics.median(speedups)", "speedup = max(speedups)", tuple(RECORD_TESTS),
            "headline speed-up as the best repeat, not the median"),
-    Mutant("speedup-other-repeat", "metric", RECORDS,
+    Mutant("speedup-other-repeat", "metric", GATING,
            "speedups = [r.baseline_seconds / r.seconds for r in repeats]",
            "speedups = [a.baseline_seconds / b.seconds for a, b in zip(repeats, repeats[1:] + repeats[:1])]",
            tuple(AGGREGATION_TESTS), "each repeat's speed-up paired with the next repeat's baseline"),
@@ -165,7 +167,7 @@ MUTANTS = (
             "tests/test_families.py::test_oracle_greedy_acceptance_is_exactly_one"),
            "Nemotron-3 Ultra's 1e308 upper bound passed to torch.clamp, which refuses it as an overflow"),
     # the CPU kernels, the cut draft vocabulary, the one-expert fold and the head's training (issue 22)
-    Mutant("verify-rows-padding-read", "lossy", MODEL,
+    Mutant("verify-rows-padding-read", "lossy", KERNELS,
            'y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")[:n]',
            'y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")[-n:]', ("tests/test_decode.py",),
            "a verify pass of 2-4 rows reads the zero padding's rows instead of its own"),
@@ -173,7 +175,7 @@ MUTANTS = (
            'return x, logits.new_full((self.vocab_size,), float("-inf")).index_copy_(0, p.vocab, logits)',
            'return x, logits.new_full((self.vocab_size,), float("-inf")).index_copy_(0, p.vocab.roll(1), logits)',
            ("tests/test_decode.py",), "the cut head's scores land on the wrong tokens (output stays exact, drafts go wrong)"),
-    Mutant("fixed-route-weight-dropped", "metric", MODEL,
+    Mutant("fixed-route-weight-dropped", "metric", LAYERS,
            "gates.append(g), ups.append(u), downs.append(experts.down_proj[e].detach() * w)",
            "gates.append(g), ups.append(u), downs.append(experts.down_proj[e].detach())", ("tests/test_smollm.py",),
            "the one-expert fold forgets the routing weight (then refused by its own check: the block runs routed)"),

@@ -293,7 +293,7 @@ def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list
     repeat's speed-up."""
     import hashlib
 
-    from atlas.measure import records
+    from atlas.measure import gating, records, runcontext
 
     costs = records.PassCosts(plain=0.01, verify={1: 0.012, 2: 0.013}, draft=0.002)
     cells = []
@@ -305,8 +305,8 @@ def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list
                            verify_passes=40, identical_to_baseline=True if temperature == 0 else None)
             for _ in range(3)
         ]
-        derived = records.derive(repeats, temperature, k, costs)
-        g = records.gate(derived, len(repeats), quick)
+        derived = gating.derive(repeats, temperature, k, costs)
+        g = gating.gate(derived, len(repeats), quick)
         cells.append(records.Cell(
             engine="atlas", engine_version="0.1.0", baseline=HOSTILE_BASELINE,
             workload=workload, temperature=temperature, draft_tokens=k, repeats=repeats,
@@ -316,13 +316,13 @@ def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list
         schema_version=2 if reached or quick else 1, run_date=datetime(2026, 11, day, 12, 0),
         model_id=model_id,
         revision="b" * 40,
-        hardware=records.Hardware(text=HOSTILE_HARDWARE, cpu="test", cpu_cores=2, memory_gib=8.0,
+        hardware=runcontext.Hardware(text=HOSTILE_HARDWARE, cpu="test", cpu_cores=2, memory_gib=8.0,
                                   torch_threads=1),
-        software=records.Software(python="3.11", torch="2.13.0", transformers="5.24.0",
+        software=runcontext.Software(python="3.11", torch="2.13.0", transformers="5.24.0",
                                   atlas="0.1.0", atlas_commit=None),
         command="atlas measure run --model `x` | <script>", seed=0, prompt_set="test-prompts",
         prompt_set_digest="0" * 64,
-        settings=records.Settings(device="cpu", dtype="float32", workloads=["templated"],
+        settings=runcontext.Settings(device="cpu", dtype="float32", workloads=["templated"],
                                   temperatures=[0.0, 0.7], draft_tokens=[1, 2], max_new_tokens=100,
                                   repeats=3, prompts_per_workload=1, quick=quick),
         pass_costs=costs, cells=cells,

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from atlas.cli import cli
-from atlas.measure import conformance
+from atlas.measure import conformance, conformancesuite
 from atlas.site import conformance_table
 
 ALPHA = conformance.ALPHA
@@ -122,7 +122,7 @@ def test_fewer_requests_than_the_batching_control_reruns_are_refused_before_any_
         raise AssertionError("the engine was reached")
 
     monkeypatch.setattr("atlas.measure.engines.vllm_client.find_python", no_engine)
-    monkeypatch.setattr(conformance, "run_suite", no_engine)
+    monkeypatch.setattr(conformancesuite, "run_suite", no_engine)
     result = CliRunner().invoke(cli, ["conformance", "run", "--requests", str(requests), "--max-new-tokens", "8"])
     assert result.exit_code == 1, result.output
     assert f"--requests {requests}: a conformance run needs at least 4 requests" in result.output
@@ -137,7 +137,7 @@ def test_four_requests_reach_the_suite(monkeypatch) -> None:
         raise conformance.AtlasError("stopped here")
 
     monkeypatch.setattr("atlas.measure.engines.vllm_client.find_python", lambda python: "python")
-    monkeypatch.setattr(conformance, "run_suite", suite)
+    monkeypatch.setattr(conformancesuite, "run_suite", suite)
     result = CliRunner().invoke(cli, ["conformance", "run", "--requests", "4"])
     assert reached == [4] and "stopped here" in result.output
 

@@ -14,7 +14,8 @@ from transformers.modeling_layers import MtpModel
 from atlas.measure.families import head_from_transformers
 from atlas.measure.theory import round_distribution
 from atlas.measure.generate import Sampling, generate_plain, generate_speculative, probs_from_logits, sample, speculative_accept
-from atlas.measure.model import FastLayer, FusedModel, ModuleLayer, build_fused_model
+from atlas.measure.layers import FastLayer, ModuleLayer
+from atlas.measure.model import FusedModel, build_fused_model
 
 TEAM = Path(__file__).resolve().parents[1] / "data/hub-mirror/mtp-atlas/byte-mtp-8l"
 
@@ -101,9 +102,9 @@ def test_verify_rows_equal_one_row_steps(kernels: str, monkeypatch: pytest.Monke
     count as "auto" timed them) give the logits of one-row steps at the same positions to within
     1e-5 of the logit scale, the stated tolerance of the kernels; and greedy speculation stays
     identical to plain decoding through them."""
-    import atlas.measure.model as fused_model
+    import atlas.measure.kernels as fused_kernels
 
-    monkeypatch.setattr(fused_model, "PACKED_MIN_BYTES", 0)  # a tiny model's weights are packed too
+    monkeypatch.setattr(fused_kernels, "PACKED_MIN_BYTES", 0)  # a tiny model's weights are packed too
     model, mtp = tiny_model(vocab=64, layers=3, d=64, seed=3)
     engine = build_fused_model(model, mtp, 96, [1, 2, 3], kernels=kernels)
     assert engine.kernels == kernels if kernels != "auto" else engine.kernels.startswith("auto: ")
@@ -139,11 +140,11 @@ def test_auto_kernels_keep_the_faster_path_per_row_count_by_median() -> None:
 
 def test_auto_kernels_are_not_timed_through_a_recurrent_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Timing passes would advance a recurrent layer's state, so a hybrid model keeps torch.mm."""
-    import atlas.measure.model as fused_model
+    import atlas.measure.kernels as fused_kernels
     from atlas.measure.checkpoint import load_checkpoint
     from atlas.measure.oracles import write_checkpoint
 
-    monkeypatch.setattr(fused_model, "PACKED_MIN_BYTES", 0)
+    monkeypatch.setattr(fused_kernels, "PACKED_MIN_BYTES", 0)
     folder = write_checkpoint("qwen3_next", tmp_path / "hybrid", "random", seed=1)
     loaded = load_checkpoint(str(folder), torch.device("cpu"), torch.float32, peer=False)
     engine = build_fused_model(loaded.model, loaded.mtp, 64, [1, 2, 3])

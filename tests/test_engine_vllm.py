@@ -21,7 +21,7 @@ import torch
 from click.testing import CliRunner
 
 from atlas.cli import cli
-from atlas.measure import conformance
+from atlas.measure import conformance, conformancesuite
 from atlas.measure.engines.vllm_client import Driver, find_python
 from atlas.measure.records import read_record
 from atlas.measure.checkpoint import DEFAULT_MODEL
@@ -37,7 +37,7 @@ def python() -> Path:
 
 @pytest.fixture(scope="module")
 def live(python: Path) -> conformance.ConformanceRecord:
-    return conformance.run_suite(python, log=lambda _: None)
+    return conformancesuite.run_suite(python, log=lambda _: None)
 
 
 def _key(c: conformance.Check) -> tuple:
@@ -117,7 +117,7 @@ def test_the_driver_leaves_eos_in_the_law(python: Path, tmp_path: Path) -> None:
 
     from atlas.measure.oracles import write_checkpoint
 
-    oracle = conformance.for_the_engine(write_checkpoint("mimo", tmp_path / "mimo-oracle", "oracle", depth=2,
+    oracle = conformancesuite.for_the_engine(write_checkpoint("mimo", tmp_path / "mimo-oracle", "oracle", depth=2,
                                                          overrides=dict(conformance.ENGINE_SHAPES["mimo"])))
     with Driver(python) as driver:
         def greedy() -> list[int]:

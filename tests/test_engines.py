@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from atlas import AtlasError
 from atlas.cli import cli
-from atlas.measure import conformance
+from atlas.measure import conformance, conformancestats
 from atlas.site import conformance_table
 from atlas.measure.engines.convert import convert_mellum, qwen3_next_config
 from atlas.measure.engines.vllm_engine import cross_check, to_run_stats
@@ -618,16 +618,16 @@ def test_statistics_pass_a_correct_sampler_and_catch_planted_bugs(greedy: bool) 
         return [_simulate(p, q, k, greedy, 120, rng, bug) for _ in range(60)]
 
     good = runs()
-    acc = conformance.acceptance_test(p, q, greedy, k, good)
-    dist = conformance.distribution_test(p, [t for t, _, _ in good])
+    acc = conformancestats.acceptance_test(p, q, greedy, k, good)
+    dist = conformancestats.distribution_test(p, [t for t, _, _ in good])
     assert acc["p_value"] > 1e-3 and dist["p_value"] > 1e-3 and dist["chi2_p_value"] > 1e-3, (acc, dist)
     assert dist["detectable_nll_shift"] < 0.1  # the stated power: 7 000 tokens resolve 0.1 nat/token
     # drawing the correction from p instead of the residual leaves acceptance intact but skews the law
     skewed = runs("no-residual")
-    assert conformance.distribution_test(p, [t for t, _, _ in skewed])["chi2_p_value"] < conformance.ALPHA
+    assert conformancestats.distribution_test(p, [t for t, _, _ in skewed])["chi2_p_value"] < conformance.ALPHA
     # a wrong accept test shows in the acceptance check
     squared = runs("squared")
-    assert conformance.acceptance_test(p, q, greedy, k, squared)["p_value"] < conformance.ALPHA
+    assert conformancestats.acceptance_test(p, q, greedy, k, squared)["p_value"] < conformance.ALPHA
 
 
 def test_a_chi_square_p_value_of_zero_fails() -> None:
@@ -638,13 +638,13 @@ def test_a_chi_square_p_value_of_zero_fails() -> None:
 
 
 def test_step_starts_and_exact_acceptance_on_an_oracle() -> None:
-    assert conformance.step_starts([5, 6, 7, 8, 9], [1, 0, 2]) == [5, 7, 8]
+    assert conformancestats.step_starts([5, 6, 7, 8, 9], [1, 0, 2]) == [5, 7, 8]
     with pytest.raises(AtlasError):
-        conformance.step_starts([5, 6], [1, 0, 0])
+        conformancestats.step_starts([5, 6], [1, 0, 0])
     p, _ = _bigram(5, seed=1, scale=2.0)
-    v = conformance.prefix_acceptance(p, p, greedy=False, k=3)
+    v = conformancestats.prefix_acceptance(p, p, greedy=False, k=3)
     assert np.allclose(v, 1.0)  # q = p: every sampled draft passes
-    g = conformance.prefix_acceptance(p, p, greedy=True, k=2)
+    g = conformancestats.prefix_acceptance(p, p, greedy=True, k=2)
     first = p.max(1)
     assert np.allclose(g[0], first) and np.allclose(g[1], first * first[p.argmax(1)])
 

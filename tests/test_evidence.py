@@ -353,7 +353,7 @@ def _schema2_record(quick: bool, model_id: str) -> records.Record:
     speed-ups 0.7/1.0/1.3 (the paired bounds straddle 1: undecided)."""
     from datetime import datetime, timezone
 
-    from atlas.measure import records
+    from atlas.measure import gating, records, runcontext
 
     costs = records.PassCosts(plain=0.002, verify={1: 0.0024, 2: 0.0026}, draft=0.0004)
     cells = []
@@ -368,20 +368,20 @@ def _schema2_record(quick: bool, model_id: str) -> records.Record:
                                              draft=0.0004))
             for i in range(3)
         ]
-        derived = records.derive(repeats, 0.0, k, costs)
-        g = records.gate(derived, len(repeats), quick)
+        derived = gating.derive(repeats, 0.0, k, costs)
+        g = gating.gate(derived, len(repeats), quick)
         cells.append(records.Cell(engine="atlas", engine_version="0.1.0", baseline="plain", workload="code",
                                   temperature=0.0, draft_tokens=k, repeats=repeats, derived=derived,
                                   gate_enabled=g.enabled, gate_reason=g.reason))
     return records.Record(
         schema_version=2, run_date=datetime(2026, 11, 30, 9, 0, tzinfo=timezone.utc), model_id=model_id,
         revision="sha256:" + "ab" * 32,
-        hardware=records.Hardware(text="CPU: test", cpu="test", cpu_cores=2, memory_gib=8.0, torch_threads=1),
-        software=records.Software(python="3.11", torch="2.13.0", transformers="5.24.0", atlas="0.1.0",
+        hardware=runcontext.Hardware(text="CPU: test", cpu="test", cpu_cores=2, memory_gib=8.0, torch_threads=1),
+        software=runcontext.Software(python="3.11", torch="2.13.0", transformers="5.24.0", atlas="0.1.0",
                                   atlas_commit=None, atlas_tree_dirty=False, numpy="2.3", blas="openblas", os="Linux"),
         command="atlas measure run" + (" --quick" if quick else ""), seed=0, prompt_set="p",
         prompt_set_digest="0" * 64,
-        settings=records.Settings(device="cpu", dtype="float32", workloads=["code"], temperatures=[0.0],
+        settings=runcontext.Settings(device="cpu", dtype="float32", workloads=["code"], temperatures=[0.0],
                                   draft_tokens=[1, 2], max_new_tokens=64, repeats=3, prompts_per_workload=1,
                                   quick=quick),
         pass_costs=costs, cells=cells, load_before=[0.5, 0.4, 0.3], load_after=[0.6, 0.4, 0.3],

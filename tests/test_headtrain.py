@@ -21,7 +21,7 @@ from atlas.measure.headtrain import data, prompts
 from atlas.measure.headtrain.head import MtpLayer, Shape
 from atlas.measure.headtrain.train import HeadSpec, measure, residual_rms, teacher_pass, train
 from atlas.measure.model import build_fused_model
-from atlas.measure.teammodel import build_tokenizer
+from atlas.measure.teamcorpus import build_tokenizer
 from atlas.measure.workloads import PROMPT_SETS, load_prompt_set
 from tests.test_smollm import tiny_llama
 

@@ -35,7 +35,7 @@ from site_helpers import REPO, hostile_store, parse_html, site_copy
 
 from atlas import AtlasError, store
 from atlas.cli import cli
-from atlas.measure import records
+from atlas.measure import gating, recordfields, records, runcontext
 from atlas.site import evidence, modelpages, render
 
 # ---- 1. injection -------------------------------------------------------------------------------
@@ -72,20 +72,20 @@ def hostile_record() -> records.Record:
                         tokens=100, seconds=1.0 + 0.01 * i, baseline_seconds=1.3 + 0.02 * i,
                         drafted_per_position=[40] * k, accepted_per_position=[30, 20][:k], verify_passes=40,
                         identical_to_baseline=True if t == 0 else None) for i in range(3)]
-                    derived = records.derive(repeats, t, k, costs if engine == "atlas" else None)
+                    derived = gating.derive(repeats, t, k, costs if engine == "atlas" else None)
                     cells.append(records.Cell(
                         engine=engine, engine_version=hostile("version"), baseline=hostile("baseline"),
                         workload=workload, temperature=t, draft_tokens=k, repeats=repeats, derived=derived,
                         gate_enabled=False, gate_reason=hostile("gate")))
     return records.Record(
         schema_version=1, run_date=datetime(2026, 11, 28, 12, 0), model_id=hostile("model"), revision="c" * 40,
-        hardware=records.Hardware(text=hostile("hardware"), cpu=hostile("cpu"), cpu_cores=2, memory_gib=8.0,
+        hardware=runcontext.Hardware(text=hostile("hardware"), cpu=hostile("cpu"), cpu_cores=2, memory_gib=8.0,
                                   gpu=hostile("gpu"), torch_threads=1),
-        software=records.Software(python=hostile("py"), torch=hostile("torch"), transformers=hostile("tf"),
+        software=runcontext.Software(python=hostile("py"), torch=hostile("torch"), transformers=hostile("tf"),
                                   atlas=hostile("atlas"), atlas_commit=hostile("commit"), blas=hostile("blas"),
                                   os=hostile("os")),
         command=hostile("command"), seed=0, prompt_set=hostile("prompts"), prompt_set_digest="0" * 64,
-        settings=records.Settings(device=hostile("device"), dtype=hostile("dtype"), workloads=WORKLOADS,
+        settings=runcontext.Settings(device=hostile("device"), dtype=hostile("dtype"), workloads=WORKLOADS,
                                   temperatures=[0.0, 1.0], draft_tokens=[1, 2], max_new_tokens=100, repeats=3,
                                   prompts_per_workload=1),
         pass_costs=costs, cells=cells)
@@ -219,8 +219,8 @@ def good_record(model_id: str, engine: str = "atlas", speed: float = 1.3) -> rec
     if engine != "atlas":  # an external engine's cells: no pass costs, so no ideal
         cells = []
         for c in record.cells:
-            derived = records.derive(c.repeats, c.temperature, c.draft_tokens, None)
-            g = records.gate(derived, len(c.repeats))
+            derived = gating.derive(c.repeats, c.temperature, c.draft_tokens, None)
+            g = gating.gate(derived, len(c.repeats))
             cells.append(c.model_copy(update=dict(engine=engine, derived=derived, gate_enabled=g.enabled,
                                                   gate_verdict=g.verdict, gate_reason=g.reason)))
         record = record.model_copy(update=dict(cells=cells, gates=[], pass_costs=None))
@@ -293,7 +293,7 @@ def test_every_number_at_an_extreme_is_rejected_by_name_and_the_rest_imported(tm
 
 def test_every_string_and_list_past_its_bound_is_rejected_by_name(tmp_path: Path) -> None:
     strings = [(p, v) for p, v in _leaves(GOOD) if isinstance(v, str) and p[-1] not in ("run_date",)]
-    bad = [json.dumps(_set(GOOD, path, "x" * (records.MAX_TEXT_CHARS + 1))).encode() for path, _ in strings]
+    bad = [json.dumps(_set(GOOD, path, "x" * (recordfields.MAX_TEXT_CHARS + 1))).encode() for path, _ in strings]
     loaded, _, errors = import_around(tmp_path / "s", bad, tmp_path / "s.duckdb")
     assert loaded == 2 and len(errors) == len(strings)
     for (path, _), error in zip(strings, sorted(errors)):
@@ -301,7 +301,7 @@ def test_every_string_and_list_past_its_bound_is_rejected_by_name(tmp_path: Path
         assert "x" * 100 not in error  # the value is named by its length, not echoed
     lists = {("cells",): GOOD["cells"][0], ("cells", 0, "repeats"): GOOD["cells"][0]["repeats"][0],
              ("settings", "workloads"): "w", ("cells", 0, "repeats", 0, "drafted_per_position"): 1}
-    bad = [json.dumps(_set(GOOD, path, [item] * (records.MAX_CELLS + 1))).encode() for path, item in lists.items()]
+    bad = [json.dumps(_set(GOOD, path, [item] * (recordfields.MAX_CELLS + 1))).encode() for path, item in lists.items()]
     loaded, _, errors = import_around(tmp_path / "l", bad, tmp_path / "l.duckdb")
     assert loaded == 2 and len(errors) == len(lists)
     for path, error in zip(lists, sorted(errors)):
@@ -318,10 +318,10 @@ def _consistent(record: records.Record) -> bytes:
     cells = []
     for c in record.cells:
         costs = record.pass_costs if c.engine == "atlas" else None
-        d = records.derive(c.repeats, c.temperature, c.draft_tokens, costs)
-        g = records.gate(d, len(c.repeats))
+        d = gating.derive(c.repeats, c.temperature, c.draft_tokens, costs)
+        g = gating.gate(d, len(c.repeats))
         cells.append(c.model_copy(update=dict(derived=d, gate_enabled=g.enabled, gate_verdict=g.verdict, gate_reason=g.reason)))
-    return records.canonical_bytes(record.model_copy(update=dict(cells=cells, gates=records.decide(cells))))
+    return records.canonical_bytes(record.model_copy(update=dict(cells=cells, gates=gating.decide(cells))))
 
 
 def _scaled(record: records.Record, factor: float) -> records.Record:

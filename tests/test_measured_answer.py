@@ -12,7 +12,7 @@ from site_helpers import parse_html
 from test_evidence import site_markdown
 
 from atlas.evidence.runs import Run
-from atlas.measure import records
+from atlas.measure import gating, records, runcontext
 from atlas.site import measured
 
 COSTS = records.PassCosts(plain=0.010, verify={1: 0.0153}, draft=0.0021)
@@ -27,8 +27,8 @@ def _cell(workload: str, speeds: list[float], accepted: int) -> records.Cell:
                        identical_to_baseline=True, pass_costs=COSTS)
         for s in speeds
     ]
-    derived = records.derive(repeats, 0.0, 1, COSTS)
-    g = records.gate(derived, len(repeats), False)
+    derived = gating.derive(repeats, 0.0, 1, COSTS)
+    g = gating.gate(derived, len(repeats), False)
     return records.Cell(engine="atlas", engine_version="0.1.0", baseline="atlas plain decoder", workload=workload,
                         temperature=0.0, draft_tokens=1, repeats=repeats, derived=derived,
                         gate_enabled=g.enabled, gate_reason=g.reason)
@@ -42,12 +42,12 @@ def _run(model_id: str, speeds: dict[str, list[float]], *, real: bool, day: int 
     record = records.Record(
         schema_version=3, run_date=datetime(2026, 12, day, 9, 0, tzinfo=timezone.utc), model_id=model_id,
         revision="sha256:" + "cd" * 32,
-        hardware=records.Hardware(text="CPU: test box (8 cores)", cpu="test", cpu_cores=8, memory_gib=8.0,
+        hardware=runcontext.Hardware(text="CPU: test box (8 cores)", cpu="test", cpu_cores=8, memory_gib=8.0,
                                   torch_threads=1),
-        software=records.Software(python="3.11", torch="2.13.0", transformers="5.24.0", atlas="0.1.0",
+        software=runcontext.Software(python="3.11", torch="2.13.0", transformers="5.24.0", atlas="0.1.0",
                                   atlas_commit=None, atlas_tree_dirty=False, numpy="2.3", blas="openblas", os="Linux"),
         command="atlas measure run", seed=0, prompt_set="p", prompt_set_digest="0" * 64,
-        settings=records.Settings(device="cpu", dtype="float32", workloads=list(speeds), temperatures=[0.0],
+        settings=runcontext.Settings(device="cpu", dtype="float32", workloads=list(speeds), temperatures=[0.0],
                                   draft_tokens=[1], max_new_tokens=64, repeats=4, prompts_per_workload=3),
         pass_costs=COSTS, provenance=provenance,
         cells=[_cell(w, s, 45 if min(s) > 1 else 12) for w, s in speeds.items()],

@@ -14,7 +14,7 @@ import pytest
 from site_helpers import REPO, build_demo_site, parse_html
 
 from atlas import store
-from atlas.measure import conformance, records
+from atlas.measure import conformance, gating, records
 from atlas.site import evidence, measured, modelpages, render
 
 MIRROR = REPO / "data" / "hub-mirror"
@@ -181,19 +181,19 @@ def test_the_gate_is_described_as_computed_and_its_bound_shown(demo) -> None:
     assert "lower bound of the measured speed-up, over repeats" not in text  # the old, wrong rule
     rule = " ".join(re.sub(r"<[^>]+>", "", measured.GATE_RULE.replace("*", "")).split())
     assert rule.replace("**", "") in text.replace("*", "")
-    confidence = f"{records.GATE_CONFIDENCE * 100:g} %"
-    assert f"one-sided {confidence} bounds" in rule and f"fewer than {records.MIN_GATE_REPEATS}" in rule
+    confidence = f"{gating.GATE_CONFIDENCE * 100:g} %"
+    assert f"one-sided {confidence} bounds" in rule and f"fewer than {gating.MIN_GATE_REPEATS}" in rule
     glossary = _text(_html(layout, "glossary"))
     assert (f"one-sided {confidence} lower bound" in glossary
-            and f"fewer than {records.MIN_GATE_REPEATS} repeats" in glossary)
-    # the rule as stated, against records.gate: on iff lower > 1, off iff upper < 1, else undecided
+            and f"fewer than {gating.MIN_GATE_REPEATS} repeats" in glossary)
+    # the rule as stated, against gating.gate: on iff lower > 1, off iff upper < 1, else undecided
     for lo, hi, word in ((1.01, 1.3, "on"), (0.7, 0.99, "off"), (0.98, 1.2, "undecided")):
         d = records.Derived(drafted=1, accepted=1, acceptance_rate=1, per_position_acceptance=[1.0],
                             mean_accepted_length=2, tokens_per_second=1, baseline_tokens_per_second=1,
                             speedup=1, speedup_slowest_repeat=1, speedup_fastest_repeat=1, ideal_speedup=None, efficiency=None,
                             greedy_lossless=None, speedup_bound_lo=lo, speedup_bound_hi=hi)
-        assert records.gate(d, records.MIN_GATE_REPEATS).verdict == word
-        assert records.gate(d, records.MIN_GATE_REPEATS - 1).verdict == "undecided"
+        assert gating.gate(d, gating.MIN_GATE_REPEATS).verdict == word
+        assert gating.gate(d, gating.MIN_GATE_REPEATS - 1).verdict == "undecided"
     # each summary row's bound is the one its record holds for the k it shows
     page = parse_html(html)
     summaries = [t for t in page.tables if t.header[:5] == ["workload", "T", "engine", "gate (k shown)", "gate's lower bound"]]

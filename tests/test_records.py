@@ -9,25 +9,22 @@ from pathlib import Path
 import pytest
 
 from atlas import AtlasError
+from atlas.measure.gating import derive, gate
 from atlas.measure.records import (
     COLUMNS,
     SCHEMA_VERSION,
     Cell,
-    Hardware,
     PassCosts,
     Record,
     Repeat,
-    Settings,
-    Software,
     canonical_bytes,
-    derive,
-    gate,
     import_records,
     parse_record,
     read_record,
     record_id,
     write_record,
 )
+from atlas.measure.runcontext import Hardware, Settings, Software
 from atlas.paths import ROOT
 from atlas.store import connect
 

@@ -23,9 +23,10 @@ from atlas.measure.families import load_family
 from atlas.measure.familytable import FAMILIES
 from atlas.measure.headtrain.head import MtpLayer, Shape
 from atlas.measure.generate import Sampling, generate_plain, generate_speculative, probs_from_logits
-from atlas.measure.model import FastLayer, build_fused_model
+from atlas.measure.layers import FastLayer
+from atlas.measure.model import build_fused_model
 from atlas.measure.records import read_provenance, read_record
-from atlas.measure.teammodel import build_tokenizer
+from atlas.measure.teamcorpus import build_tokenizer
 from atlas.measure.workloads import chat_ids, load_prompt_set
 
 GLM = next(f for f in FAMILIES if f.name == "GLM-4-MoE")
@@ -152,7 +153,7 @@ def test_an_moe_with_a_zero_router_folds_into_one_dense_mlp(experts: int, picked
     from transformers import Glm4MoeConfig
     from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeMoE
 
-    from atlas.measure.model import _fixed_route_mlp
+    from atlas.measure.layers import _fixed_route_mlp
 
     config = Glm4MoeConfig(hidden_size=16, moe_intermediate_size=8, n_routed_experts=experts, num_experts_per_tok=picked,
                            n_shared_experts=shared, n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0)
@@ -178,7 +179,7 @@ def test_speculative_decoding_on_the_tiny_checkpoint_is_greedy_lossless(tiny_che
     model, head = load_family(folder, GLM, torch.device("cpu"), torch.float32)
     prompt = list(range(3, 40))
     fused = build_fused_model(model, head, 128, prompt)
-    # the one-expert block runs as the dense MLP it computes (model._fixed_route_mlp), not routed per call
+    # the one-expert block runs as the dense MLP it computes (layers._fixed_route_mlp), not routed per call
     block = fused.mtp_layers[0].block
     assert isinstance(block, FastLayer) and block.mlp is None and block.mlp_in is not None
     plain = generate_plain(fused, prompt, 24, Sampling(), torch.Generator())

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, MellumForCausalLM
 from transformers.modeling_layers import MtpModel
 
-from atlas.measure import teammodel
+from atlas.measure import teamcheckpoint, teamcorpus, teammodel
 from atlas.cli import cli
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "data/hub-mirror/mtp-atlas/byte-mtp-8l"
@@ -57,7 +57,7 @@ def test_config_declares_one_mellum_mtp_layer() -> None:
 
 
 def test_mtp_layer_loads_from_the_file_through_transformers(model: MellumForCausalLM) -> None:
-    with teammodel.mtp_load_reports() as reports:
+    with teamcheckpoint.mtp_load_reports() as reports:
         # The very call `generate(use_mtp=True)` makes; it raises if an MTP weight is missing.
         mtp = MtpModel.from_pretrained(model, device_map={"": torch.device("cpu")})
     assert not reports
@@ -110,12 +110,12 @@ def test_training_record_matches_checkpoint() -> None:
 
 
 def test_tiny_training_is_deterministic_from_the_seed() -> None:
-    corpus = teammodel.load_corpus(TINY["corpus_cap_bytes"])
+    corpus = teamcorpus.load_corpus(TINY["corpus_cap_bytes"])
 
     def weights(seed: int) -> dict[str, torch.Tensor]:
         spec = teammodel.TeamModelSpec(seed=seed, steps=3, **TINY)
         result = teammodel.train(spec, corpus)
-        return {**result.model.state_dict(), **teammodel.mtp_state_dict(result.mtp)}
+        return {**result.model.state_dict(), **teamcheckpoint.mtp_state_dict(result.mtp)}
 
     first, second, other = weights(7), weights(7), weights(8)
     assert first.keys() == second.keys()
@@ -143,7 +143,7 @@ def test_cli_writes_a_checkpoint_that_transformers_loads(tmp_path: Path) -> None
         args += [f"--{key.replace('_', '-')}", str(TINY[key])]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
-    assert teammodel.verify_checkpoint(out) == []
+    assert teamcheckpoint.verify_checkpoint(out) == []
     record = json.loads((out / "training.json").read_text())
     assert record["steps"] == 2 and record["deterministic"] is True
     assert "held-out loss" in result.output and f"{record['metrics']['heldout_loss']:.3f}" in result.output

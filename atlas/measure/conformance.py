@@ -16,25 +16,24 @@ states its power (the smallest mean-NLL shift it detects with probability 0.99),
 run on the k = 0 engine is recorded as the calibration control. Every check also carries its sample
 and the sample that detects its deviation with 95 % power (Power): a pass on fewer is underpowered
 and never makes a row lossless (`judge`).
+
+The suite that runs the checks is atlas.measure.conformancesuite; the exact tests it applies,
+atlas.measure.conformancestats.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
-import tempfile
-from collections.abc import Callable, Iterable
-from datetime import datetime, timezone
+from collections.abc import Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from atlas import AtlasError
 from atlas.hub import redact
-from atlas.measure.engines.convert import without_remote_code
 
 # 2: the build's run-time patches, the known causes found in it, and the fixed driver (no min_tokens)
 SCHEMA_VERSION = 2
@@ -48,7 +47,6 @@ NEEDED_POWER = 0.95
 IDENTITY_RATE = 0.01  # T = 0: a defect that changes 1 % of output tokens (or rejects 1 % of exact drafts)
 ACCEPTANCE_GAP = 0.1  # T > 0: an acceptance rate off its exact expectation by 0.1
 NLL_SHIFT = 0.35  # T > 0: a mean NLL off the visited states' entropy by 0.35 nats/token (T = 1.6 for 1.0 shifts it more)
-SINGLES = 4  # requests rerun one at a time for the batching control
 RANDOM_HEAD_ACCEPTANCE = 0.25  # a random head's T = 0 acceptance stays under this (near 0 expected)
 # vLLM's shape limits on CPU (head sizes 32..256; MLA with kv_lora_rank 512 and qk_rope_head_dim 64)
 # and the DeepSeek-V3 router as its real configs declare it (vLLM keeps e_score_correction_bias
@@ -124,8 +122,9 @@ def _figure(check: Check, key: str) -> float:
 
 
 def passed_by_statistics(check: Check, alpha: float) -> bool | None:
-    """Whether `check` passed, from its recorded figures by the rule the suite applies (run_suite);
-    None for the one check whose figures hold no statistic (the plain engine's argmax chain)."""
+    """Whether `check` passed, from its recorded figures by the rule the suite applies
+    (conformancesuite.run_suite); None for the one check whose figures hold no statistic (the plain
+    engine's argmax chain)."""
     if check.name == "identity":
         if check.checkpoint == "oracle" and check.draft_tokens == 0:
             return None
@@ -152,7 +151,7 @@ def _number(check: Check, key: str) -> float | None:
 def _needed_for_mean(sd: float, effect: float, alpha: float) -> int:
     """The sample whose mean, with per-unit standard deviation `sd`, detects a shift of `effect`
     with probability NEEDED_POWER in a two-sided test at level `alpha`."""
-    z = _normal_quantile(1 - alpha / 2) + _normal_quantile(NEEDED_POWER)
+    z = normal_quantile(1 - alpha / 2) + normal_quantile(NEEDED_POWER)
     return max(1, math.ceil((z * sd / effect) ** 2))
 
 
@@ -192,7 +191,7 @@ def derive_power(check: Check, alpha: float, max_new_tokens: int) -> Power:
     n, shift, power = (_number(check, k) for k in ("transitions", "detectable_nll_shift", "power"))
     needed = None
     if n and shift and power:
-        per_token = shift * math.sqrt(n) / (_normal_quantile(1 - alpha / 2) + _normal_quantile(power))
+        per_token = shift * math.sqrt(n) / (normal_quantile(1 - alpha / 2) + normal_quantile(power))
         needed = _needed_for_mean(per_token, NLL_SHIFT, alpha)
     return Power(sample=int(n or 0), unit="transitions", effect=NLL_SHIFT, needed=needed)
 
@@ -362,7 +361,7 @@ def deviation(check: Check) -> float | None:
         return None
     chi_p = _number(check, "chi2_p_value")
     # -quantile(p), not quantile(1 - p): 1 - 1e-300 rounds to 1, where the quantile is undefined
-    chi_z = math.inf if chi_p == 0 else (-_normal_quantile(chi_p) if chi_p is not None and chi_p < 1 else 0.0)
+    chi_z = math.inf if chi_p == 0 else (-normal_quantile(chi_p) if chi_p is not None and chi_p < 1 else 0.0)
     return max(abs(z), chi_z)
 
 
@@ -379,7 +378,7 @@ def masks(control: Check, failure: Check, alpha: float = ALPHA) -> bool:
     fail, ctrl = deviation(failure), deviation(control)
     if fail is None or ctrl is None:
         return True
-    return fail - ctrl <= math.sqrt(2) * _normal_quantile(1 - alpha / 2)
+    return fail - ctrl <= math.sqrt(2) * normal_quantile(1 - alpha / 2)
 
 
 def judge(group: list[Check], controls: list[Check]) -> tuple[Result, str]:
@@ -534,278 +533,10 @@ def known_causes(package: str, version: str, triton: bool, patches: Iterable[App
 # ---- statistics ----------------------------------------------------------------------------------
 
 
-def _normal_quantile(p: float) -> float:
+def normal_quantile(p: float) -> float:
     return statistics.NormalDist().inv_cdf(p)
-
-
-def _two_sided_p(z: float) -> float:
-    return 2 * (1 - statistics.NormalDist().cdf(abs(z)))
-
-
-def prefix_acceptance(p: np.ndarray, q: np.ndarray, greedy: bool, k: int) -> np.ndarray:
-    """[k, V]: row i = probability that drafts 1..i+1 are all accepted in a verify step that starts
-    from each current token, for a first-order target P and draft Q ([V, V], row = current token).
-    A draft d from context c passes with mass min(P[c, d], q(d | c)), where q is Q[c] for sampled
-    drafts and one-hot at argmax Q[c] for greedy ones (vLLM's default); the next draft's context is d."""
-    p = np.asarray(p, dtype=np.float64)
-    if greedy:
-        qq = np.zeros_like(p)
-        qq[np.arange(p.shape[0]), np.asarray(q).argmax(-1)] = 1.0
-    else:
-        qq = np.asarray(q, dtype=np.float64)
-    passes = np.minimum(p, qq)
-    rows, v = [], np.ones(p.shape[0])
-    for _ in range(k):
-        v = passes @ v
-        rows.append(v)
-    return np.stack(rows) if rows else np.zeros((0, p.shape[0]))
-
-
-def step_starts(tokens: list[int], per_step_accepted: list[int]) -> list[int]:
-    """The current token each verify step started from: the first output token (from the prefill),
-    then after a step that accepted a drafts, the token a + 1 places on."""
-    starts, at = [], 0
-    for a in per_step_accepted:
-        if at >= len(tokens):
-            raise AtlasError("the engine reported more verify steps than its output explains")
-        starts.append(tokens[at])
-        at += a + 1
-    return starts
-
-
-def acceptance_test(p: np.ndarray, q: np.ndarray, greedy: bool, k: int, runs: list[tuple[list[int], list[int], list[int]]]) -> dict:
-    """Observed accepted drafts against their exact expectation given each step's start token.
-    runs: (tokens, per_step_drafted, per_step_accepted). Accepted counts per step are sums of
-    prefix indicators with known probabilities, so the total's variance is exact."""
-    v = prefix_acceptance(p, q, greedy, k)
-    observed = drafted = 0
-    expected = variance = 0.0
-    per_pos_obs, per_pos_exp = [0] * k, [0.0] * k
-    for tokens, d_steps, a_steps in runs:
-        for c, d, a in zip(step_starts(tokens, a_steps), d_steps, a_steps):
-            probs = v[:d, c]
-            mean = float(probs.sum())
-            second = float(sum((2 * j + 1) * probs[j] for j in range(d)))  # E[a²] = Σ (2j−1)·P(a ≥ j)
-            observed += a
-            drafted += d
-            expected += mean
-            variance += second - mean * mean
-            for i in range(d):
-                per_pos_obs[i] += int(a > i)
-                per_pos_exp[i] += float(probs[i])
-    sd = math.sqrt(variance)
-    z = (observed - expected) / sd if sd > 0 else (0.0 if observed == round(expected) else math.inf)
-    return {"drafted": drafted, "accepted": observed, "expected_accepted": round(expected, 3), "sd": round(sd, 4),
-            "acceptance": observed / drafted if drafted else None, "expected_acceptance": expected / drafted if drafted else None,
-            "z": round(z, 2) if math.isfinite(z) else str(z), "p_value": _two_sided_p(z) if math.isfinite(z) else 0.0,
-            "per_position": [round(o / e, 4) if e else None for o, e in zip(per_pos_obs, per_pos_exp)]}
-
-
-def distribution_test(p: np.ndarray, outputs: list[list[int]]) -> dict:
-    """Do the emitted tokens follow the first-order law P? Two tests on the decode-phase
-    transitions (token j -> j+1): mean NLL against the visited states' mean entropy (z-test, exact
-    per-state variances), and a pooled chi-square of next-token counts per visited state (bins with
-    an expected count under 5 merged), p-value by the Wilson-Hilferty approximation. Power: the
-    smallest mean-NLL shift the z-test detects with probability POWER at level ALPHA."""
-    logp = np.log(np.clip(np.asarray(p, dtype=np.float64), 1e-300, None))
-    entropy = -(np.exp(logp) * logp).sum(-1)
-    second = (np.exp(logp) * logp**2).sum(-1) - entropy**2  # Var of −log P[c, X], X ~ P[c]
-    nll = mean_h = var = 0.0
-    n = 0
-    counts: dict[int, np.ndarray] = {}
-    for tokens in outputs:
-        for c, x in zip(tokens, tokens[1:]):
-            nll -= logp[c, x]
-            mean_h += entropy[c]
-            var += second[c]
-            n += 1
-            counts.setdefault(c, np.zeros(p.shape[1]))[x] += 1
-    z = (nll - mean_h) / math.sqrt(var)
-    chi2 = 0.0
-    df = 0
-    for c, observed in counts.items():
-        exp = observed.sum() * np.exp(logp[c])
-        big = exp >= 5
-        o_bins, e_bins = list(observed[big]), list(exp[big])
-        if exp[~big].sum() > 0:
-            o_bins.append(observed[~big].sum())
-            e_bins.append(exp[~big].sum())
-        if len(e_bins) < 2:
-            continue
-        chi2 += sum((o - e) ** 2 / e for o, e in zip(o_bins, e_bins))
-        df += len(e_bins) - 1
-    chi_z = ((chi2 / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df)) if df else 0.0
-    detectable = (_normal_quantile(1 - ALPHA / 2) + _normal_quantile(POWER)) * math.sqrt(var) / n  # SD of the mean NLL
-    return {"transitions": n, "mean_nll": round(nll / n, 4), "mean_entropy": round(mean_h / n, 4), "z": round(z, 2),
-            "p_value": _two_sided_p(z), "chi2": round(chi2, 1), "chi2_df": df,
-            "chi2_p_value": 1 - statistics.NormalDist().cdf(chi_z) if df else None,
-            "detectable_nll_shift": round(detectable, 4), "power": POWER}
-
-
-# ---- the suite -----------------------------------------------------------------------------------
-
-
-def _prompts(requests: int, vocab: int, seed: int) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, vocab, size=3).tolist() for _ in range(requests)]
-
-
-def _tokens(generated) -> list[list[int]]:
-    return [r.tokens for r in generated.results]
-
-
-def for_the_engine(folder: Path) -> Path:
-    """The oracle checkpoint, written from a real config (`auto_map` and all), as vLLM loads it
-    with remote code off (engines.convert.without_remote_code); a temporary folder, rewritten in place."""
-    rewritten = without_remote_code(json.loads((folder / "config.json").read_text()))
-    if rewritten is not None:
-        (folder / "config.json").write_text(json.dumps(rewritten, indent=2))
-    return folder
-
-
-def check_requests(requests: int) -> None:
-    """Refuse a run with fewer requests than the batching control reruns one at a time: it would
-    compare SINGLES outputs against fewer references and fail by construction, and a failed control
-    makes every T = 0 difference on its checkpoint inconclusive."""
-    if requests < SINGLES:
-        raise AtlasError(f"--requests {requests}: a conformance run needs at least {SINGLES} requests, since the batching "
-                         f"control reruns {SINGLES} of them one at a time (with fewer it fails by construction and "
-                         "hides any T = 0 failure); its verdicts also need the sample: 16 requests is the default")
-
-
-def run_suite(
-    python: Path,
-    layouts: Iterable[str] = LAYOUTS,
-    draft_tokens: Iterable[int] = (1, 2, 3),
-    draft_samplings: Iterable[str] = ("greedy", "probabilistic"),
-    requests: int = 16,
-    max_new_tokens: int = 64,
-    seed: int = 0,
-    dtype: str = "float32",
-    command: str = "",
-    log: Callable[[str], None] = print,
-    patches: Iterable[str] = (),
-) -> ConformanceRecord:
-    """Run every check for every layout through one vLLM driver (one engine at a time), with the
-    named run-time patches applied in the driver first (the record then names a patched build)."""
-    from atlas.measure.engines.vllm_client import Driver
-    from atlas.measure.oracles import bigram_tables, write_checkpoint
-
-    check_requests(requests)
-    checks: list[Check] = []
-    ks = sorted(set(draft_tokens))
-    with Driver(python) as driver, tempfile.TemporaryDirectory(prefix="atlas-conformance-") as tmp:
-        hello = driver.hello()
-        applied = [AppliedPatch.model_validate(driver.patch(name)) for name in patches]
-        for p in applied:
-            log(f"  patched {p.replaces} with {p.name} (sha256 {p.sha256})")
-        for layout in layouts:
-            if layout not in ENGINE_SHAPES:
-                raise AtlasError(f"no conformance checkpoints for layout {layout!r} (known: {', '.join(LAYOUTS)})")
-            folders = {mode: for_the_engine(write_checkpoint(layout, Path(tmp) / f"{layout}-{mode}", mode, depth=2,
-                                                             overrides=dict(ENGINE_SHAPES[layout]), seed=seed))
-                       for mode in ("random", "oracle")}
-            p, q = bigram_tables(folders["oracle"], layout)
-            prompts = _prompts(requests, p.shape[0], seed)
-            max_len = 3 + max_new_tokens + max(ks) + 8
-
-            def generate(t: float) -> object:
-                reqs = [{"prompt": pr, "seed": seed * 100_003 + i} for i, pr in enumerate(prompts)]
-                return driver.generate(requests=reqs, max_tokens=max_new_tokens, temperature=t)
-
-            def load(mode: str, k: int, sampling: str = "greedy") -> None:
-                spec = {"draft_sample_method": sampling} if k else {}
-                driver.load(model=str(folders[mode]), draft_tokens=k, dtype=dtype, seed=seed, max_model_len=max_len,
-                            speculative=spec, options={"enforce_eager": True})
-
-            def add(mode: str, t: float, k: int, sampling: str, name: str, passed: bool, summary: str, figures: dict) -> None:
-                checks.append(Check(layout=layout, checkpoint=mode, temperature=t, draft_tokens=k, draft_sampling=sampling,
-                                    name=name, passed=passed, summary=summary, figures=figures))
-                log(f"  {layout:<12} {mode:<6} T={t:g} k={k} {sampling:<13} {name:<12} {'pass' if passed else 'FAIL'}: {summary}")
-
-            # plain engine: the T = 0 references, and the distribution test's calibration control
-            for mode in ("random", "oracle"):
-                load(mode, 0)
-                reference = _tokens(generate(0.0))
-                if mode == "random":
-                    # control: is plain decoding itself independent of how requests are batched? If
-                    # not, a k > 0 difference below can be numerics rather than the MTP path
-                    single = [driver.generate(requests=[{"prompt": pr, "seed": 0}], max_tokens=max_new_tokens,
-                                              temperature=0.0).results[0].tokens for pr in prompts[:SINGLES]]
-                    figures = _identity(single, reference[:SINGLES])
-                    same = figures["identical"] == SINGLES
-                    add(mode, 0.0, 0, "greedy", "identity", same, f"k=0 batched output equals one-request-at-a-time output in "
-                        f"{figures['identical']} of {SINGLES} requests" + ("" if same else f" (first difference at output token "
-                        f"{figures['first_difference']}: plain decoding itself depends on batching here)"), figures)
-                if mode == "oracle":
-                    chain = all(b == int(p[a].argmax()) for out in reference for a, b in zip(out, out[1:]))
-                    add(mode, 0.0, 0, "greedy", "identity", chain, "k=0 output is the exact argmax chain" if chain
-                        else "k=0 output departs from the exact argmax chain", {"requests": requests})
-                    f = distribution_test(p, _tokens(generate(1.0)))
-                    ok = distribution_passed(f)
-                    add(mode, 1.0, 0, "greedy", "distribution", ok, _dist_summary(f), f)
-                for k in ks:
-                    # sampled drafts change only T > 0, which is checked on the oracle alone
-                    for sampling in draft_samplings if mode == "oracle" else ["greedy"]:
-                        load(mode, k, sampling)
-                        if sampling == "greedy":
-                            out = generate(0.0)
-                            same = _tokens(out) == reference
-                            d = sum(sum(r.per_step_drafted) for r in out.results)
-                            a = sum(sum(r.per_step_accepted) for r in out.results)
-                            figures = _identity(_tokens(out), reference)
-                            add(mode, 0.0, k, sampling, "identity", same, "output identical to k=0 in all "
-                                f"{requests} requests" if same else f"output differs from k=0 in {requests - figures['identical']} "
-                                f"of {requests} requests (first difference at output token {figures['first_difference']})", figures)
-                            if mode == "oracle":
-                                add(mode, 0.0, k, sampling, "acceptance", a == d,
-                                    f"accepted {a} of {d} drafts where all {d} is exact", {"drafted": d, "accepted": a})
-                            else:
-                                rate = a / d if d else 0.0
-                                add(mode, 0.0, k, sampling, "acceptance", rate < RANDOM_HEAD_ACCEPTANCE,
-                                    f"acceptance {rate:.3f} (an unrelated random head: near 0 expected)", {"drafted": d, "accepted": a})
-                        if mode != "oracle":
-                            continue
-                        out = generate(1.0)
-                        runs = [(r.tokens, r.per_step_drafted, r.per_step_accepted) for r in out.results]
-                        f = acceptance_test(p, q, sampling == "greedy", k, runs)
-                        add(mode, 1.0, k, sampling, "acceptance", f["p_value"] >= ALPHA,
-                            f"acceptance {f['acceptance']:.4f} where {f['expected_acceptance']:.4f} is exact (z {_z(f['z'])})", f)
-                        f = distribution_test(p, _tokens(out))
-                        ok = distribution_passed(f)
-                        add(mode, 1.0, k, sampling, "distribution", ok, _dist_summary(f), f)
-    from atlas.measure.stamp import hardware
-
-    import torch
-
-    hw = hardware(torch.device("cpu")).text if not hello.gpus else f"GPU: {len(hello.gpus)} x {hello.gpus[0]}"
-    return ConformanceRecord(
-        schema_version=SCHEMA_VERSION, run_date=datetime.now(timezone.utc).replace(microsecond=0), engine="vllm",
-        package=hello.package, version=hello.version, hardware=hw, device=hello.device, dtype=dtype, command=command,
-        seed=seed, alpha=ALPHA, requests=requests, max_new_tokens=max_new_tokens, triton=hello.triton, patches=applied,
-        causes=known_causes(hello.package, hello.version, hello.triton, applied), checks=checks,
-    )
-
-
-def _identity(outputs: list[list[int]], reference: list[list[int]]) -> dict:
-    """How many outputs equal the reference, and the earliest position where one departs from it."""
-    firsts = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-              for a, b in zip(outputs, reference) if a != b]
-    return {"requests": len(reference), "identical": len(reference) - len(firsts), "first_difference": min(firsts, default=None)}
-
-
-def _z(z: float | str) -> str:
-    """A z statistic for a summary: beyond ±1000 only its sign matters (an expectation of exactly 1
-    has a variance of rounding size)."""
-    return f"= {z}" if isinstance(z, str) or abs(z) < 1000 else ("< -1000" if z < 0 else "> 1000")
 
 
 def distribution_passed(f: dict, alpha: float = ALPHA) -> bool:
     """Both tests at level `alpha` (a chi-square with no bin to test counts as passed)."""
     return f["p_value"] >= alpha and (f["chi2_p_value"] is None or f["chi2_p_value"] >= alpha)
-
-
-def _dist_summary(f: dict) -> str:
-    return (f"mean NLL {f['mean_nll']:.3f} vs entropy {f['mean_entropy']:.3f} nats/token over {f['transitions']} tokens "
-            f"(z {_z(f['z'])}; chi2 {f['chi2']:.0f} on {f['chi2_df']} df); detects a shift of {f['detectable_nll_shift']:.3f} "
-            f"with power {f['power']}")

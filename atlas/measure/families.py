@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,9 @@ from torch import nn
 from atlas import AtlasError
 from atlas.measure.familytable import CHAIN_KEYS, Family, NormStyle, chain_length, chain_refusal, mtp_sublayers
 from atlas.measure.recurrent import time_step_limit
+
+if TYPE_CHECKING:  # transformers loads where a checkpoint does, as in every function here
+    from transformers import PretrainedConfig
 
 # Main-model layer kinds the loop can roll back: attention by overwriting its position-addressed
 # cache, Gated DeltaNet ("linear_attention") by its per-position state slots (atlas.measure.recurrent).
@@ -183,15 +187,9 @@ def _config(folder: Path, family: Family):
     return AutoConfig.for_model(family.transformers_type, **kept)
 
 
-def load_family(folder: Path, family: Family, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, MtpHead]:
-    """The main model (transformers' class, `num_hidden_layers` layers) and the MTP layer built from
-    the checkpoint's own tensors by `family`'s row. AtlasError naming the family when it is refused
-    or when a tensor the row names is missing."""
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    if family.refuse:
-        raise AtlasError(f"{family.name}: not measured: {family.refuse}")
+def _text_config(folder: Path, family: Family) -> tuple[PretrainedConfig, int, list[str], int]:
+    """The main model's config (depth, layer types) and the MTP chain length it declares; AtlasError
+    when the family refuses its layer types or its chain."""
     # A vision-language config (Qwen3.5) holds the language model's under text_config; the
     # causal-LM class loads its tensors from model.language_model.* (transformers' own renaming).
     config = _config(folder, family).get_text_config()
@@ -212,6 +210,21 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
         # block per attention head), so a smaller num_key_value_heads has no meaning; transformers
         # 5.24 would still repeat the expanded heads by its ratio and fail on a size mismatch.
         config.num_key_value_heads = config.num_attention_heads
+    return config, depth, types, chain
+
+
+@dataclass
+class _MtpTensors:
+    """Where a row puts each MTP layer's tensors in one checkpoint (every named one present)."""
+
+    sub: list[str]  # the layer types of one MTP block's sub-layers
+    names: dict[str, Path]  # every tensor of the checkpoint -> its file
+    glues: list[str]  # per MTP layer: the prefix of its norms and projection
+    final_glues: list[str]  # per MTP layer: the prefix of its final norm
+    blocks: list[str]  # per MTP sub-layer, all layers in order: the prefix of its block's tensors
+
+
+def _mtp_tensors(folder: Path, family: Family, depth: int, chain: int) -> _MtpTensors:
     sub = ["indexed_attention"] if family.dense_limit else mtp_sublayers(json.loads((folder / "config.json").read_text()), family)
     names = tensor_names(folder)
     glues = [_at(family.glue, depth, m) for m in range(chain)]
@@ -222,10 +235,19 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
     missing = [n for n in wanted if n not in names]
     if missing:
         raise AtlasError(f"{family.name}: the checkpoint lacks MTP tensor(s) {', '.join(missing)}")
+    return _MtpTensors(sub, names, glues, final_glues, blocks)
+
+
+def _load_extended(folder: Path, family: Family, config: PretrainedConfig, depth: int, types: list[str], chain: int, mtp: _MtpTensors,
+                   dtype: torch.dtype) -> nn.Module:
+    """The main model with the MTP blocks loaded as its last layers."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     # More main layers, of the types the MTP block's sub-layers are, loaded from the block's
     # tensors. A Qwen-style block is full attention, and MoE exactly when it ships experts.
-    moe = any(n.startswith(blocks[0] + "mlp.experts.") for n in names)
+    sub, blocks = mtp.sub, mtp.blocks
+    moe = any(n.startswith(blocks[0] + "mlp.experts.") for n in mtp.names)
     extended = copy.deepcopy(config)
     extended.num_hidden_layers = depth + len(blocks)
     if types:
@@ -251,7 +273,12 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
     unloaded = [k for k in info.get("missing_keys", []) if not k.startswith("lm_head")] + list(info.get("mismatched_keys", []))
     if unloaded:
         raise AtlasError(f"{family.name}: tensors missing or mis-shaped for the main model or MTP block: {', '.join(map(str, unloaded[:5]))}")
-    model = model.to(device).eval()
+    return model
+
+
+def _split_off_mtp(model: nn.Module, family: Family, config: PretrainedConfig, depth: int, types: list[str], chain: int,
+                   sub: list[str]) -> list[nn.Module]:
+    """The MTP blocks taken off the end of the loaded main model, which keeps its own `depth` layers."""
     base = model.get_decoder()
     if family.dense_limit:
         dense_attention(model)
@@ -271,6 +298,21 @@ def load_family(folder: Path, family: Family, device: torch.device, dtype: torch
             # config's time_step_limit (Nemotron-3 Super: [0, inf]) is the model's, in both paths
             # (5.25 reads it itself; the pin allows 5.24).
             layer.mixer.time_step_limit = time_step_limit(limit)
+    return mtp_blocks
+
+
+def load_family(folder: Path, family: Family, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, MtpHead]:
+    """The main model (transformers' class, `num_hidden_layers` layers) and the MTP layer built from
+    the checkpoint's own tensors by `family`'s row. AtlasError naming the family when it is refused
+    or when a tensor the row names is missing."""
+    if family.refuse:
+        raise AtlasError(f"{family.name}: not measured: {family.refuse}")
+    config, depth, types, chain = _text_config(folder, family)
+    mtp = _mtp_tensors(folder, family, depth, chain)
+    names, glues, final_glues = mtp.names, mtp.glues, mtp.final_glues
+    model = _load_extended(folder, family, config, depth, types, chain, mtp, dtype).to(device).eval()
+    mtp_blocks = _split_off_mtp(model, family, config, depth, types, chain, mtp.sub)
+    base = model.get_decoder()
 
     parameter_names = {id(p): n for n, p in model.named_parameters()}  # a tied head answers the embedding's name
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from atlas import AtlasError
+from atlas.measure.gating import is_greedy
 from atlas.measure.model import FusedModel
-from atlas.measure.records import is_greedy
 
 
 # ---- sampling ----------------------------------------------------------------------------------

@@ -12,7 +12,9 @@ from typing import Any
 
 from atlas import AtlasError
 from atlas.measure.checkpoint import DEFAULT_MODEL
-from atlas.measure.records import DEFAULT_DIR, MIN_GATE_REPEATS, SCHEMA_VERSION, Cell, Hardware, Record, Settings, read_provenance
+from atlas.measure.gating import MIN_GATE_REPEATS
+from atlas.measure.records import DEFAULT_DIR, SCHEMA_VERSION, Cell, Record, read_provenance
+from atlas.measure.runcontext import Hardware, Settings
 from atlas.measure.stamp import load_average, software
 from atlas.measure.workloads import PromptSet
 from atlas.paths import ROOT

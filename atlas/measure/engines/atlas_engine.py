@@ -17,13 +17,15 @@ import torch
 from atlas import AtlasError, __version__
 from atlas.measure import draftvocab
 from atlas.measure.cells import RepeatCounts, build_cell, progress_line, seed_for
-from atlas.measure.checkpoint import load_checkpoint, pick_device, place_model, resolve
+from atlas.measure.checkpoint import Loaded, load_checkpoint, pick_device, place_model, resolve
 from atlas.measure.engines.transformers_engine import PEER_BASELINE, Peer
 from atlas.measure.generate import RunStats, Sampling, Stopwatch, generate_plain, generate_speculative
 from atlas.measure.model import FusedModel, build_fused_model, dense_regime
 from atlas.measure.options import MAX_PROMPT_TOKENS, Options, VllmOptions, new_record
+from atlas.measure.placement import Placement
 from atlas.measure.recurrent import summary as recurrent_summary
-from atlas.measure.records import Cell, PassCosts, Record, RecurrentState, Repeat, write_record
+from atlas.measure.records import Cell, PassCosts, Record, Repeat, write_record
+from atlas.measure.runcontext import RecurrentState
 from atlas.measure.stamp import hardware, load_average
 from atlas.measure.workloads import load_prompt_set
 
@@ -120,6 +122,55 @@ def check(options: Options) -> None:
     pick_device(options.device)
 
 
+def _load(options: Options, folder: Path, model_id: str, revision: str, device: torch.device, dtype: torch.dtype,
+          log: Callable[[str], None]) -> tuple[Loaded, Placement | None, torch.device]:
+    """The checkpoint on `device`, or placed by --device-map (then on the device of its embedding)."""
+    if options.device_map:  # loaded in CPU memory, then each piece moved to its device
+        log(f"loading {model_id} ({revision[:19]}) for placement {options.device_map} as {options.dtype}")
+        loaded = load_checkpoint(str(folder), torch.device("cpu"), dtype, peer=options.peer)
+        placement = place_model(loaded, options.device_map)
+        log("placement: " + ", ".join(f"{d}: {placement.layers.count(d)} layers" for d in placement.devices()) + f"; head and MTP on {placement.head}")
+        return loaded, placement, torch.device(placement.embed)
+    log(f"loading {model_id} ({revision[:19]}) on {device} as {options.dtype}")
+    return load_checkpoint(str(folder), device, dtype, peer=options.peer), None, device
+
+
+def _peer(options: Options, loaded: Loaded, device: torch.device, model_id: str, log: Callable[[str], None]) -> tuple[Peer | None, str]:
+    """transformers' use_mtp pair where it is asked for and can run, and the baseline it is named by."""
+    if options.peer and not loaded.transformers_mtp:
+        log(f"no transformers use_mtp peer: {loaded.transformers_note or 'transformers has no MTP loader for this checkpoint'}")
+    peer = Peer(loaded.model, device, loaded.transformers_mtp) if options.peer and loaded.transformers_mtp else None
+    peer_baseline = f"{PEER_BASELINE}; {loaded.transformers_note}" if loaded.transformers_note else PEER_BASELINE
+    if peer and loaded.transformers_note:
+        log(f"transformers use_mtp peer: {loaded.transformers_note}")
+    if not options.ours and peer is None:
+        raise AtlasError(f"--engine transformers: transformers' own use_mtp cannot run {model_id} (no MTP loader for it)")
+    if not options.ours:
+        log(f"--engine transformers: generate(use_mtp=True) drafts num_mtp_layers = {loaded.transformers_mtp} per pass; --draft-tokens is not used")
+    return peer, peer_baseline
+
+
+def _warm_up(fused: FusedModel, peer: Peer | None, warm: list[int], ks: list[int], options: Options, device: torch.device) -> None:
+    for t in options.temperatures:  # warm-up: allocator, kernels, caches; not timed
+        s = Sampling(t, options.top_k, options.top_p)
+        generate_plain(fused, warm, 8, s, _generator(device, 0))
+        for k in ks if options.ours else []:
+            generate_speculative(fused, warm, 8, k, s, _generator(device, 0))
+        if peer:
+            peer.run(warm, 4, s, False, 0)
+            peer.run(warm, 4, s, True, 0)
+
+
+def _cells(raw: list[tuple[str, float, dict[int, list[Repeat]], list[Repeat]]], costs: PassCosts | None, peer: Peer | None,
+           peer_baseline: str, mtp_k: int, quick: bool) -> list[Cell]:
+    cells: list[Cell] = []
+    for name, t, ours, theirs in raw:
+        cells.extend(build_cell("atlas", __version__, ATLAS_BASELINE, name, t, k, ours[k], costs, quick) for k in ours)
+        if theirs:
+            cells.append(build_cell("transformers-use_mtp", peer.version, peer_baseline, name, t, mtp_k, theirs, None, quick))
+    return cells
+
+
 def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, Path]:
     """Measure `options` with our loop and, unless `options.peer` is off, transformers' generate pair
     on the same prompts (only that pair for --engine transformers); write and return the record."""
@@ -137,16 +188,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     prompt_set = load_prompt_set(options.prompt_set)
     workloads = prompt_set.get(options.workloads)
     folder, model_id, revision = resolve(options.model, options.revision, options.endpoint)
-    placement = None
-    if options.device_map:  # loaded in CPU memory, then each piece moved to its device
-        log(f"loading {model_id} ({revision[:19]}) for placement {options.device_map} as {options.dtype}")
-        loaded = load_checkpoint(str(folder), torch.device("cpu"), dtype, peer=options.peer)
-        placement = place_model(loaded, options.device_map)
-        device = torch.device(placement.embed)
-        log("placement: " + ", ".join(f"{d}: {placement.layers.count(d)} layers" for d in placement.devices()) + f"; head and MTP on {placement.head}")
-    else:
-        log(f"loading {model_id} ({revision[:19]}) on {device} as {options.dtype}")
-        loaded = load_checkpoint(str(folder), device, dtype, peer=options.peer)
+    loaded, placement, device = _load(options, folder, model_id, revision, device, dtype, log)
     model, tokenizer = loaded.model, loaded.tokenizer
     log(f"MTP layer built by: {loaded.family}")
     shared = {k: v for h in (loaded.mtp, *loaded.mtp.next_layers) for k, v in h.shared.items()}
@@ -168,25 +210,8 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
                               max_draft=max(ks), draft_vocab=draft_vocab)
     timer = PassTimer(fused, ks, int(statistics.median(len(p) for ps in prompts.values() for p in ps)) + options.max_new_tokens // 2)
     pass_reps = 10  # pass-cost rounds before every repeat
-    if options.peer and not loaded.transformers_mtp:
-        log(f"no transformers use_mtp peer: {loaded.transformers_note or 'transformers has no MTP loader for this checkpoint'}")
-    peer = Peer(model, device, loaded.transformers_mtp) if options.peer and loaded.transformers_mtp else None
-    peer_baseline = f"{PEER_BASELINE}; {loaded.transformers_note}" if loaded.transformers_note else PEER_BASELINE
-    if peer and loaded.transformers_note:
-        log(f"transformers use_mtp peer: {loaded.transformers_note}")
-    if not options.ours and peer is None:
-        raise AtlasError(f"--engine transformers: transformers' own use_mtp cannot run {model_id} (no MTP loader for it)")
-    if not options.ours:
-        log(f"--engine transformers: generate(use_mtp=True) drafts num_mtp_layers = {loaded.transformers_mtp} per pass; --draft-tokens is not used")
-    warm = prompts[workloads[0].name][0]
-    for t in options.temperatures:  # warm-up: allocator, kernels, caches; not timed
-        s = Sampling(t, options.top_k, options.top_p)
-        generate_plain(fused, warm, 8, s, _generator(device, 0))
-        for k in ks if options.ours else []:
-            generate_speculative(fused, warm, 8, k, s, _generator(device, 0))
-        if peer:
-            peer.run(warm, 4, s, False, 0)
-            peer.run(warm, 4, s, True, 0)
+    peer, peer_baseline = _peer(options, loaded, device, model_id, log)
+    _warm_up(fused, peer, prompts[workloads[0].name][0], ks, options, device)
     mtp_k = loaded.transformers_mtp
     raw: list[tuple[str, float, dict[int, list[Repeat]], list[Repeat]]] = []
     for t in options.temperatures:
@@ -198,11 +223,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     costs = timer.costs() if options.ours else None
     if costs:
         log(f"pass costs: plain {costs.plain * 1e3:.2f} ms, " + ", ".join(f"verify k={k} {v * 1e3:.2f} ms" for k, v in costs.verify.items()) + f", draft {costs.draft * 1e3:.2f} ms")
-    cells: list[Cell] = []
-    for name, t, ours, theirs in raw:
-        cells.extend(build_cell("atlas", __version__, ATLAS_BASELINE, name, t, k, ours[k], costs, options.quick) for k in ours)
-        if theirs:
-            cells.append(build_cell("transformers-use_mtp", peer.version, peer_baseline, name, t, mtp_k, theirs, None, options.quick))
+    cells = _cells(raw, costs, peer, peer_baseline, mtp_k, options.quick)
     record = new_record(
         options, folder=folder, model_id=model_id, revision=revision, hardware=hardware(device, placement), prompt_set=prompt_set,
         device=str(device), workloads=[w.name for w in workloads], draft_tokens=ks if options.ours else [mtp_k], cells=cells,
