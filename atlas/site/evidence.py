@@ -1008,26 +1008,12 @@ def write(evidence: Evidence, path: Path) -> bool:
     return replace_text(path, dumps(evidence), "the evidence file")
 
 
-def unreadable_store(db: Path, exc: duckdb.Error) -> AtlasError:
-    """The one-line error for a store that opened but cannot be read (a corrupt block, a file
-    truncated by a full disk): DuckDB's first line, and what to do."""
-    text = str(exc).strip().splitlines()
-    first = text[0][:300] if text else type(exc).__name__
-    return AtlasError(f"the atlas store {db} cannot be read, it is damaged or not an atlas store ({first}); "
-                      "nothing was written: restore the file or rebuild it with `atlas crawl`")
-
-
 def generate(db: Path, out: Path, matrix_path: Path, mirror_sources: Path | None = None) -> Evidence:
     """`atlas evidence`: open the store read-only, collect, write the file. `mirror_sources` is
     the mirror's SOURCES.tsv, shown when the latest snapshot is a mirror crawl."""
     from atlas import store
 
-    con = store.connect(db, read_only=True)
-    try:
+    with store.reading(db) as con:
         evidence = collect(con, matrix_path, mirror_sources)
-    except duckdb.Error as exc:
-        raise unreadable_store(db, exc) from None
-    finally:
-        con.close()
     write(evidence, out)
     return evidence

@@ -510,20 +510,14 @@ def write(models: Models, path: Path) -> bool:
 
 def generate(db: Path, out: Path, matrix_path: Path, root: Path) -> Models:
     from atlas import store
-    from atlas.site.evidence import unreadable_store
 
     from atlas.measure import conformance
 
     matrix = servable_matrix.load(matrix_path)
     folder = matrix_path.parent / "conformance"
     verdicts = conformance.current_verdicts(conformance.load_records(folder), folder.parent.parent)
-    con = store.connect(db, read_only=True)
-    try:
+    with store.reading(db) as con:
         models = collect(con, matrix, root, verdicts)
-    except duckdb.Error as exc:
-        raise unreadable_store(db, exc) from None
-    finally:
-        con.close()
     write(models, out)
     return models
 
