@@ -29,6 +29,7 @@ from atlas import AtlasError, fingerprints, store
 from atlas.measure import theory
 from atlas.evidence import reported as reported_figures, servable
 from atlas.site import diagrams, evidence, modelpages, render, reported, worked_round
+from atlas.site import evidence_file
 from atlas.site.mdsafe import escape
 
 REPORTED = REPO / "evidence" / "reported.toml"
@@ -143,7 +144,7 @@ def test_reported_figures_render_in_their_own_box_and_never_as_measured(course_s
         for f in figures:
             assert f.figure not in flat, (table.header, f.id)
     # and never counted as measured: the facts count only the planted record's cells
-    facts = evidence.read(layout.evidence / "module-08.evidence.md").facts
+    facts = evidence_file.read(layout.evidence / "module-08.evidence.md").facts
     assert facts.n_measurements == 2 and facts.n_measurement_records == 1
 
 

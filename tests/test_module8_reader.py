@@ -16,6 +16,7 @@ from site_helpers import REPO, build_demo_site, parse_html
 from atlas import store
 from atlas.measure import conformance, records
 from atlas.site import evidence, measured, modelpages, render
+from atlas.site import evidence_file
 
 MIRROR = REPO / "data" / "hub-mirror"
 
@@ -272,7 +273,7 @@ def test_the_conformance_grid_reads_each_verdict_through_one_function(demo) -> N
 
 def test_adoption_chart_only_when_it_can_show_adoption(demo, tmp_path: Path) -> None:
     layout, db, _ = demo
-    ev = evidence.read(layout.evidence / "module-08.evidence.md")
+    ev = evidence_file.read(layout.evidence / "module-08.evidence.md")
     # the mirror: creation dates for a minority of the declaring models, one snapshot -> no chart
     assert ev.facts.n_created_known * 2 <= ev.facts.n_declaring
     adoption = ev.sections["adoption_chart"]

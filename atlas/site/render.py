@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from atlas import AtlasError
 from atlas.site import datapage, measured
-from atlas.site import evidence as evidence_file
+from atlas.site import evidence_file
 from atlas.site.course import Course
 from atlas.site.mdsafe import Markdown, escape
 
