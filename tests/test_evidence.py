@@ -24,8 +24,8 @@ from site_helpers import (
 )
 
 from atlas import AtlasError, store
-from atlas.site import evidence, mdsafe, measured
-from atlas.site import evidence_file, present_claims
+from atlas.site import evidence, mdsafe
+from atlas.site import evidence_file, present_claims, runpages
 from atlas.cli import cli
 
 if TYPE_CHECKING:  # the record helper below imports it when it runs
@@ -400,7 +400,7 @@ def test_schema_2_runs_show_conditional_acceptance_undecided_gates_and_keep_smok
     assert import_folder(hostile_db, folder) == 2
     ev = evidence.generate(hostile_db, tmp_path / "ev.md", MATRIX)
     assert (ev.facts.n_measurement_records, ev.facts.n_measurements) == (1, 2)  # the smoke run is not counted
-    pages = measured.split_run_pages(ev.sections["runs"])
+    pages = runpages.split_run_pages(ev.sections["runs"])
     assert len(pages) == 1  # the full run only: the smoke run has no page
     page = parse_html(site_markdown(pages[0][2]))
     summary, detail = page.tables[:2]

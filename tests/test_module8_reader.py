@@ -16,7 +16,7 @@ from site_helpers import REPO, build_demo_site, parse_html
 from atlas import store
 from atlas.measure import conformance, records
 from atlas.site import evidence, measured, modelpages, render
-from atlas.site import evidence_file
+from atlas.site import evidence_file, runpages
 
 MIRROR = REPO / "data" / "hub-mirror"
 
@@ -180,7 +180,7 @@ def test_the_gate_is_described_as_computed_and_its_bound_shown(demo) -> None:
     html = _runs_html(layout)  # each run's page states the rule beside its tables
     text = _text(html)
     assert "lower bound of the measured speed-up, over repeats" not in text  # the old, wrong rule
-    rule = " ".join(re.sub(r"<[^>]+>", "", measured.GATE_RULE.replace("*", "")).split())
+    rule = " ".join(re.sub(r"<[^>]+>", "", runpages.GATE_RULE.replace("*", "")).split())
     assert rule.replace("**", "") in text.replace("*", "")
     confidence = f"{records.GATE_CONFIDENCE * 100:g} %"
     assert f"one-sided {confidence} bounds" in rule and f"fewer than {records.MIN_GATE_REPEATS}" in rule

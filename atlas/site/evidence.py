@@ -31,7 +31,7 @@ from atlas.evidence import reported as reported_figures
 from atlas.evidence import runs as evidence_runs
 from atlas.evidence import servable as servable_matrix
 from atlas.measure import conformance, records
-from atlas.site import present_claims, servable_tables
+from atlas.site import present_claims, runpages, servable_tables
 from atlas.site import measured as measured_section
 from atlas.site.evidence_file import Evidence, Facts, write
 from atlas.site.evidence_format import Revisions, date_text, guardrail
@@ -225,8 +225,8 @@ def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path,
         "backfires": measured_section.backfires_text(runs) + "\n",
         "verdict_measured": measured_section.measured_line(runs),
         "answer": measured_section.answer_text(runs, "../runs/"),
-        "runs": measured_section.run_pages(runs, _anchors(matrix_path.parent / "reported.toml")),
-        "runs_index": _MEASURED_HEAD + "\n" + measured_section.runs_index(runs, "runs/"),
+        "runs": runpages.run_pages(runs, _anchors(matrix_path.parent / "reported.toml")),
+        "runs_index": _MEASURED_HEAD + "\n" + runpages.runs_index(runs, "runs/"),
     }
     return Evidence(facts=facts, sections=sections)
 
