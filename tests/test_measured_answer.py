@@ -144,13 +144,13 @@ def test_the_runner_line_says_what_backs_can_measure_and_that_a_measured_model_w
     is no family to look up; a family the runner can measure but the atlas has not run says what
     backs that claim and that the model itself was not measured."""
     from atlas.measure.familytable import measurability_table
-    from atlas.site import modelpages
+    from atlas.site import modelpage
 
-    ran = _text(modelpages.runner_line(None, 30))
+    ran = _text(modelpage.runner_line(None, 30))
     assert "no family to look up" not in ran and "measured this checkpoint: 30 cells" in ran
-    assert "no family to look up" in _text(modelpages.runner_line(None, 0))
+    assert "no family to look up" in _text(modelpage.runner_line(None, 0))
     measurable = next(m.model_type for m in measurability_table() if m.status == "measurable")
-    line = _text(modelpages.runner_line(measurable, 0))
+    line = _text(modelpage.runner_line(measurable, 0))
     assert "can measure" in line and "shrunk from a config of the family" in line
     assert "this model itself has not been measured" in line
-    assert "has not been measured" not in _text(modelpages.runner_line(measurable, 4))
+    assert "has not been measured" not in _text(modelpage.runner_line(measurable, 4))
