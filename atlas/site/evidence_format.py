@@ -55,7 +55,7 @@ class Revisions:
     def day(self, crawled: dt.datetime | dt.date | None) -> Markdown:
         return day_cell(self.mirror_date or crawled)
 
-    def stamp(self, facts: "Facts") -> str:
+    def stamp(self, facts: Facts) -> str:
         """The snapshot as prose: "snapshot #1, crawled D", or for a mirror "mirror crawl #1 of
         D1 (data of D2)"."""
         if not self.mirror:
