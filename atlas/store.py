@@ -9,8 +9,8 @@ Rules this module keeps:
   pure function of them, keyed by (repo_id, sha) and stamped with the rule version.
 - Bulk writes go through registered numpy columns, never row-by-row inserts.
 - Whatever goes wrong underneath (a damaged file, a full or read-only disk) is one line naming the
-  file and what to do (`store_error`), never a traceback; a failed write leaves the snapshots
-  already there intact.
+  file and what to do (`store_error`; `reading` for a command that only reads), never a traceback;
+  a failed write leaves the snapshots already there intact.
 """
 
 from __future__ import annotations
@@ -200,6 +200,21 @@ def store_error(path: Path | str, exc: BaseException) -> AtlasError:
     return _disk_error(path, exc) or AtlasError(
         f"the atlas store {path} is damaged or not an atlas store ({_first_line(exc)}); keep it for "
         "inspection and crawl into a new one with --db (or $ATLAS_DB)")
+
+
+@contextmanager
+def reading(path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    """The store opened read-only for a command that only reads it, closed after. A DuckDB failure
+    under it (a corrupt block, a file truncated by a full disk) is one line: DuckDB's first, and what
+    to do; nothing of the command was written yet, so the advice is the store's alone."""
+    con = connect(path, read_only=True)
+    try:
+        yield con
+    except duckdb.Error as exc:
+        raise AtlasError(f"the atlas store {path} cannot be read, it is damaged or not an atlas store ({_first_line(exc)}); "
+                         "nothing was written: restore the file or rebuild it with `atlas crawl`") from None
+    finally:
+        con.close()
 
 
 def connect(path: Path | str, read_only: bool = False) -> duckdb.DuckDBPyConnection:

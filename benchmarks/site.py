@@ -40,7 +40,7 @@ from datetime import datetime
 from pathlib import Path
 
 from atlas import store
-from atlas.site import evidence, modelpages, render
+from atlas.site import evidence, modelfinder, modelpages, render
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -169,7 +169,7 @@ def finder_load(layout: render.Layout) -> dict[str, object]:
     """The finder over http://127.0.0.1 in headless Chromium: load-event time and bytes of its
     first screen (page, styles, scripts; no part file), then a search that loads every part."""
     page_bytes = (layout.build / "models" / "index.html").stat().st_size
-    parts = list((layout.build / "models" / modelpages.FINDER_PARTS).glob("part-*.js"))
+    parts = list((layout.build / "models" / modelfinder.FINDER_PARTS).glob("part-*.js"))
     out: dict[str, object] = {"page_bytes": page_bytes, "parts": len(parts),
                               "parts_bytes": sum(p.stat().st_size for p in parts)}
     chromium = next((found for name in ("chromium", "chromium-browser", "google-chrome")

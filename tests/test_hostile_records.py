@@ -36,7 +36,7 @@ from site_helpers import REPO, hostile_store, parse_html, site_copy
 from atlas import AtlasError, store
 from atlas.cli import cli
 from atlas.measure import gating, recordfields, records, runcontext
-from atlas.site import evidence, modelpages, render
+from atlas.site import evidence, modelfinder, modelpages, render
 
 # ---- 1. injection -------------------------------------------------------------------------------
 
@@ -579,7 +579,7 @@ def test_a_read_only_file_system_is_one_line_from_evidence_and_site_build(tmp_pa
 
 # ---- 5. scale: the finder pages its data ---------------------------------------------------------
 
-N_FINDER = 2 * modelpages.PART_ROWS + 345  # three parts, the last one short
+N_FINDER = 2 * modelfinder.PART_ROWS + 345  # three parts, the last one short
 
 FINDER_ONLY_MODULE = """---
 number: 8
@@ -631,8 +631,8 @@ def test_the_finder_page_holds_its_first_screen_and_every_row_is_in_a_part(big_f
     finder = big_finder.build / "models" / "index.html"
     page = parse_html(finder.read_text(encoding="utf-8"))
     table = next(t for t in page.tables if t.header[:1] == ["model"])
-    assert len(table.rows) == modelpages.FIRST_ROWS
-    parts = sorted((big_finder.build / "models" / modelpages.FINDER_PARTS).glob("part-*.js"))
+    assert len(table.rows) == modelfinder.FIRST_ROWS
+    parts = sorted((big_finder.build / "models" / modelfinder.FINDER_PARTS).glob("part-*.js"))
     assert [p.name for p in parts] == ["part-0000.js", "part-0001.js", "part-0002.js"]
     rows = []
     for i, part in enumerate(parts):
@@ -643,7 +643,7 @@ def test_the_finder_page_holds_its_first_screen_and_every_row_is_in_a_part(big_f
     data = many_models(N_FINDER)
     assert [r[0] for r in rows] == [m.repo_id for m in data.models]
     assert [r[1] for r in rows] == [m.slug if m.has_page else None for m in data.models]
-    assert table.rows == [[r[0], *r[2:]] for r in rows[:modelpages.FIRST_ROWS]]  # the same text either way
+    assert table.rows == [[r[0], *r[2:]] for r in rows[:modelfinder.FIRST_ROWS]]  # the same text either way
     # pages only for models that declare, ship or measure MTP
     pages = {p.parent.name for p in (big_finder.build / "models").glob("*/index.html")}
     assert pages == {m.slug for m in data.models if m.has_page}
@@ -673,7 +673,7 @@ def test_the_paged_finder_filters_and_sorts_every_model_in_the_browser(big_finde
             assert page.evaluate("document.querySelectorAll('script[src*=\"finder/part-\"]').length") == 0
             assert page.evaluate(_rows_js())[:2] == ["org0/model-00000", "org0/model-00007"]
             assert page.evaluate("document.querySelector('[data-atlas-finder-count]').textContent") == \
-                f"the first {modelpages.FIRST_ROWS} of {N_FINDER} models listed: type to search them all"
+                f"the first {modelfinder.FIRST_ROWS} of {N_FINDER} models listed: type to search them all"
             # typing searches all parts: the last model is in the last one
             count = page.evaluate(_wait_for_count(
                 f"var i = document.querySelector('input[data-atlas-finder]'); i.value = '{last.split('/')[1]}';"

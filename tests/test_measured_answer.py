@@ -13,7 +13,7 @@ from test_evidence import site_markdown
 
 from atlas.evidence.runs import Run
 from atlas.measure import gating, records, runcontext
-from atlas.site import measured
+from atlas.site import measured, runpages
 
 COSTS = records.PassCosts(plain=0.010, verify={1: 0.0153}, draft=0.0021)
 
@@ -131,11 +131,11 @@ def test_the_newest_real_run_answers_and_the_compact_table_has_one_row_per_run()
 
 def test_the_head_recipe_is_read_from_the_provenance_and_gaps_are_named() -> None:
     run = _run("org/real-gain", GAIN, real=True)
-    text = _text(measured.head_recipe_text(run))
+    text = _text(runpages.head_recipe_text(run))
     assert "trained for 150 optimiser steps" in text and "no held-out agreement" in text
     assert "does not record the head's training tokens" in text
     run.record.provenance.mtp_head.update(training_answer_tokens=123456, heldout_first_draft_t0=0.41)
-    text = _text(measured.head_recipe_text(run))
+    text = _text(runpages.head_recipe_text(run))
     assert "on 123456 answer tokens" in text and "0.41 at T = 0" in text and "does not record" not in text
 
 
@@ -144,13 +144,13 @@ def test_the_runner_line_says_what_backs_can_measure_and_that_a_measured_model_w
     is no family to look up; a family the runner can measure but the atlas has not run says what
     backs that claim and that the model itself was not measured."""
     from atlas.measure.familytable import measurability_table
-    from atlas.site import modelpages
+    from atlas.site import modelpage
 
-    ran = _text(modelpages.runner_line(None, 30))
+    ran = _text(modelpage.runner_line(None, 30))
     assert "no family to look up" not in ran and "measured this checkpoint: 30 cells" in ran
-    assert "no family to look up" in _text(modelpages.runner_line(None, 0))
+    assert "no family to look up" in _text(modelpage.runner_line(None, 0))
     measurable = next(m.model_type for m in measurability_table() if m.status == "measurable")
-    line = _text(modelpages.runner_line(measurable, 0))
+    line = _text(modelpage.runner_line(measurable, 0))
     assert "can measure" in line and "shrunk from a config of the family" in line
     assert "this model itself has not been measured" in line
-    assert "has not been measured" not in _text(modelpages.runner_line(measurable, 4))
+    assert "has not been measured" not in _text(modelpage.runner_line(measurable, 4))

@@ -16,6 +16,7 @@ from site_helpers import REPO, build_demo_site, parse_html
 from atlas import store
 from atlas.measure import conformance, gating, records
 from atlas.site import evidence, measured, modelpages, render
+from atlas.site import evidence_file, runpages
 
 MIRROR = REPO / "data" / "hub-mirror"
 
@@ -179,7 +180,7 @@ def test_the_gate_is_described_as_computed_and_its_bound_shown(demo) -> None:
     html = _runs_html(layout)  # each run's page states the rule beside its tables
     text = _text(html)
     assert "lower bound of the measured speed-up, over repeats" not in text  # the old, wrong rule
-    rule = " ".join(re.sub(r"<[^>]+>", "", measured.GATE_RULE.replace("*", "")).split())
+    rule = " ".join(re.sub(r"<[^>]+>", "", runpages.GATE_RULE.replace("*", "")).split())
     assert rule.replace("**", "") in text.replace("*", "")
     confidence = f"{gating.GATE_CONFIDENCE * 100:g} %"
     assert f"one-sided {confidence} bounds" in rule and f"fewer than {gating.MIN_GATE_REPEATS}" in rule
@@ -272,7 +273,7 @@ def test_the_conformance_grid_reads_each_verdict_through_one_function(demo) -> N
 
 def test_adoption_chart_only_when_it_can_show_adoption(demo, tmp_path: Path) -> None:
     layout, db, _ = demo
-    ev = evidence.read(layout.evidence / "module-08.evidence.md")
+    ev = evidence_file.read(layout.evidence / "module-08.evidence.md")
     # the mirror: creation dates for a minority of the declaring models, one snapshot -> no chart
     assert ev.facts.n_created_known * 2 <= ev.facts.n_declaring
     adoption = ev.sections["adoption_chart"]

@@ -150,19 +150,19 @@ def _models(db, root):
 def test_the_crawl_stores_the_precision_and_the_model_page_shows_it_as_a_present_claim(crawled) -> None:
     from site_helpers import REPO
 
-    from atlas.site import modelpages
+    from atlas.site import modelpage
 
     models = _models(crawled, REPO)
     glm, nvfp4 = models["zai-org/GLM-5-FP8"], models["nvidia/DeepSeek-V3.2-NVFP4"]
     assert (glm.current.mtp_quantized, nvfp4.current.mtp_quantized) == ("partly", "no")
     assert (glm.current.mtp_dtype, glm.current.mtp_quantized_evidence) == (rows("zai-org/GLM-5-FP8")["mtp_dtype"][0],
                                                                             rows("zai-org/GLM-5-FP8")["mtp_quantized"][1])
-    levels = html.unescape(str(modelpages._levels(nvfp4, [], None, "2026-12-01")))  # the text as rendered
+    levels = html.unescape(str(modelpage._levels(nvfp4, [], None, "2026-12-01")))  # the text as rendered
     [row] = [line for line in levels.splitlines() if line.startswith("| MTP precision (shipped) |")]
     assert "| not quantized; dtype: bfloat16 (config torch_dtype) |" in row
     assert "<code>hf_quant_config.json:quantization.exclude_modules: model.layers.61*</code>" in row
     assert "measured" not in row  # a present claim, from the snapshot's files
-    unknown = str(modelpages._levels(models["deepseek-ai/DeepSeek-V3"], [], None, "2026-12-01"))
+    unknown = str(modelpage._levels(models["deepseek-ai/DeepSeek-V3"], [], None, "2026-12-01"))
     assert "| MTP precision (shipped) | unknown |" in unknown
 
 
@@ -172,7 +172,7 @@ def test_a_store_fingerprinted_before_the_rule_reads_unknown_not_a_default(crawl
     import duckdb
     from site_helpers import REPO
 
-    from atlas.site import modelpages
+    from atlas.site import modelpage
 
     old = tmp_path / "old.duckdb"
     shutil.copy(crawled, old)
@@ -181,7 +181,7 @@ def test_a_store_fingerprinted_before_the_rule_reads_unknown_not_a_default(crawl
     con.close()
     glm = _models(old, REPO)["zai-org/GLM-5-FP8"]
     assert glm.current.mtp_quantized is None
-    assert "unknown (not read for this snapshot" in str(modelpages._levels(glm, [], None, "2026-12-01"))
+    assert "unknown (not read for this snapshot" in str(modelpage._levels(glm, [], None, "2026-12-01"))
 
 
 @pytest.mark.parametrize("quant", [

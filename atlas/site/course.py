@@ -10,7 +10,7 @@ from typing import Any, Callable
 from atlas import AtlasError
 from atlas.evidence import reported as reported_figures
 from atlas.measure import gating
-from atlas.site import diagrams, measured, modelpages, reported, widgets, worked_round
+from atlas.site import diagrams, measured, modelpage, modelpages, reported, widgets, worked_round
 from atlas.site.mdsafe import Markdown, escape
 
 
@@ -36,7 +36,7 @@ class Course:
         self.models = modelpages.read((generated_dir or evidence_dir) / modelpages.FILE_NAME)
 
     def render_model_pages(self, docs: Path) -> list[Path]:
-        return modelpages.render(self.models, self.reported, docs / "models")
+        return modelpage.render(self.models, self.reported, docs / "models")
 
     def reported_figure(self, figure_id: str) -> Markdown:
         """One reported figure's text, for prose that quotes it (so the prose cannot drift from

@@ -28,8 +28,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from atlas import AtlasError
-from atlas.site import datapage, measured
-from atlas.site import evidence as evidence_file
+from atlas.site import datapage, runpages
+from atlas.site import evidence_file
 from atlas.site.course import Course
 from atlas.site.mdsafe import Markdown, escape
 
@@ -224,11 +224,11 @@ def _render_pages(layout: Layout) -> list[RenderedPage]:
         out.write_text(_page_file(title, _render(env, src, body, context)), encoding="utf-8")
         pages.append(RenderedPage(source=src, output=out, title=title))
     # one page per measurement run, from the evidence's `runs` section (module 8 links them)
-    runs_dir = layout.docs / measured.RUNS_DIR
+    runs_dir = layout.docs / runpages.RUNS_DIR
     shutil.rmtree(runs_dir, ignore_errors=True)
     if atlas_ev is not None:
         runs_dir.mkdir(parents=True)
-        for slug, title, body in measured.split_run_pages(atlas_ev.sections["runs"]):
+        for slug, title, body in runpages.split_run_pages(atlas_ev.sections["runs"]):
             out = runs_dir / f"{slug}.md"
             out.write_text(_page_file(title, body), encoding="utf-8")
             pages.append(RenderedPage(source=layout.module_evidence, output=out, title=title))
