@@ -494,7 +494,7 @@ def test_require_conforming(tmp_path: Path) -> None:
 
 def test_verdict_table_escapes_and_says_fails(tmp_path: Path) -> None:
     conformance.write_record(_record(passed_t1=False), tmp_path)
-    table = conformance_table.evidence_table(tmp_path)
+    table = conformance_table.evidence_table(conformance.current_verdicts(conformance.load_records(tmp_path)))
     assert "**checked lossless**" in table and "**fails**" in table
     assert "<b>" not in table and "&#124;" in table  # untrusted summary text is escaped
     (tmp_path / "bad.json").write_text("{}")

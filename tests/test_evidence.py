@@ -27,6 +27,7 @@ from atlas import AtlasError, store
 from atlas.site import evidence, mdsafe
 from atlas.site import evidence_file, present_claims, runpages
 from atlas.cli import cli
+from atlas.evidence import catalog
 
 if TYPE_CHECKING:  # the record helper below imports it when it runs
     from atlas.measure import records
@@ -164,7 +165,9 @@ def test_evidence_file_round_trips_and_is_deterministic(hostile_db: Path, tmp_pa
     ev = evidence.generate(hostile_db, out, MATRIX)
     first = out.read_bytes()
     assert evidence_file.read(out) == ev
-    assert evidence_file.write(evidence.collect(store.connect(hostile_db, read_only=True), MATRIX), out) is False
+    with store.reading(hostile_db) as con:
+        again = evidence.collect(con, catalog.load(con, MATRIX.parent, REPO))
+    assert evidence_file.write(again, out) is False
     assert out.read_bytes() == first
     text = first.decode()
     # The hostile id is never raw in the file: no tag, no comment terminator outside our markers.

@@ -16,6 +16,7 @@ from huggingface_hub.hf_api import ModelInfo
 
 from atlas import AtlasError, store
 from atlas.cli import cli
+from atlas.evidence import catalog
 from atlas.hub import crawl as crawler
 from atlas.hub.server import Fault
 from atlas.site import evidence, evidence_file, mdsafe
@@ -148,7 +149,8 @@ def _any_evidence():
     store.connect(db).close()
     con = store.connect(db, read_only=True)
     try:
-        return evidence.collect(con, Path(__file__).resolve().parents[1] / "evidence" / "servable.toml")
+        root = Path(__file__).resolve().parents[1]
+        return evidence.collect(con, catalog.load(con, root / "evidence", root))
     finally:
         con.close()
 

@@ -45,11 +45,12 @@ SERVABLE, REPORTED, CONFORMANCE = "servable.toml", "reported.toml", "conformance
 class Catalog:
     """The typed values the tables were filled from, for the readers that compute with them."""
 
+    servable_path: Path  # the support matrix's file (`atlas evidence --servable` may name another)
     matrix: servable_matrix.Matrix
     figures: list[reported_figures.Figure]
     verdicts: list[conformance.Verdict]  # what the site shows (current_verdicts), in its order
     conformance_records: list[tuple[Path, conformance.ConformanceRecord]]  # oldest run first
-    runs: list[Run]  # every imported record, smoke runs too, in the measured section's order
+    runs: list[Run]  # every imported record, smoke runs too, in the measured section's order; [] unless read
 
     @property
     def evidence_runs(self) -> list[Run]:
@@ -57,23 +58,30 @@ class Catalog:
         return [r for r in self.runs if not r.record.settings.quick]
 
 
-def load(con: duckdb.DuckDBPyConnection, evidence_dir: Path, root: Path, *, reported_required: bool = False) -> Catalog:
-    """Fill the connection's catalog tables from `evidence_dir` and the store's imported records.
-    `reported_required`: a missing reported.toml is an error (the export publishes the figures)
-    rather than an empty table."""
-    matrix = servable_matrix.load(evidence_dir / SERVABLE)
+def load(con: duckdb.DuckDBPyConnection, evidence_dir: Path, root: Path, *, servable: Path | None = None,
+         reported_required: bool = False, records: bool = True) -> Catalog:
+    """Fill the connection's catalog tables from `evidence_dir` (its servable.toml, or the matrix
+    `servable` names) and the store's imported records; `root` is what the records' and the
+    conformance verdicts' paths are published relative to. `reported_required`: a missing
+    reported.toml is an error (the export publishes the figures) rather than an empty table.
+    `records` off: no record file is read and there is no evidence_records table (the model pages
+    take their measured cells from the store and read a record only for its calculator default,
+    so a record file gone costs them that default, not the page)."""
+    servable_path = servable or evidence_dir / SERVABLE
+    matrix = servable_matrix.load(servable_path)
     reported_path = evidence_dir / REPORTED
     figures = (reported_figures.load(reported_path).figure
                if reported_required or reported_path.is_file() else [])
     checked = conformance.load_records(evidence_dir / CONFORMANCE)
     shown = conformance.current_verdicts(checked, root)
-    runs = load_runs(_measurement_sources(con))
+    runs = load_runs(_measurement_sources(con)) if records else []
 
     _servable_tables(con, matrix)
     temp_table(con, "reported_figures", reported_figures.Figure, [f.model_dump() for f in figures])
     _conformance_table(con, checked, shown, root)
-    _records_table(con, runs, root)
-    return Catalog(matrix, figures, shown, checked, runs)
+    if records:
+        _records_table(con, runs, root)
+    return Catalog(servable_path, matrix, figures, shown, checked, runs)
 
 
 # ---- the tables ---------------------------------------------------------------------------------
@@ -152,7 +160,7 @@ def _measurement_sources(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]
     if missing := [c for c in records.COLUMNS if c not in have]:
         # the store is open read-only here; the import migrates the table in place
         raise AtlasError(f"the store's measurements predate its current columns ({', '.join(missing[:3])}"
-                         f"{', ...' if len(missing) > 3 else ''}): run `atlas measure import` on it first")
+                         f"{', ...' if len(missing) > 3 else ''}): run `atlas measure import` first")
     return [(r, s) for r, s in con.execute(
         "SELECT record_id, any_value(source_path) FROM measurement_cells GROUP BY record_id "
         "ORDER BY record_id").fetchall()]

@@ -8,9 +8,7 @@ the measurement side never imports the site.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 
-from atlas.measure import conformance
 from atlas.measure.conformance import Verdict
 from atlas.site.mdsafe import Markdown, code, escape, link, table
 
@@ -25,14 +23,14 @@ def record_ids(rows: Iterable[Verdict]) -> dict[str, str]:
 VERDICT_WORDS = {"lossless": "checked lossless", "fails": "fails", "inconclusive": "inconclusive"}
 
 
-def evidence_table(folder: Path, root: Path | None = None) -> str:
-    """Markdown: per build (release or patched), hardware, layout, temperature class and draft
-    sampling, the verdict of the newest record that ran it with power (current_verdicts), newest
-    first; each row names its record. What is the same for a whole record (file, build, hardware, date,
+def evidence_table(shown: list[Verdict]) -> str:
+    """Markdown: the verdicts the site shows (`shown`, current_verdicts: per build, release or
+    patched, hardware, layout, temperature class and draft sampling, the verdict of the newest
+    record that ran it with power), newest first; each row names its record. What is the same for a whole record (file, build, hardware, date,
     command) is said once, under the table, by its short id, and so is each known cause. A row
     that fails with a known cause present shows the cause instead of figures: those figures are
     what the defect left in memory, not a property of the engine."""
-    rows = conformance.current_verdicts(conformance.load_records(folder), root)
+    rows = list(shown)
     if not rows:
         return "_No engine conformance record yet (`atlas conformance run`)._\n"
     rows.sort(key=lambda v: (v.date, v.build, v.layout, v.temperature, v.draft_sampling), reverse=True)

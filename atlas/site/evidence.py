@@ -25,12 +25,12 @@ from typing import Any
 
 import duckdb
 
-from atlas import AtlasError, store
+from atlas import store
 from atlas.hub.mirror import MIRROR_FILE, MIRROR_PREFIX, load_mirror_date
-from atlas.evidence import reported as reported_figures
+from atlas.evidence import catalog
 from atlas.evidence import runs as evidence_runs
 from atlas.evidence import servable as servable_matrix
-from atlas.measure import conformance, records
+from atlas.measure import conformance
 from atlas.site import present_claims, runpages, servable_tables
 from atlas.site import measured as measured_section
 from atlas.site.evidence_file import Evidence, Facts, write
@@ -113,9 +113,6 @@ QUERIES: dict[str, str] = {
     "rule_versions": """
         SELECT DISTINCT rule_version FROM mtp_fingerprints
         WHERE rule_version IS NOT NULL ORDER BY rule_version""",
-    "measurement_sources": """
-        SELECT record_id, any_value(source_path) AS source_path
-        FROM measurement_cells GROUP BY record_id ORDER BY record_id""",
 }
 
 
@@ -131,50 +128,21 @@ def _rows(con: duckdb.DuckDBPyConnection, name: str) -> list[dict[str, Any]]:
     return [dict(zip(cols, r)) for r in cur.fetchall()]
 
 
-def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    found = con.execute(
-        "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]
-    ).fetchone()
-    return bool(found and found[0])
-
-
-def _measurement_sources(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    if not _has_table(con, "measurement_cells"):
-        return []
-    found = con.execute(
-        "SELECT count(*) FROM information_schema.columns "
-        "WHERE table_name = 'measurement_cells' AND column_name = ?", [records.NEWEST]
-    ).fetchone()
-    if not (found and found[0]):
-        # the store is open read-only here; the import brings the table up to date
-        raise AtlasError("the store's measurements predate its current columns: run "
-                         "`atlas measure import` first")
-    return _rows(con, "measurement_sources")
-
-
 # the reported figure a real model's chat acceptance is shown beside (never compared as equal)
 _ANCHOR = "deepseek-v3-second-token-acceptance"
 
 
-def _anchors(path: Path) -> list[reported_figures.Figure]:
-    """The anchor figure from evidence/reported.toml beside the matrix, if that file holds it."""
-    if not path.is_file():
-        return []
-    return [f for f in reported_figures.load(path).figure if f.id == _ANCHOR]
-
-
-def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path,
-            mirror_sources: Path | None = None) -> Evidence:
-    """Run every named query and build the sections and facts."""
-    matrix = servable_matrix.load(matrix_path)
+def collect(con: duckdb.DuckDBPyConnection, cat: catalog.Catalog, mirror_sources: Path | None = None) -> Evidence:
+    """Run every named query and build the sections and facts, with the evidence catalog loaded on
+    `con` (atlas.evidence.catalog)."""
+    matrix = cat.matrix
     snaps = _rows(con, "snapshot")
     snap = snaps[0] if snaps else None
     revs = Revisions(snap, load_mirror_date(mirror_sources.parent if mirror_sources else None))
     agg = _rows(con, "aggregate")[0]
     n_ours = _rows(con, "project_models")[0]["n"]
     layers = {int(r["value"]): int(r["n"]) for r in _rows(con, "layers")}
-    sources = _measurement_sources(con)
-    runs = evidence_runs.load_runs([(s["record_id"], s["source_path"]) for s in sources])
+    runs = cat.runs
     mismatch_rows = _rows(con, "mismatches")
     servable_rows = [r for r in _rows(con, "servable") if not r["is_ours"]]
     for r in servable_rows:
@@ -207,7 +175,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path,
         exemplars=[r["repo_id"] for r in _rows(con, "exemplars")],
     )
     mirror = present_claims.load_mirror_sources(mirror_sources) if revs.mirror else []
-    verdicts = _verdicts(matrix_path.parent / "conformance")
+    verdicts = cat.verdicts
     sections = {
         "summary": _summary(facts, revs, verdicts, runs),
         "declared": present_claims.declared(_rows(con, "declared"), revs, mirror),
@@ -215,24 +183,20 @@ def collect(con: duckdb.DuckDBPyConnection, matrix_path: Path,
         "shipped": present_claims.shipped(_rows(con, "shipped"), facts, revs),
         "mismatches": present_claims.mismatches(mismatch_rows, revs),
         "servable": servable_tables.servable(servable_rows, matrix, verdicts),
-        "conformance": servable_tables.conformance_grid(matrix_path.parent / "conformance", verdicts),
+        "conformance": servable_tables.conformance_grid(verdicts),
         # module 8 keeps one row per run; the runs' own pages (docs/runs/) hold every figure
         "measured": measured_section.compact_summary(runs, "../runs/"),
         "adoption_chart": present_claims.adoption(_rows(con, "adoption"), created),
         "layers_chart": present_claims.layers_chart(layers, facts, revs),
-        "provenance": _provenance(snap, _rows(con, "rule_versions"), runs, matrix, matrix_path,
+        "provenance": _provenance(snap, _rows(con, "rule_versions"), runs, matrix, cat.servable_path,
                                   facts, revs),
         "backfires": measured_section.backfires_text(runs) + "\n",
         "verdict_measured": measured_section.measured_line(runs),
         "answer": measured_section.answer_text(runs, "../runs/"),
-        "runs": runpages.run_pages(runs, _anchors(matrix_path.parent / "reported.toml")),
+        "runs": runpages.run_pages(runs, [f for f in cat.figures if f.id == _ANCHOR]),
         "runs_index": _MEASURED_HEAD + "\n" + runpages.runs_index(runs, "runs/"),
     }
     return Evidence(facts=facts, sections=sections)
-
-
-def _verdicts(folder: Path) -> list[conformance.Verdict]:
-    return conformance.current_verdicts(conformance.load_records(folder), folder.parent.parent)
 
 
 # ---- module 8's summary and provenance ----------------------------------------------------------
@@ -373,6 +337,8 @@ def generate(db: Path, out: Path, matrix_path: Path, mirror_sources: Path | None
     from atlas import store
 
     with store.reading(db) as con:
-        evidence = collect(con, matrix_path, mirror_sources)
+        # the records' and verdicts' paths are published relative to the evidence folder's project
+        cat = catalog.load(con, matrix_path.parent, matrix_path.parent.parent, servable=matrix_path)
+        evidence = collect(con, cat, mirror_sources)
     write(evidence, out)
     return evidence

@@ -28,6 +28,7 @@ import duckdb
 from pydantic import BaseModel
 
 from atlas import AtlasError
+from atlas.evidence import catalog
 from atlas.evidence import servable as servable_matrix
 from atlas.measure import records
 from atlas.paths import replace_text
@@ -431,13 +432,9 @@ def write(models: Models, path: Path) -> bool:
 def generate(db: Path, out: Path, matrix_path: Path, root: Path) -> Models:
     from atlas import store
 
-    from atlas.measure import conformance
-
-    matrix = servable_matrix.load(matrix_path)
-    folder = matrix_path.parent / "conformance"
-    verdicts = conformance.current_verdicts(conformance.load_records(folder), folder.parent.parent)
     with store.reading(db) as con:
-        models = collect(con, matrix, root, verdicts)
+        cat = catalog.load(con, matrix_path.parent, matrix_path.parent.parent, servable=matrix_path, records=False)
+        models = collect(con, cat.matrix, root, cat.verdicts)
     write(models, out)
     return models
 

@@ -4,7 +4,6 @@ verdicts with the statistics behind them."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from atlas.evidence import servable as servable_matrix
@@ -111,7 +110,7 @@ def servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix,
     )
 
 
-def conformance_grid(folder: Path, verdicts: list[conformance.Verdict]) -> str:
+def conformance_grid(verdicts: list[conformance.Verdict]) -> str:
     """Engine conformance verdicts (evidence/conformance/, beside the support matrix) as a grid:
     one row per engine version and layout, one column per temperature class and draft method,
     each cell one word; the statistics behind them one click away."""
@@ -123,7 +122,7 @@ def conformance_grid(folder: Path, verdicts: list[conformance.Verdict]) -> str:
         "engine's MTP, not a given checkpoint.",
     )
     if not verdicts:
-        return head + "\n" + conformance_table.evidence_table(folder, folder.parent.parent)
+        return head + "\n" + conformance_table.evidence_table(verdicts)
     columns = list(dict.fromkeys(
         (v.temperature, v.draft_sampling)
         for v in sorted(verdicts, key=lambda v: (v.temperature != "0", v.draft_sampling))))
@@ -153,4 +152,4 @@ def conformance_grid(folder: Path, verdicts: list[conformance.Verdict]) -> str:
             "output must equal plain decoding token for token.\n\n"
             + (f"**Known causes** of the failures (K1, …: the statistics below cite them):\n\n{causes}\n\n" if causes else "")
             + '??? servable "The statistics behind each verdict"\n'
-            + indent(conformance_table.evidence_table(folder, folder.parent.parent)) + "\n")
+            + indent(conformance_table.evidence_table(verdicts)) + "\n")
