@@ -165,9 +165,9 @@ def test_a_wrong_concat_order_is_caught(tmp_path: Path) -> None:
     assert (wrong - right).abs().max() > 0.1
 
 
-@pytest.mark.parametrize("family", sorted(LAYOUTS))
-def test_oracle_greedy_acceptance_is_exactly_one(tmp_path: Path, family: str) -> None:
-    _, got = loaded(tmp_path, family, "oracle", DEPTHS.get(family, (2,))[0])
+def _assert_greedy_accepts_every_draft(got) -> None:
+    """Greedy speculative decoding of an oracle checkpoint: plain decoding's tokens at every k, and
+    every drafted token accepted."""
     engine = build_fused_model(got.model, got.mtp, 96, PROMPT)
     gen = torch.Generator().manual_seed(0)
     plain = generate_plain(engine, PROMPT, 20, Sampling(), gen)
@@ -175,6 +175,12 @@ def test_oracle_greedy_acceptance_is_exactly_one(tmp_path: Path, family: str) ->
         spec = generate_speculative(engine, PROMPT, 20, k, Sampling(), gen)
         assert spec.tokens == plain.tokens
         assert spec.accepted_per_position == spec.drafted_per_position and sum(spec.drafted_per_position) > 0
+
+
+@pytest.mark.parametrize("family", sorted(LAYOUTS))
+def test_oracle_greedy_acceptance_is_exactly_one(tmp_path: Path, family: str) -> None:
+    _, got = loaded(tmp_path, family, "oracle", DEPTHS.get(family, (2,))[0])
+    _assert_greedy_accepts_every_draft(got)
 
 
 @pytest.mark.parametrize(("family", "k"), [("mimo", 2), ("deepseek_v3", 3), ("deepseek_v2", 2), ("deepseek_v32", 2), ("glm_moe_dsa", 3),
@@ -361,13 +367,7 @@ def test_chained_mtp_layers_are_faithful_and_lossless(tmp_path: Path) -> None:
 
 def test_chained_oracle_acceptance_is_exactly_one_and_sampled_matches_the_closed_form(tmp_path: Path) -> None:
     _, got = loaded(tmp_path, "deepseek_v3", "oracle", 2, mtp_layers=2)
-    engine = build_fused_model(got.model, got.mtp, 96, PROMPT)
-    gen = torch.Generator().manual_seed(0)
-    plain = generate_plain(engine, PROMPT, 20, Sampling(), gen)
-    for k in (1, 2, 3, 4):
-        spec = generate_speculative(engine, PROMPT, 20, k, Sampling(), gen)
-        assert spec.tokens == plain.tokens
-        assert spec.accepted_per_position == spec.drafted_per_position and sum(spec.drafted_per_position) > 0
+    _assert_greedy_accepts_every_draft(got)
     folder, got = loaded(tmp_path, "deepseek_v3", "oracle", 3, mtp_layers=2, draft_scale=0.6)
     assert_sampled_acceptance_is_exact(folder, "deepseek_v3", got, 3)
 
