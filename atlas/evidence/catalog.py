@@ -12,7 +12,7 @@ Tables, on the connection that `load` is given:
 - `model_servable`: per model of the latest complete snapshot, the engines that draft with its MTP;
 - `reported_figures`: the published figures (an empty table when there is no reported.toml);
 - `conformance_verdicts`: one row per conformance record, layout, temperature class and draft
-  sampling, with the record's run date, whether the record is its build's newest (`latest`) and
+  sampling, with the record's run date (UTC), whether the record is its build's newest (`latest`) and
   whether the site shows the row (`shown`, atlas.measure.conformance.current_verdicts);
 - `evidence_records`: one row per imported measurement record: where it was imported from, as
   published, its run date and model, whether it is a smoke run (`quick`) and whether the project
