@@ -60,6 +60,23 @@ def _package_name() -> str:
         return "vllm"
 
 
+
+def _amx_cannot_pack(model: str, dtype: str) -> bool:
+    """Whether vLLM would pick its AMX MLA backend for fp32 weights: an MLA config (DeepSeek's
+    kv_lora_rank) in float32, on a CPU with AMX tiles."""
+    import torch
+
+    try:
+        with open(os.path.join(model, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False  # vLLM's own load says what is wrong with the folder
+    config = config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
+    stored = config.get("dtype") or config.get("torch_dtype") or "float32"  # transformers 5 writes dtype
+    fp32 = (stored if dtype == "auto" else dtype) in ("float32", "float")
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    return config.get("kv_lora_rank") is not None and fp32 and amx and not torch.cuda.is_available()
+
 class Driver:
     def __init__(self) -> None:
         self.llm = None
@@ -120,6 +137,15 @@ class Driver:
         if k:
             kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": k, **msg.get("speculative", {})}
             kwargs["per_request_spec_decode_metrics"] = "detailed"
+        if "attention_config" not in kwargs and _amx_cannot_pack(msg["model"], kwargs["dtype"]):
+            # vLLM's CPU platform prefers its AMX MLA backend wherever the CPU has AMX tiles, and that
+            # backend packs only bf16, fp16 and 8-bit weights: an fp32 MLA checkpoint (the oracles)
+            # would fail to load. The reference CPU MLA backend, which a CPU without AMX runs, takes it;
+            # the MTP drafter picks its backend on its own, so it is named there too. engine_args in
+            # the reply say both were chosen.
+            kwargs["attention_config"] = {"backend": "CPU_MLA"}
+            if k:
+                kwargs["speculative_config"].setdefault("attention_backend", "CPU_MLA")
         t0 = time.perf_counter()
         self.llm = LLM(**kwargs)
         self.k = k
