@@ -3,8 +3,8 @@ decoding, each with the conditions its source states, the source with section or
 date it was read. Validated at load, like the servable matrix, so a missing condition or a
 non-https link fails loudly.
 
-Reported figures are never measurements: they render in their own table, inside a "reported"
-box, and nothing here touches the store or the measured section.
+Reported figures are never measurements: the site renders them in their own table, inside a
+"reported" box (atlas.site.reported), and the export in their own file, never beside a measured cell.
 """
 
 from __future__ import annotations
