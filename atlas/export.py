@@ -235,6 +235,7 @@ MEANINGS: dict[str, dict[str, str]] = {
 
 # ---- what the tables read beyond the store's own ------------------------------------------------
 
+
 class _DataDate(BaseModel):
     snapshot_id: int
     data_date: dt.date

@@ -43,7 +43,6 @@ def exported(tmp_path_factory: pytest.TempPathFactory):
     return site.db, site.layout.data, site.manifest, site.layout, site.models
 
 
-
 def rows(path: Path) -> list[dict]:
     con = duckdb.connect()
     try:

@@ -41,7 +41,6 @@ def test_a_model_declaring_zero_mtp_layers_is_served_by_no_engine(finder_site) -
     assert finder_rows(layout)[kimi.repo_id]["servable"] == "—"
 
 
-
 def test_servable_only_where_the_model_declares_or_ships_and_the_matrix_matches(finder_site) -> None:
     layout, models, ev = finder_site
     matrix = servable.load(MATRIX)
@@ -97,7 +96,6 @@ def test_the_finder_table_is_out_of_the_search_index_and_model_pages_are_in(find
             assert entries, m.repo_id
             first = re.sub("<[^>]+>", "", entries[0]["text"])
             assert len(first) < 400, (m.repo_id, first)  # a preview, not a table
-
 
 
 def test_a_model_page_puts_each_baseline_in_a_table_of_its_own(finder_site) -> None:

@@ -22,7 +22,6 @@ from atlas.hub.server import Fault
 from atlas.site import evidence, evidence_file, mdsafe
 
 
-
 def raw_config(text: str) -> bytes:
     """GLM-4.5's config with `text` spliced in as raw JSON (for numbers json.dumps cannot write)."""
     return json.dumps(GOOD)[:-1].encode() + b", " + text.encode() + b"}"

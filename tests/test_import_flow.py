@@ -18,7 +18,6 @@ LOWER = sorted(p for p in (REPO / "atlas").rglob("*.py")
                if "site" not in p.relative_to(REPO / "atlas").parts[:1] and p.name not in ("cli.py", "__main__.py"))
 
 
-
 def _site_imports(path: Path) -> set[str]:
     """Every atlas.site module `path` imports, at module level or inside a function."""
     found = set()

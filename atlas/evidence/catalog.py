@@ -168,6 +168,7 @@ def _measurement_sources(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]
 
 # ---- typed temporary tables ---------------------------------------------------------------------
 
+
 _PY_TYPES = {str: "VARCHAR", bool: "BOOLEAN", int: "BIGINT", float: "DOUBLE", dt.date: "DATE",
              dt.datetime: "TIMESTAMP"}
 

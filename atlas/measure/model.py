@@ -44,8 +44,6 @@ from atlas.measure.layers import Layer, Masks, Rope, Step, build_layer, device_o
 from atlas.measure.recurrent import RecurrentLayer
 
 
-
-
 def beyond_dense(keys: int, limit: int) -> str:
     return (f"DSA sparse attention: not measured beyond index_topk = {limit} keys ({keys} asked): past it the indexer "
             "selects a subset, and transformers' own cached and uncached paths already disagree there")

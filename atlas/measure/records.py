@@ -262,7 +262,6 @@ class Record(Strict):
         return data
 
 
-
 def read_record(path: Path) -> Record:
     """Read, parse, validate and check one record file (AtlasError naming the file on any problem)."""
     return parse_record(_read_bounded(path), path)

@@ -29,7 +29,6 @@ _HELDOUT_BLOCK = 16 * 1024
 HELDOUT_EVERY = 20  # every 20th block of the stream is held out: 5 %
 
 
-
 @dataclass(frozen=True)
 class CorpusFile:
     name: str  # "stdlib:json/decoder.py" or "licenses:GPL-3": the same on any machine

@@ -60,7 +60,6 @@ def _package_name() -> str:
         return "vllm"
 
 
-
 def _amx_cannot_pack(model: str, dtype: str) -> bool:
     """Whether vLLM would pick its AMX MLA backend for fp32 weights: an MLA config (DeepSeek's
     kv_lora_rank) in float32, on a CPU with AMX tiles."""
