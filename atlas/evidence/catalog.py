@@ -47,6 +47,7 @@ class Catalog:
 
     servable_path: Path  # the support matrix's file (`atlas evidence --servable` may name another)
     matrix: servable_matrix.Matrix
+    serving: dict[str, list[servable_matrix.Entry]]  # per model of the latest snapshot (Matrix.serving)
     figures: list[reported_figures.Figure]
     verdicts: list[conformance.Verdict]  # what the site shows (current_verdicts), in its order
     conformance_records: list[tuple[Path, conformance.ConformanceRecord]]  # oldest run first
@@ -76,12 +77,12 @@ def load(con: duckdb.DuckDBPyConnection, evidence_dir: Path, root: Path, *, serv
     shown = conformance.current_verdicts(checked, root)
     runs = load_runs(_measurement_sources(con)) if records else []
 
-    _servable_tables(con, matrix)
+    serving = _servable_tables(con, matrix)
     temp_table(con, "reported_figures", reported_figures.Figure, [f.model_dump() for f in figures])
     _conformance_table(con, checked, shown, root)
     if records:
         _records_table(con, runs, root)
-    return Catalog(servable_path, matrix, figures, shown, checked, runs)
+    return Catalog(servable_path, matrix, serving, figures, shown, checked, runs)
 
 
 # ---- the tables ---------------------------------------------------------------------------------
@@ -111,15 +112,17 @@ class _EvidenceRecord(BaseModel):
     is_ours: bool
 
 
-def _servable_tables(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix) -> None:
+def _servable_tables(con: duckdb.DuckDBPyConnection,
+                     matrix: servable_matrix.Matrix) -> dict[str, list[servable_matrix.Entry]]:
     temp_table(con, "servable_entries", _ServableEntry,
-                [e.model_dump() | {"matrix_date": matrix.date} for e in matrix.entry])
+               [e.model_dump() | {"matrix_date": matrix.date} for e in matrix.entry])
     facts = con.execute("SELECT repo_id, model_type, architectures, declared_num_mtp_layers, "
                         "shipped_mtp_layers FROM mtp_fingerprints").fetchall()
-    temp_table(con, "model_servable", _ModelServable, [
-        {"repo_id": rid, "servable_engines": [e.engine for e in matrix.serving(
-            mt, [a.strip() for a in (arch or "").split(",") if a.strip()], declared, shipped)]}
-        for rid, mt, arch, declared, shipped in facts])
+    serving = {rid: matrix.serving(mt, servable_matrix.arch_list(arch), declared, shipped)
+               for rid, mt, arch, declared, shipped in facts}
+    temp_table(con, "model_servable", _ModelServable,
+               [{"repo_id": rid, "servable_engines": [e.engine for e in entries]} for rid, entries in serving.items()])
+    return serving
 
 
 def _conformance_table(con: duckdb.DuckDBPyConnection, checked: list[tuple[Path, conformance.ConformanceRecord]],

@@ -116,7 +116,7 @@ def _snapshots(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix) -
 
     def servable_families(rows: dict[str, dict[str, Any]]) -> set[str]:
         return {r["model_type"] or "(no model_type)" for r in rows.values() if matrix.serving(
-            r["model_type"], [a.strip() for a in (r["architectures"] or "").split(",") if a.strip()],
+            r["model_type"], servable_matrix.arch_list(r["architectures"]),
             r["declared_num_mtp_layers"], r["shipped_mtp_layers"])}
 
     out: list[SnapshotChanges] = []

@@ -53,6 +53,11 @@ class Matrix(BaseModel):
         return self.engines_for(model_type, architectures)
 
 
+def arch_list(joined: str | None) -> list[str]:
+    """The architectures of a fingerprint row (the store keeps them as one comma-joined field) as a list."""
+    return [a.strip() for a in (joined or "").split(",") if a.strip()]
+
+
 def load(path: Path) -> Matrix:
     return load_toml(path, Matrix, "support matrix")
 

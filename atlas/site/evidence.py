@@ -146,8 +146,7 @@ def collect(con: duckdb.DuckDBPyConnection, cat: catalog.Catalog, mirror_sources
     mismatch_rows = _rows(con, "mismatches")
     servable_rows = [r for r in _rows(con, "servable") if not r["is_ours"]]
     for r in servable_rows:
-        r["engines"] = matrix.serving(r["model_type"], servable_tables.arch_list(r["architectures"]),
-                                      r["declared_num_mtp_layers"], r["shipped_mtp_layers"])
+        r["engines"] = cat.serving[r["repo_id"]]
     created = _rows(con, "created")
     facts = Facts(
         snapshot_date=date_text(snap["finished_at"]) if snap else None,

@@ -312,7 +312,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
         snaps_of = [_snapshot(h) for h in history.get(rid) or ([now] if now else [])]
         if now and rid in precision:
             snaps_of[-1] = snaps_of[-1].model_copy(update=precision[rid])
-        archs = [a.strip() for a in ((now or {}).get("architectures") or "").split(",") if a.strip()]
+        archs = servable_matrix.arch_list((now or {}).get("architectures"))
         engines = matrix.serving(now["model_type"], archs, now["declared_num_mtp_layers"],
                                  now["shipped_mtp_layers"]) if now else []
         cells = [_measured_cell(m) for m in measured.get(rid, [])]

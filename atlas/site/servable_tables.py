@@ -13,11 +13,6 @@ from atlas.site.evidence_format import guardrail, indent
 from atlas.site.mdsafe import Markdown, code, escape, table
 
 
-def arch_list(joined: str | None) -> list[str]:
-    """The architectures of a fingerprint row (one comma-joined field) as a list."""
-    return [a.strip() for a in (joined or "").split(",") if a.strip()]
-
-
 VERDICT_CSS = {"lossless": "verified", "fails": "fails", "inconclusive": "inconclusive"}  # the marks' colours (atlas.css)
 
 
@@ -61,7 +56,7 @@ def servable(rows: list[dict[str, Any]], matrix: servable_matrix.Matrix,
         if len(ids) > 4:
             shown += f", … ({len(ids) - 4} more)"
         cells = []
-        archs = {a for m in members for a in arch_list(m["architectures"])}
+        archs = {a for m in members for a in servable_matrix.arch_list(m["architectures"])}
         for engine in engines:
             entries = list({id(e): e for m in members for e in m["engines"] if e.engine == engine}.values())
             if not entries:
