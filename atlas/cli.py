@@ -372,6 +372,24 @@ def measure_import(db: Path, directory: str | None) -> None:
         raise AtlasError("rejected:\n  " + "\n  ".join(errors))
 
 
+@measure_group.command("gates")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+def measure_gates(paths: tuple[str, ...]) -> None:
+    """Each record's gate decisions as recorded (under the rule it was made with) and under the
+    current rule, recomputed from its raw counts; the files are only read."""
+    from atlas.measure import gating, records
+
+    for path in paths:
+        record = records.read_record(Path(path))
+        click.echo(f"{path}: recorded under gate rule {record.rule}; current rule {gating.GATE_RULE}: {gating.GATE_RULES[gating.GATE_RULE]}")
+        recorded = {(g.workload, g.temperature): g for g in record.gates}
+        for g in gating.regate(record):
+            was = recorded.get((g.workload, g.temperature))
+            then = f"{was.verdict}" + (f" k={was.draft_tokens}" if was and was.draft_tokens else "") if was else "-"
+            now = f"{g.verdict}" + (f" k={g.draft_tokens}" if g.draft_tokens else "")
+            click.echo(f"  {g.workload} T={g.temperature:g}: recorded {then}; now {now}. {g.reason}")
+
+
 @measure_group.command("forget")
 @db_option
 @click.argument("record")

@@ -305,7 +305,7 @@ def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list
                            verify_passes=40, identical_to_baseline=True if temperature == 0 else None)
             for _ in range(3)
         ]
-        derived = gating.derive(repeats, temperature, k, costs)
+        derived = gating.derive(repeats, temperature, k, costs, rule=1)
         g = gating.gate(derived, len(repeats), quick)
         cells.append(records.Cell(
             engine="atlas", engine_version="0.1.0", baseline=HOSTILE_BASELINE,

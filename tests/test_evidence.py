@@ -372,7 +372,7 @@ def _schema2_record(quick: bool, model_id: str) -> records.Record:
                                              draft=0.0004))
             for i in range(3)
         ]
-        derived = gating.derive(repeats, 0.0, k, costs)
+        derived = gating.derive(repeats, 0.0, k, costs, rule=1)
         g = gating.gate(derived, len(repeats), quick)
         cells.append(records.Cell(engine="atlas", engine_version="0.1.0", baseline="plain", workload="code",
                                   temperature=0.0, draft_tokens=k, repeats=repeats, derived=derived,

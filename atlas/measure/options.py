@@ -12,7 +12,7 @@ from typing import Any
 
 from atlas import AtlasError
 from atlas.measure.checkpoint import DEFAULT_MODEL
-from atlas.measure.gating import MIN_GATE_REPEATS
+from atlas.measure.gating import GATE_RULE, MIN_GATE_REPEATS
 from atlas.measure.records import DEFAULT_DIR, SCHEMA_VERSION, Cell, Record, read_provenance
 from atlas.measure.runcontext import Hardware, Settings
 from atlas.measure.stamp import load_average, software
@@ -94,6 +94,7 @@ def new_record(options: Options, *, folder: Path, model_id: str, revision: str, 
         load_before=load_before,
         load_after=load_average(),
         provenance=read_provenance(folder),
+        gate_rule=GATE_RULE,
         **fields,
     )
 

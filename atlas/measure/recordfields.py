@@ -1,5 +1,6 @@
 """The strict base and the bounded field types every measurement-record model is built from, with
-the bounds themselves and the gate's verdict words (atlas.measure.records, atlas.measure.runcontext).
+the bounds themselves, one prompt's counts within a repeat (PromptRun) and the gate's verdict
+words (atlas.measure.records, atlas.measure.runcontext).
 """
 
 from __future__ import annotations
@@ -41,6 +42,19 @@ Seconds = Annotated[float, Field(gt=0, le=1e9)]
 # 40-hex Hub commit, or sha256:<digest> of local checkpoint files. Rust's regex engine (pydantic's)
 # reads `$` as the end of the text, never before a final newline.
 REVISION = r"^(?:[0-9a-f]{40}|sha256:[0-9a-f]{64})$"
+
+
+class PromptRun(Strict):
+    """One prompt's speculative run and its plain pair within one repeat (schema 4): the sampling
+    unit of the gate's bound (gating.unit_log_ratios), which the repeat's sums hide."""
+
+    tokens: Count
+    seconds: Seconds
+    baseline_seconds: Seconds
+    drafted: Count
+    accepted: Count
+    verify_passes: Count
+    identical_to_baseline: bool | None = None  # greedy only
 
 
 def verdict_in(reason: str) -> Verdict | None:

@@ -21,11 +21,15 @@ checked against the fields they had, and their gate fields are kept as recorded 
 Schema 3 gave the gate's verdict (on / off / undecided) a typed field of its own (`Cell.gate_verdict`,
 `GateDecision.verdict`); an older file gets it derived on reading from the word its reason starts
 with, and still serialises as it was written, so its identity (record_id) does not change.
+Schema 4 keeps each prompt's counts and seconds within each repeat (`Repeat.prompts`: prompts, not
+repeats of the same prompts, are the gate's sampling unit) and names the rule its gates were set by
+(`gate_rule`, atlas.measure.gating.GATE_RULES); older files were set by rule 1 and are checked under it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import signal
 import threading
@@ -40,14 +44,15 @@ from pydantic import ConfigDict, Field, SerializerFunctionWrapHandler, Validatio
 from atlas import AtlasError
 from atlas.hub import redact
 from atlas.measure.recordfields import (MAX_CELLS, MAX_DRAFT_TOKENS, MAX_NEW_TOKENS, MAX_PROMPTS, MAX_REPEATS, REVISION, Count,
-                                        DraftTokens, Name, PerPosition, Seconds, Strict, Temperature, Text, Verdict, with_verdict)
+                                        DraftTokens, Name, PerPosition, PromptRun, Seconds, Strict, Temperature, Text, Verdict,
+                                        with_verdict)
 from atlas.measure.runcontext import EngineRun, Hardware, RecurrentState, Settings, Software
 from atlas.paths import ROOT
 
 if TYPE_CHECKING:  # the store's engine is needed to import records, not to write them (a GPU run ships without it)
     import duckdb
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # The record folder, relative to the project root: `atlas measure run` writes into it and
 # `atlas measure import` reads it. Named here, not with the runner's options, so that the import
 # never loads those (and with them torch).
@@ -64,7 +69,8 @@ class PassCosts(Strict):
 
 
 class Repeat(Strict):
-    """Raw counts of one repeat of a cell: every prompt of the workload, summed."""
+    """Raw counts of one repeat of a cell: every prompt of the workload, summed (and, from schema
+    4, each prompt's own counts in `prompts`, in the workload's prompt order)."""
 
     tokens: int = Field(gt=0, le=MAX_NEW_TOKENS * MAX_PROMPTS)
     seconds: Seconds
@@ -76,6 +82,7 @@ class Repeat(Strict):
     # rounds whose drafts before position i all passed (schema 2; None in schema 1 files)
     reached_per_position: PerPosition | None = None
     pass_costs: PassCosts | None = None  # timed just before this repeat (schema 2, atlas cells)
+    prompts: list[PromptRun] | None = Field(default=None, max_length=MAX_PROMPTS)  # schema 4; None in older files
 
     @model_validator(mode="after")
     def _counts(self) -> "Repeat":
@@ -85,7 +92,24 @@ class Repeat(Strict):
             raise ValueError("accepted exceeds drafted at some position")
         if self.reached_per_position is not None and len(self.reached_per_position) != len(self.drafted_per_position):
             raise ValueError("reached and drafted per position differ in length")
+        if self.prompts is not None:
+            self._sums(self.prompts)
         return self
+
+    def _sums(self, prompts: list[PromptRun]) -> None:
+        """The repeat's counts are its prompts' sums: a per-prompt figure that disagrees with the
+        total it was summed into is named (seconds within float summation slack)."""
+        counts = {"tokens": (self.tokens, sum(p.tokens for p in prompts)),
+                  "drafted": (sum(self.drafted_per_position), sum(p.drafted for p in prompts)),
+                  "accepted": (sum(self.accepted_per_position), sum(p.accepted for p in prompts)),
+                  "verify_passes": (self.verify_passes, sum(p.verify_passes for p in prompts))}
+        for name, (total, summed) in counts.items():
+            if total != summed:
+                raise ValueError(f"the prompts' {name} sum to {summed}, not the repeat's {total}")
+        for name in ("seconds", "baseline_seconds"):
+            summed = math.fsum(getattr(p, name) for p in prompts)
+            if not math.isclose(getattr(self, name), summed, rel_tol=1e-9):
+                raise ValueError(f"the prompts' {name} sum to {summed!r}, not the repeat's {getattr(self, name)!r}")
 
 
 class Derived(Strict):
@@ -187,7 +211,7 @@ class GateDecision(Strict):
 
 
 class Record(Strict):
-    schema_version: Literal[1, 2, 3]
+    schema_version: Literal[1, 2, 3, 4]
     run_date: datetime
     model_id: Name
     revision: str = Field(pattern=REVISION)  # 40-hex commit, or "sha256:<digest of the checkpoint files>"
@@ -207,6 +231,13 @@ class Record(Strict):
     load_before: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(default=None, max_length=3)
     load_after: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(default=None, max_length=3)
     provenance: Provenance | None = None  # a checkpoint this project made: how (labelled on the site)
+    # The rule the gates were set by (gating.GATE_RULES); absent in files before schema 4, which were
+    # set by rule 1 and keep it: their gates are checked under the rule they were made with.
+    gate_rule: Literal[1, 2] | None = None
+
+    @property
+    def rule(self) -> int:
+        return self.gate_rule or 1
 
     @field_validator("command")
     @classmethod
@@ -224,6 +255,8 @@ class Record(Strict):
             if key in seen:
                 raise ValueError(f"duplicated cell {c.engine}/{c.workload}/T={c.temperature}/k={c.draft_tokens}")
             seen.add(key)
+        if (self.schema_version >= 4) != (self.gate_rule is not None):
+            raise ValueError("gate_rule is named by schema 4 records, and only by them")
         gates = [(g.workload, g.temperature) for g in self.gates]
         if len(set(gates)) != len(gates):
             raise ValueError("duplicated gate decision (one per workload and temperature)")
@@ -234,7 +267,7 @@ class Record(Strict):
         if not self.gates:
             from atlas.measure.gating import decide  # gating reads these models: imported here, not at the top, to stay acyclic
 
-            self.gates = decide(self.cells)
+            self.gates = decide(self.cells, self.rule, self.settings.quick)
         return self
 
     @model_serializer(mode="wrap")
@@ -252,6 +285,12 @@ class Record(Strict):
             data.pop("recurrent_state", None)
         if self.provenance is None:
             data.pop("provenance", None)
+        if self.gate_rule is None:
+            data.pop("gate_rule", None)
+        for cell in data["cells"]:  # repeats written before per-prompt counts keep their bytes
+            for repeat in cell["repeats"]:
+                if repeat.get("prompts") is None:
+                    repeat.pop("prompts", None)
         if self.schema_version < 3:
             for cell in data["cells"]:
                 cell.pop("gate_verdict", None)
