@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from dataclasses import dataclass
 
+import pytest
+
+from atlas.measure import studentt
 from atlas.measure.cells import build_cell
-from atlas.measure.gating import FAMILY_ALPHA, decide
+from atlas.measure.gating import FAMILY_ALPHA, decide, p_faster, paired_bounds, regate, t_bounds
 from atlas.measure.recordfields import PromptRun
-from atlas.measure.records import Repeat
+from atlas.measure.records import Repeat, canonical_bytes, read_record
+from atlas.paths import ROOT
 
 KS = (1, 2, 3, 4)
 
@@ -89,3 +94,55 @@ def test_the_old_rule_breaks_the_level_on_the_old_design() -> None:
     # the current rule on the same repeat sums: corrected over k, yet the 3 prompts' spread is no
     # part of the bound, so the level does not hold either; only per-prompt timings restore it
     assert simulate(1.0, 400, old, rule=2, seed=2) > FAMILY_ALPHA + _tolerance(FAMILY_ALPHA, 400)
+
+
+def test_student_t_matches_the_published_table() -> None:
+    """One-sided quantiles of Student's t (any statistics table) and the CDF's symmetry."""
+    table = {(0.95, 1): 6.314, (0.95, 2): 2.920, (0.95, 4): 2.132, (0.95, 10): 1.812, (0.95, 30): 1.697,
+             (0.975, 10): 2.228, (0.975, 3): 3.182, (0.99, 3): 4.541, (0.995, 5): 4.032}
+    for (p, df), t in table.items():
+        assert studentt.quantile(p, df) == pytest.approx(t, abs=5e-4)
+        assert studentt.cdf(-t, df) == pytest.approx(1 - p, abs=1e-4)
+
+
+def test_the_gate_uses_t_not_the_normal_quantile() -> None:
+    """Three units whose mean is 1.73 standard errors above 0: "on" by the normal quantile (1.645),
+    not by t with 2 degrees of freedom (2.920). Both rules, cell and decision, say undecided."""
+    logs = [0.0, 0.06, 0.12]
+    ratios = [math.exp(x) for x in logs]
+    mean, se = statistics.fmean(logs), statistics.stdev(logs) / math.sqrt(3)
+    assert mean - 1.645 * se > 0 > mean - 2.920 * se
+    assert paired_bounds(ratios)[0] < 1  # rule 1
+    assert t_bounds(logs)[0] < 1 and p_faster(logs) > FAMILY_ALPHA > 1 - statistics.NormalDist().cdf(mean / se)  # rule 2
+    repeats = [_repeat([r], [1.0], 1, per_prompt=False) for r in ratios]
+    for rule in (1, 2):
+        cell = build_cell("atlas", "0", "plain", "w", 0.0, 1, repeats, None, False)
+        assert decide([cell], rule)[0].verdict == "undecided"
+    per_prompt = [_repeat(ratios, [1.0] * 3, 1, per_prompt=True)] * 3  # the same three prompts' ratios, repeated
+    cell = build_cell("atlas", "0", "plain", "w", 0.0, 1, per_prompt, None, False)
+    assert cell.gate_verdict == "undecided" and "3 prompts x 3 repeats" in cell.gate_reason
+
+
+def test_a_repeat_is_the_sum_of_its_prompts() -> None:
+    good = _repeat([1.0, 2.0], [0.5, 1.0], 1, per_prompt=True)
+    data = good.model_dump()
+    data["prompts"][1]["accepted"] += 1
+    with pytest.raises(ValueError, match="the prompts' accepted sum to 21, not the repeat's 20"):
+        Repeat.model_validate(data)
+    data = good.model_dump()
+    data["prompts"][0]["seconds"] *= 1.01
+    with pytest.raises(ValueError, match="the prompts' seconds sum to"):
+        Repeat.model_validate(data)
+
+
+def test_committed_records_keep_their_rule_and_bytes_and_are_regated() -> None:
+    """Records made before rule 2 import as written (rule 1, their bytes and so their ids), and
+    regate recomputes their decisions under the current rule, which names its correction."""
+    folder = ROOT / "evidence" / "measurements"
+    for path in sorted(folder.glob("*.json")):
+        record = read_record(path)
+        assert record.rule == 1 and record.gate_rule is None and canonical_bytes(record) == path.read_bytes()
+        now = regate(record)
+        assert [(g.workload, g.temperature) for g in now] == [(g.workload, g.temperature) for g in record.gates]
+        for g in now:
+            assert "Holm over" in g.reason and "repeats of the same prompts" in g.reason

@@ -136,6 +136,8 @@ def passed_by_statistics(check: Check, alpha: float) -> bool | None:
         return (accepted / drafted if drafted else 0.0) < RANDOM_HEAD_ACCEPTANCE
     if check.name == "acceptance":
         return _figure(check, "p_value") >= alpha
+    if check.figures.get("transitions") == 0:
+        return distribution_passed({"transitions": 0}, alpha)
     figures = {"p_value": _figure(check, "p_value"),
                "chi2_p_value": None if check.figures.get("chi2_p_value") is None else _figure(check, "chi2_p_value")}
     return distribution_passed(figures, alpha)
@@ -538,5 +540,8 @@ def normal_quantile(p: float) -> float:
 
 
 def distribution_passed(f: dict, alpha: float = ALPHA) -> bool:
-    """Both tests at level `alpha` (a chi-square with no bin to test counts as passed)."""
+    """Both tests at level `alpha` (a chi-square with no bin to test counts as passed; no transitions
+    at all reject nothing, and their check, with no power, can make a verdict inconclusive only)."""
+    if f.get("transitions") == 0:
+        return True
     return f["p_value"] >= alpha and (f["chi2_p_value"] is None or f["chi2_p_value"] >= alpha)
