@@ -5,6 +5,7 @@ over no transitions. The fourth, the gate's t quantile, is in tests/test_gate_le
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -79,3 +80,18 @@ def test_no_transitions_is_a_named_result_that_cannot_earn_lossless() -> None:
     assert conformance.passed_by_statistics(check, conformance.ALPHA) is True
     assert check.power is not None and check.power.sample == 0 and not check.power.sufficient
     assert conformance.judge([check], [])[0] == "inconclusive"  # ... and nothing shown
+
+
+def test_a_record_from_the_blind_oracle_cannot_call_probabilistic_drafts_lossless() -> None:
+    """Records written before the oracle's draft law was named ran the target's own law: their
+    passing T > 0 rows with sampled drafts never saw a rejection, so they are inconclusive; the
+    same checks from an oracle that rejects are lossless. Greedy-draft rows are untouched."""
+    checks = [c.model_copy(update={"draft_sampling": "probabilistic"}) if c.temperature > 0 and c.draft_tokens else c
+              for c in _run(REQUESTS, TOKENS)]
+
+    def rows(scale: float | None) -> dict[tuple[str, str], str]:
+        rec = _record(REQUESTS, TOKENS, checks).model_copy(update={"oracle_draft_scale": scale})
+        return {(v.temperature, v.draft_sampling): v.result for v in conformance.verdicts([(Path("r.json"), rec)])}
+
+    assert rows(ORACLE_DRAFT_SCALE) == {("0", "any"): "lossless", ("> 0", "probabilistic"): "lossless"}
+    assert rows(None) == rows(1.0) == {("0", "any"): "lossless", ("> 0", "probabilistic"): "inconclusive"}

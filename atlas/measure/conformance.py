@@ -4,7 +4,10 @@ evidence/conformance/ that the site shows beside the servable matrix.
 
 Checkpoints (atlas.measure.oracles, with the engine's shape limits as overrides):
 - oracle: the main model is first order (next-token law P[current token]) and the MTP head computes
-  that same law, so at T = 0 every draft must be accepted and the output must be the argmax chain;
+  a law Q with the same argmax (softmax of `oracle_draft_scale` x P's logits: a flatter law, so
+  sampled drafts are rejected and the correction from the residual max(0, P - Q) is exercised;
+  records from before it was named drafted with P itself, and their sampled-draft rows are
+  inconclusive), so at T = 0 every draft must be accepted and the output must be the argmax chain;
   at T = 1 the expected acceptance of every verify step follows exactly from P and the draft rule,
   given the token the step starts from (greedy drafts: accept d = argmax with probability P[c, d];
   sampled drafts: sum of min(P, Q)); and the emitted tokens must follow P.
@@ -243,6 +246,15 @@ class ConformanceRecord(Strict):
     patches: list[AppliedPatch] = Field(default=[], max_length=MAX_CAUSES)
     causes: list[KnownCause] = Field(default=[], max_length=MAX_CAUSES)
     checks: list[Check] = Field(min_length=1, max_length=MAX_CHECKS)
+    # The oracle head's law: softmax(scale x the target's logits) (conformancesuite.ORACLE_DRAFT_SCALE).
+    # None in records written before it was named: those ran scale 1, the target's own law.
+    oracle_draft_scale: float | None = Field(default=None, gt=0, le=100)
+
+    @property
+    def oracle_rejects(self) -> bool:
+        """Whether the oracle's sampled drafts can be rejected (its law is not the target's), so
+        that the T > 0 checks with probabilistic drafts exercise the correction after a rejection."""
+        return self.oracle_draft_scale is not None and self.oracle_draft_scale != 1
 
     @model_validator(mode="after")
     def _believable(self) -> "ConformanceRecord":
@@ -456,6 +468,10 @@ def _judged(path: Path, rec: ConformanceRecord, root: Path | None) -> list[tuple
         groups.setdefault((c.layout, _t_class(c.temperature), sampling), []).append(c)
     for (layout, t, sampling), checks in groups.items():
         result, reason = judge(checks, controls.get((layout, t), []))
+        blind = sampling == "probabilistic" and not rec.oracle_rejects and result == "lossless"
+        if blind:
+            result, reason = "inconclusive", (f"{reason}; but the oracle drafted with the target's own law, so no sampled draft "
+                                              "was rejected and the correction after a rejection went unchecked")
         failed = [c for c in checks if not c.passed]
         shown = failed or checks[:2]
         detail = "; ".join(f"k={c.draft_tokens} {c.checkpoint} {c.name}: {c.summary}" for c in shown[:3])
@@ -468,7 +484,7 @@ def _judged(path: Path, rec: ConformanceRecord, root: Path | None) -> list[tuple
             device=rec.device, date=rec.run_date.date().isoformat(), layout=layout, temperature=t, draft_sampling=sampling,
             result=result, reason=reason, detail=f"{len(checks) - len(failed)}/{len(checks)} checks passed; {detail}",
             causes=causes, command=rec.command, source=source,
-        ), result == "fails" or all(c.power is not None and c.power.sufficient for c in checks)))
+        ), result == "fails" or (not blind and all(c.power is not None and c.power.sufficient for c in checks))))
     return rows
 
 

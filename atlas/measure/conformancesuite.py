@@ -224,6 +224,7 @@ def run_suite(
         package=hello.package, version=hello.version, hardware=hw, device=hello.device, dtype=dtype, command=command,
         seed=seed, alpha=ALPHA, requests=requests, max_new_tokens=max_new_tokens, triton=hello.triton, patches=applied,
         causes=known_causes(hello.package, hello.version, hello.triton, applied), checks=checks,
+        oracle_draft_scale=ORACLE_DRAFT_SCALE,
     )
 
 
