@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -45,15 +44,8 @@ def ours(column: str = "repo_id") -> str:
     """is_ours in SQL, over the repo ids in `column` (the orgs are constants, no data)."""
     return f"lower(split_part({column}, '/', 1)) IN (" + ", ".join(f"'{o}'" for o in PROJECT_ORGS) + ")"
 
-DEFAULT_DB = Path("data/atlas.duckdb")
-
-
 class StoreLockedError(AtlasError):
     """Another process holds the DuckDB file."""
-
-
-def default_db_path() -> Path:
-    return Path(os.environ.get("ATLAS_DB") or DEFAULT_DB)
 
 
 _DISK_FULL = ("no space left on device", "disk is full", "not enough space")

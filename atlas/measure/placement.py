@@ -17,11 +17,10 @@ import dataclasses
 import re
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, model_validator
-
 from atlas import AtlasError
+from atlas.measure.runcontext import Placement
 
-if TYPE_CHECKING:  # torch only where pieces move: records (and the site) import Placement
+if TYPE_CHECKING:  # torch only where pieces move: the torch-free Placement lives in runcontext
     import torch
     from torch import nn
 
@@ -29,24 +28,6 @@ if TYPE_CHECKING:  # torch only where pieces move: records (and the site) import
 
 # Share of a GPU's free memory that weights may take; the rest is for caches and activations.
 WEIGHT_SHARE = 0.85
-
-
-class Placement(BaseModel):
-    """Where each piece goes; recorded as is in the measurement's settings."""
-
-    embed: str
-    layers: list[str]
-    head: str  # final norm, lm_head and the MTP layer
-
-    @model_validator(mode="after")
-    def _contiguous(self) -> "Placement":
-        runs = [d for i, d in enumerate(self.layers) if i == 0 or self.layers[i - 1] != d]
-        if len(runs) != len(set(runs)):
-            raise ValueError(f"each device must hold one contiguous run of layers, got {self.layers}")
-        return self
-
-    def devices(self) -> list[str]:
-        return list(dict.fromkeys([self.embed, *self.layers, self.head]))
 
 
 def parse_plan(spec: str, n_layers: int) -> Placement:

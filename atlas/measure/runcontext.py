@@ -7,11 +7,28 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BaseModel, Field, model_validator
 
-from atlas.measure.placement import Placement
 from atlas.measure.recordfields import (MAX_DRAFT_TOKENS, MAX_LIST, MAX_NEW_TOKENS, MAX_PROMPTS, MAX_REPEATS, DraftTokens, Name,
                                         Strict, Temperature, Text)
+
+
+class Placement(BaseModel):
+    """Where each piece goes; recorded as is in the measurement's settings."""
+
+    embed: str
+    layers: list[str]
+    head: str  # final norm, lm_head and the MTP layer
+
+    @model_validator(mode="after")
+    def _contiguous(self) -> "Placement":
+        runs = [d for i, d in enumerate(self.layers) if i == 0 or self.layers[i - 1] != d]
+        if len(runs) != len(set(runs)):
+            raise ValueError(f"each device must hold one contiguous run of layers, got {self.layers}")
+        return self
+
+    def devices(self) -> list[str]:
+        return list(dict.fromkeys([self.embed, *self.layers, self.head]))
 
 
 class Hardware(Strict):
