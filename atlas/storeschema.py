@@ -2,7 +2,7 @@
 the tables are created once, the views replaced so that they follow the current rules. Columns
 added to a view are appended, so readers of the earlier columns keep their positions."""
 
-from atlas.fingerprints import DRAFTER_RULES
+from atlas.fingerprints.rules import DRAFTER_RULES
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (
@@ -57,7 +57,7 @@ SELECT repo_id, sha, any_value(rule_version) AS rule_version,
     max(value) FILTER (WHERE name = 'quant_method') AS quant_method,
     TRY_CAST(max(value) FILTER (WHERE name = 'num_experts') AS INTEGER) AS num_experts,
     max(value) FILTER (WHERE name = 'warnings') AS warnings,
-    -- the MTP layer's precision (atlas.mtpprecision); NULL in fingerprints from before the rule
+    -- the MTP layer's precision (atlas.fingerprints.precision); NULL in fingerprints from before the rule
     -- (atlas crawl --refingerprint adds it without the network). Appended: the view is replaced on
     -- every writable connect, and readers of the columns above keep their positions.
     max(value) FILTER (WHERE name = 'mtp_quantized') AS mtp_quantized,
@@ -65,7 +65,7 @@ SELECT repo_id, sha, any_value(rule_version) AS rule_version,
     max(value) FILTER (WHERE name = 'mtp_dtype') AS mtp_dtype
 FROM fingerprints GROUP BY repo_id, sha;
 
--- MTP drafters that ship as repos of their own (fingerprint `mtp_drafter`, atlas.fingerprints
+-- MTP drafters that ship as repos of their own (fingerprint `mtp_drafter`, atlas.fingerprints.rules
 -- DRAFTER_RULES) and, per snapshot, the target each is for, with the evidence: the card's
 -- base_model when it names exactly one model ('base_model'), else a repo of the same snapshot whose
 -- name is the drafter's with the rule's suffix stripped ('name'), else NULL (target unknown). The

@@ -25,7 +25,8 @@ from site_helpers import (
     write_snapshot,
 )
 
-from atlas import AtlasError, fingerprints, store
+from atlas import AtlasError, store
+from atlas.fingerprints import rules as fingerprints
 from atlas.measure import theory
 from atlas.evidence import reported as reported_figures, servable
 from atlas.site import diagrams, evidence, evidence_file, modelfinder, modelpage, modelpages, render, reported, worked_round

@@ -14,7 +14,7 @@ from hub_fixtures import MIRROR
 from safetensors.torch import save_file
 
 from atlas import AtlasError
-from atlas.fingerprints import fingerprint
+from atlas.fingerprints.rules import fingerprint
 from atlas.measure.checkpoint import load_checkpoint
 from atlas.measure.coverage import coverage
 from atlas.measure.generate import Sampling, generate_plain, generate_speculative

@@ -19,7 +19,7 @@ import pytest
 from hub_fixtures import build_mirror, rows as _query, write_watchlist
 from site_helpers import REPO
 
-from atlas.fingerprints import fingerprint
+from atlas.fingerprints.rules import fingerprint
 from atlas.hub import crawl as crawler
 from atlas.hub.mirror import load_mirror
 from atlas.hub.server import HubServer

@@ -312,7 +312,7 @@ def test_declared_but_not_shipped_is_refused(tmp_path: Path) -> None:
 def test_real_configs_from_the_mirror_get_a_row(tmp_path: Path) -> None:
     """Every bundled real config that declares MTP is matched to its row (tensor names as the
     family ships them), measured or refused by name."""
-    from atlas.fingerprints import fingerprint
+    from atlas.fingerprints.rules import fingerprint
     from atlas.measure.familytable import identify
     from atlas.paths import ROOT
 
@@ -341,7 +341,7 @@ def test_real_configs_from_the_mirror_get_a_row(tmp_path: Path) -> None:
 
 
 def test_every_fingerprinted_family_has_a_row() -> None:
-    from atlas.fingerprints import WEIGHT_RULES
+    from atlas.fingerprints.rules import WEIGHT_RULES
 
     assert {r.family for r in WEIGHT_RULES} <= {f.shipped_family for f in FAMILIES}
 

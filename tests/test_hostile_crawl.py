@@ -24,9 +24,10 @@ from hub_fixtures import (EXPECTED_DECLARED, GOOD, MIRROR, build_mirror, config,
                           write_watchlist)
 from huggingface_hub.hf_api import ModelInfo
 
-from atlas import fingerprints, store
+from atlas.fingerprints import rules as fingerprints
+from atlas import store
 from atlas.cli import cli
-from atlas.fingerprints import fingerprint
+from atlas.fingerprints.rules import fingerprint
 from atlas.hub import crawl as crawler
 from atlas.hub import pacing, redact
 from atlas.hub import server as hubserver

@@ -1,4 +1,4 @@
-"""The MTP layer's precision (atlas.mtpprecision), on the real mirror configs whose quantization
+"""The MTP layer's precision (atlas.fingerprints.precision), on the real mirror configs whose quantization
 configs carry exclusion lists, and on weight names laid over real configs. Each expectation is
 counted here from the file itself, independently of the rule's code."""
 
@@ -10,7 +10,7 @@ import json
 import pytest
 from hub_fixtures import MIRROR, mirror_config
 
-from atlas.fingerprints import fingerprint
+from atlas.fingerprints.rules import fingerprint
 
 
 def cfg(repo_id: str) -> dict:

@@ -62,7 +62,7 @@ from huggingface_hub.utils import logging as hf_logging
 from pydantic import BaseModel, Field
 
 from atlas import AtlasError, store
-from atlas.fingerprints import RULE_VERSION
+from atlas.fingerprints.rules import RULE_VERSION
 from atlas.hub import redact
 from atlas.hub.client import (
     DEFAULT_BOUNDS,

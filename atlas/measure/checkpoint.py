@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from atlas import AtlasError
-from atlas.fingerprints import fingerprint, parse_config_bytes
+from atlas.fingerprints.rules import fingerprint, parse_config_bytes
 from atlas.measure.families import MtpHead, head_from_transformers, load_family, tensor_names
 from atlas.measure.familytable import Family, identify
 from atlas.measure.placement import Placement, auto_plan, parse_plan, place, place_head

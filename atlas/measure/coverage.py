@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from atlas import AtlasError
-from atlas.fingerprints import fingerprint
+from atlas.fingerprints.rules import fingerprint
 from atlas.measure.familytable import FAMILIES, chain_length, chain_refusal, mtp_sublayers
 
 Verdict = Literal["runs", "refused", "not shipped"]

@@ -1,7 +1,7 @@
 """The MTP family table: one row per family the fingerprint rules recognise, with its tensor layout
 and wiring, or why it is refused; and the table's answers that need no weights.
 
-Each row says, for one family the fingerprint rules recognise (atlas.fingerprints.WEIGHT_RULES),
+Each row says, for one family the fingerprint rules recognise (atlas.fingerprints.rules.WEIGHT_RULES),
 where the MTP layer's tensors live, which inputs it takes and in what order, how its norms compute,
 whether the inputs are concatenated or added, what its decoder block is, whether embedding and head
 are its own or shared, and how k > 1 drafts reuse it. The wiring is the one the family's published
@@ -20,14 +20,15 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from atlas import AtlasError, blockpattern
-from atlas.fingerprints import WEIGHT_RULES, Fingerprint, fingerprint
+from atlas import AtlasError
+from atlas.fingerprints import blockpattern
+from atlas.fingerprints.rules import WEIGHT_RULES, Fingerprint, fingerprint
 
 Order = Literal["embedding_first", "hidden_first"]
 NormStyle = Literal["rms", "gemma"]
 
 # Nemotron-H MTP sub-layer types the loop runs (vLLM's nemotron_h_mtp runs the same two), in
-# transformers' names; atlas.blockpattern reads either spelling into them.
+# transformers' names; atlas.fingerprints.blockpattern reads either spelling into them.
 MTP_SUBLAYERS = {"full_attention", "moe"}
 
 
@@ -35,7 +36,7 @@ MTP_SUBLAYERS = {"full_attention", "moe"}
 class Family:
     name: str
     model_types: tuple[str, ...]  # config model_type values this row reads
-    shipped_family: str  # atlas.fingerprints WeightRule.family of its tensor names
+    shipped_family: str  # atlas.fingerprints.rules WeightRule.family of its tensor names
     glue: str = ""  # prefix of the glue tensors; {N} = num_hidden_layers
     block: str = ""  # prefix of the decoder block's tensors
     e_norm: str = ""
@@ -43,7 +44,7 @@ class Family:
     proj: str = ""  # [H, 2H] over the concatenation, in `order`
     final_norm: str | None = None  # the norm both the logits and the recycled hidden go through
     final_glue: str | None = None  # prefix of final_norm when not `glue`; {last} = the block's last sub-layer
-    # the block pattern (atlas.blockpattern) spelling the MTP block as a chain of sub-layers (Nemotron-H)
+    # the block pattern (atlas.fingerprints.blockpattern) spelling the MTP block as a chain of sub-layers (Nemotron-H)
     sublayers_from: blockpattern.Which | None = None
     order: Order = "embedding_first"
     norm: NormStyle = "rms"

@@ -39,7 +39,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from atlas import AtlasError, blockpattern
+from atlas import AtlasError
+from atlas.fingerprints import blockpattern
 from atlas.measure.layercut import cut_to_depth
 from atlas.paths import ROOT
 

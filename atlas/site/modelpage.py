@@ -125,7 +125,7 @@ PRECISION_WORDS = {"no": "not quantized", "partly": "partly quantized", "yes": "
 
 
 def _precision_row(c: Snapshot | None, where: str) -> list[Any]:
-    """The MTP layer's precision as the checkpoint ships it (atlas.mtpprecision): whether it is
+    """The MTP layer's precision as the checkpoint ships it (atlas.fingerprints.precision): whether it is
     quantized, in what dtype, and from which file and key; "unknown" whenever the rules cannot say."""
     if c is not None and c.mtp_quantized is None and not (c.declared or 0) > 0 and not (c.shipped or 0) > 0:
         # a page without an MTP layer of its own: an MTP drafter repo's target (or, by its config, the drafter)

@@ -50,7 +50,7 @@ class Snapshot(BaseModel):
     shipped: int | None = None
     shipped_evidence: str | None = None
     fetch_status: str | None = None
-    # the MTP layer's precision as shipped (atlas.mtpprecision), a present claim; None: the
+    # the MTP layer's precision as shipped (atlas.fingerprints.precision), a present claim; None: the
     # snapshot's fingerprints predate the rule (or the model has no MTP layer)
     mtp_quantized: str | None = None
     mtp_quantized_evidence: str | None = None
@@ -86,7 +86,7 @@ class Measured(BaseModel):
 
 class DrafterLink(BaseModel):
     """This repo is an MTP drafter for a model in another repo (a present claim from its config,
-    atlas.fingerprints DRAFTER_RULES), and the target the store's mtp_drafter_links found."""
+    atlas.fingerprints.rules DRAFTER_RULES), and the target the store's mtp_drafter_links found."""
 
     kind: str  # e.g. gemma4_assistant
     kind_key: str  # the config key that says so (model_type or architectures)
@@ -374,7 +374,7 @@ def _runner(con: duckdb.DuckDBPyConnection, latest: int | None, wanted: set[str]
     """Our loop's coverage of each wanted model's MTP layout, from its stored config.json and weight
     names (atlas.measure.coverage, the family table's rules); a config the rules cannot read gets none."""
     from atlas import AtlasError
-    from atlas.fingerprints import parse_config_bytes
+    from atlas.fingerprints.rules import parse_config_bytes
     from atlas.measure.coverage import coverage
 
     if latest is None or not wanted:

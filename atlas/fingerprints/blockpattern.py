@@ -32,7 +32,7 @@ KEYS: dict[Which, tuple[str, str]] = {
     "main": ("hybrid_override_pattern", "layers_block_type"),
     "mtp": ("mtp_hybrid_override_pattern", "mtp_layers_block_type"),
 }
-MAX_LAYERS = 10_000  # as atlas.fingerprints.MAX_COUNT: a longer "pattern" is junk, not data
+MAX_LAYERS = 10_000  # as atlas.fingerprints.rules.MAX_COUNT: a longer "pattern" is junk, not data
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from atlas import AtlasError, blockpattern
-from atlas.mtpprecision import Precision, mtp_precision
+from atlas import AtlasError
+from atlas.fingerprints import blockpattern
+from atlas.fingerprints.precision import Precision, mtp_precision
 
 # Bump on any change to the tables or the logic below: stored fingerprints carry the version
 # that produced them.
@@ -54,7 +55,7 @@ class WeightRule:
     evidence: str  # shown in the atlas; `{idx}` becomes the matched layer numbers
     # The rule applies only when the config has one of these keys (none: always).
     requires_keys: tuple[str, ...] = ()
-    # The block pattern (atlas.blockpattern) whose length is the number of sub-layers per MTP
+    # The block pattern (atlas.fingerprints.blockpattern) whose length is the number of sub-layers per MTP
     # module: each sub-layer has its own mtp.layers.{idx} (Nemotron-H).
     sublayers_from: blockpattern.Which | None = None
 
@@ -162,7 +163,7 @@ class Fingerprint:
     shipped_family: str | None = None
     weight_source: str | None = None
     facts: dict[str, tuple[Any, str]] = field(default_factory=dict)  # name -> (value, key path)
-    precision: Precision | None = None  # the MTP layer's (atlas.mtpprecision); None: no MTP declared or shipped
+    precision: Precision | None = None  # the MTP layer's (atlas.fingerprints.precision); None: no MTP declared or shipped
     # (kind, key path) when the config makes the repo an MTP drafter for another repo's model
     # (DRAFTER_RULES); its declared count stays what its own config says
     drafter: tuple[str, str] | None = None
