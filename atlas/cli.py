@@ -355,7 +355,7 @@ def measure_run(engine: str, engine_python: str | None, draft_tokens: str, seed:
               help="record folder (default: evidence/measurements/ of the project)")
 def measure_import(db: Path, directory: str | None) -> None:
     """Load measurement records into the store (idempotent; bad or tampered files are rejected)."""
-    from atlas import store
+    from atlas.store import db as store
     from atlas.measure import records
     from atlas.paths import project_path
 
@@ -378,7 +378,7 @@ def measure_import(db: Path, directory: str | None) -> None:
 def measure_forget(db: Path, record: str) -> None:
     """Remove an imported record from the store, by its id (12 characters at least) or source path:
     for a record whose file is gone (evidence and export read every imported record's file)."""
-    from atlas import store
+    from atlas.store import db as store
     from atlas.measure import records
 
     con = store.connect(db)
@@ -453,7 +453,7 @@ def conformance_show(directory: str | None) -> None:
 @db_option
 def query_cmd(sql: str, db: Path) -> None:
     """Run read-only SQL against the store and print the result as a plain table."""
-    from atlas import store
+    from atlas.store import db as store
 
     columns, rows = store.query(db, sql)
     click.echo(store.plain_table(columns, rows))
@@ -478,7 +478,7 @@ def evidence_cmd(db: Path, out: str | None, servable_path: str | None,
     """Run the named evidence queries against the store and write the module 8 evidence file."""
     from atlas.site import evidence, modelpages
     from atlas.paths import project_path, project_root
-    from atlas.store import require_complete_snapshot
+    from atlas.store.db import require_complete_snapshot
 
     out_path = Path(out) if out else project_path("evidence/module-08.evidence.md")
     matrix = Path(servable_path) if servable_path else project_path("evidence/servable.toml")

@@ -12,7 +12,7 @@ from datetime import datetime
 from html.parser import HTMLParser
 from pathlib import Path
 
-from atlas import store
+from atlas.store import db as store
 from atlas.site.render import Layout
 from atlas.evidence.servable import Matrix
 

@@ -25,7 +25,8 @@ from site_helpers import (
     write_snapshot,
 )
 
-from atlas import AtlasError, store
+from atlas import AtlasError
+from atlas.store import db as store
 from atlas.fingerprints import rules as fingerprints
 from atlas.measure import theory
 from atlas.evidence import reported as reported_figures, servable

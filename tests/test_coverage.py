@@ -102,7 +102,7 @@ def test_the_crawl_gives_one_coverage_table_for_the_finder_and_the_runs_page(tmp
     the same cells under the count."""
     from site_helpers import REPO, crawl_mirror
 
-    from atlas import store
+    from atlas.store import db as store
     from atlas.site import course, modelfinder, modelpages
     from atlas.evidence import servable as servable_matrix
 

@@ -23,7 +23,8 @@ from site_helpers import (
     snapshot_row,
 )
 
-from atlas import AtlasError, store
+from atlas import AtlasError
+from atlas.store import db as store
 from atlas.site import evidence, mdsafe
 from atlas.site import evidence_file, present_claims, runpages
 from atlas.cli import cli

@@ -14,7 +14,8 @@ from click.testing import CliRunner
 from hub_fixtures import GOOD, build_mirror, config, make_hub, no_sleep, rows, write_watchlist  # noqa: F401  (fixtures)
 from huggingface_hub.hf_api import ModelInfo
 
-from atlas import AtlasError, store
+from atlas import AtlasError
+from atlas.store import db as store
 from atlas.cli import cli
 from atlas.evidence import catalog
 from atlas.hub import crawl as crawler

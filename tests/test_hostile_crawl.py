@@ -25,7 +25,7 @@ from hub_fixtures import (EXPECTED_DECLARED, GOOD, MIRROR, build_mirror, config,
 from huggingface_hub.hf_api import ModelInfo
 
 from atlas.fingerprints import rules as fingerprints
-from atlas import store
+from atlas.store import db as store
 from atlas.cli import cli
 from atlas.fingerprints.rules import fingerprint
 from atlas.hub import crawl as crawler

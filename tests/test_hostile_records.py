@@ -33,7 +33,8 @@ from chromium_cdp import Chromium
 from click.testing import CliRunner
 from site_helpers import REPO, hostile_store, parse_html, site_copy
 
-from atlas import AtlasError, store
+from atlas import AtlasError
+from atlas.store import db as store
 from atlas.cli import cli
 from atlas.measure import gating, recordfields, records, runcontext
 from atlas.site import evidence, modelfinder, modelpages, render

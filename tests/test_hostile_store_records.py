@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from site_helpers import crawl_mirror
 
-from atlas import store
+from atlas.store import db as store
 from atlas.cli import cli
 from atlas.measure import records
 

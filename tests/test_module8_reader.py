@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from site_helpers import REPO, build_demo_site, parse_html
 
-from atlas import store
+from atlas.store import db as store
 from atlas.measure import conformance, gating, records
 from atlas.site import evidence, measured, modelpages, render
 from atlas.site import evidence_file, runpages

@@ -136,7 +136,7 @@ def crawled(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _models(db, root):
-    from atlas import store
+    from atlas.store import db as store
     from atlas.site import modelpages
     from atlas.evidence import servable as servable_matrix
 

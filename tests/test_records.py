@@ -26,7 +26,7 @@ from atlas.measure.records import (
 )
 from atlas.measure.runcontext import Hardware, Settings, Software
 from atlas.paths import ROOT
-from atlas.store import connect
+from atlas.store.db import connect
 
 
 def make_record(model_id: str = "mtp-atlas/byte-mtp-8l", speed: float = 1.3) -> Record:

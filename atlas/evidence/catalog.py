@@ -31,7 +31,8 @@ from typing import Any
 import duckdb
 from pydantic import BaseModel
 
-from atlas import AtlasError, store
+from atlas import AtlasError
+from atlas.store import db as store
 from atlas.evidence import reported as reported_figures
 from atlas.evidence import servable as servable_matrix
 from atlas.evidence.runs import Run, load_runs

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import duckdb
 from pydantic import BaseModel
 
-from atlas import store
+from atlas.store import db as store
 from atlas.evidence import servable as servable_matrix
 from atlas.evidence.catalog import Catalog
 from atlas.evidence.runs import Run

@@ -61,7 +61,8 @@ from huggingface_hub.utils import build_hf_headers, get_session, httpx
 from huggingface_hub.utils import logging as hf_logging
 from pydantic import BaseModel, Field
 
-from atlas import AtlasError, store
+from atlas import AtlasError
+from atlas.store import db as store
 from atlas.fingerprints.rules import RULE_VERSION
 from atlas.hub import redact
 from atlas.hub.client import (

@@ -13,7 +13,7 @@ its revision and crawl date, and the revision says what it is: a Hub commit (lin
 crawl, a content hash of the bundled mirror folder after a mirror crawl, whose files' real origin
 (SOURCES.tsv) is listed beside it.
 
-Models this project made itself (atlas.store.PROJECT_ORGS: the team model, oracle checkpoints) are not the
+Models this project made itself (atlas.store.db.PROJECT_ORGS: the team model, oracle checkpoints) are not the
 Hub: they are left out of every count, chart and exemplar list and shown in their own row group.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import duckdb
 
-from atlas import store
+from atlas.store import db as store
 from atlas.hub.mirror import MIRROR_FILE, MIRROR_PREFIX, load_mirror_date
 from atlas.evidence import catalog
 from atlas.evidence import runs as evidence_runs
@@ -333,7 +333,7 @@ def _stamp(value: dt.datetime | None) -> str:
 def generate(db: Path, out: Path, matrix_path: Path, mirror_sources: Path | None = None) -> Evidence:
     """`atlas evidence`: open the store read-only, collect, write the file. `mirror_sources` is
     the mirror's SOURCES.tsv, shown when the latest snapshot is a mirror crawl."""
-    from atlas import store
+    from atlas.store import db as store
 
     with store.reading(db) as con:
         # the records' and verdicts' paths are published relative to the evidence folder's project

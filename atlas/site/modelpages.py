@@ -430,7 +430,7 @@ def write(models: Models, path: Path) -> bool:
 
 
 def generate(db: Path, out: Path, matrix_path: Path, root: Path) -> Models:
-    from atlas import store
+    from atlas.store import db as store
 
     with store.reading(db) as con:
         cat = catalog.load(con, matrix_path.parent, matrix_path.parent.parent, servable=matrix_path, records=False)

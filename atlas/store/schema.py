@@ -1,4 +1,4 @@
-"""The store's tables and views (DuckDB DDL), run on every writable connect (atlas.store.connect):
+"""The store's tables and views (DuckDB DDL), run on every writable connect (atlas.store.db.connect):
 the tables are created once, the views replaced so that they follow the current rules. Columns
 added to a view are appended, so readers of the earlier columns keep their positions."""
 

@@ -28,7 +28,7 @@ import duckdb
 import numpy as np
 
 from atlas import AtlasError
-from atlas.storeschema import SCHEMA
+from atlas.store.schema import SCHEMA
 
 # Hub orgs whose models this project made (team model, oracle checkpoints): never counted as Hub
 # adoption (the site leaves them out, the export marks them made_by_atlas; both read it here).
