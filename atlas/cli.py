@@ -99,8 +99,8 @@ def crawl(db: Path, mirror: Path | None, watchlist: Path | None, endpoint: str |
         raise AtlasError("--plan and --probe exclude each other")
     with ExitStack() as stack:
         if mirror is not None:
-            from atlas.hub.mirror import MIRROR_PREFIX
-            from atlas.hub.server import HubServer, load_mirror
+            from atlas.hub.local.mirror import MIRROR_PREFIX
+            from atlas.hub.local.server import HubServer, load_mirror
 
             hub = stack.enter_context(HubServer(load_mirror(mirror)))
             url, label, token = hub.url, MIRROR_PREFIX + mirror.as_posix(), False

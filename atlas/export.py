@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from atlas import AtlasError, exportdocs, outdir
 from atlas.store import db as store
-from atlas.hub.mirror import MIRROR_PREFIX, load_mirror_date
+from atlas.hub.local.mirror import MIRROR_PREFIX, load_mirror_date
 from atlas.exportformat import (CARD, CSV_NOTE, DICTIONARY, FORMATS, MANIFEST, FileEntry, Manifest, quote_path,
                                 read_manifest)
 from atlas.paths import published

@@ -15,7 +15,7 @@ from atlas import __version__, croissant
 from atlas.evidence.changelog import FILE_NAME as CHANGELOG_FILE
 from atlas.exportformat import (CARD, CREATOR, CSV_NOTE, DICTIONARY, LICENSE, MANIFEST, Manifest, citation, data_date,
                                 quote_path)
-from atlas.hub.mirror import MIRROR_PREFIX
+from atlas.hub.local.mirror import MIRROR_PREFIX
 
 
 # ---- Croissant ----------------------------------------------------------------------------------

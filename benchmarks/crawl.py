@@ -35,7 +35,7 @@ os.environ.pop("HF_HUB_OFFLINE", None)
 from atlas.fingerprints.rules import fingerprint
 from atlas.hub import crawl as crawler
 from atlas.hub.pacing import TIERS, WINDOW_S
-from atlas.hub.server import HubServer, MirrorRepo
+from atlas.hub.local.server import HubServer, MirrorRepo
 
 ORGS = 10
 

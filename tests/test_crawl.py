@@ -32,7 +32,7 @@ from hub_fixtures import (
 
 from atlas.hub import crawl as crawler
 from atlas.cli import cli
-from atlas.hub.server import Fault
+from atlas.hub.local.server import Fault
 
 ALL_ORGS = sorted({r.split("/")[0] for r in EXPECTED_DECLARED} | {"mtp-atlas"})
 

@@ -21,8 +21,8 @@ from site_helpers import REPO
 
 from atlas.fingerprints.rules import fingerprint
 from atlas.hub import crawl as crawler
-from atlas.hub.mirror import load_mirror
-from atlas.hub.server import HubServer
+from atlas.hub.local.mirror import load_mirror
+from atlas.hub.local.server import HubServer
 from atlas.site import modelfinder, modelpage, modelpages
 from atlas.site.mdsafe import escape
 

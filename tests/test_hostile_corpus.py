@@ -19,7 +19,7 @@ from atlas.store import db as store
 from atlas.cli import cli
 from atlas.evidence import catalog
 from atlas.hub import crawl as crawler
-from atlas.hub.server import Fault
+from atlas.hub.local.server import Fault
 from atlas.site import evidence, evidence_file, mdsafe
 
 

@@ -15,7 +15,7 @@ from transformers import MellumConfig, MellumForCausalLM
 
 from atlas import AtlasError
 from atlas.cli import cli
-from atlas.hub.server import HubServer, MirrorRepo, load_mirror
+from atlas.hub.local.server import HubServer, MirrorRepo, load_mirror
 from atlas.measure.oracles import write_checkpoint
 from atlas.measure.checkpoint import DEFAULT_MODEL, load_checkpoint, resolve
 from atlas.measure.records import read_record

@@ -1,6 +1,6 @@
 """The crawler: watch list -> Hub listing -> pinned downloads -> fingerprints -> one snapshot.
 
-Same code path for the live Hub and the bundled mirror (served by atlas.hub.server on 127.0.0.1):
+Same code path for the live Hub and the bundled mirror (served by atlas.hub.local.server on 127.0.0.1):
 only the endpoint differs.
 
 Requests, and what each costs (see atlas.hub.pacing for the three rate-limit buckets):

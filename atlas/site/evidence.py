@@ -26,7 +26,7 @@ from typing import Any
 import duckdb
 
 from atlas.store import db as store
-from atlas.hub.mirror import MIRROR_FILE, MIRROR_PREFIX, load_mirror_date
+from atlas.hub.local.mirror import MIRROR_FILE, MIRROR_PREFIX, load_mirror_date
 from atlas.evidence import catalog
 from atlas.evidence import runs as evidence_runs
 from atlas.evidence import servable as servable_matrix

@@ -393,7 +393,7 @@ def _runner(con: duckdb.DuckDBPyConnection, latest: int | None, wanted: set[str]
 
 def _mirror_date(endpoint: str | None, root: Path) -> str | None:
     """The crawled mirror's own date, when the snapshot is a mirror crawl whose folder has one."""
-    from atlas.hub.mirror import MIRROR_PREFIX, load_mirror_date
+    from atlas.hub.local.mirror import MIRROR_PREFIX, load_mirror_date
 
     if not endpoint or not endpoint.startswith(MIRROR_PREFIX):
         return None

@@ -49,8 +49,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from atlas.hub.handlers import CdnHandler, Fault, HubHandler, HubHTTPServer
-from atlas.hub.mirror import MirrorRepo, git_blob_id, is_lfs, load_mirror
+from atlas.hub.local.handlers import CdnHandler, Fault, HubHandler, HubHTTPServer
+from atlas.hub.local.mirror import MirrorRepo, git_blob_id, is_lfs, load_mirror
 from atlas.hub.pacing import TIERS, WINDOW_S
 
 # Fault and MirrorRepo are part of what a test drives the hub with; load_mirror is how it is filled.
@@ -184,7 +184,7 @@ class HubServer:
         """Requests for a file (the /resolve/ entry points; redirect hops are in the log too)."""
         return [r for r in self.requests if "/resolve/" in r["path"]]
 
-    # ---- what the handlers ask of the hub (atlas.hub.handlers.ServedHub) ---------------------
+    # ---- what the handlers ask of the hub (atlas.hub.local.handlers.ServedHub) ---------------------
 
     def pause(self, seconds: float) -> None:
         self._pause.wait(seconds)
@@ -473,9 +473,9 @@ def _parse_range(value: str | None, size: int) -> tuple[int, int] | str | None:
 
 
 def _main(argv: list[str]) -> int:
-    """`python -m atlas.hub.server DIR`: serve a mirror until interrupted (prints the endpoint)."""
+    """`python -m atlas.hub.local.server DIR`: serve a mirror until interrupted (prints the endpoint)."""
     if len(argv) != 1:
-        print("usage: python -m atlas.hub.server MIRROR_DIR", file=sys.stderr)
+        print("usage: python -m atlas.hub.local.server MIRROR_DIR", file=sys.stderr)
         return 2
     with HubServer(load_mirror(argv[0])) as hub:
         print(hub.url, flush=True)

@@ -16,7 +16,7 @@ from typing import Any, Protocol, cast
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 from atlas.hub.errors import DISABLED_MESSAGE
-from atlas.hub.mirror import MirrorRepo, chunks, is_lfs
+from atlas.hub.local.mirror import MirrorRepo, chunks, is_lfs
 
 
 
@@ -51,7 +51,7 @@ class Fault:
 
 
 class ServedHub(Protocol):
-    """What the handlers ask of the hub they serve (atlas.hub.server.HubServer)."""
+    """What the handlers ask of the hub they serve (atlas.hub.local.server.HubServer)."""
 
     repos: dict[str, MirrorRepo]
     gated: set[str]
