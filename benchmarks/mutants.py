@@ -205,7 +205,7 @@ MUTANTS = (
            'return Precision("no", f"{where}: no exclusion list and no weight names read", *plain)',
            ("tests/test_mtpprecision.py",), "a quantized config that names no exclusion reads as an unquantized bf16 MTP layer"),
     # coverage by rule
-    Mutant("coverage-ignores-refusal", "metric", "atlas.measure.coverage",
+    Mutant("coverage-ignores-refusal", "metric", "atlas.families.coverage",
            "    if row.refuse:", "    if False:",
            ("tests/test_coverage.py::test_each_mtp_declaring_mirror_config_runs_or_is_refused_by_name",),
            "a refused family (MiniMax) is listed as running in our loop"),

@@ -459,7 +459,7 @@ def test_prefill_uses_the_records_reached_counts_and_skips_smoke_runs(tmp_path: 
 def test_module_8_and_model_pages_say_whether_the_atlas_runner_measures_the_family(course_site) -> None:
     """Generated from the family table: the Runs page lists every row (refused ones with their
     reason), each model page says it for its own model_type."""
-    from atlas.measure.familytable import FAMILIES
+    from atlas.families.table import FAMILIES
 
     layout, models = course_site
     module = parse_html(built(layout, "runs"))

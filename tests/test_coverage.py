@@ -1,7 +1,7 @@
 """Coverage by rule: every MTP-declaring model of the bundled mirror is run by our loop on a
 checkpoint shrunk from its own real config by the project's builder (atlas.measure.oracles, random
 weights: greedy speculative output must equal plain decoding), or refused with the named reason
-that atlas.measure.coverage states for it, or shown not to ship MTP tensors."""
+that atlas.families.coverage states for it, or shown not to ship MTP tensors."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from atlas import AtlasError
 from atlas.fingerprints.rules import fingerprint
 from atlas.measure.checkpoint import load_checkpoint
-from atlas.measure.coverage import coverage
+from atlas.families.coverage import coverage
 from atlas.measure.generate import Sampling, generate_plain, generate_speculative
 from atlas.measure.model import build_fused_model
 from atlas.measure.oracles import LAYOUTS, write_checkpoint

@@ -29,7 +29,7 @@ from atlas.store import db as store
 from atlas.cli import cli
 from atlas.hub import crawl as crawler
 from atlas.measure import conformance, records
-from atlas.measure.familytable import FAMILIES
+from atlas.families.table import FAMILIES
 from atlas.evidence import catalog, changelog as changelog_data, reported, runs as evidence_runs, servable
 from atlas.site import changelog, render
 from atlas.site import reported as reported_section

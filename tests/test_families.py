@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from atlas import AtlasError
 from atlas.measure.families import load_family
-from atlas.measure.familytable import FAMILIES
+from atlas.families.table import FAMILIES
 from atlas.measure.generate import Sampling, generate_plain, generate_speculative
 from atlas.measure.model import build_fused_model, dense_regime
 from atlas.measure.oracles import LAYOUTS, bigram_tables, write_checkpoint
@@ -313,7 +313,7 @@ def test_real_configs_from_the_mirror_get_a_row(tmp_path: Path) -> None:
     """Every bundled real config that declares MTP is matched to its row (tensor names as the
     family ships them), measured or refused by name."""
     from atlas.fingerprints.rules import fingerprint
-    from atlas.measure.familytable import identify
+    from atlas.families.table import identify
     from atlas.paths import ROOT
 
     shipped = {"deepseek_v3": "model.layers.{N}.eh_proj.weight", "glm4_moe": "model.layers.{N}.eh_proj.weight",

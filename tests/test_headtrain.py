@@ -16,7 +16,7 @@ import torch
 from atlas import AtlasError
 from atlas.measure import draftvocab, smollm
 from atlas.measure.families import load_family
-from atlas.measure.familytable import FAMILIES
+from atlas.families.table import FAMILIES
 from atlas.measure.headtrain import data, prompts
 from atlas.measure.headtrain.head import MtpLayer, Shape
 from atlas.measure.headtrain.train import HeadSpec, measure, residual_rms, teacher_pass, train

@@ -20,7 +20,7 @@ from atlas import AtlasError
 from atlas.measure import draftvocab, smollm
 from atlas.measure.checkpoint import transformers_peer
 from atlas.measure.families import load_family
-from atlas.measure.familytable import FAMILIES
+from atlas.families.table import FAMILIES
 from atlas.measure.headtrain.head import MtpLayer, Shape
 from atlas.measure.generate import Sampling, generate_plain, generate_speculative, probs_from_logits
 from atlas.measure.layers import FastLayer

@@ -74,7 +74,7 @@ class Coverage:
     same_tensors: tuple[str, ...] = ()  # model_types that ship the same MTP tensor layout on another model
 
 
-# From atlas.measure.oracles' layouts and atlas.measure.familytable's rows (shipped tensor layout).
+# From atlas.measure.oracles' layouts and atlas.families.table's rows (shipped tensor layout).
 # Qwen3.5 ships Qwen3-Next's `mtp.*` layout; vLLM serves it with its own model class, which the
 # suite did not run, so its cells say the layout was checked as qwen3_next, not the family.
 COVERAGE: dict[str, Coverage] = {

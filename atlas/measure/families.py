@@ -1,5 +1,5 @@
 """The MTP family loader: it builds a checkpoint's MTP layer from its own tensors, by the family
-table's row (atlas.measure.familytable), as the decode loop's MtpHead.
+table's row (atlas.families.table), as the decode loop's MtpHead.
 
 The main model always comes from transformers' own class for the config. The MTP decoder block is
 built by that same class too: the checkpoint is loaded with one extra main layer, and transformers'
@@ -22,7 +22,7 @@ from safetensors import safe_open
 from torch import nn
 
 from atlas import AtlasError
-from atlas.measure.familytable import CHAIN_KEYS, Family, NormStyle, chain_length, chain_refusal, mtp_sublayers
+from atlas.families.table import CHAIN_KEYS, Family, NormStyle, chain_length, chain_refusal, mtp_sublayers
 from atlas.measure.recurrent import time_step_limit
 
 if TYPE_CHECKING:  # transformers loads where a checkpoint does, as in every function here

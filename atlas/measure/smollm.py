@@ -355,7 +355,7 @@ def verify(folder: Path, llama: Any | None = None) -> list[str]:
     from transformers import AutoModelForCausalLM
 
     from atlas.measure.families import load_family
-    from atlas.measure.familytable import FAMILIES
+    from atlas.families.table import FAMILIES
 
     problems: list[str] = []
     with quiet_load_report():

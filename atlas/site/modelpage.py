@@ -237,10 +237,10 @@ def _measured_lines(m: Model, downloads: set[str]) -> list[Any]:
 
 def runner_line(model_type: str | None, n_measured: int = 0) -> Markdown:
     """Whether `atlas measure run` can measure this model's family, and why (the family table's
-    answer, atlas.measure.familytable.measurability), as one escaped line; with what backs a "can
+    answer, atlas.families.table.measurability), as one escaped line; with what backs a "can
     measure" for a model the atlas has not run, and, for one it ran, that it did (`n_measured`
     cells), whether or not a crawl gave it a model_type."""
-    from atlas.measure.familytable import measurability
+    from atlas.families.table import measurability
 
     ran = (f" The atlas's own runner measured this checkpoint: {n_measured} cells, under Measured above."
            if n_measured else "")

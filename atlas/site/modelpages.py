@@ -121,7 +121,7 @@ class Model(BaseModel):
     # crawl, never a Hub model
     provenance: records.Provenance | None = None
     # whether our loop runs its MTP layout, by rule from its stored config and weight names
-    # (atlas.measure.coverage): "runs (...)", "refused: ...", "not shipped: ..."; None: no page
+    # (atlas.families.coverage): "runs (...)", "refused: ...", "not shipped: ..."; None: no page
     runner: str | None = None
     drafter: DrafterLink | None = None  # set when this repo is an MTP drafter of its own
     drafters: list[PublishedDrafter] = []  # MTP drafter repos published for this model
@@ -372,10 +372,10 @@ def _measured_cell(m: dict[str, Any]) -> Measured:
 
 def _runner(con: duckdb.DuckDBPyConnection, latest: int | None, wanted: set[str]) -> dict[str, str]:
     """Our loop's coverage of each wanted model's MTP layout, from its stored config.json and weight
-    names (atlas.measure.coverage, the family table's rules); a config the rules cannot read gets none."""
+    names (atlas.families.coverage, the family table's rules); a config the rules cannot read gets none."""
     from atlas import AtlasError
     from atlas.fingerprints.rules import parse_config_bytes
-    from atlas.measure.coverage import coverage
+    from atlas.families.coverage import coverage
 
     if latest is None or not wanted:
         return {}

@@ -1,7 +1,7 @@
 """Whether our loop (`atlas measure run`) can run one crawled model's MTP layout, by the family
 table's rules applied to its real config and weight names: "runs", "refused" with the reason the
 loader gives, or "not shipped". The same checks the loader makes before it loads anything
-(atlas.measure.familytable), so that the table and the loader cannot disagree;
+(atlas.families.table), so that the table and the loader cannot disagree;
 tests/test_coverage.py shrinks every MTP-declaring config of the bundled mirror with the project's
 own builder (atlas.measure.oracles) and runs or refuses it, to back each line.
 """
@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from atlas import AtlasError
 from atlas.fingerprints.rules import fingerprint
-from atlas.measure.familytable import FAMILIES, chain_length, chain_refusal, mtp_sublayers
+from atlas.families.table import FAMILIES, chain_length, chain_refusal, mtp_sublayers
 
 Verdict = Literal["runs", "refused", "not shipped"]
 RUNS = "runs (tested on checkpoints shrunk from this config)"
