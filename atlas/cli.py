@@ -256,8 +256,8 @@ def _numbers(text: str, option: str, kind: type[int] | type[float]) -> tuple:
 @contextmanager
 def _interrupt_writes_no_record() -> Iterator[None]:
     """A measure run stopped by SIGINT exits 130 and says so; no record is written after the
-    signal (atlas.measure.records.no_record_after_interrupt)."""
-    from atlas.measure.records import no_record_after_interrupt
+    signal (atlas.records.record.no_record_after_interrupt)."""
+    from atlas.records.record import no_record_after_interrupt
 
     try:
         with no_record_after_interrupt():
@@ -321,9 +321,9 @@ def measure_run(engine: str, engine_python: str | None, draft_tokens: str, seed:
                 top_p: float | None, threads: int | None, draft_vocab: int | None, no_peer: bool, quick: bool, out: str | None,
                 tensor_parallel_size: int, pipeline_parallel_size: int, engine_options: tuple[str, ...], engine_schedule: str) -> None:
     """Measure plain vs self-speculative decoding and write one record under --out."""
-    from atlas.measure.checkpoint import DEFAULT_MODEL_PATH
+    from atlas.decode.checkpoint import DEFAULT_MODEL_PATH
     from atlas.measure.options import Options, parse_vllm_options, quick as quick_run
-    from atlas.measure.records import DEFAULT_DIR
+    from atlas.records.record import DEFAULT_DIR
     from atlas.measure.stamp import command_line
     from atlas.paths import project_path
 
@@ -356,7 +356,7 @@ def measure_run(engine: str, engine_python: str | None, draft_tokens: str, seed:
 def measure_import(db: Path, directory: str | None) -> None:
     """Load measurement records into the store (idempotent; bad or tampered files are rejected)."""
     from atlas.store import db as store
-    from atlas.measure import records
+    from atlas.records import record as records
     from atlas.paths import project_path
 
     folder = Path(directory) if directory else project_path(records.DEFAULT_DIR)
@@ -379,7 +379,7 @@ def measure_forget(db: Path, record: str) -> None:
     """Remove an imported record from the store, by its id (12 characters at least) or source path:
     for a record whose file is gone (evidence and export read every imported record's file)."""
     from atlas.store import db as store
-    from atlas.measure import records
+    from atlas.records import record as records
 
     con = store.connect(db)
     try:
@@ -410,7 +410,8 @@ def conformance_group() -> None:
 def conformance_run(engine: str, engine_python: str | None, layouts: str, draft_tokens: str, draft_sampling: str,
                     requests: int, max_new_tokens: int, dtype: str, seed: int, patches: tuple[str, ...], out: str | None) -> None:
     """Run the conformance suite against an engine and write one dated record."""
-    from atlas.measure import conformance, conformancesuite
+    from atlas.conformance import record as conformance
+    from atlas.measure import conformancesuite
     from atlas.measure.engines.vllm_client import find_python
     from atlas.measure.stamp import command_line
     from atlas.paths import project_path
@@ -435,7 +436,7 @@ def conformance_run(engine: str, engine_python: str | None, layouts: str, draft_
 def conformance_show(directory: str | None) -> None:
     """Print the verdicts of every conformance record, grouped by record (named by its file), the
     latest record of each build and hardware marked: that is the one pages and refusals read."""
-    from atlas.measure import conformance
+    from atlas.conformance import record as conformance
     from atlas.paths import project_path
 
     folder = Path(directory) if directory else project_path(conformance.DEFAULT_DIR)

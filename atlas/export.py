@@ -30,7 +30,7 @@ from atlas.exportformat import (CARD, CSV_NOTE, DICTIONARY, FORMATS, MANIFEST, F
                                 read_manifest)
 from atlas.paths import published
 from atlas.evidence import catalog, changelog
-from atlas.measure import records
+from atlas.records import record as records
 
 DEFAULT_OUT = "build/data"
 

@@ -40,13 +40,13 @@ class Mutant:
     why: str
 
 
-LOOP = "atlas.measure.generate"
-RECURRENT = "atlas.measure.recurrent"
-GATING = "atlas.measure.gating"
+LOOP = "atlas.decode.generate"
+RECURRENT = "atlas.decode.recurrent"
+GATING = "atlas.records.gating"
 CELLS = "atlas.measure.cells"
-MODEL = "atlas.measure.model"
-KERNELS = "atlas.measure.kernels"
-LAYERS = "atlas.measure.layers"
+MODEL = "atlas.decode.model"
+KERNELS = "atlas.decode.kernels"
+LAYERS = "atlas.decode.layers"
 MUTANTS = (
     Mutant("reused-uniform", "lossy", LOOP,
            "r = torch.rand(k, generator=gen, device=p.device)",
@@ -188,11 +188,11 @@ MUTANTS = (
            "before = chain_ok.get((r, jj), True) if s > 0 else True", ("tests/test_headtrain.py",),
            "held-out acceptance counts chains whose earlier drafts target prompt tokens"),
     # issue 24: the MTP layer's own head/embedding (used where shipped, the target's bound where not)
-    Mutant("mtp-embed-copy-ignored", "metric", "atlas.measure.families",
+    Mutant("mtp-embed-copy-ignored", "metric", "atlas.decode.mtphead",
            "            embed = tensor(glue + family.own_embed)\n", "            pass\n",
            ("tests/test_families.py::test_random_checkpoint_with_or_without_layer_local_copies_is_faithful_and_lossless",),
            "the target's embedding drafts where the checkpoint ships the MTP layer's own copy"),
-    Mutant("mtp-shared-unrecorded", "metric", "atlas.measure.families",
+    Mutant("mtp-shared-unrecorded", "metric", "atlas.decode.mtphead",
            "            shared[glue + family.own_head] = target_name(model.lm_head.weight)", "            pass",
            ("tests/test_families.py::test_oracle_with_or_without_layer_local_copies_accepts_every_draft",),
            "the target's lm_head is bound in place of a missing shared_head.head without the record saying so"),

@@ -293,7 +293,7 @@ def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list
     repeat's speed-up."""
     import hashlib
 
-    from atlas.measure import gating, records, runcontext
+    from atlas.records import gating, record as records, runcontext
 
     costs = records.PassCosts(plain=0.01, verify={1: 0.012, 2: 0.013}, draft=0.002)
     cells = []
@@ -335,7 +335,7 @@ def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list
 def import_folder(db: Path, folder: Path) -> int:
     """`atlas measure import` of `folder` into the store at `db`, as the CLI runs it: how many
     records were loaded; a rejected record fails the test."""
-    from atlas.measure import records
+    from atlas.records import record as records
 
     con = store.connect(db)
     try:

@@ -12,7 +12,7 @@ from site_helpers import HOSTILE_ID, REPO, hostile_store, plant_measurement
 from atlas import AtlasError
 from atlas.store import db as store
 from atlas.evidence import catalog, reported, servable
-from atlas.measure import conformance
+from atlas.conformance import record as conformance
 
 EVIDENCE = REPO / "evidence"
 

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from atlas.cli import cli
-from atlas.measure import conformance, conformancesuite
+from atlas.conformance import record as conformance
+from atlas.measure import conformancesuite
 from atlas.site import conformance_table
 
 ALPHA = conformance.ALPHA

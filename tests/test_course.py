@@ -1,6 +1,6 @@
 """Module 8 as a course: the reported claim level (schema, its own box, never measured), the
 diagrams (drawn from the fingerprint rules and the worked round's data), the worked round against
-atlas.measure.theory, the calculator's prefill from a real record, and one page per qualifying
+atlas.records.theory, the calculator's prefill from a real record, and one page per qualifying
 model plus the finder — all through the built site of a hostile two-snapshot store."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from site_helpers import (
 from atlas import AtlasError
 from atlas.store import db as store
 from atlas.fingerprints import rules as fingerprints
-from atlas.measure import theory
+from atlas.records import theory
 from atlas.evidence import reported as reported_figures, servable
 from atlas.site import diagrams, evidence, evidence_file, modelfinder, modelpage, modelpages, render, reported, worked_round
 from atlas.site.mdsafe import escape
@@ -40,7 +40,7 @@ MATRIX = REPO / "evidence" / "servable.toml"
 def release_t0(layout: str) -> str:
     """The T = 0 verdict the rule gives on `layout` for the release (unpatched) build, from the
     newest committed record that ran it with power (what the pages show), read, not typed here."""
-    from atlas.measure import conformance
+    from atlas.conformance import record as conformance
 
     rows = [v for v in conformance.current_verdicts(conformance.load_records(REPO / "evidence" / "conformance"))
             if not v.patched and v.layout == layout and v.temperature == "0"]

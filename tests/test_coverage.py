@@ -15,10 +15,10 @@ from safetensors.torch import save_file
 
 from atlas import AtlasError
 from atlas.fingerprints.rules import fingerprint
-from atlas.measure.checkpoint import load_checkpoint
+from atlas.decode.checkpoint import load_checkpoint
 from atlas.families.coverage import coverage
-from atlas.measure.generate import Sampling, generate_plain, generate_speculative
-from atlas.measure.model import build_fused_model
+from atlas.decode.generate import Sampling, generate_plain, generate_speculative
+from atlas.decode.model import build_fused_model
 from atlas.measure.oracles import LAYOUTS, write_checkpoint
 
 CPU = torch.device("cpu")

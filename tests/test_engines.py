@@ -17,14 +17,14 @@ from safetensors.torch import load_file
 
 from atlas import AtlasError
 from atlas.cli import cli
-from atlas.measure import conformance, conformancestats
+from atlas.conformance import record as conformance, stats as conformancestats
 from atlas.site import conformance_table
 from atlas.measure.engines.convert import convert_mellum, qwen3_next_config
 from atlas.measure.engines.vllm_engine import cross_check, to_run_stats
 from atlas.measure.options import parse_vllm_options
 from atlas.measure.engines.vllm_client import Driver, Generated, Result
-from atlas.measure.records import read_record
-from atlas.measure.checkpoint import DEFAULT_MODEL
+from atlas.records.record import read_record
+from atlas.decode.checkpoint import DEFAULT_MODEL
 
 FAKE = Path(__file__).parent / "fake_vllm"
 needs_team = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="team checkpoint not built yet")
@@ -315,7 +315,7 @@ def _independent_counts(prompts: list[list[str]], k: int) -> dict[str, object]:
 
 def test_round_counts_equal_an_independent_count_over_several_prompts() -> None:
     from atlas.measure.cells import RepeatCounts
-    from atlas.measure.generate import RoundCounts, RunStats
+    from atlas.decode.generate import RoundCounts, RunStats
 
     k = 3
     repeat = RepeatCounts()
@@ -338,7 +338,7 @@ def test_round_counts_equal_an_independent_count_over_several_prompts() -> None:
 
 @pytest.mark.parametrize("bad", [(2, 3), (4, 1), (-1, 0)])
 def test_a_round_that_cannot_be_is_refused(bad: tuple[int, int]) -> None:
-    from atlas.measure.generate import RoundCounts
+    from atlas.decode.generate import RoundCounts
 
     with pytest.raises(AtlasError, match="drafts, where at most 3 are drafted per round"):
         RoundCounts(3).observe(*bad)
@@ -347,7 +347,7 @@ def test_a_round_that_cannot_be_is_refused(bad: tuple[int, int]) -> None:
 def test_every_engine_feeds_the_same_round_counts() -> None:
     """The same rounds reach the record alike from our loop's, transformers' and vLLM's reports."""
     from atlas.measure.engines.transformers_engine import round_counts
-    from atlas.measure.generate import RoundCounts
+    from atlas.decode.generate import RoundCounts
 
     for rounds in PROMPT_ROUNDS:
         ours = RoundCounts(3)
@@ -364,10 +364,10 @@ def test_every_engine_feeds_the_same_round_counts() -> None:
 
 @needs_team
 def test_transformers_peer_and_our_loop_report_the_same_acceptance_on_the_same_rounds() -> None:
-    from atlas.measure.checkpoint import load_checkpoint
+    from atlas.decode.checkpoint import load_checkpoint
     from atlas.measure.engines.transformers_engine import Peer
-    from atlas.measure.generate import Sampling, generate_speculative
-    from atlas.measure.model import build_fused_model
+    from atlas.decode.generate import Sampling, generate_speculative
+    from atlas.decode.model import build_fused_model
 
     loaded = load_checkpoint(str(DEFAULT_MODEL), torch.device("cpu"), torch.float32)
     peer = Peer(loaded.model, torch.device("cpu"), loaded.transformers_mtp)

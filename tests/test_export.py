@@ -28,7 +28,8 @@ from atlas import AtlasError, croissant, export, exportformat
 from atlas.store import db as store
 from atlas.cli import cli
 from atlas.hub import crawl as crawler
-from atlas.measure import conformance, records
+from atlas.conformance import record as conformance
+from atlas.records import record as records
 from atlas.families.table import FAMILIES
 from atlas.evidence import catalog, changelog as changelog_data, reported, runs as evidence_runs, servable
 from atlas.site import changelog, render

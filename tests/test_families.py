@@ -17,13 +17,13 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from atlas import AtlasError
-from atlas.measure.families import load_family
+from atlas.decode.mtphead import load_family
 from atlas.families.table import FAMILIES
-from atlas.measure.generate import Sampling, generate_plain, generate_speculative
-from atlas.measure.model import build_fused_model, dense_regime
+from atlas.decode.generate import Sampling, generate_plain, generate_speculative
+from atlas.decode.model import build_fused_model, dense_regime
 from atlas.measure.oracles import LAYOUTS, bigram_tables, write_checkpoint
-from atlas.measure.checkpoint import load_checkpoint
-from atlas.measure.theory import bigram_acceptance
+from atlas.decode.checkpoint import load_checkpoint
+from atlas.records.theory import bigram_acceptance
 
 CPU = torch.device("cpu")
 PROMPT = [5, 9, 33, 2, 7, 100, 4]
@@ -189,7 +189,7 @@ def test_oracle_greedy_acceptance_is_exactly_one(tmp_path: Path, family: str) ->
 def test_oracle_sampled_acceptance_matches_the_closed_form(tmp_path: Path, family: str, k: int) -> None:
     """draft_scale 0.6: the MTP head's law is a flattened copy of the main model's, so at T = 1 the
     expected drafted and accepted counts per position follow exactly from the two [V, V] tables
-    (atlas.measure.theory.bigram_acceptance); the loop's means must agree within 4.5 standard errors."""
+    (atlas.records.theory.bigram_acceptance); the loop's means must agree within 4.5 standard errors."""
     folder, got = loaded(tmp_path, family, "oracle", DEPTHS.get(family, (2,))[0], draft_scale=0.6)
     assert_sampled_acceptance_is_exact(folder, family, got, k)
 

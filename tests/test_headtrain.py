@@ -14,15 +14,16 @@ import pytest
 import torch
 
 from atlas import AtlasError
-from atlas.measure import draftvocab, smollm
-from atlas.measure.families import load_family
+from atlas.decode import draftvocab
+from atlas.measure import smollm
+from atlas.decode.mtphead import load_family
 from atlas.families.table import FAMILIES
 from atlas.measure.headtrain import data, prompts
 from atlas.measure.headtrain.head import MtpLayer, Shape
 from atlas.measure.headtrain.train import HeadSpec, measure, residual_rms, teacher_pass, train
-from atlas.measure.model import build_fused_model
+from atlas.decode.model import build_fused_model
 from atlas.measure.teamcorpus import build_tokenizer
-from atlas.measure.workloads import PROMPT_SETS, load_prompt_set
+from atlas.records.workloads import PROMPT_SETS, load_prompt_set
 from tests.test_smollm import tiny_llama
 
 GLM = next(f for f in FAMILIES if f.name == "GLM-4-MoE")

@@ -18,7 +18,8 @@ from site_helpers import REPO, crawl_mirror, import_folder, parse_html, site_cop
 from test_hostile_records import _assert_inert
 
 from atlas import AtlasError, export
-from atlas.measure import conformance, records
+from atlas.conformance import record as conformance
+from atlas.records import record as records
 from atlas.site import evidence, mdsafe, modelpages, render
 from atlas.evidence import reported as reported_figures
 from atlas.evidence import servable as servable_matrix

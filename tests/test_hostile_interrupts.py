@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from atlas.cli import cli
-from atlas.measure import records
+from atlas.records import record as records
 from atlas.measure.engines import atlas_engine
 from atlas.measure.oracles import write_checkpoint
 

@@ -36,7 +36,7 @@ from site_helpers import REPO, hostile_store, parse_html, site_copy
 from atlas import AtlasError
 from atlas.store import db as store
 from atlas.cli import cli
-from atlas.measure import gating, recordfields, records, runcontext
+from atlas.records import gating, fields as recordfields, record as records, runcontext
 from atlas.site import evidence, modelfinder, modelpages, render
 
 # ---- 1. injection -------------------------------------------------------------------------------

@@ -102,9 +102,9 @@ def test_an_oracle_checkpoint_from_a_config_carrying_mlp_layer_types_loads(tmp_p
     one entry per layer of 78) shrunk into a tiny GLM-5 checkpoint: loaded and decoded, where an
     uncut mlp_layer_types made transformers refuse the config."""
     from atlas.measure import oracles
-    from atlas.measure.checkpoint import load_checkpoint
-    from atlas.measure.generate import Sampling, generate_plain, generate_speculative
-    from atlas.measure.model import build_fused_model
+    from atlas.decode.checkpoint import load_checkpoint
+    from atlas.decode.generate import Sampling, generate_plain, generate_speculative
+    from atlas.decode.model import build_fused_model
 
     name = oracles.LAYOUTS["glm_moe_dsa"].mirror
     published = json.loads((MIRROR / str(name) / "config.json").read_text())

@@ -12,7 +12,7 @@ from site_helpers import parse_html
 from test_evidence import site_markdown
 
 from atlas.evidence.runs import Run
-from atlas.measure import gating, records, runcontext
+from atlas.records import gating, record as records, runcontext
 from atlas.site import measured, runpages
 
 COSTS = records.PassCosts(plain=0.010, verify={1: 0.0153}, draft=0.0021)

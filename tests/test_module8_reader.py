@@ -14,7 +14,8 @@ import pytest
 from site_helpers import REPO, build_demo_site, parse_html
 
 from atlas.store import db as store
-from atlas.measure import conformance, gating, records
+from atlas.conformance import record as conformance
+from atlas.records import gating, record as records
 from atlas.site import evidence, measured, modelpages, render
 from atlas.site import evidence_file, runpages
 

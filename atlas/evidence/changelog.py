@@ -27,7 +27,7 @@ from atlas.evidence import servable as servable_matrix
 from atlas.evidence.catalog import Catalog
 from atlas.evidence.runs import Run
 from atlas.jsonfile import read_written
-from atlas.measure import conformance
+from atlas.conformance import record as conformance
 from atlas.paths import published
 
 FILE_NAME = "changelog.json"

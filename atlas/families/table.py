@@ -11,7 +11,7 @@ a row with `refuse` set: the loader names it and says why, instead of guessing.
 
 No torch here: the site, the finder, coverage, the evidence and the export read these words, and
 `atlas site build` must not load a tensor library for them. The loader that builds a row's MTP
-layer from a checkpoint's tensors is atlas.measure.families.
+layer from a checkpoint's tensors is atlas.decode.mtphead.
 """
 
 from __future__ import annotations

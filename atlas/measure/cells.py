@@ -10,9 +10,9 @@ import hashlib
 import statistics
 from dataclasses import dataclass
 
-from atlas.measure.gating import derive, gate
-from atlas.measure.generate import RunStats
-from atlas.measure.records import Cell, PassCosts, Repeat
+from atlas.records.gating import derive, gate
+from atlas.decode.generate import RunStats
+from atlas.records.record import Cell, PassCosts, Repeat
 
 
 @dataclass

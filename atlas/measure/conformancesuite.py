@@ -1,5 +1,5 @@
 """The conformance suite: every check, for every layout, run through one vLLM driver on the
-layout's oracle and random checkpoints, gathered into one ConformanceRecord (atlas.measure.conformance).
+layout's oracle and random checkpoints, gathered into one ConformanceRecord (atlas.conformance.record).
 """
 
 from __future__ import annotations
@@ -15,9 +15,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from atlas import AtlasError
-from atlas.measure.conformance import (ALPHA, ENGINE_SHAPES, LAYOUTS, RANDOM_HEAD_ACCEPTANCE, SCHEMA_VERSION, AppliedPatch, Check,
-                                       ConformanceRecord, distribution_passed, known_causes)
-from atlas.measure.conformancestats import acceptance_test, distribution_test
+from atlas.conformance.record import (
+    ALPHA,
+    ENGINE_SHAPES,
+    LAYOUTS,
+    RANDOM_HEAD_ACCEPTANCE,
+    SCHEMA_VERSION,
+    AppliedPatch,
+    Check,
+    ConformanceRecord,
+    distribution_passed,
+    known_causes,
+)
+from atlas.conformance.stats import acceptance_test, distribution_test
 from atlas.measure.engines.convert import without_remote_code
 
 if TYPE_CHECKING:  # the driver's client is loaded when a suite runs

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from atlas import AtlasError
-from atlas.measure.checkpoint import DEFAULT_MODEL
-from atlas.measure.gating import MIN_GATE_REPEATS
-from atlas.measure.records import DEFAULT_DIR, SCHEMA_VERSION, Cell, Record, read_provenance
-from atlas.measure.runcontext import Hardware, Settings
+from atlas.decode.checkpoint import DEFAULT_MODEL
+from atlas.records.gating import MIN_GATE_REPEATS
+from atlas.records.record import DEFAULT_DIR, SCHEMA_VERSION, Cell, Record, read_provenance
+from atlas.records.runcontext import Hardware, Settings
 from atlas.measure.stamp import load_average, software
-from atlas.measure.workloads import PromptSet
+from atlas.records.workloads import PromptSet
 from atlas.paths import ROOT
 
 MAX_PROMPT_TOKENS = 256
@@ -41,9 +41,9 @@ class Options:
     revision: str | None = None
     endpoint: str | None = None
     device: str = "auto"
-    device_map: str | None = None  # auto, auto+cpu or DEVICE=FIRST-LAST,... (atlas.measure.placement)
+    device_map: str | None = None  # auto, auto+cpu or DEVICE=FIRST-LAST,... (atlas.decode.placement)
     dtype: str = "float32"
-    prompt_set: str | None = None  # a bundled prompt set by name (atlas.measure.workloads.PROMPT_SETS); None: the default
+    prompt_set: str | None = None  # a bundled prompt set by name (atlas.records.workloads.PROMPT_SETS); None: the default
     workloads: list[str] | None = None
     temperatures: tuple[float, ...] = (0.0, 1.0)
     draft_tokens: tuple[int, ...] = (1, 2, 3)
@@ -54,7 +54,7 @@ class Options:
     top_k: int | None = None
     top_p: float | None = None
     threads: int | None = None
-    draft_vocab: int | None = None  # our loop: the MTP head scores only the N most frequent training tokens (atlas.measure.draftvocab)
+    draft_vocab: int | None = None  # our loop: the MTP head scores only the N most frequent training tokens (atlas.decode.draftvocab)
     peer: bool = True
     vllm: VllmOptions = field(default_factory=VllmOptions)
     out: Path = ROOT / DEFAULT_DIR

@@ -9,12 +9,12 @@ family's real tensor names), in two modes:
   token embedding through, its block's branches are zero, and its final norm is the main final
   norm times `draft_scale`. So the draft distribution is softmax(draft_scale · main logits of that
   token): with draft_scale = 1 greedy acceptance is exactly 1 at every k, and for any scale the
-  expected T = 1 acceptance follows in closed form from `bigram_tables` (atlas.measure.theory).
+  expected T = 1 acceptance follows in closed form from `bigram_tables` (atlas.records.theory).
   With `disagree` the final norm is also perturbed, so the draft's argmax differs from the main
   model's on some tokens: T = 0 acceptance is then known (the argmax tables) and below 1 too.
 
 The layouts are written here from the families' published inference code (names per
-../shared/research-notes), independently of atlas.measure.families, which reads them: a naming
+../shared/research-notes), independently of atlas.decode.mtphead, which reads them: a naming
 slip in one is caught by tests that load the other. The main model's own tensors come from
 transformers' save_pretrained of its class, so they carry the checkpoint names transformers loads.
 Overrides let an engine's shape limits be met (e.g. vLLM on CPU: head sizes 32..256, MLA with

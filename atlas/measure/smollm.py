@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atlas import AtlasError, outdir
-from atlas.measure import draftvocab
-from atlas.measure.records import PROVENANCE_FILE, Provenance
+from atlas.decode import draftvocab
+from atlas.records.record import PROVENANCE_FILE, Provenance
 from atlas.paths import ROOT
 
 if TYPE_CHECKING:
@@ -237,7 +237,7 @@ def read_head(head_dir: Path = HEAD_DIR) -> tuple[dict[str, torch.Tensor], dict[
 
 
 def provenance(recipe: dict[str, Any]) -> dict[str, Any]:
-    """What a measurement record copies from the checkpoint folder (atlas.measure.records.Provenance)."""
+    """What a measurement record copies from the checkpoint folder (atlas.records.record.Provenance)."""
     return {
         "kind": KIND,
         "project_made": True,
@@ -354,7 +354,7 @@ def verify(folder: Path, llama: Any | None = None) -> list[str]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from atlas.measure.families import load_family
+    from atlas.decode.mtphead import load_family
     from atlas.families.table import FAMILIES
 
     problems: list[str] = []

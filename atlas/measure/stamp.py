@@ -15,8 +15,8 @@ import torch
 
 from atlas import __version__
 from atlas.hub import redact
-from atlas.measure.placement import Placement
-from atlas.measure.runcontext import Hardware, Software
+from atlas.decode.placement import Placement
+from atlas.records.runcontext import Hardware, Software
 from atlas.paths import ROOT
 
 

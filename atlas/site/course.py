@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from atlas import AtlasError
 from atlas.evidence import reported as reported_figures
-from atlas.measure import gating
+from atlas.records import gating
 from atlas.site import diagrams, measured, modelpage, modelpages, reported, widgets, worked_round
 from atlas.site.mdsafe import Markdown, escape
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import duckdb
 
 from atlas import croissant, exportformat
-from atlas.measure import conformance, records
+from atlas.conformance import record as conformance
+from atlas.records import record as records
 from atlas.evidence import changelog as changelog_data
 from atlas.site import changelog
 from atlas.site.mdsafe import Markdown, code, escape, file_link, table

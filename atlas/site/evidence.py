@@ -30,7 +30,7 @@ from atlas.hub.local.mirror import MIRROR_FILE, MIRROR_PREFIX, load_mirror_date
 from atlas.evidence import catalog
 from atlas.evidence import runs as evidence_runs
 from atlas.evidence import servable as servable_matrix
-from atlas.measure import conformance
+from atlas.conformance import record as conformance
 from atlas.site import present_claims, runpages, servable_tables
 from atlas.site import measured as measured_section
 from atlas.site.evidence_file import Evidence, Facts, write

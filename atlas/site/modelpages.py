@@ -30,7 +30,7 @@ from pydantic import BaseModel
 from atlas import AtlasError
 from atlas.evidence import catalog
 from atlas.evidence import servable as servable_matrix
-from atlas.measure import records
+from atlas.records import record as records
 from atlas.paths import replace_text
 from atlas.jsonfile import read_written
 from atlas.site.evidence_format import date_text

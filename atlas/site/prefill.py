@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from atlas import AtlasError
-from atlas.measure import records
+from atlas.records import record as records
 from atlas.site.evidence_format import date_text
 from atlas.site.widgets import Prefill
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 if TYPE_CHECKING:
     from atlas.measure.options import Options
-    from atlas.measure.records import Record
+    from atlas.records.record import Record
 
 
 class EngineModule(Protocol):

@@ -15,19 +15,19 @@ from pathlib import Path
 import torch
 
 from atlas import AtlasError, __version__
-from atlas.measure import draftvocab
+from atlas.decode import draftvocab
 from atlas.measure.cells import RepeatCounts, build_cell, progress_line, seed_for
-from atlas.measure.checkpoint import Loaded, load_checkpoint, pick_device, place_model, resolve
+from atlas.decode.checkpoint import Loaded, load_checkpoint, pick_device, place_model, resolve
 from atlas.measure.engines.transformers_engine import PEER_BASELINE, Peer
-from atlas.measure.generate import RunStats, Sampling, Stopwatch, generate_plain, generate_speculative
-from atlas.measure.model import FusedModel, build_fused_model, dense_regime
+from atlas.decode.generate import RunStats, Sampling, Stopwatch, generate_plain, generate_speculative
+from atlas.decode.model import FusedModel, build_fused_model, dense_regime
 from atlas.measure.options import MAX_PROMPT_TOKENS, Options, VllmOptions, new_record
-from atlas.measure.placement import Placement
-from atlas.measure.recurrent import summary as recurrent_summary
-from atlas.measure.records import Cell, PassCosts, Record, Repeat, write_record
-from atlas.measure.runcontext import RecurrentState
+from atlas.decode.placement import Placement
+from atlas.decode.recurrent import summary as recurrent_summary
+from atlas.records.record import Cell, PassCosts, Record, Repeat, write_record
+from atlas.records.runcontext import RecurrentState
 from atlas.measure.stamp import hardware, load_average
-from atlas.measure.workloads import load_prompt_set
+from atlas.records.workloads import load_prompt_set
 
 ATLAS_BASELINE = "atlas plain decoder, same model and static cache (MTP prefill counted on the speculative side)"
 
@@ -198,7 +198,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     ks = sorted(set(options.draft_tokens))
     longest = max(len(p) for ps in prompts.values() for p in ps)
     regime = None
-    dense_limit = getattr(model.config.get_text_config(), "index_topk", None)  # DSA: see atlas.measure.families.AllKeys
+    dense_limit = getattr(model.config.get_text_config(), "index_topk", None)  # DSA: see atlas.decode.mtphead.AllKeys
     if dense_limit is not None:
         regime = dense_regime(loaded.family, dense_limit, longest, options.max_new_tokens)
         log(f"regime: {regime}")

@@ -10,9 +10,9 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from atlas import AtlasError
-from atlas.measure.generate import RoundCounts, RunStats, Sampling, Stopwatch
+from atlas.decode.generate import RoundCounts, RunStats, Sampling, Stopwatch
 from atlas.measure.options import Options
-from atlas.measure.records import Record
+from atlas.records.record import Record
 
 PEER_BASELINE = "transformers plain generate; decode phase timed from its first new token (after the main prefill and use_mtp's MTP load)"
 

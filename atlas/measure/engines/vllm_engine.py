@@ -20,11 +20,11 @@ from atlas import AtlasError
 from atlas.measure.engines.convert import (config_for_the_engine, convert_glm, convert_mellum, glm_needs_rewrite, needs_conversion,
                                            without_remote_code)
 from atlas.measure.engines.vllm_client import Counters, Driver, Generated, Hello, Loaded, Result, find_python
-from atlas.measure.gating import is_greedy
-from atlas.measure.generate import RoundCounts, RunStats
+from atlas.records.gating import is_greedy
+from atlas.decode.generate import RoundCounts, RunStats
 from atlas.measure.options import MAX_PROMPT_TOKENS, Options, new_record
-from atlas.measure.records import Cell, Record, Repeat, write_record
-from atlas.measure.runcontext import EngineRun, Hardware
+from atlas.records.record import Cell, Record, Repeat, write_record
+from atlas.records.runcontext import EngineRun, Hardware
 from atlas.paths import ROOT
 
 VLLM_BASELINE = "vLLM k=0 engine (plain decoding), same version, options and prompts; runs interleaved"
@@ -56,7 +56,7 @@ def prepare_checkpoint(folder: Path) -> tuple[Path, str, dict[str, Any] | None]:
     unchanged), so is an all-dense or tied GLM-4-MoE one (exactly; engines.convert); one whose
     config names remote code is linked there with that config rewritten."""
     config = json.loads((folder / "config.json").read_text())
-    from atlas.measure.checkpoint import digest
+    from atlas.decode.checkpoint import digest
 
     if without_remote_code(config) is not None:  # linked, config rewritten; the source untouched
         target = CONVERTED / ("plain-" + digest(folder).removeprefix("sha256:")[:16])
@@ -196,11 +196,11 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     and schedule); write and return the record."""
     from transformers import AutoTokenizer
 
-    from atlas.measure import conformance
+    from atlas.conformance import record as conformance
     from atlas.measure.cells import build_cell, seed_for
-    from atlas.measure.checkpoint import resolve
+    from atlas.decode.checkpoint import resolve
     from atlas.measure.stamp import load_average
-    from atlas.measure.workloads import load_prompt_set
+    from atlas.records.workloads import load_prompt_set
 
     vllm = options.vllm
     python = find_python(vllm.python)

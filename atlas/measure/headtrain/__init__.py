@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from atlas import __version__
-from atlas.measure import draftvocab, smollm
+from atlas.decode import draftvocab
+from atlas.measure import smollm
 from atlas.measure.headtrain import data
 from atlas.measure.headtrain.head import INITS
 from atlas.measure.headtrain.train import HeadSpec, Teacher, Trained, subset, teacher_pass, train

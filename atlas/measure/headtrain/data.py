@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field
 from atlas import AtlasError, __version__
 from atlas.measure.headtrain import prompts as prompt_file
 from atlas.measure.headtrain.prompts import Prompt
-from atlas.measure.workloads import chat_ids
+from atlas.records.workloads import chat_ids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -5,7 +5,7 @@ are seeded numbers or random characters; `expand` turns it into one list, determ
 file and its seed. Summarise prompts come in a second stage: they wrap passages that the main model
 itself wrote in the first, so the set needs no borrowed text (`summarise_prompts`).
 
-The measurement prompts (atlas.measure.workloads) must never be trained on: `overlaps` finds any
+The measurement prompts (atlas.records.workloads) must never be trained on: `overlaps` finds any
 training prompt that shares a run of OVERLAP_WORDS words with one of them, and the tests assert that
 there is none.
 """

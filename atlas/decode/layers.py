@@ -1,6 +1,6 @@
 """The fused model's layers over static, position-addressed caches: a standard pre-norm layer as
 fused tensors (FastLayer), any other layer as its transformers module (ModuleLayer) or a recurrent
-one (atlas.measure.recurrent), with the RoPE tables, causal masks and one forward of each kind.
+one (atlas.decode.recurrent), with the RoPE tables, causal masks and one forward of each kind.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from atlas.measure.kernels import Linear, fused, rms_of, unit
-from atlas.measure.recurrent import RecurrentLayer, recurrent_forward, recurrent_layer
+from atlas.decode.kernels import Linear, fused, rms_of, unit
+from atlas.decode.recurrent import RecurrentLayer, recurrent_forward, recurrent_layer
 
 
 class SlotCache:

@@ -9,9 +9,9 @@ import statistics
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from atlas.measure.recordfields import Verdict
-from atlas.measure.records import Cell, Derived, GateDecision, PassCosts, Record, Repeat
-from atlas.measure.theory import conditional_acceptance, ideal_speedup as ideal_from_costs
+from atlas.records.fields import Verdict
+from atlas.records.record import Cell, Derived, GateDecision, PassCosts, Record, Repeat
+from atlas.records.theory import conditional_acceptance, ideal_speedup as ideal_from_costs
 
 # A speed-up is baseline seconds / speculative seconds of the same tokens. Timing noise on a loaded
 # machine gave 0.01x-93x, so the bounds leave room for that and only refuse what cannot be a
@@ -35,7 +35,7 @@ def _ratio(a: float, b: float) -> float | None:
 def ideal_speedup(mean_accepted_length: float | None, k: int, costs: PassCosts) -> float | None:
     """What the measured acceptance allows with the measured pass costs: per verify pass the loop
     emits `mean_accepted_length` tokens and spends one (k+1)-row verify plus k MTP steps, where
-    plain decoding spends one 1-row step per token (atlas.measure.theory.ideal_speedup)."""
+    plain decoding spends one 1-row step per token (atlas.records.theory.ideal_speedup)."""
     verify = costs.verify.get(k)
     if mean_accepted_length is None or verify is None:
         return None

@@ -23,13 +23,13 @@ from torch import nn
 
 from atlas import AtlasError
 from atlas.families.table import CHAIN_KEYS, Family, NormStyle, chain_length, chain_refusal, mtp_sublayers
-from atlas.measure.recurrent import time_step_limit
+from atlas.decode.recurrent import time_step_limit
 
 if TYPE_CHECKING:  # transformers loads where a checkpoint does, as in every function here
     from transformers import PretrainedConfig
 
 # Main-model layer kinds the loop can roll back: attention by overwriting its position-addressed
-# cache, Gated DeltaNet ("linear_attention") by its per-position state slots (atlas.measure.recurrent).
+# cache, Gated DeltaNet ("linear_attention") by its per-position state slots (atlas.decode.recurrent).
 # Nemotron-H's "linear_attention" is a Mamba2 layer (same slots); its "moe" and "mlp" blocks keep no state.
 ROLLBACK_OK = {"full_attention", "sliding_attention", "linear_attention", "moe", "mlp"}
 

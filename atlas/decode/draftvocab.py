@@ -28,7 +28,7 @@ FILE = "draft_vocab.json"
 def write(folder: Path, counts: Counter[int], source: str) -> dict[str, Any]:
     """Token ids by descending frequency (ties by id), with their counts and where they were counted."""
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    table = {"what": "token ids by frequency, for a cut draft vocabulary (atlas.measure.draftvocab)", "source": source,
+    table = {"what": "token ids by frequency, for a cut draft vocabulary (atlas.decode.draftvocab)", "source": source,
              "tokens_counted": sum(counts.values()), "token_ids": [t for t, _ in ranked], "counts": [c for _, c in ranked]}
     (folder / FILE).write_text(json.dumps(table, separators=(",", ":")) + "\n")
     return table

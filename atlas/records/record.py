@@ -6,10 +6,10 @@ the figures derived from them. Import recomputes every derived figure from the r
 rejects the file when one disagrees, so a hand-edited speed-up cannot reach the site; counts that
 cannot happen (more accepted drafts plus verify passes than tokens, efficiency far above 1, absurd
 seconds) are rejected by name. These files are also how a GPU box hands results back.
-The derivation, the gate and those checks are atlas.measure.gating; the bounded field types
-atlas.measure.recordfields; the machine, software, settings and engine a run had atlas.measure.runcontext.
+The derivation, the gate and those checks are atlas.records.gating; the bounded field types
+atlas.records.fields; the machine, software, settings and engine a run had atlas.records.runcontext.
 
-Acceptance, named precisely (atlas.measure.theory has the formulas):
+Acceptance, named precisely (atlas.records.theory has the formulas):
 - `acceptance_rate`: accepted / drafted, pooled over positions (every drafted token counts);
 - `per_position_acceptance`: accepted_i / drafted_i, unconditional per position;
 - `conditional_acceptance`: accepted_i / reached_i, P(draft i accepted | drafts before it accepted),
@@ -39,9 +39,25 @@ from pydantic import ConfigDict, Field, SerializerFunctionWrapHandler, Validatio
 
 from atlas import AtlasError
 from atlas.hub import redact
-from atlas.measure.recordfields import (MAX_CELLS, MAX_DRAFT_TOKENS, MAX_NEW_TOKENS, MAX_PROMPTS, MAX_REPEATS, REVISION, Count,
-                                        DraftTokens, Name, PerPosition, Seconds, Strict, Temperature, Text, Verdict, with_verdict)
-from atlas.measure.runcontext import EngineRun, Hardware, RecurrentState, Settings, Software
+from atlas.records.fields import (
+    MAX_CELLS,
+    MAX_DRAFT_TOKENS,
+    MAX_NEW_TOKENS,
+    MAX_PROMPTS,
+    MAX_REPEATS,
+    REVISION,
+    Count,
+    DraftTokens,
+    Name,
+    PerPosition,
+    Seconds,
+    Strict,
+    Temperature,
+    Text,
+    Verdict,
+    with_verdict,
+)
+from atlas.records.runcontext import EngineRun, Hardware, RecurrentState, Settings, Software
 from atlas.paths import ROOT
 
 if TYPE_CHECKING:  # the store's engine is needed to import records, not to write them (a GPU run ships without it)
@@ -232,7 +248,7 @@ class Record(Strict):
     @model_validator(mode="after")
     def _fill_gates(self) -> "Record":
         if not self.gates:
-            from atlas.measure.gating import decide  # gating reads these models: imported here, not at the top, to stay acyclic
+            from atlas.records.gating import decide  # gating reads these models: imported here, not at the top, to stay acyclic
 
             self.gates = decide(self.cells)
         return self
@@ -279,7 +295,7 @@ def _read_bounded(path: Path) -> bytes:
 
 def parse_record(data: bytes, path: Path) -> Record:
     """Parse, validate and check the bytes of one record file (AtlasError naming `path`)."""
-    from atlas.measure.gating import check_consistency  # acyclic, as in Record._fill_gates
+    from atlas.records.gating import check_consistency  # acyclic, as in Record._fill_gates
 
     try:
         record = Record.model_validate_json(data)
@@ -346,7 +362,7 @@ def write_record(record: Record, out_dir: Path) -> Path:
     all: into a sibling that import does not read (*.json.partial), then renamed."""
     if _INTERRUPTED.is_set():
         raise AtlasError("interrupted (SIGINT): the run did not finish, so no record was written")
-    from atlas.measure.gating import check_consistency  # acyclic, as in Record._fill_gates
+    from atlas.records.gating import check_consistency  # acyclic, as in Record._fill_gates
 
     check_consistency(record)
     out_dir.mkdir(parents=True, exist_ok=True)

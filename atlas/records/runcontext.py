@@ -9,8 +9,18 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, Field, model_validator
 
-from atlas.measure.recordfields import (MAX_DRAFT_TOKENS, MAX_LIST, MAX_NEW_TOKENS, MAX_PROMPTS, MAX_REPEATS, DraftTokens, Name,
-                                        Strict, Temperature, Text)
+from atlas.records.fields import (
+    MAX_DRAFT_TOKENS,
+    MAX_LIST,
+    MAX_NEW_TOKENS,
+    MAX_PROMPTS,
+    MAX_REPEATS,
+    DraftTokens,
+    Name,
+    Strict,
+    Temperature,
+    Text,
+)
 
 
 class Placement(BaseModel):
@@ -55,7 +65,7 @@ class Software(Strict):
 
 
 class DraftVocab(Strict):
-    """A cut draft vocabulary (atlas.measure.draftvocab): the draft head scored only the `size`
+    """A cut draft vocabulary (atlas.decode.draftvocab): the draft head scored only the `size`
     tokens most frequent in its training data, which covered `coverage` of the tokens counted."""
 
     size: int = Field(ge=1, le=10**7)
@@ -80,7 +90,7 @@ class Settings(Strict):
     # The attention regime the figures hold in, when the family is measured in one only (DSA:
     # dense-equivalent, every sequence within index_topk keys); None: no such restriction.
     regime: str | None = None
-    # CPU matmul kernels of our loop (atlas.measure.kernels.KERNELS): "rows", "mm", or what "auto"
+    # CPU matmul kernels of our loop (atlas.decode.kernels.KERNELS): "rows", "mm", or what "auto"
     # chose on the run's machine ("auto: oneDNN for 3, 4, 5 rows"); None in records from before the
     # choice existed (they ran "mm")
     kernels: Name | None = None
@@ -93,7 +103,7 @@ class Settings(Strict):
 
 class RecurrentState(Strict):
     """How a hybrid main model's recurrent layers (Gated DeltaNet, Mamba2) were run and what their
-    per-position state slots cost (atlas.measure.recurrent)."""
+    per-position state slots cost (atlas.decode.recurrent)."""
 
     layers: int = Field(gt=0, le=10_000)  # recurrent main-model layers
     path: Text  # the computation the plain baseline and the verify pass both use

@@ -1,11 +1,11 @@
 """Self-speculative decoding with a checkpoint's own MTP head, in the gpt-fast manner (this file is
-its generate.py; the fused model it drives is atlas.measure.model): sampling, the accept/resample
+its generate.py; the fused model it drives is atlas.decode.model): sampling, the accept/resample
 rule, the two decoding loops, plain (the baseline) and speculative, over the same pieces and
 static caches, and the per-round draft counts every engine keeps (RoundCounts).
 
 A round drafts k tokens with the MTP layer, verifies [current, d_1..d_k] in one main-model
 forward and accepts by the Leviathan/Chen rule; the next round's writes overwrite a rejected
-draft's cache slots, so rollback costs nothing (atlas.measure.model says why that is safe).
+draft's cache slots, so rollback costs nothing (atlas.decode.model says why that is safe).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from atlas import AtlasError
-from atlas.measure.gating import is_greedy
-from atlas.measure.model import FusedModel
+from atlas.records.gating import is_greedy
+from atlas.decode.model import FusedModel
 
 
 # ---- sampling ----------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The strict base and the bounded field types every measurement-record model is built from, with
-the bounds themselves and the gate's verdict words (atlas.measure.records, atlas.measure.runcontext).
+the bounds themselves and the gate's verdict words (atlas.records.record, atlas.records.runcontext).
 """
 
 from __future__ import annotations

@@ -18,13 +18,13 @@ import re
 from typing import TYPE_CHECKING
 
 from atlas import AtlasError
-from atlas.measure.runcontext import Placement
+from atlas.records.runcontext import Placement
 
 if TYPE_CHECKING:  # torch only where pieces move: the torch-free Placement lives in runcontext
     import torch
     from torch import nn
 
-    from atlas.measure.families import MtpHead
+    from atlas.decode.mtphead import MtpHead
 
 # Share of a GPU's free memory that weights may take; the rest is for caches and activations.
 WEIGHT_SHARE = 0.85

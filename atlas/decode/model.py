@@ -1,15 +1,15 @@
 """The fused model: a checkpoint's main model and its MTP layer split into pieces over static,
 position-addressed KV caches, in the gpt-fast manner (this file is its model.py; the loops that
-drive it are in atlas.measure.generate; its layers are atlas.measure.layers, their CPU kernels
-atlas.measure.kernels).
+drive it are in atlas.decode.generate; its layers are atlas.decode.layers, their CPU kernels
+atlas.decode.kernels).
 
-The main model is loaded by transformers and its MTP layer by atlas.measure.families (an MtpHead,
+The main model is loaded by transformers and its MTP layer by atlas.decode.mtphead (an MtpHead,
 from the family table or from transformers' own MtpModel); this module takes their pieces
 (embedding, decoder layers, final norm, lm_head, the MTP layer's norms/projection/block) and runs them against
 its own static, position-addressed KV caches. Rollback is free: a rejected draft's cache slots are
 simply overwritten by the next round, and the attention mask never lets a query see a later slot.
 Recurrent layers (Gated DeltaNet, Mamba2) keep position-addressed state slots instead
-(atlas.measure.recurrent), so the same holds for them.
+(atlas.decode.recurrent), so the same holds for them.
 
 Why not call `model(...)`: on CPU a transformers forward spends most of its time in per-call Python
 (mask creation, output capture, kwargs plumbing), and a small model's step is dominated by per-op
@@ -38,10 +38,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from atlas import AtlasError
-from atlas.measure.families import MtpHead, head_from_transformers
-from atlas.measure.kernels import ALL_ROWS, CALIBRATION_ROUNDS, Linear, fused, rms_of, unit
-from atlas.measure.layers import Layer, Masks, Rope, Step, build_layer, device_of, layer_forward, linear_of, rope_table
-from atlas.measure.recurrent import RecurrentLayer
+from atlas.decode.mtphead import MtpHead, head_from_transformers
+from atlas.decode.kernels import ALL_ROWS, CALIBRATION_ROUNDS, Linear, fused, rms_of, unit
+from atlas.decode.layers import Layer, Masks, Rope, Step, build_layer, device_of, layer_forward, linear_of, rope_table
+from atlas.decode.recurrent import RecurrentLayer
 
 
 def beyond_dense(keys: int, limit: int) -> str:
@@ -108,10 +108,10 @@ class FusedModel:
         embed = base.get_input_embeddings()
         if type(embed) is not nn.Embedding:
             raise AtlasError(f"unsupported embedding module {type(embed).__name__}")
-        # Each piece stays on the device it was placed on (atlas.measure.placement); a layer's static
+        # Each piece stays on the device it was placed on (atlas.decode.placement); a layer's static
         # caches, masks and RoPE tables live with it, and only the hidden rows cross devices.
         self.embed = embed.weight.detach()
-        # DSA families run as dense attention (atlas.measure.families.AllKeys): exact only while
+        # DSA families run as dense attention (atlas.decode.mtphead.AllKeys): exact only while
         # no forward sees more than index_topk keys, so a longer one is refused, never approximated.
         self.dense_limit: int | None = getattr(config, "index_topk", None)
         modules = list(base.layers[: config.num_hidden_layers])

@@ -18,7 +18,7 @@ and the sample that detects its deviation with 95 % power (Power): a pass on few
 and never makes a row lossless (`judge`).
 
 The suite that runs the checks is atlas.measure.conformancesuite; the exact tests it applies,
-atlas.measure.conformancestats.
+atlas.conformance.stats.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ ENGINE_SHAPES: dict[str, dict[str, object]] = {
     "qwen3_next": {"head_dim": 32, "full_attention_interval": 1},
 }
 LAYOUTS = tuple(ENGINE_SHAPES)
-# Bounds as for measurement records (atlas.measure.records): a real record is under 40 KB with 81
+# Bounds as for measurement records (atlas.records.record): a real record is under 40 KB with 81
 # checks; an 82 MB one was accepted and grew to 979 MB at export (every verdict row copies the
 # record's command and causes). Each bound is far above any real run.
 MAX_RECORD_BYTES = 2 * 1024 * 1024

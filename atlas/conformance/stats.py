@@ -10,7 +10,7 @@ import statistics
 import numpy as np
 
 from atlas import AtlasError
-from atlas.measure.conformance import ALPHA, POWER, normal_quantile
+from atlas.conformance.record import ALPHA, POWER, normal_quantile
 
 
 def _two_sided_p(z: float) -> float:

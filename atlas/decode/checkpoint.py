@@ -15,10 +15,10 @@ import torch
 
 from atlas import AtlasError
 from atlas.fingerprints.rules import fingerprint, parse_config_bytes
-from atlas.measure.families import MtpHead, head_from_transformers, load_family, tensor_names
+from atlas.decode.mtphead import MtpHead, head_from_transformers, load_family, tensor_names
 from atlas.families.table import Family, identify
-from atlas.measure.placement import Placement, auto_plan, parse_plan, place, place_head
-from atlas.measure.records import read_provenance
+from atlas.decode.placement import Placement, auto_plan, parse_plan, place, place_head
+from atlas.records.record import read_provenance
 from atlas.paths import ROOT
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ transformers' chunked kernel (its multi-token path) agrees with it only up to ro
 Mamba2 time steps are clamped to the config's `time_step_limit` (Nemotron-3 Super ships
 [0, inf]; Nemotron-3 Ultra [0, 1e308], read as [0, inf]: see time_step_limit) in every path. transformers 5.24's NemotronHMamba2Mixer clamps them at `time_step_min`
 in its chunked scan only (not in its one-token step), which is why its cached decode drifts from
-its own full forward; atlas.measure.families sets its limit from the config so the two agree.
+its own full forward; atlas.decode.mtphead sets its limit from the config so the two agree.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from torch import nn
 
 from atlas import AtlasError
 
-PATH = "token-by-token recurrence (atlas.measure.recurrent) for prefill, plain step and verify pass alike; fp32 state"
+PATH = "token-by-token recurrence (atlas.decode.recurrent) for prefill, plain step and verify pass alike; fp32 state"
 
 
 class StateSlots:
