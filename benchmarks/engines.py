@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from atlas.decode import draftvocab
-from atlas.measure import smollm
+from atlas.checkpoints import smollm
 from atlas.decode.checkpoint import DEFAULT_MODEL, load_checkpoint
 from atlas.measure.engines.transformers_engine import Peer
 from atlas.measure.engines.vllm_client import CACHE, Driver, find_python

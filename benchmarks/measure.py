@@ -48,12 +48,12 @@ from pathlib import Path
 
 import torch
 
-from atlas.measure import smollm
+from atlas.checkpoints import smollm
 from atlas.decode.checkpoint import DEFAULT_MODEL, load_checkpoint
 from atlas.measure.engines.atlas_engine import run
 from atlas.decode.layers import FastLayer, ModuleLayer
 from atlas.decode.model import FusedModel, build_fused_model
-from atlas.measure.oracles import write_checkpoint
+from atlas.checkpoints.oracles import write_checkpoint
 from atlas.decode.recurrent import state_bytes
 from atlas.measure.options import Options
 from atlas.records.record import Cell, Record

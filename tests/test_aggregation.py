@@ -19,7 +19,7 @@ from atlas.records.gating import derive
 from atlas.decode.generate import RunStats, Sampling, generate_speculative
 from atlas.decode.model import build_fused_model
 from atlas.measure.options import MAX_PROMPT_TOKENS, Options
-from atlas.measure.oracles import write_checkpoint
+from atlas.checkpoints.oracles import write_checkpoint
 from atlas.records.record import Repeat
 from atlas.records.workloads import load_prompt_set
 

@@ -1,5 +1,5 @@
 """Coverage by rule: every MTP-declaring model of the bundled mirror is run by our loop on a
-checkpoint shrunk from its own real config by the project's builder (atlas.measure.oracles, random
+checkpoint shrunk from its own real config by the project's builder (atlas.checkpoints.oracles, random
 weights: greedy speculative output must equal plain decoding), or refused with the named reason
 that atlas.families.coverage states for it, or shown not to ship MTP tensors."""
 
@@ -19,7 +19,7 @@ from atlas.decode.checkpoint import load_checkpoint
 from atlas.families.coverage import coverage
 from atlas.decode.generate import Sampling, generate_plain, generate_speculative
 from atlas.decode.model import build_fused_model
-from atlas.measure.oracles import LAYOUTS, write_checkpoint
+from atlas.checkpoints.oracles import LAYOUTS, write_checkpoint
 
 CPU = torch.device("cpu")
 PROMPT = [5, 9, 33, 2, 7, 100, 4]

@@ -142,7 +142,7 @@ def test_auto_kernels_are_not_timed_through_a_recurrent_state(tmp_path: Path, mo
     """Timing passes would advance a recurrent layer's state, so a hybrid model keeps torch.mm."""
     import atlas.decode.kernels as fused_kernels
     from atlas.decode.checkpoint import load_checkpoint
-    from atlas.measure.oracles import write_checkpoint
+    from atlas.checkpoints.oracles import write_checkpoint
 
     monkeypatch.setattr(fused_kernels, "PACKED_MIN_BYTES", 0)
     folder = write_checkpoint("qwen3_next", tmp_path / "hybrid", "random", seed=1)
@@ -391,7 +391,7 @@ def test_speculative_accept_against_the_exact_round_law(rule, exact: bool) -> No
 def noisy_oracle(tmp_path_factory):
     """A MiMo-layout oracle with noise: drafts are right often (so rounds accept 0..k drafts) yet
     depend on the hidden fed and on the MTP layer's KV cache."""
-    from atlas.measure.oracles import write_checkpoint
+    from atlas.checkpoints.oracles import write_checkpoint
     from atlas.decode.checkpoint import load_checkpoint
 
     folder = write_checkpoint("mimo", tmp_path_factory.mktemp("noisy"), "oracle", depth=2, noise=0.6, seed=0)

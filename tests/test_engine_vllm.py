@@ -116,7 +116,7 @@ def test_the_driver_leaves_eos_in_the_law(python: Path, tmp_path: Path) -> None:
     would mask the token and send the chain elsewhere)."""
     import json
 
-    from atlas.measure.oracles import write_checkpoint
+    from atlas.checkpoints.oracles import write_checkpoint
 
     oracle = conformancesuite.for_the_engine(write_checkpoint("mimo", tmp_path / "mimo-oracle", "oracle", depth=2,
                                                          overrides=dict(conformance.ENGINE_SHAPES["mimo"])))
@@ -160,7 +160,7 @@ def test_converted_team_model_matches_our_loop(python: Path) -> None:
 
 @pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="team checkpoint not built yet")
 def test_measure_run_engine_vllm_team_model_and_oracle(python: Path, tmp_path: Path) -> None:
-    from atlas.measure.oracles import write_checkpoint
+    from atlas.checkpoints.oracles import write_checkpoint
 
     oracle = write_checkpoint("mimo", tmp_path / "mimo-oracle", "oracle", depth=2, overrides=dict(conformance.ENGINE_SHAPES["mimo"]))
     runner = CliRunner()

@@ -702,7 +702,7 @@ def test_a_config_naming_remote_code_is_linked_for_the_engine_with_its_config_re
     import json
 
     from atlas.measure.engines.vllm_engine import prepare_checkpoint
-    from atlas.measure.oracles import write_checkpoint
+    from atlas.checkpoints.oracles import write_checkpoint
 
     src = write_checkpoint("mimo", tmp_path / "mimo", "random", depth=2)
     before = (src / "config.json").read_bytes()

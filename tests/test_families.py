@@ -21,7 +21,7 @@ from atlas.decode.mtphead import load_family
 from atlas.families.table import FAMILIES
 from atlas.decode.generate import Sampling, generate_plain, generate_speculative
 from atlas.decode.model import build_fused_model, dense_regime
-from atlas.measure.oracles import LAYOUTS, bigram_tables, write_checkpoint
+from atlas.checkpoints.oracles import LAYOUTS, bigram_tables, write_checkpoint
 from atlas.decode.checkpoint import load_checkpoint
 from atlas.records.theory import bigram_acceptance
 
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 def wiring_reference(folder: Path, family: str, block: torch.nn.Module, rotary, hidden, ids, positions,
                      local_copies: bool | None = None) -> torch.Tensor:
     """The family's MTP wiring as its inference code states it, read from the checkpoint by the
-    names in atlas.measure.oracles.LAYOUTS (written independently of the family table): each input
+    names in atlas.checkpoints.oracles.LAYOUTS (written independently of the family table): each input
     normed by its own norm (x̂·w, or x̂·(1+w) for Gemma-style families), concatenated in the family's
     order, projected, the block under a causal mask, the final norm, then the head (its own copy
     where the checkpoint was written with one: `local_copies`, None as the family ships)."""

@@ -439,7 +439,7 @@ def test_a_record_from_outside_the_checkout_never_publishes_its_path(tmp_path: P
 def test_no_anchored_validator_accepts_a_trailing_newline(tmp_path: Path) -> None:
     """Each validator of atlas/measure and atlas/site that checks a whole value, given the valid
     value and the same with a final newline (Python's `$` matches before one)."""
-    from atlas.measure.oracles import BRANCH_OUT
+    from atlas.checkpoints.oracles import BRANCH_OUT
     from atlas.evidence import reported
 
     good = json.loads(records.canonical_bytes(good_record("x/y")))

@@ -16,7 +16,7 @@ from transformers import MellumConfig, MellumForCausalLM
 from atlas import AtlasError
 from atlas.cli import cli
 from atlas.hub.local.server import HubServer, MirrorRepo, load_mirror
-from atlas.measure.oracles import write_checkpoint
+from atlas.checkpoints.oracles import write_checkpoint
 from atlas.decode.checkpoint import DEFAULT_MODEL, load_checkpoint, resolve
 from atlas.records.record import read_record
 

@@ -169,7 +169,7 @@ def test_team_model_refuses_a_user_folder_before_training(tmp_path: Path) -> Non
 
 
 def test_team_model_accepts_the_bundled_team_model_as_its_own(tmp_path: Path) -> None:
-    from atlas.measure.teamcheckpoint import _is_team_model
+    from atlas.checkpoints.team_checkpoint import _is_team_model
 
     bundled = REPO / "data" / "hub-mirror" / "mtp-atlas" / "byte-mtp-8l"
     assert _is_team_model(bundled)

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from atlas import AtlasError
 from atlas.cli import cli
-from atlas.measure.oracles import write_checkpoint
+from atlas.checkpoints.oracles import write_checkpoint
 from atlas.decode.placement import Placement, budgets, parse_plan, plan
 from atlas.records.record import read_record
 

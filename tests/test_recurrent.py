@@ -18,7 +18,7 @@ from atlas import AtlasError
 from atlas.decode.checkpoint import load_checkpoint
 from atlas.decode.generate import Sampling, generate_plain, generate_speculative
 from atlas.decode.model import build_fused_model
-from atlas.measure.oracles import write_checkpoint
+from atlas.checkpoints.oracles import write_checkpoint
 from atlas.decode.recurrent import Mamba2, RecurrentLayer, state_bytes, time_step_limit
 
 CPU = torch.device("cpu")

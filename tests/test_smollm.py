@@ -18,16 +18,16 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from atlas import AtlasError
 from atlas.decode import draftvocab
-from atlas.measure import smollm
+from atlas.checkpoints import smollm
 from atlas.decode.checkpoint import transformers_peer
 from atlas.decode.mtphead import load_family
 from atlas.families.table import FAMILIES
-from atlas.measure.headtrain.head import MtpLayer, Shape
+from atlas.checkpoints.headtrain.head import MtpLayer, Shape
 from atlas.decode.generate import Sampling, generate_plain, generate_speculative, probs_from_logits
 from atlas.decode.layers import FastLayer
 from atlas.decode.model import build_fused_model
 from atlas.records.record import read_provenance, read_record
-from atlas.measure.teamcorpus import build_tokenizer
+from atlas.checkpoints.team_corpus import build_tokenizer
 from atlas.records.workloads import chat_ids, load_prompt_set
 
 GLM = next(f for f in FAMILIES if f.name == "GLM-4-MoE")
@@ -276,7 +276,7 @@ def test_a_family_transformers_has_no_mtp_for_gets_no_peer(tmp_path: Path) -> No
     """MiMo's main model is transformers' Qwen2, whose config has no MTP layer count: the run has
     no transformers peer, and the reason is given instead of a failure."""
     from atlas.decode.checkpoint import load_checkpoint
-    from atlas.measure.oracles import write_checkpoint
+    from atlas.checkpoints.oracles import write_checkpoint
 
     folder = write_checkpoint("mimo", tmp_path / "mimo", "random", depth=2)
     loaded = load_checkpoint(str(folder), torch.device("cpu"), torch.float32)
@@ -404,7 +404,7 @@ def test_deepseek_v3_at_any_depth_gets_transformers_own_use_mtp(tmp_path: Path) 
     """transformers' DeepSeek-V3 class looks for the MTP layer at layer 61 only; pointed at layer N
     of a 2-layer checkpoint, its own use_mtp runs and its greedy output equals its plain generate."""
     from atlas.decode.checkpoint import load_checkpoint
-    from atlas.measure.oracles import write_checkpoint
+    from atlas.checkpoints.oracles import write_checkpoint
 
     folder = write_checkpoint("deepseek_v3", tmp_path / "dsv3", "random", depth=2)
     loaded = load_checkpoint(str(folder), torch.device("cpu"), torch.float32)

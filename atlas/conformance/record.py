@@ -2,7 +2,7 @@
 checkpoints whose right answers are known exactly, and kept as dated records under
 evidence/conformance/ that the site shows beside the servable matrix.
 
-Checkpoints (atlas.measure.oracles, with the engine's shape limits as overrides):
+Checkpoints (atlas.checkpoints.oracles, with the engine's shape limits as overrides):
 - oracle: the main model is first order (next-token law P[current token]) and the MTP head computes
   that same law, so at T = 0 every draft must be accepted and the output must be the argmax chain;
   at T = 1 the expected acceptance of every verify step follows exactly from P and the draft rule,

@@ -86,7 +86,7 @@ def _fixed_route_mlp(mlp: nn.Module, d: int) -> tuple[nn.Linear, nn.Linear, nn.L
     experts with the same weights, and Σ_e w_e · MLP_e(x) + shared(x) is one MLP whose hidden units
     are the experts' side by side, each expert's down projection scaled by its weight. That is how
     a project-made MTP block holds a dense MLP in a family that always builds its MTP block as an
-    MoE (atlas.measure.smollm): routed per call it cost 2.5 times the dense MLP. The fold is checked
+    MoE (atlas.checkpoints.smollm): routed per call it cost 2.5 times the dense MLP. The fold is checked
     against the module on random rows."""
     gate, experts = getattr(mlp, "gate", None), getattr(mlp, "experts", None)
     router = getattr(gate, "weight", None)

@@ -68,13 +68,13 @@ def load(path: Path) -> Matrix:
 class Coverage:
     """Which families a conformance layout's verdict speaks for, and how."""
 
-    checked_as: str  # the oracle checkpoint's architecture (atlas.measure.oracles)
+    checked_as: str  # the oracle checkpoint's architecture (atlas.checkpoints.oracles)
     tensors: str  # the MTP tensor layout that was checked
     same: tuple[str, ...]  # model_types of the checked family itself
     same_tensors: tuple[str, ...] = ()  # model_types that ship the same MTP tensor layout on another model
 
 
-# From atlas.measure.oracles' layouts and atlas.families.table's rows (shipped tensor layout).
+# From atlas.checkpoints.oracles' layouts and atlas.families.table's rows (shipped tensor layout).
 # Qwen3.5 ships Qwen3-Next's `mtp.*` layout; vLLM serves it with its own model class, which the
 # suite did not run, so its cells say the layout was checked as qwen3_next, not the family.
 COVERAGE: dict[str, Coverage] = {

@@ -3,7 +3,7 @@ table's rules applied to its real config and weight names: "runs", "refused" wit
 loader gives, or "not shipped". The same checks the loader makes before it loads anything
 (atlas.families.table), so that the table and the loader cannot disagree;
 tests/test_coverage.py shrinks every MTP-declaring config of the bundled mirror with the project's
-own builder (atlas.measure.oracles) and runs or refuses it, to back each line.
+own builder (atlas.checkpoints.oracles) and runs or refuses it, to back each line.
 """
 
 from __future__ import annotations

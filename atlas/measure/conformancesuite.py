@@ -84,7 +84,7 @@ class _Layout:
     @classmethod
     def write(cls, driver: Driver, layout: str, tmp: Path, ks: list[int], requests: int, max_new_tokens: int, seed: int,
               dtype: str, checks: list[Check], log: Callable[[str], None]) -> _Layout:
-        from atlas.measure.oracles import bigram_tables, write_checkpoint
+        from atlas.checkpoints.oracles import bigram_tables, write_checkpoint
 
         if layout not in ENGINE_SHAPES:
             raise AtlasError(f"no conformance checkpoints for layout {layout!r} (known: {', '.join(LAYOUTS)})")

@@ -164,7 +164,7 @@ PROVENANCE_FILE = "atlas-provenance.json"
 
 class Provenance(Strict):
     """How a checkpoint this project made was made, copied into the record from the checkpoint
-    folder's atlas-provenance.json (atlas.measure.smollm writes one). `project_made` is what the
+    folder's atlas-provenance.json (atlas.checkpoints.smollm writes one). `project_made` is what the
     site reads to label every figure of the record (e.g. "project-made MTP head on a real main
     model") and to keep it out of anything about Hub models."""
 

@@ -11,8 +11,8 @@ The MTP layer trained here is transformers' own `MtpModel` built on the main mod
 as `MTPCandidateGenerator` calls it at inference (tokens shifted by one, the main model's post-norm
 last hidden state, positions t+1), so the wiring cannot drift from what `use_mtp` runs.
 
-Its tokenizer and corpus are atlas.measure.teamcorpus; the checkpoint folder it is saved as,
-atlas.measure.teamcheckpoint.
+Its tokenizer and corpus are atlas.checkpoints.team_corpus; the checkpoint folder it is saved as,
+atlas.checkpoints.team_checkpoint.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from atlas import AtlasError
-from atlas.measure.teamcorpus import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, Corpus
+from atlas.checkpoints.team_corpus import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, Corpus
 
 if TYPE_CHECKING:  # torch and transformers load lazily: `atlas --help` must stay fast
     import torch

@@ -41,7 +41,7 @@ from safetensors.torch import load_file, save_file
 
 from atlas import AtlasError
 from atlas.fingerprints import blockpattern
-from atlas.measure.layercut import cut_to_depth
+from atlas.checkpoints.layercut import cut_to_depth
 from atlas.paths import ROOT
 
 if TYPE_CHECKING:  # transformers loads where a checkpoint is written
@@ -113,7 +113,7 @@ class Layout:
 _TINY = dict(vocab_size=259, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=False)
 
-# Shrunk sizes for the mirror-based layouts (specials: the byte tokenizer's, atlas.measure.teamcorpus).
+# Shrunk sizes for the mirror-based layouts (specials: the byte tokenizer's, atlas.checkpoints.team_corpus).
 _SHRUNK = dict(vocab_size=259, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                max_position_embeddings=1024, bos_token_id=257, eos_token_id=258, dtype="float32")
 _LINEAR = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=8)
@@ -266,7 +266,7 @@ def shrunk_config(layout: Layout, depth: int, overrides: dict[str, Any]) -> tupl
 
 def shrink(saved: dict[str, Any], depth: int, sizes: dict[str, Any], overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
     """shrunk_config's work on a config already read: every per-layer setting cut to `depth` by
-    atlas.measure.layercut's rule, `sizes` and `overrides` merged in, the layer pattern set."""
+    atlas.checkpoints.layercut's rule, `sizes` and `overrides` merged in, the layer pattern set."""
     saved = copy.deepcopy(saved)
     nested = isinstance(saved.get("text_config"), dict)
     text = cut_to_depth(saved["text_config"] if nested else saved, depth)
@@ -383,7 +383,7 @@ def write_checkpoint(
         raise AtlasError(f"mode must be oracle or random, got {mode!r}")
     from transformers import AutoModelForCausalLM
 
-    from atlas.measure.teamcorpus import build_tokenizer
+    from atlas.checkpoints.team_corpus import build_tokenizer
 
     # `mirror`: another real config of the family, shrunk instead of the layout's own (coverage)
     layout = dataclasses.replace(LAYOUTS[family], mirror=mirror) if mirror else LAYOUTS[family]

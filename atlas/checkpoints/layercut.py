@@ -1,5 +1,5 @@
 """A model config cut to fewer main layers, every per-layer setting with it: what the oracle
-checkpoints' shrinker (atlas.measure.oracles.shrunk_config) does to a real config.
+checkpoints' shrinker (atlas.checkpoints.oracles.shrunk_config) does to a real config.
 
 The rule, over the top-level keys of the (text) config, N = num_hidden_layers, M = its MTP layer
 count (num_nextn_predict_layers / mtp_num_hidden_layers / num_mtp_layers, 0 if none):

@@ -181,7 +181,7 @@ class MtpLayer(nn.Module):
 
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         """The trained tensors under GLM-4-MoE checkpoint names, the MLP as routed expert 0
-        (atlas.measure.smollm holds the fixed router and placeholder expert)."""
+        (atlas.checkpoints.smollm holds the fixed router and placeholder expert)."""
         return {prefix + name: getattr(self, attr).weight.detach().clone() for name, attr in GLM_NAMES}
 
     def load_tensors(self, tensors: dict[str, torch.Tensor], prefix: str) -> None:

@@ -18,7 +18,7 @@ dense MLP: expert 0 holds the MLP, the router's weights are zero (every score si
 its score-correction bias [0, -1] always picks expert 0, whose normalised routing weight is
 0.5 / 0.5 = 1 exactly. Expert 1 is a zero placeholder that is never picked (GLM's group top-2 needs
 two experts per group), and there is no shared expert. Those fixed tensors are written here, at
-build time; only the trained tensors are committed (atlas.measure.headtrain).
+build time; only the trained tensors are committed (atlas.checkpoints.headtrain).
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def provenance(recipe: dict[str, Any]) -> dict[str, Any]:
             "layout": "Glm4MoeForCausalLM, every layer dense (converted from LlamaForCausalLM; logits identical)",
         },
         "mtp_head": {
-            "made_by": "MTP Atlas (atlas.measure.headtrain), main model frozen",
+            "made_by": "MTP Atlas (atlas.checkpoints.headtrain), main model frozen",
             "sha256": recipe["head_sha256"],
             "recipe": f"data/real-heads/smollm2-135m-mtp/{RECIPE_FILE}",
             "target": recipe["target"],

@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, Field
 
 from atlas import AtlasError
-from atlas.measure.headtrain.data import Sequence
-from atlas.measure.headtrain.head import INITS, Init, MtpLayer, Shape
+from atlas.checkpoints.headtrain.data import Sequence
+from atlas.checkpoints.headtrain.head import INITS, Init, MtpLayer, Shape
 
 # the measurement workloads the training categories stand for (the rest are reported as they are)
 WORKLOAD_OF = {"chat": "chat", "code": "code", "math": "math", "summarise": "summarise", "adversarial": "adversarial"}

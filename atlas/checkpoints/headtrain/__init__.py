@@ -1,5 +1,5 @@
 """The real team model's MTP head, trained by this project on the frozen main model (SmolLM2-135M-
-Instruct in GLM-4-MoE's layout, atlas.measure.smollm).
+Instruct in GLM-4-MoE's layout, atlas.checkpoints.smollm).
 
 The parts, in the order the data flows:
 - prompts.py: the instructions the main model answers (a prompt file kept apart from every
@@ -23,10 +23,10 @@ from typing import Any
 
 from atlas import __version__
 from atlas.decode import draftvocab
-from atlas.measure import smollm
-from atlas.measure.headtrain import data
-from atlas.measure.headtrain.head import INITS
-from atlas.measure.headtrain.train import HeadSpec, Teacher, Trained, subset, teacher_pass, train
+from atlas.checkpoints import smollm
+from atlas.checkpoints.headtrain import data
+from atlas.checkpoints.headtrain.head import INITS
+from atlas.checkpoints.headtrain.train import HeadSpec, Teacher, Trained, subset, teacher_pass, train
 
 TARGET = ("KL(p_main(t+s+1 | tokens <= t+s) || q_mtp, step s) at T=1 over a {depth}-step recursive chain of the one MTP "
           "layer, step weights {weights}: the main model's own distribution, self-distilled")
@@ -116,7 +116,7 @@ def ablation(spec: HeadSpec, out: Path, log: Callable[[str], None] = print, data
         result = train(spec.model_copy(update={"init": init}), sequences, llama, log, teacher=teacher)
         rows[init] = {"heldout_after": result.after, "curve": result.curve, "seconds": result.seconds, "steps": result.steps}
     best = max(rows, key=lambda k: (rows[k]["heldout_after"]["t0_conditional"][0], rows[k]["heldout_after"]["t1_expected"][0]))
-    table = {"what": "MTP head initialisations at equal budget (atlas.measure.headtrain.ablation)",
+    table = {"what": "MTP head initialisations at equal budget (atlas.checkpoints.headtrain.ablation)",
              "command": _command("real-model-head --ablation", spec, out), "data_sha256": side["sha256"],
              "spec": spec.model_dump(exclude={"init"}), "best": best, "rule": "highest held-out first-draft T=0 acceptance",
              "inits": rows}

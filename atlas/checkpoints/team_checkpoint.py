@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atlas import AtlasError, __version__, outdir
-from atlas.measure.teamcorpus import BOS_ID, EOS_ID, HELDOUT_EVERY, PAD_ID, Corpus, build_tokenizer, heldout_block_size, load_corpus
-from atlas.measure.teammodel import REPO_ID, TeamModelSpec, TrainResult, train
+from atlas.checkpoints.team_corpus import BOS_ID, EOS_ID, HELDOUT_EVERY, PAD_ID, Corpus, build_tokenizer, heldout_block_size, load_corpus
+from atlas.checkpoints.team_model import REPO_ID, TeamModelSpec, TrainResult, train
 
 if TYPE_CHECKING:  # torch and transformers load lazily: `atlas --help` must stay fast
     import torch

@@ -3,7 +3,7 @@ batches once (`atlas real-model-head-data`, deliberate and slow) and committed a
 
 Per prompt, one greedy answer and `samples` answers sampled at T = 1 (no top-k, no top-p), each cut
 after its first end-of-turn token (which it keeps: drafting the end of a turn is part of decoding).
-The prompts come in two stages (atlas.measure.headtrain.prompts): first every prompt of the file,
+The prompts come in two stages (atlas.checkpoints.headtrain.prompts): first every prompt of the file,
 then summarise prompts wrapping the passages the first stage wrote. Every `heldout_every`-th prompt
 of the first stage is held out with all of its answers, and so is every summary of a passage it
 wrote, so no held-out text is trained on.
@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, Field
 
 from atlas import AtlasError, __version__
-from atlas.measure.headtrain import prompts as prompt_file
-from atlas.measure.headtrain.prompts import Prompt
+from atlas.checkpoints.headtrain import prompts as prompt_file
+from atlas.checkpoints.headtrain.prompts import Prompt
 from atlas.records.workloads import chat_ids
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ _WORKER: dict[str, Any] = {}
 def _worker_init(threads: int, dtype: str) -> None:
     import torch
 
-    from atlas.measure import smollm
+    from atlas.checkpoints import smollm
 
     torch.set_num_threads(threads)
     model, _WORKER["tokenizer"] = smollm.load_original()
@@ -185,7 +185,7 @@ def save(sequences: list[Sequence], spec: DataSpec, out: Path, command: str, sec
     save_file(arrays, str(tmp), metadata={"format": "np"})
     tmp.replace(path)
     side = {
-        "what": "the main model's own answers to atlas/measure/headtrain/prompts.json: the MTP head's training data",
+        "what": "the main model's own answers to atlas/checkpoints/headtrain/prompts.json: the MTP head's training data",
         "command": command,
         "atlas_version": __version__,
         "spec": spec.model_dump(),
@@ -227,7 +227,7 @@ def load(folder: Path) -> tuple[list[Sequence], dict[str, Any]]:
 
 
 def make(out: Path, spec: DataSpec, command: str, log: Callable[[str], None] = print) -> dict[str, Any]:
-    from atlas.measure import smollm
+    from atlas.checkpoints import smollm
 
     t0 = time.perf_counter()
     _, tokenizer = smollm.load_original()
