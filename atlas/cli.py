@@ -12,11 +12,11 @@ from pathlib import Path
 import click
 
 from atlas import AtlasError, __version__
-from atlas.measure.engines import ENGINES
+from atlas.engines import ENGINES
 
 # Before any command imports torch (OpenMP reads it once): with the default spin-wait, two threads
 # were about 6 times slower than one on busy shared cores; a passive wait kept them level. The
-# measurement records stamp the policy (atlas.measure.stamp).
+# measurement records stamp the policy (atlas.engines.stamp).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
@@ -322,9 +322,9 @@ def measure_run(engine: str, engine_python: str | None, draft_tokens: str, seed:
                 tensor_parallel_size: int, pipeline_parallel_size: int, engine_options: tuple[str, ...], engine_schedule: str) -> None:
     """Measure plain vs self-speculative decoding and write one record under --out."""
     from atlas.decode.checkpoint import DEFAULT_MODEL_PATH
-    from atlas.measure.options import Options, parse_vllm_options, quick as quick_run
+    from atlas.engines.options import Options, parse_vllm_options, quick as quick_run
     from atlas.records.record import DEFAULT_DIR
-    from atlas.measure.stamp import command_line
+    from atlas.engines.stamp import command_line
     from atlas.paths import project_path
 
     options = Options(
@@ -411,9 +411,9 @@ def conformance_run(engine: str, engine_python: str | None, layouts: str, draft_
                     requests: int, max_new_tokens: int, dtype: str, seed: int, patches: tuple[str, ...], out: str | None) -> None:
     """Run the conformance suite against an engine and write one dated record."""
     from atlas.conformance import record as conformance
-    from atlas.measure import conformancesuite
-    from atlas.measure.engines.vllm_client import find_python
-    from atlas.measure.stamp import command_line
+    from atlas.engines import conformance_suite as conformancesuite
+    from atlas.engines.vllm_client import find_python
+    from atlas.engines.stamp import command_line
     from atlas.paths import project_path
 
     conformancesuite.check_requests(requests)  # before the engine starts: a run this small could only fail its control

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from atlas.checkpoints import smollm
-from atlas.measure.stamp import load_average
+from atlas.engines.stamp import load_average
 from atlas.paths import project_path
 
 PAD = 5

@@ -50,14 +50,14 @@ import torch
 
 from atlas.checkpoints import smollm
 from atlas.decode.checkpoint import DEFAULT_MODEL, load_checkpoint
-from atlas.measure.engines.atlas_engine import run
+from atlas.engines.atlas_engine import run
 from atlas.decode.layers import FastLayer, ModuleLayer
 from atlas.decode.model import FusedModel, build_fused_model
 from atlas.checkpoints.oracles import write_checkpoint
 from atlas.decode.recurrent import state_bytes
-from atlas.measure.options import Options
+from atlas.engines.options import Options
 from atlas.records.record import Cell, Record
-from atlas.measure.stamp import load_average
+from atlas.engines.stamp import load_average
 from atlas.paths import project_path
 
 

@@ -43,7 +43,7 @@ class Mutant:
 LOOP = "atlas.decode.generate"
 RECURRENT = "atlas.decode.recurrent"
 GATING = "atlas.records.gating"
-CELLS = "atlas.measure.cells"
+CELLS = "atlas.engines.cells"
 MODEL = "atlas.decode.model"
 KERNELS = "atlas.decode.kernels"
 LAYERS = "atlas.decode.layers"
@@ -117,10 +117,10 @@ MUTANTS = (
     Mutant("identity-last-prompt", "metric", CELLS,
            "self.identical &= spec.tokens == plain.tokens", "self.identical = spec.tokens == plain.tokens",
            tuple(AGGREGATION_TESTS), "the greedy-identity flag taken from the last prompt only"),
-    Mutant("tree-dirty-constant", "metric", "atlas.measure.stamp",
+    Mutant("tree-dirty-constant", "metric", "atlas.engines.stamp",
            "atlas_tree_dirty=None if status is None else bool(status.strip())", "atlas_tree_dirty=False",
            tuple(AGGREGATION_TESTS), "the stamp's atlas_tree_dirty a constant"),
-    Mutant("top-p-unrecorded", "metric", "atlas.measure.options",
+    Mutant("top-p-unrecorded", "metric", "atlas.engines.options",
            "top_p=options.top_p, quick=options.quick,", "top_p=None, quick=options.quick,",
            tuple(AGGREGATION_TESTS), "--top-p used by the runs but not recorded in the settings"),
     Mutant("state-slot-off-by-one", "lossy", RECURRENT,

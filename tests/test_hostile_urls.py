@@ -61,7 +61,7 @@ def test_an_endpoint_password_is_used_but_never_printed_or_stored(tmp_path: Path
 
 
 def test_a_measure_run_records_its_command_without_the_endpoint_password(monkeypatch: pytest.MonkeyPatch) -> None:
-    from atlas.measure.stamp import command_line
+    from atlas.engines.stamp import command_line
 
     endpoint = f"https://{USER}:{PASSWORD}@hub.example"
     monkeypatch.setattr(sys, "argv", ["atlas", "measure", "run", "--model", "o/m", "--endpoint", endpoint])

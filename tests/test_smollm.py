@@ -234,8 +234,8 @@ def test_vllm_rewrite_computes_what_the_checkpoint_does(tiny_checkpoint, tmp_pat
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from atlas.measure.engines.convert import convert_glm, glm_needs_rewrite
-    from atlas.measure.engines.vllm_engine import prepare_checkpoint
+    from atlas.engines.convert import convert_glm, glm_needs_rewrite
+    from atlas.engines.vllm_engine import prepare_checkpoint
 
     folder, llama = tiny_checkpoint
     source = json.loads((folder / "config.json").read_text())
@@ -260,7 +260,7 @@ def test_vllm_rewrite_computes_what_the_checkpoint_does(tiny_checkpoint, tmp_pat
 
 
 def test_vllm_rewrite_refuses_an_mlp_that_is_no_expert() -> None:
-    from atlas.measure.engines.convert import glm_tensors
+    from atlas.engines.convert import glm_tensors
 
     config = {"model_type": "glm4_moe", "num_hidden_layers": 1, "first_k_dense_replace": 1, "n_routed_experts": 2,
               "num_experts_per_tok": 1, "moe_intermediate_size": 8, "hidden_size": 4, "n_shared_experts": 0}

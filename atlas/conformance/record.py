@@ -17,7 +17,7 @@ run on the k = 0 engine is recorded as the calibration control. Every check also
 and the sample that detects its deviation with 95 % power (Power): a pass on fewer is underpowered
 and never makes a row lossless (`judge`).
 
-The suite that runs the checks is atlas.measure.conformancesuite; the exact tests it applies,
+The suite that runs the checks is atlas.engines.conformance_suite; the exact tests it applies,
 atlas.conformance.stats.
 """
 
@@ -203,7 +203,7 @@ class AppliedPatch(Strict):
     name: Name
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # of the patch file's bytes
     replaces: Name  # the dotted name of what it replaced
-    file: Name  # the patch file, under atlas/measure/engines/
+    file: Name  # the patch file, under atlas/engines/
 
 
 GITHUB_THREAD = r"^https://github\.com/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/(issues|pull)/[0-9]+$"  # linked on the page

@@ -16,17 +16,17 @@ import torch
 
 from atlas import AtlasError, __version__
 from atlas.decode import draftvocab
-from atlas.measure.cells import RepeatCounts, build_cell, progress_line, seed_for
+from atlas.engines.cells import RepeatCounts, build_cell, progress_line, seed_for
 from atlas.decode.checkpoint import Loaded, load_checkpoint, pick_device, place_model, resolve
-from atlas.measure.engines.transformers_engine import PEER_BASELINE, Peer
+from atlas.engines.transformers_engine import PEER_BASELINE, Peer
 from atlas.decode.generate import RunStats, Sampling, Stopwatch, generate_plain, generate_speculative
 from atlas.decode.model import FusedModel, build_fused_model, dense_regime
-from atlas.measure.options import MAX_PROMPT_TOKENS, Options, VllmOptions, new_record
+from atlas.engines.options import MAX_PROMPT_TOKENS, Options, VllmOptions, new_record
 from atlas.decode.placement import Placement
 from atlas.decode.recurrent import summary as recurrent_summary
 from atlas.records.record import Cell, PassCosts, Record, Repeat, write_record
 from atlas.records.runcontext import RecurrentState
-from atlas.measure.stamp import hardware, load_average
+from atlas.engines.stamp import hardware, load_average
 from atlas.records.workloads import load_prompt_set
 
 ATLAS_BASELINE = "atlas plain decoder, same model and static cache (MTP prefill counted on the speculative side)"

@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from atlas import AtlasError
-from atlas.measure.engines.convert import (config_for_the_engine, convert_glm, convert_mellum, glm_needs_rewrite, needs_conversion,
-                                           without_remote_code)
-from atlas.measure.engines.vllm_client import Counters, Driver, Generated, Hello, Loaded, Result, find_python
+from atlas.engines.convert import config_for_the_engine, convert_glm, convert_mellum, glm_needs_rewrite, needs_conversion, without_remote_code
+from atlas.engines.vllm_client import Counters, Driver, Generated, Hello, Loaded, Result, find_python
 from atlas.records.gating import is_greedy
 from atlas.decode.generate import RoundCounts, RunStats
-from atlas.measure.options import MAX_PROMPT_TOKENS, Options, new_record
+from atlas.engines.options import MAX_PROMPT_TOKENS, Options, new_record
 from atlas.records.record import Cell, Record, Repeat, write_record
 from atlas.records.runcontext import EngineRun, Hardware
 from atlas.paths import ROOT
@@ -115,7 +114,7 @@ def cross_check(generated: Generated, k: int) -> None:
 def _hardware(hello: Hello) -> Hardware:
     import torch
 
-    from atlas.measure.stamp import hardware
+    from atlas.engines.stamp import hardware
 
     base = hardware(torch.device("cpu"))
     if not hello.gpus:
@@ -159,7 +158,7 @@ def _run_schedule(base: Driver, spec: Driver, schedule: str, ks: list[int], cell
 def _repeats(runs: dict[tuple, RunStats], ks: list[int], interleaved: bool, options: Options, workloads: list[str],
              prompts: dict[str, list[list[int]]], log: Callable[[str], None]) -> dict[tuple[str, float, int], list[Repeat]]:
     """Each cell's repeats, every prompt's k run summed against the k = 0 run it is paired with."""
-    from atlas.measure.cells import RepeatCounts, progress_line
+    from atlas.engines.cells import RepeatCounts, progress_line
 
     raw: dict[tuple[str, float, int], list[Repeat]] = {}
     for k in ks:
@@ -197,9 +196,9 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     from transformers import AutoTokenizer
 
     from atlas.conformance import record as conformance
-    from atlas.measure.cells import build_cell, seed_for
+    from atlas.engines.cells import build_cell, seed_for
     from atlas.decode.checkpoint import resolve
-    from atlas.measure.stamp import load_average
+    from atlas.engines.stamp import load_average
     from atlas.records.workloads import load_prompt_set
 
     vllm = options.vllm

@@ -1,5 +1,5 @@
 """The host side of the vLLM driver: find vLLM's environment, start the driver in it, and speak its
-JSON-lines protocol with every reply validated (atlas/measure/engines/vllm_driver.py is the other
+JSON-lines protocol with every reply validated (atlas/engines/vllm_driver.py is the other
 side). Each Driver process holds at most one engine."""
 
 from __future__ import annotations

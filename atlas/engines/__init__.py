@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
 
 if TYPE_CHECKING:
-    from atlas.measure.options import Options
+    from atlas.engines.options import Options
     from atlas.records.record import Record
 
 
@@ -40,7 +40,7 @@ class Engine:
 
 
 ENGINES = {
-    "atlas": Engine("atlas.measure.engines.atlas_engine", "our loop (transformers' generate as the peer)"),
-    "transformers": Engine("atlas.measure.engines.transformers_engine", "only transformers' generate / generate(use_mtp=True)"),
-    "vllm": Engine("atlas.measure.engines.vllm_engine", "vLLM in its own environment (`make vllm-env`)"),
+    "atlas": Engine("atlas.engines.atlas_engine", "our loop (transformers' generate as the peer)"),
+    "transformers": Engine("atlas.engines.transformers_engine", "only transformers' generate / generate(use_mtp=True)"),
+    "vllm": Engine("atlas.engines.vllm_engine", "vLLM in its own environment (`make vllm-env`)"),
 }

@@ -28,10 +28,10 @@ from atlas.conformance.record import (
     known_causes,
 )
 from atlas.conformance.stats import acceptance_test, distribution_test
-from atlas.measure.engines.convert import without_remote_code
+from atlas.engines.convert import without_remote_code
 
 if TYPE_CHECKING:  # the driver's client is loaded when a suite runs
-    from atlas.measure.engines.vllm_client import Driver, Generated
+    from atlas.engines.vllm_client import Driver, Generated
 
 SINGLES = 4  # requests rerun one at a time for the batching control
 
@@ -192,7 +192,7 @@ def run_suite(
 ) -> ConformanceRecord:
     """Run every check for every layout through one vLLM driver (one engine at a time), with the
     named run-time patches applied in the driver first (the record then names a patched build)."""
-    from atlas.measure.engines.vllm_client import Driver
+    from atlas.engines.vllm_client import Driver
 
     check_requests(requests)
     checks: list[Check] = []
@@ -211,7 +211,7 @@ def run_suite(
                     # sampled drafts change only T > 0, which is checked on the oracle alone
                     for sampling in draft_samplings if mode == "oracle" else ["greedy"]:
                         _draft_checks(run, mode, k, sampling, reference)
-    from atlas.measure.stamp import hardware
+    from atlas.engines.stamp import hardware
 
     import torch
 

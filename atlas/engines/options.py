@@ -15,7 +15,7 @@ from atlas.decode.checkpoint import DEFAULT_MODEL
 from atlas.records.gating import MIN_GATE_REPEATS
 from atlas.records.record import DEFAULT_DIR, SCHEMA_VERSION, Cell, Record, read_provenance
 from atlas.records.runcontext import Hardware, Settings
-from atlas.measure.stamp import load_average, software
+from atlas.engines.stamp import load_average, software
 from atlas.records.workloads import PromptSet
 from atlas.paths import ROOT
 
@@ -26,17 +26,17 @@ MAX_PROMPT_TOKENS = 256
 class VllmOptions:
     """What only `--engine vllm` takes; every other engine refuses any of them set (their defaults)."""
 
-    python: str | None = None  # the interpreter of vLLM's environment (atlas.measure.engines.vllm_client.find_python)
+    python: str | None = None  # the interpreter of vLLM's environment (atlas.engines.vllm_client.find_python)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     options: dict[str, Any] = field(default_factory=dict)  # LLM(...) keyword arguments, recorded
     speculative: dict[str, Any] = field(default_factory=dict)  # extra speculative_config keys
-    schedule: str = "interleaved"  # or "sequential" (atlas.measure.engines.vllm_engine.SCHEDULES)
+    schedule: str = "interleaved"  # or "sequential" (atlas.engines.vllm_engine.SCHEDULES)
 
 
 @dataclass
 class Options:
-    engine: str = "atlas"  # a name in atlas.measure.engines.ENGINES
+    engine: str = "atlas"  # a name in atlas.engines.ENGINES
     model: str = str(DEFAULT_MODEL)
     revision: str | None = None
     endpoint: str | None = None
