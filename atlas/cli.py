@@ -506,7 +506,7 @@ def evidence_cmd(db: Path, out: str | None, servable_path: str | None,
 def export_cmd(db: Path, out: str | None) -> None:
     """Write the store's tables as Parquet and CSV (DuckDB COPY), with a data dictionary, a dataset
     card (README.md), a manifest and the changelog's data."""
-    from atlas import export
+    from atlas.export import tables as export
     from atlas.paths import project_path, project_root
 
     out_path = Path(out) if out else project_path(export.DEFAULT_OUT)

@@ -240,7 +240,7 @@ class DemoSite:
     db: Path
     evidence: object  # atlas.site.evidence_file.Evidence
     models: object  # atlas.site.modelpages.Models
-    manifest: object | None  # atlas.export.Manifest, when exported
+    manifest: object | None  # atlas.export.tables.Manifest, when exported
 
 
 def build_demo_site(root: Path, *, conformance: bool = False, sources: bool = False, export_data: bool = False,
@@ -250,7 +250,7 @@ def build_demo_site(root: Path, *, conformance: bool = False, sources: bool = Fa
     the site's evidence (the verdicts in the servable matrix); `sources`: the mirror's SOURCES.tsv is
     shown; `export_data`: the export is written first (the Data and Changelog pages);
     `copy_measurements`: the records are copied beside the evidence as well."""
-    from atlas import export
+    from atlas.export import tables as export
     from atlas.site import evidence, modelpages, render
 
     layout = site_copy(root)

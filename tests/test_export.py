@@ -24,7 +24,8 @@ from hub_fixtures import copy_mirror, make_hub, write_watchlist  # noqa: F401  (
 from site_helpers import (REPO, Model, build_demo_site, engines_in, parse_html, plant_measurement, site_copy,
                           write_snapshot)
 
-from atlas import AtlasError, croissant, export, exportformat
+from atlas import AtlasError
+from atlas.export import croissant, tables as export, formats as exportformat
 from atlas.store import db as store
 from atlas.cli import cli
 from atlas.hub import crawl as crawler

@@ -11,10 +11,10 @@ from typing import Any
 import duckdb
 import yaml
 
-from atlas import __version__, croissant
+from atlas import __version__
+from atlas.export import croissant
 from atlas.evidence.changelog import FILE_NAME as CHANGELOG_FILE
-from atlas.exportformat import (CARD, CREATOR, CSV_NOTE, DICTIONARY, LICENSE, MANIFEST, Manifest, citation, data_date,
-                                quote_path)
+from atlas.export.formats import CARD, CREATOR, CSV_NOTE, DICTIONARY, LICENSE, MANIFEST, Manifest, citation, data_date, quote_path
 from atlas.hub.local.mirror import MIRROR_PREFIX
 
 

@@ -23,11 +23,11 @@ from typing import Any
 import duckdb
 from pydantic import BaseModel
 
-from atlas import AtlasError, exportdocs, outdir
+from atlas import AtlasError, outdir
+from atlas.export import docs as exportdocs
 from atlas.store import db as store
 from atlas.hub.local.mirror import MIRROR_PREFIX, load_mirror_date
-from atlas.exportformat import (CARD, CSV_NOTE, DICTIONARY, FORMATS, MANIFEST, FileEntry, Manifest, quote_path,
-                                read_manifest)
+from atlas.export.formats import CARD, CSV_NOTE, DICTIONARY, FORMATS, MANIFEST, FileEntry, Manifest, quote_path, read_manifest
 from atlas.paths import published
 from atlas.evidence import catalog, changelog
 from atlas.records import record as records

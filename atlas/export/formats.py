@@ -1,4 +1,4 @@
-"""What an `atlas export` folder holds, as its writer (atlas.export) and its readers (the site's
+"""What an `atlas export` folder holds, as its writer (atlas.export.tables) and its readers (the site's
 Data page, atlas.site.datapage) both need it: the file names and formats, the manifest that lists
 every file, and the citation of the data.
 
@@ -21,7 +21,7 @@ CARD = "README.md"
 FORMATS = ("parquet", "csv")
 LICENSE = "apache-2.0"  # the project's (pyproject.toml)
 DICTIONARY = "data_dictionary"
-# What the export does to CSV cells a spreadsheet would run (atlas.export FORMULA_STARTS).
+# What the export does to CSV cells a spreadsheet would run (atlas.export.tables FORMULA_STARTS).
 CSV_NOTE = ("In the CSV files a text value that starts with =, +, -, @, a tab or a carriage return has a "
             "quote (') put before it, so that a spreadsheet shows it as text instead of running it as a "
             "formula; the Parquet files hold the exact value, and numeric columns are never changed.")
