@@ -477,7 +477,7 @@ def query_cmd(sql: str, db: Path) -> None:
 def evidence_cmd(db: Path, out: str | None, servable_path: str | None,
                  mirror_sources: str | None) -> None:
     """Run the named evidence queries against the store and write the module 8 evidence file."""
-    from atlas.site import evidence, modelpages
+    from atlas.site import write_evidence as evidence, models_json as modelpages
     from atlas.paths import project_path, project_root
     from atlas.store.db import require_complete_snapshot
 

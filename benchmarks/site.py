@@ -40,7 +40,8 @@ from datetime import datetime
 from pathlib import Path
 
 from atlas.store import db as store
-from atlas.site import evidence, modelfinder, modelpages, render
+from atlas.site import write_evidence as evidence, models_json as modelpages
+from atlas.site import modelfinder, render
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -239,7 +239,7 @@ class DemoSite:
     layout: Layout
     db: Path
     evidence: object  # atlas.site.evidence_file.Evidence
-    models: object  # atlas.site.modelpages.Models
+    models: object  # atlas.site.models_json.Models
     manifest: object | None  # atlas.export.tables.Manifest, when exported
 
 
@@ -251,7 +251,8 @@ def build_demo_site(root: Path, *, conformance: bool = False, sources: bool = Fa
     shown; `export_data`: the export is written first (the Data and Changelog pages);
     `copy_measurements`: the records are copied beside the evidence as well."""
     from atlas.export import tables as export
-    from atlas.site import evidence, modelpages, render
+    from atlas.site import write_evidence as evidence, models_json as modelpages
+    from atlas.site import render
 
     layout = site_copy(root)
     if conformance and (REPO / "evidence" / "conformance").is_dir():

@@ -180,7 +180,8 @@ def test_the_finder_and_the_claim_level_row_name_device_layout_and_patch() -> No
     patched build's result read as the release's, on no named device or layout."""
     from atlas.paths import project_path
     from atlas.evidence import servable
-    from atlas.site import modelfinder, modelpage, modelpages
+    from atlas.site import modelfinder, modelpage
+    from atlas.site import models_json as modelpages
 
     rows = conformance.current_verdicts(conformance.load_records(project_path(conformance.DEFAULT_DIR)))
     checked = servable.checked_for("deepseek_v3", ["DeepseekV3ForCausalLM"], "vLLM", rows)
@@ -199,7 +200,8 @@ def test_a_family_checked_on_a_stand_in_layout_says_so_in_the_finder() -> None:
     Qwen3.5's own: its finder cell and claim-level row name the stand-in; Qwen3-Next's own do not."""
     from atlas.paths import project_path
     from atlas.evidence import servable
-    from atlas.site import modelfinder, modelpage, modelpages
+    from atlas.site import modelfinder, modelpage
+    from atlas.site import models_json as modelpages
 
     rows = conformance.current_verdicts(conformance.load_records(project_path(conformance.DEFAULT_DIR)))
 

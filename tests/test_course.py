@@ -30,7 +30,8 @@ from atlas.store import db as store
 from atlas.fingerprints import rules as fingerprints
 from atlas.records import theory
 from atlas.evidence import reported as reported_figures, servable
-from atlas.site import diagrams, evidence, evidence_file, modelfinder, modelpage, modelpages, render, reported, worked_round
+from atlas.site import diagrams, evidence_file, modelfinder, modelpage, render, reported, worked_round
+from atlas.site import write_evidence as evidence, models_json as modelpages
 from atlas.site.mdsafe import escape
 
 REPORTED = REPO / "evidence" / "reported.toml"

@@ -17,7 +17,8 @@ from browser_helpers import ARTIFACTS, CHROMIUM, run_chromium
 from site_helpers import build_demo_site, parse_html
 
 from atlas.records import theory
-from atlas.site import modelpages, render, widgets
+from atlas.site import models_json as modelpages
+from atlas.site import render, widgets
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary on PATH")
 

@@ -25,7 +25,8 @@ from site_helpers import (
 
 from atlas import AtlasError
 from atlas.store import db as store
-from atlas.site import evidence, mdsafe
+from atlas.site import write_evidence as evidence
+from atlas.site import mdsafe
 from atlas.site import evidence_file, present_claims, runpages
 from atlas.cli import cli
 from atlas.evidence import catalog

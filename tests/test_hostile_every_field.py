@@ -21,7 +21,8 @@ from atlas import AtlasError
 from atlas.export import tables as export
 from atlas.conformance import record as conformance
 from atlas.records import record as records
-from atlas.site import evidence, mdsafe, modelpages, render
+from atlas.site import write_evidence as evidence, models_json as modelpages
+from atlas.site import mdsafe, render
 from atlas.evidence import reported as reported_figures
 from atlas.evidence import servable as servable_matrix
 

@@ -37,7 +37,8 @@ from atlas import AtlasError
 from atlas.store import db as store
 from atlas.cli import cli
 from atlas.records import gating, fields as recordfields, record as records, runcontext
-from atlas.site import evidence, modelfinder, modelpages, render
+from atlas.site import write_evidence as evidence, models_json as modelpages
+from atlas.site import modelfinder, render
 
 # ---- 1. injection -------------------------------------------------------------------------------
 

@@ -137,7 +137,7 @@ def crawled(tmp_path_factory: pytest.TempPathFactory):
 
 def _models(db, root):
     from atlas.store import db as store
-    from atlas.site import modelpages
+    from atlas.site import models_json as modelpages
     from atlas.evidence import servable as servable_matrix
 
     con = store.connect(db, read_only=True)

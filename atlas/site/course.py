@@ -10,7 +10,8 @@ from typing import Any, Callable
 from atlas import AtlasError
 from atlas.evidence import reported as reported_figures
 from atlas.records import gating
-from atlas.site import diagrams, measured, modelpage, modelpages, reported, widgets, worked_round
+from atlas.site import diagrams, measured, modelpage, reported, widgets, worked_round
+from atlas.site import models_json as modelpages
 from atlas.site.mdsafe import Markdown, escape
 
 

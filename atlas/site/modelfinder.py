@@ -18,7 +18,7 @@ from typing import Any
 
 from atlas.evidence import servable as servable_matrix
 from atlas.site.mdsafe import escape
-from atlas.site.modelpages import Engine, Model, Models, not_crawled_words, snapshot_words
+from atlas.site.models_json import Engine, Model, Models, not_crawled_words, snapshot_words
 
 FIRST_ROWS = 100  # rows the finder's page itself holds: its first screen, the same at any size
 PART_ROWS = 2000  # rows per part file the finder loads on demand

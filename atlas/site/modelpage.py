@@ -20,7 +20,7 @@ from atlas.site import measured as measured_section
 from atlas.site import reported as reported_section
 from atlas.site.modelfinder import FINDER_PARTS, SERVING_ENGINES, conformance_words, finder, finder_parts, measured_engines
 from atlas.site.mdsafe import Markdown, code, escape, table
-from atlas.site.modelpages import Model, Models, Snapshot, not_crawled_words, snapshot_words
+from atlas.site.models_json import Model, Models, Snapshot, not_crawled_words, snapshot_words
 
 _MODULE = "../modules/module-08.md"
 

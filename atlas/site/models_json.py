@@ -34,7 +34,7 @@ from atlas.records import record as records
 from atlas.paths import replace_text
 from atlas.jsonfile import read_written
 from atlas.site.evidence_format import date_text
-from atlas.site.prefill import calculator_prefill
+from atlas.site.calculator_defaults import calculator_prefill
 from atlas.site.widgets import Prefill
 
 FILE_NAME = "models.json"
