@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atlas.measure import conformance, conformancestats
-from atlas.measure.conformancesuite import ORACLE_DRAFT_SCALE, write_checkpoints
-from atlas.measure.oracles import bigram_tables
+from atlas.checkpoints.oracles import bigram_tables
+from atlas.conformance import record as conformance, stats as conformancestats
+from atlas.engines.conformance_suite import ORACLE_DRAFT_SCALE, write_checkpoints
 from test_conformance_power import _check, _distribution, _record, _run
 from test_engines import _simulate
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from atlas.measure import studentt
-from atlas.measure.cells import build_cell
-from atlas.measure.gating import FAMILY_ALPHA, decide, p_faster, paired_bounds, regate, t_bounds
-from atlas.measure.recordfields import PromptRun
-from atlas.measure.records import Repeat, canonical_bytes, read_record
+from atlas.engines.cells import build_cell
+from atlas.records import studentt
+from atlas.records.fields import PromptRun
+from atlas.records.gating import FAMILY_ALPHA, decide, p_faster, paired_bounds, regate, t_bounds
+from atlas.records.record import Repeat, canonical_bytes, read_record
 from atlas.paths import ROOT
 
 KS = (1, 2, 3, 4)

@@ -11,8 +11,8 @@ from pathlib import Path
 from safetensors.numpy import save_file
 import numpy as np
 
-from atlas.measure.checkpoint import digest
-from atlas.measure.records import PROVENANCE_FILE
+from atlas.decode.checkpoint import digest
+from atlas.records.record import PROVENANCE_FILE
 
 
 def _checkpoint(folder: Path) -> Path:
