@@ -739,9 +739,11 @@ def test_changelog_records_count_new_and_remeasured_cells(exported) -> None:
     for r in measurements:
         mine = [c for c in cells if c["record_id"] == r.record_id]
         assert r.n_rows == len(mine)
-        # a cell is measured again only for the same model
+        # a cell is measured again only in the same experiment: model, revision, head, engine build
+        # and machine here (kernels, threads and draft vocabulary: tests/test_experiment.py)
         def key(c: dict) -> tuple:
-            return c["model_id"], c["engine"], c["workload"], c["temperature"], c["draft_tokens"]
+            return (c["model_id"], c["revision"], c["provenance_head_sha256"], c["engine"], c["engine_version"], c["hardware"],
+                    c["workload"], c["temperature"], c["draft_tokens"])
         earlier = {key(c) for c in cells if c["run_date"] < mine[0]["run_date"]}
         again = sum(1 for c in mine if key(c) in earlier)
         assert (r.added, sum(r.remeasured.values())) == (r.n_rows - again, again)

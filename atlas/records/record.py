@@ -295,8 +295,9 @@ class Record(Strict):
         for key in ("regime", "kernels", "draft_vocab", "shared_tensors"):  # records written before these fields keep their bytes
             if data["settings"].get(key) is None:
                 data["settings"].pop(key, None)
-        if data["hardware"].get("omp_wait_policy") is None:
-            data["hardware"].pop("omp_wait_policy", None)
+        for key in ("omp_wait_policy", "cpu_flags"):  # records stamped before these fields keep their bytes
+            if data["hardware"].get(key) is None:
+                data["hardware"].pop(key, None)
         if data.get("recurrent_state") is None:  # absent, not null, in records without recurrent layers
             data.pop("recurrent_state", None)
         if self.provenance is None:
