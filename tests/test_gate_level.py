@@ -22,7 +22,7 @@ import pytest
 from atlas.engines.cells import build_cell
 from atlas.records import studentt
 from atlas.records.fields import PromptRun
-from atlas.records.gating import FAMILY_ALPHA, decide, p_faster, paired_bounds, regate, t_bounds
+from atlas.records.gating import FAMILY_ALPHA, GATE_RULE, decide, p_faster, paired_bounds, regate, t_bounds
 from atlas.records.record import Repeat, canonical_bytes, read_record
 from atlas.paths import ROOT
 
@@ -153,3 +153,14 @@ def test_sixteen_prompts_a_category_have_the_power_the_prompt_set_states() -> No
     design's spreads. 20 000-trial runs gave 0.90 and 0.55; 400 trials each check the claim."""
     assert simulate(1.15, 400, Design(prompts=16), rule=2, seed=3) >= 0.84
     assert simulate(1.15, 400, Design(prompts=8), rule=2, seed=4) <= 0.65
+
+
+def test_a_run_page_states_the_rule_its_record_was_gated_by() -> None:
+    from atlas.site import runpages
+    from test_records import make_record
+
+    new = make_record()
+    old = new.model_copy(update={"schema_version": 3, "gate_rule": None})
+    assert runpages.gate_rule_text(old) == runpages.GATE_RULE and "Holm" not in runpages.GATE_RULE
+    text = runpages.gate_rule_text(new)
+    assert new.rule == GATE_RULE == 2 and "Holm step-down over every k" in text and "spread between prompts" in text
