@@ -38,6 +38,11 @@ class Workload(BaseModel):
     # (a long-context category); None: the run's cut (options.MAX_PROMPT_TOKENS)
     max_prompt_tokens: int | None = Field(default=None, gt=0, le=1_000_000)
 
+    @property
+    def texts(self) -> list[str]:
+        """Every text the workload sends: each prompt, each turn of a conversation."""
+        return [t for p in self.prompts for t in ([p] if isinstance(p, str) else p)]
+
     @model_validator(mode="after")
     def _conversations(self) -> "Workload":
         for p in self.prompts:
