@@ -325,8 +325,10 @@ def require_complete_snapshot(db: Path) -> int:
 
 
 def stored_pairs(con: duckdb.DuckDBPyConnection, pairs: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
-    """Those of `pairs` whose config.json is stored: these cost no config request in a new crawl."""
-    rows = _rows_for(con, pairs, "DISTINCT t.repo_id, t.sha", "raw_files", "t.filename = 'config.json'")
+    """Those of `pairs` whose config.json (or, for a GGUF repo, a GGUF header record) is stored:
+    these cost no config request in a new crawl."""
+    rows = _rows_for(con, pairs, "DISTINCT t.repo_id, t.sha", "raw_files",
+                     "t.filename = 'config.json' OR starts_with(t.filename, 'gguf-header:')")
     return {(r, s) for r, s in rows}
 
 

@@ -77,7 +77,7 @@ from atlas.hub.client import (
 )
 from atlas.hub.context import MAX_ATTEMPTS, Context
 from atlas.hub.errors import RETRY_STATUS, ErrorKind, RepoProblem, first_line
-from atlas.hub.fetch import Fetched, Listed, fetch_repo, fingerprint_stored, side_files_pending
+from atlas.hub.fetch import Fetched, Listed, fetch_repo, fingerprint_stored, fingerprintable, side_files_pending
 from atlas.hub.listing import LISTING_EXPAND, OrgCoverage, list_scope, to_listed
 from atlas.hub.pacing import Pacer
 from atlas.hub.progress import CrawlProgress
@@ -431,7 +431,7 @@ def _fingerprint_rows(con: duckdb.DuckDBPyConnection, repos: list[RepoState], fi
     rows_by_pair = {r.pair: r.listed.row for r in repos}
     fp_rows: store.FingerprintRows = []
     for (repo, sha), entry in inputs.items():
-        if (repo, sha) in stale and "config.json" in entry["files"]:
+        if (repo, sha) in stale and fingerprintable(entry["files"]):
             try:
                 fp_rows += [(repo, sha, RULE_VERSION, n, v, p) for n, v, p in fingerprint_stored(entry["files"], entry["weights"])]
             except Exception as exc:  # one repo's values never cost the snapshot
@@ -481,7 +481,7 @@ def refingerprint(db: Path) -> int:
         inputs = store.load_inputs(con)
         rows: store.FingerprintRows = []
         for (repo, sha), entry in inputs.items():
-            if "config.json" in entry["files"]:
+            if fingerprintable(entry["files"]):
                 try:
                     rows += [(repo, sha, RULE_VERSION, n, v, p) for n, v, p in fingerprint_stored(entry["files"], entry["weights"])]
                 except Exception:  # a config the rules cannot read keeps no fingerprint

@@ -24,9 +24,11 @@ from atlas.fingerprints import (
     parse_config_bytes,
     parse_weight_index,
 )
+from atlas.gguf import RECORD_PREFIX, from_record
 from atlas.hub import redact
 from atlas.hub.context import Context, call
 from atlas.hub.errors import ErrorKind, RepoProblem
+from atlas.hub.ggufs import gguf_files, read_record, record_name
 
 # Used with fullmatch: `$` would accept one trailing newline ("org/m\n" as a second repo).
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}")
@@ -136,6 +138,30 @@ def _header_names(ctx: Context, repo_id: str, sha: str) -> list[str]:
     return names
 
 
+def _gguf_record(ctx: Context, repo_id: str, sha: str, filename: str) -> str:
+    """A GGUF file's header record, cached on disk (a failure for good is cached by _download's
+    rule: it is not asked again at the same sha)."""
+    cached = ctx.cache_dir / "atlas-gguf-headers" / sha / repo_id.replace("/", "--") / (filename.replace("/", "--") + ".json")
+    failed = cached.with_name(cached.name + ".error")
+    try:
+        if cached.is_file():
+            text = cached.read_text(encoding="utf-8")
+            json.loads(text)
+            return text
+        if failed.is_file():
+            raise RepoProblem(ErrorKind.ERROR, failed.read_text(encoding="utf-8"), permanent=True)
+    except (OSError, ValueError):
+        pass  # damaged cache entry: a miss
+    try:
+        text = read_record(ctx, repo_id, sha, filename)
+    except RepoProblem as exc:
+        if exc.permanent:
+            _write_aside(failed, str(exc).encode("utf-8"))
+        raise
+    _write_aside(cached, text.encode("utf-8"))
+    return text
+
+
 def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> Fetched:
     """Download what the fingerprints need at the listed sha. Raises RepoProblem when the config
     itself can't be had; problems with side files are recorded and the rest kept. With `settled`
@@ -147,9 +173,12 @@ def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> F
     sha = item.sha
     out = Fetched()
     siblings = item.siblings
+    ggufs = gguf_files(siblings)
+    if settled is None and siblings is not None and "config.json" not in siblings and ggufs:
+        settled = set()  # a GGUF repo: its headers are what it says, there is no config to read
     if settled is None:
         if siblings is not None and "config.json" not in siblings:
-            raise RepoProblem(ErrorKind.MISSING, "no config.json in this repo")
+            raise RepoProblem(ErrorKind.MISSING, "no config.json (nor a GGUF file) in this repo")
         data = _download(ctx, item.repo_id, sha, "config.json", MAX_CONFIG_BYTES)
         try:
             parse_config_bytes(data)
@@ -184,6 +213,12 @@ def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> F
         got = side(WEIGHT_INDEX, MAX_INDEX_BYTES, parse_weight_index)
         if got is not None:
             out.weights = ("index", got[1])
+    for name in ggufs:
+        if record_name(name) not in settled and name not in settled:
+            try:
+                out.files[record_name(name)] = _gguf_record(ctx, item.repo_id, sha, name)
+            except RepoProblem as exc:
+                record(name, exc)
     if out.weights is None and siblings is not None and wanted(SINGLE_FILE):
         try:
             out.weights = ("header", _header_names(ctx, item.repo_id, sha))
@@ -200,14 +235,18 @@ def side_files_pending(siblings: set[str] | None, settled: set[str], errors: dic
     done = settled | set(errors)
     if QUANT_SIDECAR in siblings and QUANT_SIDECAR not in done:
         return True
+    if any(record_name(f) not in done and f not in done for f in gguf_files(siblings)):
+        return True
     if settled & set(store.WEIGHT_SOURCE_FILES.values()):
         return False  # tensor names are stored
     return any(f in siblings and f not in done for f in (WEIGHT_INDEX, SINGLE_FILE))
 
 
 def fingerprint_stored(files: dict[str, str], weights: tuple[str, list[str]] | None) -> list[tuple[str, str, str | None]]:
-    """Fingerprint rows for one (repo_id, sha) from what the store holds (pure)."""
-    config = parse_config_bytes(files["config.json"].encode("utf-8"))
+    """Fingerprint rows for one (repo_id, sha) from what the store holds (pure). A GGUF repo
+    without a config is read from its header records alone."""
+    config = parse_config_bytes(files["config.json"].encode("utf-8")) if "config.json" in files else {}
+    headers = [from_record(text) for name, text in sorted(files.items()) if name.startswith(RECORD_PREFIX)]
     sidecar = None
     if "hf_quant_config.json" in files:
         try:
@@ -216,4 +255,10 @@ def fingerprint_stored(files: dict[str, str], weights: tuple[str, list[str]] | N
         except AtlasError:
             sidecar = None  # a bad side file never loses the valid config
     source, names = weights if weights is not None else (None, None)
-    return fingerprint(config, names, source, sidecar).rows()
+    return fingerprint(config, names, source, sidecar, headers).rows()
+
+
+def fingerprintable(files: dict[str, str]) -> bool:
+    """Whether the stored files of a (repo_id, sha) are enough to fingerprint it: a config, or
+    the header of a GGUF file."""
+    return "config.json" in files or any(name.startswith(RECORD_PREFIX) for name in files)
