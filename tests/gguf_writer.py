@@ -7,7 +7,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from atlas.gguf import GGML_TYPES
+from atlas.fingerprints.gguf import GGML_TYPES
 
 FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 U32, STRING, ARRAY, U64 = 4, 8, 9, 10

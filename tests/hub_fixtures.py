@@ -18,7 +18,7 @@ import pytest
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.pop("HF_HUB_OFFLINE", None)
 
-from atlas.hub.server import HubServer, load_mirror
+from atlas.hub.local.server import HubServer, load_mirror
 
 ROOT = Path(__file__).resolve().parents[1]
 MIRROR = ROOT / "data" / "hub-mirror"

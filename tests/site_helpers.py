@@ -12,7 +12,7 @@ from datetime import datetime
 from html.parser import HTMLParser
 from pathlib import Path
 
-from atlas import store
+from atlas.store import db as store
 from atlas.site.render import Layout
 from atlas.evidence.servable import Matrix
 
@@ -239,8 +239,8 @@ class DemoSite:
     layout: Layout
     db: Path
     evidence: object  # atlas.site.evidence_file.Evidence
-    models: object  # atlas.site.modelpages.Models
-    manifest: object | None  # atlas.export.Manifest, when exported
+    models: object  # atlas.site.models_json.Models
+    manifest: object | None  # atlas.export.tables.Manifest, when exported
 
 
 def build_demo_site(root: Path, *, conformance: bool = False, sources: bool = False, export_data: bool = False,
@@ -250,8 +250,9 @@ def build_demo_site(root: Path, *, conformance: bool = False, sources: bool = Fa
     the site's evidence (the verdicts in the servable matrix); `sources`: the mirror's SOURCES.tsv is
     shown; `export_data`: the export is written first (the Data and Changelog pages);
     `copy_measurements`: the records are copied beside the evidence as well."""
-    from atlas import export
-    from atlas.site import evidence, modelpages, render
+    from atlas.export import tables as export
+    from atlas.site import write_evidence as evidence, models_json as modelpages
+    from atlas.site import render
 
     layout = site_copy(root)
     if conformance and (REPO / "evidence" / "conformance").is_dir():
@@ -293,7 +294,7 @@ def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list
     repeat's speed-up."""
     import hashlib
 
-    from atlas.measure import gating, records, runcontext
+    from atlas.records import gating, record as records, runcontext
 
     costs = records.PassCosts(plain=0.01, verify={1: 0.012, 2: 0.013}, draft=0.002)
     cells = []
@@ -335,7 +336,7 @@ def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list
 def import_folder(db: Path, folder: Path) -> int:
     """`atlas measure import` of `folder` into the store at `db`, as the CLI runs it: how many
     records were loaded; a rejected record fails the test."""
-    from atlas.measure import records
+    from atlas.records import record as records
 
     con = store.connect(db)
     try:

@@ -24,7 +24,7 @@ from browser_helpers import ARTIFACTS, CHROMIUM
 from chromium_cdp import Chromium
 from site_helpers import REPO, build_demo_site, declared_repo_ids
 
-from atlas.measure import records
+from atlas.records import record as records
 from atlas.site import render
 
 pytestmark = pytest.mark.skipif(

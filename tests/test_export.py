@@ -24,11 +24,14 @@ from hub_fixtures import copy_mirror, make_hub, write_watchlist  # noqa: F401  (
 from site_helpers import (REPO, Model, build_demo_site, engines_in, parse_html, plant_measurement, site_copy,
                           write_snapshot)
 
-from atlas import AtlasError, croissant, export, exportformat, store
+from atlas import AtlasError
+from atlas.export import croissant, tables as export, formats as exportformat
+from atlas.store import db as store
 from atlas.cli import cli
 from atlas.hub import crawl as crawler
-from atlas.measure import conformance, records
-from atlas.measure.familytable import FAMILIES
+from atlas.conformance import record as conformance
+from atlas.records import record as records
+from atlas.families.table import FAMILIES
 from atlas.evidence import catalog, changelog as changelog_data, reported, runs as evidence_runs, servable
 from atlas.site import changelog, render
 from atlas.site import reported as reported_section

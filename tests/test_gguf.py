@@ -1,4 +1,4 @@
-"""The GGUF header reader (atlas.gguf): what it reads from a well-formed header, and a hostile
+"""The GGUF header reader (atlas.fingerprints.gguf): what it reads from a well-formed header, and a hostile
 header for every bound it keeps, each built here byte by byte (tests/gguf_writer.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import struct
 import pytest
 from gguf_writer import ARRAY, STRING, U32, Model, gstr, kv, mtp_model, tensor_info
 
-from atlas.gguf import (
+from atlas.fingerprints.gguf import (
     GGML_TYPES,
     BytesSource,
     GGUFError,

@@ -17,9 +17,12 @@ import pytest
 from site_helpers import REPO, crawl_mirror, import_folder, parse_html, site_copy
 from test_hostile_records import _assert_inert
 
-from atlas import AtlasError, export
-from atlas.measure import conformance, records
-from atlas.site import evidence, mdsafe, modelpages, render
+from atlas import AtlasError
+from atlas.export import tables as export
+from atlas.conformance import record as conformance
+from atlas.records import record as records
+from atlas.site import write_evidence as evidence, models_json as modelpages
+from atlas.site import mdsafe, render
 from atlas.evidence import reported as reported_figures
 from atlas.evidence import servable as servable_matrix
 

@@ -33,10 +33,12 @@ from chromium_cdp import Chromium
 from click.testing import CliRunner
 from site_helpers import REPO, hostile_store, parse_html, site_copy
 
-from atlas import AtlasError, store
+from atlas import AtlasError
+from atlas.store import db as store
 from atlas.cli import cli
-from atlas.measure import gating, recordfields, records, runcontext
-from atlas.site import evidence, modelfinder, modelpages, render
+from atlas.records import gating, fields as recordfields, record as records, runcontext
+from atlas.site import write_evidence as evidence, models_json as modelpages
+from atlas.site import modelfinder, render
 
 # ---- 1. injection -------------------------------------------------------------------------------
 
@@ -438,7 +440,7 @@ def test_a_record_from_outside_the_checkout_never_publishes_its_path(tmp_path: P
 def test_no_anchored_validator_accepts_a_trailing_newline(tmp_path: Path) -> None:
     """Each validator of atlas/measure and atlas/site that checks a whole value, given the valid
     value and the same with a final newline (Python's `$` matches before one)."""
-    from atlas.measure.oracles import BRANCH_OUT
+    from atlas.checkpoints.oracles import BRANCH_OUT
     from atlas.evidence import reported
 
     good = json.loads(records.canonical_bytes(good_record("x/y")))

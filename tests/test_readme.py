@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from atlas.cli import cli
-from atlas.measure import conformance
+from atlas.conformance import record as conformance
 from tests.site_helpers import REPO, crawl_mirror
 
 README = (REPO / "README.md").read_text()

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from huggingface_hub import hf_hub_url
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from atlas.gguf import RECORD_PREFIX, SPLIT_NAME, GGUFError, read_header, to_record
+from atlas.fingerprints.gguf import RECORD_PREFIX, SPLIT_NAME, GGUFError, read_header, to_record
 from atlas.hub import redact
 from atlas.hub.context import Context, call
 from atlas.hub.errors import ErrorKind, RepoProblem
@@ -50,7 +50,7 @@ def record_name(filename: str) -> str:
 
 class HubRangeSource:
     """One file at a pinned sha, read by Range requests; `size` from the first answer's
-    Content-Range (the Hub's 206), as atlas.gguf.Source wants it."""
+    Content-Range (the Hub's 206), as atlas.fingerprints.gguf.Source wants it."""
 
     def __init__(self, ctx: Context, repo_id: str, sha: str, filename: str) -> None:
         self.ctx, self.filename = ctx, filename
@@ -105,7 +105,7 @@ def _slice(chunks: Iterable[bytes], skip: int, n: int) -> bytes:
 
 
 def read_record(ctx: Context, repo_id: str, sha: str, filename: str) -> str:
-    """The header record (atlas.gguf.to_record) of one GGUF file, read by ranges. RepoProblem,
+    """The header record (atlas.fingerprints.gguf.to_record) of one GGUF file, read by ranges. RepoProblem,
     permanent, for a header that is not GGUF within bounds (the same bytes at the same sha)."""
     try:
         header = read_header(HubRangeSource(ctx, repo_id, sha, filename), filename)
