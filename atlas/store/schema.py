@@ -62,8 +62,80 @@ SELECT repo_id, sha, any_value(rule_version) AS rule_version,
     -- every writable connect, and readers of the columns above keep their positions.
     max(value) FILTER (WHERE name = 'mtp_quantized') AS mtp_quantized,
     max(path) FILTER (WHERE name = 'mtp_quantized') AS mtp_quantized_evidence,
-    max(value) FILTER (WHERE name = 'mtp_dtype') AS mtp_dtype
+    max(value) FILTER (WHERE name = 'mtp_dtype') AS mtp_dtype,
+    -- the repo's own MTP form (atlas.fingerprints.form) and what it read; appended likewise
+    max(value) FILTER (WHERE name = 'mtp_form') AS own_mtp_form,
+    max(path) FILTER (WHERE name = 'mtp_form') AS own_mtp_form_evidence,
+    max(path) FILTER (WHERE name = 'mtp_conversion') AS mtp_conversion,
+    max(value) FILTER (WHERE name = 'gguf_layout') AS gguf_layout,
+    max(path) FILTER (WHERE name = 'gguf_layout') AS gguf_layout_evidence,
+    max(value) FILTER (WHERE name = 'gguf_architecture') AS gguf_architecture,
+    TRY_CAST(max(value) FILTER (WHERE name = 'gguf_nextn_predict_layers') AS INTEGER) AS gguf_nextn_predict_layers,
+    max(path) FILTER (WHERE name = 'gguf_nextn_predict_layers') AS gguf_nextn_key,
+    max(value) FILTER (WHERE name = 'gguf_head_types') AS gguf_head_types,
+    max(path) FILTER (WHERE name = 'gguf_head_types') AS gguf_head_tensors,
+    max(value) FILTER (WHERE name = 'mtp_own_embedding') AS mtp_own_embedding,
+    max(path) FILTER (WHERE name = 'mtp_own_embedding') AS mtp_own_embedding_evidence,
+    max(value) FILTER (WHERE name = 'mtp_own_lm_head') AS mtp_own_lm_head,
+    max(path) FILTER (WHERE name = 'mtp_own_lm_head') AS mtp_own_lm_head_evidence,
+    TRY_CAST(max(value) FILTER (WHERE name = 'mtp_head_params') AS BIGINT) AS mtp_head_params,
+    TRY_CAST(max(value) FILTER (WHERE name = 'mtp_head_bytes') AS BIGINT) AS mtp_head_bytes,
+    TRY_CAST(max(value) FILTER (WHERE name = 'mtp_head_share') AS DOUBLE) AS mtp_head_share,
+    max(path) FILTER (WHERE name = 'mtp_head_params') AS mtp_head_evidence,
+    TRY_CAST(max(value) FILTER (WHERE name = 'block_size') AS INTEGER) AS sidecar_block_size,
+    TRY_CAST(max(value) FILTER (WHERE name = 'dspark_block_size') AS INTEGER) AS dspark_block_size,
+    max(value) FILTER (WHERE name = 'dspark_target_layer_ids') AS dspark_target_layer_ids
 FROM fingerprints GROUP BY repo_id, sha;
+
+-- Each repo's MTP form in each snapshot: its own (atlas.fingerprints.form), with the one rule that
+-- needs its base's: a conversion (GGUF, MLX, a quantization config, or a card that says
+-- `quantized`) holding no MTP tensor of a base that ships or declares them is `stripped`, and a
+-- conversion of a base whose heads are missing is `declared_missing` like its base. The base is the
+-- card's base_model when it names exactly one repo of the same snapshot.
+CREATE OR REPLACE VIEW mtp_forms AS
+WITH own AS (
+    SELECT h.snapshot_id, h.repo_id, h.base_models, h.base_relation, f.own_mtp_form, f.own_mtp_form_evidence,
+        f.mtp_conversion
+    FROM hub_models h LEFT JOIN fingerprints_wide f ON f.repo_id = h.repo_id AND f.sha = h.sha
+), based AS (
+    SELECT o.*, b.repo_id AS base_repo, b.own_mtp_form AS base_form
+    FROM own o LEFT JOIN own b ON b.snapshot_id = o.snapshot_id AND len(o.base_models) = 1
+        AND lower(b.repo_id) = lower(o.base_models[1]) AND b.repo_id <> o.repo_id
+), ruled AS (
+    SELECT *,
+        own_mtp_form IN ('none', 'declared_missing') AND (mtp_conversion IS NOT NULL OR base_relation = 'quantized')
+            AND base_form IN ('in_checkpoint', 'declared_unread') AS to_stripped,
+        own_mtp_form = 'stripped' AND base_form = 'declared_missing' AS to_missing
+    FROM based
+)
+SELECT snapshot_id, repo_id,
+    CASE WHEN to_stripped THEN 'stripped' WHEN to_missing THEN 'declared_missing' ELSE own_mtp_form END AS mtp_form,
+    CASE WHEN to_stripped THEN 'base ' || base_repo || ' is ' || base_form || '; this conversion ('
+            || coalesce(mtp_conversion, 'card: quantized') || '): ' || own_mtp_form_evidence
+         WHEN to_missing THEN 'base ' || base_repo || ' declares heads its weights lack too; ' || own_mtp_form_evidence
+         ELSE own_mtp_form_evidence END AS mtp_form_evidence,
+    own_mtp_form, CASE WHEN to_stripped OR to_missing THEN base_repo END AS mtp_form_base
+FROM ruled;
+
+-- MTP-only sidecar repos and, per snapshot, the base each is for: the card's base_model when it
+-- names exactly one model ('base_model'), else a repo of the same snapshot whose id is the
+-- sidecar's without `-MTP` (`org/X-MTP` -> `org/X`, `org/X-MTP-GGUF` -> `org/X-GGUF`; 'name').
+CREATE OR REPLACE VIEW mtp_sidecar_links AS
+WITH sidecars AS (
+    SELECT h.snapshot_id, h.repo_id, h.base_models
+    FROM hub_models h JOIN fingerprints f ON f.repo_id = h.repo_id AND f.sha = h.sha
+        AND f.name = 'mtp_form' AND f.value = 'mtp_sidecar'
+), by_name AS (
+    SELECT s.snapshot_id, s.repo_id, min(n.repo_id) AS base
+    FROM sidecars s JOIN hub_models n ON n.snapshot_id = s.snapshot_id AND n.repo_id <> s.repo_id
+        AND (lower(s.repo_id) = lower(n.repo_id) || '-mtp'
+             OR (lower(n.repo_id) LIKE '%-gguf' AND lower(s.repo_id) = left(lower(n.repo_id), -5) || '-mtp-gguf'))
+    GROUP BY s.snapshot_id, s.repo_id
+)
+SELECT s.snapshot_id, s.repo_id AS sidecar,
+    CASE WHEN len(s.base_models) = 1 THEN s.base_models[1] ELSE b.base END AS base,
+    CASE WHEN len(s.base_models) = 1 THEN 'base_model' WHEN b.base IS NOT NULL THEN 'name' END AS base_evidence
+FROM sidecars s LEFT JOIN by_name b ON b.snapshot_id = s.snapshot_id AND b.repo_id = s.repo_id;
 
 -- MTP drafters that ship as repos of their own (fingerprint `mtp_drafter`, atlas.fingerprints.rules
 -- DRAFTER_RULES) and, per snapshot, the target each is for, with the evidence: the card's
@@ -97,11 +169,22 @@ SELECT h.repo_id, h.sha AS revision, s.snapshot_id, s.finished_at AS snapshot_da
     -- appended, like the precision columns: the drafter side and the target side of a drafter
     -- link, each its own claim; the declared counts above stay each repo's own
     l.drafter_kind AS mtp_drafter, l.target AS drafter_target, l.target_evidence AS drafter_target_evidence,
-    p.drafters AS mtp_drafters_published
+    p.drafters AS mtp_drafters_published,
+    -- appended: the MTP form (mtp_forms), a sidecar's base and a base's sidecars, GGUF and head facts
+    m.mtp_form, m.mtp_form_evidence, sl.base AS sidecar_base, sl.base_evidence AS sidecar_base_evidence,
+    sp.sidecars AS mtp_sidecars_published, f.gguf_layout, f.gguf_architecture, f.gguf_nextn_predict_layers,
+    f.gguf_head_types, f.mtp_own_embedding, f.mtp_own_lm_head, f.mtp_head_params, f.mtp_head_bytes, f.mtp_head_share,
+    f.mtp_dtype, f.dspark_block_size, f.sidecar_block_size
 FROM hub_models h
 JOIN snapshots s ON s.snapshot_id = h.snapshot_id AND s.status = 'complete'
 LEFT JOIN fingerprints_wide f ON f.repo_id = h.repo_id AND f.sha = h.sha
 LEFT JOIN mtp_drafter_links l ON l.snapshot_id = h.snapshot_id AND l.drafter = h.repo_id
+LEFT JOIN mtp_forms m ON m.snapshot_id = h.snapshot_id AND m.repo_id = h.repo_id
+LEFT JOIN mtp_sidecar_links sl ON sl.snapshot_id = h.snapshot_id AND sl.sidecar = h.repo_id
+LEFT JOIN (
+    SELECT snapshot_id, lower(base) AS base, string_agg(sidecar, ',' ORDER BY sidecar) AS sidecars
+    FROM mtp_sidecar_links WHERE base IS NOT NULL GROUP BY snapshot_id, lower(base)
+) sp ON sp.snapshot_id = h.snapshot_id AND sp.base = lower(h.repo_id)
 LEFT JOIN (
     SELECT snapshot_id, lower(target) AS target, string_agg(drafter, ',' ORDER BY drafter) AS drafters
     FROM mtp_drafter_links WHERE target IS NOT NULL GROUP BY snapshot_id, lower(target)
