@@ -5,7 +5,9 @@ and the new config spellings read. The repos are synthetic (tests/mtp_form_fixtu
 
 from __future__ import annotations
 
+import html
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,12 +15,15 @@ import duckdb
 import pytest
 from hub_fixtures import build_mirror, rows, write_watchlist
 from mtp_form_fixtures import EVIL_GGUF, ORG, evil_repo, repos
+from site_helpers import REPO
 
 from atlas.fingerprints.form import FORMS
 from atlas.fingerprints.rules import fingerprint
 from atlas.hub import crawl as crawler
 from atlas.hub.local.mirror import load_mirror
 from atlas.hub.local.server import HubServer
+from atlas.site import modelfinder, modelpage, mtp_forms
+from atlas.site import models_json as modelpages
 
 REPOS = [*repos(), evil_repo()]
 
@@ -139,3 +144,39 @@ def test_new_config_spellings(config: dict, declared: tuple, pattern: str | None
     fp = fingerprint(config)
     assert (fp.declared_num_mtp_layers, fp.declared_key) == declared
     assert fp.facts.get("mtp_block_pattern", (None,))[0] == pattern
+
+
+@pytest.fixture(scope="module")
+def site(crawled, tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("pages")
+    models = modelpages.generate(crawled[0], out / modelpages.FILE_NAME, REPO / "evidence" / "servable.toml", REPO)
+    modelpage.render(models, None, out / "models")
+    return models, out / "models"
+
+
+def test_every_form_shows_on_its_page_and_in_the_finder(site) -> None:
+    models, folder = site
+    by_id = {m.repo_id: m for m in models.models}
+    column = modelfinder.FINDER_COLUMNS.index("MTP form") + 1
+    for r in REPOS:
+        m = by_id[r.repo_id]
+        assert modelfinder.finder_row(m)[column].split(" (GGUF")[0] == r.form
+        if r.form not in ("none", "declared_unread"):
+            assert f"| MTP form | {mtp_forms.FORM_WORDS[r.form]} ({r.form}); evidence: " in page_text(folder, m), r.repo_id
+
+
+def test_the_pages_link_sidecar_and_base_both_ways_and_state_the_head(site) -> None:
+    models, folder = site
+    by_id = {m.repo_id: m for m in models.models}
+    sidecar, base = by_id[f"{ORG}/GLM-4.5-Air-shaped-MTP-GGUF"], by_id[f"{ORG}/GLM-4.5-Air-shaped-GGUF"]
+    assert f"base: [{base.repo_id}]({base.slug}.md) (from its repo name without -MTP)" in page_text(folder, sidecar)
+    assert f"MTP-only sidecar published: [{sidecar.repo_id}]({sidecar.slug}.md)" in page_text(folder, base)
+    step = page_text(folder, by_id[f"{ORG}/Step-3.5-shaped"])
+    assert "| MTP head | uses the trunk's embedding; its own lm_head; serve it with its own lm_head" in step
+    comb = page_text(folder, by_id[f"{ORG}/GLM-4.5-Air-shaped-combined-GGUF"])
+    assert "12,416 parameters, 13,568 bytes, 29.42% of the file; GGUF: combined, head types GLM-4.5-Air-Q4_K_M.gguf: F32×2, Q8_0×2" in comb
+
+
+def page_text(folder: Path, m) -> str:
+    """A model page as a reader sees its text: entities decoded, <code> tags dropped."""
+    return html.unescape(re.sub(r"</?code>", "", (folder / f"{m.slug}.md").read_text()))
