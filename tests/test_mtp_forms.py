@@ -21,6 +21,7 @@ from atlas.fingerprints.form import FORMS
 from atlas.fingerprints.rules import fingerprint
 from atlas.hub import crawl as crawler
 from atlas.hub.local.mirror import load_mirror
+from atlas.export import tables as export
 from atlas.hub.local.server import HubServer
 from atlas.site import modelfinder, modelpage, mtp_forms
 from atlas.site import models_json as modelpages
@@ -180,3 +181,19 @@ def test_the_pages_link_sidecar_and_base_both_ways_and_state_the_head(site) -> N
 def page_text(folder: Path, m) -> str:
     """A model page as a reader sees its text: entities decoded, <code> tags dropped."""
     return html.unescape(re.sub(r"</?code>", "", (folder / f"{m.slug}.md").read_text()))
+
+
+def test_the_export_carries_form_evidence_links_and_head_facts(crawled, tmp_path: Path) -> None:
+    out = tmp_path / "export"
+    export.export(crawled[0], out, REPO / "evidence", REPO)
+    con = duckdb.connect()
+    try:
+        got = {r[0]: r[1:] for r in con.execute(
+            "SELECT repo_id, mtp_form, mtp_form_evidence, sidecar_base, gguf_layout, gguf_head_types, mtp_own_lm_head, "
+            f"mtp_head_bytes FROM read_parquet('{out / 'fingerprints.parquet'}')").fetchall()}
+    finally:
+        con.close()
+    assert {r.repo_id: got[r.repo_id][0] for r in REPOS} == {r.repo_id: r.form for r in REPOS}
+    assert got[f"{ORG}/GLM-4.5-Air-shaped-MTP-GGUF"][2:] == (f"{ORG}/GLM-4.5-Air-shaped-GGUF", "mtp-only",
+                                                          "GLM-4.5-Air-MTP-Q8_0.gguf: F16×2, F32×2, Q8_0×2", "yes", 17_664)
+    assert got[f"{ORG}/MiniMax-M2.5-shaped"][1] == "num_mtp_modules = 3; none of the 9 tensor names is an MTP tensor"

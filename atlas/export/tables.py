@@ -116,6 +116,29 @@ MEANINGS: dict[str, dict[str, str]] = {
                                    "NULL for a drafter: target unknown",
         "mtp_drafters_published": "MTP drafter repos of the same snapshot whose target is this model, comma-separated "
                                   "(their layers are not counted in this model's declared or shipped)",
+        "mtp_form": "the form the repo ships MTP in, by rule (atlas.fingerprints.form and the store's mtp_forms view): "
+                    "in_checkpoint, declared_missing, stripped, mtp_sidecar, separate_drafter, block_drafter (not MTP), "
+                    "declared_unread (declared, no weight names read), none",
+        "mtp_form_evidence": "what decided mtp_form: the config key and value, the tensor names or GGUF tensors, and for "
+                             "a conversion judged by its base, that base's form",
+        "sidecar_base": "for an MTP-only sidecar, the base model it is the head of (NULL: not a sidecar, or base unknown)",
+        "sidecar_base_evidence": "where sidecar_base comes from: base_model (the card names exactly one) or name (a repo "
+                                 "of the snapshot named as the sidecar without -MTP)",
+        "mtp_sidecars_published": "MTP-only sidecar repos of the same snapshot whose base is this model, comma-separated",
+        "gguf_layout": "for a GGUF repo, what its files hold: combined (trunk and blk.N.nextn.*), trunk-only, mtp-only "
+                       "(comma-separated when files differ); read from each file's header by Range requests",
+        "gguf_architecture": "general.architecture of the GGUF files read",
+        "gguf_nextn_predict_layers": "the GGUF key {arch}.nextn_predict_layers (the largest over the files read)",
+        "gguf_head_types": "the ggml types of the MTP blocks' tensors per GGUF file (type×count): the head's quantization",
+        "mtp_own_embedding": "yes when the MTP head ships its own embedding tensor, no when it uses the trunk's",
+        "mtp_own_lm_head": "yes when the MTP head ships its own lm_head (shared_head.head); serving it with the "
+                           "trunk's instead drops acceptance",
+        "mtp_head_params": "parameters of the MTP blocks, from a GGUF header's tensor shapes (NULL: no GGUF header read)",
+        "mtp_head_bytes": "bytes of the MTP blocks at their ggml types, from a GGUF header",
+        "mtp_head_share": "mtp_head_bytes over all tensor bytes of a combined GGUF file (0 to 1)",
+        "mtp_dtype": "the MTP layer's dtype as the safetensors checkpoint ships it (atlas.fingerprints.precision)",
+        "dspark_block_size": "dspark_block_size of a block drafter in the checkpoint (draft with k equal to it)",
+        "sidecar_block_size": "block_size of an MTP-only sidecar config (model_type qwen3_5_mtp)",
         "data_date": DATA_DATE,
         "made_by_atlas": "a model this project made (team model, oracles), not counted as Hub adoption",
     },
