@@ -126,6 +126,7 @@ def site_copy(root: Path, module_08: str | None = None) -> Layout:
     shutil.copytree(REPO / "modules", root / "modules")
     (root / "evidence").mkdir()
     shutil.copy(REPO / "evidence" / "servable.toml", root / "evidence" / "servable.toml")
+    shutil.copy(REPO / "evidence" / "head_engines.toml", root / "evidence" / "head_engines.toml")
     shutil.copy(REPO / "evidence" / "reported.toml", root / "evidence" / "reported.toml")
     if module_08 is not None:
         (root / "modules" / "module-08.md").write_text(module_08, encoding="utf-8")

@@ -27,7 +27,7 @@ import duckdb
 
 from atlas.store import db as store
 from atlas.hub.local.mirror import MIRROR_FILE, MIRROR_PREFIX, load_mirror_date
-from atlas.evidence import catalog
+from atlas.evidence import catalog, head_engines
 from atlas.evidence import runs as evidence_runs
 from atlas.evidence import servable as servable_matrix
 from atlas.conformance import record as conformance
@@ -181,7 +181,9 @@ def collect(con: duckdb.DuckDBPyConnection, cat: catalog.Catalog, mirror_sources
         "aggregate": present_claims.aggregate(facts, snap, revs),
         "shipped": present_claims.shipped(_rows(con, "shipped"), facts, revs),
         "mismatches": present_claims.mismatches(mismatch_rows, revs),
-        "servable": servable_tables.servable(servable_rows, matrix, verdicts),
+        # the reported head-engines table sits beside the matrix, in a box of its own
+        "servable": servable_tables.servable(servable_rows, matrix, verdicts)
+        + servable_tables.head_engines(head_engines.beside(cat.servable_path)),
         "conformance": servable_tables.conformance_grid(verdicts),
         # module 8 keeps one row per run; the runs' own pages (docs/runs/) hold every figure
         "measured": measured_section.compact_summary(runs, "../runs/"),
