@@ -144,7 +144,7 @@ next: null
 
 Exemplars: {{ facts.exemplars | join(", ") }}
 
-{% for name in ["summary", "declared", "aggregate", "shipped", "mismatches", "servable",
+{% for name in ["summary", "declared", "aggregate", "shipped", "mismatches", "servable", "head_engines",
                 "conformance", "measured", "adoption_chart", "layers_chart", "provenance",
                 "backfires", "verdict_measured", "answer", "runs"] %}
 <h2 id="ev-{{ name | replace('_', '-') }}">{{ name | replace('_', ' ') }}</h2>

@@ -1,5 +1,6 @@
 """Which engines use the MTP head (evidence/head_engines.toml): a reported-level table, dated, each
-row linked, in a box of its own beside the support matrix; a malformed row fails with the file's name."""
+row linked, in an evidence section of its own after the support matrix (never inside it: the servable
+section stays free of acceptance figures); a malformed row fails with the file's name."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def test_the_committed_table_loads_dated_and_covers_every_engine_asked_about() -
 def test_the_table_is_a_reported_box_of_its_own_with_every_link(tmp_path: Path) -> None:
     data = head_engines.load(REPO / "evidence" / head_engines.FILE_NAME)
     text = servable_tables.head_engines(data)
-    assert text.startswith('!!! servable "Which engines use the MTP head (reported: public PRs and source files read 2026-12-04)"')
+    assert text.startswith('!!! reported "Which engines use the MTP head (reported: public PRs and source files read 2026-12-04)"')
     for r in data.row:
         assert f"({r.link})" in text
     assert "measured" not in text.split("\n", 2)[2].lower().replace("not a measurement", "")
@@ -47,3 +48,11 @@ def test_a_malformed_row_fails_naming_the_file(tmp_path: Path, row: str) -> None
     path.write_text(f'date = "2026-12-04"\n[[row]]\nengine = "e"\nfamily = "f"\nwhat = "w"\n{row}\n')
     with pytest.raises(AtlasError, match=f"head-engines table {path}: malformed"):
         head_engines.load(path)
+
+
+def test_the_evidence_file_holds_it_in_its_own_section_after_servable() -> None:
+    from atlas.site import evidence_file
+
+    order = list(evidence_file.SECTIONS)
+    assert order.index("head_engines") == order.index("conformance") + 1 > order.index("servable")
+    assert '{{ evidence("head_engines") }}' in (REPO / "modules" / "fingerprints.md").read_text(encoding="utf-8")

@@ -152,12 +152,12 @@ def conformance_grid(verdicts: list[conformance.Verdict]) -> str:
 
 
 def head_engines(data: head_engine_rows.HeadEngines | None) -> str:
-    """The reported-level table of which engines use the MTP head, per family: a box of its own
-    after the support matrix, each row with its link and date, never a measured figure."""
+    """The reported-level table of which engines use the MTP head, per family: a section and box of
+    its own after the support matrix, each row with its link and date, never a measured figure."""
     if data is None:
         return ""
     head = guardrail(
-        "servable",
+        "reported",
         f"Which engines use the MTP head (reported: public PRs and source files read {data.date.isoformat()})",
         "What each PR or source file states, per family and engine, with its state and the first version or build "
         "that has it where the sources say; \"not stated\" where they do not. Not a measurement of the atlas.",

@@ -181,10 +181,10 @@ def collect(con: duckdb.DuckDBPyConnection, cat: catalog.Catalog, mirror_sources
         "aggregate": present_claims.aggregate(facts, snap, revs),
         "shipped": present_claims.shipped(_rows(con, "shipped"), facts, revs),
         "mismatches": present_claims.mismatches(mismatch_rows, revs),
-        # the reported head-engines table sits beside the matrix, in a box of its own
-        "servable": servable_tables.servable(servable_rows, matrix, verdicts)
-        + servable_tables.head_engines(head_engines.beside(cat.servable_path)),
+        "servable": servable_tables.servable(servable_rows, matrix, verdicts),
         "conformance": servable_tables.conformance_grid(verdicts),
+        # reported, not servable: which engines use the head, per PR (evidence/head_engines.toml)
+        "head_engines": servable_tables.head_engines(head_engines.beside(cat.servable_path)) or "No head-engines table.\n",
         # module 8 keeps one row per run; the runs' own pages (docs/runs/) hold every figure
         "measured": measured_section.compact_summary(runs, "../runs/"),
         "adoption_chart": present_claims.adoption(_rows(con, "adoption"), created),
