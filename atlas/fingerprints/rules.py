@@ -24,7 +24,7 @@ from atlas.fingerprints.precision import Precision, mtp_precision
 
 # Bump on any change to the tables or the logic below: stored fingerprints carry the version
 # that produced them.
-RULE_VERSION = "fp-2026.12.05.1"
+RULE_VERSION = "fp-2026.12.04.2"
 
 # Where keys are looked up, in order. "" is the top level; multimodal configs nest the language
 # model's hyperparameters (Qwen3.5: text_config.mtp_num_hidden_layers).
