@@ -15,8 +15,34 @@ from gguf_writer import Model, mtp_model
 ORG = "synthetic"
 
 
-def index(names: list[str]) -> bytes:
-    return json.dumps({"metadata": {"total_size": 0}, "weight_map": {n: "model-00001-of-00001.safetensors" for n in names}}).encode()
+def index(names: list[str], shard_of: dict[str, str] | None = None, total_size: int = 0) -> bytes:
+    shard_of = shard_of or {}
+    return json.dumps({"metadata": {"total_size": total_size},
+                       "weight_map": {n: shard_of.get(n, "model-00001-of-00002.safetensors") for n in names}}).encode()
+
+
+def safetensors_file(tensors: dict[str, tuple[str, list[int]]]) -> bytes:
+    """A safetensors file (https://github.com/huggingface/safetensors#format): an 8-byte header
+    length, the JSON header with each tensor's dtype, shape and data offsets, zero-filled data."""
+    size = {"BF16": 2, "F32": 4, "F8_E4M3": 1}
+    header, offset = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        n = size[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw + b"\0" * offset
+
+
+# GLM-shaped head in its own shard: eh_proj 128x64 and q_proj 64x64 in BF16, three norms in F32
+GLM_HEAD = {"model.layers.2.eh_proj.weight": ("BF16", [64, 128]), "model.layers.2.enorm.weight": ("F32", [64]),
+            "model.layers.2.hnorm.weight": ("F32", [64]), "model.layers.2.shared_head.norm.weight": ("F32", [64]),
+            "model.layers.2.self_attn.q_proj.weight": ("BF16", [64, 64])}
+GLM_HEAD_BYTES = (64 * 128 + 64 * 64) * 2 + 3 * 64 * 4
+GLM_TOTAL = 100_000  # the index's metadata.total_size
 
 
 def layers(prefix: str, idx: range, parts: tuple[str, ...] = ("self_attn.q_proj", "mlp.down_proj", "input_layernorm")) -> list[str]:
@@ -46,8 +72,10 @@ def _config(body: dict) -> bytes:
 
 
 def glm_ckpt() -> dict[str, bytes]:
-    mtp = [f"model.layers.2.{p}.weight" for p in ("eh_proj", "enorm", "hnorm", "shared_head.norm", "self_attn.q_proj")]
-    return {"config.json": _config(GLM), "model.safetensors.index.json": index(TRUNK + mtp)}
+    shard = "model-00002-of-00002.safetensors"
+    return {"config.json": _config(GLM),
+            "model.safetensors.index.json": index(TRUNK + list(GLM_HEAD), {n: shard for n in GLM_HEAD}, GLM_TOTAL),
+            shard: safetensors_file(GLM_HEAD)}
 
 
 def step35_ckpt() -> dict[str, bytes]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from hub_fixtures import build_mirror, rows, write_watchlist
-from mtp_form_fixtures import EVIL_GGUF, ORG, evil_repo, repos
+from mtp_form_fixtures import EVIL_GGUF, GLM_HEAD_BYTES, GLM_TOTAL, ORG, evil_repo, repos
 from site_helpers import REPO
 
 from atlas.fingerprints.form import FORMS
@@ -102,6 +102,10 @@ def test_gguf_facts_and_head_facts_are_stored(crawled) -> None:
     assert comb[8] == round(head_bytes / (head_bytes + trunk_bytes), 4)
     sidecar = got[f"{ORG}/GLM-4.5-Air-shaped-MTP-GGUF"]
     assert sidecar[0] == "mtp-only" and sidecar[4:6] == ("yes", "yes")
+    glm = got[f"{ORG}/GLM-4.5-Air-shaped"]  # a safetensors head: its shard's header read by ranges
+    assert glm[6:] == (64 * 128 + 64 * 64 + 3 * 64, GLM_HEAD_BYTES, round(GLM_HEAD_BYTES / GLM_TOTAL, 4))
+    (dtypes,) = rows(db, f"SELECT mtp_head_dtypes FROM mtp_fingerprints WHERE repo_id = '{ORG}/GLM-4.5-Air-shaped'")[0]
+    assert dtypes == "BF16×2, F32×3 (model-00002-of-00002.safetensors)"
     step = got[f"{ORG}/Step-3.5-shaped"]
     assert step[4:6] == ("no", "yes")  # Step-3.5's own shared_head.head per MTP layer
     assert got[f"{ORG}/Qwen3.6-shaped-trunk-GGUF"][:3] == ("trunk-only", "qwen35", 1)
@@ -174,8 +178,11 @@ def test_the_pages_link_sidecar_and_base_both_ways_and_state_the_head(site) -> N
     assert f"MTP-only sidecar published: [{sidecar.repo_id}]({sidecar.slug}.md)" in page_text(folder, base)
     step = page_text(folder, by_id[f"{ORG}/Step-3.5-shaped"])
     assert "| MTP head | uses the trunk's embedding; its own lm_head; serve it with its own lm_head" in step
+    glm = page_text(folder, by_id[f"{ORG}/GLM-4.5-Air-shaped"])
+    assert (f"| MTP head | uses the trunk's embedding; uses the trunk's lm_head; 12,480 parameters, {GLM_HEAD_BYTES:,} bytes, "
+            f"{GLM_HEAD_BYTES / GLM_TOTAL:.2%} of the checkpoint; safetensors head tensors BF16×2, F32×3 (model-00002-of-00002.safetensors)") in glm
     comb = page_text(folder, by_id[f"{ORG}/GLM-4.5-Air-shaped-combined-GGUF"])
-    assert "12,416 parameters, 13,568 bytes, 29.42% of the file; GGUF: combined, head types GLM-4.5-Air-Q4_K_M.gguf: F32×2, Q8_0×2" in comb
+    assert "12,416 parameters, 13,568 bytes, 29.42% of the checkpoint; GGUF: combined, head types GLM-4.5-Air-Q4_K_M.gguf: F32×2, Q8_0×2" in comb
 
 
 def page_text(folder: Path, m) -> str:

@@ -133,12 +133,16 @@ MEANINGS: dict[str, dict[str, str]] = {
         "mtp_own_embedding": "yes when the MTP head ships its own embedding tensor, no when it uses the trunk's",
         "mtp_own_lm_head": "yes when the MTP head ships its own lm_head (shared_head.head); serving it with the "
                            "trunk's instead drops acceptance",
-        "mtp_head_params": "parameters of the MTP blocks, from a GGUF header's tensor shapes (NULL: no GGUF header read)",
-        "mtp_head_bytes": "bytes of the MTP blocks at their ggml types, from a GGUF header",
-        "mtp_head_share": "mtp_head_bytes over all tensor bytes of a combined GGUF file (0 to 1)",
+        "mtp_head_params": "parameters of the MTP tensors, from the shapes in a safetensors shard header or a GGUF "
+                           "header (NULL: no header holding the head was read)",
+        "mtp_head_bytes": "bytes of the MTP tensors at their dtypes (safetensors) or ggml types (GGUF)",
+        "mtp_head_share": "mtp_head_bytes over the checkpoint's bytes: the index's metadata.total_size (safetensors) "
+                          "or all tensor bytes of a combined GGUF file (0 to 1)",
         "mtp_dtype": "the MTP layer's dtype as the safetensors checkpoint ships it (atlas.fingerprints.precision)",
         "dspark_block_size": "dspark_block_size of a block drafter in the checkpoint (draft with k equal to it)",
         "sidecar_block_size": "block_size of an MTP-only sidecar config (model_type qwen3_5_mtp)",
+        "mtp_head_dtypes": "the MTP tensors' dtypes per safetensors shard (dtype×count (file)), from the header of "
+                           "the shard(s) holding the head, read by Range requests",
         "data_date": DATA_DATE,
         "made_by_atlas": "a model this project made (team model, oracles), not counted as Hub adoption",
     },

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from atlas.fingerprints.gguf import GGUFModel, Header, models
+from atlas.fingerprints.safetensors_head import ShardHead, head_size
 
 FORMS = ("in_checkpoint", "declared_missing", "stripped", "mtp_sidecar", "separate_drafter", "block_drafter",
          "declared_unread", "none")
@@ -59,6 +60,7 @@ class Inputs:
     mtp_names: Sequence[str]  # those the shipped family's rule matched
     drafter: tuple[str, str] | None
     headers: Sequence[Header]
+    shard_heads: Sequence[ShardHead] = ()  # safetensors shards' head records (atlas.fingerprints.safetensors_head)
 
 
 Row = tuple[str, str, str | None]
@@ -205,7 +207,16 @@ def _head_rows(inp: Inputs, ggufs: list[GGUFModel]) -> list[Row]:
         m = with_head[0]
         rows.append(("mtp_own_embedding", "yes" if m.own_embedding else "no", f"{m.files[0]}: blk.N.nextn.embed_tokens"))
         rows.append(("mtp_own_lm_head", "yes" if m.own_lm_head else "no", f"{m.files[0]}: blk.N.nextn.shared_head_head"))
-    for m in with_head[:1]:
+    size = head_size(inp.shard_heads, inp.mtp_names) if inp.shard_heads and inp.mtp_names else None
+    if size is not None:
+        where = f"{size.tensors} MTP tensors in the safetensors header(s) read"
+        rows.append(("mtp_head_params", str(size.params), where))
+        if size.bytes is not None:
+            rows.append(("mtp_head_bytes", str(size.bytes), where))
+        if size.share is not None:
+            rows.append(("mtp_head_share", f"{size.share:.4f}", "head bytes / the index's metadata.total_size"))
+        rows.append(("mtp_head_dtypes", _cut(size.dtypes), where))
+    for m in with_head[:1] if size is None else []:
         where = f"{m.files[0]}: blk.{_span(m.mtp_layers)}.* (GGUF header)"
         rows.append(("mtp_head_params", str(m.head_params), where))
         if m.head_bytes is not None:

@@ -20,6 +20,7 @@ from typing import Any
 from atlas import AtlasError
 from atlas.fingerprints import blockpattern, form
 from atlas.fingerprints.gguf import Header
+from atlas.fingerprints.safetensors_head import ShardHead
 from atlas.fingerprints.precision import Precision, mtp_precision
 
 # Bump on any change to the tables or the logic below: stored fingerprints carry the version
@@ -262,6 +263,7 @@ def fingerprint(
     weight_source: str | None = None,
     quant_sidecar: Mapping[str, Any] | None = None,
     gguf_headers: Sequence[Header] = (),
+    shard_heads: Sequence[ShardHead] = (),
 ) -> Fingerprint:
     """Apply every rule to one config (and its tensor names and GGUF headers when known)."""
     fp = Fingerprint()
@@ -278,7 +280,7 @@ def fingerprint(
                                      fp.shipped_family)
     fp.derived = form.derive(form.Inputs(
         config, fp.facts, fp.declared_num_mtp_layers, fp.declared_key, fp.shipped_mtp_layers, fp.shipped_evidence,
-        weight_names, fp.mtp_names, fp.drafter, gguf_headers))
+        weight_names, fp.mtp_names, fp.drafter, gguf_headers, shard_heads))
     return fp
 
 

@@ -18,11 +18,12 @@ from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_st
 from atlas import AtlasError
 from atlas.store import db as store
 from atlas.fingerprints.rules import MAX_CONFIG_BYTES, MAX_INDEX_BYTES, fingerprint, header_tensor_names, parse_config_bytes, parse_weight_index
+from atlas.fingerprints import safetensors_head
 from atlas.fingerprints.gguf import RECORD_PREFIX, from_record
 from atlas.hub import redact
 from atlas.hub.context import Context, call
 from atlas.hub.errors import ErrorKind, RepoProblem
-from atlas.hub.ggufs import gguf_files, read_record, record_name
+from atlas.hub.headers import gguf_files, read_record, read_shard_head, record_name
 
 # Used with fullmatch: `$` would accept one trailing newline ("org/m\n" as a second repo).
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}")
@@ -132,10 +133,10 @@ def _header_names(ctx: Context, repo_id: str, sha: str) -> list[str]:
     return names
 
 
-def _gguf_record(ctx: Context, repo_id: str, sha: str, filename: str) -> str:
-    """A GGUF file's header record, cached on disk (a failure for good is cached by _download's
-    rule: it is not asked again at the same sha)."""
-    cached = ctx.cache_dir / "atlas-gguf-headers" / sha / repo_id.replace("/", "--") / (filename.replace("/", "--") + ".json")
+def _cached_record(ctx: Context, repo_id: str, sha: str, filename: str, read: Callable[[], str]) -> str:
+    """A header record (a GGUF file's, a safetensors shard's head) read by `read`, cached on disk; a
+    failure for good is cached too, by _download's rule: it is not asked again at the same sha."""
+    cached = ctx.cache_dir / "atlas-header-records" / sha / repo_id.replace("/", "--") / (filename.replace("/", "--") + ".json")
     failed = cached.with_name(cached.name + ".error")
     try:
         if cached.is_file():
@@ -147,7 +148,7 @@ def _gguf_record(ctx: Context, repo_id: str, sha: str, filename: str) -> str:
     except (OSError, ValueError):
         pass  # damaged cache entry: a miss
     try:
-        text = read_record(ctx, repo_id, sha, filename)
+        text = read()
     except RepoProblem as exc:
         if exc.permanent:
             _write_aside(failed, str(exc).encode("utf-8"))
@@ -207,10 +208,12 @@ def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> F
         got = side(WEIGHT_INDEX, MAX_INDEX_BYTES, parse_weight_index)
         if got is not None:
             out.weights = ("index", got[1])
+            _shard_heads(ctx, item, out, got[0], record)
     for name in ggufs:
         if record_name(name) not in settled and name not in settled:
             try:
-                out.files[record_name(name)] = _gguf_record(ctx, item.repo_id, sha, name)
+                out.files[record_name(name)] = _cached_record(ctx, item.repo_id, sha, name,
+                                                              lambda n=name: read_record(ctx, item.repo_id, sha, n))
             except RepoProblem as exc:
                 record(name, exc)
     if out.weights is None and siblings is not None and wanted(SINGLE_FILE):
@@ -219,6 +222,28 @@ def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> F
         except RepoProblem as exc:
             record(SINGLE_FILE, exc)
     return out
+
+
+def _shard_heads(ctx: Context, item: Listed, out: Fetched, index_raw: bytes,
+                 record: Callable[[str, RepoProblem], None]) -> None:
+    """Head records of the shards that hold the MTP tensors the rules find among the index's names
+    (their dtypes and shapes: the head's size), for a config read in this call."""
+    if "config.json" not in out.files or out.weights is None:
+        return
+    mtp = fingerprint(parse_config_bytes(out.files["config.json"].encode("utf-8")), out.weights[1], "index").mtp_names
+    if not mtp:
+        return
+    weight_map, total = safetensors_head.parse_index_map(index_raw, WEIGHT_INDEX)
+    wanted = set(mtp)
+    for shard in safetensors_head.head_shards(weight_map, mtp):
+        if item.siblings is not None and shard not in item.siblings:
+            continue  # not in the repo's file list: nothing to read
+        try:
+            out.files[safetensors_head.RECORD_PREFIX + shard] = _cached_record(
+                ctx, item.repo_id, item.sha or "", shard,
+                lambda s=shard: read_shard_head(ctx, item.repo_id, item.sha or "", s, wanted, total))
+        except RepoProblem as exc:
+            record(shard, exc)
 
 
 def side_files_pending(siblings: set[str] | None, settled: set[str], errors: dict[str, str]) -> bool:
@@ -241,6 +266,8 @@ def fingerprint_stored(files: dict[str, str], weights: tuple[str, list[str]] | N
     without a config is read from its header records alone."""
     config = parse_config_bytes(files["config.json"].encode("utf-8")) if "config.json" in files else {}
     headers = [from_record(text) for name, text in sorted(files.items()) if name.startswith(RECORD_PREFIX)]
+    shards = [safetensors_head.from_record(text) for name, text in sorted(files.items())
+              if name.startswith(safetensors_head.RECORD_PREFIX)]
     sidecar = None
     if "hf_quant_config.json" in files:
         try:
@@ -249,7 +276,7 @@ def fingerprint_stored(files: dict[str, str], weights: tuple[str, list[str]] | N
         except AtlasError:
             sidecar = None  # a bad side file never loses the valid config
     source, names = weights if weights is not None else (None, None)
-    return fingerprint(config, names, source, sidecar, headers).rows()
+    return fingerprint(config, names, source, sidecar, headers, shards).rows()
 
 
 def fingerprintable(files: dict[str, str]) -> bool:

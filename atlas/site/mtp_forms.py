@@ -44,6 +44,7 @@ class MTPForm(BaseModel):
     head_bytes: int | None = None
     head_share: float | None = None
     mtp_dtype: str | None = None
+    head_dtypes: str | None = None  # per safetensors shard read
     dspark_block_size: int | None = None
     sidecar_block_size: int | None = None
 
@@ -57,7 +58,7 @@ _FORMS = """
     SELECT repo_id, mtp_form, mtp_form_evidence, sidecar_base, sidecar_base_evidence, mtp_sidecars_published,
         gguf_layout, gguf_architecture, gguf_nextn_predict_layers, gguf_head_types, mtp_own_embedding,
         mtp_own_lm_head, mtp_head_params, mtp_head_bytes, mtp_head_share, mtp_dtype, dspark_block_size,
-        sidecar_block_size, f.mtp_form_base
+        sidecar_block_size, f.mtp_form_base, mtp_head_dtypes
     FROM mtp_fingerprints_history h
     LEFT JOIN (SELECT snapshot_id AS s, repo_id AS r, mtp_form_base FROM mtp_forms) f ON f.s = h.snapshot_id AND f.r = h.repo_id
     WHERE h.snapshot_id = $latest AND h.mtp_form IS NOT NULL"""
@@ -85,7 +86,8 @@ def read_forms(con: duckdb.DuckDBPyConnection, latest: int | None) -> dict[str, 
             gguf_nextn_predict_layers=r["gguf_nextn_predict_layers"], gguf_head_types=r["gguf_head_types"],
             own_embedding=r["mtp_own_embedding"], own_lm_head=r["mtp_own_lm_head"], head_params=r["mtp_head_params"],
             head_bytes=r["mtp_head_bytes"], head_share=r["mtp_head_share"], mtp_dtype=r["mtp_dtype"],
-            dspark_block_size=r["dspark_block_size"], sidecar_block_size=r["sidecar_block_size"])
+            dspark_block_size=r["dspark_block_size"], sidecar_block_size=r["sidecar_block_size"],
+            head_dtypes=r["mtp_head_dtypes"])
     return out
 
 
@@ -140,10 +142,12 @@ def head_words(f: MTPForm) -> Markdown | None:
         parts.append(escape("serve it with its own lm_head: forcing the trunk's took one engine from ~97 % to ~4 % acceptance"))
     if f.head_params is not None:
         size = f"{f.head_params:,} parameters" + (f", {f.head_bytes:,} bytes" if f.head_bytes is not None else "")
-        parts.append(escape(size + (f", {f.head_share:.2%} of the file" if f.head_share is not None else "")))
+        parts.append(escape(size + (f", {f.head_share:.2%} of the checkpoint" if f.head_share is not None else "")))
     if f.gguf_layout:
         parts.append(_md(Markdown("GGUF: "), escape(f.gguf_layout),
                          _md(Markdown(", head types "), code(f.gguf_head_types)) if f.gguf_head_types else Markdown("")))
+    if f.head_dtypes:
+        parts.append(_md(Markdown("safetensors head tensors "), code(f.head_dtypes)))
     if f.mtp_dtype:
         parts.append(_md(Markdown("safetensors dtype "), escape(f.mtp_dtype)))
     return Markdown("; ".join(parts)) if parts else None

@@ -84,7 +84,8 @@ SELECT repo_id, sha, any_value(rule_version) AS rule_version,
     max(path) FILTER (WHERE name = 'mtp_head_params') AS mtp_head_evidence,
     TRY_CAST(max(value) FILTER (WHERE name = 'block_size') AS INTEGER) AS sidecar_block_size,
     TRY_CAST(max(value) FILTER (WHERE name = 'dspark_block_size') AS INTEGER) AS dspark_block_size,
-    max(value) FILTER (WHERE name = 'dspark_target_layer_ids') AS dspark_target_layer_ids
+    max(value) FILTER (WHERE name = 'dspark_target_layer_ids') AS dspark_target_layer_ids,
+    max(value) FILTER (WHERE name = 'mtp_head_dtypes') AS mtp_head_dtypes
 FROM fingerprints GROUP BY repo_id, sha;
 
 -- Each repo's MTP form in each snapshot: its own (atlas.fingerprints.form), with the one rule that
@@ -174,7 +175,7 @@ SELECT h.repo_id, h.sha AS revision, s.snapshot_id, s.finished_at AS snapshot_da
     m.mtp_form, m.mtp_form_evidence, sl.base AS sidecar_base, sl.base_evidence AS sidecar_base_evidence,
     sp.sidecars AS mtp_sidecars_published, f.gguf_layout, f.gguf_architecture, f.gguf_nextn_predict_layers,
     f.gguf_head_types, f.mtp_own_embedding, f.mtp_own_lm_head, f.mtp_head_params, f.mtp_head_bytes, f.mtp_head_share,
-    f.mtp_dtype, f.dspark_block_size, f.sidecar_block_size
+    f.mtp_dtype, f.dspark_block_size, f.sidecar_block_size, f.mtp_head_dtypes
 FROM hub_models h
 JOIN snapshots s ON s.snapshot_id = h.snapshot_id AND s.status = 'complete'
 LEFT JOIN fingerprints_wide f ON f.repo_id = h.repo_id AND f.sha = h.sha

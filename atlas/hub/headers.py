@@ -1,5 +1,6 @@
-"""GGUF files of one repo: which to read, and each one's header by HTTP Range requests through
-huggingface_hub's client (resolve, then the CDN's redirect), never the weights.
+"""File headers by HTTP Range requests through huggingface_hub's client (resolve, then the CDN's
+redirect), never the weights: GGUF files (which to read, and each one's key/values and tensor infos)
+and the safetensors shards that hold an MTP head (their JSON header).
 
 A GGUF repo often holds a dozen quantizations of one model; their headers differ only in types.
 A bounded number of models is read (files naming MTP first: the sidecars), each with all its
@@ -15,6 +16,7 @@ from collections.abc import Iterable
 from huggingface_hub import hf_hub_url
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
+from atlas.fingerprints import safetensors_head
 from atlas.fingerprints.gguf import RECORD_PREFIX, SPLIT_NAME, GGUFError, read_header, to_record
 from atlas.hub import redact
 from atlas.hub.context import Context, call
@@ -112,3 +114,21 @@ def read_record(ctx: Context, repo_id: str, sha: str, filename: str) -> str:
     except GGUFError as exc:
         raise RepoProblem(ErrorKind.ERROR, str(exc), permanent=True) from None
     return redact.text(to_record(header))
+
+
+def read_shard_head(ctx: Context, repo_id: str, sha: str, shard: str, wanted: set[str], total_size: int | None) -> str:
+    """The head record (atlas.fingerprints.safetensors_head) of one shard: two ranges, its header's
+    length and then the header, bounded (safetensors_head.MAX_HEADER_BYTES). RepoProblem, permanent, for a
+    header that is not one."""
+    source = HubRangeSource(ctx, repo_id, sha, shard)
+    try:
+        n = safetensors_head.header_length(source.read(0, 8), shard)
+        if source.size is not None and 8 + n > source.size:  # known from the first answer: ask for nothing more
+            raise safetensors_head.HeaderError(f"{shard}: truncated: the header claims {n:,} bytes, the file holds {source.size:,}")
+        data = source.read(8, n)
+        if len(data) < n:
+            raise safetensors_head.HeaderError(f"{shard}: truncated: the header claims {n:,} bytes, the file holds {len(data):,}")
+        tensors = safetensors_head.parse_header(data, shard, wanted)
+    except safetensors_head.HeaderError as exc:
+        raise RepoProblem(ErrorKind.ERROR, str(exc), permanent=True) from None
+    return redact.text(safetensors_head.to_record(shard, tensors, total_size))
