@@ -221,19 +221,24 @@ def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> F
             out.weights = ("header", _header_names(ctx, item.repo_id, sha))
         except RepoProblem as exc:
             record(SINGLE_FILE, exc)
+        _shard_heads(ctx, item, out, None, record)
     return out
 
 
-def _shard_heads(ctx: Context, item: Listed, out: Fetched, index_raw: bytes,
+def _shard_heads(ctx: Context, item: Listed, out: Fetched, index_raw: bytes | None,
                  record: Callable[[str, RepoProblem], None]) -> None:
-    """Head records of the shards that hold the MTP tensors the rules find among the index's names
-    (their dtypes and shapes: the head's size), for a config read in this call."""
+    """Head records of the shards that hold the MTP tensors the rules find among the tensor names
+    (their dtypes and shapes: the head's size), for a config read in this call: the shards the
+    index maps them to, or the single file (index_raw None)."""
     if "config.json" not in out.files or out.weights is None:
         return
     mtp = fingerprint(parse_config_bytes(out.files["config.json"].encode("utf-8")), out.weights[1], "index").mtp_names
     if not mtp:
         return
-    weight_map, total = safetensors_head.parse_index_map(index_raw, WEIGHT_INDEX)
+    if index_raw is None:
+        weight_map, total = {n: SINGLE_FILE for n in mtp}, None
+    else:
+        weight_map, total = safetensors_head.parse_index_map(index_raw, WEIGHT_INDEX)
     wanted = set(mtp)
     for shard in safetensors_head.head_shards(weight_map, mtp):
         if item.siblings is not None and shard not in item.siblings:
@@ -241,7 +246,7 @@ def _shard_heads(ctx: Context, item: Listed, out: Fetched, index_raw: bytes,
         try:
             out.files[safetensors_head.RECORD_PREFIX + shard] = _cached_record(
                 ctx, item.repo_id, item.sha or "", shard,
-                lambda s=shard: read_shard_head(ctx, item.repo_id, item.sha or "", s, wanted, total))
+                lambda s=shard: read_shard_head(ctx, item.repo_id, item.sha or "", s, wanted, total, index_raw is None))
         except RepoProblem as exc:
             record(shard, exc)
 

@@ -116,9 +116,11 @@ def read_record(ctx: Context, repo_id: str, sha: str, filename: str) -> str:
     return redact.text(to_record(header))
 
 
-def read_shard_head(ctx: Context, repo_id: str, sha: str, shard: str, wanted: set[str], total_size: int | None) -> str:
+def read_shard_head(ctx: Context, repo_id: str, sha: str, shard: str, wanted: set[str], total_size: int | None,
+                    whole: bool = False) -> str:
     """The head record (atlas.fingerprints.safetensors_head) of one shard: two ranges, its header's
-    length and then the header, bounded (safetensors_head.MAX_HEADER_BYTES). RepoProblem, permanent, for a
+    length and then the header, bounded (safetensors_head.MAX_HEADER_BYTES). For a `whole`
+    single-file checkpoint the total is its data section's length. RepoProblem, permanent, for a
     header that is not one."""
     source = HubRangeSource(ctx, repo_id, sha, shard)
     try:
@@ -129,6 +131,8 @@ def read_shard_head(ctx: Context, repo_id: str, sha: str, shard: str, wanted: se
         if len(data) < n:
             raise safetensors_head.HeaderError(f"{shard}: truncated: the header claims {n:,} bytes, the file holds {len(data):,}")
         tensors = safetensors_head.parse_header(data, shard, wanted)
+        if whole and source.size is not None:
+            total_size = source.size - 8 - n
     except safetensors_head.HeaderError as exc:
         raise RepoProblem(ErrorKind.ERROR, str(exc), permanent=True) from None
     return redact.text(safetensors_head.to_record(shard, tensors, total_size))
