@@ -117,20 +117,21 @@ def _download(ctx: Context, repo_id: str, sha: str, filename: str, limit: int) -
     return data
 
 
-def _header_names(ctx: Context, repo_id: str, sha: str) -> list[str]:
+def _header_names(ctx: Context, repo_id: str, sha: str) -> tuple[list[str], dict[str, Any] | None]:
     """Tensor names from a single-file checkpoint's header (one Range request through the CDN
-    redirect, cached on disk because the hub client does not cache headers)."""
+    redirect, cached on disk because the hub client does not cache headers), and the header's
+    tensor infos when it was read now (None from the cache)."""
     cached = ctx.cache_dir / "atlas-safetensors-headers" / sha / (repo_id.replace("/", "--") + ".json")
     try:
         names = json.loads(cached.read_text(encoding="utf-8"))
         if isinstance(names, list) and all(isinstance(n, str) for n in names):
-            return names
+            return names, None
     except (OSError, ValueError):
         pass  # absent, or damaged (e.g. by a disk error): a miss, read the header again
     meta = call(ctx, lambda: ctx.api.parse_safetensors_file_metadata(repo_id, SINGLE_FILE, revision=sha))
     names = [redact.text(n) for n in header_tensor_names(meta.tensors)]
     _write_aside(cached, json.dumps(names).encode("utf-8"))
-    return names
+    return names, meta.tensors
 
 
 def _cached_record(ctx: Context, repo_id: str, sha: str, filename: str, read: Callable[[], str]) -> str:
@@ -218,18 +219,20 @@ def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> F
                 record(name, exc)
     if out.weights is None and siblings is not None and wanted(SINGLE_FILE):
         try:
-            out.weights = ("header", _header_names(ctx, item.repo_id, sha))
+            names, infos = _header_names(ctx, item.repo_id, sha)
+            out.weights = ("header", names)
+            _shard_heads(ctx, item, out, None, record, infos)
         except RepoProblem as exc:
             record(SINGLE_FILE, exc)
-        _shard_heads(ctx, item, out, None, record)
     return out
 
 
 def _shard_heads(ctx: Context, item: Listed, out: Fetched, index_raw: bytes | None,
-                 record: Callable[[str, RepoProblem], None]) -> None:
+                 record: Callable[[str, RepoProblem], None], infos: dict[str, Any] | None = None) -> None:
     """Head records of the shards that hold the MTP tensors the rules find among the tensor names
     (their dtypes and shapes: the head's size), for a config read in this call: the shards the
-    index maps them to, or the single file (index_raw None)."""
+    index maps them to, or the single file (index_raw None), whose header the hub client may have
+    read already (`infos`: huggingface_hub's TensorInfo by name; no second request then)."""
     if "config.json" not in out.files or out.weights is None:
         return
     mtp = fingerprint(parse_config_bytes(out.files["config.json"].encode("utf-8")), out.weights[1], "index").mtp_names
@@ -243,10 +246,15 @@ def _shard_heads(ctx: Context, item: Listed, out: Fetched, index_raw: bytes | No
     for shard in safetensors_head.head_shards(weight_map, mtp):
         if item.siblings is not None and shard not in item.siblings:
             continue  # not in the repo's file list: nothing to read
+        def read(s: str = shard) -> str:
+            if infos is None:
+                return read_shard_head(ctx, item.repo_id, item.sha or "", s, wanted, total, index_raw is None)
+            return redact.text(safetensors_head.to_record(
+                s, {n: (i.dtype, list(i.shape)) for n, i in infos.items() if n in wanted},
+                max((i.data_offsets[1] for i in infos.values()), default=0)))
+
         try:
-            out.files[safetensors_head.RECORD_PREFIX + shard] = _cached_record(
-                ctx, item.repo_id, item.sha or "", shard,
-                lambda s=shard: read_shard_head(ctx, item.repo_id, item.sha or "", s, wanted, total, index_raw is None))
+            out.files[safetensors_head.RECORD_PREFIX + shard] = _cached_record(ctx, item.repo_id, item.sha or "", shard, read)
         except RepoProblem as exc:
             record(shard, exc)
 
