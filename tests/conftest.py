@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# The local hub's fixtures (bundled_hub, make_hub, no_sleep), for every test module that names them.
+pytest_plugins = ["hub_fixtures"]
+
 # ---- hub client environment (helper CRAWL) -----------------------------------------------------
 # Read by huggingface_hub at import time, so set before any test module imports it: no telemetry
 # request to huggingface.co, a throw-away HF_HOME (no user token or cache), never offline mode

@@ -12,6 +12,9 @@ from datetime import datetime
 from html.parser import HTMLParser
 from pathlib import Path
 
+import markdown
+import yaml
+
 from atlas.store import db as store
 from atlas.site.render import Layout
 from atlas.evidence.servable import Matrix
@@ -356,3 +359,42 @@ def engines_in(cell: str, matrix: Matrix) -> list[str]:
     each name), leaving out those named only as having run in a measured record."""
     names = dict.fromkeys(e.engine for e in matrix.entry)
     return [n for n in names if re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])(?! \(measured run\))", cell)]
+
+
+SCHEMES = ("javascript:", "vbscript:", "data:")
+
+
+def assert_inert(html: str, reference: str, where: str) -> None:
+    """No link to a script scheme, no script beyond the theme's own, no event handler, no embedded
+    object: whatever the record said, it is text."""
+    page, base = parse_html(html), parse_html(reference)
+    for tag, attrs in page.elements:
+        for name, value in attrs:
+            assert not name.lower().startswith("on"), (where, tag, name)
+            if name.lower() in ("href", "src", "xlink:href", "action", "formaction"):
+                cleaned = re.sub(r"[\s\x00-\x1f]", "", value or "").lower()
+                assert not cleaned.startswith(SCHEMES), (where, tag, name, value)
+        assert tag not in ("img", "iframe", "object", "embed"), (where, tag, attrs)
+
+    def own(p, tag: str) -> list[str]:
+        """The theme's elements of a kind, named by their file, not path (and not the finder's data
+        parts, which its script adds once it ran)."""
+        return sorted(Path(dict(a).get("src") or "").name + str(sorted(k for k, _ in a)) for t, a in p.elements
+                      if t == tag and not re.fullmatch(r"finder/part-\d{4}\.js", dict(a).get("src") or ""))
+
+    for tag in ("script", "form", "style"):
+        assert own(page, tag) == own(base, tag), (where, tag)
+
+
+def site_markdown(text: str) -> str:
+    """Markdown -> HTML with the extensions the site's mkdocs.yml enables."""
+    config = yaml.safe_load((REPO / "site" / "mkdocs.yml").read_text(encoding="utf-8"))
+    names, configs = [], {}
+    for ext in config["markdown_extensions"]:
+        if isinstance(ext, dict):
+            (name, options), = ext.items()
+            names.append(name)
+            configs[name] = options
+        else:
+            names.append(ext)
+    return markdown.markdown(text, extensions=names, extension_configs=configs)

@@ -20,7 +20,7 @@ from atlas.records import theory
 from atlas.site import models_json as modelpages
 from atlas.site import render, widgets
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary on PATH")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary on PATH")]
 
 
 @pytest.fixture(scope="module")

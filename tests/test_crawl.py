@@ -21,10 +21,7 @@ from hub_fixtures import (
     EXPECTED_TEAM,
     MIRROR,
     TEAM_MODEL,
-    bundled_hub,  # noqa: F401  (fixture)
     copy_mirror,
-    make_hub,  # noqa: F401  (fixture)
-    no_sleep,  # noqa: F401  (fixture)
     rows as query,
     team_model_present,
     write_watchlist,

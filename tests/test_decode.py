@@ -255,6 +255,7 @@ CASES = [
 RUNS = 1500
 
 
+@pytest.mark.slow  # a distribution test
 @pytest.mark.parametrize("k,s", CASES, ids=[f"k{k}-T{s.temperature}-topk{s.top_k}-topp{s.top_p}" for k, s in CASES])
 def test_speculative_sampling_matches_exact_distribution(small_vocab, k: int, s: Sampling) -> None:
     model, engine = small_vocab
@@ -265,6 +266,7 @@ def test_speculative_sampling_matches_exact_distribution(small_vocab, k: int, s:
     assert g_test_pvalue(counts, dist, RUNS) > 1e-3
 
 
+@pytest.mark.slow  # a distribution test
 def test_sampling_over_several_rounds_matches_exact_distribution(small_vocab) -> None:
     """k=1 over 5 new tokens (4^5 = 1024 sequences): most runs reject a draft and go on, so the MTP
     catch-up after a rejection and the overwriting of rejected KV slots are on the checked path."""
@@ -286,6 +288,7 @@ def test_sampling_over_several_rounds_matches_exact_distribution(small_vocab) ->
     assert g_test_pvalue(counts, dist, runs) > 1e-3
 
 
+@pytest.mark.slow  # a distribution test
 def test_cut_draft_vocab_sampling_matches_exact_distribution(small_vocab) -> None:
     """Drafts only from tokens {0, 2}: q is zero on 1 and 3, and the output law is still exact."""
     model, _ = small_vocab

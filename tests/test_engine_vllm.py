@@ -29,6 +29,9 @@ from atlas.decode.checkpoint import DEFAULT_MODEL
 from atlas.paths import project_path
 
 
+pytestmark = pytest.mark.slow  # a live engine
+
+
 @pytest.fixture(scope="module")
 def python() -> Path:
     if os.environ.get("ATLAS_REQUIRE_VLLM") != "1":

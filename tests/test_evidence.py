@@ -6,11 +6,10 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import markdown
 import pytest
-import yaml
 from click.testing import CliRunner
 from site_helpers import (
+    site_markdown,
     HOSTILE_ID,
     HOSTILE_KEY,
     HOSTILE_MODELS,
@@ -35,20 +34,6 @@ if TYPE_CHECKING:  # the record helper below imports it when it runs
     from atlas.records import record as records
 
 MATRIX = REPO / "evidence" / "servable.toml"
-
-
-def site_markdown(text: str) -> str:
-    """Markdown -> HTML with the extensions the site's mkdocs.yml enables."""
-    config = yaml.safe_load((REPO / "site" / "mkdocs.yml").read_text(encoding="utf-8"))
-    names, configs = [], {}
-    for ext in config["markdown_extensions"]:
-        if isinstance(ext, dict):
-            (name, options), = ext.items()
-            names.append(name)
-            configs[name] = options
-        else:
-            names.append(ext)
-    return markdown.markdown(text, extensions=names, extension_configs=configs)
 
 
 def shown(value: str) -> str:

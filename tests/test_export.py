@@ -7,6 +7,7 @@ dataset-card format; the changelog is checked on a store holding two snapshots o
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import html as html_text
 import json
@@ -20,7 +21,7 @@ import duckdb
 import pytest
 import yaml
 from click.testing import CliRunner
-from hub_fixtures import copy_mirror, make_hub, write_watchlist  # noqa: F401  (fixture)
+from hub_fixtures import copy_mirror, write_watchlist
 from site_helpers import (REPO, Model, build_demo_site, engines_in, parse_html, plant_measurement, site_copy,
                           write_snapshot)
 
@@ -211,6 +212,7 @@ def test_measured_cells_equal_the_records_the_site_reads_and_the_model_page(expo
     assert "project-made MTP head on a real main model" in real and "in no crawl" in real
 
 
+@functools.cache  # 60 bisection steps of a 4,000-point integral: once per degrees of freedom, not per cell
 def _t_quantile_95(df: int) -> float:
     """Student's t one-sided 95 % quantile, found here by bisection on the CDF (Simpson's rule over
     the density): an oracle independent of the project's table."""

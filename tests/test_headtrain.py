@@ -24,7 +24,7 @@ from atlas.checkpoints.headtrain.train import HeadSpec, measure, residual_rms, t
 from atlas.decode.model import build_fused_model
 from atlas.checkpoints.team_corpus import build_tokenizer
 from atlas.records.workloads import PROMPT_SETS, load_prompt_set
-from tests.test_smollm import tiny_llama
+from model_helpers import tiny_llama
 
 GLM = next(f for f in FAMILIES if f.name == "GLM-4-MoE")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

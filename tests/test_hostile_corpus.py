@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hub_fixtures import GOOD, build_mirror, config, make_hub, no_sleep, rows, write_watchlist  # noqa: F401  (fixtures)
+from hub_fixtures import GOOD, build_mirror, config, rows, write_watchlist
 from huggingface_hub.hf_api import ModelInfo
 
 from atlas import AtlasError

@@ -20,7 +20,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from click.testing import CliRunner
-from hub_fixtures import (EXPECTED_DECLARED, GOOD, MIRROR, build_mirror, config, copy_mirror, make_hub, no_sleep, rows,  # noqa: F401  (fixtures)
+from hub_fixtures import (EXPECTED_DECLARED, GOOD, MIRROR, build_mirror, config, copy_mirror, rows,
                           write_watchlist)
 from huggingface_hub.hf_api import ModelInfo
 

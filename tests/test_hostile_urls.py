@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from click.testing import CliRunner
-from hub_fixtures import build_mirror, bundled_hub, config, make_hub, write_watchlist  # noqa: F401  (fixtures)
+from hub_fixtures import build_mirror, config, write_watchlist
 
 from atlas import AtlasError
 from atlas.cli import cli

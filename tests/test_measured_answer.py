@@ -8,8 +8,7 @@ from __future__ import annotations
 import statistics
 from datetime import datetime, timezone
 
-from site_helpers import parse_html
-from test_evidence import site_markdown
+from site_helpers import parse_html, site_markdown
 
 from atlas.evidence.runs import Run
 from atlas.records import gating, record as records, runcontext
