@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import HfApi
-from hub_fixtures import make_hub  # noqa: F401 (a fixture)
 from mtp_form_fixtures import GLM_HEAD, GLM_HEAD_BYTES, safetensors_file
 
 from atlas.fingerprints import safetensors_head as sh
@@ -87,17 +86,18 @@ def test_a_hostile_shard_header_is_that_files_error(hub, shard: str, words: str)
     assert all(int(r["range"].split("-")[1]) < 2**20 for r in server.cdn_requests)  # never read by a claimed size
 
 
-def test_the_team_models_head_through_the_local_hub_matches_an_independent_count(tmp_path: Path, make_hub) -> None:
+def test_the_team_models_head_through_the_local_hub_matches_an_independent_count(tmp_path: Path) -> None:
     from hub_fixtures import TEAM_MODEL, copy_mirror, rows, write_watchlist
     from safetensors import safe_open
 
     from atlas.hub import crawl as crawler
+    from atlas.hub.local.mirror import load_mirror
 
     mirror = copy_mirror(tmp_path / "m", [TEAM_MODEL])
-    hub = make_hub(mirror)
     db = tmp_path / "atlas.duckdb"
-    crawler.crawl(db, write_watchlist(tmp_path / "w.toml", ["mtp-atlas"]), endpoint=hub.url, token=False,
-                  cache_dir=tmp_path / "cache", progress=False)
+    with HubServer(load_mirror(mirror)) as hub:
+        crawler.crawl(db, write_watchlist(tmp_path / "w.toml", ["mtp-atlas"]), endpoint=hub.url, token=False,
+                      cache_dir=tmp_path / "cache", progress=False)
     params = head = total = 0
     with safe_open(str(mirror / TEAM_MODEL / "model.safetensors"), "np") as f:
         for name in f.keys():

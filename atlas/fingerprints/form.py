@@ -18,8 +18,8 @@ The forms (research notes field-2026 §2), each with the evidence that decides i
 - `declared_unread`: declared, and no weights read to check it against;
 - `none`: nothing of the above.
 
-A key for the first matching rule wins, in the order above read bottom-up: the kinds that say
-what the repo *is* (block drafter, drafter, sidecar) before what its weights hold.
+The first rule that matches decides, in this order: block drafter, separate drafter, sidecar (what
+the repo *is*), then in the checkpoint, then the absent forms (what its weights hold).
 """
 
 from __future__ import annotations

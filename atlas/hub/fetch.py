@@ -23,7 +23,7 @@ from atlas.fingerprints.gguf import RECORD_PREFIX, from_record
 from atlas.hub import redact
 from atlas.hub.context import Context, call
 from atlas.hub.errors import ErrorKind, RepoProblem
-from atlas.hub.headers import gguf_files, read_record, read_shard_head, record_name
+from atlas.hub.headers import gguf_files, read_gguf_record, read_shard_head, record_name
 
 # Used with fullmatch: `$` would accept one trailing newline ("org/m\n" as a second repo).
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}")
@@ -214,7 +214,7 @@ def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> F
         if record_name(name) not in settled and name not in settled:
             try:
                 out.files[record_name(name)] = _cached_record(ctx, item.repo_id, sha, name,
-                                                              lambda n=name: read_record(ctx, item.repo_id, sha, n))
+                                                              lambda n=name: read_gguf_record(ctx, item.repo_id, sha, n))
             except RepoProblem as exc:
                 record(name, exc)
     if out.weights is None and siblings is not None and wanted(SINGLE_FILE):

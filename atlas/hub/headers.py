@@ -106,7 +106,7 @@ def _slice(chunks: Iterable[bytes], skip: int, n: int) -> bytes:
     return bytes(out)
 
 
-def read_record(ctx: Context, repo_id: str, sha: str, filename: str) -> str:
+def read_gguf_record(ctx: Context, repo_id: str, sha: str, filename: str) -> str:
     """The header record (atlas.fingerprints.gguf.to_record) of one GGUF file, read by ranges. RepoProblem,
     permanent, for a header that is not GGUF within bounds (the same bytes at the same sha)."""
     try:

@@ -16,7 +16,7 @@ from atlas.site.mdsafe import Markdown, code, escape
 FORM_WORDS = {
     "in_checkpoint": "in the checkpoint: the weights hold the MTP head",
     "declared_missing": "declared but missing: the config declares MTP layers the weights lack (an engine that "
-                        "loads it initialises the head at random: acceptance 0)",
+                        "loads it initialises the head at random)",
     "stripped": "stripped by a conversion: this copy lacks the head its base declares or ships",
     "mtp_sidecar": "MTP-only sidecar: a repo with only the head, for a base in another repo",
     "separate_drafter": "separate drafter: an architecture of its own, trained for one target",
@@ -139,7 +139,7 @@ def head_words(f: MTPForm) -> Markdown | None:
         if value is not None:
             parts.append(escape(f"its own {what}" if value == "yes" else f"uses the trunk's {what}"))
     if f.own_lm_head == "yes":
-        parts.append(escape("serve it with its own lm_head: forcing the trunk's took one engine from ~97 % to ~4 % acceptance"))
+        parts.append(escape("serve it with its own lm_head, not the trunk's (the head-engines table has why)"))
     if f.head_params is not None:
         size = f"{f.head_params:,} parameters" + (f", {f.head_bytes:,} bytes" if f.head_bytes is not None else "")
         parts.append(escape(size + (f", {f.head_share:.2%} of the checkpoint" if f.head_share is not None else "")))
