@@ -112,6 +112,9 @@ def repos() -> list[Repo]:
              "model.safetensors.index.json": index(QWEN35_TRUNK)}, "stripped",
              "https://huggingface.co/mlx-community (MLX conversions drop mtp.*; research notes field-2026 §2)",
              {"base_model": f"{o}/Qwen3.5-0.8B-shaped", "base_relation": "quantized"}),
+        Repo(f"{o}/Qwen3.5-2B-shaped-MLX-bf16", {"config.json": _config(QWEN35), "model.safetensors.index.json": index(QWEN35_TRUNK)},
+             "stripped", "https://huggingface.co/mlx-community (an MLX bf16 conversion: no quantization key; the Hub's "
+             "library_name says mlx)", {"library_name": "mlx"}),
         Repo(f"{o}/GLM-4.5-Air-shaped-GGUF", {"GLM-4.5-Air-Q4_K_M.gguf": gguf(mtp_model(head=False, nextn=None))},
              "stripped", notes, {"base_model": f"{o}/GLM-4.5-Air-shaped", "base_relation": "quantized"}),
         Repo(f"{o}/Qwen3.6-shaped-trunk-GGUF", {"qwen-Q8_0.gguf": gguf(mtp_model(head=False, arch="qwen35", nextn=1))},

@@ -75,6 +75,7 @@ def test_the_evidence_names_the_key_or_the_tensors(crawled) -> None:
     # the cross-repo rule: a GGUF with nothing of its own to say is stripped because its base ships MTP
     assert got[f"{ORG}/GLM-4.5-Air-shaped-GGUF"][1].startswith(f"base {ORG}/GLM-4.5-Air-shaped is in_checkpoint; this conversion (GGUF")
     assert "a conversion: quantization (MLX" in got[f"{ORG}/Qwen3.5-0.8B-shaped-MLX-4bit"][1]
+    assert got[f"{ORG}/Qwen3.5-2B-shaped-MLX-bf16"][1].endswith("; a conversion: the Hub lists it with library_name mlx")
 
 
 def test_sidecars_and_drafters_link_both_ways(crawled) -> None:

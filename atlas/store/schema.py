@@ -88,15 +88,19 @@ SELECT repo_id, sha, any_value(rule_version) AS rule_version,
     max(value) FILTER (WHERE name = 'mtp_head_dtypes') AS mtp_head_dtypes
 FROM fingerprints GROUP BY repo_id, sha;
 
--- Each repo's MTP form in each snapshot: its own (atlas.fingerprints.form), with the one rule that
--- needs its base's: a conversion (GGUF, MLX, a quantization config, or a card that says
--- `quantized`) holding no MTP tensor of a base that ships or declares them is `stripped`, and a
--- conversion of a base whose heads are missing is `declared_missing` like its base. The base is the
--- card's base_model when it names exactly one repo of the same snapshot.
+-- Each repo's MTP form in each snapshot: its own (atlas.fingerprints.form), with the rules that need
+-- the Hub's metadata or the base's form: a conversion (GGUF, MLX, a quantization config, a card
+-- that says `quantized`, or a Hub library_name / tag gguf or mlx) holding no MTP tensor of a base
+-- that ships or declares them is `stripped`; a repo whose own rule says declared_missing and that
+-- the Hub lists as a GGUF or MLX conversion is `stripped` too; and a conversion of a base whose heads
+-- are missing is `declared_missing` like its base. The base is the card's base_model when it names
+-- exactly one repo of the same snapshot.
 CREATE OR REPLACE VIEW mtp_forms AS
 WITH own AS (
     SELECT h.snapshot_id, h.repo_id, h.base_models, h.base_relation, f.own_mtp_form, f.own_mtp_form_evidence,
-        f.mtp_conversion
+        f.mtp_conversion, CASE WHEN lower(h.library_name) IN ('gguf', 'mlx') THEN 'library_name ' || lower(h.library_name)
+            WHEN list_contains(h.tags, 'gguf') THEN 'tag gguf' WHEN list_contains(h.tags, 'mlx') THEN 'tag mlx'
+        END AS hub_conversion
     FROM hub_models h LEFT JOIN fingerprints_wide f ON f.repo_id = h.repo_id AND f.sha = h.sha
 ), based AS (
     SELECT o.*, b.repo_id AS base_repo, b.own_mtp_form AS base_form
@@ -104,15 +108,19 @@ WITH own AS (
         AND lower(b.repo_id) = lower(o.base_models[1]) AND b.repo_id <> o.repo_id
 ), ruled AS (
     SELECT *,
-        own_mtp_form IN ('none', 'declared_missing') AND (mtp_conversion IS NOT NULL OR base_relation = 'quantized')
+        own_mtp_form IN ('none', 'declared_missing')
+            AND (mtp_conversion IS NOT NULL OR hub_conversion IS NOT NULL OR base_relation = 'quantized')
             AND base_form IN ('in_checkpoint', 'declared_unread') AS to_stripped,
+        own_mtp_form = 'declared_missing' AND hub_conversion IS NOT NULL AS to_stripped_by_hub,
         own_mtp_form = 'stripped' AND base_form = 'declared_missing' AS to_missing
     FROM based
 )
 SELECT snapshot_id, repo_id,
-    CASE WHEN to_stripped THEN 'stripped' WHEN to_missing THEN 'declared_missing' ELSE own_mtp_form END AS mtp_form,
+    CASE WHEN to_stripped OR to_stripped_by_hub THEN 'stripped' WHEN to_missing THEN 'declared_missing'
+        ELSE own_mtp_form END AS mtp_form,
     CASE WHEN to_stripped THEN 'base ' || base_repo || ' is ' || base_form || '; this conversion ('
-            || coalesce(mtp_conversion, 'card: quantized') || '): ' || own_mtp_form_evidence
+            || coalesce(mtp_conversion, 'Hub ' || hub_conversion, 'card: quantized') || '): ' || own_mtp_form_evidence
+         WHEN to_stripped_by_hub THEN own_mtp_form_evidence || '; a conversion: the Hub lists it with ' || hub_conversion
          WHEN to_missing THEN 'base ' || base_repo || ' declares heads its weights lack too; ' || own_mtp_form_evidence
          ELSE own_mtp_form_evidence END AS mtp_form_evidence,
     own_mtp_form, CASE WHEN to_stripped OR to_missing THEN base_repo END AS mtp_form_base
