@@ -451,13 +451,20 @@ def conformance_show(directory: str | None) -> None:
 @cli.command("query")
 @click.argument("sql")
 @db_option
-def query_cmd(sql: str, db: Path) -> None:
-    """Run read-only SQL against the store and print the result as a plain table."""
-    from atlas import store
+@click.option("--max-rows", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Print at most this many rows; the output says when more were left out.")
+def query_cmd(sql: str, db: Path, max_rows: int) -> None:
+    """Run SQL against the store, read-only in fact (no other file, no write, no extension), and
+    print the result as a plain table."""
+    from atlas import storequery
 
-    columns, rows = store.query(db, sql)
-    click.echo(store.plain_table(columns, rows))
-    click.echo(f"({len(rows)} row{'' if len(rows) == 1 else 's'})")
+    result = storequery.query(db, sql, max_rows)
+    click.echo(storequery.plain_table(result.columns, result.rows))
+    n = len(result.rows)
+    if result.more:
+        click.echo(f"(first {n:,} rows shown, more left out: add a LIMIT or raise --max-rows)")
+    else:
+        click.echo(f"({n} row{'' if n == 1 else 's'})")
 
 
 # ---- evidence and site (store -> evidence -> site) ---------------------------------------------
