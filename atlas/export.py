@@ -115,6 +115,9 @@ MEANINGS: dict[str, dict[str, str]] = {
                                    "NULL for a drafter: target unknown",
         "mtp_drafters_published": "MTP drafter repos of the same snapshot whose target is this model, comma-separated "
                                   "(their layers are not counted in this model's declared or shipped)",
+        "drafter_target_problem": "for a drafter whose target is unknown, why: no single base_model and no repo by "
+                                  "its name, a claimed target that is not a Hub repo id, the drafter itself, or "
+                                  "another drafter (a cycle or a drafter of a drafter); NULL otherwise",
         "data_date": DATA_DATE,
         "made_by_atlas": "a model this project made (team model, oracles), not counted as Hub adoption",
     },
