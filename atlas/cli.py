@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from atlas import AtlasError, __version__
+from atlas import AtlasError, __version__, is_interrupt
 from atlas.measure.engines import ENGINES
 
 # Before any command imports torch (OpenMP reads it once): with the default spin-wait, two threads
@@ -21,8 +21,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 class AtlasGroup(click.Group):
-    """Print AtlasError as a one-line message and exit 1, instead of a traceback; $HF_TOKEN is
-    scrubbed from it (a hub or proxy may echo it in an error text)."""
+    """Print AtlasError as a one-line message and exit 1 (130 for Interrupted), instead of a
+    traceback; $HF_TOKEN is scrubbed from it (a hub or proxy may echo it in an error text). A Ctrl-C
+    no command reported itself is one line too, however it surfaced (atlas.is_interrupt)."""
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         from atlas.hub import redact
@@ -32,7 +33,12 @@ class AtlasGroup(click.Group):
             return super().invoke(ctx)
         except AtlasError as exc:
             click.secho(f"Error: {redact.text(str(exc))}", fg="red", err=True)
-            sys.exit(1)
+            sys.exit(getattr(exc, "exit_code", 1))
+        except (KeyboardInterrupt, RuntimeError) as exc:  # a command with nothing of its own to say
+            if not is_interrupt(exc):
+                raise
+            click.secho("Interrupted (Ctrl-C).", fg="yellow", err=True)
+            sys.exit(130)
 
 
 @click.group(cls=AtlasGroup)
@@ -509,14 +515,17 @@ def evidence_cmd(db: Path, out: str | None, servable_path: str | None,
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Output folder, rebuilt whole (default: build/data/ of the project, where "
                    "`atlas site build` finds it).")
-def export_cmd(db: Path, out: str | None) -> None:
+@click.option("--evidence", "evidence_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=None, help="Folder of the conformance records, support matrix and reported figures "
+                                 "(default: evidence/ of the project).")
+def export_cmd(db: Path, out: str | None, evidence_dir: Path | None) -> None:
     """Write the store's tables as Parquet and CSV (DuckDB COPY), with a data dictionary, a dataset
     card (README.md), a manifest and the changelog's data."""
     from atlas import export
     from atlas.paths import project_path, project_root
 
     out_path = Path(out) if out else project_path(export.DEFAULT_OUT)
-    manifest = export.export(db, out_path, project_path("evidence"), project_root())
+    manifest = export.export(db, out_path, evidence_dir or project_path("evidence"), project_root())
     for f in manifest.files:
         if f.format == "parquet":
             click.echo(f"  {f.table:<22} {f.rows:>6} rows  (data as of {f.as_of or '—'})")

@@ -23,10 +23,11 @@ from typing import Any
 import duckdb
 from pydantic import BaseModel
 
-from atlas import AtlasError, exportdocs, outdir, store
+from atlas import AtlasError, Interrupted, exportdocs, is_interrupt, outdir, store
 from atlas.hub.mirror import MIRROR_PREFIX, load_mirror_date
 from atlas.exportformat import (CARD, CSV_NOTE, DICTIONARY, FORMATS, MANIFEST, FileEntry, Manifest, quote_path,
                                 read_manifest)
+from atlas.jsonfile import html_safe
 from atlas.paths import published
 from atlas.evidence import catalog, changelog
 from atlas.measure import records
@@ -317,21 +318,29 @@ def _snapshots(con: duckdb.DuckDBPyConnection, root: Path) -> list[dict[str, Any
 def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
     """Write every table (Parquet and CSV), the data dictionary, the manifest, the card and the
     changelog's data into `out` (rebuilt whole). The store is opened read-only."""
-    store.require_complete_snapshot(db)
 
     def write(staging: Path) -> Manifest:
         try:
             manifest, log = _export_into(staging, db, evidence_dir, root)
         except duckdb.Error as exc:  # outdir.replace removes the staging folder: nothing half-written stays
+            if is_interrupt(exc):
+                raise
             raise _export_error(db, out, staging, exc) from None
-        (staging / MANIFEST).write_text(manifest.model_dump_json(indent=1) + "\n", encoding="utf-8")
+        (staging / MANIFEST).write_text(html_safe(manifest.model_dump_json(indent=1)) + "\n", encoding="utf-8")
         (staging / CARD).write_text(exportdocs.card(manifest, staging), encoding="utf-8")
         (staging / changelog.FILE_NAME).write_text(changelog.dumps(log), encoding="utf-8")
         exportdocs.write_croissant(staging, manifest)
         return manifest
 
     # a folder of the user's is refused; a previous export stays whole until the new one is complete
-    return outdir.replace(out, "atlas export", write, legacy=_is_export)
+    try:
+        store.require_complete_snapshot(db)
+        return outdir.replace(out, "atlas export", write, legacy=_is_export)
+    except (KeyboardInterrupt, RuntimeError, duckdb.Error) as exc:  # outdir.replace has removed the staging folder
+        if not is_interrupt(exc):
+            raise
+        raise Interrupted(f"interrupted: the export to {out} was not written; a previous export there is "
+                          "as it was") from None
 
 
 def _export_error(db: Path, out: Path, staging: Path, exc: duckdb.Error) -> AtlasError:
