@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from hub_fixtures import copy_mirror
 from site_helpers import REPO
 
-from atlas import exportformat
+from atlas.export import formats as exportformat
 from atlas.cli import cli
 
 # a code span closed early, an event handler, raw HTML, a Markdown link to javascript:, a table pipe
