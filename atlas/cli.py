@@ -299,7 +299,8 @@ def engine_run_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
 @click.option("--workloads", default=None, help="comma-separated workload names (default: all bundled)")
 @click.option("--prompt-set", default=None,
-              help="bundled prompt set: atlas-entropy-v1 (default; byte-level text) or atlas-chat-v1 (chat models, through their chat template)")
+              help="bundled prompt set: atlas-entropy-v1 (default; byte-level text) or atlas-chat-v1 (chat models, through their "
+                   "chat template); or a prompt-set file of the same shape, identified by its sha256")
 @click.option("--temperatures", default="0,1", show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=2), default=128, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
@@ -328,7 +329,7 @@ def measure_run(engine: str, engine_python: str | None, draft_tokens: str, seed:
                 tensor_parallel_size: int, pipeline_parallel_size: int, engine_options: tuple[str, ...], engine_schedule: str) -> None:
     """Measure plain vs self-speculative decoding and write one record under --out."""
     from atlas.decode.checkpoint import DEFAULT_MODEL_PATH
-    from atlas.engines.options import Options, parse_vllm_options, quick as quick_run
+    from atlas.engines.options import Options, parse_vllm_options, preflight, quick as quick_run
     from atlas.records.record import DEFAULT_DIR
     from atlas.engines.stamp import command_line
     from atlas.paths import project_path
@@ -343,10 +344,12 @@ def measure_run(engine: str, engine_python: str | None, draft_tokens: str, seed:
         vllm=parse_vllm_options(engine_options, engine_python, tensor_parallel_size, pipeline_parallel_size, engine_schedule),
         out=Path(out) if out else project_path(DEFAULT_DIR), command=command_line(),
     )
+    options = quick_run(options) if quick else options
     backend = ENGINES[engine].load()
     backend.check(options)
+    preflight(options)  # before any model loads: a run is never measured and then lost to its options
     with _interrupt_writes_no_record():
-        record, path = backend.run(quick_run(options) if quick else options, log=click.echo)
+        record, path = backend.run(options, log=click.echo)
     for g in record.gates:
         click.echo(f"  gate {g.workload} T={g.temperature:g}: {g.reason}")
     gated = (f"MTP on for {sum(g.enabled for g in record.gates)} of {len(record.gates)} workload x temperature" if record.gates
