@@ -202,3 +202,50 @@ def test_a_huge_prompt_set_file_is_refused_unread(model: Path, tmp_path: Path) -
 def test_neither_a_bundled_name_nor_a_file_says_both(model: Path, tmp_path: Path) -> None:
     code, out = measure(model, tmp_path / "out", "--prompt-set", "atlas-nope", *TINY)
     refused_before_loading(code, out, "unknown prompt set 'atlas-nope': neither a bundled set (atlas-entropy-v1, atlas-chat-v1) nor a file")
+
+
+# ---- draft-vocabulary tables (--draft-vocab) ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vocab_model(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The oracle checkpoint, copied so that each case can put its own draft_vocab.json beside it."""
+    return Path(shutil.copytree(model, tmp_path_factory.mktemp("vocab") / "oracle"))
+
+
+def _table(ids: list, counts: list) -> bytes:
+    return json.dumps({"what": "test", "source": "test", "token_ids": ids, "counts": counts}).encode()
+
+
+def test_a_good_draft_vocabulary_table_is_measured(vocab_model: Path, tmp_path: Path) -> None:
+    (vocab_model / "draft_vocab.json").write_bytes(_table([3, 1, 2], [30, 20, 10]))
+    code, out = measure(vocab_model, tmp_path / "out", "--workloads", "templated", "--draft-vocab", "2", *TINY)
+    assert code == 0, out
+    (written,) = (tmp_path / "out").glob("*.json")
+    assert records.read_record(written).settings.draft_vocab.size == 2
+
+
+BAD_TABLES = {
+    "Infinity": (b'{"token_ids": [1, 2], "counts": [Infinity, 1]}', "Infinity is not a count"),
+    "NaN": (b'{"token_ids": [1, 2], "counts": [NaN, 1]}', "NaN is not a count"),
+    "huge float": (b'{"token_ids": [1, 2], "counts": [1e400, 1]}', "token ids and counts must be whole numbers"),
+    "fraction": (_table([1, 2], [2.5, 1]), "token ids and counts must be whole numbers"),
+    "deep nesting": (b'{"token_ids": ' + b"[" * 100_000 + b"]" * 100_000 + b', "counts": []}', "nested too deeply"),
+    "out of order": (_table([1, 2, 3], [10, 20, 30]), "counts must descend (ids ranked by frequency), and count 2 (20) is above count 1 (10)"),
+    "negative": (_table([1, 2], [5, -1]), "count -1: every count is at least 1"),
+    "zero": (_table([1, 2], [5, 0]), "count 0: every count is at least 1"),
+    "lengths": (_table([1, 2, 3], [5, 4]), "3 token ids and 2 counts"),
+    "not a table": (b"[1, 2, 3]", "token_ids and counts must be lists"),
+    "not JSON": (b"\xff\xfe", "not a draft vocabulary table"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TABLES))
+def test_each_fault_of_a_draft_vocabulary_table_is_one_line(vocab_model: Path, tmp_path: Path, case: str) -> None:
+    content, words = BAD_TABLES[case]
+    (vocab_model / "draft_vocab.json").write_bytes(content)
+    code, out = measure(vocab_model, tmp_path / "out", "--workloads", "templated", "--draft-vocab", "2", *TINY)
+    last = out.strip().splitlines()[-1]
+    assert code == 1 and last.startswith(f"Error: {vocab_model / 'draft_vocab.json'}: not a draft vocabulary table ("), out
+    assert words in last, out
+    assert "Traceback" not in out and not list((tmp_path / "out").glob("*.json"))
