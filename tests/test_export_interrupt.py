@@ -41,14 +41,14 @@ def previous(store: Path, tmp_path: Path) -> Iterator[tuple[Path, dict[str, byte
     yield out, _files(out)
 
 
-def _atlas_calls(limit: int | None) -> tuple[list[int], object]:
+def _atlas_calls(limit: int | None, start: str = "export") -> tuple[list[int], object]:
     """A trace function counting calls into the atlas's code from the call of atlas.export.export on
     (before it, a Ctrl-C gets the command line's generic line), raising a real SIGINT at call `limit`
     (at 1 it would be raised on the function's entry, before its first line)."""
     seen = [0]
 
     def trace(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.startswith(ATLAS) and (seen[0] or frame.f_code.co_name == "export"):
+        if event == "call" and frame.f_code.co_filename.startswith(ATLAS) and (seen[0] or frame.f_code.co_name == start):
             seen[0] += 1
             if seen[0] == limit:
                 signal.raise_signal(signal.SIGINT)
@@ -57,12 +57,12 @@ def _atlas_calls(limit: int | None) -> tuple[list[int], object]:
     return seen, trace
 
 
-def _export(store: Path, out: Path, limit: int | None) -> tuple[object, int]:
-    seen, trace = _atlas_calls(limit)
+def _export(store: Path, out: Path, limit: int | None, command: str = "export", start: str = "export") -> tuple[object, int]:
+    seen, trace = _atlas_calls(limit, start)
     handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
     sys.settrace(trace)
     try:
-        result = CliRunner().invoke(cli, ["export", "--db", str(store), "--out", str(out)])
+        result = CliRunner().invoke(cli, [command, "--db", str(store), "--out", str(out)])
     finally:
         sys.settrace(None)
         signal.signal(signal.SIGINT, handler)
@@ -124,3 +124,19 @@ def test_ctrl_c_from_outside_while_the_export_runs_is_one_line(store: Path, prev
             assert stderr.strip() in ("Interrupted (Ctrl-C).", f"Error: interrupted: the export to {out} was not "
                                       "written; a previous export there is as it was"), stderr
             _assert_whole(out, before)
+
+
+def test_ctrl_c_at_any_point_of_atlas_evidence_is_one_line_and_each_file_stays_whole(store: Path, tmp_path: Path) -> None:
+    """`atlas evidence` writes two files, each aside and renamed: a Ctrl-C anywhere is one line, and
+    each file is the previous one or the new one, whole; nothing half-written is left."""
+    out = tmp_path / "ev" / "module-08.evidence.md"
+    out.parent.mkdir()
+    _export(store, out, None, "evidence", "evidence_cmd")  # warm: the first run fills caches, and calls more
+    _, total = _export(store, out, None, "evidence", "evidence_cmd")
+    assert total > 100
+    whole = _files(out.parent)
+    assert sorted(whole) == ["models.json", "module-08.evidence.md"]
+    for limit in sorted({2, 3, total // 10, total // 3, total // 2, 2 * total // 3, total - 20, total - 3}):
+        result, _ = _export(store, out, limit, "evidence", "evidence_cmd")
+        assert result.exit_code == 130 and result.output.strip() == "Interrupted (Ctrl-C).", (limit, result.output)
+        assert _files(out.parent) == whole  # the same store writes the same bytes: old or new, each is whole
