@@ -318,7 +318,9 @@ def _snapshots(con: duckdb.DuckDBPyConnection, root: Path) -> list[dict[str, Any
 
 def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
     """Write every table (Parquet and CSV), the data dictionary, the manifest, the card and the
-    changelog's data into `out` (rebuilt whole). The store is opened read-only."""
+    changelog's data into `out` (rebuilt whole). The store is opened read-only. A Ctrl-C anywhere
+    is one line (Interrupted) that says truly which export `out` holds: the previous one or this one."""
+    made: list[Manifest] = []
 
     def write(staging: Path) -> Manifest:
         try:
@@ -331,6 +333,7 @@ def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
         (staging / CARD).write_text(exportdocs.card(manifest, staging), encoding="utf-8")
         (staging / changelog.FILE_NAME).write_text(changelog.dumps(log), encoding="utf-8")
         exportdocs.write_croissant(staging, manifest)
+        made.append(manifest)
         return manifest
 
     # a folder of the user's is refused; a previous export stays whole until the new one is complete
@@ -340,8 +343,17 @@ def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
     except (KeyboardInterrupt, RuntimeError, duckdb.Error) as exc:  # outdir.replace has removed the staging folder
         if not is_interrupt(exc):
             raise
+        if made and _manifest_at(out) == made[0]:  # the swap was done: only the clean-up was cut short
+            raise Interrupted(f"interrupted after the export to {out} was written: it is whole") from None
         raise Interrupted(f"interrupted: the export to {out} was not written; a previous export there is "
                           "as it was") from None
+
+
+def _manifest_at(out: Path) -> Manifest | None:
+    try:
+        return read_manifest(out)
+    except AtlasError:
+        return None
 
 
 def _export_error(db: Path, out: Path, staging: Path, exc: duckdb.Error) -> AtlasError:
