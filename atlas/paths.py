@@ -67,7 +67,9 @@ def replace_text(path: Path, text: str, what: str) -> bool:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial.write_text(text, encoding="utf-8")
             os.replace(partial, path)
-        except OSError as exc:
+        except BaseException as exc:  # a Ctrl-C mid-write too: no partial file is left behind
             partial.unlink(missing_ok=True)
+            if not isinstance(exc, OSError):
+                raise
             raise AtlasError(f"cannot write {what} {path}: {exc.strerror or exc}; the old one is intact") from None
     return old != text

@@ -125,6 +125,9 @@ def repos() -> list[Repo]:
             "model_type": "qwen3_5_mtp", "architectures": ["Qwen3_5MTPForCausalLM"], "block_size": 4, "num_hidden_layers": 1}),
             "model.safetensors.index.json": index(QWEN35_MTP)}, "mtp_sidecar",
             "https://huggingface.co/FoxlightAI/qwen3-5-0-8b-base-mtp", {"base_model": f"{o}/Qwen3.5-0.8B-shaped"}),
+        # a sidecar whose card claims a base that is no Hub repo id: a sidecar still, its base unknown
+        Repo(f"{o}/evil-sidecar-mtp", {"config.json": _config({"model_type": "qwen3_5_mtp", "block_size": 2})},
+             "mtp_sidecar", "(hostile test card)", {"base_model": "<img src=x onerror=alert(1)>/x"}),
         Repo(f"{o}/GLM-4.5-Air-shaped-MTP-GGUF", {"GLM-4.5-Air-MTP-Q8_0.gguf": gguf(mtp_model(trunk=False, own_head=True))},
              "mtp_sidecar", "https://huggingface.co/jacek2024/GLM-4.5-Air-MTP-GGUF"),
         # ---- separate drafters

@@ -87,6 +87,8 @@ def test_sidecars_and_drafters_link_both_ways(crawled) -> None:
     assert got[f"{ORG}/GLM-4.5-Air-shaped-MTP-GGUF"][:2] == (f"{ORG}/GLM-4.5-Air-shaped-GGUF", "name")
     assert got[f"{ORG}/GLM-4.5-Air-shaped-GGUF"][2] == f"{ORG}/GLM-4.5-Air-shaped-MTP-GGUF"
     assert got[f"{ORG}/gemma-4-12B-it-assistant"][3] == f"{ORG}/gemma-4-12B-it"
+    assert rows(db, f"SELECT sidecar_base, sidecar_base_problem FROM mtp_fingerprints WHERE repo_id = '{ORG}/evil-sidecar-mtp'") == [
+        (None, "its card's base_model is not a Hub repo id")]
     assert got[f"{ORG}/gemma-4-12B-it"][4] == f"{ORG}/gemma-4-12B-it-assistant"
 
 

@@ -138,6 +138,7 @@ def reach(endpoint: str, timeout_s: float = 5.0) -> None:
     url = f"{endpoint.rstrip('/')}/api/models?limit=1"
     failure: list[BaseException] = []
     answers: list[Any] = []
+    get_session()  # built here, outside the deadline: building it (its proxy routes) is no network wait
 
     def ask() -> None:
         try:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -359,16 +360,33 @@ def no_record_after_interrupt() -> Iterator[None]:
 
 def write_record(record: Record, out_dir: Path) -> Path:
     """Write a validated, self-consistent record as <date>-<model>-<digest12>.json, whole or not at
-    all: into a sibling that import does not read (*.json.partial), then renamed."""
+    all: into a sibling that import does not read (*.json.partial), then renamed. When `out_dir`
+    cannot take it (it filled up during the run), the record goes to the system's temporary folder
+    and one line says where: the run's figures are never lost to the disk they were meant for."""
     if _INTERRUPTED.is_set():
         raise AtlasError("interrupted (SIGINT): the run did not finish, so no record was written")
     from atlas.records.gating import check_consistency  # acyclic, as in Record._fill_gates
 
     check_consistency(record)
-    out_dir.mkdir(parents=True, exist_ok=True)
     data = canonical_bytes(record)
     slug = "".join(c if c.isalnum() or c in "-." else "-" for c in record.model_id)[-60:]
-    path = out_dir / f"{record.run_date:%Y%m%dT%H%M%SZ}-{slug}-{hashlib.sha256(data).hexdigest()[:12]}.json"
+    name = f"{record.run_date:%Y%m%dT%H%M%SZ}-{slug}-{hashlib.sha256(data).hexdigest()[:12]}.json"
+    try:
+        return _write_whole(out_dir / name, data)
+    except OSError as exc:
+        problem = exc.strerror or str(exc)
+    aside = Path(tempfile.gettempdir()) / "atlas-records"
+    try:
+        saved = _write_whole(aside / name, data)
+    except OSError:
+        raise AtlasError(f"cannot write the record to {out_dir} ({problem}), nor to {aside}: the run's figures "
+                         "are lost") from None
+    raise AtlasError(f"cannot write the record to {out_dir} ({problem}); it was saved whole as {saved}: move it "
+                     f"into {out_dir} once there is room")
+
+
+def _write_whole(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     try:
         with partial.open("wb") as f:

@@ -103,6 +103,9 @@ def _slug_link(text: str, slug: str | None) -> Markdown:
     return Markdown(f"[{escape(text)}]({slug}.md)") if slug else escape(text)
 
 
+_NO_CLAIM = "its card names no single base_model and no repo of this snapshot has its name without the drafter suffix"
+
+
 def _drafter_words(m: Model) -> list[Markdown]:
     """The drafter link in words, each side linking to the other's page: what this drafter repo
     drafts for (and by which evidence, or that the target is unknown), and the drafter repos
@@ -115,8 +118,7 @@ def _drafter_words(m: Model) -> list[Markdown]:
             out.append(Markdown(f"{kind} for {_slug_link(d.target, d.target_slug)} "
                                 f"(target {escape(DRAFTER_EVIDENCE.get(d.evidence or '', d.evidence or ''))})"))
         else:
-            out.append(Markdown(f"{kind}; target unknown: its card names no single base_model and no repo of this "
-                                "snapshot has its name without the drafter suffix"))
+            out.append(Markdown(f"{kind}; target unknown: {escape(d.problem or _NO_CLAIM)}"))
     if m.drafters:
         out.append(Markdown("MTP drafter published: " + ", ".join(
             f"{_slug_link(p.repo_id, p.slug)} ({escape(DRAFTER_EVIDENCE.get(p.evidence, p.evidence))})"

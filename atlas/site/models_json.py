@@ -94,6 +94,9 @@ class DrafterLink(BaseModel):
     target: str | None  # None: target unknown
     evidence: str | None  # 'base_model' (the card) or 'name' (the repo's name); None: target unknown
     target_slug: str | None = None  # the target's page, when the target is in the snapshot
+    # why the target is unknown (the store's rule: no claim, not a Hub id, itself, a cycle, a drafter);
+    # None in a models.json written before the store gave a reason
+    problem: str | None = None
 
 
 class PublishedDrafter(BaseModel):
@@ -254,10 +257,9 @@ def _has_measurements(con: duckdb.DuckDBPyConnection) -> bool:
     return _has_table(con, "measurement_cells")
 
 
-# A store last written before the view existed opens read-only without it: it has no drafter links.
-_DRAFTERS = """
-    SELECT drafter, drafter_kind, drafter_kind_key, target, target_evidence FROM mtp_drafter_links
-    WHERE snapshot_id = $latest ORDER BY drafter"""
+# A store last written before the view existed opens read-only without it: it has no drafter links
+# (and one written before the view gave reasons has no target_problem: `*` reads what is there).
+_DRAFTERS = "SELECT * FROM mtp_drafter_links WHERE snapshot_id = $latest ORDER BY drafter"
 
 
 def _drafter_links(con: duckdb.DuckDBPyConnection, latest: int | None
@@ -271,7 +273,8 @@ def _drafter_links(con: duckdb.DuckDBPyConnection, latest: int | None
     published: dict[str, list[tuple[str, str]]] = {}
     for r in _rows(con, _DRAFTERS, {"latest": latest}):
         links[r["drafter"]] = DrafterLink(kind=r["drafter_kind"], kind_key=r["drafter_kind_key"],
-                                          target=r["target"], evidence=r["target_evidence"])
+                                          target=r["target"], evidence=r["target_evidence"],
+                                          problem=r.get("target_problem"))
         if r["target"] is not None:
             published.setdefault(r["target"].lower(), []).append((r["drafter"], r["target_evidence"]))
     return links, published
