@@ -196,7 +196,7 @@ def test_a_huge_prompt_set_file_is_refused_unread(model: Path, tmp_path: Path) -
     with path.open("wb") as fh:  # sparse: no disk, no memory
         fh.truncate(100 * 2**20)
     code, out = measure(model, tmp_path / "out", "--prompt-set", str(path), *TINY)
-    refused_before_loading(code, out, f"prompt-set file {path} is {100 * 2**20:,} bytes; a prompt set holds at most {MAX_FILE_BYTES:,}")
+    refused_before_loading(code, out, f"{path}: {100 * 2**20:,} bytes, over the {MAX_FILE_BYTES:,}-byte limit for a prompt set; not read")
 
 
 def test_neither_a_bundled_name_nor_a_file_says_both(model: Path, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atlas import AtlasError
+from atlas.paths import read_bounded
 
 if TYPE_CHECKING:
     import torch
@@ -77,9 +78,7 @@ def read(folder: Path, size: int, vocab_size: int) -> tuple[torch.Tensor, dict[s
     if not path.is_file():
         raise AtlasError(f"--draft-vocab needs {FILE} in the checkpoint folder: the token frequencies of its head's "
                          "training data, which only a project-made head ships (a shipped head is measured as shipped)")
-    if path.stat().st_size > MAX_TABLE_BYTES:
-        raise AtlasError(f"{path}: {path.stat().st_size:,} bytes, more than a draft vocabulary table holds ({MAX_TABLE_BYTES:,})")
-    raw = path.read_bytes()
+    raw = read_bounded(path, MAX_TABLE_BYTES, "a draft vocabulary table")
     ids, counts, table = _parse(path, raw)
     if not 1 <= size <= vocab_size:
         raise AtlasError(f"--draft-vocab {size}: between 1 and the vocabulary size {vocab_size}")

@@ -62,6 +62,7 @@ from huggingface_hub.utils import logging as hf_logging
 from pydantic import BaseModel, Field
 
 from atlas import AtlasError
+from atlas.interrupts import sigint_handler
 from atlas.store import db as store
 from atlas.fingerprints.rules import RULE_VERSION
 from atlas.hub import redact
@@ -305,14 +306,8 @@ def ctrl_c_interrupts() -> Iterator[None]:
     job, some CI runners), and Python then installs no handler: the signal was dropped and the crawl
     ran to its end. An interrupted crawl loses nothing (a snapshot is whole or absent, files are
     cached), so honouring the signal is always safe."""
-    if threading.current_thread() is not threading.main_thread():
+    with sigint_handler(signal.default_int_handler):
         yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _fetch_all(ctx: Context, todo: list[tuple[RepoState, set[str] | None]], concurrency: int, bar: Any) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -59,7 +58,8 @@ from atlas.records.fields import (
     with_verdict,
 )
 from atlas.records.runcontext import EngineRun, Hardware, RecurrentState, Settings, Software
-from atlas.paths import ROOT
+from atlas.interrupts import sigint_handler
+from atlas.paths import ROOT, read_bounded
 
 if TYPE_CHECKING:  # the store's engine is needed to import records, not to write them (a GPU run ships without it)
     import duckdb
@@ -285,13 +285,7 @@ def read_record(path: Path) -> Record:
 
 
 def _read_bounded(path: Path) -> bytes:
-    try:
-        size = path.stat().st_size
-        if size > MAX_RECORD_BYTES:
-            raise AtlasError(f"{path}: {size:,} bytes, over the {MAX_RECORD_BYTES:,}-byte limit for a measurement record; not read")
-        return path.read_bytes()
-    except OSError as exc:
-        raise AtlasError(f"{path}: cannot read: {exc}") from None
+    return read_bounded(path, MAX_RECORD_BYTES, "a measurement record")
 
 
 def parse_record(data: bytes, path: Path) -> Record:
@@ -351,11 +345,8 @@ def no_record_after_interrupt() -> Iterator[None]:
         raise KeyboardInterrupt
 
     _INTERRUPTED.clear()
-    previous = signal.signal(signal.SIGINT, interrupted)
-    try:
+    with sigint_handler(interrupted):
         yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def write_record(record: Record, out_dir: Path) -> Path:

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from atlas import AtlasError
+from atlas.paths import read_bounded
 from atlas.records.fields import MAX_LIST, MAX_NAME_CHARS, MAX_PROMPTS, MAX_TEXT_CHARS
 
 MAX_FILE_BYTES = 4 * 2**20  # a prompt-set file; the bundled ones are a few KiB
@@ -134,7 +135,7 @@ def load_prompt_set(name: str | None = None) -> PromptSet:
         raw = resources.files(__package__).joinpath(PROMPT_SETS[name]).read_bytes()
     else:
         where = f"prompt-set file {name}"
-        raw = _read_file(Path(name), where)
+        raw = _read_file(Path(name))
     prompt_set = parse_prompt_set(raw, where)
     digest = hashlib.sha256(raw).hexdigest()
     if name in PROMPT_SETS and prompt_set.name != name:
@@ -150,21 +151,11 @@ def load_prompt_set(name: str | None = None) -> PromptSet:
     return prompt_set
 
 
-def _read_file(path: Path, where: str) -> bytes:
+def _read_file(path: Path) -> bytes:
     known = ", ".join(PROMPT_SETS)
     if not path.is_file():
         raise AtlasError(f"unknown prompt set {str(path)!r}: neither a bundled set ({known}) nor a file")
-    try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise AtlasError(f"{where} is {size:,} bytes; a prompt set holds at most {MAX_FILE_BYTES:,}")
-        with path.open("rb") as fh:  # read no more than the bound, should the file grow meanwhile
-            raw = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise AtlasError(f"cannot read {where}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise AtlasError(f"{where} is over {MAX_FILE_BYTES:,} bytes, the most a prompt set holds")
-    return raw
+    return read_bounded(path, MAX_FILE_BYTES, "a prompt set")
 
 
 def parse_prompt_set(raw: bytes, where: str) -> PromptSet:
