@@ -36,6 +36,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from atlas import AtlasError
+from atlas.paths import read_bounded
 from atlas.hub import redact
 
 # 2: the build's run-time patches, the known causes found in it, and the fixed driver (no min_tokens)
@@ -324,13 +325,9 @@ def outcome(v: Verdict) -> Outcome:
 
 def read_record(path: Path) -> ConformanceRecord:
     """One record file, bounded and checked (AtlasError naming the file and the first problem)."""
+    raw = read_bounded(path, MAX_RECORD_BYTES, "a conformance record")
     try:
-        size = path.stat().st_size
-        if size > MAX_RECORD_BYTES:
-            raise AtlasError(f"{path}: {size:,} bytes, over the {MAX_RECORD_BYTES:,}-byte limit for a conformance record; not read")
-        return ConformanceRecord.model_validate_json(path.read_bytes())
-    except OSError as exc:
-        raise AtlasError(f"{path}: cannot read: {exc}") from None
+        return ConformanceRecord.model_validate_json(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])

@@ -53,10 +53,9 @@ def _model_json(data: bytes) -> bytes:
         return value
 
     try:
-        parsed = json.loads(data)
-    except ValueError:
+        return json.dumps(clean(json.loads(data)), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    except (ValueError, RecursionError):  # not JSON, or nested past what it can hold: its bytes (the reader refuses it)
         return data
-    return json.dumps(clean(parsed), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def digest(folder: Path) -> str:

@@ -27,7 +27,7 @@ from atlas.store import db as store
 from atlas.evidence import servable as servable_matrix
 from atlas.evidence.catalog import Catalog
 from atlas.evidence.runs import Run
-from atlas.jsonfile import read_written
+from atlas.jsonfile import html_safe, read_written
 from atlas.conformance import record as conformance
 from atlas.paths import published
 from atlas.records.experiment import experiment_key
@@ -214,7 +214,9 @@ def collect(con: duckdb.DuckDBPyConnection, cat: Catalog, root: Path) -> Changel
 
 
 def dumps(log: Changelog) -> str:
-    return json.dumps(log.model_dump(mode="json"), indent=1, sort_keys=True, ensure_ascii=True) + "\n"
+    """Strict JSON (no NaN), ASCII, with no '<', '>' or '&' left raw (atlas.jsonfile.html_safe)."""
+    return html_safe(json.dumps(log.model_dump(mode="json"), indent=1, sort_keys=True, ensure_ascii=True,
+                                allow_nan=False)) + "\n"
 
 
 def read(path: Path) -> Changelog | None:

@@ -5,6 +5,7 @@ words (atlas.records.record, atlas.records.runcontext).
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -55,6 +56,22 @@ class PromptRun(Strict):
     accepted: Count
     verify_passes: Count
     identical_to_baseline: bool | None = None  # greedy only
+
+
+def check_prompt_sums(repeat: Any, prompts: list[PromptRun]) -> None:
+    """A repeat's counts are its prompts' sums (records.Repeat): a per-prompt figure that disagrees
+    with the total it was summed into is named (seconds within float summation slack)."""
+    counts = {"tokens": (repeat.tokens, sum(p.tokens for p in prompts)),
+              "drafted": (sum(repeat.drafted_per_position), sum(p.drafted for p in prompts)),
+              "accepted": (sum(repeat.accepted_per_position), sum(p.accepted for p in prompts)),
+              "verify_passes": (repeat.verify_passes, sum(p.verify_passes for p in prompts))}
+    for name, (total, summed) in counts.items():
+        if total != summed:
+            raise ValueError(f"the prompts' {name} sum to {summed}, not the repeat's {total}")
+    for name in ("seconds", "baseline_seconds"):
+        summed = math.fsum(getattr(p, name) for p in prompts)
+        if not math.isclose(getattr(repeat, name), summed, rel_tol=1e-9):
+            raise ValueError(f"the prompts' {name} sum to {summed!r}, not the repeat's {getattr(repeat, name)!r}")
 
 
 def verdict_in(reason: str) -> Verdict | None:

@@ -284,6 +284,11 @@ def regate(record: Record, rule: int = GATE_RULE) -> list[GateDecision]:
     return decide(cells, rule, record.settings.quick)
 
 
+def verdict_text(g: GateDecision | None) -> str:
+    """A decision's verdict with its draft length ("on k=2"); "-" for none."""
+    return "-" if g is None else (g.verdict or "?") + (f" k={g.draft_tokens}" if g.draft_tokens else "")
+
+
 def implausible(record: Record) -> list[str]:
     """Counts and figures that cannot happen, each named: these reject a record even when its
     derived figures agree with them."""

@@ -29,9 +29,8 @@ repeats of the same prompts, are the gate's sampling unit) and names the rule it
 from __future__ import annotations
 
 import hashlib
-import math
 import os
-import signal
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,6 +54,7 @@ from atlas.records.fields import (
     Name,
     PerPosition,
     PromptRun,
+    check_prompt_sums,
     Seconds,
     Strict,
     Temperature,
@@ -63,7 +63,8 @@ from atlas.records.fields import (
     with_verdict,
 )
 from atlas.records.runcontext import EngineRun, Hardware, RecurrentState, Settings, Software
-from atlas.paths import ROOT
+from atlas.interrupts import sigint_handler
+from atlas.paths import ROOT, read_bounded
 
 if TYPE_CHECKING:  # the store's engine is needed to import records, not to write them (a GPU run ships without it)
     import duckdb
@@ -109,23 +110,8 @@ class Repeat(Strict):
         if self.reached_per_position is not None and len(self.reached_per_position) != len(self.drafted_per_position):
             raise ValueError("reached and drafted per position differ in length")
         if self.prompts is not None:
-            self._sums(self.prompts)
+            check_prompt_sums(self, self.prompts)
         return self
-
-    def _sums(self, prompts: list[PromptRun]) -> None:
-        """The repeat's counts are its prompts' sums: a per-prompt figure that disagrees with the
-        total it was summed into is named (seconds within float summation slack)."""
-        counts = {"tokens": (self.tokens, sum(p.tokens for p in prompts)),
-                  "drafted": (sum(self.drafted_per_position), sum(p.drafted for p in prompts)),
-                  "accepted": (sum(self.accepted_per_position), sum(p.accepted for p in prompts)),
-                  "verify_passes": (self.verify_passes, sum(p.verify_passes for p in prompts))}
-        for name, (total, summed) in counts.items():
-            if total != summed:
-                raise ValueError(f"the prompts' {name} sum to {summed}, not the repeat's {total}")
-        for name in ("seconds", "baseline_seconds"):
-            summed = math.fsum(getattr(p, name) for p in prompts)
-            if not math.isclose(getattr(self, name), summed, rel_tol=1e-9):
-                raise ValueError(f"the prompts' {name} sum to {summed!r}, not the repeat's {getattr(self, name)!r}")
 
 
 class Derived(Strict):
@@ -324,13 +310,7 @@ def read_record(path: Path) -> Record:
 
 
 def _read_bounded(path: Path) -> bytes:
-    try:
-        size = path.stat().st_size
-        if size > MAX_RECORD_BYTES:
-            raise AtlasError(f"{path}: {size:,} bytes, over the {MAX_RECORD_BYTES:,}-byte limit for a measurement record; not read")
-        return path.read_bytes()
-    except OSError as exc:
-        raise AtlasError(f"{path}: cannot read: {exc}") from None
+    return read_bounded(path, MAX_RECORD_BYTES, "a measurement record")
 
 
 def parse_record(data: bytes, path: Path) -> Record:
@@ -390,25 +370,39 @@ def no_record_after_interrupt() -> Iterator[None]:
         raise KeyboardInterrupt
 
     _INTERRUPTED.clear()
-    previous = signal.signal(signal.SIGINT, interrupted)
-    try:
+    with sigint_handler(interrupted):
         yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def write_record(record: Record, out_dir: Path) -> Path:
     """Write a validated, self-consistent record as <date>-<model>-<digest12>.json, whole or not at
-    all: into a sibling that import does not read (*.json.partial), then renamed."""
+    all: into a sibling that import does not read (*.json.partial), then renamed. When `out_dir`
+    cannot take it (it filled up during the run), the record goes to the system's temporary folder
+    and one line says where: the run's figures are never lost to the disk they were meant for."""
     if _INTERRUPTED.is_set():
         raise AtlasError("interrupted (SIGINT): the run did not finish, so no record was written")
     from atlas.records.gating import check_consistency  # acyclic, as in Record._fill_gates
 
     check_consistency(record)
-    out_dir.mkdir(parents=True, exist_ok=True)
     data = canonical_bytes(record)
     slug = "".join(c if c.isalnum() or c in "-." else "-" for c in record.model_id)[-60:]
-    path = out_dir / f"{record.run_date:%Y%m%dT%H%M%SZ}-{slug}-{hashlib.sha256(data).hexdigest()[:12]}.json"
+    name = f"{record.run_date:%Y%m%dT%H%M%SZ}-{slug}-{hashlib.sha256(data).hexdigest()[:12]}.json"
+    try:
+        return _write_whole(out_dir / name, data)
+    except OSError as exc:
+        problem = exc.strerror or str(exc)
+    aside = Path(tempfile.gettempdir()) / "atlas-records"
+    try:
+        saved = _write_whole(aside / name, data)
+    except OSError:
+        raise AtlasError(f"cannot write the record to {out_dir} ({problem}), nor to {aside}: the run's figures "
+                         "are lost") from None
+    raise AtlasError(f"cannot write the record to {out_dir} ({problem}); it was saved whole as {saved}: move it "
+                     f"into {out_dir} once there is room")
+
+
+def _write_whole(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     try:
         with partial.open("wb") as f:

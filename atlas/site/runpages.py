@@ -83,7 +83,8 @@ def _stamp(run: Run, n: int, baselines: dict[str, str]) -> str:
         f"**Run R{n}**{escape(label(run))} — {code(r.model_id)} at {code(short_rev(r.revision))} · "
         f"{escape(r.hardware.text)} · {escape(s.device)} {escape(s.dtype)} · run "
         f"{r.run_date:%Y-%m-%d %H:%M} UTC · {s.repeats} repeats × {s.prompts_per_workload} prompts × "
-        f"{s.max_new_tokens} tokens per workload · baselines {', '.join(used)} · record "
+        f"{s.max_new_tokens} tokens per workload · prompt set {code(r.prompt_set)} (sha256 "
+        f"{code(r.prompt_set_digest[:12])}) · baselines {', '.join(used)} · record "
         f"{code(run.record_id[:12])} ({code(shown_source(run.source_path))}, made by {code(r.command)})"
     )
 
