@@ -146,7 +146,7 @@ def gate(d: Derived, n_repeats: int, quick: bool = False) -> Gate:
     return Gate("undecided", f"undecided: {bounds}")
 
 
-GATED_ENGINES = ("atlas", "vllm")  # engines that choose among draft lengths; transformers' use_mtp drafts one fixed k
+GATED_ENGINES = ("atlas", "vllm", "llamacpp")  # engines that choose among draft lengths; transformers' use_mtp drafts one fixed k
 
 
 def gated_engine(cells: list[Cell]) -> str | None:

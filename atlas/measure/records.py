@@ -248,6 +248,8 @@ class Record(Strict):
                 data["settings"].pop(key, None)
         if data["hardware"].get("omp_wait_policy") is None:
             data["hardware"].pop("omp_wait_policy", None)
+        if data.get("engine_run") is not None and data["engine_run"].get("build") is None:
+            data["engine_run"].pop("build", None)  # vLLM records keep their bytes
         if data.get("recurrent_state") is None:  # absent, not null, in records without recurrent layers
             data.pop("recurrent_state", None)
         if self.provenance is None:
