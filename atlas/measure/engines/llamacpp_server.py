@@ -119,6 +119,20 @@ def run_stats(completion: Completion, k: int) -> RunStats:
     return counts.stats(completion.tokens, completion.seconds)
 
 
+def parse_event(line: str) -> Chunk | None:
+    """One line of llama-server's event stream: a chunk, or None for a blank line; AtlasError for
+    anything else (a line that is no event, JSON that is not a completion chunk)."""
+    line = line.strip()
+    if not line:
+        return None
+    if not line.startswith("data: "):
+        raise AtlasError(f"llama-server streamed a line that is not an event: {line[:200]!r}")
+    try:
+        return Chunk.model_validate(json.loads(line[6:]))
+    except (json.JSONDecodeError, ValidationError) as exc:
+        raise AtlasError(f"llama-server streamed malformed output ({str(exc).splitlines()[0]}): {line[:200]!r}") from None
+
+
 def parse_metrics(text: str) -> Counters:
     """The speculative counters of llama-server's Prometheus text (absent counters are 0)."""
     def value(name: str) -> int:
@@ -211,15 +225,9 @@ class Server:
         chunks = []
         with self._request("/completion", {**body, "stream": True, "timings_per_token": True}) as reply:
             for raw in reply:
-                line = raw.decode(errors="replace").strip()
-                if not line:
-                    continue
-                if not line.startswith("data: "):
-                    raise AtlasError(f"llama-server streamed a line that is not an event: {line[:200]!r}")
-                try:
-                    chunks.append(Chunk.model_validate(json.loads(line[6:])))
-                except (json.JSONDecodeError, ValidationError) as exc:
-                    raise AtlasError(f"llama-server streamed malformed output ({str(exc).splitlines()[0]}): {line[:200]!r}") from None
+                chunk = parse_event(raw.decode(errors="replace"))
+                if chunk is not None:
+                    chunks.append(chunk)
         if not chunks or not chunks[-1].stop or chunks[-1].timings is None:
             raise AtlasError("llama-server's stream ended without its final chunk (stop, timings)")
         return chunks
