@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from atlas import AtlasError
 from atlas.cli import cli
 from atlas.engines import llamacpp_build, llamacpp_engine, llamacpp_gguf
+from atlas.engines.llamacpp_build import repack_setting
 from atlas.engines.options import LlamacppOptions, Options
 from atlas.engines.llamacpp_server import Chunk, Counters, Server, Timings, parse_event, parse_metrics, rounds_from_stream, run_stats
 
@@ -203,7 +204,7 @@ def chat_prompts(folder: Path, count: int) -> list[list[int]]:
 
 
 def greedy(build: object, gguf: Path, prompts: list[list[int]], n: int, k: int = 0) -> list[list[int]]:
-    args = llamacpp_engine.server_args(1, 1, max(map(len, prompts)) + n + 16, llamacpp_build.repack_setting("auto")[0], k)
+    args = llamacpp_engine.server_args(1, 1, max(map(len, prompts)) + n + 16, repack_setting("auto")[0], k)
     with Server(build.binary("llama-server"), gguf, args) as server:  # type: ignore[attr-defined]
         return [server.complete(llamacpp_engine.request(p, n, 0.0, 0, Options()), speculative=bool(k)).tokens for p in prompts]
 
@@ -293,3 +294,41 @@ def test_a_gguf_changed_since_its_manifest_is_refused(real_gguf: tuple[Path, Pat
     with pytest.raises(AtlasError, match="is not the 000000000000… its manifest lists"):
         llamacpp_engine.resolve_gguf(options, folder)
     assert os.path.exists(out / "combined-Q4_1.gguf")
+
+
+def test_two_sample_test_known_answer_and_its_power() -> None:
+    import random
+
+    from atlas.conformance.stats import two_sample_test
+
+    # hand-computed: outcome 0 seen 10 and 20 times, outcome 1 10 and 0 times, equal sizes:
+    # (10-15)²/15 + (20-15)²/15 + (10-5)²/5 + (0-5)²/5 = 13.33 on 1 degree of freedom
+    known = two_sample_test([(0,)] * 10 + [(1,)] * 10, [(0,)] * 20)
+    assert (known["chi2"], known["df"], known["bins"]) == (13.33, 1, 2) and known["p_value"] < 1e-3
+    law, other = [9, 5, 3, 2, 1, 1, 0.3, 0.2], [1, 1, 2, 3, 4, 5, 1, 1]
+    draw = lambda rng, weights, n: [(rng.choices(range(8), weights=weights)[0],) for _ in range(n)]  # noqa: E731
+    same = [two_sample_test(draw(random.Random(s), law, 150), draw(random.Random(s + 10**6), law, 150))["p_value"] for s in range(60)]
+    assert sum(p < 0.01 for p in same) <= 3  # about 1 % expected
+    assert two_sample_test(draw(random.Random(1), law, 150), draw(random.Random(2), other, 150))["p_value"] < 1e-6
+    with pytest.raises(AtlasError, match="two non-empty samples"):
+        two_sample_test([], [(1,)])
+
+
+def test_draft_mtp_at_t1_samples_what_plain_samples(real_gguf: tuple[Path, Path], llamacpp_build: object) -> None:
+    """T = 1, Q8_0, k = 2: the second and third tokens (the ones drafts can supply) follow the same
+    law with and without draft-mtp, one seed per generation, 120 generations a side (chi-square
+    homogeneity at 0.001). A verifier that accepted drafts without the rejection step would emit the
+    head's law (acceptance about 0.35 here), which this test tells apart."""
+    from atlas.conformance.stats import two_sample_test
+
+    folder, out = real_gguf
+    prompt = chat_prompts(folder, 1)[0]
+    samples = {}
+    for k in (0, 2):
+        args = llamacpp_engine.server_args(1, 1, len(prompt) + 24, repack_setting("auto")[0], k)
+        with Server(llamacpp_build.binary("llama-server"), out / "combined-Q8_0.gguf", args) as server:  # type: ignore[attr-defined]
+            samples[k] = [server.complete(llamacpp_engine.request(prompt, 3, 1.0, seed, Options()), speculative=bool(k)).tokens
+                          for seed in range(120)]
+    for position in (1, 2):
+        test = two_sample_test([(t[position],) for t in samples[0]], [(t[position],) for t in samples[2]])
+        assert test["p_value"] is None or test["p_value"] > 1e-3, (position, test)
