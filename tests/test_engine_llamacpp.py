@@ -138,6 +138,8 @@ def test_a_missing_or_broken_build_is_refused_with_what_to_do(tmp_path: Path) ->
         llamacpp_build.find_build(build)
     with pytest.raises(AtlasError, match="report build 9999, their record says 11434"):
         llamacpp_build.find_build(fake_build(tmp_path / "other", version="9999"))
+    sdist = llamacpp_build.find_build(fake_build(tmp_path / "sdist", version="0.6.0-dev (build 0, commit unknown) #"))
+    assert (sdist.version, sdist.reported) == ("11434", "0.6.0-dev (build 0, commit unknown) # (abc123)")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / llamacpp_build.INFO_FILE).write_text("{}")
     with pytest.raises(AtlasError, match="not a valid build record"):

@@ -55,7 +55,8 @@ class Build:
 
     dir: Path
     info: BuildInfo
-    version: str  # e.g. "11434 (0123abcd)"
+    version: str  # e.g. "11434", or "11434 (0123abcd)" where the binaries know their commit
+    reported: str  # what `llama-server --version` says, e.g. "0.6.0-dev (build 0, commit unknown)" from the sdist
     built_with: str  # e.g. "GNU 12.2.0 for Linux x86_64"
 
     def binary(self, name: str) -> Path:
@@ -63,7 +64,7 @@ class Build:
 
     def record(self) -> dict[str, object]:
         """Everything a measurement record keeps about the build."""
-        return {"version": self.version, "built_with": self.built_with, **self.info.model_dump()}
+        return {"version": self.version, "reported": self.reported, "built_with": self.built_with, **self.info.model_dump()}
 
 
 def _run(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -84,21 +85,33 @@ def find_build(explicit: str | Path | None = None) -> Build:
         info = BuildInfo.model_validate_json(info_path.read_bytes())
     except (OSError, ValidationError) as exc:
         raise AtlasError(f"{info_path}: not a valid build record ({exc}); rerun `make llamacpp`") from None
+    return Build(folder, info, *check_binaries(folder, info.build_number))
+
+
+def check_binaries(folder: Path, build_number: int) -> tuple[str, str, str]:
+    """(version, what the binaries report, built with) of the build in `folder`: every needed binary
+    is there and runs. A build from the sdist has no git metadata, so its binaries call themselves
+    "build 0, commit unknown"; the version is then the sdist's build number (the record keeps the
+    sdist's sha256). A binary that names another build number is refused."""
     for name in NEEDED:
         path = folder / "build" / "bin" / name
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise AtlasError(f"the llama.cpp build at {folder} is broken: {path} is missing or not executable; {HINT}")
     done = _run([str(folder / "build" / "bin" / "llama-server"), "--version"])
     text = done.stdout + done.stderr
-    found = re.search(r"version: (\d+) \(([0-9a-f]+)\)", text)
+    found = re.search(r"version: (.+)", text)
     if done.returncode != 0 or not found:
         raise AtlasError(f"the llama.cpp build at {folder} is broken: llama-server --version exited {done.returncode}: "
                          f"{text.strip()[-300:]!r}")
-    if int(found.group(1)) != info.build_number:
-        raise AtlasError(f"the llama.cpp binaries at {folder} report build {found.group(1)}, their record says "
-                         f"{info.build_number}: rerun `make llamacpp`")
+    reported = found.group(1).strip()
+    named = re.match(r"(\d+) \(([0-9a-f]+)\)", reported) or re.search(r"\(build (\d+), commit (\w+)\)", reported)
+    number = int(named.group(1)) if named else 0
+    if number not in (0, build_number):
+        raise AtlasError(f"the llama.cpp binaries at {folder} report build {number}, their record says {build_number}: "
+                         "rerun `make llamacpp`")
+    version = f"{build_number} ({named.group(2)})" if named and number else str(build_number)
     built = re.search(r"built with (.+)", text)
-    return Build(folder, info, f"{found.group(1)} ({found.group(2)})", built.group(1).strip() if built else "unknown")
+    return version, reported, built.group(1).strip() if built else "unknown"
 
 
 def require_draft_mtp(build: Build) -> None:
@@ -169,6 +182,7 @@ def write_info(folder: Path, sdist: Path | None, build_number: int, cmake_flags:
         cmake=_first_line(["cmake", "--version"]), ninja=_first_line(["ninja", "--version"]), built_on_cpu=cpu_name(),
         written_at=datetime.now(timezone.utc).replace(microsecond=0).isoformat(),
     )
+    check_binaries(folder, build_number)  # the record is written last, and only for a build that runs
     (folder / INFO_FILE).write_text(info.model_dump_json(indent=1) + "\n")
     return info
 

@@ -123,12 +123,8 @@ def request(prompt: list[int], n: int, t: float, seed: int, options: Options) ->
             "cache_prompt": False, "top_k": options.top_k or 0, "top_p": options.top_p or 1.0, **NEUTRAL}
 
 
-def _system_info(log_text: str) -> str | None:
-    return next((line.split("system_info:", 1)[1].strip() for line in log_text.splitlines() if "system_info:" in line), None)
-
-
 def _engine_run(build: Build, options: Options, gguf: dict[str, Any], base_args: list[str], k_args: dict[int, list[str]], repack_why: str,
-                system_info: str | None, threads: int) -> EngineRun:
+                threads: int) -> EngineRun:
     import platform
 
     import torch
@@ -142,7 +138,7 @@ def _engine_run(build: Build, options: Options, gguf: dict[str, Any], base_args:
                  "parallel": options.llamacpp.parallel},
         engine_args={"llama-server": base_args, "threads": threads, "repack": repack_why, "pass_costs": NO_PASS_COSTS},
         speculative_config={f"k={k}": args for k, args in k_args.items()}, layout=gguf["architecture"], conversion=gguf,
-        counter_check=COUNTER_CHECK, schedule=SCHEDULE, build={**build.record(), "system_info": system_info},
+        counter_check=COUNTER_CHECK, schedule=SCHEDULE, build=build.record(),
     )
 
 
@@ -194,8 +190,6 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     load_before = load_average()
     try:
         base_args, spec_args, runs = run_schedule(plain, spec, "interleaved", ks, cells_at, load, run_one)
-        assert plain.server is not None
-        system_info = _system_info(plain.server.log_text())
     finally:
         plain.close()
         spec.close()
@@ -203,7 +197,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     version = f"llama.cpp b{build.version}"
     cells: list[Cell] = [build_cell("llamacpp", version, BASELINE, name, t, k, repeats, None, options.quick)
                          for (name, t, k), repeats in raw.items()]
-    engine_run = _engine_run(build, options, conversion, base_args, spec_args, repack_why, system_info, threads)
+    engine_run = _engine_run(build, options, conversion, base_args, spec_args, repack_why, threads)
     record = new_record(
         replace(options, dtype=f"gguf-{inspect(gguf).file_type.removeprefix('MOSTLY_')}"), folder=folder, model_id=model_id,
         revision=revision, hardware=hardware(torch.device("cpu")).model_copy(update={"torch_threads": threads}),

@@ -177,12 +177,6 @@ class Server:
             return ""
         return "\n    ".join(text[-lines:])
 
-    def log_text(self) -> str:
-        try:
-            return Path(self.log.name).read_text(errors="replace")
-        except OSError:
-            return ""
-
     def _died(self, during: str) -> AtlasError:
         code = self.proc.returncode
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited ({code})"
