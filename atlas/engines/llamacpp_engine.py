@@ -32,9 +32,9 @@ from atlas.records.runcontext import EngineRun
 BASELINE = "llama-server without drafting (plain decoding), same build, GGUF, threads and prompts; runs interleaved"
 SCHEDULE = ("two resident llama-servers on 127.0.0.1: plain, and draft-mtp at the measured k (one k at a time); each prompt "
             "once on each, order alternating by prompt and repeat; warm-up excluded; no prompt cache")
-DRAFT_SAMPLING = ("llama.cpp draft-mtp: the MTP head's top-10 candidates; at T = 0 the draft is their argmax, matched by the "
-                  "greedy verifier; at T > 0 the draft is sampled from them at the request's temperature and verified by "
-                  "rejection against the target's distribution")
+# (the record's field holds at most 200 characters)
+DRAFT_SAMPLING = ("draft-mtp over the head's top-10 candidates: their argmax at T = 0 (greedy match); at T > 0 sampled "
+                  "at the request's temperature and verified by rejection")
 COUNTER_CHECK = ("every speculative request: the streamed tokens grouped by the server's running draft counters give each "
                  "round's drafted and accepted drafts (a round emits accepted + 1 tokens); their sums equal the final "
                  "timings (draft_n, draft_n_accepted) and the /metrics deltas, per draft position too")
