@@ -125,10 +125,14 @@ real-model-gguf: real-model llamacpp  ## GGUF files of the real team model (llam
 	$(ATLAS) real-model-gguf --model $(REAL) --out $(REAL_GGUF)
 
 # The committed llama.cpp records: llama-server plain vs draft-mtp on the real model's combined GGUF,
-# one record per threads x quantization, T = 0 and 1, k = 1..3, interleaved (about 10 min each on 2 busy cores).
+# one record per threads x quantization, T = 0 and 1, k = 1..3, interleaved: about 25 min each at load 9 on
+# 2 cores; the committed 2-thread and Q8_0 records ran LLAMACPP_PROMPTS=1 LLAMACPP_TOKENS=32 (each record keeps its command).
 LLAMACPP_QUANTS  ?= Q4_1 Q8_0
 LLAMACPP_THREADS ?= 1 2
-LLAMACPP_RUN     := --model $(REAL) --prompt-set atlas-chat-v1 --max-new-tokens 48 --repeats 3 --prompts-per-workload 2 --draft-tokens 1,2,3
+LLAMACPP_PROMPTS ?= 2
+LLAMACPP_TOKENS  ?= 48
+LLAMACPP_RUN     := --model $(REAL) --prompt-set atlas-chat-v1 --max-new-tokens $(LLAMACPP_TOKENS) --repeats 3 \
+	--prompts-per-workload $(LLAMACPP_PROMPTS) --draft-tokens 1,2,3
 measure-real-model-llamacpp: real-model-gguf  ## the real team model through llama.cpp (plain vs draft-mtp), records under evidence/measurements/
 	for t in $(LLAMACPP_THREADS); do for q in $(LLAMACPP_QUANTS); do \
 		nice -n 5 $(ATLAS) measure run --engine llamacpp $(LLAMACPP_RUN) --threads $$t --engine-option quant=$$q || exit 1; \
