@@ -7,7 +7,7 @@ llama-quantize, with manifest.json: every file's layout, type, size and sha256, 
 that made it, the source checkpoint's digest and the build. The converter runs through
 llamacpp_convert.py (GPT-2-style vocabulary, zero-size shared_experts left out; it says why).
 
-`inspect` reads a file's header with the `gguf` package: architecture, layout and file type, so a
+`inspect` reads a file's header (metadata and tensor names; arrays skipped): architecture, layout and file type, so a
 trunk-only file given as combined, or an architecture without an MTP graph, is refused by name.
 """
 
@@ -80,26 +80,70 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+# GGUF value types: fixed sizes (struct format), 8 = string, 9 = array (gguf's GGUFValueType)
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def _header(path: Path) -> tuple[dict[str, object], list[str]]:
+    """(scalar and string metadata, tensor names) of a GGUF file, from its header alone: arrays (the
+    vocabulary) are skipped, not decoded, which takes gguf's GGUFReader seconds per file."""
+    import struct
+
+    with path.open("rb") as f:
+        def read(fmt: str) -> object:
+            size = struct.calcsize("<" + fmt)
+            data = f.read(size)
+            if len(data) != size:
+                raise ValueError("truncated header")
+            return struct.unpack("<" + fmt, data)[0]
+
+        def text() -> str:
+            return f.read(int(read("Q"))).decode("utf-8", errors="replace")  # type: ignore[arg-type]
+
+        def value(kind: int) -> object:
+            if kind in _SCALARS:
+                return read(_SCALARS[kind])
+            if kind == 8:
+                return text()
+            if kind == 9:
+                item, count = int(read("I")), int(read("Q"))  # type: ignore[arg-type]
+                if item in _SCALARS:
+                    f.seek(count * struct.calcsize(_SCALARS[item]), 1)
+                else:
+                    for _ in range(count):
+                        value(item)
+                return None
+            raise ValueError(f"unknown value type {kind}")
+
+        if f.read(4) != b"GGUF":
+            raise ValueError("no GGUF magic")
+        read("I")  # version
+        n_tensors, n_kv = int(read("Q")), int(read("Q"))  # type: ignore[arg-type]
+        fields = {}
+        for _ in range(n_kv):
+            key = text()
+            fields[key] = value(int(read("I")))  # type: ignore[arg-type]
+        names = []
+        for _ in range(n_tensors):
+            names.append(text())
+            f.seek(8 * int(read("I")) + 4 + 8, 1)  # type: ignore[arg-type]  # dims, type, offset
+    return fields, names
+
+
 def inspect(path: Path) -> GgufInfo:
     """Architecture, layout and type of a GGUF file, from its header (AtlasError if it is none)."""
-    from gguf import GGUFReader, LlamaFileType
+    from gguf import LlamaFileType
 
     try:
-        reader = GGUFReader(str(path))
-    except (OSError, ValueError, IndexError) as exc:
+        fields, names = _header(path)
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise AtlasError(f"{path}: not a readable GGUF file ({exc})") from None
-
-    def field(key: str) -> object:
-        found = reader.fields.get(key)
-        return None if found is None else found.contents()
-
-    arch = str(field("general.architecture") or "unknown")
-    names = [t.name for t in reader.tensors]
-    nextn = int(field(f"{arch}.nextn_predict_layers") or 0)
+    arch = str(fields.get("general.architecture") or "unknown")
+    nextn = int(fields.get(f"{arch}.nextn_predict_layers") or 0)  # type: ignore[call-overload]
     has_mtp = nextn > 0 and any(".nextn." in n for n in names)
     has_trunk = any(n.startswith("blk.0.") for n in names)
     layout: Layout = "combined" if has_mtp and has_trunk else "mtp" if has_mtp else "trunk"
-    file_type = field("general.file_type")
+    file_type = fields.get("general.file_type")
     try:
         type_name = LlamaFileType(int(file_type)).name if file_type is not None else "unknown"  # type: ignore[call-overload]
     except ValueError:
