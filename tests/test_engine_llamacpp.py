@@ -336,3 +336,15 @@ def test_draft_mtp_at_t1_samples_what_plain_samples(real_gguf: tuple[Path, Path]
     for position in (1, 2):
         test = two_sample_test([(t[position],) for t in samples[0]], [(t[position],) for t in samples[2]])
         assert test["p_value"] is None or test["p_value"] > 1e-3, (position, test)
+
+
+def test_a_gguf_set_is_up_to_date_only_for_the_same_checkpoint_build_and_files(real_gguf: tuple[Path, Path],
+                                                                                 llamacpp_build: object) -> None:
+    from atlas.decode.checkpoint import digest
+
+    folder, out = real_gguf
+    wanted = {f"{lay}-{t}.gguf" for lay in ("combined", "trunk") for t in ("f16", "Q8_0", "Q4_1")}
+    source = digest(folder)
+    assert llamacpp_gguf.up_to_date(out, source, llamacpp_build, wanted) == llamacpp_gguf.read_manifest(out)  # type: ignore[arg-type]
+    assert llamacpp_gguf.up_to_date(out, source, llamacpp_build, wanted | {"mtp-f16.gguf"}) is None  # type: ignore[arg-type]
+    assert llamacpp_gguf.up_to_date(out, "sha256:" + "0" * 64, llamacpp_build, wanted) is None  # type: ignore[arg-type]
