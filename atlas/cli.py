@@ -242,6 +242,37 @@ def real_model(out: Path | None) -> None:
     smollm.build(out or project_path(smollm.DEFAULT_OUT_PATH), log=click.echo)
 
 
+@cli.command("real-model-gguf")
+@click.option("--model", "model", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="checkpoint folder (default: data/real-models/smollm2-135m-mtp/ of the project)")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="GGUF folder (default: beside the checkpoint, <name>-gguf/)")
+@click.option("--quants", default="Q8_0,Q4_1,Q4_K_M", show_default=True, help="llama-quantize types besides f16")
+@click.option("--layouts", default="combined,trunk,mtp", show_default=True, help="combined, trunk (--no-mtp), mtp (MTP-only sidecar)")
+@click.option("--build", "build_dir", default=None, help="llama.cpp build folder (default: $ATLAS_LLAMACPP_DIR or `make llamacpp`'s)")
+def real_model_gguf(model: Path | None, out: Path | None, quants: str, layouts: str, build_dir: str | None) -> None:
+    """GGUF files of a GLM-4-MoE checkpoint by llama.cpp's own converter and quantizer (the pinned
+    build): each layout at f16 and each quantization, with manifest.json (sha256, commands)."""
+    from atlas.checkpoints import smollm
+    from atlas.engines import llamacpp_engine, llamacpp_gguf
+    from atlas.engines.llamacpp_build import find_build
+    from atlas.paths import project_path
+
+    folder = model or project_path(smollm.DEFAULT_OUT_PATH)
+    if not (folder / "config.json").is_file():
+        raise AtlasError(f"{folder}: no checkpoint there (config.json missing); `make real-model` builds the real one")
+    kinds = tuple(q.strip() for q in quants.split(",") if q.strip())
+    shapes = tuple(x.strip() for x in layouts.split(",") if x.strip())
+    unknown = [x for x in shapes if x not in llamacpp_gguf.LAYOUTS]
+    if unknown:
+        raise AtlasError(f"--layouts: unknown {', '.join(unknown)} (known: {', '.join(llamacpp_gguf.LAYOUTS)})")
+    build = find_build(build_dir)
+    target = out or llamacpp_engine.gguf_set_dir(folder)
+    click.echo(f"GGUF set of {folder} with llama.cpp b{build.version} -> {target}")
+    manifest = llamacpp_gguf.make_set(folder, target, build, llamacpp_gguf.source_of(build), kinds, shapes, log=click.echo)
+    click.echo(f"wrote {len(manifest.files)} GGUF files and {target / 'manifest.json'}")
+
+
 @cli.group("measure")
 def measure_group() -> None:
     """Self-speculative decoding with a checkpoint's own MTP head: run, record, import."""
@@ -308,7 +339,7 @@ def engine_run_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.option("--prompts-per-workload", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--top-k", type=click.IntRange(min=1), default=None)
 @click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=None)
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads (default 1 on CPU)")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads (default 1 on CPU); llamacpp: the server's threads")
 @click.option("--draft-vocab", type=click.IntRange(min=1), default=None,
               help="our loop: the MTP head scores only the N tokens most frequent in its training data (lossless; "
                    "project-made heads only: needs draft_vocab.json in the checkpoint folder)")
@@ -320,7 +351,8 @@ def engine_run_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.option("--pipeline-parallel-size", type=click.IntRange(min=1), default=1, show_default=True, help="vLLM: pipeline stages")
 @click.option("--engine-option", "engine_options", multiple=True, metavar="KEY=VALUE",
               help="vLLM: an LLM(...) argument (VALUE as JSON, else text), or speculative.KEY=VALUE for speculative_config "
-                   "(e.g. speculative.draft_sample_method=probabilistic); repeatable, recorded")
+                   "(e.g. speculative.draft_sample_method=probabilistic); llamacpp: gguf=PATH, quant=Q4_1, build=DIR, "
+                   "repack=auto|on|off, parallel=N; repeatable, recorded")
 @click.option("--engine-schedule", type=click.Choice(["interleaved", "sequential"]), default="interleaved", show_default=True,
               help="vLLM: k=0 and speculative engines resident together, runs alternated; or one at a time (models that fit only once)")
 def measure_run(engine: str, engine_python: str | None, draft_tokens: str, seed: int, model: str | None, revision: str | None,
@@ -330,7 +362,7 @@ def measure_run(engine: str, engine_python: str | None, draft_tokens: str, seed:
                 tensor_parallel_size: int, pipeline_parallel_size: int, engine_options: tuple[str, ...], engine_schedule: str) -> None:
     """Measure plain vs self-speculative decoding and write one record under --out."""
     from atlas.decode.checkpoint import DEFAULT_MODEL_PATH
-    from atlas.engines.options import Options, parse_vllm_options, preflight, quick as quick_run
+    from atlas.engines.options import Options, parse_llamacpp_options, parse_vllm_options, preflight, quick as quick_run
     from atlas.records.record import DEFAULT_DIR
     from atlas.engines.stamp import command_line
     from atlas.paths import project_path
@@ -342,7 +374,9 @@ def measure_run(engine: str, engine_python: str | None, draft_tokens: str, seed:
         temperatures=_numbers(temperatures, "--temperatures", float), draft_tokens=_numbers(draft_tokens, "--draft-tokens", int),
         max_new_tokens=max_new_tokens, repeats=repeats, prompts_per_workload=prompts_per_workload, seed=seed, top_k=top_k,
         top_p=top_p, threads=threads, draft_vocab=draft_vocab, peer=not no_peer,
-        vllm=parse_vllm_options(engine_options, engine_python, tensor_parallel_size, pipeline_parallel_size, engine_schedule),
+        vllm=parse_vllm_options(() if engine == "llamacpp" else engine_options, engine_python, tensor_parallel_size,
+                                pipeline_parallel_size, engine_schedule),
+        llamacpp=parse_llamacpp_options(engine_options if engine == "llamacpp" else ()),
         out=Path(out) if out else project_path(DEFAULT_DIR), command=command_line(),
     )
     options = quick_run(options) if quick else options

@@ -1,6 +1,7 @@
 """Engines side by side in one run, on equal terms: our loop, transformers' generate(use_mtp=True) and
 vLLM, each with its own plain decoding, plus llama.cpp's plain decoding of the same weights (the
-anchor a CPU user would pick), on the same checkpoint, prompts, tokens, draft length (k = 1, the
+anchor a CPU user would pick) and llama.cpp's own server plain and with draft-mtp (the pinned build,
+`make llamacpp real-model-gguf`), on the same checkpoint, prompts, tokens, draft length (k = 1, the
 only k transformers runs) and thread count, greedy, interleaved: every prompt and repeat runs every
 mode in a rotating order, so drift in the machine's load hits every engine alike.
 
@@ -112,6 +113,35 @@ class LlamaCpp:
         self.proc.kill()
 
 
+def llamacpp_server_modes(model: Path, quant: str, threads: int, length: int, n: int, k: int) -> tuple[dict, list[str], list]:
+    """llama.cpp's own server (the pinned build, `make llamacpp real-model-gguf`), plain and draft-mtp
+    at k on the real model's combined GGUF: (modes, notes, closers); none where the build or GGUF is missing."""
+    from atlas import AtlasError
+    from atlas.engines import llamacpp_engine
+    from atlas.engines.llamacpp_build import find_build, repack_setting
+    from atlas.engines.llamacpp_server import Server, run_stats
+    from atlas.engines.options import Options
+
+    gguf = llamacpp_engine.gguf_set_dir(model) / f"combined-{quant}.gguf"
+    try:
+        build = find_build()
+    except AtlasError as exc:
+        return {}, [f"llama.cpp server: not measured ({exc})"], []
+    if not gguf.is_file():
+        return {}, [f"llama.cpp server: not measured (no {gguf}; make real-model-gguf)"], []
+    repack, why = repack_setting("auto")
+    servers = {kk: Server(build.binary("llama-server"), gguf, llamacpp_engine.server_args(threads, 1, length, repack, kk)) for kk in (0, k)}
+
+    def run(kk: int, prompt: list[int]) -> RunStats:
+        done = servers[kk].complete(llamacpp_engine.request(prompt, n, 0.0, 0, Options()), speculative=bool(kk))
+        return run_stats(done, kk)
+
+    label = f"llama.cpp server ({quant})"
+    modes = {(label, "plain"): lambda p: run(0, p), (label, "mtp"): lambda p: run(k, p)}
+    note = f"{label}: b{build.version}, {gguf.name}, draft-mtp k = {k}, repacking {why}"
+    return modes, [note], [s.close for s in servers.values()]
+
+
 def llama_python(explicit: str | None) -> Path | None:
     if explicit:
         return Path(explicit)
@@ -132,6 +162,7 @@ def main() -> int:
     ap.add_argument("--engine-python", default=None, help="vLLM's environment (default: $ATLAS_VLLM_PYTHON or ~/.cache/mtp-atlas/)")
     ap.add_argument("--llama-python", default=None, help="llama-cpp-python's environment (default: ~/.cache/mtp-atlas/llama-cpp-*)")
     ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument("--llamacpp-quant", default="Q4_1", help="the GGUF of `make real-model-gguf` llama.cpp's server runs")
     a = ap.parse_args()
     model = a.model or (DEFAULT_MODEL if a.team else project_path(smollm.DEFAULT_OUT_PATH))
     prompt_set = load_prompt_set(a.prompt_set or ("atlas-entropy-v1" if a.team else "atlas-chat-v1"))
@@ -191,6 +222,11 @@ def main() -> int:
         notes.append(f"llama.cpp: llama-cpp-python {llama.version}, {gguf.name} (4.5 bits per weight; ours fp32), no MTP in its Python API")
     elif not a.team:
         notes.append("llama.cpp: not measured (no llama-cpp-python environment under ~/.cache/mtp-atlas/; see the docstring)")
+    if not a.team:
+        server_modes, server_notes, server_closers = llamacpp_server_modes(model, a.llamacpp_quant, a.threads, length, n, k)
+        modes.update(server_modes)
+        notes += server_notes
+        closers += server_closers
     tallies = {key: Tally() for key in modes}
     order = list(modes)
     try:

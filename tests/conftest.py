@@ -55,3 +55,35 @@ def real_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, obj
     original = smollm.load_original()  # checks the package version and the GGUF's sha256 first
     smollm.build(out, log=lambda _: None, original=original)  # verify(): loads as GLM, logits = the Llama's, MTP layer builds
     return out, original
+
+
+# ---- llama.cpp (the pinned build of `make llamacpp`; atlas.engines.llamacpp_*) -------------
+
+
+@pytest.fixture(scope="session")
+def llamacpp_build() -> object:
+    """The pinned llama.cpp build, checked (its record, its binaries, their --version). Skipped
+    where there is none, saying why; a failure with ATLAS_REQUIRE_LLAMACPP=1 (.ci/run sets it after
+    `make llamacpp`)."""
+    from atlas import AtlasError
+    from atlas.engines.llamacpp_build import find_build
+
+    try:
+        return find_build()
+    except AtlasError as exc:
+        if os.environ.get("ATLAS_REQUIRE_LLAMACPP") == "1":
+            pytest.fail(f"ATLAS_REQUIRE_LLAMACPP=1 but: {exc}")
+        pytest.skip(f"{exc}; ATLAS_REQUIRE_LLAMACPP=1 makes this a failure")
+
+
+@pytest.fixture(scope="session")
+def real_gguf(llamacpp_build: object, real_checkpoint: tuple[Path, object], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(checkpoint folder, GGUF folder): the real checkpoint's combined and trunk-only GGUFs at f16,
+    Q8_0 and Q4_1, made by the pinned converter and llama-quantize, once per session."""
+    from atlas.engines import llamacpp_engine, llamacpp_gguf
+
+    folder = real_checkpoint[0]
+    out = llamacpp_engine.gguf_set_dir(folder)
+    llamacpp_gguf.make_set(folder, out, llamacpp_build, llamacpp_gguf.source_of(llamacpp_build), ("Q8_0", "Q4_1"),  # type: ignore[arg-type]
+                           ("combined", "trunk"), log=lambda _: None)
+    return folder, out

@@ -393,6 +393,16 @@ REFUSED = [
     ("vllm", ["--device", "cpu"], "--device and --threads do not apply to --engine vllm"),
     ("vllm", ["--threads", "2"], "--device and --threads do not apply to --engine vllm"),
     ("vllm", ["--draft-vocab", "64"], "--draft-vocab is an option of our loop; vLLM drafts over the whole vocabulary"),
+    *(("llamacpp", flags, "are vLLM's; --engine llamacpp runs one CPU server pair") for flags in (
+        ["--tensor-parallel-size", "2"], ["--pipeline-parallel-size", "2"], ["--engine-python", "/nowhere/python"],
+        ["--engine-schedule", "sequential"])),
+    ("llamacpp", ["--device", "cuda"], "--device and --device-map do not apply to --engine llamacpp"),
+    ("llamacpp", ["--draft-vocab", "64"], "--draft-vocab is an option of our loop; llama.cpp's draft-mtp scores the whole vocabulary"),
+    ("llamacpp", ["--dtype", "bfloat16"], "--dtype does not apply to --engine llamacpp"),
+    ("llamacpp", ["--engine-option", "enforce_eager=true"], "--engine-option enforce_eager: --engine llamacpp takes gguf, quant"),
+    ("llamacpp", ["--engine-option", "repack=maybe"], "--engine-option repack=maybe: expected auto, on or off"),
+    ("llamacpp", ["--engine-option", "parallel=0"], "--engine-option parallel=0: expected a whole number >= 1"),
+    ("atlas", ["--engine-option", "repack=off"], VLLM_ONLY),
 ]
 
 
@@ -414,11 +424,13 @@ def engines_recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, object]
 
 def test_every_registered_engine_is_reachable_from_measure_run(engines_recorded: list[tuple[str, object]]) -> None:
     from atlas.engines import ENGINES
-    from atlas.engines.options import VllmOptions
+    from atlas.engines.options import LlamacppOptions, VllmOptions
 
-    assert set(ENGINES) == {"atlas", "transformers", "vllm"}
+    assert set(ENGINES) == {"atlas", "transformers", "vllm", "llamacpp"}
+    extras = {"vllm": ["--engine-option", "enforce_eager=true", "--tensor-parallel-size", "2"],
+              "llamacpp": ["--engine-option", "quant=Q8_0", "--engine-option", "repack=off", "--engine-option", "parallel=2"]}
     for name in ENGINES:
-        extra = ["--engine-option", "enforce_eager=true", "--tensor-parallel-size", "2"] if name == "vllm" else []
+        extra = extras.get(name, [])
         result = CliRunner().invoke(cli, ["measure", "run", "--engine", name, "--draft-tokens", "2,1", "--temperatures", "0",
                                           "--workloads", "code, random", "--seed", "7", "--quick", *extra])
         assert result.exit_code == 0, result.output
@@ -429,6 +441,7 @@ def test_every_registered_engine_is_reachable_from_measure_run(engines_recorded:
         assert options.quick and options.max_new_tokens == 24 and options.prompts_per_workload == 1
         assert options.peer and options.ours == (name == "atlas")
         assert options.vllm == (VllmOptions(tensor_parallel_size=2, options={"enforce_eager": True}) if name == "vllm" else VllmOptions())
+        assert options.llamacpp == (LlamacppOptions(quant="Q8_0", repack="off", parallel=2) if name == "llamacpp" else LlamacppOptions())
     assert [name for name, _ in engines_recorded] == list(ENGINES)
 
 

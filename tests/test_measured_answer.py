@@ -153,3 +153,17 @@ def test_the_runner_line_says_what_backs_can_measure_and_that_a_measured_model_w
     assert "can measure" in line and "shrunk from a config of the family" in line
     assert "this model itself has not been measured" in line
     assert "has not been measured" not in _text(modelpage.runner_line(measurable, 4))
+
+
+def test_a_run_through_an_external_engine_names_it_with_its_weights_and_threads() -> None:
+    """llama.cpp's record: the answer says which engine, GGUF type and threads the figures are of."""
+    run = _run("org/real-loss", LOSS, real=True)
+    engine = runcontext.EngineRun(
+        name="llamacpp", package="llama.cpp", version="b11434", python="3.11", torch="2.13.0", transformers="5.25.0",
+        device="cpu", gpus=[], dtype="MOSTLY_Q4_1", tensor_parallel_size=1, pipeline_parallel_size=1,
+        draft_sample_method="draft-mtp", options={}, engine_args={"threads": 2}, speculative_config={}, layout="glm4moe",
+        counter_check="checked", schedule="interleaved", build={"build_number": 11434})
+    text = _text(measured.answer_text([Run(run.record.model_copy(update={"engine_run": engine}), run.record_id, run.source_path)],
+                                      "../runs/"))
+    assert "(project-made MTP head on a real main model) through llama.cpp b11434 (MOSTLY_Q4_1, 2 thread(s)) on CPU: test box" in text
+    assert " through " not in _text(measured.answer_text([run], "../runs/"))

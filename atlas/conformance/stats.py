@@ -1,5 +1,6 @@
 """The exact expectations and two-sided tests of the conformance suite's T = 1 checks: acceptance
-against what a first-order target and its draft give exactly, and emitted tokens against the law P.
+against what a first-order target and its draft give exactly, and emitted tokens against the law P;
+and, where no law is known (a real model in an engine), two samples against each other.
 """
 
 from __future__ import annotations
@@ -80,6 +81,44 @@ def acceptance_test(p: np.ndarray, q: np.ndarray, greedy: bool, k: int, runs: li
 # It rejects nothing and has no power, so its check passes underpowered: inconclusive, never lossless.
 NO_TRANSITIONS = {"transitions": 0, "result": "no transitions", "mean_nll": None, "mean_entropy": None, "z": None, "p_value": None,
                   "chi2": None, "chi2_df": 0, "chi2_p_value": None, "detectable_nll_shift": None, "power": POWER}
+
+
+def _chi2_upper(chi2: float, df: int) -> float:
+    """P(X >= chi2) for X ~ chi-square(df), by the Wilson-Hilferty approximation."""
+    z = ((chi2 / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return 1 - statistics.NormalDist().cdf(z)
+
+
+def two_sample_test(a: list[tuple[int, ...]], b: list[tuple[int, ...]]) -> dict:
+    """Do two samples of outcomes (e.g. the first tokens of plain and of speculative generations,
+    each from its own seed) come from one law? A chi-square test of homogeneity over the outcomes
+    seen, the rarest pooled into one bin until every expected count is at least 5."""
+    if not a or not b:
+        raise AtlasError("two_sample_test needs two non-empty samples")
+    counts: dict[tuple[int, ...], list[int]] = {}
+    for side, sample in enumerate((a, b)):
+        for outcome in sample:
+            counts.setdefault(outcome, [0, 0])[side] += 1
+    share = len(a) / (len(a) + len(b))
+    bins: list[list[int]] = []
+    pooled = [0, 0]
+    for pair in sorted(counts.values(), key=sum, reverse=True):
+        if min(sum(pair) * share, sum(pair) * (1 - share)) >= 5:
+            bins.append(pair)
+        else:
+            pooled = [pooled[0] + pair[0], pooled[1] + pair[1]]
+    if min(sum(pooled) * share, sum(pooled) * (1 - share)) >= 5 or (pooled != [0, 0] and not bins):
+        bins.append(pooled)
+    elif pooled != [0, 0]:
+        bins[-1] = [bins[-1][0] + pooled[0], bins[-1][1] + pooled[1]]
+    chi2 = 0.0
+    for x, y in bins:
+        total = x + y
+        for observed, expected in ((x, total * share), (y, total * (1 - share))):
+            chi2 += (observed - expected) ** 2 / expected
+    df = len(bins) - 1
+    return {"outcomes": len(counts), "bins": len(bins), "chi2": round(chi2, 2), "df": df,
+            "p_value": _chi2_upper(chi2, df) if df else None}
 
 
 def distribution_test(p: np.ndarray, outputs: list[list[int]]) -> dict:

@@ -21,7 +21,7 @@ from atlas.decode.checkpoint import Loaded, load_checkpoint, pick_device, place_
 from atlas.engines.transformers_engine import PEER_BASELINE, Peer
 from atlas.decode.generate import RunStats, Sampling, Stopwatch, generate_plain, generate_speculative
 from atlas.decode.model import FusedModel, build_fused_model, dense_regime
-from atlas.engines.options import MAX_PROMPT_TOKENS, Options, VllmOptions, new_record
+from atlas.engines.options import MAX_PROMPT_TOKENS, LlamacppOptions, Options, VllmOptions, new_record
 from atlas.decode.placement import Placement
 from atlas.decode.recurrent import summary as recurrent_summary
 from atlas.records.record import Cell, PassCosts, Record, Repeat, write_record
@@ -116,9 +116,9 @@ def _measure_workload(
 
 def check(options: Options) -> None:
     """Refuse vLLM's options; a bad --device fails here, before anything loads."""
-    if options.vllm != VllmOptions():
+    if options.vllm != VllmOptions() or options.llamacpp != LlamacppOptions():
         raise AtlasError("--tensor-parallel-size, --pipeline-parallel-size, --engine-option, --engine-python and "
-                         "--engine-schedule need --engine vllm")
+                         "--engine-schedule need --engine vllm (--engine-option also --engine llamacpp)")
     pick_device(options.device)
 
 

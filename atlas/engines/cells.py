@@ -1,19 +1,29 @@
 """From runs to record cells, the same for every engine: the raw counts of one cell within one
 repeat, each prompt's and their sums (RepeatCounts), the cell with its derived figures and gate
 (build_cell), the seed of each run, fixed by what the run is (seed_for), and the progress line
-every engine logs as a run goes (progress_line).
+every engine logs as a run goes (progress_line). For an external engine (vLLM, llama.cpp): the
+order its plain and speculative runs go in (run_schedule) and each cell's repeats from them
+(repeats_by_cell).
 """
 
 from __future__ import annotations
 
 import hashlib
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 
-from atlas.records.gating import judge
+from atlas.records.gating import is_greedy, judge
 from atlas.decode.generate import RunStats
 from atlas.records.fields import PromptRun
 from atlas.records.record import Cell, PassCosts, Repeat
+
+if TYPE_CHECKING:
+    from atlas.engines.options import Options
+
+E = TypeVar("E")  # an external engine's handle (a vLLM driver, a llama-server slot)
+L = TypeVar("L")  # what loading it returned
 
 
 @dataclass
@@ -87,3 +97,46 @@ def progress_line(workload: str, t: float, runs: dict[str, list[Repeat]]) -> str
         speedup = statistics.median(r.baseline_seconds / r.seconds for r in repeats)
         parts.append(f"{label} acc {accepted / drafted if drafted else 0:.2f} x{speedup:.2f}")
     return f"  {workload:<10} T={t:g}: " + "; ".join(parts)
+
+
+def run_schedule(base: E, spec: E, schedule: str, ks: list[int], cells_at: list[tuple], load: Callable[[E, int], L],
+                 run_one: Callable[..., RunStats]) -> tuple[L, dict[int, L], dict[tuple, RunStats]]:
+    """Every run in the schedule's order: (the k = 0 engine as loaded, each k's, the runs). `base` runs
+    plain decoding, `spec` each k in turn (`load(spec, k)` readies it); interleaved, each prompt runs
+    once on each, the order alternating by prompt and repeat; sequential, every k = 0 run first."""
+    # runs[(k, pair, t, workload, repeat, prompt)]: k = 0 runs are keyed by the k they are paired
+    # with (interleaved) or by None (sequential: one baseline run serves every k)
+    runs: dict[tuple, RunStats] = {}
+    spec_loaded = {}
+    loaded = load(base, 0)
+    if schedule == "sequential":
+        for t, name, r, i, prompt in cells_at:
+            runs[(0, None, t, name, r, i)] = run_one(base, 0, t, name, r, i, prompt)
+    for k in ks:
+        spec_loaded[k] = load(spec, k)
+        for t, name, r, i, prompt in cells_at:
+            if schedule == "sequential":
+                runs[(k, k, t, name, r, i)] = run_one(spec, k, t, name, r, i, prompt)
+                continue
+            for kk in ([0, k] if (r + i) % 2 == 0 else [k, 0]):
+                runs[(kk, k, t, name, r, i)] = run_one(base if kk == 0 else spec, kk, t, name, r, i, prompt)
+    return loaded, spec_loaded, runs
+
+
+def repeats_by_cell(runs: dict[tuple, RunStats], ks: list[int], interleaved: bool, options: Options, workloads: list[str],
+                    prompts: dict[str, list[list[int]]], log: Callable[[str], None]) -> dict[tuple[str, float, int], list[Repeat]]:
+    """Each cell's repeats, every prompt's k run summed against the k = 0 run it is paired with."""
+    raw: dict[tuple[str, float, int], list[Repeat]] = {}
+    for k in ks:
+        pair = k if interleaved else None
+        for t in options.temperatures:
+            for w in workloads:
+                repeats = []
+                for r in range(options.repeats):
+                    acc = RepeatCounts()
+                    for i in range(len(prompts[w])):
+                        acc.add(runs[(k, k, t, w, r, i)], runs[(0, pair, t, w, r, i)])
+                    repeats.append(acc.repeat(is_greedy(t)))
+                raw[(w, t, k)] = repeats
+                log(progress_line(w, t, {f"k={k}": repeats}))
+    return raw

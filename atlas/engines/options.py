@@ -43,6 +43,18 @@ class VllmOptions:
 
 
 @dataclass
+class LlamacppOptions:
+    """What only `--engine llamacpp` takes (from --engine-option KEY=VALUE, parse_llamacpp_options);
+    every other engine refuses any of them set."""
+
+    gguf: str | None = None  # a combined GGUF; default: the checkpoint's GGUF set (`make real-model-gguf`) at `quant`
+    quant: str = "Q4_1"  # which file of the GGUF set: f16, Q8_0, Q4_1, Q4_K_M
+    build: str | None = None  # the build folder (default: $ATLAS_LLAMACPP_DIR or `make llamacpp`'s)
+    repack: str = "auto"  # weight repacking: auto (off only on CPUs with AMX tiles), on, off
+    parallel: int = 1  # server slots (--parallel); requests still go one at a time
+
+
+@dataclass
 class Options:
     engine: str = "atlas"  # a name in atlas.engines.ENGINES
     model: str = str(DEFAULT_MODEL)
@@ -65,6 +77,7 @@ class Options:
     draft_vocab: int | None = None  # our loop: the MTP head scores only the N most frequent training tokens (atlas.decode.draftvocab)
     peer: bool = True
     vllm: VllmOptions = field(default_factory=VllmOptions)
+    llamacpp: LlamacppOptions = field(default_factory=LlamacppOptions)
     out: Path = ROOT / DEFAULT_DIR
     command: str = ""
     quick: bool = False
@@ -208,3 +221,24 @@ def parse_vllm_options(pairs: Iterable[str], python: str | None, tp: int, pp: in
             options[key] = value
     return VllmOptions(python=python, tensor_parallel_size=tp, pipeline_parallel_size=pp, options=options,
                        speculative=speculative, schedule=schedule)
+
+
+def parse_llamacpp_options(pairs: Iterable[str]) -> LlamacppOptions:
+    """`--engine-option KEY=VALUE` pairs of --engine llamacpp: gguf, quant, build, repack, parallel."""
+    options = LlamacppOptions()
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key, text = key.strip(), text.strip()
+        if not sep or not key or not text:
+            raise AtlasError(f"--engine-option expects KEY=VALUE, got {pair!r}")
+        if key not in LlamacppOptions.__dataclass_fields__:
+            raise AtlasError(f"--engine-option {key}: --engine llamacpp takes gguf, quant, build, repack and parallel")
+        if key == "repack" and text not in ("auto", "on", "off"):
+            raise AtlasError(f"--engine-option repack={text}: expected auto, on or off")
+        if key == "parallel":
+            if not text.isdigit() or int(text) < 1:
+                raise AtlasError(f"--engine-option parallel={text}: expected a whole number >= 1")
+            options.parallel = int(text)
+            continue
+        setattr(options, key, text)
+    return options

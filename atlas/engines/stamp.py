@@ -20,7 +20,7 @@ from atlas.records.runcontext import Hardware, Software
 from atlas.paths import ROOT
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -57,7 +57,7 @@ def _memory_gib() -> float:
 
 
 def hardware(device: torch.device, placement: Placement | None = None) -> Hardware:
-    cpu, cores = _cpu_name(), os.cpu_count() or 1
+    cpu, cores = cpu_name(), os.cpu_count() or 1
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     gpu_mem = round(torch.cuda.get_device_properties(device).total_memory / 2**30, 1) if gpu else None
     gpus = [d for d in placement.devices() if d.startswith("cuda")] if placement else [str(device)] if gpu else []

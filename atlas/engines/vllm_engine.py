@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from atlas import AtlasError
-from atlas.engines.convert import config_for_the_engine, convert_glm, convert_mellum, glm_needs_rewrite, needs_conversion, without_remote_code
+from atlas.engines.convert import (config_for_the_engine, convert_glm, convert_mellum, glm_needs_rewrite, needs_conversion,
+                                           without_remote_code)
 from atlas.engines.vllm_client import Counters, Driver, Generated, Hello, Loaded, Result, find_python
-from atlas.records.gating import is_greedy
 from atlas.decode.generate import RoundCounts, RunStats
 from atlas.engines.options import MAX_PROMPT_TOKENS, Options, new_record
-from atlas.records.record import Cell, Record, Repeat, write_record
+from atlas.records.record import Cell, Record, write_record
 from atlas.records.runcontext import EngineRun, Hardware
 from atlas.paths import ROOT
 
@@ -133,49 +133,6 @@ def check(options: Options) -> None:
         raise AtlasError("--draft-vocab is an option of our loop; vLLM drafts over the whole vocabulary")
 
 
-def _run_schedule(base: Driver, spec: Driver, schedule: str, ks: list[int], cells_at: list[tuple], load: Callable[[Driver, int], Loaded],
-                  run_one: Callable[..., RunStats]) -> tuple[Loaded, dict[int, Loaded], dict[tuple, RunStats]]:
-    """Every run in the schedule's order: (the k = 0 engine as loaded, each k's, the runs)."""
-    # runs[(k, pair, t, workload, repeat, prompt)]: k = 0 runs are keyed by the k they are paired
-    # with (interleaved) or by None (sequential: one baseline run serves every k)
-    runs: dict[tuple, RunStats] = {}
-    spec_loaded = {}
-    loaded = load(base, 0)
-    if schedule == "sequential":
-        for t, name, r, i, prompt in cells_at:
-            runs[(0, None, t, name, r, i)] = run_one(base, 0, t, name, r, i, prompt)
-    for k in ks:
-        spec_loaded[k] = load(spec, k)
-        for t, name, r, i, prompt in cells_at:
-            if schedule == "sequential":
-                runs[(k, k, t, name, r, i)] = run_one(spec, k, t, name, r, i, prompt)
-                continue
-            for kk in ([0, k] if (r + i) % 2 == 0 else [k, 0]):
-                runs[(kk, k, t, name, r, i)] = run_one(base if kk == 0 else spec, kk, t, name, r, i, prompt)
-    return loaded, spec_loaded, runs
-
-
-def _repeats(runs: dict[tuple, RunStats], ks: list[int], interleaved: bool, options: Options, workloads: list[str],
-             prompts: dict[str, list[list[int]]], log: Callable[[str], None]) -> dict[tuple[str, float, int], list[Repeat]]:
-    """Each cell's repeats, every prompt's k run summed against the k = 0 run it is paired with."""
-    from atlas.engines.cells import RepeatCounts, progress_line
-
-    raw: dict[tuple[str, float, int], list[Repeat]] = {}
-    for k in ks:
-        pair = k if interleaved else None
-        for t in options.temperatures:
-            for w in workloads:
-                repeats = []
-                for r in range(options.repeats):
-                    acc = RepeatCounts()
-                    for i in range(len(prompts[w])):
-                        acc.add(runs[(k, k, t, w, r, i)], runs[(0, pair, t, w, r, i)])
-                    repeats.append(acc.repeat(is_greedy(t)))
-                raw[(w, t, k)] = repeats
-                log(progress_line(w, t, {f"k={k}": repeats}))
-    return raw
-
-
 def _engine_run(hello: Hello, options: Options, draft_method: str, loaded: Loaded, layout: str, conversion: dict[str, Any] | None) -> EngineRun:
     vllm = options.vllm
     return EngineRun(
@@ -196,7 +153,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     from transformers import AutoTokenizer
 
     from atlas.conformance import record as conformance
-    from atlas.engines.cells import build_cell, seed_for
+    from atlas.engines.cells import build_cell, repeats_by_cell, run_schedule, seed_for
     from atlas.decode.checkpoint import resolve
     from atlas.engines.stamp import load_average
     from atlas.records.workloads import load_prompt_set
@@ -245,9 +202,9 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         conformance.require_conforming(hello.package, hello.version, layout, options.temperatures, draft_method)
         log(f"vLLM: {hello.package} {hello.version} in {python.parent.parent} ({hello.device}"
             f"{', ' + str(len(hello.gpus)) + ' GPU(s)' if hello.gpus else ''}), {vllm.schedule} schedule")
-        loaded, spec_loaded, runs = _run_schedule(base, spec, vllm.schedule, ks, cells_at, load, run_one)
+        loaded, spec_loaded, runs = run_schedule(base, spec, vllm.schedule, ks, cells_at, load, run_one)
     draft_method = next((x.draft_sample_method for x in spec_loaded.values() if x.draft_sample_method), draft_method)
-    raw = _repeats(runs, ks, vllm.schedule == "interleaved", options, [w.name for w in workloads], prompts, log)
+    raw = repeats_by_cell(runs, ks, vllm.schedule == "interleaved", options, [w.name for w in workloads], prompts, log)
     version = f"{hello.package} {hello.version}"
     cells: list[Cell] = [
         build_cell("vllm", version, VLLM_BASELINE, name, t, k, repeats, None, options.quick) for (name, t, k), repeats in raw.items()

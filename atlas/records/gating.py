@@ -213,7 +213,7 @@ def judge(repeats: list[Repeat], temperature: float, k: int, costs: PassCosts | 
     return d, gate(d, len(repeats), quick, None if rule == 1 else sampling_units(repeats))
 
 
-GATED_ENGINES = ("atlas", "vllm")  # engines that choose among draft lengths; transformers' use_mtp drafts one fixed k
+GATED_ENGINES = ("atlas", "vllm", "llamacpp")  # engines that choose among draft lengths; transformers' use_mtp drafts one fixed k
 
 
 def gated_engine(cells: list[Cell]) -> str | None:

@@ -284,6 +284,8 @@ class Record(Strict):
         for key in ("omp_wait_policy", "cpu_flags"):  # records stamped before these fields keep their bytes
             if data["hardware"].get(key) is None:
                 data["hardware"].pop(key, None)
+        if data.get("engine_run") is not None and data["engine_run"].get("build") is None:
+            data["engine_run"].pop("build", None)  # vLLM records keep their bytes
         if data.get("recurrent_state") is None:  # absent, not null, in records without recurrent layers
             data.pop("recurrent_state", None)
         if self.provenance is None:

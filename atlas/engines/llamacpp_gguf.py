@@ -1,0 +1,228 @@
+"""GGUF files of a GLM-4-MoE checkpoint for llama.cpp, made by llama.cpp's own converter and
+quantizer (the pinned build), and what a GGUF file is before a server is started on it.
+
+`make_set` writes, into one folder, the three layouts llama.cpp's loader accepts (combined: trunk
+and MTP layer; trunk-only, `--no-mtp`; the MTP-only sidecar, `--mtp`), each at f16 and quantized by
+llama-quantize, with manifest.json: every file's layout, type, size and sha256, the exact command
+that made it, the source checkpoint's digest and the build. The converter runs through
+llamacpp_convert.py (GPT-2-style vocabulary, zero-size shared_experts left out; it says why).
+
+`inspect` reads a file's header with the crawler's bounded reader (atlas.fingerprints.gguf): architecture, layout and file type, so a
+trunk-only file given as combined, or an architecture without an MTP graph, is refused by name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel
+
+from atlas import AtlasError
+from atlas.engines.llamacpp_build import Build
+from atlas.fingerprints.gguf import models, read_header
+
+CONVERT = Path(__file__).with_name("llamacpp_convert.py")
+LAYOUTS: dict[str, list[str]] = {"combined": [], "trunk": ["--no-mtp"], "mtp": ["--mtp"]}
+QUANTS = ("Q8_0", "Q4_1", "Q4_K_M")
+# Architectures whose graph in build 11434 has an MTP (nextn) branch: src/models/*.cpp with
+# LLM_GRAPH_TYPE_DECODER_MTP, named as src/llama-arch.cpp names them (gemma4's assistant is a
+# separate model, not a nextn layer, and is not measured here).
+MTP_GRAPHS = frozenset({"bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "glm-dsa", "glm4moe", "glm5-next",
+                        "hy_v3", "mimo2", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next", "qwen4exp", "step35"})
+COMMAND = "atlas real-model-gguf"
+Layout = Literal["combined", "trunk", "mtp"]
+
+
+class GgufInfo(BaseModel):
+    path: str
+    architecture: str
+    layout: Layout
+    file_type: str  # the GGUF's general.file_type by name, e.g. MOSTLY_Q4_1
+    tensors: int
+    nextn_layers: int
+
+
+class GgufFile(BaseModel):
+    file: str
+    layout: Layout
+    type: str  # f16 or the llama-quantize type
+    bytes: int
+    sha256: str
+    command: str
+
+
+class Manifest(BaseModel):
+    source: str  # the checkpoint folder as given
+    source_digest: str  # atlas.decode.checkpoint.digest of it
+    build: dict[str, object]
+    files: list[GgufFile]
+
+    def find(self, layout: str, kind: str) -> GgufFile:
+        for f in self.files:
+            if f.layout == layout and f.type.lower() == kind.lower():
+                return f
+        raise AtlasError(f"the GGUF set has no {layout} file at {kind} (it has: "
+                         f"{', '.join(sorted({f'{f.layout}/{f.type}' for f in self.files}))})")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class FileSource:
+    """A local GGUF file as atlas.fingerprints.gguf's Source: the header reader asks for what it
+    needs, bounded there, and the weights are never read."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.size = path.stat().st_size
+
+    def read(self, offset: int, n: int) -> bytes:
+        with self.path.open("rb") as f:
+            f.seek(offset)
+            return f.read(n)
+
+
+_LAYOUTS: dict[str, Layout] = {"combined": "combined", "mtp-only": "mtp", "trunk-only": "trunk", "no blocks": "trunk"}
+
+
+def inspect(path: Path) -> GgufInfo:
+    """Architecture, layout and type of a GGUF file, from its header by the crawler's own bounded
+    reader (AtlasError naming the file if it is no GGUF or a hostile one)."""
+    from gguf import LlamaFileType
+
+    try:
+        header = read_header(FileSource(path), path.name)
+    except OSError as exc:
+        raise AtlasError(f"{path}: not a readable GGUF file ({exc.strerror or exc})") from None
+    [model] = models([header])
+    file_type = header.kv.get("general.file_type")
+    try:
+        type_name = LlamaFileType(int(file_type)).name if isinstance(file_type, int) else "unknown"
+    except ValueError:
+        type_name = f"file_type {file_type}"
+    return GgufInfo(path=str(path), architecture=model.architecture or "unknown", layout=_LAYOUTS[model.layout],
+                    file_type=type_name, tensors=len(header.tensors), nextn_layers=model.nextn_declared or 0)
+
+
+def require_combined(path: Path) -> GgufInfo:
+    """A GGUF the engine can run plain and draft-mtp from: one file with the trunk and the MTP layer,
+    of an architecture whose graph in the pinned build has an MTP branch."""
+    if not path.is_file():
+        raise AtlasError(f"{path}: no such GGUF file")
+    info = inspect(path)
+    if info.layout == "trunk":
+        raise AtlasError(f"{path}: a trunk-only GGUF ({info.architecture}, no nextn/MTP layer) was given where a combined file "
+                         "(trunk + MTP layer) is needed; convert without --no-mtp")
+    if info.layout == "mtp":
+        raise AtlasError(f"{path}: an MTP-only sidecar GGUF was given where a combined file (trunk + MTP layer) is needed")
+    if info.architecture not in MTP_GRAPHS:
+        raise AtlasError(f"{path}: llama.cpp build 11434 has no MTP graph for architecture {info.architecture!r} "
+                         f"(it has one for {', '.join(sorted(MTP_GRAPHS))})")
+    return info
+
+
+def _checked(args: list[str], env: dict[str, str] | None = None) -> None:
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=1800)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise AtlasError(f"cannot run {Path(args[0]).name}: {exc}") from None
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-8:]
+        raise AtlasError(f"{shlex.join(args[:3])} ... failed ({done.returncode}):\n    " + "\n    ".join(tail))
+
+
+def _convert(source: Path, checkpoint: Path, layout: str, out: Path) -> str:
+    args = [sys.executable, str(CONVERT), str(source), str(checkpoint), "--", "--outtype", "f16", "--outfile", str(out),
+            *LAYOUTS[layout]]
+    _checked(args, env={**os.environ, "PYTHONPATH": ""})  # the pinned source's gguf-py, not the environment's
+    return shlex.join(["python", "atlas/engines/llamacpp_convert.py", "<llama.cpp source>", str(checkpoint), *args[4:]])
+
+
+def make_set(checkpoint: Path, out: Path, build: Build, source: Path, quants: tuple[str, ...] = QUANTS,
+             layouts: tuple[str, ...] = tuple(LAYOUTS), log: Callable[[str], None] = print) -> Manifest:
+    """Write every layout at f16 and at each of `quants` into `out` (replaced whole, only if this
+    command wrote it: atlas.outdir) and return the manifest written with them."""
+    from atlas.decode.checkpoint import digest
+    from atlas.outdir import replace
+
+    if not (source / "convert_hf_to_gguf.py").is_file():
+        raise AtlasError(f"{source}: not the llama.cpp source (no convert_hf_to_gguf.py); `make llamacpp` unpacks it")
+    quantize = build.binary("llama-quantize")
+    wanted = {f"{layout}-{kind}.gguf" for layout in layouts for kind in ("f16", *quants)}
+    current = up_to_date(out, digest(checkpoint), build, wanted)
+    if current is not None:
+        log(f"  {out} is up to date (same checkpoint, build and files, every sha256 checked)")
+        return current
+
+    def write(folder: Path) -> Manifest:
+        files = []
+        for layout in layouts:
+            f16 = folder / f"{layout}-f16.gguf"
+            command = _convert(source, checkpoint, layout, f16)
+            files.append(GgufFile(file=f16.name, layout=layout, type="f16", bytes=f16.stat().st_size, sha256=sha256_file(f16),
+                                  command=command))
+            log(f"  {f16.name}: {files[-1].bytes / 2**20:.0f} MiB, sha256 {files[-1].sha256[:12]}…")
+            for q in quants:
+                target = folder / f"{layout}-{q}.gguf"
+                args = [str(quantize), str(f16), str(target), q]
+                _checked(args)
+                files.append(GgufFile(file=target.name, layout=layout, type=q, bytes=target.stat().st_size,
+                                      sha256=sha256_file(target), command=shlex.join(["llama-quantize", f16.name, target.name, q])))
+                log(f"  {target.name}: {files[-1].bytes / 2**20:.0f} MiB, sha256 {files[-1].sha256[:12]}…")
+        manifest = Manifest(source=str(checkpoint), source_digest=digest(checkpoint), build=build.record(), files=files)
+        (folder / "manifest.json").write_text(manifest.model_dump_json(indent=1) + "\n")
+        return manifest
+
+    return replace(out, COMMAND, write)
+
+
+def up_to_date(out: Path, source_digest: str, build: Build, wanted: set[str]) -> Manifest | None:
+    """The manifest in `out` when it lists exactly `wanted`, made from this checkpoint by this build,
+    and every file still has its sha256; else None (the set is made again)."""
+    if not (out / "manifest.json").is_file():
+        return None
+    try:
+        manifest = read_manifest(out)
+    except AtlasError:
+        return None
+    if manifest.source_digest != source_digest or manifest.build.get("version") != build.version:
+        return None
+    if {f.file for f in manifest.files} != wanted:
+        return None
+    if any(not (out / f.file).is_file() or sha256_file(out / f.file) != f.sha256 for f in manifest.files):
+        return None
+    return manifest
+
+
+def read_manifest(folder: Path) -> Manifest:
+    path = folder / "manifest.json"
+    if not path.is_file():
+        raise AtlasError(f"{folder}: no GGUF set there (manifest.json missing); make one with `make real-model-gguf`")
+    try:
+        return Manifest.model_validate(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:
+        raise AtlasError(f"{path}: not a valid GGUF manifest ({exc})") from None
+
+
+def source_of(build: Build) -> Path:
+    """The llama.cpp source the build was made from (its CMakeCache's source folder)."""
+    try:
+        for line in (build.dir / "build" / "CMakeCache.txt").read_text().splitlines():
+            if line.startswith("CMAKE_HOME_DIRECTORY:"):
+                return Path(line.split("=", 1)[1])
+    except OSError:
+        pass
+    raise AtlasError(f"{build.dir}: its CMakeCache.txt names no source folder; rerun `make llamacpp`")

