@@ -83,7 +83,9 @@ def test_a_real_model_that_gains_with_the_gate_on_is_said_to_pay_and_the_gain_is
     # a bigger gain on the teaching model does not displace the real model's as the answer
     teaching = _run("mtp-atlas/byte", BIG_GAIN, real=False, day=2)
     text = _text(measured.answer_text([run, teaching], "../runs/"))
-    assert f"the best gated-on row is R1, code at T = 0, k = 1: {best:.2f}×" in text
+    assert f"the best gated-on row of R1 is code at T = 0, k = 1: {best:.2f}×" in text
+    # the run is named with what made its speed: engine, threads, kernels, draft vocabulary
+    assert "through atlas 0.1.0, 1 thread, kernels mm (PyTorch matmul), full draft vocabulary (R1)" in text
 
 
 def test_faster_by_the_median_without_the_gate_on_does_not_pay() -> None:
@@ -105,10 +107,12 @@ def test_a_real_model_that_does_not_gain_is_said_not_to_pay_with_its_break_even(
 
 
 def test_a_gain_only_on_the_teaching_model_is_not_laid_on_the_real_one() -> None:
+    """The answer speaks of one run: another run's gain (here the teaching model's) is never its
+    "where the gain came from", which would pair two setups as one story."""
     real, teaching = _run("org/real-loss", LOSS, real=True), _run("mtp-atlas/byte", GAIN, real=False, day=2)
     text = _text(measured.answer_text([real, teaching], "../runs/"))
     assert "ran org/real-loss" in text and "did not pay" in text
-    assert "the best gated-on row is R2 (the atlas's teaching model, not a real one)" in text
+    assert "R2" not in text and "Where a gain would come from: no gate turned on in R1" in text
 
 
 def test_a_build_without_a_real_model_says_so() -> None:
@@ -119,14 +123,19 @@ def test_a_build_without_a_real_model_says_so() -> None:
 def test_the_newest_real_run_answers_and_the_compact_table_has_one_row_per_run() -> None:
     older, newer = _run("org/real-gain", GAIN, real=True, day=1), _run("org/real-loss", LOSS, real=True, day=3)
     text = _text(measured.answer_text([older, newer], "../runs/"))
-    assert "on 2026-12-03 the atlas ran org/real-loss" in text and "newest of 2 real-model runs" in text
+    assert "on 2026-12-03 the atlas ran org/real-loss" in text and "one of 2 real-model runs" in text
+    assert "not pooled" in text and "R1" not in text  # the older run's gain is not this run's story
+    # a run that timed no passes (an engine's own) answers only when no real run timed them
+    newer.record.pass_costs = None
+    assert "on 2026-12-01 the atlas ran org/real-gain" in _text(measured.answer_text([older, newer], "../runs/"))
     rows = parse_html(site_markdown(measured.compact_summary([older, newer], "../runs/"))).tables[0].rows
     assert [r[1] for r in rows] == ["org/real-gain", "org/real-loss"]
     for row, speeds in zip(rows, (GAIN, LOSS)):
         best = max(speeds, key=lambda w: statistics.median(speeds[w]))
-        assert row[7].startswith(f"{statistics.median(speeds[best]):.2f}× ({best}, T = 0, k = 1, 95 % bounds ")
-        assert row[8] == "; ".join(f"{w} {(45 if min(s) > 1 else 12) / 60:.2f}" for w, s in speeds.items())
-    assert rows[0][9] == "off 1 · on 1 of 2" and rows[1][9] == "off 2 of 2"
+        assert row[3] == "atlas 0.1.0, 1 thread, kernels mm (PyTorch matmul), full draft vocabulary"
+        assert row[6].startswith(f"{statistics.median(speeds[best]):.2f}× ({best}, T = 0, k = 1, 95 % bounds ")
+        assert row[7] == "; ".join(f"{w} {(45 if min(s) > 1 else 12) / 60:.2f}" for w, s in speeds.items())
+    assert rows[0][8] == "off 1 · on 1 of 2" and rows[1][8] == "off 2 of 2"
 
 
 def test_the_head_recipe_is_read_from_the_provenance_and_gaps_are_named() -> None:
@@ -154,3 +163,28 @@ def test_the_runner_line_says_what_backs_can_measure_and_that_a_measured_model_w
     assert "can measure" in line and "shrunk from a config of the family" in line
     assert "this model itself has not been measured" in line
     assert "has not been measured" not in _text(modelpage.runner_line(measurable, 4))
+
+
+def test_the_setup_names_engine_threads_kernels_and_draft_vocabulary() -> None:
+    run = _run("org/real-gain", GAIN, real=True)
+    run.record.hardware.torch_threads = 2
+    run.record.settings.kernels = "auto: oneDNN for 2, 3 rows"
+    run.record.settings.draft_vocab = runcontext.DraftVocab(size=4096, coverage=0.9, table_sha256="0" * 64, source="s")
+    assert measured.setup_text(run) == ("atlas 0.1.0, 2 threads, kernels auto: oneDNN for 2, 3 rows, "
+                                        "draft vocabulary cut to 4096 tokens")
+
+
+def test_the_plain_answer_has_no_symbols_and_at_most_three_numbers() -> None:
+    """The 2-minute version's answer: plain words by the gate, where it paid and where not."""
+    import re
+
+    run = _run("org/real-gain", GAIN, real=True)
+    text = _text(measured.plain_answer([run]))
+    assert "reliably faster" in text and "on code prompts" in text and "never reliably faster on chat prompts" in text
+    assert "eight-core" in text or "8-core" in text
+    assert not re.search(r"[=×÷<>≥≤±%αΣ]", text)
+    numbers = re.findall(r"\d+(?:\.\d+)?|\b(?:one|two|three|four|five|six|seven|eight|nine|ten)\b", text)
+    assert len(numbers) <= 3, numbers
+    loss = _text(measured.plain_answer([_run("org/real-loss", LOSS, real=True)]))
+    assert "did not pay" in loss and "never reliably faster than plain generation" in loss
+    assert "has not yet measured MTP on a real model" in _text(measured.plain_answer([_run("b", GAIN, real=False)]))

@@ -34,7 +34,7 @@ def _greedy(d: records.Derived) -> str:
     return {True: "yes", False: "NO"}.get(d.greedy_lossless, "n/a (T > 0)")
 
 
-def _row_cell(group: list[records.Cell], gate: records.GateDecision | None) -> tuple[records.Cell, str]:
+def row_cell(group: list[records.Cell], gate: records.GateDecision | None) -> tuple[records.Cell, str]:
     """The cell a summary row shows and the gate text: the gate's k when on; otherwise the best
     median speed-up, labelled with the verdict (off, or undecided: the repeats cannot tell)."""
     if gate is not None and gate.enabled and gate.draft_tokens is not None:
@@ -117,7 +117,7 @@ def _summary(run: Run, baselines: dict[str, str]) -> list[tuple[str, Markdown]]:
     by_baseline: dict[str, list[list[object]]] = {}
     for (engine, workload, t), group in _groups(run.record).items():
         gate = gates.get((workload, t)) if engine == gating.gated_engine(run.record.cells) else None
-        cell, gate_text = _row_cell(group, gate)
+        cell, gate_text = row_cell(group, gate)
         d = cell.derived
         by_baseline.setdefault(baselines[cell.baseline], []).append([
             escape(workload),
