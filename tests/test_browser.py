@@ -193,15 +193,18 @@ def test_module_8_fits_its_budget_with_the_verdict_in_its_first_half(
         served: tuple[str, Path, render.Layout], browser: Chromium) -> None:
     """As a reader opens it (folded blocks closed): at most 15 screens at 1400 px and 35 at 390 px,
     a screen being the viewport's height; the verdict starts in the first half; the generated
-    answer on a real model is within the first two screens."""
+    plain answer (what the atlas found on a real model) is within the first two screens; the
+    measured charts and the break-even chart are drawn."""
     url, _, _ = served
     probe = ("(() => { const y = e => e.getBoundingClientRect().top + scrollY;"
              " const v = Array.from(document.querySelectorAll('article h2'))"
              ".find(e => e.textContent.startsWith('The honest trade-off'));"
              " const a = Array.from(document.querySelectorAll('article p'))"
-             ".find(p => p.textContent.startsWith('Measured on a real model'));"
+             ".find(p => p.textContent.startsWith('What the atlas found'));"
              " return {height: document.documentElement.scrollHeight, screen: innerHeight,"
-             " verdict: v ? y(v) : null, answer: a ? y(a) : null}; })()")
+             " verdict: v ? y(v) : null, answer: a ? y(a) : null,"
+             " charts: document.querySelectorAll('article .atlas-chart-pair .atlas-chart svg').length,"
+             " breakEven: document.querySelectorAll('article .atlas-chart-narrow svg').length}; })()")
     for width, screens in ((WIDE, 15), (PHONE, 35)):
         page = browser.open(url + MODULE_8, width)
         try:
@@ -211,6 +214,9 @@ def test_module_8_fits_its_budget_with_the_verdict_in_its_first_half(
         assert m["height"] <= screens * m["screen"], (width, m)
         assert m["verdict"] is not None and m["verdict"] <= m["height"] / 2, (width, m)
         assert m["answer"] is not None and m["answer"] < 2 * m["screen"], (width, m)
+        assert m["charts"] == 2 and m["breakEven"] == 1, (width, m)
+        print(f"module 8 at {width} px: {m['height'] / m['screen']:.2f} screens, verdict at "
+              f"{100 * m['verdict'] / m['height']:.0f} %")
 
 
 def test_measured_summary_shows_its_fields(served: tuple[str, Path, render.Layout], browser: Chromium) -> None:

@@ -405,7 +405,7 @@ def plain_answer(runs: list[Run]) -> str:
     cores = r.hardware.cpu_cores if r.settings.device == "cpu" else None
     where = (f"an ordinary {_count_word(cores)}-core processor" if cores is not None
              else escape(r.hardware.text))
-    text = (f"**What the atlas found:** it measured one real but small model, with an MTP head the atlas "
+    text = (f"**What the atlas found:** it measured a real but small model, with an MTP head the atlas "
             f"trained itself, on {where} {escape(_plain_setup(run))}. ")
     if on:
         text += (f"There MTP paid on some kinds of text and not on others: it was reliably faster (even "
