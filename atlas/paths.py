@@ -28,11 +28,16 @@ def project_path(relative: str) -> Path:
     return project_root() / relative
 
 
+DEFAULT_DB = Path("data/atlas.duckdb")
+
+
+def default_db_path() -> Path:
+    return Path(os.environ.get("ATLAS_DB") or DEFAULT_DB)
+
+
 def default_db() -> Path:
     """$ATLAS_DB as given (relative to the working directory), else the store's default file under
     the project root."""
-    from atlas.store import default_db_path
-
     path = default_db_path()
     return path if os.environ.get("ATLAS_DB") or path.is_absolute() else project_root() / path
 

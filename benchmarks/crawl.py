@@ -32,10 +32,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.pop("HF_HUB_OFFLINE", None)
 
-from atlas.fingerprints import fingerprint
+from atlas.fingerprints.rules import fingerprint
 from atlas.hub import crawl as crawler
 from atlas.hub.pacing import TIERS, WINDOW_S
-from atlas.hub.server import HubServer, MirrorRepo
+from atlas.hub.local.server import HubServer, MirrorRepo
 
 ORGS = 10
 

@@ -47,16 +47,17 @@ from pathlib import Path
 
 import torch
 
-from atlas.measure import draftvocab, smollm
-from atlas.measure.checkpoint import DEFAULT_MODEL, load_checkpoint
-from atlas.measure.engines.transformers_engine import Peer
-from atlas.measure.engines.vllm_client import CACHE, Driver, find_python
-from atlas.measure.engines.vllm_engine import cross_check, prepare_checkpoint, to_run_stats
-from atlas.measure.generate import RunStats, Sampling, generate_plain, generate_speculative
-from atlas.measure.model import build_fused_model
-from atlas.measure.options import MAX_PROMPT_TOKENS
-from atlas.measure.stamp import load_average
-from atlas.measure.workloads import load_prompt_set
+from atlas.decode import draftvocab
+from atlas.checkpoints import smollm
+from atlas.decode.checkpoint import DEFAULT_MODEL, load_checkpoint
+from atlas.engines.transformers_engine import Peer
+from atlas.engines.vllm_client import CACHE, Driver, find_python
+from atlas.engines.vllm_engine import cross_check, prepare_checkpoint, to_run_stats
+from atlas.decode.generate import RunStats, Sampling, generate_plain, generate_speculative
+from atlas.decode.model import build_fused_model
+from atlas.engines.options import MAX_PROMPT_TOKENS
+from atlas.engines.stamp import load_average
+from atlas.records.workloads import load_prompt_set
 from atlas.paths import project_path
 
 LLAMA_DRIVER = Path(__file__).with_name("llamacpp_driver.py")

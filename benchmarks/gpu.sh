@@ -38,7 +38,7 @@ placement() {
     "$PY" -c "
 import sys
 from pathlib import Path
-from atlas.measure.oracles import write_checkpoint
+from atlas.checkpoints.oracles import write_checkpoint
 write_checkpoint('deepseek_v3', Path(sys.argv[1]), 'random', depth=$depth, overrides=dict(
     hidden_size=$hidden, intermediate_size=4 * $hidden, moe_intermediate_size=$hidden // 2, num_attention_heads=8,
     num_key_value_heads=8, n_routed_experts=8, q_lora_rank=$hidden // 2, kv_lora_rank=$hidden // 4,

@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from atlas.measure import smollm
-from atlas.measure.stamp import load_average
+from atlas.checkpoints import smollm
+from atlas.engines.stamp import load_average
 from atlas.paths import project_path
 
 PAD = 5

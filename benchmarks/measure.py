@@ -48,16 +48,16 @@ from pathlib import Path
 
 import torch
 
-from atlas.measure import smollm
-from atlas.measure.checkpoint import DEFAULT_MODEL, load_checkpoint
-from atlas.measure.engines.atlas_engine import run
-from atlas.measure.layers import FastLayer, ModuleLayer
-from atlas.measure.model import FusedModel, build_fused_model
-from atlas.measure.oracles import write_checkpoint
-from atlas.measure.recurrent import state_bytes
-from atlas.measure.options import Options
-from atlas.measure.records import Cell, Record
-from atlas.measure.stamp import load_average
+from atlas.checkpoints import smollm
+from atlas.decode.checkpoint import DEFAULT_MODEL, load_checkpoint
+from atlas.engines.atlas_engine import run
+from atlas.decode.layers import FastLayer, ModuleLayer
+from atlas.decode.model import FusedModel, build_fused_model
+from atlas.checkpoints.oracles import write_checkpoint
+from atlas.decode.recurrent import state_bytes
+from atlas.engines.options import Options
+from atlas.records.record import Cell, Record
+from atlas.engines.stamp import load_average
 from atlas.paths import project_path
 
 
@@ -180,7 +180,7 @@ def pass_cost_report(model: str, threads: list[int], rounds: int, vocab_sizes: l
     every ratio is over the SAME variant's plain step; "plain vs mm" says whether the baseline
     itself got slower. CPU time of this thread would hide waiting on a busy machine's cores, so
     this is wall time: read the ratios, and the load printed beside them."""
-    from atlas.measure import draftvocab
+    from atlas.decode import draftvocab
 
     loaded = load_checkpoint(model, torch.device("cpu"), torch.float32, peer=False)
     vocab_size = loaded.model.get_output_embeddings().weight.shape[0]

@@ -40,13 +40,13 @@ class Mutant:
     why: str
 
 
-LOOP = "atlas.measure.generate"
-RECURRENT = "atlas.measure.recurrent"
-GATING = "atlas.measure.gating"
-CELLS = "atlas.measure.cells"
-MODEL = "atlas.measure.model"
-KERNELS = "atlas.measure.kernels"
-LAYERS = "atlas.measure.layers"
+LOOP = "atlas.decode.generate"
+RECURRENT = "atlas.decode.recurrent"
+GATING = "atlas.records.gating"
+CELLS = "atlas.engines.cells"
+MODEL = "atlas.decode.model"
+KERNELS = "atlas.decode.kernels"
+LAYERS = "atlas.decode.layers"
 MUTANTS = (
     Mutant("reused-uniform", "lossy", LOOP,
            "r = torch.rand(k, generator=gen, device=p.device)",
@@ -117,10 +117,10 @@ MUTANTS = (
     Mutant("identity-last-prompt", "metric", CELLS,
            "self.identical &= spec.tokens == plain.tokens", "self.identical = spec.tokens == plain.tokens",
            tuple(AGGREGATION_TESTS), "the greedy-identity flag taken from the last prompt only"),
-    Mutant("tree-dirty-constant", "metric", "atlas.measure.stamp",
+    Mutant("tree-dirty-constant", "metric", "atlas.engines.stamp",
            "atlas_tree_dirty=None if status is None else bool(status.strip())", "atlas_tree_dirty=False",
            tuple(AGGREGATION_TESTS), "the stamp's atlas_tree_dirty a constant"),
-    Mutant("top-p-unrecorded", "metric", "atlas.measure.options",
+    Mutant("top-p-unrecorded", "metric", "atlas.engines.options",
            "top_p=options.top_p, quick=options.quick,", "top_p=None, quick=options.quick,",
            tuple(AGGREGATION_TESTS), "--top-p used by the runs but not recorded in the settings"),
     Mutant("state-slot-off-by-one", "lossy", RECURRENT,
@@ -150,13 +150,13 @@ MUTANTS = (
            tuple(RECURRENT_TESTS), "Mamba2 time steps floored at time_step_min in every decode step (plain and verify alike; the prefill right)"),
     # Nemotron-H block patterns in both spellings (issue 29): the fingerprint's MTP family, its
     # module count and its pattern facts, and the Mamba2 time-step bound Nemotron-3 Ultra writes as 1e308
-    Mutant("mtp-list-spelling-unread", "metric", "atlas.fingerprints",
+    Mutant("mtp-list-spelling-unread", "metric", "atlas.fingerprints.rules",
            'requires_keys=blockpattern.KEYS["mtp"],', 'requires_keys=blockpattern.KEYS["mtp"][:1],',
            ("tests/test_fingerprints.py",), "the nemotron_h tensor rule needs the string key: list-spelled MTP tensors read as two Qwen mtp.* layers"),
-    Mutant("mtp-sub-layers-not-divided", "metric", "atlas.fingerprints",
+    Mutant("mtp-sub-layers-not-divided", "metric", "atlas.fingerprints.rules",
            "count = math.ceil(count / len(pattern.kinds))", "count = math.ceil(count / max(1, len(pattern.kinds) - 1))",
            ("tests/test_fingerprints.py",), "shipped MTP layers counted with one sub-layer too few per module"),
-    Mutant("legacy-layer-names-swapped", "metric", "atlas.blockpattern",
+    Mutant("legacy-layer-names-swapped", "metric", "atlas.fingerprints.blockpattern",
            'NAMES = {"mamba": "linear_attention", "attention": "full_attention",',
            'NAMES = {"mamba": "full_attention", "attention": "linear_attention",',
            ("tests/test_fingerprints.py",), "a list's mamba / attention entries read as each other (block_pattern facts wrong)"),
@@ -179,33 +179,33 @@ MUTANTS = (
            "gates.append(g), ups.append(u), downs.append(experts.down_proj[e].detach() * w)",
            "gates.append(g), ups.append(u), downs.append(experts.down_proj[e].detach())", ("tests/test_smollm.py",),
            "the one-expert fold forgets the routing weight (then refused by its own check: the block runs routed)"),
-    Mutant("head-chain-attends-own-step", "metric", "atlas.measure.headtrain.head",
+    Mutant("head-chain-attends-own-step", "metric", "atlas.checkpoints.headtrain.head",
            "k1, v1 = (t[:, :, :n].repeat_interleave(rep, dim=1) for t in keys[0])",
            "k1, v1 = (t[:, :, :n].repeat_interleave(rep, dim=1) for t in keys[-1])", ("tests/test_headtrain.py",),
            "training's chain step s attends to its own step's keys, not the first step's as decoding does"),
-    Mutant("head-acceptance-unreached-chains", "metric", "atlas.measure.headtrain.train",
+    Mutant("head-acceptance-unreached-chains", "metric", "atlas.checkpoints.headtrain.train",
            "before = chain_ok.get((r, jj)) if s > 0 else True",
            "before = chain_ok.get((r, jj), True) if s > 0 else True", ("tests/test_headtrain.py",),
            "held-out acceptance counts chains whose earlier drafts target prompt tokens"),
     # issue 24: the MTP layer's own head/embedding (used where shipped, the target's bound where not)
-    Mutant("mtp-embed-copy-ignored", "metric", "atlas.measure.families",
+    Mutant("mtp-embed-copy-ignored", "metric", "atlas.decode.mtphead",
            "            embed = tensor(glue + family.own_embed)\n", "            pass\n",
            ("tests/test_families.py::test_random_checkpoint_with_or_without_layer_local_copies_is_faithful_and_lossless",),
            "the target's embedding drafts where the checkpoint ships the MTP layer's own copy"),
-    Mutant("mtp-shared-unrecorded", "metric", "atlas.measure.families",
+    Mutant("mtp-shared-unrecorded", "metric", "atlas.decode.mtphead",
            "            shared[glue + family.own_head] = target_name(model.lm_head.weight)", "            pass",
            ("tests/test_families.py::test_oracle_with_or_without_layer_local_copies_accepts_every_draft",),
            "the target's lm_head is bound in place of a missing shared_head.head without the record saying so"),
     # the MTP layer's precision, a present claim
-    Mutant("precision-prefix-off-by-one", "metric", "atlas.mtpprecision",
+    Mutant("precision-prefix-off-by-one", "metric", "atlas.fingerprints.precision",
            'return [f"model.layers.{depth + i}." for i in range(n)]', 'return [f"model.layers.{depth + i + 1}." for i in range(n)]',
            ("tests/test_mtpprecision.py",), "the exclusion lists are read for the layer after the MTP layer"),
-    Mutant("precision-unknown-as-dtype", "metric", "atlas.mtpprecision",
+    Mutant("precision-unknown-as-dtype", "metric", "atlas.fingerprints.precision",
            'return Precision("unknown", f"{where}: no exclusion list and no weight names read", "unknown", "not stated")',
            'return Precision("no", f"{where}: no exclusion list and no weight names read", *plain)',
            ("tests/test_mtpprecision.py",), "a quantized config that names no exclusion reads as an unquantized bf16 MTP layer"),
     # coverage by rule
-    Mutant("coverage-ignores-refusal", "metric", "atlas.measure.coverage",
+    Mutant("coverage-ignores-refusal", "metric", "atlas.families.coverage",
            "    if row.refuse:", "    if False:",
            ("tests/test_coverage.py::test_each_mtp_declaring_mirror_config_runs_or_is_refused_by_name",),
            "a refused family (MiniMax) is listed as running in our loop"),

@@ -2,7 +2,7 @@
 
 For each size, on a synthetic store, every stage runs in its own process, timed and with its peak
 resident memory (the process's and its children's: the mkdocs build is one):
-  store     five complete snapshots written through atlas.store.write_snapshot (set-up, not a goal)
+  store     five complete snapshots written through atlas.store.db.write_snapshot (set-up, not a goal)
   evidence  the module evidence file                        (atlas evidence, first half)
   models    models.json, the model pages' and finder's data  (atlas evidence, second half)
   render    Jinja modules + model pages + finder parts -> site/docs/   (atlas site build, first half)
@@ -39,8 +39,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from atlas import store
-from atlas.site import evidence, modelfinder, modelpages, render
+from atlas.store import db as store
+from atlas.site import write_evidence as evidence, models_json as modelpages
+from atlas.site import modelfinder, render
 
 REPO = Path(__file__).resolve().parents[1]
 

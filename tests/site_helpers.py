@@ -12,7 +12,10 @@ from datetime import datetime
 from html.parser import HTMLParser
 from pathlib import Path
 
-from atlas import store
+import markdown
+import yaml
+
+from atlas.store import db as store
 from atlas.site.render import Layout
 from atlas.evidence.servable import Matrix
 
@@ -239,8 +242,8 @@ class DemoSite:
     layout: Layout
     db: Path
     evidence: object  # atlas.site.evidence_file.Evidence
-    models: object  # atlas.site.modelpages.Models
-    manifest: object | None  # atlas.export.Manifest, when exported
+    models: object  # atlas.site.models_json.Models
+    manifest: object | None  # atlas.export.tables.Manifest, when exported
 
 
 def build_demo_site(root: Path, *, conformance: bool = False, sources: bool = False, export_data: bool = False,
@@ -250,8 +253,9 @@ def build_demo_site(root: Path, *, conformance: bool = False, sources: bool = Fa
     the site's evidence (the verdicts in the servable matrix); `sources`: the mirror's SOURCES.tsv is
     shown; `export_data`: the export is written first (the Data and Changelog pages);
     `copy_measurements`: the records are copied beside the evidence as well."""
-    from atlas import export
-    from atlas.site import evidence, modelpages, render
+    from atlas.export import tables as export
+    from atlas.site import write_evidence as evidence, models_json as modelpages
+    from atlas.site import render
 
     layout = site_copy(root)
     if conformance and (REPO / "evidence" / "conformance").is_dir():
@@ -293,7 +297,7 @@ def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list
     repeat's speed-up."""
     import hashlib
 
-    from atlas.measure import gating, records, runcontext
+    from atlas.records import gating, record as records, runcontext
 
     costs = records.PassCosts(plain=0.01, verify={1: 0.012, 2: 0.013}, draft=0.002)
     cells = []
@@ -335,7 +339,7 @@ def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list
 def import_folder(db: Path, folder: Path) -> int:
     """`atlas measure import` of `folder` into the store at `db`, as the CLI runs it: how many
     records were loaded; a rejected record fails the test."""
-    from atlas.measure import records
+    from atlas.records import record as records
 
     con = store.connect(db)
     try:
@@ -354,3 +358,42 @@ def engines_in(cell: str, matrix: Matrix) -> list[str]:
     each name), leaving out those named only as having run in a measured record."""
     names = dict.fromkeys(e.engine for e in matrix.entry)
     return [n for n in names if re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])(?! \(measured run\))", cell)]
+
+
+SCHEMES = ("javascript:", "vbscript:", "data:")
+
+
+def assert_inert(html: str, reference: str, where: str) -> None:
+    """No link to a script scheme, no script beyond the theme's own, no event handler, no embedded
+    object: whatever the record said, it is text."""
+    page, base = parse_html(html), parse_html(reference)
+    for tag, attrs in page.elements:
+        for name, value in attrs:
+            assert not name.lower().startswith("on"), (where, tag, name)
+            if name.lower() in ("href", "src", "xlink:href", "action", "formaction"):
+                cleaned = re.sub(r"[\s\x00-\x1f]", "", value or "").lower()
+                assert not cleaned.startswith(SCHEMES), (where, tag, name, value)
+        assert tag not in ("img", "iframe", "object", "embed"), (where, tag, attrs)
+
+    def own(p, tag: str) -> list[str]:
+        """The theme's elements of a kind, named by their file, not path (and not the finder's data
+        parts, which its script adds once it ran)."""
+        return sorted(Path(dict(a).get("src") or "").name + str(sorted(k for k, _ in a)) for t, a in p.elements
+                      if t == tag and not re.fullmatch(r"finder/part-\d{4}\.js", dict(a).get("src") or ""))
+
+    for tag in ("script", "form", "style"):
+        assert own(page, tag) == own(base, tag), (where, tag)
+
+
+def site_markdown(text: str) -> str:
+    """Markdown -> HTML with the extensions the site's mkdocs.yml enables."""
+    config = yaml.safe_load((REPO / "site" / "mkdocs.yml").read_text(encoding="utf-8"))
+    names, configs = [], {}
+    for ext in config["markdown_extensions"]:
+        if isinstance(ext, dict):
+            (name, options), = ext.items()
+            names.append(name)
+            configs[name] = options
+        else:
+            names.append(ext)
+    return markdown.markdown(text, extensions=names, extension_configs=configs)

@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from atlas.measure import stamp
-from atlas.measure.cells import RepeatCounts, seed_for
-from atlas.measure.checkpoint import load_checkpoint
-from atlas.measure.engines.atlas_engine import run
-from atlas.measure.gating import derive
-from atlas.measure.generate import RunStats, Sampling, generate_speculative
-from atlas.measure.model import build_fused_model
-from atlas.measure.options import MAX_PROMPT_TOKENS, Options
-from atlas.measure.oracles import write_checkpoint
-from atlas.measure.records import Repeat
-from atlas.measure.workloads import load_prompt_set
+from atlas.engines import stamp
+from atlas.engines.cells import RepeatCounts, seed_for
+from atlas.decode.checkpoint import load_checkpoint
+from atlas.engines.atlas_engine import run
+from atlas.records.gating import derive
+from atlas.decode.generate import RunStats, Sampling, generate_speculative
+from atlas.decode.model import build_fused_model
+from atlas.engines.options import MAX_PROMPT_TOKENS, Options
+from atlas.checkpoints.oracles import write_checkpoint
+from atlas.records.record import Repeat
+from atlas.records.workloads import load_prompt_set
 
 CPU = torch.device("cpu")
 

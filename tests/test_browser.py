@@ -24,14 +24,14 @@ from browser_helpers import ARTIFACTS, CHROMIUM
 from chromium_cdp import Chromium
 from site_helpers import REPO, build_demo_site, declared_repo_ids
 
-from atlas.measure import records
+from atlas.records import record as records
 from atlas.site import render
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     CHROMIUM is None,
     reason="no Chromium binary (chromium, chromium-browser or google-chrome) on PATH, so the "
     "browser test cannot run here; .ci/run installs Debian's chromium",
-)
+)]
 PROBE = (Path(__file__).parent / "layout_probe.js").read_text(encoding="utf-8")
 WIDE, PHONE = 1400, 390
 MIN_LABEL_PX = 9.0

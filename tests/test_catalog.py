@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from site_helpers import HOSTILE_ID, REPO, hostile_store, plant_measurement
 
-from atlas import AtlasError, store
+from atlas import AtlasError
+from atlas.store import db as store
 from atlas.evidence import catalog, reported, servable
-from atlas.measure import conformance
+from atlas.conformance import record as conformance
 
 EVIDENCE = REPO / "evidence"
 

@@ -1,4 +1,5 @@
-"""Every command is documented: it has help text, and the README names it (sqlite-utils' habit)."""
+"""Every command is documented: it has help text, and the manual (README.md and docs/, beside the
+generated reference) names it (sqlite-utils' habit)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from click.testing import CliRunner
 
 from atlas.cli import cli
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+from site_helpers import REPO
+
+MANUAL = "\n".join(p.read_text(encoding="utf-8") for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+                   if p.name != "cli.md")
 
 
 def _commands(group: click.Group, prefix: str = "atlas") -> list[tuple[str, click.Command]]:
@@ -24,9 +28,9 @@ def _commands(group: click.Group, prefix: str = "atlas") -> list[tuple[str, clic
 
 
 @pytest.mark.parametrize("path,command", _commands(cli), ids=lambda v: v if isinstance(v, str) else "")
-def test_command_has_help_and_is_in_the_readme(path: str, command: click.Command) -> None:
+def test_command_has_help_and_is_in_the_manual(path: str, command: click.Command) -> None:
     assert (command.help or "").strip(), f"{path} has no help text"
-    assert path in README, f"README does not mention `{path}`"
+    assert path in MANUAL, f"neither README.md nor docs/ mention `{path}`"
     result = CliRunner().invoke(cli, [*path.split()[1:], "--help"])
     assert result.exit_code == 0 and "Usage:" in result.output
 

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from atlas.cli import cli
-from atlas.measure import conformance, conformancesuite
+from atlas.conformance import record as conformance
+from atlas.engines import conformance_suite as conformancesuite
 from atlas.site import conformance_table
 
 ALPHA = conformance.ALPHA
@@ -121,7 +122,7 @@ def test_fewer_requests_than_the_batching_control_reruns_are_refused_before_any_
     def no_engine(*args, **kwargs):  # the refusal comes first: neither the interpreter is sought nor the suite run
         raise AssertionError("the engine was reached")
 
-    monkeypatch.setattr("atlas.measure.engines.vllm_client.find_python", no_engine)
+    monkeypatch.setattr("atlas.engines.vllm_client.find_python", no_engine)
     monkeypatch.setattr(conformancesuite, "run_suite", no_engine)
     result = CliRunner().invoke(cli, ["conformance", "run", "--requests", str(requests), "--max-new-tokens", "8"])
     assert result.exit_code == 1, result.output
@@ -136,7 +137,7 @@ def test_four_requests_reach_the_suite(monkeypatch) -> None:
         reached.append(requests)
         raise conformance.AtlasError("stopped here")
 
-    monkeypatch.setattr("atlas.measure.engines.vllm_client.find_python", lambda python: "python")
+    monkeypatch.setattr("atlas.engines.vllm_client.find_python", lambda python: "python")
     monkeypatch.setattr(conformancesuite, "run_suite", suite)
     result = CliRunner().invoke(cli, ["conformance", "run", "--requests", "4"])
     assert reached == [4] and "stopped here" in result.output
@@ -179,7 +180,8 @@ def test_the_finder_and_the_claim_level_row_name_device_layout_and_patch() -> No
     patched build's result read as the release's, on no named device or layout."""
     from atlas.paths import project_path
     from atlas.evidence import servable
-    from atlas.site import modelfinder, modelpage, modelpages
+    from atlas.site import modelfinder, modelpage
+    from atlas.site import models_json as modelpages
 
     rows = conformance.current_verdicts(conformance.load_records(project_path(conformance.DEFAULT_DIR)))
     checked = servable.checked_for("deepseek_v3", ["DeepseekV3ForCausalLM"], "vLLM", rows)
@@ -198,7 +200,8 @@ def test_a_family_checked_on_a_stand_in_layout_says_so_in_the_finder() -> None:
     Qwen3.5's own: its finder cell and claim-level row name the stand-in; Qwen3-Next's own do not."""
     from atlas.paths import project_path
     from atlas.evidence import servable
-    from atlas.site import modelfinder, modelpage, modelpages
+    from atlas.site import modelfinder, modelpage
+    from atlas.site import models_json as modelpages
 
     rows = conformance.current_verdicts(conformance.load_records(project_path(conformance.DEFAULT_DIR)))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from click.testing import CliRunner
 
 from atlas.cli import cli
-from atlas.measure import conformance
+from atlas.conformance import record as conformance
 from tests.site_helpers import REPO
 
 FOLDER = REPO / conformance.DEFAULT_DIR

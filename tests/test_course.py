@@ -1,6 +1,6 @@
 """Module 8 as a course: the reported claim level (schema, its own box, never measured), the
 diagrams (drawn from the fingerprint rules and the worked round's data), the worked round against
-atlas.measure.theory, the calculator's prefill from a real record, and one page per qualifying
+atlas.records.theory, the calculator's prefill from a real record, and one page per qualifying
 model plus the finder — all through the built site of a hostile two-snapshot store."""
 
 from __future__ import annotations
@@ -25,10 +25,13 @@ from site_helpers import (
     write_snapshot,
 )
 
-from atlas import AtlasError, fingerprints, store
-from atlas.measure import theory
+from atlas import AtlasError
+from atlas.store import db as store
+from atlas.fingerprints import rules as fingerprints
+from atlas.records import theory
 from atlas.evidence import reported as reported_figures, servable
-from atlas.site import diagrams, evidence, evidence_file, modelfinder, modelpage, modelpages, render, reported, worked_round
+from atlas.site import diagrams, evidence_file, modelfinder, modelpage, render, reported, worked_round
+from atlas.site import write_evidence as evidence, models_json as modelpages
 from atlas.site.mdsafe import escape
 
 REPORTED = REPO / "evidence" / "reported.toml"
@@ -38,7 +41,7 @@ MATRIX = REPO / "evidence" / "servable.toml"
 def release_t0(layout: str) -> str:
     """The T = 0 verdict the rule gives on `layout` for the release (unpatched) build, from the
     newest committed record that ran it with power (what the pages show), read, not typed here."""
-    from atlas.measure import conformance
+    from atlas.conformance import record as conformance
 
     rows = [v for v in conformance.current_verdicts(conformance.load_records(REPO / "evidence" / "conformance"))
             if not v.patched and v.layout == layout and v.temperature == "0"]
@@ -457,7 +460,7 @@ def test_prefill_uses_the_records_reached_counts_and_skips_smoke_runs(tmp_path: 
 def test_module_8_and_model_pages_say_whether_the_atlas_runner_measures_the_family(course_site) -> None:
     """Generated from the family table: the Runs page lists every row (refused ones with their
     reason), each model page says it for its own model_type."""
-    from atlas.measure.familytable import FAMILIES
+    from atlas.families.table import FAMILIES
 
     layout, models = course_site
     module = parse_html(built(layout, "runs"))

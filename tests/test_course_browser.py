@@ -1,5 +1,5 @@
 """Module 8's widgets and the model finder in headless Chromium, checked against the Python
-formulas of atlas.measure.theory. Four browser launches in all: one page holding many widget
+formulas of atlas.records.theory. Four browser launches in all: one page holding many widget
 instances (their computed numbers read back from the DOM), the finder with a filter in its URL,
 and screenshots (1000 px and 390 px wide) of the diagrams and widgets as the built module 8
 shows them (kept under
@@ -16,10 +16,11 @@ import pytest
 from browser_helpers import ARTIFACTS, CHROMIUM, run_chromium
 from site_helpers import build_demo_site, parse_html
 
-from atlas.measure import theory
-from atlas.site import modelpages, render, widgets
+from atlas.records import theory
+from atlas.site import models_json as modelpages
+from atlas.site import render, widgets
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary on PATH")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary on PATH")]
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Coverage by rule: every MTP-declaring model of the bundled mirror is run by our loop on a
-checkpoint shrunk from its own real config by the project's builder (atlas.measure.oracles, random
+checkpoint shrunk from its own real config by the project's builder (atlas.checkpoints.oracles, random
 weights: greedy speculative output must equal plain decoding), or refused with the named reason
-that atlas.measure.coverage states for it, or shown not to ship MTP tensors."""
+that atlas.families.coverage states for it, or shown not to ship MTP tensors."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from hub_fixtures import MIRROR
 from safetensors.torch import save_file
 
 from atlas import AtlasError
-from atlas.fingerprints import fingerprint
-from atlas.measure.checkpoint import load_checkpoint
-from atlas.measure.coverage import coverage
-from atlas.measure.generate import Sampling, generate_plain, generate_speculative
-from atlas.measure.model import build_fused_model
-from atlas.measure.oracles import LAYOUTS, write_checkpoint
+from atlas.fingerprints.rules import fingerprint
+from atlas.decode.checkpoint import load_checkpoint
+from atlas.families.coverage import coverage
+from atlas.decode.generate import Sampling, generate_plain, generate_speculative
+from atlas.decode.model import build_fused_model
+from atlas.checkpoints.oracles import LAYOUTS, write_checkpoint
 
 CPU = torch.device("cpu")
 PROMPT = [5, 9, 33, 2, 7, 100, 4]
@@ -102,8 +102,9 @@ def test_the_crawl_gives_one_coverage_table_for_the_finder_and_the_runs_page(tmp
     the same cells under the count."""
     from site_helpers import REPO, crawl_mirror
 
-    from atlas import store
-    from atlas.site import course, modelfinder, modelpages
+    from atlas.store import db as store
+    from atlas.site import course, modelfinder
+    from atlas.site import models_json as modelpages
     from atlas.evidence import servable as servable_matrix
 
     db = tmp_path / "atlas.duckdb"
@@ -155,7 +156,8 @@ def test_an_evidence_file_from_before_the_table_says_so(tmp_path: Path) -> None:
     `atlas evidence`, never that no model declares MTP."""
     from site_helpers import REPO
 
-    from atlas.site import course, modelpages
+    from atlas.site import course
+    from atlas.site import models_json as modelpages
 
     old = modelpages.read(REPO / "evidence" / modelpages.FILE_NAME)
     assert old is not None and any((m.current.declared or 0) > 0 for m in old.models if m.current)

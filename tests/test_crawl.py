@@ -21,10 +21,7 @@ from hub_fixtures import (
     EXPECTED_TEAM,
     MIRROR,
     TEAM_MODEL,
-    bundled_hub,  # noqa: F401  (fixture)
     copy_mirror,
-    make_hub,  # noqa: F401  (fixture)
-    no_sleep,  # noqa: F401  (fixture)
     rows as query,
     team_model_present,
     write_watchlist,
@@ -32,7 +29,7 @@ from hub_fixtures import (
 
 from atlas.hub import crawl as crawler
 from atlas.cli import cli
-from atlas.hub.server import Fault
+from atlas.hub.local.server import Fault
 
 ALL_ORGS = sorted({r.split("/")[0] for r in EXPECTED_DECLARED} | {"mtp-atlas"})
 
@@ -325,7 +322,7 @@ def test_hf_token_is_sent_but_never_stored_or_printed(tmp_path: Path, make_hub, 
 def test_second_concurrent_crawl_gets_a_clear_error(tmp_path: Path) -> None:
     db = tmp_path / "atlas.duckdb"
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"import sys; from atlas.store import connect; c = connect({str(db)!r}); "
+        [sys.executable, "-c", f"import sys; from atlas.store.db import connect; c = connect({str(db)!r}); "
                                "print('ready', flush=True); sys.stdin.readline()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
@@ -629,7 +626,7 @@ def test_repos_that_could_not_be_fetched_exit_non_zero_and_are_named(tmp_path: P
 
 
 def test_ctrl_c_says_whether_the_snapshot_was_committed(tmp_path: Path, make_hub, monkeypatch: pytest.MonkeyPatch) -> None:
-    from atlas import store
+    from atlas.store import db as store
 
     hub = make_hub(MIRROR)
     db = tmp_path / "a.duckdb"
@@ -692,7 +689,7 @@ def test_sigint_during_the_downloads_exits_130(tmp_path: Path, make_hub, inherit
 
 
 def test_evidence_refuses_a_store_without_a_complete_snapshot(tmp_path: Path) -> None:
-    from atlas import store
+    from atlas.store import db as store
 
     db = tmp_path / "empty.duckdb"
     store.connect(db).close()

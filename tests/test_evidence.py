@@ -6,11 +6,10 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import markdown
 import pytest
-import yaml
 from click.testing import CliRunner
 from site_helpers import (
+    site_markdown,
     HOSTILE_ID,
     HOSTILE_KEY,
     HOSTILE_MODELS,
@@ -23,30 +22,18 @@ from site_helpers import (
     snapshot_row,
 )
 
-from atlas import AtlasError, store
-from atlas.site import evidence, mdsafe
+from atlas import AtlasError
+from atlas.store import db as store
+from atlas.site import write_evidence as evidence
+from atlas.site import mdsafe
 from atlas.site import evidence_file, present_claims, runpages
 from atlas.cli import cli
 from atlas.evidence import catalog
 
 if TYPE_CHECKING:  # the record helper below imports it when it runs
-    from atlas.measure import records
+    from atlas.records import record as records
 
 MATRIX = REPO / "evidence" / "servable.toml"
-
-
-def site_markdown(text: str) -> str:
-    """Markdown -> HTML with the extensions the site's mkdocs.yml enables."""
-    config = yaml.safe_load((REPO / "site" / "mkdocs.yml").read_text(encoding="utf-8"))
-    names, configs = [], {}
-    for ext in config["markdown_extensions"]:
-        if isinstance(ext, dict):
-            (name, options), = ext.items()
-            names.append(name)
-            configs[name] = options
-        else:
-            names.append(ext)
-    return markdown.markdown(text, extensions=names, extension_configs=configs)
 
 
 def shown(value: str) -> str:
@@ -357,7 +344,7 @@ def _schema2_record(quick: bool, model_id: str) -> records.Record:
     speed-ups 0.7/1.0/1.3 (the paired bounds straddle 1: undecided)."""
     from datetime import datetime, timezone
 
-    from atlas.measure import gating, records, runcontext
+    from atlas.records import gating, record as records, runcontext
 
     costs = records.PassCosts(plain=0.002, verify={1: 0.0024, 2: 0.0026}, draft=0.0004)
     cells = []
@@ -395,7 +382,7 @@ def _schema2_record(quick: bool, model_id: str) -> records.Record:
 def test_schema_2_runs_show_conditional_acceptance_undecided_gates_and_keep_smoke_runs_apart(
     hostile_db: Path, tmp_path: Path,
 ) -> None:
-    from atlas.measure import records
+    from atlas.records import record as records
 
     folder = tmp_path / "measurements"
     records.write_record(_schema2_record(False, "org/full-run"), folder)
@@ -438,7 +425,7 @@ def test_servable_cells_carry_conformance_verdicts_for_their_layout(hostile_db: 
     import shutil
     from datetime import datetime, timezone
 
-    from atlas.measure import conformance
+    from atlas.conformance import record as conformance
 
     matrix = tmp_path / "evidence" / "servable.toml"
     matrix.parent.mkdir()
@@ -476,7 +463,7 @@ def test_conformance_results_name_the_build_and_the_layout_checked(tmp_path: Pat
     with no checked layout and another engine get none."""
     from datetime import datetime, timezone
 
-    from atlas.measure import conformance
+    from atlas.conformance import record as conformance
     from atlas.evidence import servable
 
     def check(t: float, passed: bool, sampling: str = "greedy", k: int = 1) -> conformance.Check:

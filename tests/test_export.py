@@ -7,6 +7,7 @@ dataset-card format; the changelog is checked on a store holding two snapshots o
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import html as html_text
 import json
@@ -20,15 +21,18 @@ import duckdb
 import pytest
 import yaml
 from click.testing import CliRunner
-from hub_fixtures import copy_mirror, make_hub, write_watchlist  # noqa: F401  (fixture)
+from hub_fixtures import copy_mirror, write_watchlist
 from site_helpers import (REPO, Model, build_demo_site, engines_in, parse_html, plant_measurement, site_copy,
                           write_snapshot)
 
-from atlas import AtlasError, croissant, export, exportformat, store
+from atlas import AtlasError
+from atlas.export import croissant, tables as export, formats as exportformat
+from atlas.store import db as store
 from atlas.cli import cli
 from atlas.hub import crawl as crawler
-from atlas.measure import conformance, records
-from atlas.measure.familytable import FAMILIES
+from atlas.conformance import record as conformance
+from atlas.records import record as records
+from atlas.families.table import FAMILIES
 from atlas.evidence import catalog, changelog as changelog_data, reported, runs as evidence_runs, servable
 from atlas.site import changelog, render
 from atlas.site import reported as reported_section
@@ -208,6 +212,7 @@ def test_measured_cells_equal_the_records_the_site_reads_and_the_model_page(expo
     assert "project-made MTP head on a real main model" in real and "in no crawl" in real
 
 
+@functools.cache  # 60 bisection steps of a 4,000-point integral: once per degrees of freedom, not per cell
 def _t_quantile_95(df: int) -> float:
     """Student's t one-sided 95 % quantile, found here by bisection on the CDF (Simpson's rule over
     the density): an oracle independent of the project's table."""

@@ -17,13 +17,13 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from atlas import AtlasError
-from atlas.measure.families import load_family
-from atlas.measure.familytable import FAMILIES
-from atlas.measure.generate import Sampling, generate_plain, generate_speculative
-from atlas.measure.model import build_fused_model, dense_regime
-from atlas.measure.oracles import LAYOUTS, bigram_tables, write_checkpoint
-from atlas.measure.checkpoint import load_checkpoint
-from atlas.measure.theory import bigram_acceptance
+from atlas.decode.mtphead import load_family
+from atlas.families.table import FAMILIES
+from atlas.decode.generate import Sampling, generate_plain, generate_speculative
+from atlas.decode.model import build_fused_model, dense_regime
+from atlas.checkpoints.oracles import LAYOUTS, bigram_tables, write_checkpoint
+from atlas.decode.checkpoint import load_checkpoint
+from atlas.records.theory import bigram_acceptance
 
 CPU = torch.device("cpu")
 PROMPT = [5, 9, 33, 2, 7, 100, 4]
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 def wiring_reference(folder: Path, family: str, block: torch.nn.Module, rotary, hidden, ids, positions,
                      local_copies: bool | None = None) -> torch.Tensor:
     """The family's MTP wiring as its inference code states it, read from the checkpoint by the
-    names in atlas.measure.oracles.LAYOUTS (written independently of the family table): each input
+    names in atlas.checkpoints.oracles.LAYOUTS (written independently of the family table): each input
     normed by its own norm (x̂·w, or x̂·(1+w) for Gemma-style families), concatenated in the family's
     order, projected, the block under a causal mask, the final norm, then the head (its own copy
     where the checkpoint was written with one: `local_copies`, None as the family ships)."""
@@ -189,7 +189,7 @@ def test_oracle_greedy_acceptance_is_exactly_one(tmp_path: Path, family: str) ->
 def test_oracle_sampled_acceptance_matches_the_closed_form(tmp_path: Path, family: str, k: int) -> None:
     """draft_scale 0.6: the MTP head's law is a flattened copy of the main model's, so at T = 1 the
     expected drafted and accepted counts per position follow exactly from the two [V, V] tables
-    (atlas.measure.theory.bigram_acceptance); the loop's means must agree within 4.5 standard errors."""
+    (atlas.records.theory.bigram_acceptance); the loop's means must agree within 4.5 standard errors."""
     folder, got = loaded(tmp_path, family, "oracle", DEPTHS.get(family, (2,))[0], draft_scale=0.6)
     assert_sampled_acceptance_is_exact(folder, family, got, k)
 
@@ -312,8 +312,8 @@ def test_declared_but_not_shipped_is_refused(tmp_path: Path) -> None:
 def test_real_configs_from_the_mirror_get_a_row(tmp_path: Path) -> None:
     """Every bundled real config that declares MTP is matched to its row (tensor names as the
     family ships them), measured or refused by name."""
-    from atlas.fingerprints import fingerprint
-    from atlas.measure.familytable import identify
+    from atlas.fingerprints.rules import fingerprint
+    from atlas.families.table import identify
     from atlas.paths import ROOT
 
     shipped = {"deepseek_v3": "model.layers.{N}.eh_proj.weight", "glm4_moe": "model.layers.{N}.eh_proj.weight",
@@ -341,7 +341,7 @@ def test_real_configs_from_the_mirror_get_a_row(tmp_path: Path) -> None:
 
 
 def test_every_fingerprinted_family_has_a_row() -> None:
-    from atlas.fingerprints import WEIGHT_RULES
+    from atlas.fingerprints.rules import WEIGHT_RULES
 
     assert {r.family for r in WEIGHT_RULES} <= {f.shipped_family for f in FAMILIES}
 

@@ -101,7 +101,7 @@ def test_the_finder_table_is_out_of_the_search_index_and_model_pages_are_in(find
 def test_a_model_page_puts_each_baseline_in_a_table_of_its_own(finder_site) -> None:
     """C2: the real team model's page held our loop's and transformers' speed-ups in one table,
     each over its own engine's plain decoding. One table per record and baseline, named above it."""
-    from atlas.measure import records
+    from atlas.records import record as records
 
     layout, models, _ = finder_site
     real = next(m for m in models.models if m.repo_id.endswith("smollm2-135m-instruct-mtp"))

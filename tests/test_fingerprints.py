@@ -14,14 +14,7 @@ import pytest
 from hub_fixtures import EXPECTED_DECLARED, MIMO, QWEN35_MLX, mirror_config
 
 from atlas import AtlasError
-from atlas.fingerprints import (
-    DECLARED_KEY_RULES,
-    RULE_VERSION,
-    WEIGHT_RULES,
-    fingerprint,
-    parse_config_bytes,
-    parse_weight_index,
-)
+from atlas.fingerprints.rules import DECLARED_KEY_RULES, RULE_VERSION, WEIGHT_RULES, fingerprint, parse_config_bytes, parse_weight_index
 
 
 def cfg(repo_id: str) -> dict:

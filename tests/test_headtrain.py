@@ -1,4 +1,4 @@
-"""The real team model's head training (atlas.measure.headtrain), on a tiny random Llama so that it
+"""The real team model's head training (atlas.checkpoints.headtrain), on a tiny random Llama so that it
 runs everywhere: the trained layer is what our decode loop runs, several drafts deep; the held-out
 acceptance it records equals an independent count through that loop; training lowers the loss;
 the committed data reads back exactly and refuses a changed file; no training prompt overlaps a
@@ -14,16 +14,17 @@ import pytest
 import torch
 
 from atlas import AtlasError
-from atlas.measure import draftvocab, smollm
-from atlas.measure.families import load_family
-from atlas.measure.familytable import FAMILIES
-from atlas.measure.headtrain import data, prompts
-from atlas.measure.headtrain.head import MtpLayer, Shape
-from atlas.measure.headtrain.train import HeadSpec, measure, residual_rms, teacher_pass, train
-from atlas.measure.model import build_fused_model
-from atlas.measure.teamcorpus import build_tokenizer
-from atlas.measure.workloads import PROMPT_SETS, load_prompt_set
-from tests.test_smollm import tiny_llama
+from atlas.decode import draftvocab
+from atlas.checkpoints import smollm
+from atlas.decode.mtphead import load_family
+from atlas.families.table import FAMILIES
+from atlas.checkpoints.headtrain import data, prompts
+from atlas.checkpoints.headtrain.head import MtpLayer, Shape
+from atlas.checkpoints.headtrain.train import HeadSpec, measure, residual_rms, teacher_pass, train
+from atlas.decode.model import build_fused_model
+from atlas.checkpoints.team_corpus import build_tokenizer
+from atlas.records.workloads import PROMPT_SETS, load_prompt_set
+from model_helpers import tiny_llama
 
 GLM = next(f for f in FAMILIES if f.name == "GLM-4-MoE")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

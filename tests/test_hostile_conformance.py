@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from atlas import AtlasError
-from atlas.measure import conformance
+from atlas.conformance import record as conformance
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "evidence" / "conformance"

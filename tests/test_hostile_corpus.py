@@ -11,15 +11,17 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hub_fixtures import GOOD, build_mirror, config, make_hub, no_sleep, rows, write_watchlist  # noqa: F401  (fixtures)
+from hub_fixtures import GOOD, build_mirror, config, rows, write_watchlist
 from huggingface_hub.hf_api import ModelInfo
 
-from atlas import AtlasError, store
+from atlas import AtlasError
+from atlas.store import db as store
 from atlas.cli import cli
 from atlas.evidence import catalog
 from atlas.hub import crawl as crawler
-from atlas.hub.server import Fault
-from atlas.site import evidence, evidence_file, mdsafe
+from atlas.hub.local.server import Fault
+from atlas.site import write_evidence as evidence
+from atlas.site import evidence_file, mdsafe
 
 
 def raw_config(text: str) -> bytes:

@@ -20,19 +20,20 @@ from pathlib import Path
 import duckdb
 import pytest
 from click.testing import CliRunner
-from hub_fixtures import (EXPECTED_DECLARED, GOOD, MIRROR, build_mirror, config, copy_mirror, make_hub, no_sleep, rows,  # noqa: F401  (fixtures)
+from hub_fixtures import (EXPECTED_DECLARED, GOOD, MIRROR, build_mirror, config, copy_mirror, rows,
                           write_watchlist)
 from huggingface_hub.hf_api import ModelInfo
 
-from atlas import fingerprints, store
+from atlas.fingerprints import rules as fingerprints
+from atlas.store import db as store
 from atlas.cli import cli
-from atlas.fingerprints import fingerprint
+from atlas.fingerprints.rules import fingerprint
 from atlas.hub import crawl as crawler
 from atlas.hub import pacing, redact
-from atlas.hub import server as hubserver
+from atlas.hub.local import server as hubserver
 from atlas.hub.crawl import Bounds, ListingGuard
 from atlas.hub.pacing import GaveUp
-from atlas.hub.server import Fault, load_mirror
+from atlas.hub.local.server import Fault, load_mirror
 
 ROOT = Path(__file__).resolve().parents[1]
 CANARY = "hf_canaryTOKENhostile0123456789"

@@ -14,12 +14,14 @@ from typing import Any, Callable
 from urllib.parse import unquote
 
 import pytest
-from site_helpers import REPO, crawl_mirror, import_folder, parse_html, site_copy
-from test_hostile_records import _assert_inert
+from site_helpers import REPO, assert_inert, crawl_mirror, import_folder, parse_html, site_copy
 
-from atlas import AtlasError, export
-from atlas.measure import conformance, records
-from atlas.site import evidence, mdsafe, modelpages, render
+from atlas import AtlasError
+from atlas.export import tables as export
+from atlas.conformance import record as conformance
+from atlas.records import record as records
+from atlas.site import write_evidence as evidence, models_json as modelpages
+from atlas.site import mdsafe, render
 from atlas.evidence import reported as reported_figures
 from atlas.evidence import servable as servable_matrix
 
@@ -154,7 +156,7 @@ def test_no_hostile_string_is_an_element_or_a_link_on_any_built_page(every_field
     for name in ("modules/module-08/index.html", "data/index.html", "changelog/index.html"):
         assert name in pages, sorted(pages)
     for name, page in pages.items():
-        _assert_inert(page.read_text(encoding="utf-8"), reference, name)
+        assert_inert(page.read_text(encoding="utf-8"), reference, name)
     # and the hostile texts are there to be read, as text
     text = " ".join(parse_html(pages["changelog/index.html"].read_text(encoding="utf-8")).text.split())
     assert FILE_NAME in text

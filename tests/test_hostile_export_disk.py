@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from site_helpers import REPO, crawl_mirror
 
-from atlas import export
+from atlas.export import tables as export
 from atlas.cli import cli
 
 

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from atlas.cli import cli
-from atlas.measure import records
-from atlas.measure.engines import atlas_engine
-from atlas.measure.oracles import write_checkpoint
+from atlas.records import record as records
+from atlas.engines import atlas_engine
+from atlas.checkpoints.oracles import write_checkpoint
 
 TINY = ["--workloads", "templated", "--temperatures", "0", "--draft-tokens", "1", "--max-new-tokens", "8",
         "--repeats", "1", "--prompts-per-workload", "1", "--no-peer"]

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 from site_helpers import crawl_mirror
 
-from atlas import store
+from atlas.store import db as store
 from atlas.cli import cli
-from atlas.measure import records
+from atlas.records import record as records
 
 
 def _one_line(result) -> str:

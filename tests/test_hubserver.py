@@ -29,7 +29,7 @@ from huggingface_hub.hf_api import RepoFile, RepoFolder
 from huggingface_hub.utils import parse_ratelimit_headers
 
 from atlas import AtlasError
-from atlas.hub.server import HubServer, MirrorRepo, load_mirror
+from atlas.hub.local.server import HubServer, MirrorRepo, load_mirror
 
 WEIGHTS = b"not really weights"
 TOKEN = "hf_localtesttoken"

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 import torch
 
-from atlas.measure.checkpoint import load_checkpoint
-from atlas.measure.generate import Sampling, generate_plain, generate_speculative
-from atlas.measure.model import build_fused_model
-from atlas.measure.oracles import bigram_tables, write_checkpoint
-from atlas.measure.theory import BigramCounts, bigram_acceptance
+from atlas.decode.checkpoint import load_checkpoint
+from atlas.decode.generate import Sampling, generate_plain, generate_speculative
+from atlas.decode.model import build_fused_model
+from atlas.checkpoints.oracles import bigram_tables, write_checkpoint
+from atlas.records.theory import BigramCounts, bigram_acceptance
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -1,4 +1,4 @@
-"""The shrinker's depth cut (atlas.measure.layercut) on every real config in the bundled mirror, as
+"""The shrinker's depth cut (atlas.checkpoints.layercut) on every real config in the bundled mirror, as
 published and as transformers writes it back (every derived per-layer list spelled out, which is
 how GLM-5.2-style configs ship mlp_layer_types and indexer_types): transformers' own config class
 must accept the cut config, and each list it holds per layer must have the new depth."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from atlas import AtlasError
-from atlas.measure.layercut import cut_to_depth, layer_count
+from atlas.checkpoints.layercut import cut_to_depth, layer_count
 from atlas.paths import ROOT
 
 MIRROR = ROOT / "data" / "hub-mirror"
@@ -101,10 +101,10 @@ def test_an_oracle_checkpoint_from_a_config_carrying_mlp_layer_types_loads(tmp_p
     """GLM-5's real config as transformers writes it (mlp_layer_types, layer_types, indexer_types:
     one entry per layer of 78) shrunk into a tiny GLM-5 checkpoint: loaded and decoded, where an
     uncut mlp_layer_types made transformers refuse the config."""
-    from atlas.measure import oracles
-    from atlas.measure.checkpoint import load_checkpoint
-    from atlas.measure.generate import Sampling, generate_plain, generate_speculative
-    from atlas.measure.model import build_fused_model
+    from atlas.checkpoints import oracles
+    from atlas.decode.checkpoint import load_checkpoint
+    from atlas.decode.generate import Sampling, generate_plain, generate_speculative
+    from atlas.decode.model import build_fused_model
 
     name = oracles.LAYOUTS["glm_moe_dsa"].mirror
     published = json.loads((MIRROR / str(name) / "config.json").read_text())

@@ -15,10 +15,10 @@ from transformers import MellumConfig, MellumForCausalLM
 
 from atlas import AtlasError
 from atlas.cli import cli
-from atlas.hub.server import HubServer, MirrorRepo, load_mirror
-from atlas.measure.oracles import write_checkpoint
-from atlas.measure.checkpoint import DEFAULT_MODEL, load_checkpoint, resolve
-from atlas.measure.records import read_record
+from atlas.hub.local.server import HubServer, MirrorRepo, load_mirror
+from atlas.checkpoints.oracles import write_checkpoint
+from atlas.decode.checkpoint import DEFAULT_MODEL, load_checkpoint, resolve
+from atlas.records.record import read_record
 
 needs_team = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="team checkpoint not built yet")
 GATED = "gated-org/byte-mtp-8l"
@@ -168,8 +168,8 @@ def test_the_peer_times_the_decode_phase_only(monkeypatch: pytest.MonkeyPatch, u
     shorter than nothing, as one did when a separately timed 1-token call was subtracted."""
     import random
 
-    from atlas.measure import generate
-    from atlas.measure.engines.transformers_engine import Peer
+    from atlas.decode import generate
+    from atlas.engines.transformers_engine import Peer
 
     loaded = load_checkpoint(str(DEFAULT_MODEL), torch.device("cpu"), torch.float32)
     prompt = loaded.tokenizer("The cat sat on the")["input_ids"]

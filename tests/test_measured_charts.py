@@ -8,7 +8,7 @@ import math
 import re
 
 import pytest
-from test_measured_answer import GAIN, LOSS, _run
+from measured_helpers import GAIN, LOSS, make_run as _run
 
 from atlas import AtlasError
 from atlas.site import fold, measured, measured_charts, render

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 from site_helpers import REPO, build_demo_site, parse_html
 
-from atlas import store
-from atlas.measure import conformance, gating, records
-from atlas.site import evidence, measured, modelpages, render
+from atlas.store import db as store
+from atlas.conformance import record as conformance
+from atlas.records import gating, record as records
+from atlas.site import write_evidence as evidence, models_json as modelpages
+from atlas.site import measured, render
 from atlas.site import evidence_file, runpages
 
 MIRROR = REPO / "data" / "hub-mirror"

@@ -1,4 +1,4 @@
-"""The MTP layer's precision (atlas.mtpprecision), on the real mirror configs whose quantization
+"""The MTP layer's precision (atlas.fingerprints.precision), on the real mirror configs whose quantization
 configs carry exclusion lists, and on weight names laid over real configs. Each expectation is
 counted here from the file itself, independently of the rule's code."""
 
@@ -10,7 +10,7 @@ import json
 import pytest
 from hub_fixtures import MIRROR, mirror_config
 
-from atlas.fingerprints import fingerprint
+from atlas.fingerprints.rules import fingerprint
 
 
 def cfg(repo_id: str) -> dict:
@@ -136,8 +136,8 @@ def crawled(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _models(db, root):
-    from atlas import store
-    from atlas.site import modelpages
+    from atlas.store import db as store
+    from atlas.site import models_json as modelpages
     from atlas.evidence import servable as servable_matrix
 
     con = store.connect(db, read_only=True)

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from atlas import AtlasError
-from atlas.measure.oracles import bigram_tables, write_checkpoint
+from atlas.checkpoints.oracles import bigram_tables, write_checkpoint
 
 # The MTP tensors each family's inference code reads (vLLM/SGLang model files), at depth 3.
 EXPECTED = {

@@ -169,7 +169,7 @@ def test_team_model_refuses_a_user_folder_before_training(tmp_path: Path) -> Non
 
 
 def test_team_model_accepts_the_bundled_team_model_as_its_own(tmp_path: Path) -> None:
-    from atlas.measure.teamcheckpoint import _is_team_model
+    from atlas.checkpoints.team_checkpoint import _is_team_model
 
     bundled = REPO / "data" / "hub-mirror" / "mtp-atlas" / "byte-mtp-8l"
     assert _is_team_model(bundled)
@@ -182,7 +182,7 @@ def test_two_exports_into_one_folder_at_once_leave_one_whole_export(store_db: Pa
     import subprocess
     import sys
 
-    from atlas import exportformat
+    from atlas.export import formats as exportformat
 
     target = tmp_path / "data"
     command = [sys.executable, "-m", "atlas", "export", "--db", str(store_db), "--out", str(target)]
@@ -213,7 +213,7 @@ def test_an_export_killed_mid_write_keeps_the_previous_one_and_the_next_run_swee
         time.sleep(0.01)
     run.send_signal(signal.SIGKILL)
     run.wait()
-    from atlas import exportformat
+    from atlas.export import formats as exportformat
 
     # the kill lands before the swap (the previous export, byte for byte) or after it (the new one,
     # whole): never between, and never no export at all

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 from atlas import AtlasError
 from atlas.cli import cli
-from atlas.measure.oracles import write_checkpoint
-from atlas.measure.placement import Placement, budgets, parse_plan, plan
-from atlas.measure.records import read_record
+from atlas.checkpoints.oracles import write_checkpoint
+from atlas.decode.placement import Placement, budgets, parse_plan, plan
+from atlas.records.record import read_record
 
 GIB = 2**30
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from atlas import store
+from atlas.store import db as store
 from atlas.cli import cli
 
 

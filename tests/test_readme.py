@@ -1,5 +1,6 @@
-"""The README tells a newcomer the truth: no verdict it states contradicts the latest conformance
-records, every `atlas` command and `make` target it names exists, and its query example runs."""
+"""The README and the manual (docs/) tell a newcomer the truth: no verdict they state contradicts the
+latest conformance records, every `atlas` command and `make` target they name exists, and the query
+example runs."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import pytest
 from click.testing import CliRunner
 
 from atlas.cli import cli
-from atlas.measure import conformance
+from atlas.conformance import record as conformance
 from tests.site_helpers import REPO, crawl_mirror
 
-README = (REPO / "README.md").read_text()
+PAGES = {p.relative_to(REPO).as_posix(): p.read_text(encoding="utf-8")
+         for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))] if p.name != "cli.md"}  # cli.md: generated from the commands
+MANUAL = "\n".join(PAGES.values())
 # how the README names each layout the conformance records check
 LAYOUT_NAMES = {"mimo": "MiMo", "deepseek_v3": "DeepSeek-V3", "qwen3_next": "Qwen3-Next"}
 VERDICT_WORDS = re.compile(r"\b(lossless|fails|inconclusive)\b")
@@ -81,7 +84,7 @@ def missing_targets(text: str, makefile: str) -> list[str]:
 def test_no_stated_verdict_contradicts_the_latest_records() -> None:
     latest = latest_verdicts(REPO / conformance.DEFAULT_DIR)
     assert latest, "no conformance records to check the README against"
-    assert contradicted(README, latest) == []
+    assert contradicted(MANUAL, latest) == []
 
 
 def test_the_verdict_check_catches_a_stale_claim() -> None:
@@ -93,14 +96,14 @@ def test_the_verdict_check_catches_a_stale_claim() -> None:
 
 
 def test_every_named_command_exists() -> None:
-    assert missing_commands(README) == []
+    assert missing_commands(MANUAL) == []
     assert missing_commands("run `atlas conformance replay` or `atlas frobnicate`") == [
         "atlas conformance replay", "atlas frobnicate"]
 
 
 def test_every_named_make_target_exists() -> None:
     makefile = (REPO / "Makefile").read_text()
-    assert missing_targets(README, makefile) == []
+    assert missing_targets(MANUAL, makefile) == []
     assert missing_targets("`make real-model` and `make deploy`", makefile) == ["make deploy"]
 
 
@@ -112,7 +115,7 @@ def mirror_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_query_example_runs(mirror_store: Path) -> None:
-    examples = [line for block in re.findall(r"^```bash\n(.*?)^```", README, flags=re.S | re.M)
+    examples = [line for block in re.findall(r"^```bash\n(.*?)^```", MANUAL, flags=re.S | re.M)
                 for line in block.splitlines() if line.startswith("atlas query ")]
     assert len(examples) == 1, examples
     args = shlex.split(examples[0])[1:]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from atlas import AtlasError
-from atlas.measure.gating import derive, gate
-from atlas.measure.records import (
+from atlas.records.gating import derive, gate
+from atlas.records.record import (
     COLUMNS,
     SCHEMA_VERSION,
     Cell,
@@ -24,9 +24,9 @@ from atlas.measure.records import (
     record_id,
     write_record,
 )
-from atlas.measure.runcontext import Hardware, Settings, Software
+from atlas.records.runcontext import Hardware, Settings, Software
 from atlas.paths import ROOT
-from atlas.store import connect
+from atlas.store.db import connect
 
 
 def make_record(model_id: str = "mtp-atlas/byte-mtp-8l", speed: float = 1.3) -> Record:
@@ -217,7 +217,7 @@ def test_identity_is_the_canonical_content(tmp_path: Path) -> None:
 
 
 def test_an_oversized_file_is_refused_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from atlas.measure import records
+    from atlas.records import record as records
 
     path = write_record(make_record(), tmp_path)
     monkeypatch.setattr(records, "MAX_RECORD_BYTES", 1000)

@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from atlas import AtlasError
-from atlas.measure.checkpoint import load_checkpoint
-from atlas.measure.generate import Sampling, generate_plain, generate_speculative
-from atlas.measure.model import build_fused_model
-from atlas.measure.oracles import write_checkpoint
-from atlas.measure.recurrent import Mamba2, RecurrentLayer, state_bytes, time_step_limit
+from atlas.decode.checkpoint import load_checkpoint
+from atlas.decode.generate import Sampling, generate_plain, generate_speculative
+from atlas.decode.model import build_fused_model
+from atlas.checkpoints.oracles import write_checkpoint
+from atlas.decode.recurrent import Mamba2, RecurrentLayer, state_bytes, time_step_limit
 
 CPU = torch.device("cpu")
 PROMPT = [5, 9, 33, 2, 7, 100, 4]
@@ -204,7 +204,7 @@ def test_transformers_nemotron_step_and_full_forward_differ_by_a_dt_floor_and_fl
         floored, unfloored = mamba2_float64(mixer, x[0], config.time_step_min), mamba2_float64(mixer, x[0], 0.0)
         prefill_floored = mamba2_float64(mixer, x[0], config.time_step_min, floored=6)
         ours = Mamba2(mixer, 4, CPU, torch.float32)(x[0], 0).double()
-        mixer.time_step_limit = tuple(config.time_step_limit)  # what atlas.measure.families sets
+        mixer.time_step_limit = tuple(config.time_step_limit)  # what atlas.decode.mtphead sets
         fixed = mixer(x)[0].double()
     if upstream_fixed:
         assert (chunked - unfloored).abs().max() < 1e-5 and (stepped - unfloored).abs().max() < 1e-5
@@ -236,7 +236,7 @@ def test_measure_run_on_a_hybrid_oracle(tmp_path: Path, family: str, depth: int)
     from click.testing import CliRunner
 
     from atlas.cli import cli
-    from atlas.measure.records import read_record
+    from atlas.records.record import read_record
 
     folder = write_checkpoint(family, tmp_path / family, "oracle", depth=depth)
     out = tmp_path / "out"
@@ -265,7 +265,7 @@ def test_quick_measure_run_on_a_list_spelled_nemotron_with_random_weights(tmp_pa
     from click.testing import CliRunner
 
     from atlas.cli import cli
-    from atlas.measure.records import read_record
+    from atlas.records.record import read_record
 
     folder = write_checkpoint(family, tmp_path / family, "random", depth=4)
     config = json.loads((folder / "config.json").read_text())

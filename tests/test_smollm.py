@@ -14,42 +14,30 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from model_helpers import tiny_llama
+from transformers import LlamaForCausalLM
 
 from atlas import AtlasError
-from atlas.measure import draftvocab, smollm
-from atlas.measure.checkpoint import transformers_peer
-from atlas.measure.families import load_family
-from atlas.measure.familytable import FAMILIES
-from atlas.measure.headtrain.head import MtpLayer, Shape
-from atlas.measure.generate import Sampling, generate_plain, generate_speculative, probs_from_logits
-from atlas.measure.layers import FastLayer
-from atlas.measure.model import build_fused_model
-from atlas.measure.records import read_provenance, read_record
-from atlas.measure.teamcorpus import build_tokenizer
-from atlas.measure.workloads import chat_ids, load_prompt_set
+from atlas.decode import draftvocab
+from atlas.checkpoints import smollm
+from atlas.decode.checkpoint import transformers_peer
+from atlas.decode.mtphead import load_family
+from atlas.families.table import FAMILIES
+from atlas.checkpoints.headtrain.head import MtpLayer, Shape
+from atlas.decode.generate import Sampling, generate_plain, generate_speculative, probs_from_logits
+from atlas.decode.layers import FastLayer
+from atlas.decode.model import build_fused_model
+from atlas.records.record import read_provenance, read_record
+from atlas.checkpoints.team_corpus import build_tokenizer
+from atlas.records.workloads import chat_ids, load_prompt_set
 
 GLM = next(f for f in FAMILIES if f.name == "GLM-4-MoE")
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # one_thread: tests/conftest.py
 
 
 # ---- the conversion, on a tiny random Llama ----------------------------------------------------------
-
-
-def tiny_llama(layers: int = 2) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=6,
-                         num_key_value_heads=2, head_dim=8, max_position_embeddings=256, rms_norm_eps=1e-5,
-                         rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, tie_word_embeddings=True,
-                         bos_token_id=257, eos_token_id=258, pad_token_id=256)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # non-trivial norm weights, so a norm applied twice or skipped shows
-        for name, p in model.named_parameters():
-            if p.ndim == 1:
-                p.copy_(1 + 0.3 * torch.randn_like(p))
-    return model
 
 
 def trained_like_head(llama: LlamaForCausalLM, intermediate: int) -> dict[str, torch.Tensor]:
@@ -153,7 +141,7 @@ def test_an_moe_with_a_zero_router_folds_into_one_dense_mlp(experts: int, picked
     from transformers import Glm4MoeConfig
     from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeMoE
 
-    from atlas.measure.layers import _fixed_route_mlp
+    from atlas.decode.layers import _fixed_route_mlp
 
     config = Glm4MoeConfig(hidden_size=16, moe_intermediate_size=8, n_routed_experts=experts, num_experts_per_tok=picked,
                            n_shared_experts=shared, n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0)
@@ -233,8 +221,8 @@ def test_vllm_rewrite_computes_what_the_checkpoint_does(tiny_checkpoint, tmp_pat
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from atlas.measure.engines.convert import convert_glm, glm_needs_rewrite
-    from atlas.measure.engines.vllm_engine import prepare_checkpoint
+    from atlas.engines.convert import convert_glm, glm_needs_rewrite
+    from atlas.engines.vllm_engine import prepare_checkpoint
 
     folder, llama = tiny_checkpoint
     source = json.loads((folder / "config.json").read_text())
@@ -259,7 +247,7 @@ def test_vllm_rewrite_computes_what_the_checkpoint_does(tiny_checkpoint, tmp_pat
 
 
 def test_vllm_rewrite_refuses_an_mlp_that_is_no_expert() -> None:
-    from atlas.measure.engines.convert import glm_tensors
+    from atlas.engines.convert import glm_tensors
 
     config = {"model_type": "glm4_moe", "num_hidden_layers": 1, "first_k_dense_replace": 1, "n_routed_experts": 2,
               "num_experts_per_tok": 1, "moe_intermediate_size": 8, "hidden_size": 4, "n_shared_experts": 0}
@@ -274,8 +262,8 @@ def test_vllm_rewrite_refuses_an_mlp_that_is_no_expert() -> None:
 def test_a_family_transformers_has_no_mtp_for_gets_no_peer(tmp_path: Path) -> None:
     """MiMo's main model is transformers' Qwen2, whose config has no MTP layer count: the run has
     no transformers peer, and the reason is given instead of a failure."""
-    from atlas.measure.checkpoint import load_checkpoint
-    from atlas.measure.oracles import write_checkpoint
+    from atlas.decode.checkpoint import load_checkpoint
+    from atlas.checkpoints.oracles import write_checkpoint
 
     folder = write_checkpoint("mimo", tmp_path / "mimo", "random", depth=2)
     loaded = load_checkpoint(str(folder), torch.device("cpu"), torch.float32)
@@ -402,8 +390,8 @@ def test_real_checkpoint_speculative_sampling_matches_plain_sampling(real) -> No
 def test_deepseek_v3_at_any_depth_gets_transformers_own_use_mtp(tmp_path: Path) -> None:
     """transformers' DeepSeek-V3 class looks for the MTP layer at layer 61 only; pointed at layer N
     of a 2-layer checkpoint, its own use_mtp runs and its greedy output equals its plain generate."""
-    from atlas.measure.checkpoint import load_checkpoint
-    from atlas.measure.oracles import write_checkpoint
+    from atlas.decode.checkpoint import load_checkpoint
+    from atlas.checkpoints.oracles import write_checkpoint
 
     folder = write_checkpoint("deepseek_v3", tmp_path / "dsv3", "random", depth=2)
     loaded = load_checkpoint(str(folder), torch.device("cpu"), torch.float32)

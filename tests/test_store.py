@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from atlas import AtlasError
-from atlas.store import (
+from atlas.store.db import (
     ModelRow,
     RawFile,
     SnapshotRow,
@@ -157,7 +157,7 @@ def test_second_writer_gets_store_locked_error(tmp_path: Path) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys
-            from atlas.store import connect
+            from atlas.store.db import connect
             con = connect({str(db)!r})
             print("ready", flush=True)
             sys.stdin.readline()

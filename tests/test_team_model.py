@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, MellumForCausalLM
 from transformers.modeling_layers import MtpModel
 
-from atlas.measure import teamcheckpoint, teamcorpus, teammodel
+from atlas.checkpoints import team_checkpoint as teamcheckpoint, team_corpus as teamcorpus, team_model as teammodel
 from atlas.cli import cli
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "data/hub-mirror/mtp-atlas/byte-mtp-8l"

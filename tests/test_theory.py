@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from atlas.measure.theory import (
+from atlas.records.theory import (
     accept_resample_distribution,
     acceptance_probability,
     bigram_acceptance,

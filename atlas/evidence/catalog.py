@@ -13,7 +13,7 @@ Tables, on the connection that `load` is given:
 - `reported_figures`: the published figures (an empty table when there is no reported.toml);
 - `conformance_verdicts`: one row per conformance record, layout, temperature class and draft
   sampling, with the record's run date (UTC), whether the record is its build's newest (`latest`) and
-  whether the site shows the row (`shown`, atlas.measure.conformance.current_verdicts);
+  whether the site shows the row (`shown`, atlas.conformance.record.current_verdicts);
 - `evidence_records`: one row per imported measurement record: where it was imported from, as
   published, its run date and model, whether it is a smoke run (`quick`) and whether the project
   made the checkpoint (`is_ours`: by the record's provenance or by the repo's organisation).
@@ -31,11 +31,13 @@ from typing import Any
 import duckdb
 from pydantic import BaseModel
 
-from atlas import AtlasError, store
+from atlas import AtlasError
+from atlas.store import db as store
 from atlas.evidence import reported as reported_figures
 from atlas.evidence import servable as servable_matrix
 from atlas.evidence.runs import Run, load_runs
-from atlas.measure import conformance, records
+from atlas.conformance import record as conformance
+from atlas.records import record as records
 from atlas.paths import published
 
 SERVABLE, REPORTED, CONFORMANCE = "servable.toml", "reported.toml", "conformance"

@@ -22,12 +22,12 @@ from typing import Any, Literal
 import duckdb
 from pydantic import BaseModel
 
-from atlas import store
+from atlas.store import db as store
 from atlas.evidence import servable as servable_matrix
 from atlas.evidence.catalog import Catalog
 from atlas.evidence.runs import Run
 from atlas.jsonfile import read_written
-from atlas.measure import conformance
+from atlas.conformance import record as conformance
 from atlas.paths import published
 
 FILE_NAME = "changelog.json"

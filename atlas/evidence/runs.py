@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atlas import AtlasError
-from atlas.measure import records
+from atlas.records import record as records
 from atlas.paths import ROOT
 
 

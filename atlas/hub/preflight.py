@@ -12,7 +12,8 @@ from urllib.parse import urlsplit
 
 import duckdb
 
-from atlas import AtlasError, store
+from atlas import AtlasError
+from atlas.store import db as store
 from atlas.hub.client import Silence, install_client, restore_client
 from atlas.hub.context import Context
 from atlas.hub.crawl import reach

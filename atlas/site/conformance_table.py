@@ -1,7 +1,7 @@
 """The conformance records as the site shows them: the verdict table with its record legend, the
 short ids (C1, …) that cite a record, and the known causes (K1, …) behind failures.
 
-Markdown is the site's business, so it is rendered here from atlas.measure.conformance's verdicts;
+Markdown is the site's business, so it is rendered here from atlas.conformance.record's verdicts;
 the measurement side never imports the site.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from atlas.measure.conformance import Verdict
+from atlas.conformance.record import Verdict
 from atlas.site.mdsafe import Markdown, code, escape, link, table
 
 

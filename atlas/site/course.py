@@ -9,14 +9,15 @@ from typing import Any, Callable
 
 from atlas import AtlasError
 from atlas.evidence import reported as reported_figures
-from atlas.measure import gating
-from atlas.site import diagrams, fold, measured, modelpage, modelpages, reported, widgets, worked_round
+from atlas.records import gating
+from atlas.site import diagrams, fold, measured, modelpage, reported, widgets, worked_round
+from atlas.site import models_json as modelpages
 from atlas.site.mdsafe import Markdown, escape
 
 
 def runner_families() -> Markdown:
     """Per family of the table: whether the atlas's own runner measures it, and if not why."""
-    from atlas.measure.familytable import measurability_table
+    from atlas.families.table import measurability_table
     from atlas.site.mdsafe import code, table
 
     by_row: dict[str, list] = {}
@@ -48,7 +49,7 @@ class Course:
 
     def runner_coverage(self) -> Markdown:
         """Per MTP-declaring (or -shipping) model of the crawl: whether our loop runs its layout,
-        refuses it and why, or it ships no MTP tensors (Model.runner, atlas.measure.coverage), with
+        refuses it and why, or it ships no MTP tensors (Model.runner, atlas.families.coverage), with
         the count the module states; one table, the same cells as the finder's "our loop" column."""
         from atlas.site.mdsafe import code, table
 

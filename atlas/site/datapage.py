@@ -1,7 +1,7 @@
 """The Data and Changelog pages: what a reader can take away.
 
 `atlas site build` copies what `atlas export` wrote (tables as Parquet and CSV, the data
-dictionary, the manifest; their names and the manifest's schema are atlas.exportformat's, so this
+dictionary, the manifest; their names and the manifest's schema are atlas.export.formats's, so this
 page never imports the exporter) into docs/data/files/, and the committed record files
 (evidence/measurements/*.json, evidence/conformance/*.json) into docs/data/records/, so mkdocs
 ships them as downloadable files; docs/data/index.md lists each with its rows, date and sha256,
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import duckdb
 
-from atlas import croissant, exportformat
-from atlas.measure import conformance, records
+from atlas.export import croissant, formats as exportformat
+from atlas.conformance import record as conformance
+from atlas.records import record as records
 from atlas.evidence import changelog as changelog_data
 from atlas.site import changelog
 from atlas.site.mdsafe import Markdown, code, escape, file_link, table

@@ -4,7 +4,7 @@
 - `round_timeline`: one draft -> verify -> accept/resample -> bonus -> roll-back round, drawn from
   the worked round's own data (atlas.site.worked_round), so picture and table agree;
 - `tensor_layouts`: where each weight-name family keeps its MTP tensors, drawn from the fingerprint
-  rules' own table (atlas.fingerprints.WEIGHT_RULES), so a new rule shows up without an edit here.
+  rules' own table (atlas.fingerprints.rules.WEIGHT_RULES), so a new rule shows up without an edit here.
 
 Every text is XML-escaped; each SVG sits in one <div> line so Python-Markdown passes it through as
 raw HTML (a blank line would end the block)."""
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from html import escape as x
 
-from atlas import fingerprints
+from atlas.fingerprints import rules as fingerprints
 from atlas.site import worked_round
 from atlas.site.mdsafe import Markdown
 

@@ -7,7 +7,7 @@ import datetime as dt
 from typing import Any
 from urllib.parse import quote
 
-from atlas.hub.mirror import MIRROR_PREFIX
+from atlas.hub.local.mirror import MIRROR_PREFIX
 from atlas.site.evidence_file import Facts
 from atlas.site.mdsafe import Markdown, escape
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from atlas.evidence.runs import Run
-from atlas.measure import gating, records
+from atlas.records import gating, record as records
 from atlas.site.mdsafe import Markdown, code, escape, table
 
 NO_MEASUREMENT = "No measurement yet."

@@ -16,7 +16,8 @@ vocabulary (measured.setup_text)."""
 from __future__ import annotations
 
 from atlas.evidence.runs import Run
-from atlas.measure import gating, records
+from atlas.records import gating
+from atlas.records import record as records
 from atlas.site.charts import Point, Series, ThresholdRow, line_chart, threshold_chart
 from atlas.site.measured import (GATE_CONFIDENCE_TEXT, gated_cells, break_even_acceptance, evidence_runs,
                                  featured, is_real, setup_text, temp_text, workload_acceptance)

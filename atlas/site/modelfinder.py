@@ -18,7 +18,7 @@ from typing import Any
 
 from atlas.evidence import servable as servable_matrix
 from atlas.site.mdsafe import escape
-from atlas.site.modelpages import Engine, Model, Models, not_crawled_words, snapshot_words
+from atlas.site.models_json import Engine, Model, Models, not_crawled_words, snapshot_words
 
 FIRST_ROWS = 100  # rows the finder's page itself holds: its first screen, the same at any size
 PART_ROWS = 2000  # rows per part file the finder loads on demand
@@ -69,7 +69,7 @@ def family_name(m: Model) -> str | None:
     or ships MTP (the ones our loop gave a verdict), when it is more than its model_type spelled
     again: what a reader types who learnt the family from module 8. Only those models: the table
     also reads model_types that other families share (MiMo's row reads qwen2)."""
-    from atlas.measure.familytable import measurability
+    from atlas.families.table import measurability
 
     if not m.runner or not m.family:
         return None
@@ -84,7 +84,7 @@ def _squash(text: str) -> str:
 def finder_families() -> list[dict[str, Any]]:
     """Every family-table row as the finder's no-match hint names it: its name, the model_types
     it reads, and the runner's answer for it (measures / refuses, why)."""
-    from atlas.measure.familytable import FAMILIES, measurability
+    from atlas.families.table import FAMILIES, measurability
 
     out = []
     for f in FAMILIES:

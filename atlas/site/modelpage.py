@@ -20,7 +20,7 @@ from atlas.site import measured as measured_section
 from atlas.site import reported as reported_section
 from atlas.site.modelfinder import FINDER_PARTS, SERVING_ENGINES, conformance_words, finder, finder_parts, measured_engines
 from atlas.site.mdsafe import Markdown, code, escape, table
-from atlas.site.modelpages import Model, Models, Snapshot, not_crawled_words, snapshot_words
+from atlas.site.models_json import Model, Models, Snapshot, not_crawled_words, snapshot_words
 
 _MODULE = "../modules/module-08.md"
 
@@ -125,7 +125,7 @@ PRECISION_WORDS = {"no": "not quantized", "partly": "partly quantized", "yes": "
 
 
 def _precision_row(c: Snapshot | None, where: str) -> list[Any]:
-    """The MTP layer's precision as the checkpoint ships it (atlas.mtpprecision): whether it is
+    """The MTP layer's precision as the checkpoint ships it (atlas.fingerprints.precision): whether it is
     quantized, in what dtype, and from which file and key; "unknown" whenever the rules cannot say."""
     if c is not None and c.mtp_quantized is None and not (c.declared or 0) > 0 and not (c.shipped or 0) > 0:
         # a page without an MTP layer of its own: an MTP drafter repo's target (or, by its config, the drafter)
@@ -237,10 +237,10 @@ def _measured_lines(m: Model, downloads: set[str]) -> list[Any]:
 
 def runner_line(model_type: str | None, n_measured: int = 0) -> Markdown:
     """Whether `atlas measure run` can measure this model's family, and why (the family table's
-    answer, atlas.measure.familytable.measurability), as one escaped line; with what backs a "can
+    answer, atlas.families.table.measurability), as one escaped line; with what backs a "can
     measure" for a model the atlas has not run, and, for one it ran, that it did (`n_measured`
     cells), whether or not a crawl gave it a model_type."""
-    from atlas.measure.familytable import measurability
+    from atlas.families.table import measurability
 
     ran = (f" The atlas's own runner measured this checkpoint: {n_measured} cells, under Measured above."
            if n_measured else "")

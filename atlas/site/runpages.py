@@ -17,7 +17,7 @@ import re
 
 from atlas.evidence import reported as reported_figures
 from atlas.evidence.runs import Run
-from atlas.measure import gating, records
+from atlas.records import gating, record as records
 from atlas.site.charts import Point, Series, line_chart
 from atlas.site.mdsafe import Markdown, code, escape, table
 from atlas.site.measured import (GATE_CONFIDENCE_TEXT, NO_MEASUREMENT, baseline_ids, break_even_acceptance,

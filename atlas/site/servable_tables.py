@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from atlas.evidence import servable as servable_matrix
-from atlas.measure import conformance
+from atlas.conformance import record as conformance
 from atlas.site import conformance_table
 from atlas.site.evidence_format import guardrail, indent
 from atlas.site.mdsafe import Markdown, code, escape, table

@@ -2,7 +2,7 @@
 and one rejection. The drafts, the two distributions and the uniform draws are data here; every
 derived number (acceptance probabilities, the residual, what is emitted) is computed from them by
 the rule as module 8 states it, so the example table and the round's timeline diagram cannot
-disagree; tests check the rule's output law against atlas.measure.theory."""
+disagree; tests check the rule's output law against atlas.records.theory."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 // Module 8's widgets and the model finder's filter. Plain JavaScript, served locally: the site loads
 // nothing from the network. Each result is also written to a data-value attribute (full
-// precision), which the browser tests compare with atlas.measure.theory.
+// precision), which the browser tests compare with atlas.records.theory.
 (function () {
   "use strict";
 
-  // ---- the formulas (the same closed forms as atlas/measure/theory.py) ----------------------
+  // ---- the formulas (the same closed forms as atlas/records/theory.py) ----------------------
   function tokensPerPass(conditional) {
     var total = 1, reach = 1;
     conditional.forEach(function (a) { reach *= a; total += reach; });

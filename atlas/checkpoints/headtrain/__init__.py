@@ -1,0 +1,124 @@
+"""The real team model's MTP head, trained by this project on the frozen main model (SmolLM2-135M-
+Instruct in GLM-4-MoE's layout, atlas.checkpoints.smollm).
+
+The parts, in the order the data flows:
+- prompts.py: the instructions the main model answers (a prompt file kept apart from every
+  measurement prompt);
+- data.py: its answers, generated once and committed as token ids (`atlas real-model-head-data`);
+- head.py: the MTP layer as decoding runs it, several drafts deep;
+- train.py: the teacher pass, the loss, the loop and the held-out acceptance;
+- this module: `make_head` (`atlas real-model-head`) and the init ablation, which write the head,
+  its recipe (everything the head depends on and every figure measured of it) and the frequency
+  table of a cut draft vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from atlas import __version__
+from atlas.decode import draftvocab
+from atlas.checkpoints import smollm
+from atlas.checkpoints.headtrain import data
+from atlas.checkpoints.headtrain.head import INITS
+from atlas.checkpoints.headtrain.train import HeadSpec, Teacher, Trained, subset, teacher_pass, train
+
+TARGET = ("KL(p_main(t+s+1 | tokens <= t+s) || q_mtp, step s) at T=1 over a {depth}-step recursive chain of the one MTP "
+          "layer, step weights {weights}: the main model's own distribution, self-distilled")
+ABLATION_FILE = "ablation.json"
+
+
+def _command(name: str, spec: HeadSpec, out: Path) -> str:
+    defaults = HeadSpec()
+    changed = [f" --{k.replace('_', '-')} {v}" for k, v in spec.model_dump().items() if v != getattr(defaults, k)]
+    default_out = out.resolve() == smollm.HEAD_DIR.resolve()
+    return f"atlas {name}" + ("" if default_out else f" --out {out}") + "".join(changed)
+
+
+def frequencies(sequences: list[data.Sequence]) -> Counter[int]:
+    """Answer tokens of the training (not held-out) sequences: what a cut draft vocabulary keeps."""
+    return Counter(t for s in sequences if not s.heldout for t in s.ids[s.prompt_len:])
+
+
+def save(result: Trained, sequences: list[data.Sequence], side: dict[str, Any], spec: HeadSpec, out: Path,
+         command: str) -> dict[str, Any]:
+    """head.safetensors, draft_vocab.json and recipe.json (with the head's sha256) under `out`."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    tensors = {k: v.to(torch.bfloat16).contiguous() for k, v in sorted(result.head.tensors(smollm.mtp_prefix()).items())}
+    weights = out / smollm.HEAD_FILE
+    tmp = weights.with_suffix(".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.replace(weights)
+    vocab = draftvocab.write(out, frequencies(sequences), f"answer tokens of the head's training sequences (data sha256 {side['sha256']})")
+    recipe = {
+        "what": "MTP head for SmolLM2-135M-Instruct in GLM-4-MoE's layout, trained by MTP Atlas with the main model frozen",
+        "kind": smollm.KIND,
+        "command": command,
+        "atlas_version": __version__,
+        "seed": spec.seed,
+        "spec": spec.model_dump(),
+        "target": TARGET.format(depth=spec.depth, weights=" / ".join(f"{w:.2f}" for w in spec.step_weights)),
+        "main_model": {"package": smollm.PACKAGE, "package_version": smollm.PACKAGE_VERSION, "gguf_sha256": smollm.GGUF_SHA256,
+                       "quantization": smollm.QUANTIZATION},
+        "head_intermediate": spec.head_intermediate,
+        "head_dtype": f"bfloat16 (fp32 master weights, {spec.precision} matmuls in training; the figures below are of the rounded weights)",
+        "head_sha256": smollm.sha256_file(weights),
+        "parameters": sum(t.numel() for t in tensors.values()),
+        "init": spec.init,
+        "eh_proj_init": f"[{result.residual / 4:g} I | {result.residual:g} I]: the main model's residual RMS before its last layer",
+        "data": {
+            "file": f"{smollm.HEAD_DIR.name}/{data.DATA_FILE}", "sha256": side["sha256"], "command": side["command"],
+            "prompts_sha256": side["prompts_sha256"], "sequences": side["sequences"],
+            "heldout_sequences": side["heldout_sequences"], "tokens": side["tokens"], "answer_tokens": side["answer_tokens"],
+            "training_answer_tokens": result.train_tokens, "spec": side["spec"],
+        },
+        "steps": result.steps,
+        "seconds": result.seconds,
+        "heldout_before": result.before,
+        "heldout_after": result.after,
+        "curve": result.curve,
+        "draft_vocab": {"file": draftvocab.FILE, "tokens_counted": vocab["tokens_counted"], "distinct": len(vocab["token_ids"]),
+                        "coverage": {str(n): round(sum(vocab["counts"][:n]) / vocab["tokens_counted"], 4)
+                                     for n in (1024, 2048, 4096, 8192, 16384) if n <= len(vocab["counts"])}},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
+    }
+    (out / smollm.RECIPE_FILE).write_text(json.dumps(recipe, indent=1) + "\n")
+    return recipe
+
+
+def make_head(spec: HeadSpec, out: Path, log: Callable[[str], None] = print, data_dir: Path | None = None) -> dict[str, Any]:
+    """Train on the committed answers (in `data_dir`, default `out`) and save the head under `out`."""
+    sequences, side = data.load(data_dir or out)
+    llama, _ = smollm.load_original()
+    result = train(spec, sequences, llama, log)
+    return save(result, subset(sequences, spec.sequence_limit), side, spec, out, _command("real-model-head", spec, out))
+
+
+def ablation(spec: HeadSpec, out: Path, log: Callable[[str], None] = print, data_dir: Path | None = None) -> dict[str, Any]:
+    """The three initialisations at one equal budget (`spec`, e.g. a fraction of an epoch), sharing
+    one teacher pass; the held-out figures of each, written to ablation.json under `out`."""
+    sequences, side = data.load(data_dir or out)
+    llama, _ = smollm.load_original()
+    teacher: Teacher | None = None
+    rows: dict[str, Any] = {}
+    for init in INITS:
+        log(f"init {init}")
+        if teacher is None:
+            teacher = teacher_pass(llama, subset(sequences, spec.sequence_limit), spec.target_top_k, log, precision=spec.precision)
+        result = train(spec.model_copy(update={"init": init}), sequences, llama, log, teacher=teacher)
+        rows[init] = {"heldout_after": result.after, "curve": result.curve, "seconds": result.seconds, "steps": result.steps}
+    best = max(rows, key=lambda k: (rows[k]["heldout_after"]["t0_conditional"][0], rows[k]["heldout_after"]["t1_expected"][0]))
+    table = {"what": "MTP head initialisations at equal budget (atlas.checkpoints.headtrain.ablation)",
+             "command": _command("real-model-head --ablation", spec, out), "data_sha256": side["sha256"],
+             "spec": spec.model_dump(exclude={"init"}), "best": best, "rule": "highest held-out first-draft T=0 acceptance",
+             "inits": rows}
+    (out / ABLATION_FILE).write_text(json.dumps(table, indent=1) + "\n")
+    return table

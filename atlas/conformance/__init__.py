@@ -1,0 +1,3 @@
+"""Engine conformance: the dated records of whether an engine's MTP is lossless (record) and their
+statistics (stats).
+"""

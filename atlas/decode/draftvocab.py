@@ -1,0 +1,60 @@
+"""A cut draft vocabulary (FR-Spec, arXiv 2502.14856; EAGLE-3's d2t map): the MTP head scores only
+the V_d tokens most frequent in its training data, which makes a draft step cheap where the head's
+matmul over the whole vocabulary dominates it.
+
+It stays lossless: drafts are drawn from a distribution that is zero outside the set, and the
+accept/resample rule reproduces the target distribution for any draft distribution (at T = 0 a
+token outside the set simply can never be drafted). It is an option of a run (`atlas measure run
+--draft-vocab N`), recorded in the record's settings, and needs the frequency table a project-made
+head ships beside its checkpoint (FILE): a shipped head is always measured as shipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from atlas import AtlasError
+
+if TYPE_CHECKING:
+    import torch
+
+FILE = "draft_vocab.json"
+
+
+def write(folder: Path, counts: Counter[int], source: str) -> dict[str, Any]:
+    """Token ids by descending frequency (ties by id), with their counts and where they were counted."""
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    table = {"what": "token ids by frequency, for a cut draft vocabulary (atlas.decode.draftvocab)", "source": source,
+             "tokens_counted": sum(counts.values()), "token_ids": [t for t, _ in ranked], "counts": [c for _, c in ranked]}
+    (folder / FILE).write_text(json.dumps(table, separators=(",", ":")) + "\n")
+    return table
+
+
+def read(folder: Path, size: int, vocab_size: int) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The `size` most frequent token ids (sorted) and what the record says of them: size, the
+    share of counted tokens they cover, the table's sha256 and source."""
+    import torch
+
+    path = folder / FILE
+    if not path.is_file():
+        raise AtlasError(f"--draft-vocab needs {FILE} in the checkpoint folder: the token frequencies of its head's "
+                         "training data, which only a project-made head ships (a shipped head is measured as shipped)")
+    raw = path.read_bytes()
+    try:
+        table = json.loads(raw)
+        ids, counts = list(map(int, table["token_ids"])), list(map(int, table["counts"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise AtlasError(f"{path}: not a draft vocabulary table ({exc})") from None
+    if not 1 <= size <= vocab_size:
+        raise AtlasError(f"--draft-vocab {size}: between 1 and the vocabulary size {vocab_size}")
+    if len(ids) != len(counts) or len(set(ids)) != len(ids) or any(not 0 <= t < vocab_size for t in ids):
+        raise AtlasError(f"{path}: token ids must be distinct and below {vocab_size}, one count each")
+    if size > len(ids):
+        raise AtlasError(f"--draft-vocab {size}: {path.name} ranks only {len(ids)} tokens")
+    info = {"size": size, "coverage": round(sum(counts[:size]) / max(1, sum(counts)), 4),
+            "table_sha256": hashlib.sha256(raw).hexdigest(), "source": str(table.get("source", ""))[:400]}
+    return torch.tensor(sorted(ids[:size]), dtype=torch.long), info

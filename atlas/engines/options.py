@@ -1,0 +1,144 @@
+"""What a measurement run is asked to do (`atlas measure run`'s options, Options), for every engine,
+with vLLM's own options among them (VllmOptions, from --engine-option pairs by parse_vllm_options)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from atlas import AtlasError
+from atlas.decode.checkpoint import DEFAULT_MODEL
+from atlas.records.gating import MIN_GATE_REPEATS
+from atlas.records.record import DEFAULT_DIR, SCHEMA_VERSION, Cell, Record, read_provenance
+from atlas.records.runcontext import Hardware, Settings
+from atlas.engines.stamp import load_average, software
+from atlas.records.workloads import PromptSet
+from atlas.paths import ROOT
+
+MAX_PROMPT_TOKENS = 256
+
+
+@dataclass
+class VllmOptions:
+    """What only `--engine vllm` takes; every other engine refuses any of them set (their defaults)."""
+
+    python: str | None = None  # the interpreter of vLLM's environment (atlas.engines.vllm_client.find_python)
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    options: dict[str, Any] = field(default_factory=dict)  # LLM(...) keyword arguments, recorded
+    speculative: dict[str, Any] = field(default_factory=dict)  # extra speculative_config keys
+    schedule: str = "interleaved"  # or "sequential" (atlas.engines.vllm_engine.SCHEDULES)
+
+
+@dataclass
+class Options:
+    engine: str = "atlas"  # a name in atlas.engines.ENGINES
+    model: str = str(DEFAULT_MODEL)
+    revision: str | None = None
+    endpoint: str | None = None
+    device: str = "auto"
+    device_map: str | None = None  # auto, auto+cpu or DEVICE=FIRST-LAST,... (atlas.decode.placement)
+    dtype: str = "float32"
+    prompt_set: str | None = None  # a bundled prompt set by name (atlas.records.workloads.PROMPT_SETS); None: the default
+    workloads: list[str] | None = None
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    draft_tokens: tuple[int, ...] = (1, 2, 3)
+    max_new_tokens: int = 128
+    repeats: int = 5
+    prompts_per_workload: int = 3
+    seed: int = 0
+    top_k: int | None = None
+    top_p: float | None = None
+    threads: int | None = None
+    draft_vocab: int | None = None  # our loop: the MTP head scores only the N most frequent training tokens (atlas.decode.draftvocab)
+    peer: bool = True
+    vllm: VllmOptions = field(default_factory=VllmOptions)
+    out: Path = ROOT / DEFAULT_DIR
+    command: str = ""
+    quick: bool = False
+
+    @property
+    def ours(self) -> bool:
+        """Our loop is measured; --engine transformers runs the same harness for transformers' generate pair alone."""
+        return self.engine == "atlas"
+
+
+def new_record(options: Options, *, folder: Path, model_id: str, revision: str, hardware: Hardware, prompt_set: PromptSet,
+               device: str, workloads: list[str], draft_tokens: list[int], cells: list[Cell], load_before: list[float] | None,
+               settings: dict[str, Any] | None = None, **fields: Any) -> Record:
+    """The record of a finished run, dated now, with what every engine's record holds: the run's
+    options as its settings (plus engine-specific `settings`), the software, the checkpoint's
+    provenance and the load after the run; `fields` are the engine's own (pass costs, engine run)."""
+    return Record(
+        schema_version=SCHEMA_VERSION,
+        run_date=datetime.now(timezone.utc).replace(microsecond=0),
+        model_id=model_id,
+        revision=revision,
+        hardware=hardware,
+        software=software(),
+        command=options.command,
+        seed=options.seed,
+        prompt_set=prompt_set.name,
+        prompt_set_digest=prompt_set.digest,
+        settings=Settings(
+            device=device, dtype=options.dtype, workloads=workloads,
+            temperatures=list(options.temperatures), draft_tokens=draft_tokens, max_new_tokens=options.max_new_tokens,
+            repeats=options.repeats, prompts_per_workload=options.prompts_per_workload, top_k=options.top_k,
+            top_p=options.top_p, quick=options.quick, **(settings or {}),
+        ),
+        cells=cells,
+        load_before=load_before,
+        load_after=load_average(),
+        provenance=read_provenance(folder),
+        **fields,
+    )
+
+
+def quick(options: Options) -> Options:
+    """`--quick`: every workload still runs (so greedy losslessness is checked on each), but with
+    short horizons, one prompt each and three repeats; about 30-40 s on 2 CPU cores. Its record
+    says so, and its gates stay undecided: too few tokens to decide anything."""
+    options.quick = True
+    options.max_new_tokens = min(options.max_new_tokens, 24)
+    options.repeats = min(options.repeats, MIN_GATE_REPEATS)
+    options.prompts_per_workload = 1
+    return options
+
+
+# LLM(...) arguments atlas sets itself (from its own options), and one it never allows.
+_RESERVED = {"model", "dtype", "seed", "tensor_parallel_size", "pipeline_parallel_size", "speculative_config",
+             "skip_tokenizer_init", "max_model_len", "per_request_spec_decode_metrics", "disable_log_stats"}
+
+
+def parse_vllm_options(pairs: Iterable[str], python: str | None, tp: int, pp: int, schedule: str = "interleaved") -> VllmOptions:
+    """`--engine-option KEY=VALUE` pairs: VALUE is JSON when it parses (numbers, true, lists), else
+    text; `speculative.KEY` goes into speculative_config."""
+    options: dict[str, Any] = {}
+    speculative: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise AtlasError(f"--engine-option expects KEY=VALUE, got {pair!r}")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        if key == "trust_remote_code":
+            raise AtlasError("--engine-option trust_remote_code: never; checkpoints run only through the engine's own code")
+        if key.startswith("speculative."):
+            name = key.removeprefix("speculative.")
+            if name in ("method", "num_speculative_tokens"):
+                raise AtlasError(f"--engine-option {key}: set by atlas (method mtp, k from --draft-tokens)")
+            speculative[name] = value
+        elif key in _RESERVED:
+            raise AtlasError(f"--engine-option {key}: set by atlas from its own options (--dtype, --seed, "
+                             "--tensor-parallel-size, --pipeline-parallel-size, --draft-tokens)")
+        else:
+            options[key] = value
+    return VllmOptions(python=python, tensor_parallel_size=tp, pipeline_parallel_size=pp, options=options,
+                       speculative=speculative, schedule=schedule)

@@ -1,0 +1,556 @@
+"""Measurement records: the JSON files under evidence/measurements/ and their import into the store.
+
+A record keeps the raw counts of every run (tokens, seconds, drafted/reached/accepted per draft
+position, verify passes, the paired baseline's seconds, and pass costs timed between repeats) and
+the figures derived from them. Import recomputes every derived figure from the raw counts and
+rejects the file when one disagrees, so a hand-edited speed-up cannot reach the site; counts that
+cannot happen (more accepted drafts plus verify passes than tokens, efficiency far above 1, absurd
+seconds) are rejected by name. These files are also how a GPU box hands results back.
+The derivation, the gate and those checks are atlas.records.gating; the bounded field types
+atlas.records.fields; the machine, software, settings and engine a run had atlas.records.runcontext.
+
+Acceptance, named precisely (atlas.records.theory has the formulas):
+- `acceptance_rate`: accepted / drafted, pooled over positions (every drafted token counts);
+- `per_position_acceptance`: accepted_i / drafted_i, unconditional per position;
+- `conditional_acceptance`: accepted_i / reached_i, P(draft i accepted | drafts before it accepted),
+  the figure the tokens-per-pass formula 1 + a₁ + a₁a₂ + … takes.
+
+Schema 2 added reached counts, per-repeat pass costs, the paired gate rule, efficiency bounds and
+the stamp (dirty tree, numpy/BLAS/OS, load average). Schema 1 files still import: their figures are
+checked against the fields they had, and their gate fields are kept as recorded under the old rule.
+Schema 3 gave the gate's verdict (on / off / undecided) a typed field of its own (`Cell.gate_verdict`,
+`GateDecision.verdict`); an older file gets it derived on reading from the word its reason starts
+with, and still serialises as it was written, so its identity (record_id) does not change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, field_validator, model_serializer, model_validator
+
+from atlas import AtlasError
+from atlas.hub import redact
+from atlas.records.fields import (
+    MAX_CELLS,
+    MAX_DRAFT_TOKENS,
+    MAX_NEW_TOKENS,
+    MAX_PROMPTS,
+    MAX_REPEATS,
+    REVISION,
+    Count,
+    DraftTokens,
+    Name,
+    PerPosition,
+    Seconds,
+    Strict,
+    Temperature,
+    Text,
+    Verdict,
+    with_verdict,
+)
+from atlas.records.runcontext import EngineRun, Hardware, RecurrentState, Settings, Software
+from atlas.paths import ROOT
+
+if TYPE_CHECKING:  # the store's engine is needed to import records, not to write them (a GPU run ships without it)
+    import duckdb
+
+SCHEMA_VERSION = 3
+# The record folder, relative to the project root: `atlas measure run` writes into it and
+# `atlas measure import` reads it. Named here, not with the runner's options, so that the import
+# never loads those (and with them torch).
+DEFAULT_DIR = "evidence/measurements"
+MAX_RECORD_BYTES = 8 * 1024 * 1024  # the largest real record is well under 1 MB; bigger files are refused unread
+
+
+class PassCosts(Strict):
+    """Median seconds of one forward, timed in isolation on this run's model and cache."""
+
+    plain: Seconds  # main model, 1 row
+    verify: dict[DraftTokens, Seconds] = Field(max_length=MAX_DRAFT_TOKENS)  # draft tokens k -> main model over k+1 rows
+    draft: Seconds  # MTP layer, 1 row (one draft step)
+
+
+class Repeat(Strict):
+    """Raw counts of one repeat of a cell: every prompt of the workload, summed."""
+
+    tokens: int = Field(gt=0, le=MAX_NEW_TOKENS * MAX_PROMPTS)
+    seconds: Seconds
+    baseline_seconds: Seconds  # the interleaved plain run of the same tokens
+    drafted_per_position: PerPosition
+    accepted_per_position: PerPosition
+    verify_passes: Count
+    identical_to_baseline: bool | None = None  # greedy only: same tokens as the plain run
+    # rounds whose drafts before position i all passed (schema 2; None in schema 1 files)
+    reached_per_position: PerPosition | None = None
+    pass_costs: PassCosts | None = None  # timed just before this repeat (schema 2, atlas cells)
+
+    @model_validator(mode="after")
+    def _counts(self) -> "Repeat":
+        if len(self.drafted_per_position) != len(self.accepted_per_position):
+            raise ValueError("drafted and accepted per position differ in length")
+        if any(a < 0 or a > d for a, d in zip(self.accepted_per_position, self.drafted_per_position)):
+            raise ValueError("accepted exceeds drafted at some position")
+        if self.reached_per_position is not None and len(self.reached_per_position) != len(self.drafted_per_position):
+            raise ValueError("reached and drafted per position differ in length")
+        return self
+
+
+class Derived(Strict):
+    # The slowest and fastest repeat's speed-ups are named for what they are (never confidence
+    # bounds: those are speedup_bound_lo/hi); the record files keep their first keys, speedup_lo
+    # and speedup_hi, so a record's bytes and its id stay what they were.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
+
+    drafted: int
+    accepted: int
+    acceptance_rate: float | None  # accepted / drafted, pooled over positions
+    per_position_acceptance: list[float | None] = Field(max_length=MAX_DRAFT_TOKENS)  # accepted_i / drafted_i
+    mean_accepted_length: float | None  # tokens per verify pass, bonus included = 1 + accepted/passes
+    tokens_per_second: float
+    baseline_tokens_per_second: float
+    speedup: float  # median over repeats of baseline_seconds / seconds
+    speedup_slowest_repeat: float = Field(alias="speedup_lo")  # min over repeats
+    speedup_fastest_repeat: float = Field(alias="speedup_hi")  # max over repeats
+    ideal_speedup: float | None
+    efficiency: float | None  # median over repeats of speedup / ideal (schema 1: median speedup / ideal)
+    greedy_lossless: bool | None  # None when T > 0
+    # schema 2
+    conditional_acceptance: list[float | None] | None = Field(default=None, max_length=MAX_DRAFT_TOKENS)  # accepted_i / reached_i
+    efficiency_lo: float | None = None  # min / max over repeats, each against its own pass costs
+    efficiency_hi: float | None = None
+    # one-sided gating.GATE_CONFIDENCE bounds on the geometric-mean paired speed-up (t over log ratios)
+    speedup_bound_lo: float | None = None
+    speedup_bound_hi: float | None = None
+
+
+class Cell(Strict):
+    engine: Name  # "atlas", "transformers-use_mtp", or another engine's name
+    engine_version: Name
+    baseline: Text  # what the speed-up divides by, e.g. "atlas plain decoder (same cache)"
+    workload: Name
+    temperature: Temperature
+    draft_tokens: DraftTokens
+    repeats: list[Repeat] = Field(min_length=1, max_length=MAX_REPEATS)
+    derived: Derived
+    gate_enabled: bool
+    gate_verdict: Verdict | None = None  # schema 3; derived from gate_reason in older files (None: it names none)
+    gate_reason: Text  # the verdict, then why
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_verdict(cls, data: Any) -> Any:
+        return with_verdict(data, "gate_verdict", "gate_reason")
+
+    @model_validator(mode="after")
+    def _width(self) -> "Cell":
+        # an engine without per-position counts records none; otherwise one count per draft position
+        if any(len(r.drafted_per_position) not in (0, self.draft_tokens) for r in self.repeats):
+            raise ValueError(f"per-position counts must have draft_tokens = {self.draft_tokens} entries (or none)")
+        return self
+
+
+PROVENANCE_FILE = "atlas-provenance.json"
+
+
+class Provenance(Strict):
+    """How a checkpoint this project made was made, copied into the record from the checkpoint
+    folder's atlas-provenance.json (atlas.checkpoints.smollm writes one). `project_made` is what the
+    site reads to label every figure of the record (e.g. "project-made MTP head on a real main
+    model") and to keep it out of anything about Hub models."""
+
+    kind: Text
+    project_made: bool
+    model_id: Name  # the record's model id, e.g. mtp-atlas/smollm2-135m-instruct-mtp
+    main_model: dict[Name, Text] = Field(max_length=32)  # source, package, package_version, file, sha256, quantization, layout
+    mtp_head: dict[Name, Text | int | float] = Field(max_length=32)  # made_by, sha256, recipe, target, steps, data_digest, seed, training tokens, held-out acceptance
+
+
+def read_provenance(folder: Path) -> Provenance | None:
+    """The folder's atlas-provenance.json, validated; None when it has none."""
+    path = folder / PROVENANCE_FILE
+    if not path.is_file():
+        return None
+    try:
+        return Provenance.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError) as exc:
+        raise AtlasError(f"{path}: not a valid provenance file: {exc}") from None
+
+
+class GateDecision(Strict):
+    """Per workload x temperature: whether to run our MTP loop at all, with which draft length, why."""
+
+    workload: Name
+    temperature: Temperature
+    enabled: bool
+    verdict: Verdict | None = None  # schema 3; derived from reason in older files
+    draft_tokens: DraftTokens | None
+    reason: Text
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_verdict(cls, data: Any) -> Any:
+        return with_verdict(data, "verdict", "reason")
+
+
+class Record(Strict):
+    schema_version: Literal[1, 2, 3]
+    run_date: datetime
+    model_id: Name
+    revision: str = Field(pattern=REVISION)  # 40-hex commit, or "sha256:<digest of the checkpoint files>"
+    hardware: Hardware
+    software: Software
+    command: Text
+    seed: int = Field(ge=-(2**31), lt=2**31)  # the store's column is a 32-bit integer
+    prompt_set: Name
+    prompt_set_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    settings: Settings
+    pass_costs: PassCosts | None  # single forwards timed by our loop; None for an external engine
+    cells: list[Cell] = Field(min_length=1, max_length=MAX_CELLS)
+    gates: list[GateDecision] = Field(default=[], max_length=MAX_CELLS)  # derived from the gated engine's cells (decide); filled in when absent
+    engine_run: EngineRun | None = None  # set when the cells come from an external engine
+    recurrent_state: RecurrentState | None = None  # set when the main model has recurrent layers
+    # 1/5/15-minute load averages before and after the run
+    load_before: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(default=None, max_length=3)
+    load_after: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(default=None, max_length=3)
+    provenance: Provenance | None = None  # a checkpoint this project made: how (labelled on the site)
+
+    @field_validator("command")
+    @classmethod
+    def _no_credential(cls, value: str) -> str:
+        # evidence and export publish the command: a hand-written one with a password stops here
+        if redact.text(value) != value:
+            raise ValueError("holds a credential (a URL's user info or a token); record the command without it")
+        return value
+
+    @model_validator(mode="after")
+    def _unique_cells(self) -> "Record":
+        seen: set[tuple[str, str, float, int]] = set()
+        for c in self.cells:
+            key = (c.engine, c.workload, c.temperature, c.draft_tokens)
+            if key in seen:
+                raise ValueError(f"duplicated cell {c.engine}/{c.workload}/T={c.temperature}/k={c.draft_tokens}")
+            seen.add(key)
+        gates = [(g.workload, g.temperature) for g in self.gates]
+        if len(set(gates)) != len(gates):
+            raise ValueError("duplicated gate decision (one per workload and temperature)")
+        return self
+
+    @model_validator(mode="after")
+    def _fill_gates(self) -> "Record":
+        if not self.gates:
+            from atlas.records.gating import decide  # gating reads these models: imported here, not at the top, to stay acyclic
+
+            self.gates = decide(self.cells)
+        return self
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A record older than schema 3 serialises without the verdicts derived on reading it, as
+        it was written: its canonical bytes, and so its id, stay what they were. A record of a
+        checkpoint with no provenance file leaves the field out for the same reason."""
+        data = handler(self)
+        for key in ("regime", "kernels", "draft_vocab", "shared_tensors"):  # records written before these fields keep their bytes
+            if data["settings"].get(key) is None:
+                data["settings"].pop(key, None)
+        if data["hardware"].get("omp_wait_policy") is None:
+            data["hardware"].pop("omp_wait_policy", None)
+        if data.get("recurrent_state") is None:  # absent, not null, in records without recurrent layers
+            data.pop("recurrent_state", None)
+        if self.provenance is None:
+            data.pop("provenance", None)
+        if self.schema_version < 3:
+            for cell in data["cells"]:
+                cell.pop("gate_verdict", None)
+            for g in data["gates"]:
+                g.pop("verdict", None)
+            if self.engine_run is not None:  # --engine vllm records were written without gates before schema 3
+                data["gates"] = []
+        return data
+
+
+def read_record(path: Path) -> Record:
+    """Read, parse, validate and check one record file (AtlasError naming the file on any problem)."""
+    return parse_record(_read_bounded(path), path)
+
+
+def _read_bounded(path: Path) -> bytes:
+    try:
+        size = path.stat().st_size
+        if size > MAX_RECORD_BYTES:
+            raise AtlasError(f"{path}: {size:,} bytes, over the {MAX_RECORD_BYTES:,}-byte limit for a measurement record; not read")
+        return path.read_bytes()
+    except OSError as exc:
+        raise AtlasError(f"{path}: cannot read: {exc}") from None
+
+
+def parse_record(data: bytes, path: Path) -> Record:
+    """Parse, validate and check the bytes of one record file (AtlasError naming `path`)."""
+    from atlas.records.gating import check_consistency  # acyclic, as in Record._fill_gates
+
+    try:
+        record = Record.model_validate_json(data)
+        check_consistency(record)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        where = f"{loc}{_shown_value(first.get('input'))}: " if loc else ""
+        raise AtlasError(f"{path}: not a valid measurement record ({exc.error_count()} problem(s); "
+                         f"first: {where}{first['msg']})") from None
+    except (ValueError, ArithmeticError) as exc:
+        what = "" if str(exc).startswith("impossible") else "derived figures do not match the raw counts: "
+        raise AtlasError(f"{path}: rejected, {what}{exc}") from None
+    return record
+
+
+def _shown_value(value: object) -> str:
+    """` = value` for a scalar a reader can check against the bound in the message (a long string
+    is shown by its length only: the message must stay one short line)."""
+    if isinstance(value, bool) or value is None:
+        return ""
+    if isinstance(value, (int, float)):
+        return f" = {value!r}"
+    if isinstance(value, str):
+        return f" = {redact.text(value)!r}" if len(value) <= 60 else f" ({len(value):,} characters)"  # never a credential
+    if isinstance(value, list):
+        return f" ({len(value):,} entries)"
+    return ""
+
+
+def canonical_bytes(record: Record) -> bytes:
+    """The one serialisation of a record (what write_record writes): its identity is the sha256 of
+    these bytes, so the same record re-saved with other whitespace or key order is the same record."""
+    return (record.model_dump_json(indent=1) + "\n").encode()
+
+
+def record_id(record: Record) -> str:
+    return hashlib.sha256(canonical_bytes(record)).hexdigest()
+
+
+_INTERRUPTED = threading.Event()
+
+
+@contextmanager
+def no_record_after_interrupt() -> Iterator[None]:
+    """While a run measures, a SIGINT is remembered before it is raised: no record is written after
+    it even where code on the way catches the KeyboardInterrupt (a run stopped by SIGINT wrote a
+    record that had lost its provenance). Main thread only, as every signal handler."""
+
+    def interrupted(signum: int, frame: object) -> None:
+        _INTERRUPTED.set()
+        raise KeyboardInterrupt
+
+    _INTERRUPTED.clear()
+    previous = signal.signal(signal.SIGINT, interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def write_record(record: Record, out_dir: Path) -> Path:
+    """Write a validated, self-consistent record as <date>-<model>-<digest12>.json, whole or not at
+    all: into a sibling that import does not read (*.json.partial), then renamed."""
+    if _INTERRUPTED.is_set():
+        raise AtlasError("interrupted (SIGINT): the run did not finish, so no record was written")
+    from atlas.records.gating import check_consistency  # acyclic, as in Record._fill_gates
+
+    check_consistency(record)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = canonical_bytes(record)
+    slug = "".join(c if c.isalnum() or c in "-." else "-" for c in record.model_id)[-60:]
+    path = out_dir / f"{record.run_date:%Y%m%dT%H%M%SZ}-{slug}-{hashlib.sha256(data).hexdigest()[:12]}.json"
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with partial.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+# ---- the store ---------------------------------------------------------------------------------
+
+TABLE = """
+CREATE TABLE IF NOT EXISTS measurement_cells (
+    record_id VARCHAR, source_path VARCHAR, run_date TIMESTAMP, model_id VARCHAR, revision VARCHAR,
+    hardware VARCHAR, engine VARCHAR, engine_version VARCHAR, workload VARCHAR, temperature DOUBLE,
+    draft_tokens INTEGER, drafted BIGINT, accepted BIGINT, acceptance_rate DOUBLE,
+    mean_accepted_length DOUBLE, speedup DOUBLE, speedup_slowest_repeat DOUBLE, speedup_fastest_repeat DOUBLE,
+    ideal_speedup DOUBLE, efficiency DOUBLE, gate_enabled BOOLEAN, gate_reason VARCHAR,
+    greedy_lossless BOOLEAN, command VARCHAR, seed INTEGER, prompt_set VARCHAR,
+    prompt_set_digest VARCHAR, baseline VARCHAR, gate_verdict VARCHAR,
+    speedup_paired_lower_95 DOUBLE, speedup_paired_upper_95 DOUBLE,
+    per_position_acceptance DOUBLE[], conditional_acceptance DOUBLE[],
+    pass_plain_seconds DOUBLE, pass_verify_seconds DOUBLE, pass_draft_seconds DOUBLE,
+    provenance_recorded BOOLEAN, provenance_project_made BOOLEAN, provenance_kind VARCHAR,
+    provenance_main_model VARCHAR, provenance_main_package VARCHAR, provenance_main_sha256 VARCHAR,
+    provenance_head_sha256 VARCHAR
+)"""
+COLUMNS = [line.split()[0] for line in TABLE.split("(", 1)[1].rsplit(")", 1)[0].replace("\n", " ").split(",")]
+_TYPES = {line.split()[0]: line.split()[1] for line in TABLE.split("(", 1)[1].rsplit(")", 1)[0].replace("\n", " ").split(",")}
+# Columns every row fills (never NULL), one per migration that added columns: a record whose rows
+# lack one was imported before that column existed and is loaded again to fill the new columns.
+FILLED = ("baseline", "provenance_recorded")
+NEWEST = FILLED[-1]
+# Renamed columns, old name -> new: a store made before the rename keeps its rows under the new name.
+RENAMED = {"speedup_lo": "speedup_slowest_repeat", "speedup_hi": "speedup_fastest_repeat"}
+
+
+def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
+    """Create the table, or bring an older one up to the current columns (renamed ones keep their
+    values; added ones stay NULL until their record is imported again, which import_records does)."""
+    con.execute(TABLE)
+    have = {name for (name,) in con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'measurement_cells'").fetchall()}
+    for old, new in RENAMED.items():
+        if old in have and new not in have:
+            con.execute(f"ALTER TABLE measurement_cells RENAME COLUMN {old} TO {new}")
+            have = (have - {old}) | {new}
+    for name in COLUMNS:
+        if name not in have:
+            con.execute(f"ALTER TABLE measurement_cells ADD COLUMN {name} {_TYPES[name]}")
+
+
+def _rows(record: Record, record_id: str, source_path: str) -> list[tuple[object, ...]]:
+    rows = []
+    prov = record.provenance
+    for c in record.cells:
+        d = c.derived
+        costs = record.pass_costs if c.engine == "atlas" else None
+        values = {
+            "record_id": record_id,
+            "source_path": source_path,
+            "run_date": record.run_date.replace(tzinfo=None),
+            "model_id": record.model_id,
+            "revision": record.revision,
+            "hardware": record.hardware.text,
+            "engine": c.engine,
+            "engine_version": c.engine_version,
+            "workload": c.workload,
+            "temperature": c.temperature,
+            "draft_tokens": c.draft_tokens,
+            "drafted": d.drafted,
+            "accepted": d.accepted,
+            "acceptance_rate": d.acceptance_rate,
+            "mean_accepted_length": d.mean_accepted_length,
+            "speedup": d.speedup,
+            "speedup_slowest_repeat": d.speedup_slowest_repeat,
+            "speedup_fastest_repeat": d.speedup_fastest_repeat,
+            "ideal_speedup": d.ideal_speedup,
+            "efficiency": d.efficiency,
+            "gate_enabled": c.gate_enabled,
+            "gate_reason": c.gate_reason,
+            "greedy_lossless": d.greedy_lossless,
+            "command": record.command,
+            "seed": record.seed,
+            "prompt_set": record.prompt_set,
+            "prompt_set_digest": record.prompt_set_digest,
+            "baseline": c.baseline,
+            "gate_verdict": c.gate_verdict,
+            "speedup_paired_lower_95": d.speedup_bound_lo,
+            "speedup_paired_upper_95": d.speedup_bound_hi,
+            "per_position_acceptance": d.per_position_acceptance,
+            "conditional_acceptance": d.conditional_acceptance,
+            # the pass costs the cell's ideal speed-up uses: our loop's, timed on this run (derive)
+            "pass_plain_seconds": costs.plain if costs else None,
+            "pass_verify_seconds": costs.verify.get(c.draft_tokens) if costs else None,
+            "pass_draft_seconds": costs.draft if costs else None,
+            "provenance_recorded": prov is not None,
+            "provenance_project_made": prov.project_made if prov else None,
+            "provenance_kind": prov.kind if prov else None,
+            "provenance_main_model": prov.main_model.get("source") if prov else None,
+            "provenance_main_package": _package(prov.main_model) if prov else None,
+            "provenance_main_sha256": prov.main_model.get("sha256") if prov else None,
+            "provenance_head_sha256": str(prov.mtp_head["sha256"]) if prov and "sha256" in prov.mtp_head else None,
+        }
+        rows.append(tuple(values[name] for name in COLUMNS))
+    return rows
+
+
+def _package(main_model: dict[str, str]) -> str | None:
+    """The package the main weights came from, with its version (pip's name==version)."""
+    name = main_model.get("package")
+    if name is None:
+        return None
+    version = main_model.get("package_version")
+    return f"{name}=={version}" if version else name
+
+
+def _repo_relative(path: Path) -> str:
+    here = path.resolve()
+    return here.relative_to(ROOT).as_posix() if here.is_relative_to(ROOT) else here.as_posix()
+
+
+def import_records(con: duckdb.DuckDBPyConnection, directory: Path) -> tuple[int, int, list[str]]:
+    """Load every *.json under `directory`: (files loaded, files already present, errors).
+
+    Idempotent: a record is keyed by the sha256 of its canonical serialisation (canonical_bytes), so
+    a copy re-saved with other whitespace is "already present". A file whose content changed
+    replaces the rows from its previous version. Files over MAX_RECORD_BYTES are refused unread.
+    Each file is its own transaction, so a rejected file costs nothing but itself."""
+    import duckdb
+
+    ensure_schema(con)
+    loaded, present, errors = 0, 0, []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            record = parse_record(_read_bounded(path), path)
+        except AtlasError as exc:
+            errors.append(str(exc))
+            continue
+        rid = record_id(record)
+        source = _repo_relative(path)
+        # rows stored before a column existed are loaded again to fill it
+        if con.execute("SELECT 1 FROM measurement_cells WHERE record_id = ? AND "
+                       + " AND ".join(f"{c} IS NOT NULL" for c in FILLED) + " LIMIT 1", [rid]).fetchone():
+            present += 1
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.execute("DELETE FROM measurement_cells WHERE source_path = ? OR record_id = ?", [source, rid])
+            con.executemany(
+                f"INSERT INTO measurement_cells ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+                _rows(record, rid, source),
+            )
+            con.execute("COMMIT")
+        except duckdb.Error as exc:
+            con.execute("ROLLBACK")
+            errors.append(f"{path}: not stored: {exc}")
+            continue
+        loaded += 1
+    return loaded, present, errors
+
+
+def forget_record(con: duckdb.DuckDBPyConnection, key: str) -> list[tuple[str, str]]:
+    """Remove one imported record's rows: `key` is its id, a prefix of it (12 characters at least,
+    as messages show it) or the source path it was imported from. The way out when a record's file
+    is gone: evidence and export read every imported record's file. Returns the (record_id,
+    source_path) forgotten; AtlasError when `key` names no record or several."""
+    ensure_schema(con)
+    if len(key) < 12 and not key.endswith(".json"):
+        raise AtlasError(f"{key!r}: give a record id (12 characters at least) or the record's source path")
+    path = Path(key)
+    source = _repo_relative(path) if path.is_absolute() or path.suffix == ".json" else key
+    found = con.execute("SELECT DISTINCT record_id, source_path FROM measurement_cells "
+                        "WHERE starts_with(record_id, ?) OR source_path = ? OR source_path = ? ORDER BY record_id",
+                        [key, key, source]).fetchall()
+    if not found:
+        raise AtlasError(f"no imported measurement record has the id or source path {key!r}")
+    if len({rid for rid, _ in found}) > 1:
+        raise AtlasError(f"{key!r} names {len(found)} records; give more of the id: " + ", ".join(rid[:16] for rid, _ in found))
+    con.execute("DELETE FROM measurement_cells WHERE record_id = ?", [found[0][0]])
+    return found[:1]
+

@@ -1,0 +1,3 @@
+"""The store: one DuckDB file (db: connections, writes, reads, the views users query) and its DDL
+(schema).
+"""
