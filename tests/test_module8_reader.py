@@ -465,7 +465,7 @@ def test_the_two_minute_version_is_plain_words(demo) -> None:
     layout, _, _ = demo
     html = _html(layout, "modules", "module-08")
     text = _between(html, "The 2-minute version", "Under the hood")
-    assert "What the atlas found:" in text
+    assert "What the atlas found. The atlas measured" in text
     assert not re.search(r"[=×÷<>≥≤±%αΣ∞→]", text), re.findall(r"[=×÷<>≥≤±%αΣ∞→]", text)
     words = re.findall(r"\d+(?:\.\d+)?|\b(?:one|two|three|four|five|six|seven|eight|nine|ten)\b", text.lower())
     assert len(words) <= 3, words
@@ -494,3 +494,32 @@ def test_the_measured_charts_are_drawn_from_one_named_run(demo) -> None:
         assert f"R{m}{'' if r.provenance else ', teaching model'}: needs {(c.verify[1] + c.draft) / c.plain - 1:.2f}" \
             in measured_part
     assert "2.24" not in _text(html[:html.index(">Measured<")])  # no typed pass cost before the records
+
+
+def test_the_home_page_says_what_the_atlas_found_counted_from_the_store(demo) -> None:
+    """Not only how the atlas sorts claims: how many tracked models declare and ship MTP (counted
+    here from the store), whether MTP paid and where (the featured run's gate, from its record),
+    and the data's date and source (a bundled mirror in this build)."""
+    layout, db, _ = demo
+    html = (layout.build / "index.html").read_text(encoding="utf-8")
+    box = _box(html, "What the atlas found")
+    con = store.connect(db, read_only=True)
+    try:
+        n_models, n_declaring, known, shipping = con.execute(
+            "SELECT count(*), count(*) FILTER (WHERE declared_num_mtp_layers > 0), "
+            "count(*) FILTER (WHERE shipped_mtp_layers IS NOT NULL), "
+            "count(*) FILTER (WHERE shipped_mtp_layers > 0) FROM mtp_fingerprints "
+            "WHERE split_part(repo_id, '/', 1) <> 'mtp-atlas'").fetchone()
+        crawled = con.execute("SELECT max(finished_at) FROM snapshots WHERE status = 'complete'").fetchone()[0]
+    finally:
+        con.close()
+    assert f"Declared: {n_declaring} of the {n_models} tracked models declare MTP" in box
+    assert f"Shipped: {shipping} of the {known} whose weight names were read ship MTP tensors" in box
+    fixed = evidence.load_mirror_date(MIRROR)
+    assert (f"Data: the bundled offline mirror (a demo build, not a live crawl of the Hub), its data of "
+            f"{fixed.isoformat()}, crawled {crawled:%Y-%m-%d}") in box
+    runs = _committed()
+    run = max((r for r in runs if r.provenance is not None and r.pass_costs is not None), key=lambda r: r.run_date)
+    on = list(dict.fromkeys(g.workload for g in run.gates if g.enabled))
+    assert "Did MTP pay, and where?" in box and ("paid on some kinds of text" in box) == bool(on)
+    assert all(w in box.split("reliably faster", 1)[1] for w in on)

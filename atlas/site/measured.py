@@ -392,12 +392,13 @@ def _plain_setup(run: Run) -> str:
 
 
 def plain_answer(runs: list[Run]) -> str:
-    """The 2-minute version's answer: the featured run in plain words (no symbols; the only numbers
-    are the core and thread counts, as words), where it paid and where not, by the gate."""
+    """The 2-minute version's answer, and the home page's: the featured run in plain words (no
+    symbols; the only numbers are the core and thread counts, as words), where it paid and where
+    not, by the gate. Sentences of their own: the page puts its own label before them."""
     chosen = featured(runs)
     if chosen is None:
-        return ("**What the atlas found:** it has not yet measured MTP on a real model, only on a tiny "
-                "teaching model of its own, so this page makes no measured claim about real ones.\n")
+        return ("The atlas has not yet measured MTP on a real model, only on a tiny teaching model of "
+                "its own, so it makes no measured claim about real ones.\n")
     _, run = chosen
     r = run.record
     on = list(dict.fromkeys(g.workload for g in r.gates if g.enabled))
@@ -405,7 +406,7 @@ def plain_answer(runs: list[Run]) -> str:
     cores = r.hardware.cpu_cores if r.settings.device == "cpu" else None
     where = (f"an ordinary {_count_word(cores)}-core processor" if cores is not None
              else escape(r.hardware.text))
-    text = (f"**What the atlas found:** it measured a real but small model, with an MTP head the atlas "
+    text = (f"The atlas measured a real but small model, with an MTP head the atlas "
             f"trained itself, on {where} {escape(_plain_setup(run))}. ")
     if on:
         text += (f"There MTP paid on some kinds of text and not on others: it was reliably faster (even "
