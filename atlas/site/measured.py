@@ -115,15 +115,19 @@ def record_setup(r: records.Record) -> str:
     cells = [c for c in r.cells if c.engine == engine] or list(r.cells)
     if r.engine_run is not None:
         name = f"{r.engine_run.package} {r.engine_run.version}"
-        kernels = "its own kernels"
     else:
         name = ", ".join(dict.fromkeys(f"{ENGINE_NAMES.get(c.engine, c.engine)} {c.engine_version}" for c in cells))
-        kernels = f"kernels {r.settings.kernels or 'mm (PyTorch matmul)'}"
+    return f"{name}, {setup_details(r)}"
+
+
+def setup_details(r: records.Record) -> str:
+    """A record's threads, matmul kernels and draft vocabulary (record_setup without the engine)."""
+    kernels = "its own kernels" if r.engine_run is not None else f"kernels {r.settings.kernels or 'mm (PyTorch matmul)'}"
     threads = r.hardware.torch_threads
     vocab = r.settings.draft_vocab
     drafts = (f"draft vocabulary cut to {vocab.size} tokens" if vocab is not None
               else "full draft vocabulary")
-    return f"{name}, {threads} thread{'s' if threads != 1 else ''}, {kernels}, {drafts}"
+    return f"{threads} thread{'s' if threads != 1 else ''}, {kernels}, {drafts}"
 
 
 def below_one(runs: list[Run]) -> list[tuple[int, Run, records.Cell]]:
@@ -195,7 +199,8 @@ def run_lines(runs: list[Run]) -> list[str]:
         greedy = [c for c in r.cells if c.derived.greedy_lossless is not None]
         identical = sum(1 for c in greedy if c.derived.greedy_lossless)
         engines = ", ".join(dict.fromkeys(engine_text(run, c) for c in r.cells))
-        line = (f"R{n}{escape(label(run))}: {code(r.model_id)} at {code(short_rev(r.revision))}, through {escape(engines)}, "
+        line = (f"R{n}{escape(label(run))}: {code(r.model_id)} at {code(short_rev(r.revision))}, through {escape(engines)} "
+                f"({escape(setup_details(r))}), "
                 f"on {escape(r.hardware.text)}, run {r.run_date:%Y-%m-%d} (record "
                 f"{code(run.record_id[:12])}): median speed-ups {_speed_range(r.cells)} over "
                 f"{len(r.cells)} cells")
@@ -274,14 +279,14 @@ def compact_summary(runs: list[Run], link: str) -> str:
             code(r.model_id),
             escape(r.provenance.kind) if r.provenance is not None else "—",
             escape(setup_text(run)),
-            escape(f"{r.hardware.text}, {r.run_date:%Y-%m-%d}"),
+            escape(f"{r.settings.device}: {r.hardware.text}, {r.run_date:%Y-%m-%d}"),
             baselines[best.baseline],
             _best_with_bounds(best),
             escape(_k1_acceptance(run)),
             _gate_counts(run),
         ])
     legend = "; ".join(f"**{bid}** {escape(text)}" for text, bid in baselines.items())
-    return (table(["run", "model", "label", "engine, threads, kernels, draft vocabulary", "hardware, date", "baseline",
+    return (table(["run", "model", "label", "engine, threads, kernels, draft vocabulary", "device: hardware, date", "baseline",
                    "best median speed-up (paired bounds)", "k = 1 acceptance by workload",
                    "gate (workload × T)"], rows)
             + f"\n\nBaselines (what a speed-up divides by): {legend}. Each row's speed-up is over its "

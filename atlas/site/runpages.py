@@ -21,7 +21,7 @@ from atlas.records import gating, record as records
 from atlas.site.charts import Point, Series, line_chart
 from atlas.site.mdsafe import Markdown, code, escape, table
 from atlas.site.measured import (GATE_CONFIDENCE_TEXT, NO_MEASUREMENT, baseline_ids, break_even_acceptance,
-                                 engine_name, engine_text, evidence_runs, label, num_text, provenance_note,
+                                 engine_name, engine_text, evidence_runs, label, num_text, provenance_note, record_setup,
                                  run_lines, run_slug, short_rev, shown_source, temp_text)
 
 
@@ -81,7 +81,7 @@ def _stamp(run: Run, n: int, baselines: dict[str, str]) -> str:
     used = sorted({baselines[c.baseline] for c in r.cells}, key=lambda b: int(b[1:]))
     return (
         f"**Run R{n}**{escape(label(run))} — {code(r.model_id)} at {code(short_rev(r.revision))} · "
-        f"{escape(r.hardware.text)} · {escape(s.device)} {escape(s.dtype)} · run "
+        f"{escape(r.hardware.text)} · {escape(record_setup(r))} · {escape(s.device)} {escape(s.dtype)} · run "
         f"{r.run_date:%Y-%m-%d %H:%M} UTC · {s.repeats} repeats × {s.prompts_per_workload} prompts × "
         f"{s.max_new_tokens} tokens per workload · baselines {', '.join(used)} · record "
         f"{code(run.record_id[:12])} ({code(shown_source(run.source_path))}, made by {code(r.command)})"
