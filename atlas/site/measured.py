@@ -286,12 +286,12 @@ def compact_summary(runs: list[Run], link: str) -> str:
             _gate_counts(run),
         ])
     legend = "; ".join(f"**{bid}** {escape(text)}" for text, bid in baselines.items())
-    return (table(["run", "model", "label", "engine, threads, kernels, draft vocabulary", "device: hardware, date", "baseline",
+    return (table(["run", "model", "label", "setup", "device, date", "baseline",
                    "best median speed-up (paired bounds)", "k = 1 acceptance by workload",
                    "gate (workload × T)"], rows)
             + f"\n\nBaselines (what a speed-up divides by): {legend}. Each row's speed-up is over its "
             "own baseline, and its figures are the cells of the engine named (a run's other engines are on "
-            "its page). *k = 1 acceptance*, the one acceptance per row this page uses: accepted ÷ drafted at "
+            "its page). *Setup*: that engine, its threads, its matmul kernels and its draft vocabulary. *k = 1 acceptance*, the one acceptance per row this page uses: accepted ÷ drafted at "
             "k = 1, per workload, temperatures pooled.\n")
 
 

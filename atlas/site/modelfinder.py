@@ -58,15 +58,6 @@ def conformance_words(e: Engine) -> str:
                      + f": {servable_matrix.results_text(c)}" for c in e.conformance)
 
 
-def finder_conformance_words(e: Engine) -> str:
-    """conformance_words, short enough for a finder row: per build checked, release or patched (a
-    stand-in layout marked), then its results; the model's page has the full words."""
-    if not e.conformance:
-        return "not checked"
-    return "; ".join(f"{'patched' if c.patched else 'release'}{', stand-in' if c.stand_in else ''}: "
-                     f"{servable_matrix.results_text(c)}" for c in e.conformance)
-
-
 def _shown(value: object) -> str:
     """The text a reader sees for an untrusted value (what mdsafe's escaping renders as): the
     finder's parts hold it as is, and its script only ever sets it as text."""
@@ -136,7 +127,7 @@ def finder_row(m: Model) -> list[str | None | Linked]:
         _shown(m.repo_id), m.slug if m.has_page else None, _shown(m.org),
         _shown(m.family) + (f" ({_shown(alias)})" if alias else ""),
         _shown(c.declared) if c else not_crawled_words(m), _shown(c.shipped) if c else not_crawled_words(m),
-        ", ".join([f"{_shown(e.engine)} ({_shown(finder_conformance_words(e))})" for e in m.servable]
+        ", ".join([f"{_shown(e.engine)} ({_shown(conformance_words(e))})" for e in m.servable]
                   + [f"{_shown(e)} (measured run)" for e in measured_serving(m)]) or "—",
         f"{len(m.measured)} cells: " + ", ".join(_shown(e) for e in measured_engines(m)) if m.measured else "—",
         drafter_cell(m),
@@ -157,7 +148,7 @@ def _cell_html(cell: str | Linked) -> str:
 
 def _clamped(inner: str) -> str:
     # at most three lines per cell (atlas-course.css), as the script's rows are; the model's page
-    # holds every word
+    # holds every word (no title attribute here: it would put the raw text back into the Markdown)
     return f'<div class="atlas-clamp">{inner}</div>'
 
 
@@ -188,8 +179,7 @@ def finder(data: Models | None) -> str:
         "beside its model_type (MiMo, Nemotron-H / Nemotron-3, GLM-5), so a family's name finds it. Declared and shipped are layer counts (— unknown); "
         f"servable is the support matrix of {data.servable_date}, for models that declare or ship "
         "MTP layers, each engine with its conformance result (lossless / fails / inconclusive, per "
-        "build checked, release or patched, stand-in where a layout was checked on another family's "
-        "checkpoint; or not checked; an engine marked \"measured run\" ran the model's MTP in a "
+        "build checked; or not checked; an engine marked \"measured run\" ran the model's MTP in a "
         "dated record); measured counts the atlas's own dated cells and names their engines; MTP drafter links a "
         "drafter that ships as a repo of its own (Gemma 4's *-assistant) and the model it drafts for, each to the "
         "other, with where the link comes from (the drafter's card base_model, or its name); our loop says whether "
