@@ -5,3 +5,16 @@ __version__ = "0.1.0"
 
 class AtlasError(Exception):
     """An expected failure with a message meant for the user (the CLI prints it without a traceback)."""
+
+
+class Interrupted(AtlasError):
+    """Ctrl-C (SIGINT) stopped a command; the message says what was and was not written. Exit 130."""
+
+    exit_code = 130
+
+
+def is_interrupt(exc: BaseException) -> bool:
+    """A Ctrl-C however it surfaced: Python's KeyboardInterrupt, or DuckDB's while a query ran (the
+    Python client raises a plain RuntimeError 'Query interrupted', or its InterruptException)."""
+    return (isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "InterruptException"
+            or (type(exc) is RuntimeError and str(exc).strip() == "Query interrupted"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from atlas import AtlasError, __version__
+from atlas import AtlasError, __version__, is_interrupt
 from atlas.engines import ENGINES
 
 # Before any command imports torch (OpenMP reads it once): with the default spin-wait, two threads
@@ -21,8 +21,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 class AtlasGroup(click.Group):
-    """Print AtlasError as a one-line message and exit 1, instead of a traceback; $HF_TOKEN is
-    scrubbed from it (a hub or proxy may echo it in an error text)."""
+    """Print AtlasError as a one-line message and exit 1 (130 for Interrupted), instead of a
+    traceback; $HF_TOKEN is scrubbed from it (a hub or proxy may echo it in an error text). A Ctrl-C
+    no command reported itself is one line too, however it surfaced (atlas.is_interrupt)."""
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         from atlas.hub import redact
@@ -32,7 +33,12 @@ class AtlasGroup(click.Group):
             return super().invoke(ctx)
         except AtlasError as exc:
             click.secho(f"Error: {redact.text(str(exc))}", fg="red", err=True)
-            sys.exit(1)
+            sys.exit(getattr(exc, "exit_code", 1))
+        except (KeyboardInterrupt, RuntimeError) as exc:  # a command with nothing of its own to say
+            if not is_interrupt(exc):
+                raise
+            click.secho("Interrupted (Ctrl-C).", fg="yellow", err=True)
+            sys.exit(130)
 
 
 @click.group(cls=AtlasGroup)
@@ -293,7 +299,9 @@ def engine_run_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
 @click.option("--workloads", default=None, help="comma-separated workload names (default: all bundled)")
 @click.option("--prompt-set", default=None,
-              help="bundled prompt set: atlas-entropy-v1 (default; byte-level text) or atlas-chat-v1 (chat models, through their chat template)")
+              help="bundled prompt set: atlas-entropy-v1 (default; byte-level text), atlas-chat-v1 or atlas-categories-v1 "
+                   "(chat models, through their chat template; the latter 16 prompts in each of 10 categories); or a "
+                   "prompt-set file of the same shape, identified by its sha256")
 @click.option("--temperatures", default="0,1", show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=2), default=128, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
@@ -322,7 +330,7 @@ def measure_run(engine: str, engine_python: str | None, draft_tokens: str, seed:
                 tensor_parallel_size: int, pipeline_parallel_size: int, engine_options: tuple[str, ...], engine_schedule: str) -> None:
     """Measure plain vs self-speculative decoding and write one record under --out."""
     from atlas.decode.checkpoint import DEFAULT_MODEL_PATH
-    from atlas.engines.options import Options, parse_vllm_options, quick as quick_run
+    from atlas.engines.options import Options, parse_vllm_options, preflight, quick as quick_run
     from atlas.records.record import DEFAULT_DIR
     from atlas.engines.stamp import command_line
     from atlas.paths import project_path
@@ -337,10 +345,12 @@ def measure_run(engine: str, engine_python: str | None, draft_tokens: str, seed:
         vllm=parse_vllm_options(engine_options, engine_python, tensor_parallel_size, pipeline_parallel_size, engine_schedule),
         out=Path(out) if out else project_path(DEFAULT_DIR), command=command_line(),
     )
+    options = quick_run(options) if quick else options
     backend = ENGINES[engine].load()
     backend.check(options)
+    preflight(options)  # before any model loads: a run is never measured and then lost to its options
     with _interrupt_writes_no_record():
-        record, path = backend.run(quick_run(options) if quick else options, log=click.echo)
+        record, path = backend.run(options, log=click.echo)
     for g in record.gates:
         click.echo(f"  gate {g.workload} T={g.temperature:g}: {g.reason}")
     gated = (f"MTP on for {sum(g.enabled for g in record.gates)} of {len(record.gates)} workload x temperature" if record.gates
@@ -370,6 +380,20 @@ def measure_import(db: Path, directory: str | None) -> None:
     click.echo(f"measurements: {loaded} record(s) loaded, {present} already present, {len(errors)} rejected")
     if errors:
         raise AtlasError("rejected:\n  " + "\n  ".join(errors))
+
+
+@measure_group.command("gates")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+def measure_gates(paths: tuple[str, ...]) -> None:
+    """Each record's gate decisions as recorded (by its own rule) and by today's, recomputed from its raw counts (files only read)."""
+    from atlas.records import gating, record as records
+    for path in paths:
+        record = records.read_record(Path(path))
+        click.echo(f"{path}: recorded under gate rule {record.rule}; current rule {gating.GATE_RULE}: {gating.GATE_RULES[gating.GATE_RULE]}")
+        recorded = {(g.workload, g.temperature): g for g in record.gates}
+        for g in gating.regate(record):
+            was = gating.verdict_text(recorded.get((g.workload, g.temperature)))
+            click.echo(f"  {g.workload} T={g.temperature:g}: recorded {was}; now {gating.verdict_text(g)}. {g.reason}")
 
 
 @measure_group.command("forget")
@@ -452,13 +476,20 @@ def conformance_show(directory: str | None) -> None:
 @cli.command("query")
 @click.argument("sql")
 @db_option
-def query_cmd(sql: str, db: Path) -> None:
-    """Run read-only SQL against the store and print the result as a plain table."""
-    from atlas.store import db as store
+@click.option("--max-rows", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Print at most this many rows; the output says when more were left out.")
+def query_cmd(sql: str, db: Path, max_rows: int) -> None:
+    """Run SQL against the store, read-only in fact (no other file, no write, no extension), and
+    print the result as a plain table."""
+    from atlas.store import query as storequery
 
-    columns, rows = store.query(db, sql)
-    click.echo(store.plain_table(columns, rows))
-    click.echo(f"({len(rows)} row{'' if len(rows) == 1 else 's'})")
+    result = storequery.query(db, sql, max_rows)
+    click.echo(storequery.plain_table(result.columns, result.rows))
+    n = len(result.rows)
+    if result.more:
+        click.echo(f"(first {n:,} rows shown, more left out: add a LIMIT or raise --max-rows)")
+    else:
+        click.echo(f"({n} row{'' if n == 1 else 's'})")
 
 
 # ---- evidence and site (store -> evidence -> site) ---------------------------------------------
@@ -503,14 +534,17 @@ def evidence_cmd(db: Path, out: str | None, servable_path: str | None,
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Output folder, rebuilt whole (default: build/data/ of the project, where "
                    "`atlas site build` finds it).")
-def export_cmd(db: Path, out: str | None) -> None:
+@click.option("--evidence", "evidence_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=None, help="Folder of the conformance records, support matrix and reported figures "
+                                 "(default: evidence/ of the project).")
+def export_cmd(db: Path, out: str | None, evidence_dir: Path | None) -> None:
     """Write the store's tables as Parquet and CSV (DuckDB COPY), with a data dictionary, a dataset
     card (README.md), a manifest and the changelog's data."""
     from atlas.export import tables as export
     from atlas.paths import project_path, project_root
 
     out_path = Path(out) if out else project_path(export.DEFAULT_OUT)
-    manifest = export.export(db, out_path, project_path("evidence"), project_root())
+    manifest = export.export(db, out_path, evidence_dir or project_path("evidence"), project_root())
     for f in manifest.files:
         if f.format == "parquet":
             click.echo(f"  {f.table:<22} {f.rows:>6} rows  (data as of {f.as_of or '—'})")

@@ -67,7 +67,27 @@ def replace_text(path: Path, text: str, what: str) -> bool:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial.write_text(text, encoding="utf-8")
             os.replace(partial, path)
-        except OSError as exc:
+        except BaseException as exc:  # a Ctrl-C mid-write too: no partial file is left behind
             partial.unlink(missing_ok=True)
+            if not isinstance(exc, OSError):
+                raise
             raise AtlasError(f"cannot write {what} {path}: {exc.strerror or exc}; the old one is intact") from None
     return old != text
+
+
+def read_bounded(path: Path, limit: int, what: str) -> bytes:
+    """A file's bytes, `limit` at most, for a file a stranger may have made (a record, a prompt set,
+    a vocabulary table). The size is checked before anything is read, and no more than limit + 1
+    bytes are read, should the file grow meanwhile; either way one line names the file and `what`
+    it should have been. Any OSError is one line too."""
+    try:
+        size = path.stat().st_size
+        if size <= limit:
+            with path.open("rb") as fh:
+                raw = fh.read(limit + 1)
+            size = len(raw)
+    except OSError as exc:
+        raise AtlasError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if size > limit:
+        raise AtlasError(f"{path}: {size:,} bytes, over the {limit:,}-byte limit for {what}; not read")
+    return raw

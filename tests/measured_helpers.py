@@ -21,7 +21,7 @@ def make_cell(workload: str, speeds: list[float], accepted: int) -> records.Cell
                        identical_to_baseline=True, pass_costs=COSTS)
         for s in speeds
     ]
-    derived = gating.derive(repeats, 0.0, 1, COSTS)
+    derived = gating.derive(repeats, 0.0, 1, COSTS, rule=1)
     g = gating.gate(derived, len(repeats), False)
     return records.Cell(engine="atlas", engine_version="0.1.0", baseline="atlas plain decoder", workload=workload,
                         temperature=0.0, draft_tokens=1, repeats=repeats, derived=derived,

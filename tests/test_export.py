@@ -26,7 +26,7 @@ from site_helpers import (REPO, Model, build_demo_site, engines_in, parse_html, 
                           write_snapshot)
 
 from atlas import AtlasError
-from atlas.export import croissant, tables as export, formats as exportformat
+from atlas.export import croissant, docs as exportdocs, tables as export, formats as exportformat
 from atlas.store import db as store
 from atlas.cli import cli
 from atlas.hub import crawl as crawler
@@ -448,10 +448,10 @@ def test_the_card_follows_the_hugging_face_template_with_features_sections_and_l
         assert section in headings, section
     # the limits are the data's: the mirror crawl's size and every cell's hardware, counted here
     limits = text.split("## Bias, Risks, and Limitations", 1)[1].split("## Citation", 1)[0]
-    assert f"bundled mirror (`mirror:data/hub-mirror`) of {models} model configs (besides {own} of this project's own)" in limits
+    assert f"bundled mirror ({exportdocs.code('mirror:data/hub-mirror')}) of {models} model configs (besides {own} of this project's own)" in limits
     assert "None of the measured figures was taken on a GPU." in limits  # every run is a CPU run
     assert f"Every one of the {cells} measured cells is a run of checkpoints this project made" in limits
-    assert all(f"`{h}`" in limits for h in hardware) and "2 cores" in limits
+    assert all(exportdocs.code(h) in limits for h in hardware) and "2 cores" in limits
     bibtex, plain = exportformat.citation(manifest)
     assert bibtex in text and plain in text and exportformat.data_date(manifest) in plain
 
@@ -745,9 +745,11 @@ def test_changelog_records_count_new_and_remeasured_cells(exported) -> None:
     for r in measurements:
         mine = [c for c in cells if c["record_id"] == r.record_id]
         assert r.n_rows == len(mine)
-        # a cell is measured again only for the same model
+        # a cell is measured again only in the same experiment: model, revision, head, engine build
+        # and machine here (kernels, threads and draft vocabulary: tests/test_experiment.py)
         def key(c: dict) -> tuple:
-            return c["model_id"], c["engine"], c["workload"], c["temperature"], c["draft_tokens"]
+            return (c["model_id"], c["revision"], c["provenance_head_sha256"], c["engine"], c["engine_version"], c["hardware"],
+                    c["workload"], c["temperature"], c["draft_tokens"])
         earlier = {key(c) for c in cells if c["run_date"] < mine[0]["run_date"]}
         again = sum(1 for c in mine if key(c) in earlier)
         assert (r.added, sum(r.remeasured.values())) == (r.n_rows - again, again)

@@ -176,7 +176,7 @@ def test_committed_data_reads_back_and_a_changed_file_is_refused(tmp_path: Path)
 
 
 def test_no_training_prompt_overlaps_a_measurement_prompt() -> None:
-    measured = [p for name in PROMPT_SETS for w in load_prompt_set(name).workloads for p in w.prompts]
+    measured = [t for name in PROMPT_SETS for w in load_prompt_set(name).workloads for t in w.texts]  # every turn
     first = prompts.expand()
     assert len(first) > 1000 and len({p.text for p in first}) == len(first)
     assert {p.category for p in first} >= {"chat", "code", "math", "summarise", "adversarial", "passages"}

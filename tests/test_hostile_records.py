@@ -197,8 +197,7 @@ def good_record(model_id: str, engine: str = "atlas", speed: float = 1.3) -> rec
     if engine != "atlas":  # an external engine's cells: no pass costs, so no ideal
         cells = []
         for c in record.cells:
-            derived = gating.derive(c.repeats, c.temperature, c.draft_tokens, None)
-            g = gating.gate(derived, len(c.repeats))
+            derived, g = gating.judge(c.repeats, c.temperature, c.draft_tokens, None)
             cells.append(c.model_copy(update=dict(engine=engine, derived=derived, gate_enabled=g.enabled,
                                                   gate_verdict=g.verdict, gate_reason=g.reason)))
         record = record.model_copy(update=dict(cells=cells, gates=[], pass_costs=None))
@@ -296,10 +295,9 @@ def _consistent(record: records.Record) -> bytes:
     cells = []
     for c in record.cells:
         costs = record.pass_costs if c.engine == "atlas" else None
-        d = gating.derive(c.repeats, c.temperature, c.draft_tokens, costs)
-        g = gating.gate(d, len(c.repeats))
+        d, g = gating.judge(c.repeats, c.temperature, c.draft_tokens, costs, rule=record.rule)
         cells.append(c.model_copy(update=dict(derived=d, gate_enabled=g.enabled, gate_verdict=g.verdict, gate_reason=g.reason)))
-    return records.canonical_bytes(record.model_copy(update=dict(cells=cells, gates=gating.decide(cells))))
+    return records.canonical_bytes(record.model_copy(update=dict(cells=cells, gates=gating.decide(cells, record.rule))))
 
 
 def _scaled(record: records.Record, factor: float) -> records.Record:

@@ -140,3 +140,26 @@ def test_a_conformance_record_whose_command_holds_a_password_is_refused_by_name(
     with pytest.raises(AtlasError, match=r"leaky\.json: not a valid conformance record.*credential") as refused:
         conformance.load_records(tmp_path)
     assert "Secret" not in str(refused.value)
+
+
+def test_a_no_proxy_too_long_to_route_is_one_line_before_anything_is_written(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 40 §4: 20,000 NO_PROXY entries once ended in a misleading 'DNS lookup included' timeout
+    (building the client's routes counted against the reach check). Past the bound: one line naming
+    NO_PROXY, before the store is opened or a request is sent."""
+    from atlas.hub.client import MAX_NO_PROXY
+
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.setenv("NO_PROXY", ",".join(f"n{i}.internal.example" for i in range(20_000)))
+    db = tmp_path / "atlas.duckdb"
+    result = CliRunner().invoke(cli, ["crawl", "--db", str(db), "--endpoint", "http://127.0.0.1:9", "--no-progress",
+                                      "--watchlist", str(write_watchlist(tmp_path / "w.toml", ["zai-org"]))])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    assert result.output.startswith(f"Error: NO_PROXY lists 20,000 entries; the crawl takes at most {MAX_NO_PROXY:,}")
+    assert not db.exists()
+    # at the bound it is taken
+    monkeypatch.setenv("NO_PROXY", ",".join(f"n{i}.internal.example" for i in range(MAX_NO_PROXY)))
+    result = CliRunner().invoke(cli, ["crawl", "--db", str(db), "--endpoint", "http://127.0.0.1:9", "--no-progress",
+                                      "--watchlist", str(write_watchlist(tmp_path / "w.toml", ["zai-org"]))])
+    assert "NO_PROXY" not in result.output and "cannot reach http://127.0.0.1:9" in result.output, result.output

@@ -45,3 +45,88 @@ def test_the_store_is_opened_read_only(db: Path) -> None:
 def test_no_store_is_one_line(tmp_path: Path) -> None:
     code, out = run("SELECT 1", "--db", str(tmp_path / "none.duckdb"))
     assert code == 1 and "no atlas store" in out and not (tmp_path / "none.duckdb").exists()
+
+
+# ---- hostile queries (issue 40): DuckDB's own switches, not a keyword filter --------------------
+
+
+@pytest.fixture()
+def secret(tmp_path: Path) -> Path:
+    """Another user's file the query must not read, list or overwrite."""
+    home = tmp_path / "other-home"
+    home.mkdir()
+    path = home / "secret.txt"
+    path.write_text("root:x:0:0:precious\n")
+    return path
+
+
+def refused(code: int, out: str) -> bool:
+    return code == 1 and out.startswith("Error: query refused:") and len(out.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT content FROM read_text('{secret}')",
+    "SELECT * FROM read_csv('{secret}', sep=':')",
+    "SELECT * FROM glob('{home}/*')",
+    "ATTACH '{home}/other.duckdb' AS other",
+])
+def test_no_file_outside_the_store_is_read(db: Path, secret: Path, sql: str) -> None:
+    code, out = run(sql.format(secret=secret, home=secret.parent), "--db", str(db))
+    assert refused(code, out), out
+    assert "precious" not in out and "secret.txt" not in out.split("disabled")[-1]
+    assert sorted(p.name for p in secret.parent.iterdir()) == ["secret.txt"]
+
+
+def test_copy_to_cannot_overwrite_a_users_file(db: Path, secret: Path) -> None:
+    code, out = run(f"COPY (SELECT 'x') TO '{secret}'", "--db", str(db))
+    assert refused(code, out), out
+    assert secret.read_text() == "root:x:0:0:precious\n"
+
+
+def test_export_database_writes_no_folder(db: Path, tmp_path: Path) -> None:
+    code, out = run(f"EXPORT DATABASE '{tmp_path / 'dump'}'", "--db", str(db))
+    assert refused(code, out), out
+    assert not (tmp_path / "dump").exists()
+
+
+@pytest.mark.parametrize("sql", ["INSTALL httpfs", "LOAD httpfs", "SELECT * FROM 'https://127.0.0.1:9/x.parquet'",
+                                 "SET enable_external_access = true", "SET autoload_known_extensions = true",
+                                 "RESET lock_configuration"])
+def test_no_extension_and_no_setting_can_be_changed(db: Path, sql: str) -> None:
+    code, out = run(sql, "--db", str(db))
+    assert refused(code, out), out
+
+
+def test_the_sandbox_is_duckdbs_own_settings(db: Path) -> None:
+    code, out = run("SELECT current_setting('enable_external_access') AS ext, "
+                    "current_setting('autoinstall_known_extensions') AS ai, "
+                    "current_setting('autoload_known_extensions') AS al, "
+                    "current_setting('lock_configuration') AS locked", "--db", str(db))
+    assert code == 0, out
+    assert out.splitlines()[2].split() == ["False", "False", "False", "True"]
+
+
+def test_the_store_itself_still_reads(db: Path) -> None:
+    with store.connect(db) as con:
+        con.execute("INSERT INTO raw_files VALUES ('org/m', 'abc', 'config.json', '{}', NULL)")
+    code, out = run("SELECT repo_id, filename FROM raw_files", "--db", str(db))
+    assert code == 0, out
+    assert out.splitlines()[2:] == ["org/m    config.json", "(1 row)"]
+
+
+@pytest.mark.parametrize("sql", ["", " ; ", "-- only a comment", "/* a comment */ ;"])
+def test_empty_sql_is_a_clear_error(db: Path, sql: str) -> None:
+    code, out = run("--db", str(db), "--", sql)
+    assert code == 1 and out.startswith("Error: query is empty") and len(out.strip().splitlines()) == 1, out
+
+
+def test_rows_are_capped_and_the_cap_is_said(db: Path) -> None:
+    code, out = run("SELECT * FROM range(5000000)", "--db", str(db))
+    assert code == 0, out
+    lines = out.splitlines()
+    assert len(lines) == 2 + 1000 + 1 and lines[-2] == "999"
+    assert lines[-1] == "(first 1,000 rows shown, more left out: add a LIMIT or raise --max-rows)"
+    code, out = run("SELECT * FROM range(3)", "--db", str(db), "--max-rows", "3")
+    assert out.splitlines()[-1] == "(3 rows)"
+    code, out = run("SELECT * FROM range(4)", "--db", str(db), "--max-rows", "3")
+    assert out.splitlines()[-2:] == ["2", "(first 3 rows shown, more left out: add a LIMIT or raise --max-rows)"]

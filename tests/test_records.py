@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from atlas import AtlasError
-from atlas.records.gating import derive, gate
+from atlas.records.gating import GATE_RULE, derive, gate, judge
 from atlas.records.record import (
     COLUMNS,
     SCHEMA_VERSION,
@@ -47,8 +47,7 @@ def make_record(model_id: str = "mtp-atlas/byte-mtp-8l", speed: float = 1.3) -> 
             )
             for i in range(3)
         ]
-        derived = derive(repeats, temperature, k, costs)
-        g = gate(derived, len(repeats))
+        derived, g = judge(repeats, temperature, k, costs)
         cells.append(
             Cell(engine="atlas", engine_version="0.1.0", baseline="atlas plain decoder (same cache)",
                  workload=workload, temperature=temperature, draft_tokens=k, repeats=repeats,
@@ -72,6 +71,7 @@ def make_record(model_id: str = "mtp-atlas/byte-mtp-8l", speed: float = 1.3) -> 
         cells=cells,
         load_before=[0.5, 0.4, 0.3],
         load_after=[0.6, 0.4, 0.3],
+        gate_rule=GATE_RULE,
     )
 
 

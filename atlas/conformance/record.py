@@ -4,7 +4,10 @@ evidence/conformance/ that the site shows beside the servable matrix.
 
 Checkpoints (atlas.checkpoints.oracles, with the engine's shape limits as overrides):
 - oracle: the main model is first order (next-token law P[current token]) and the MTP head computes
-  that same law, so at T = 0 every draft must be accepted and the output must be the argmax chain;
+  a law Q with the same argmax (softmax of `oracle_draft_scale` x P's logits: a flatter law, so
+  sampled drafts are rejected and the correction from the residual max(0, P - Q) is exercised;
+  records from before it was named drafted with P itself, and their sampled-draft rows are
+  inconclusive), so at T = 0 every draft must be accepted and the output must be the argmax chain;
   at T = 1 the expected acceptance of every verify step follows exactly from P and the draft rule,
   given the token the step starts from (greedy drafts: accept d = argmax with probability P[c, d];
   sampled drafts: sum of min(P, Q)); and the emitted tokens must follow P.
@@ -33,6 +36,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from atlas import AtlasError
+from atlas.paths import read_bounded
 from atlas.hub import redact
 
 # 2: the build's run-time patches, the known causes found in it, and the fixed driver (no min_tokens)
@@ -136,6 +140,8 @@ def passed_by_statistics(check: Check, alpha: float) -> bool | None:
         return (accepted / drafted if drafted else 0.0) < RANDOM_HEAD_ACCEPTANCE
     if check.name == "acceptance":
         return _figure(check, "p_value") >= alpha
+    if check.figures.get("transitions") == 0:
+        return distribution_passed({"transitions": 0}, alpha)
     figures = {"p_value": _figure(check, "p_value"),
                "chi2_p_value": None if check.figures.get("chi2_p_value") is None else _figure(check, "chi2_p_value")}
     return distribution_passed(figures, alpha)
@@ -241,6 +247,15 @@ class ConformanceRecord(Strict):
     patches: list[AppliedPatch] = Field(default=[], max_length=MAX_CAUSES)
     causes: list[KnownCause] = Field(default=[], max_length=MAX_CAUSES)
     checks: list[Check] = Field(min_length=1, max_length=MAX_CHECKS)
+    # The oracle head's law: softmax(scale x the target's logits) (atlas.engines.conformance_suite.ORACLE_DRAFT_SCALE).
+    # None in records written before it was named: those ran scale 1, the target's own law.
+    oracle_draft_scale: float | None = Field(default=None, gt=0, le=100)
+
+    @property
+    def oracle_rejects(self) -> bool:
+        """Whether the oracle's sampled drafts can be rejected (its law is not the target's), so
+        that the T > 0 checks with probabilistic drafts exercise the correction after a rejection."""
+        return self.oracle_draft_scale is not None and self.oracle_draft_scale != 1
 
     @model_validator(mode="after")
     def _believable(self) -> "ConformanceRecord":
@@ -310,13 +325,9 @@ def outcome(v: Verdict) -> Outcome:
 
 def read_record(path: Path) -> ConformanceRecord:
     """One record file, bounded and checked (AtlasError naming the file and the first problem)."""
+    raw = read_bounded(path, MAX_RECORD_BYTES, "a conformance record")
     try:
-        size = path.stat().st_size
-        if size > MAX_RECORD_BYTES:
-            raise AtlasError(f"{path}: {size:,} bytes, over the {MAX_RECORD_BYTES:,}-byte limit for a conformance record; not read")
-        return ConformanceRecord.model_validate_json(path.read_bytes())
-    except OSError as exc:
-        raise AtlasError(f"{path}: cannot read: {exc}") from None
+        return ConformanceRecord.model_validate_json(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
@@ -454,6 +465,10 @@ def _judged(path: Path, rec: ConformanceRecord, root: Path | None) -> list[tuple
         groups.setdefault((c.layout, _t_class(c.temperature), sampling), []).append(c)
     for (layout, t, sampling), checks in groups.items():
         result, reason = judge(checks, controls.get((layout, t), []))
+        blind = sampling == "probabilistic" and not rec.oracle_rejects and result == "lossless"
+        if blind:
+            result, reason = "inconclusive", (f"{reason}; but the oracle drafted with the target's own law, so no sampled draft "
+                                              "was rejected and the correction after a rejection went unchecked")
         failed = [c for c in checks if not c.passed]
         shown = failed or checks[:2]
         detail = "; ".join(f"k={c.draft_tokens} {c.checkpoint} {c.name}: {c.summary}" for c in shown[:3])
@@ -466,7 +481,7 @@ def _judged(path: Path, rec: ConformanceRecord, root: Path | None) -> list[tuple
             device=rec.device, date=rec.run_date.date().isoformat(), layout=layout, temperature=t, draft_sampling=sampling,
             result=result, reason=reason, detail=f"{len(checks) - len(failed)}/{len(checks)} checks passed; {detail}",
             causes=causes, command=rec.command, source=source,
-        ), result == "fails" or all(c.power is not None and c.power.sufficient for c in checks)))
+        ), result == "fails" or (not blind and all(c.power is not None and c.power.sufficient for c in checks))))
     return rows
 
 
@@ -538,5 +553,8 @@ def normal_quantile(p: float) -> float:
 
 
 def distribution_passed(f: dict, alpha: float = ALPHA) -> bool:
-    """Both tests at level `alpha` (a chi-square with no bin to test counts as passed)."""
+    """Both tests at level `alpha` (a chi-square with no bin to test counts as passed; no transitions
+    at all reject nothing, and their check, with no power, can make a verdict inconclusive only)."""
+    if f.get("transitions") == 0:
+        return True
     return f["p_value"] >= alpha and (f["chi2_p_value"] is None or f["chi2_p_value"] >= alpha)

@@ -18,7 +18,7 @@ from atlas.fingerprints.rules import fingerprint, parse_config_bytes
 from atlas.decode.mtphead import MtpHead, head_from_transformers, load_family, tensor_names
 from atlas.families.table import Family, identify
 from atlas.decode.placement import Placement, auto_plan, parse_plan, place, place_head
-from atlas.records.record import read_provenance
+from atlas.records.record import PROVENANCE_FILE, read_provenance
 from atlas.paths import ROOT
 
 if TYPE_CHECKING:
@@ -32,11 +32,45 @@ DEFAULT_MODEL = ROOT / DEFAULT_MODEL_PATH
 ALLOW_PATTERNS = ["*.safetensors", "*.safetensors.index.json", "*.json", "tokenizer*", "*.model", "*.tiktoken", "*.txt"]
 
 
+# Keys a JSON file of a checkpoint carries about the tools that wrote it, not the model: a
+# `make real-model` after a transformers upgrade rewrote config.json's transformers_version and
+# gave the same weights a third revision. `torch_dtype` is transformers 4's name for `dtype`.
+TOOL_KEYS = frozenset({"transformers_version", "_commit_hash", "_name_or_path"})
+RENAMED_KEYS = {"torch_dtype": "dtype"}
+TOKENIZER_TEXT = frozenset({"merges.txt", "vocab.txt"})  # the .txt files a tokenizer reads; other text is notes
+
+
+def _model_json(data: bytes) -> bytes:
+    """A checkpoint JSON file as the model defines it: the tools' keys dropped at every depth, old
+    key names renamed, keys sorted, no whitespace (a file that is not JSON: its bytes)."""
+    import json
+
+    def clean(value: object) -> object:
+        if isinstance(value, dict):
+            return {RENAMED_KEYS.get(k, k): clean(v) for k, v in value.items() if k not in TOOL_KEYS}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+
+    try:
+        return json.dumps(clean(json.loads(data)), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    except (ValueError, RecursionError):  # not JSON, or nested past what it can hold: its bytes (the reader refuses it)
+        return data
+
+
 def digest(folder: Path) -> str:
-    """sha256 over the checkpoint's config, weights and tokenizer files (names and bytes, sorted)."""
+    """sha256 over what defines the model: the checkpoint's config, weights and tokenizer files
+    (names and contents, sorted), JSON files read as the model defines them (_model_json). Not over
+    the project's provenance file (how the checkpoint was made) or notes: the revision names the
+    model, not the tools or the story that wrote it (records from schema 4 on; older records keep
+    the revision the raw bytes gave)."""
     h = hashlib.sha256()
-    for path in sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors", ".txt", ".model")):
+    for path in sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors", ".model")
+                       and p.name != PROVENANCE_FILE or p.name in TOKENIZER_TEXT):
         h.update(path.name.encode() + b"\0")
+        if path.suffix == ".json":
+            h.update(_model_json(path.read_bytes()))
+            continue
         with path.open("rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)

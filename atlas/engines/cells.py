@@ -1,5 +1,5 @@
 """From runs to record cells, the same for every engine: the raw counts of one cell within one
-repeat summed over prompts (RepeatCounts), the cell with its derived figures and gate
+repeat, each prompt's and their sums (RepeatCounts), the cell with its derived figures and gate
 (build_cell), the seed of each run, fixed by what the run is (seed_for), and the progress line
 every engine logs as a run goes (progress_line).
 """
@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from atlas.records.gating import derive, gate
+from atlas.records.gating import judge
 from atlas.decode.generate import RunStats
+from atlas.records.fields import PromptRun
 from atlas.records.record import Cell, PassCosts, Repeat
 
 
 @dataclass
 class RepeatCounts:
-    """Raw counts of one cell within one repeat, summed over prompts."""
+    """Raw counts of one cell within one repeat: each prompt's (the gate's sampling unit) and their sums."""
 
     tokens: int = 0
     seconds: float = 0.0
@@ -28,6 +29,7 @@ class RepeatCounts:
     passes: int = 0
     identical: bool = True
     costs: PassCosts | None = None  # timed just before this repeat
+    prompts: list[PromptRun] = field(default_factory=list)
 
     def add(self, spec: RunStats, plain: RunStats) -> None:
         """One prompt's speculative run and its plain pair; every engine reports per-round counts
@@ -43,6 +45,9 @@ class RepeatCounts:
         self.accepted = accepted if self.accepted is None else [a + b for a, b in zip(self.accepted, accepted)]
         self.passes += spec.verify_passes
         self.identical &= spec.tokens == plain.tokens
+        self.prompts.append(PromptRun(tokens=len(spec.tokens) - 1, seconds=spec.seconds, baseline_seconds=plain.seconds,
+                                      drafted=sum(drafted), accepted=sum(accepted), verify_passes=spec.verify_passes,
+                                      identical_to_baseline=spec.tokens == plain.tokens))
 
     def repeat(self, greedy: bool) -> Repeat:
         return Repeat(
@@ -55,13 +60,13 @@ class RepeatCounts:
             identical_to_baseline=self.identical if greedy else None,
             reached_per_position=self.reached,
             pass_costs=self.costs,
+            prompts=[p if greedy else p.model_copy(update={"identical_to_baseline": None}) for p in self.prompts],
         )
 
 
 def build_cell(engine: str, version: str, baseline: str, workload: str, t: float, k: int, repeats: list[Repeat],
                costs: PassCosts | None, quick: bool) -> Cell:
-    derived = derive(repeats, t, k, costs)
-    g = gate(derived, len(repeats), quick)
+    derived, g = judge(repeats, t, k, costs, quick)
     return Cell(engine=engine, engine_version=version, baseline=baseline, workload=workload, temperature=t, draft_tokens=k,
                 repeats=repeats, derived=derived, gate_enabled=g.enabled, gate_verdict=g.verdict, gate_reason=g.reason)
 

@@ -34,6 +34,21 @@ if TYPE_CHECKING:  # the driver's client is loaded when a suite runs
     from atlas.engines.vllm_client import Driver, Generated
 
 SINGLES = 4  # requests rerun one at a time for the batching control
+# The oracle's MTP head drafts from softmax(ORACLE_DRAFT_SCALE x the main model's logits): the same
+# argmax (so T = 0 acceptance stays exactly 1), a flatter law than the target's at T = 1, so sampled
+# drafts are rejected (about half of them in the mimo oracle) and the engine's correction after a rejection,
+# a draw from the residual max(0, p - q), is exercised. With the target's own law (scale 1) no
+# sampled draft is ever rejected, and an engine that corrects from p instead passed as lossless.
+ORACLE_DRAFT_SCALE = 0.5
+
+
+def write_checkpoints(layout: str, tmp: Path, seed: int) -> dict[str, Path]:
+    """The layout's random and oracle checkpoints as the suite runs them, for the engine."""
+    from atlas.checkpoints.oracles import write_checkpoint
+
+    return {mode: for_the_engine(write_checkpoint(layout, tmp / f"{layout}-{mode}", mode, depth=2, overrides=dict(ENGINE_SHAPES[layout]),
+                                                  seed=seed, draft_scale=ORACLE_DRAFT_SCALE if mode == "oracle" else 1.0))
+            for mode in ("random", "oracle")}
 
 
 def _prompts(requests: int, vocab: int, seed: int) -> list[list[int]]:
@@ -84,13 +99,11 @@ class _Layout:
     @classmethod
     def write(cls, driver: Driver, layout: str, tmp: Path, ks: list[int], requests: int, max_new_tokens: int, seed: int,
               dtype: str, checks: list[Check], log: Callable[[str], None]) -> _Layout:
-        from atlas.checkpoints.oracles import bigram_tables, write_checkpoint
+        from atlas.checkpoints.oracles import bigram_tables
 
         if layout not in ENGINE_SHAPES:
             raise AtlasError(f"no conformance checkpoints for layout {layout!r} (known: {', '.join(LAYOUTS)})")
-        folders = {mode: for_the_engine(write_checkpoint(layout, tmp / f"{layout}-{mode}", mode, depth=2,
-                                                         overrides=dict(ENGINE_SHAPES[layout]), seed=seed))
-                   for mode in ("random", "oracle")}
+        folders = write_checkpoints(layout, tmp, seed)
         p, q = bigram_tables(folders["oracle"], layout)
         return cls(driver, layout, folders, p, q, _prompts(requests, p.shape[0], seed), max_new_tokens,
                    3 + max_new_tokens + max(ks) + 8, seed, dtype, checks, log)
@@ -221,6 +234,7 @@ def run_suite(
         package=hello.package, version=hello.version, hardware=hw, device=hello.device, dtype=dtype, command=command,
         seed=seed, alpha=ALPHA, requests=requests, max_new_tokens=max_new_tokens, triton=hello.triton, patches=applied,
         causes=known_causes(hello.package, hello.version, hello.triton, applied), checks=checks,
+        oracle_draft_scale=ORACLE_DRAFT_SCALE,
     )
 
 
@@ -238,6 +252,8 @@ def _z(z: float | str) -> str:
 
 
 def _dist_summary(f: dict) -> str:
+    if not f["transitions"]:
+        return "no decode-phase transitions (every output one token or none): nothing to test, no power"
     return (f"mean NLL {f['mean_nll']:.3f} vs entropy {f['mean_entropy']:.3f} nats/token over {f['transitions']} tokens "
             f"(z {_z(f['z'])}; chi2 {f['chi2']:.0f} on {f['chi2_df']} df); detects a shift of {f['detectable_nll_shift']:.3f} "
             f"with power {f['power']}")

@@ -3,20 +3,28 @@ with vLLM's own options among them (VllmOptions, from --engine-option pairs by p
 
 from __future__ import annotations
 
+import errno
 import json
+import math
+import os
+import shutil
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from atlas import AtlasError
 from atlas.decode.checkpoint import DEFAULT_MODEL
-from atlas.records.gating import MIN_GATE_REPEATS
+from atlas.records.gating import GATE_RULE, MIN_GATE_REPEATS
 from atlas.records.record import DEFAULT_DIR, SCHEMA_VERSION, Cell, Record, read_provenance
+from atlas.records.fields import MAX_DRAFT_TOKENS, MAX_TEMPERATURE
 from atlas.records.runcontext import Hardware, Settings
 from atlas.engines.stamp import load_average, software
-from atlas.records.workloads import PromptSet
+from atlas.records.workloads import PromptSet, load_prompt_set
 from atlas.paths import ROOT
 
 MAX_PROMPT_TOKENS = 256
@@ -43,7 +51,7 @@ class Options:
     device: str = "auto"
     device_map: str | None = None  # auto, auto+cpu or DEVICE=FIRST-LAST,... (atlas.decode.placement)
     dtype: str = "float32"
-    prompt_set: str | None = None  # a bundled prompt set by name (atlas.records.workloads.PROMPT_SETS); None: the default
+    prompt_set: str | None = None  # a bundled set's name (atlas.records.workloads.PROMPT_SETS) or a prompt-set file; None: the default
     workloads: list[str] | None = None
     temperatures: tuple[float, ...] = (0.0, 1.0)
     draft_tokens: tuple[int, ...] = (1, 2, 3)
@@ -94,8 +102,66 @@ def new_record(options: Options, *, folder: Path, model_id: str, revision: str, 
         load_before=load_before,
         load_after=load_average(),
         provenance=read_provenance(folder),
+        gate_rule=GATE_RULE,
         **fields,
     )
+
+
+# A record is well under 1 MiB; the folder must have room for it and more when the run ends.
+MIN_FREE_BYTES = 16 * 2**20
+
+
+def preflight(options: Options) -> PromptSet:
+    """Everything about a run that can be checked before its model loads, checked there, so that a
+    run is never measured for hours and then lost to its own options (duplicate workloads or
+    temperatures, a temperature or draft length no record holds, a bad prompt-set file, a full or
+    unwritable --out). Returns the prompt set the run will use."""
+    for option, values in (("--temperatures", options.temperatures), ("--draft-tokens", options.draft_tokens),
+                           ("--workloads", options.workloads or [])):
+        twice = [v for i, v in enumerate(values) if v in values[:i]]
+        if twice:
+            raise AtlasError(f"{option} lists {twice[0]:g} twice" if not isinstance(twice[0], str)
+                             else f"{option} lists {twice[0]!r} twice")
+    for t in options.temperatures:
+        if not math.isfinite(t) or not 0 <= t <= MAX_TEMPERATURE:
+            raise AtlasError(f"--temperatures: {t:g} is not a temperature a record holds (0 to {MAX_TEMPERATURE:g})")
+    for k in options.draft_tokens:
+        if not 1 <= k <= MAX_DRAFT_TOKENS:
+            raise AtlasError(f"--draft-tokens: {k} is not a draft length a record holds (1 to {MAX_DRAFT_TOKENS})")
+    prompt_set = load_prompt_set(options.prompt_set)
+    workloads = prompt_set.get(options.workloads)
+    try:  # the settings the record will hold, by the record's own rules
+        Settings(device=options.device, dtype=options.dtype, workloads=[w.name for w in workloads],
+                 temperatures=list(options.temperatures), draft_tokens=list(options.draft_tokens),
+                 max_new_tokens=options.max_new_tokens, repeats=options.repeats,
+                 prompts_per_workload=options.prompts_per_workload, top_k=options.top_k, top_p=options.top_p)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise AtlasError(f"these options make no valid record: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    check_out(options.out)
+    return prompt_set
+
+
+def check_out(folder: Path) -> None:
+    """The record folder exists (made now if not), takes a file, and has MIN_FREE_BYTES free."""
+    where = f"--out {folder}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(folder).free
+        fd, probe = tempfile.mkstemp(prefix=".atlas-probe-", dir=folder)
+        try:
+            os.write(fd, b"\0" * 4096)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        raise AtlasError(f"{where}: {'the disk is full' if full else 'cannot write there'} ({exc.strerror or exc}); "
+                         "nothing was run: free some space or choose another --out") from None
+    if free < MIN_FREE_BYTES:
+        raise AtlasError(f"{where}: only {free / 2**20:.1f} MiB free, and a run needs {MIN_FREE_BYTES // 2**20} MiB "
+                         "there for its record; nothing was run: free some space or choose another --out")
 
 
 def quick(options: Options) -> Options:

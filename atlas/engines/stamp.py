@@ -30,6 +30,22 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# CPU flags that change which kernels oneDNN / the BLAS pick for a matmul, and so the pass costs.
+KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_flags(cpuinfo: str | None = None) -> list[str]:
+    """KERNEL_FLAGS the CPU has, from /proc/cpuinfo's first flags line (empty where unreadable)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return []
+    line = next((ln for ln in cpuinfo.splitlines() if ln.startswith(("flags", "Features"))), "")
+    have = set(line.split(":", 1)[-1].split())
+    return [f for f in KERNEL_FLAGS if f in have]
+
+
 def _memory_gib() -> float:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -54,6 +70,7 @@ def hardware(device: torch.device, placement: Placement | None = None) -> Hardwa
         gpu_memory_gib=gpu_mem,
         torch_threads=torch.get_num_threads(),
         omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"),
+        cpu_flags=cpu_flags(),
     )
 
 

@@ -7,8 +7,9 @@ Per complete snapshot, against the one before it: models that newly declare or s
 values (declared and shipped layer counts, declared key, model_type) with the new revision, models
 added to or gone from the crawl, and families (model_type) that have a servable model now and had
 none before. Per record, in run order: what it added (cells, or verdict rows, for conditions no
-earlier record covered) and which earlier records it re-measured; a build with run-time patches
-is its own subject. Per condition: each verdict it took, when one record's differs from an
+earlier record covered) and which earlier records it re-measured: a measured cell re-measures only
+a cell of its own experiment (atlas.records.experiment: same revision, head, draft vocabulary,
+kernels, engine build, threads and machine); a build with run-time patches is its own subject. Per condition: each verdict it took, when one record's differs from an
 earlier one's (e.g. a layout's T = 0 result going fails -> inconclusive -> lossless). Models this project made are
 left out of the snapshot entries, as out of every Hub count.
 """
@@ -26,9 +27,10 @@ from atlas.store import db as store
 from atlas.evidence import servable as servable_matrix
 from atlas.evidence.catalog import Catalog
 from atlas.evidence.runs import Run
-from atlas.jsonfile import read_written
+from atlas.jsonfile import html_safe, read_written
 from atlas.conformance import record as conformance
 from atlas.paths import published
+from atlas.records.experiment import experiment_key
 
 FILE_NAME = "changelog.json"
 COMPARED = ("declared_num_mtp_layers", "shipped_mtp_layers", "declared_key", "model_type")
@@ -147,15 +149,17 @@ _Row = tuple[tuple[Any, ...], str, str]
 
 def _entries(runs: list[Run], checked: list[tuple[Path, conformance.ConformanceRecord]],
              root: Path) -> list[tuple[str, RecordChange, str, list[_Row]]]:
-    """Every evidence record in run order, with its rows. A row's condition is (model, engine,
-    workload, T, k) for a measurement, (engine build, hardware, layout, T class, draft sampling)
+    """Every evidence record in run order, with its rows. A row's condition is (model, experiment
+    key, workload, T, k) for a measurement, (engine build, hardware, layout, T class, draft sampling)
     for a conformance verdict: a build with run-time patches is its own subject, never a
     re-measurement of the release it patches."""
     entries: list[tuple[str, RecordChange, str, list[_Row]]] = []
     for run in runs:
         r = run.record
-        rows = [((r.model_id, c.engine, c.workload, c.temperature, c.draft_tokens),
-                 f"{r.model_id}, {c.engine}, {c.workload}, T = {c.temperature:g}, k = {c.draft_tokens}",
+        # one series per experiment (records.experiment): a cell re-measures only a cell of the same key
+        rows = [((r.model_id, *experiment_key(r, c), c.workload, c.temperature, c.draft_tokens),
+                 f"{r.model_id}, {c.engine}, {c.workload}, T = {c.temperature:g}, k = {c.draft_tokens} "
+                 f"[experiment {experiment_key(r, c).short}: {experiment_key(r, c).text}]",
                  c.gate_verdict or "—") for c in r.cells]
         entries.append((r.run_date.isoformat(), RecordChange(
             kind="measurement", source=published(run.source_path, root), record_id=run.record_id,
@@ -210,7 +214,9 @@ def collect(con: duckdb.DuckDBPyConnection, cat: Catalog, root: Path) -> Changel
 
 
 def dumps(log: Changelog) -> str:
-    return json.dumps(log.model_dump(mode="json"), indent=1, sort_keys=True, ensure_ascii=True) + "\n"
+    """Strict JSON (no NaN), ASCII, with no '<', '>' or '&' left raw (atlas.jsonfile.html_safe)."""
+    return html_safe(json.dumps(log.model_dump(mode="json"), indent=1, sort_keys=True, ensure_ascii=True,
+                                allow_nan=False)) + "\n"
 
 
 def read(path: Path) -> Changelog | None:

@@ -4,6 +4,7 @@ template) and croissant.json (Croissant 1.1), both read back from the files just
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from string import Template
 from typing import Any
@@ -47,6 +48,27 @@ def write_croissant(folder: Path, manifest: Manifest) -> None:
 
 
 # ---- the dataset card -------------------------------------------------------------------------------
+
+
+# Untrusted text in the card (a record's hardware, record and conformance file names, a snapshot's
+# source): the Hub renders a card as Markdown that may hold HTML, so every character that could open
+# a tag, a link, a code span, emphasis or a table cell becomes a numeric character reference (shown
+# as itself, never markup), line breaks become spaces and control characters go. An HTML <code>
+# element stands in for backticks: a backtick in the value would close a backtick span. (The site's
+# atlas.site.mdsafe does this for its pages; the export sits below the site and does not import it.)
+_MARKUP = str.maketrans({c: f"&#{ord(c)};" for c in "&<>\"'|`*_[]{}\\~#"})
+_BREAKS = re.compile(r"[\r\n\u0085\u2028\u2029\x0b\x0c]+")
+_CONTROLS = re.compile("[\x00-\x08\x0e-\x1f\x7f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
+
+
+def text(value: object) -> str:
+    """An untrusted value as card text that renders as exactly that text."""
+    return _CONTROLS.sub("", _BREAKS.sub(" ", str(value))).translate(_MARKUP)
+
+
+def code(value: object) -> str:
+    """An untrusted value in a monospace span of the card."""
+    return f"<code>{text(value)}</code>"
 
 
 # The Hugging Face `datasets` feature type of each DuckDB column type the export writes.
@@ -120,15 +142,15 @@ def _limits(folder: Path, manifest: Manifest) -> str:
     source = latest["source"] if latest else None
     besides = f" (besides {own} of this project's own)" if own else ""
     if source and source.startswith(MIRROR_PREFIX):
-        crawl = (f"The latest snapshot is a crawl of a bundled mirror (`{source}`) of {models} model configs{besides}, "
+        crawl = (f"The latest snapshot is a crawl of a bundled mirror ({code(source)}) of {models} model configs{besides}, "
                  "not of the Hub: it says what those files declare, not how common MTP is on the Hub.")
     else:
-        crawl = (f"The latest snapshot read {models} models{besides} from `{source}`: the watch list's, "
+        crawl = (f"The latest snapshot read {models} models{besides} from {code(source)}: the watch list's, "
                  "not every Hub model.")
     if not cells:
         return crawl + " There are no measurements in this export."
     whose = "of checkpoints this project made" if ours else "of checkpoints, some from the Hub"
-    measured = f"Every one of the {cells} measured cells is a run {whose}, on " + "; ".join(f"`{h}`" for h in hardware) + "."
+    measured = f"Every one of the {cells} measured cells is a run {whose}, on " + "; ".join(code(h) for h in hardware) + "."
     if all(h.startswith("CPU") for h in hardware):  # the stamp names a GPU run's device first
         measured += " None of the measured figures was taken on a GPU."
     if ours:
@@ -307,14 +329,15 @@ def card(manifest: Manifest, folder: Path) -> str:
     meta = yaml.safe_dump(card_metadata(manifest, columns), sort_keys=False, allow_unicode=False)
     parquet = [f for f in manifest.files if f.format == "parquet"]
     table_lines = "\n".join(
-        f"| `{f.table}` | {f.rows} | {f.as_of or '—'} | {manifest.description[f.table]} |" for f in parquet)
-    snaps = "\n".join(f"- snapshot #{s['snapshot_id']}: crawl finished {s['finished']} UTC, from `{s['source']}`, "
-                      f"data of {s['data_date']}" for s in manifest.snapshots)
-    records = "\n".join(f"- `{r['record_id']}` (`{r['source_path']}`)" for r in manifest.measurement_records) or "- none"
-    conf = "\n".join(f"- `{c}`" for c in manifest.conformance_records) or "- none"
+        f"| `{f.table}` | {f.rows} | {text(f.as_of or '—')} | {manifest.description[f.table]} |" for f in parquet)
+    snaps = "\n".join(f"- snapshot #{text(s['snapshot_id'])}: crawl finished {text(s['finished'])} UTC, from "
+                      f"{code(s['source'])}, data of {text(s['data_date'])}" for s in manifest.snapshots)
+    records = "\n".join(f"- {code(r['record_id'])} ({code(r['source_path'])})"
+                        for r in manifest.measurement_records) or "- none"
+    conf = "\n".join(f"- {code(c)}" for c in manifest.conformance_records) or "- none"
     first = parquet[0].table if parquet else "fingerprints"
     bibtex, plain = citation(manifest)
     return CARD_TEMPLATE.substitute(
         meta=meta, table_lines=table_lines, snaps=snaps, records=records, conf=conf, first=first, bibtex=bibtex,
-        plain=plain, creator=CREATOR, csv_note=CSV_NOTE, license=LICENSE, data_date=data_date(manifest) or "—",
-        servable_date=manifest.servable_date, limits=_limits(folder, manifest), version=__version__)
+        plain=plain, creator=CREATOR, csv_note=CSV_NOTE, license=LICENSE, data_date=text(data_date(manifest) or "—"),
+        servable_date=text(manifest.servable_date), limits=_limits(folder, manifest), version=__version__)

@@ -23,11 +23,12 @@ from typing import Any
 import duckdb
 from pydantic import BaseModel
 
-from atlas import AtlasError, outdir
+from atlas import AtlasError, Interrupted, is_interrupt, outdir
 from atlas.export import docs as exportdocs
 from atlas.store import db as store
 from atlas.hub.local.mirror import MIRROR_PREFIX, load_mirror_date
 from atlas.export.formats import CARD, DICTIONARY, FORMATS, MANIFEST, FileEntry, Manifest, quote_path, read_manifest
+from atlas.jsonfile import html_safe
 from atlas.paths import published
 from atlas.evidence import catalog, changelog
 from atlas.records import record as records
@@ -116,6 +117,39 @@ MEANINGS: dict[str, dict[str, str]] = {
                                    "NULL for a drafter: target unknown",
         "mtp_drafters_published": "MTP drafter repos of the same snapshot whose target is this model, comma-separated "
                                   "(their layers are not counted in this model's declared or shipped)",
+        "drafter_target_problem": "for a drafter whose target is unknown, why: no single base_model and no repo by "
+                                  "its name, a claimed target that is not a Hub repo id, the drafter itself, or "
+                                  "another drafter (a cycle or a drafter of a drafter); NULL otherwise",
+        "mtp_form": "the form the repo ships MTP in, by rule (atlas.fingerprints.form and the store's mtp_forms view): "
+                    "in_checkpoint, declared_missing, stripped, mtp_sidecar, separate_drafter, block_drafter (not MTP), "
+                    "declared_unread (declared, no weight names read), none",
+        "mtp_form_evidence": "what decided mtp_form: the config key and value, the tensor names or GGUF tensors, and for "
+                             "a conversion judged by its base, that base's form",
+        "sidecar_base": "for an MTP-only sidecar, the base model it is the head of (NULL: not a sidecar, or base unknown)",
+        "sidecar_base_evidence": "where sidecar_base comes from: base_model (the card names exactly one) or name (a repo "
+                                 "of the snapshot named as the sidecar without -MTP)",
+        "mtp_sidecars_published": "MTP-only sidecar repos of the same snapshot whose base is this model, comma-separated",
+        "gguf_layout": "for a GGUF repo, what its files hold: combined (trunk and blk.N.nextn.*), trunk-only, mtp-only "
+                       "(comma-separated when files differ); read from each file's header by Range requests",
+        "gguf_architecture": "general.architecture of the GGUF files read",
+        "gguf_nextn_predict_layers": "the GGUF key {arch}.nextn_predict_layers (the largest over the files read)",
+        "gguf_head_types": "the ggml types of the MTP blocks' tensors per GGUF file (type×count): the head's quantization",
+        "mtp_own_embedding": "yes when the MTP head ships its own embedding tensor, no when it uses the trunk's",
+        "mtp_own_lm_head": "yes when the MTP head ships its own lm_head (shared_head.head); serving it with the "
+                           "trunk's instead drops acceptance",
+        "mtp_head_params": "parameters of the MTP tensors, from the shapes in a safetensors shard header or a GGUF "
+                           "header (NULL: no header holding the head was read)",
+        "mtp_head_bytes": "bytes of the MTP tensors at their dtypes (safetensors) or ggml types (GGUF)",
+        "mtp_head_share": "mtp_head_bytes over the checkpoint's bytes: the index's metadata.total_size (safetensors) "
+                          "or all tensor bytes of a combined GGUF file (0 to 1)",
+        "mtp_dtype": "the MTP layer's dtype as the safetensors checkpoint ships it (atlas.fingerprints.precision)",
+        "dspark_block_size": "dspark_block_size of a block drafter in the checkpoint (draft with k equal to it)",
+        "sidecar_block_size": "block_size of an MTP-only sidecar config (model_type qwen3_5_mtp)",
+        "mtp_head_dtypes": "the MTP tensors' dtypes per safetensors shard (dtype×count (file)), from the header of "
+                           "the shard(s) holding the head, read by Range requests",
+        "sidecar_base_problem": "for an MTP-only sidecar whose base is unknown, why: no single base_model and no repo "
+                                "by its name, a claimed base that is not a Hub repo id, the sidecar itself, or another "
+                                "sidecar; NULL otherwise",
         "data_date": DATA_DATE,
         "made_by_atlas": "a model this project made (team model, oracles), not counted as Hub adoption",
     },
@@ -313,22 +347,42 @@ def _snapshots(con: duckdb.DuckDBPyConnection, root: Path) -> list[dict[str, Any
 
 def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
     """Write every table (Parquet and CSV), the data dictionary, the manifest, the card and the
-    changelog's data into `out` (rebuilt whole). The store is opened read-only."""
-    store.require_complete_snapshot(db)
+    changelog's data into `out` (rebuilt whole). The store is opened read-only. A Ctrl-C anywhere
+    is one line (Interrupted) that says truly which export `out` holds: the previous one or this one."""
+    made: list[Manifest] = []
 
     def write(staging: Path) -> Manifest:
         try:
             manifest, log = _export_into(staging, db, evidence_dir, root)
         except duckdb.Error as exc:  # outdir.replace removes the staging folder: nothing half-written stays
+            if is_interrupt(exc):
+                raise
             raise _export_error(db, out, staging, exc) from None
-        (staging / MANIFEST).write_text(manifest.model_dump_json(indent=1) + "\n", encoding="utf-8")
+        (staging / MANIFEST).write_text(html_safe(manifest.model_dump_json(indent=1)) + "\n", encoding="utf-8")
         (staging / CARD).write_text(exportdocs.card(manifest, staging), encoding="utf-8")
         (staging / changelog.FILE_NAME).write_text(changelog.dumps(log), encoding="utf-8")
         exportdocs.write_croissant(staging, manifest)
+        made.append(manifest)
         return manifest
 
     # a folder of the user's is refused; a previous export stays whole until the new one is complete
-    return outdir.replace(out, "atlas export", write, legacy=_is_export)
+    try:
+        store.require_complete_snapshot(db)
+        return outdir.replace(out, "atlas export", write, legacy=_is_export)
+    except (KeyboardInterrupt, RuntimeError, duckdb.Error) as exc:  # outdir.replace has removed the staging folder
+        if not is_interrupt(exc):
+            raise
+        if made and _manifest_at(out) == made[0]:  # the swap was done: only the clean-up was cut short
+            raise Interrupted(f"interrupted after the export to {out} was written: it is whole") from None
+        raise Interrupted(f"interrupted: the export to {out} was not written; a previous export there is "
+                          "as it was") from None
+
+
+def _manifest_at(out: Path) -> Manifest | None:
+    try:
+        return read_manifest(out)
+    except AtlasError:
+        return None
 
 
 def _export_error(db: Path, out: Path, staging: Path, exc: duckdb.Error) -> AtlasError:

@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlas import AtlasError
-from atlas.fingerprints import blockpattern
+from atlas.fingerprints import blockpattern, form
+from atlas.fingerprints.gguf import Header
+from atlas.fingerprints.safetensors_head import ShardHead
 from atlas.fingerprints.precision import Precision, mtp_precision
 
 # Bump on any change to the tables or the logic below: stored fingerprints carry the version
 # that produced them.
-RULE_VERSION = "fp-2026.12.04.1"
+RULE_VERSION = "fp-2026.12.04.2"
 
 # Where keys are looked up, in order. "" is the top level; multimodal configs nest the language
 # model's hyperparameters (Qwen3.5: text_config.mtp_num_hidden_layers).
@@ -144,6 +146,9 @@ DRAFTER_RULES: tuple[DrafterRule, ...] = (
     # google/gemma-4-{E2B,E4B,12B,26B-A4B,31B}-it-assistant (transformers 5.24:
     # SinglePositionMultiTokenCandidateGenerator)
     DrafterRule("gemma4_assistant", ("gemma4_assistant",), ("Gemma4AssistantForCausalLM",), "-assistant"),
+    # google/gemma-4-12B-it-assistant and its kin since 2026 (4 layers, hidden 1024; research notes
+    # field-2026 §2): the model_type only, no architecture name has been read for it
+    DrafterRule("gemma4_unified_assistant", ("gemma4_unified_assistant",), (), "-assistant"),
 )
 
 # Used with fullmatch: `$` would accept one trailing newline ("deepseek_v3\n", a second family).
@@ -168,6 +173,8 @@ class Fingerprint:
     # (DRAFTER_RULES); its declared count stays what its own config says
     drafter: tuple[str, str] | None = None
     warnings: list[str] = field(default_factory=list)
+    mtp_names: list[str] = field(default_factory=list)  # the tensor names the shipped family matched
+    derived: list[tuple[str, str, str | None]] = field(default_factory=list)  # atlas.fingerprints.form: form, GGUF, head
 
     def rows(self) -> list[tuple[str, str, str | None]]:
         """(name, value as text, path or evidence) rows for the long `fingerprints` table."""
@@ -184,6 +191,7 @@ class Fingerprint:
             out.append(("mtp_dtype", self.precision.dtype, self.precision.dtype_evidence))
         if self.drafter is not None:
             out.append(("mtp_drafter", *self.drafter))
+        out += self.derived
         if self.warnings:
             out.append(("warnings", "; ".join(self.warnings), None))
         return out
@@ -254,8 +262,10 @@ def fingerprint(
     weight_names: Sequence[str] | None = None,
     weight_source: str | None = None,
     quant_sidecar: Mapping[str, Any] | None = None,
+    gguf_headers: Sequence[Header] = (),
+    shard_heads: Sequence[ShardHead] = (),
 ) -> Fingerprint:
-    """Apply every rule to one config (and its tensor names when known)."""
+    """Apply every rule to one config (and its tensor names and GGUF headers when known)."""
     fp = Fingerprint()
     _declared(config, fp)
     _facts(config, quant_sidecar, fp)
@@ -268,6 +278,9 @@ def fingerprint(
     if (fp.declared_num_mtp_layers or 0) > 0 and fp.shipped_mtp_layers != 0 or (fp.shipped_mtp_layers or 0) > 0:
         fp.precision = mtp_precision(config, weight_names, quant_sidecar, fp.declared_num_mtp_layers or fp.shipped_mtp_layers,
                                      fp.shipped_family)
+    fp.derived = form.derive(form.Inputs(
+        config, fp.facts, fp.declared_num_mtp_layers, fp.declared_key, fp.shipped_mtp_layers, fp.shipped_evidence,
+        weight_names, fp.mtp_names, fp.drafter, gguf_headers, shard_heads))
     return fp
 
 
@@ -397,6 +410,7 @@ def _shipped(config: Mapping[str, Any], names: Sequence[str], fp: Fingerprint) -
             continue
         indices: set[int] = set()
         prefixes: set[str] = set()
+        roots: set[str] = set()
         matched = False
         for name in names:
             m = regex.match(name)
@@ -408,6 +422,8 @@ def _shipped(config: Mapping[str, Any], names: Sequence[str], fp: Fingerprint) -
                     fp.warnings.append(f"tensor names with layer indices of over {MAX_INDEX_DIGITS} digits; ignored")
                 continue
             matched = True
+            # the MTP layer's root (`model.layers.61.`, `mtp.`): every tensor under it is the head's
+            roots.add(name[:m.end("idx") + 1] if idx is not None else name[:m.end()])
             prefixes.add(m.group("prefix") or "")
             if idx is not None:
                 indices.add(int(idx))
@@ -420,6 +436,7 @@ def _shipped(config: Mapping[str, Any], names: Sequence[str], fp: Fingerprint) -
                 count = math.ceil(count / len(pattern.kinds))
         prefix = min(prefixes, key=len)
         fp.shipped_mtp_layers = count
+        fp.mtp_names = [n for n in names if n.startswith(tuple(roots))]
         fp.shipped_family = rule.family
         fp.shipped_evidence = prefix + rule.evidence.format(idx=_span(sorted(indices)))
         return

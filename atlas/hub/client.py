@@ -4,6 +4,7 @@ answered or not (`Silence`); a listing is held to its `Bounds` page by page (`Li
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -219,9 +220,26 @@ def _is_listing(url: str) -> bool:
     return urlsplit(url).path.rstrip("/").endswith("/api/models")
 
 
+# httpx turns each NO_PROXY entry into a route that it builds once (seconds per thousand: 20,000
+# took 10 s before the first request) and matches on every request: past this many, one line asks
+# for a shorter list instead of a crawl that spends its time on routing.
+MAX_NO_PROXY = 4096
+
+
+def check_no_proxy() -> None:
+    """One line when NO_PROXY (or no_proxy, as httpx reads it) lists more entries than the crawl takes."""
+    entries = [e for e in (os.environ.get("NO_PROXY") or os.environ.get("no_proxy") or "").split(",") if e.strip()]
+    if len(entries) > MAX_NO_PROXY:
+        raise AtlasError(f"NO_PROXY lists {len(entries):,} entries; the crawl takes at most {MAX_NO_PROXY:,} (each is "
+                         "a route the HTTP client builds and matches on every request): shorten it, e.g. to domain "
+                         "suffixes such as .example.com, or unset it when no proxy is set")
+
+
 def install_client(pacer: Pacer, timeout_s: float, silence: Silence, request_s: float = DEFAULT_BOUNDS.request_s) -> None:
     """huggingface_hub's client (its own request hook first) with our hooks and a transport that
-    tells `silence` whether each attempt got an answer and holds every request to `request_s`."""
+    tells `silence` whether each attempt got an answer and holds every request to `request_s`.
+    A NO_PROXY too long to route is refused here, before anything is built."""
+    check_no_proxy()
     class Watched(httpx.HTTPTransport):
         def __init__(self, proxy: str | None = None) -> None:
             super().__init__(proxy=proxy)

@@ -62,6 +62,7 @@ from huggingface_hub.utils import logging as hf_logging
 from pydantic import BaseModel, Field
 
 from atlas import AtlasError
+from atlas.interrupts import sigint_handler
 from atlas.store import db as store
 from atlas.fingerprints.rules import RULE_VERSION
 from atlas.hub import redact
@@ -78,7 +79,7 @@ from atlas.hub.client import (
 )
 from atlas.hub.context import MAX_ATTEMPTS, Context
 from atlas.hub.errors import RETRY_STATUS, ErrorKind, RepoProblem, first_line
-from atlas.hub.fetch import Fetched, Listed, fetch_repo, fingerprint_stored, side_files_pending
+from atlas.hub.fetch import Fetched, Listed, fetch_repo, fingerprint_stored, fingerprintable, side_files_pending
 from atlas.hub.listing import LISTING_EXPAND, OrgCoverage, list_scope, to_listed
 from atlas.hub.pacing import Pacer
 from atlas.hub.progress import CrawlProgress
@@ -138,6 +139,7 @@ def reach(endpoint: str, timeout_s: float = 5.0) -> None:
     url = f"{endpoint.rstrip('/')}/api/models?limit=1"
     failure: list[BaseException] = []
     answers: list[Any] = []
+    get_session()  # built here, outside the deadline: building it (its proxy routes) is no network wait
 
     def ask() -> None:
         try:
@@ -304,14 +306,8 @@ def ctrl_c_interrupts() -> Iterator[None]:
     job, some CI runners), and Python then installs no handler: the signal was dropped and the crawl
     ran to its end. An interrupted crawl loses nothing (a snapshot is whole or absent, files are
     cached), so honouring the signal is always safe."""
-    if threading.current_thread() is not threading.main_thread():
+    with sigint_handler(signal.default_int_handler):
         yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _fetch_all(ctx: Context, todo: list[tuple[RepoState, set[str] | None]], concurrency: int, bar: Any) -> None:
@@ -432,7 +428,7 @@ def _fingerprint_rows(con: duckdb.DuckDBPyConnection, repos: list[RepoState], fi
     rows_by_pair = {r.pair: r.listed.row for r in repos}
     fp_rows: store.FingerprintRows = []
     for (repo, sha), entry in inputs.items():
-        if (repo, sha) in stale and "config.json" in entry["files"]:
+        if (repo, sha) in stale and fingerprintable(entry["files"]):
             try:
                 fp_rows += [(repo, sha, RULE_VERSION, n, v, p) for n, v, p in fingerprint_stored(entry["files"], entry["weights"])]
             except Exception as exc:  # one repo's values never cost the snapshot
@@ -482,7 +478,7 @@ def refingerprint(db: Path) -> int:
         inputs = store.load_inputs(con)
         rows: store.FingerprintRows = []
         for (repo, sha), entry in inputs.items():
-            if "config.json" in entry["files"]:
+            if fingerprintable(entry["files"]):
                 try:
                     rows += [(repo, sha, RULE_VERSION, n, v, p) for n, v, p in fingerprint_stored(entry["files"], entry["weights"])]
                 except Exception:  # a config the rules cannot read keeps no fingerprint

@@ -18,9 +18,12 @@ from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_st
 from atlas import AtlasError
 from atlas.store import db as store
 from atlas.fingerprints.rules import MAX_CONFIG_BYTES, MAX_INDEX_BYTES, fingerprint, header_tensor_names, parse_config_bytes, parse_weight_index
+from atlas.fingerprints import safetensors_head
+from atlas.fingerprints.gguf import RECORD_PREFIX, from_record
 from atlas.hub import redact
 from atlas.hub.context import Context, call
 from atlas.hub.errors import ErrorKind, RepoProblem
+from atlas.hub.headers import gguf_files, read_gguf_record, read_shard_head, record_name
 
 # Used with fullmatch: `$` would accept one trailing newline ("org/m\n" as a second repo).
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}")
@@ -114,20 +117,45 @@ def _download(ctx: Context, repo_id: str, sha: str, filename: str, limit: int) -
     return data
 
 
-def _header_names(ctx: Context, repo_id: str, sha: str) -> list[str]:
+def _header_names(ctx: Context, repo_id: str, sha: str) -> tuple[list[str], dict[str, Any] | None]:
     """Tensor names from a single-file checkpoint's header (one Range request through the CDN
-    redirect, cached on disk because the hub client does not cache headers)."""
+    redirect, cached on disk because the hub client does not cache headers), and the header's
+    tensor infos when it was read now (None from the cache)."""
     cached = ctx.cache_dir / "atlas-safetensors-headers" / sha / (repo_id.replace("/", "--") + ".json")
     try:
         names = json.loads(cached.read_text(encoding="utf-8"))
         if isinstance(names, list) and all(isinstance(n, str) for n in names):
-            return names
+            return names, None
     except (OSError, ValueError):
         pass  # absent, or damaged (e.g. by a disk error): a miss, read the header again
     meta = call(ctx, lambda: ctx.api.parse_safetensors_file_metadata(repo_id, SINGLE_FILE, revision=sha))
     names = [redact.text(n) for n in header_tensor_names(meta.tensors)]
     _write_aside(cached, json.dumps(names).encode("utf-8"))
-    return names
+    return names, meta.tensors
+
+
+def _cached_record(ctx: Context, repo_id: str, sha: str, filename: str, read: Callable[[], str]) -> str:
+    """A header record (a GGUF file's, a safetensors shard's head) read by `read`, cached on disk; a
+    failure for good is cached too, by _download's rule: it is not asked again at the same sha."""
+    cached = ctx.cache_dir / "atlas-header-records" / sha / repo_id.replace("/", "--") / (filename.replace("/", "--") + ".json")
+    failed = cached.with_name(cached.name + ".error")
+    try:
+        if cached.is_file():
+            text = cached.read_text(encoding="utf-8")
+            json.loads(text)
+            return text
+        if failed.is_file():
+            raise RepoProblem(ErrorKind.ERROR, failed.read_text(encoding="utf-8"), permanent=True)
+    except (OSError, ValueError):
+        pass  # damaged cache entry: a miss
+    try:
+        text = read()
+    except RepoProblem as exc:
+        if exc.permanent:
+            _write_aside(failed, str(exc).encode("utf-8"))
+        raise
+    _write_aside(cached, text.encode("utf-8"))
+    return text
 
 
 def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> Fetched:
@@ -141,9 +169,12 @@ def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> F
     sha = item.sha
     out = Fetched()
     siblings = item.siblings
+    ggufs = gguf_files(siblings)
+    if settled is None and siblings is not None and "config.json" not in siblings and ggufs:
+        settled = set()  # a GGUF repo: its headers are what it says, there is no config to read
     if settled is None:
         if siblings is not None and "config.json" not in siblings:
-            raise RepoProblem(ErrorKind.MISSING, "no config.json in this repo")
+            raise RepoProblem(ErrorKind.MISSING, "no config.json (nor a GGUF file) in this repo")
         data = _download(ctx, item.repo_id, sha, "config.json", MAX_CONFIG_BYTES)
         try:
             parse_config_bytes(data)
@@ -178,12 +209,54 @@ def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> F
         got = side(WEIGHT_INDEX, MAX_INDEX_BYTES, parse_weight_index)
         if got is not None:
             out.weights = ("index", got[1])
+            _shard_heads(ctx, item, out, got[0], record)
+    for name in ggufs:
+        if record_name(name) not in settled and name not in settled:
+            try:
+                out.files[record_name(name)] = _cached_record(ctx, item.repo_id, sha, name,
+                                                              lambda n=name: read_gguf_record(ctx, item.repo_id, sha, n))
+            except RepoProblem as exc:
+                record(name, exc)
     if out.weights is None and siblings is not None and wanted(SINGLE_FILE):
         try:
-            out.weights = ("header", _header_names(ctx, item.repo_id, sha))
+            names, infos = _header_names(ctx, item.repo_id, sha)
+            out.weights = ("header", names)
+            _shard_heads(ctx, item, out, None, record, infos)
         except RepoProblem as exc:
             record(SINGLE_FILE, exc)
     return out
+
+
+def _shard_heads(ctx: Context, item: Listed, out: Fetched, index_raw: bytes | None,
+                 record: Callable[[str, RepoProblem], None], infos: dict[str, Any] | None = None) -> None:
+    """Head records of the shards that hold the MTP tensors the rules find among the tensor names
+    (their dtypes and shapes: the head's size), for a config read in this call: the shards the
+    index maps them to, or the single file (index_raw None), whose header the hub client may have
+    read already (`infos`: huggingface_hub's TensorInfo by name; no second request then)."""
+    if "config.json" not in out.files or out.weights is None:
+        return
+    mtp = fingerprint(parse_config_bytes(out.files["config.json"].encode("utf-8")), out.weights[1], "index").mtp_names
+    if not mtp:
+        return
+    if index_raw is None:
+        weight_map, total = {n: SINGLE_FILE for n in mtp}, None
+    else:
+        weight_map, total = safetensors_head.parse_index_map(index_raw, WEIGHT_INDEX)
+    wanted = set(mtp)
+    for shard in safetensors_head.head_shards(weight_map, mtp):
+        if item.siblings is not None and shard not in item.siblings:
+            continue  # not in the repo's file list: nothing to read
+        def read(s: str = shard) -> str:
+            if infos is None:
+                return read_shard_head(ctx, item.repo_id, item.sha or "", s, wanted, total, index_raw is None)
+            return redact.text(safetensors_head.to_record(
+                s, {n: (i.dtype, list(i.shape)) for n, i in infos.items() if n in wanted},
+                max((i.data_offsets[1] for i in infos.values()), default=0)))
+
+        try:
+            out.files[safetensors_head.RECORD_PREFIX + shard] = _cached_record(ctx, item.repo_id, item.sha or "", shard, read)
+        except RepoProblem as exc:
+            record(shard, exc)
 
 
 def side_files_pending(siblings: set[str] | None, settled: set[str], errors: dict[str, str]) -> bool:
@@ -194,14 +267,20 @@ def side_files_pending(siblings: set[str] | None, settled: set[str], errors: dic
     done = settled | set(errors)
     if QUANT_SIDECAR in siblings and QUANT_SIDECAR not in done:
         return True
+    if any(record_name(f) not in done and f not in done for f in gguf_files(siblings)):
+        return True
     if settled & set(store.WEIGHT_SOURCE_FILES.values()):
         return False  # tensor names are stored
     return any(f in siblings and f not in done for f in (WEIGHT_INDEX, SINGLE_FILE))
 
 
 def fingerprint_stored(files: dict[str, str], weights: tuple[str, list[str]] | None) -> list[tuple[str, str, str | None]]:
-    """Fingerprint rows for one (repo_id, sha) from what the store holds (pure)."""
-    config = parse_config_bytes(files["config.json"].encode("utf-8"))
+    """Fingerprint rows for one (repo_id, sha) from what the store holds (pure). A GGUF repo
+    without a config is read from its header records alone."""
+    config = parse_config_bytes(files["config.json"].encode("utf-8")) if "config.json" in files else {}
+    headers = [from_record(text) for name, text in sorted(files.items()) if name.startswith(RECORD_PREFIX)]
+    shards = [safetensors_head.from_record(text) for name, text in sorted(files.items())
+              if name.startswith(safetensors_head.RECORD_PREFIX)]
     sidecar = None
     if "hf_quant_config.json" in files:
         try:
@@ -210,4 +289,10 @@ def fingerprint_stored(files: dict[str, str], weights: tuple[str, list[str]] | N
         except AtlasError:
             sidecar = None  # a bad side file never loses the valid config
     source, names = weights if weights is not None else (None, None)
-    return fingerprint(config, names, source, sidecar).rows()
+    return fingerprint(config, names, source, sidecar, headers, shards).rows()
+
+
+def fingerprintable(files: dict[str, str]) -> bool:
+    """Whether the stored files of a (repo_id, sha) are enough to fingerprint it: a config, or
+    the header of a GGUF file."""
+    return "config.json" in files or any(name.startswith(RECORD_PREFIX) for name in files)

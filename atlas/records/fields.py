@@ -1,9 +1,11 @@
 """The strict base and the bounded field types every measurement-record model is built from, with
-the bounds themselves and the gate's verdict words (atlas.records.record, atlas.records.runcontext).
+the bounds themselves, one prompt's counts within a repeat (PromptRun) and the gate's verdict
+words (atlas.records.record, atlas.records.runcontext).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -41,6 +43,35 @@ Seconds = Annotated[float, Field(gt=0, le=1e9)]
 # 40-hex Hub commit, or sha256:<digest> of local checkpoint files. Rust's regex engine (pydantic's)
 # reads `$` as the end of the text, never before a final newline.
 REVISION = r"^(?:[0-9a-f]{40}|sha256:[0-9a-f]{64})$"
+
+
+class PromptRun(Strict):
+    """One prompt's speculative run and its plain pair within one repeat (schema 4): the sampling
+    unit of the gate's bound (atlas.records.gating.sampling_units), which the repeat's sums hide."""
+
+    tokens: Count
+    seconds: Seconds
+    baseline_seconds: Seconds
+    drafted: Count
+    accepted: Count
+    verify_passes: Count
+    identical_to_baseline: bool | None = None  # greedy only
+
+
+def check_prompt_sums(repeat: Any, prompts: list[PromptRun]) -> None:
+    """A repeat's counts are its prompts' sums (records.Repeat): a per-prompt figure that disagrees
+    with the total it was summed into is named (seconds within float summation slack)."""
+    counts = {"tokens": (repeat.tokens, sum(p.tokens for p in prompts)),
+              "drafted": (sum(repeat.drafted_per_position), sum(p.drafted for p in prompts)),
+              "accepted": (sum(repeat.accepted_per_position), sum(p.accepted for p in prompts)),
+              "verify_passes": (repeat.verify_passes, sum(p.verify_passes for p in prompts))}
+    for name, (total, summed) in counts.items():
+        if total != summed:
+            raise ValueError(f"the prompts' {name} sum to {summed}, not the repeat's {total}")
+    for name in ("seconds", "baseline_seconds"):
+        summed = math.fsum(getattr(p, name) for p in prompts)
+        if not math.isclose(getattr(repeat, name), summed, rel_tol=1e-9):
+            raise ValueError(f"the prompts' {name} sum to {summed!r}, not the repeat's {getattr(repeat, name)!r}")
 
 
 def verdict_in(reason: str) -> Verdict | None:

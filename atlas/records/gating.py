@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from atlas.records import studentt
 from atlas.records.fields import Verdict
 from atlas.records.record import Cell, Derived, GateDecision, PassCosts, Record, Repeat
 from atlas.records.theory import conditional_acceptance, ideal_speedup as ideal_from_costs
@@ -23,6 +24,17 @@ MAX_SPEEDUP = 1000.0
 MAX_EFFICIENCY = 100.0
 MAX_TOKENS_PER_SECOND = 1e7
 GATE_CONFIDENCE = 0.95
+# The rules a record's gates were set by (Record.gate_rule); a record is checked under its own.
+GATE_RULES = {
+    1: "each cell: one-sided 95 % t bounds over the repeats' paired speed-ups (Student's t from a table); "
+       "a workload x temperature on when any draft length is on, uncorrected",
+    2: "each cell: one-sided 95 % t bounds over its sampling units, the prompts (each prompt's paired log "
+       "speed-up averaged over its repeats) where the record keeps per-prompt timings, else the repeats of "
+       "the same prompts (a bound on those prompts only); a workload x temperature on for the draft lengths "
+       "a Holm step-down over all the draft lengths it tried rejects 'no faster', so the chance of a "
+       "false 'on' is at most 5 % per decision, whichever k it names",
+}
+GATE_RULE = 2  # the rule new records are gated by
 # Derived figures are stored at full precision; recomputing them on import may differ in the last
 # bits (summation order), so the comparison allows this relative slack and nothing more.
 REL_TOL = 1e-6
@@ -54,7 +66,8 @@ def _t95(df: int) -> float:
 
 def paired_bounds(ratios: Sequence[float]) -> tuple[float, float] | None:
     """One-sided 95 % lower and upper bounds on the geometric mean of paired speed-ups
-    (baseline_seconds / seconds of the same prompts run back to back): t over the log ratios."""
+    (baseline_seconds / seconds of the same prompts run back to back): t over the log ratios
+    (rule 1, the tabled quantile)."""
     if len(ratios) < 2:
         return None
     logs = [math.log(r) for r in ratios]
@@ -63,14 +76,57 @@ def paired_bounds(ratios: Sequence[float]) -> tuple[float, float] | None:
     return math.exp(mean - half), math.exp(mean + half)
 
 
+class Units(NamedTuple):
+    """A cell's sampling units for the gate (rule 2): one paired log speed-up each, and what they are."""
+
+    logs: list[float]
+    label: str  # "16 prompts x 3 repeats" or "3 repeats of the same prompts"
+    prompts: bool  # the units are prompts (the bound covers the workload the prompts sample)
+
+
+def sampling_units(repeats: Sequence[Repeat]) -> Units:
+    """Prompts as the unit where every repeat keeps the same number of per-prompt timings: a
+    prompt's paired log speed-up averaged over its repeats (the repeats nest in the prompt, so the
+    spread between prompts enters the bound). Else the repeats, each the sum over the same prompts:
+    their spread is timing noise only, and a bound on them speaks for those prompts alone."""
+    counts = {None if r.prompts is None else len(r.prompts) for r in repeats}
+    n = counts.pop() if len(counts) == 1 else None
+    if n:
+        logs = [statistics.fmean(math.log(r.prompts[j].baseline_seconds / r.prompts[j].seconds) for r in repeats if r.prompts)
+                for j in range(n)]
+        return Units(logs, f"{n} prompts x {len(repeats)} repeats", True)
+    return Units([math.log(r.baseline_seconds / r.seconds) for r in repeats], f"{len(repeats)} repeats of the same prompts", False)
+
+
+def t_bounds(logs: Sequence[float], confidence: float = GATE_CONFIDENCE) -> tuple[float, float] | None:
+    """One-sided `confidence` lower and upper bounds on exp(mean of `logs`): Student's t, exact
+    quantile (rule 2)."""
+    if len(logs) < 2:
+        return None
+    half = studentt.quantile(confidence, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    mean = statistics.fmean(logs)
+    return math.exp(mean - half), math.exp(mean + half)
+
+
+def p_faster(logs: Sequence[float]) -> float:
+    """One-sided p-value of "no faster than plain" (mean log speed-up <= 0) by the t test over the
+    units: the lower t bound at level 1 - p is exactly 1."""
+    if len(logs) < 2:
+        return 1.0
+    mean, sd = statistics.fmean(logs), statistics.stdev(logs)
+    if sd == 0:
+        return 0.0 if mean > 0 else 1.0
+    return 1.0 - studentt.cdf(mean / (sd / math.sqrt(len(logs))), len(logs) - 1)
+
+
 def is_greedy(temperature: float) -> bool:
     """Temperature 0 is greedy decoding (argmax), for every engine and the record's figures alike."""
     return temperature <= 0.0
 
 
-def derive(repeats: list[Repeat], temperature: float, k: int, costs: PassCosts | None) -> Derived:
+def derive(repeats: list[Repeat], temperature: float, k: int, costs: PassCosts | None, rule: int = GATE_RULE) -> Derived:
     """Every derived figure of a cell, from its raw counts (and, for the ideal, the pass costs:
-    each repeat's own when it has them, else the record's)."""
+    each repeat's own when it has them, else the record's); the paired bounds by the gate `rule`."""
     width = max(len(r.drafted_per_position) for r in repeats)
     drafted_pos = [sum(r.drafted_per_position[i] for r in repeats if i < len(r.drafted_per_position)) for i in range(width)]
     accepted_pos = [sum(r.accepted_per_position[i] for r in repeats if i < len(r.accepted_per_position)) for i in range(width)]
@@ -91,7 +147,7 @@ def derive(repeats: list[Repeat], temperature: float, k: int, costs: PassCosts |
                       for r in repeats]
         if all(e is not None for e in per_repeat):
             efficiency, efficiency_lo, efficiency_hi = statistics.median(per_repeat), min(per_repeat), max(per_repeat)
-    bounds = paired_bounds(speedups)
+    bounds = paired_bounds(speedups) if rule == 1 else t_bounds(sampling_units(repeats).logs)
     greedy = is_greedy(temperature)
     return Derived(
         drafted=drafted,
@@ -127,23 +183,34 @@ class Gate(NamedTuple):
         return self.verdict == "on"
 
 
-def gate(d: Derived, n_repeats: int, quick: bool = False) -> Gate:
-    """Enable MTP for a cell only when the paired repeats show it faster with 95 % confidence: the
+def gate(d: Derived, n_repeats: int, quick: bool = False, units: Units | None = None) -> Gate:
+    """Enable MTP for a cell only when the paired units show it faster with 95 % confidence: the
     one-sided lower bound on the geometric-mean paired speed-up is above 1. "off" needs the upper
     bound below 1; in between the verdict is "undecided" (the data cannot tell, and a rerun might
-    flip a bare point estimate). A --quick run never sets a gate."""
+    flip a bare point estimate). A --quick run never sets a gate. Rule 1 (`units` None) counts
+    repeats; rule 2 counts the cell's sampling units and names them."""
     if d.greedy_lossless is False:
         return Gate("off", "off: greedy output differed from plain decoding")
     if quick:
         return Gate("undecided", "undecided: a --quick run never sets a gate")
-    if n_repeats < MIN_GATE_REPEATS or d.speedup_bound_lo is None or d.speedup_bound_hi is None:
-        return Gate("undecided", f"undecided: too few repeats ({n_repeats}; the gate needs {MIN_GATE_REPEATS})")
-    bounds = f"95 % bounds on the paired speed-up {d.speedup_bound_lo:.2f}x-{d.speedup_bound_hi:.2f}x over {n_repeats} repeats"
+    n, what = (n_repeats, "repeats") if units is None else (len(units.logs), "sampling units")
+    if n < MIN_GATE_REPEATS or d.speedup_bound_lo is None or d.speedup_bound_hi is None:
+        return Gate("undecided", f"undecided: too few {what} ({n}; the gate needs {MIN_GATE_REPEATS})")
+    over = f"{n_repeats} repeats" if units is None else units.label
+    bounds = f"95 % bounds on the paired speed-up {d.speedup_bound_lo:.2f}x-{d.speedup_bound_hi:.2f}x over {over}"
     if d.speedup_bound_lo > 1:
         return Gate("on", f"on: {bounds}")
     if d.speedup_bound_hi < 1:
         return Gate("off", f"off: {bounds}")
     return Gate("undecided", f"undecided: {bounds}")
+
+
+def judge(repeats: list[Repeat], temperature: float, k: int, costs: PassCosts | None, quick: bool = False,
+          rule: int = GATE_RULE) -> tuple[Derived, Gate]:
+    """A cell's derived figures and its own gate under `rule` (what build_cell stores and the
+    import checks)."""
+    d = derive(repeats, temperature, k, costs, rule)
+    return d, gate(d, len(repeats), quick, None if rule == 1 else sampling_units(repeats))
 
 
 GATED_ENGINES = ("atlas", "vllm")  # engines that choose among draft lengths; transformers' use_mtp drafts one fixed k
@@ -155,10 +222,11 @@ def gated_engine(cells: list[Cell]) -> str | None:
     return next((e for e in GATED_ENGINES if any(c.engine == e for c in cells)), None)
 
 
-def decide(cells: list[Cell]) -> list[GateDecision]:
+def decide(cells: list[Cell], rule: int = GATE_RULE, quick: bool = False) -> list[GateDecision]:
     """The gate per workload x temperature over the gated engine's cells (our loop's, or vLLM's in
     an --engine vllm record): on with the draft length of the best median speed-up among those that
-    are on; off when every draft length is off; else undecided."""
+    are on (rule 1: the cells whose own gate is on; rule 2: those a Holm step-down over every draft
+    length tried rejects at family level 5 %); off when every draft length is off; else undecided."""
     groups: dict[tuple[str, float], list[Cell]] = {}
     engine = gated_engine(cells)
     for c in cells:
@@ -166,20 +234,59 @@ def decide(cells: list[Cell]) -> list[GateDecision]:
             groups.setdefault((c.workload, c.temperature), []).append(c)
     decisions = []
     for (workload, t), group in groups.items():
-        on = [c for c in group if c.gate_enabled]
+        on, how = ([c for c in group if c.gate_enabled], "") if rule == 1 else ([], "") if quick else holm(group)
         if on:
             best = max(on, key=lambda c: c.derived.speedup)
             reason = (f"on with k={best.draft_tokens}: median speed-up {best.derived.speedup:.2f}x; "
-                      f"{best.gate_reason.removeprefix('on: ')} (k on: {', '.join(str(c.draft_tokens) for c in on)})")
+                      f"{best.gate_reason.removeprefix('on: ')} (k on: {', '.join(str(c.draft_tokens) for c in on)}){how}")
             decisions.append(GateDecision(workload=workload, temperature=t, enabled=True, verdict="on", draft_tokens=best.draft_tokens,
                                           reason=reason))
             continue
         verdict: Verdict = "off" if all(c.gate_verdict == "off" for c in group) else "undecided"
         best = max(group, key=lambda c: c.derived.speedup)
         detail = best.gate_reason.split(": ", 1)[-1]
-        reason = f"{verdict}: no draft length shown faster; best median {best.derived.speedup:.2f}x at k={best.draft_tokens} ({detail})"
+        reason = f"{verdict}: no draft length shown faster; best median {best.derived.speedup:.2f}x at k={best.draft_tokens} ({detail}){how}"
         decisions.append(GateDecision(workload=workload, temperature=t, enabled=False, verdict=verdict, draft_tokens=None, reason=reason))
     return decisions
+
+
+FAMILY_ALPHA = 1 - GATE_CONFIDENCE
+
+
+def holm(group: list[Cell]) -> tuple[list[Cell], str]:
+    """The cells of one decision (its draft lengths, which share one plain run) whose "no faster"
+    a Holm step-down rejects at family level FAMILY_ALPHA, and how, for the reason: the i-th
+    smallest p-value of m is tested at FAMILY_ALPHA / (m - i) until one fails. A cell that cannot
+    be on (too few units, greedy output changed) counts in m with p = 1."""
+    p = {}
+    for c in group:
+        logs = sampling_units(c.repeats).logs
+        p[id(c)] = p_faster(logs) if len(logs) >= MIN_GATE_REPEATS and c.derived.greedy_lossless is not False else 1.0
+    ordered = sorted(group, key=lambda c: (p[id(c)], c.draft_tokens))
+    m, on = len(ordered), []
+    for i, c in enumerate(ordered):
+        if p[id(c)] > FAMILY_ALPHA / (m - i):
+            break
+        on.append(c)
+    tests = ", ".join(f"k={c.draft_tokens} p={p[id(c)]:.2g}" for c in ordered)
+    return sorted(on, key=lambda c: c.draft_tokens), f"; Holm over {m} draft lengths at family level {FAMILY_ALPHA:.0%} ({tests})"
+
+
+def regate(record: Record, rule: int = GATE_RULE) -> list[GateDecision]:
+    """The record's gate decisions under `rule` (by default the current one), its cells judged
+    afresh from their raw counts: what an older record's verdicts become under today's rule. The
+    record itself keeps the gates and the rule it was made with."""
+    cells = []
+    for c in record.cells:
+        costs = record.pass_costs if c.engine == "atlas" else None
+        d, g = judge(c.repeats, c.temperature, c.draft_tokens, costs, record.settings.quick, rule)
+        cells.append(c.model_copy(update=dict(derived=d, gate_enabled=g.enabled, gate_verdict=g.verdict, gate_reason=g.reason)))
+    return decide(cells, rule, record.settings.quick)
+
+
+def verdict_text(g: GateDecision | None) -> str:
+    """A decision's verdict with its draft length ("on k=2"); "-" for none."""
+    return "-" if g is None else (g.verdict or "?") + (f" k={g.draft_tokens}" if g.draft_tokens else "")
 
 
 def implausible(record: Record) -> list[str]:
@@ -241,7 +348,7 @@ def check_consistency(record: Record) -> None:
     fields = V1_DERIVED if record.schema_version == 1 else tuple(Derived.model_fields)
     for cell in record.cells:
         costs = record.pass_costs if cell.engine == "atlas" else None
-        expected = derive(cell.repeats, cell.temperature, cell.draft_tokens, costs)
+        expected, g = judge(cell.repeats, cell.temperature, cell.draft_tokens, costs, record.settings.quick, record.rule)
         where = f"cell {cell.engine}/{cell.workload}/T={cell.temperature}/k={cell.draft_tokens}"
         for name in fields:
             if not _close(getattr(cell.derived, name), getattr(expected, name)):
@@ -251,8 +358,7 @@ def check_consistency(record: Record) -> None:
                     f"{where}: {key} is {getattr(cell.derived, name)!r} but the raw counts give {getattr(expected, name)!r}"
                 )
         # schema 1 gates were set by the old rule (min over repeats > 1) and are kept as recorded
-        g = gate(expected, len(cell.repeats), record.settings.quick)
         if record.schema_version > 1 and (cell.gate_enabled, cell.gate_verdict, cell.gate_reason) != (g.enabled, g.verdict, g.reason):
             raise ValueError(f"{where}: the gate does not follow from the measured speed-ups")
-    if record.schema_version > 1 and record.gates != decide(record.cells):
+    if record.schema_version > 1 and record.gates != decide(record.cells, record.rule, record.settings.quick):
         raise ValueError("the per-workload gate decisions do not follow from the cells")

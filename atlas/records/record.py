@@ -21,13 +21,16 @@ checked against the fields they had, and their gate fields are kept as recorded 
 Schema 3 gave the gate's verdict (on / off / undecided) a typed field of its own (`Cell.gate_verdict`,
 `GateDecision.verdict`); an older file gets it derived on reading from the word its reason starts
 with, and still serialises as it was written, so its identity (record_id) does not change.
+Schema 4 keeps each prompt's counts and seconds within each repeat (`Repeat.prompts`: prompts, not
+repeats of the same prompts, are the gate's sampling unit) and names the rule its gates were set by
+(`gate_rule`, atlas.records.gating.GATE_RULES); older files were set by rule 1 and are checked under it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import signal
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,6 +53,8 @@ from atlas.records.fields import (
     DraftTokens,
     Name,
     PerPosition,
+    PromptRun,
+    check_prompt_sums,
     Seconds,
     Strict,
     Temperature,
@@ -58,12 +63,13 @@ from atlas.records.fields import (
     with_verdict,
 )
 from atlas.records.runcontext import EngineRun, Hardware, RecurrentState, Settings, Software
-from atlas.paths import ROOT
+from atlas.interrupts import sigint_handler
+from atlas.paths import ROOT, read_bounded
 
 if TYPE_CHECKING:  # the store's engine is needed to import records, not to write them (a GPU run ships without it)
     import duckdb
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # The record folder, relative to the project root: `atlas measure run` writes into it and
 # `atlas measure import` reads it. Named here, not with the runner's options, so that the import
 # never loads those (and with them torch).
@@ -80,7 +86,8 @@ class PassCosts(Strict):
 
 
 class Repeat(Strict):
-    """Raw counts of one repeat of a cell: every prompt of the workload, summed."""
+    """Raw counts of one repeat of a cell: every prompt of the workload, summed (and, from schema
+    4, each prompt's own counts in `prompts`, in the workload's prompt order)."""
 
     tokens: int = Field(gt=0, le=MAX_NEW_TOKENS * MAX_PROMPTS)
     seconds: Seconds
@@ -92,6 +99,7 @@ class Repeat(Strict):
     # rounds whose drafts before position i all passed (schema 2; None in schema 1 files)
     reached_per_position: PerPosition | None = None
     pass_costs: PassCosts | None = None  # timed just before this repeat (schema 2, atlas cells)
+    prompts: list[PromptRun] | None = Field(default=None, max_length=MAX_PROMPTS)  # schema 4; None in older files
 
     @model_validator(mode="after")
     def _counts(self) -> "Repeat":
@@ -101,6 +109,8 @@ class Repeat(Strict):
             raise ValueError("accepted exceeds drafted at some position")
         if self.reached_per_position is not None and len(self.reached_per_position) != len(self.drafted_per_position):
             raise ValueError("reached and drafted per position differ in length")
+        if self.prompts is not None:
+            check_prompt_sums(self, self.prompts)
         return self
 
 
@@ -203,7 +213,7 @@ class GateDecision(Strict):
 
 
 class Record(Strict):
-    schema_version: Literal[1, 2, 3]
+    schema_version: Literal[1, 2, 3, 4]
     run_date: datetime
     model_id: Name
     revision: str = Field(pattern=REVISION)  # 40-hex commit, or "sha256:<digest of the checkpoint files>"
@@ -223,6 +233,13 @@ class Record(Strict):
     load_before: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(default=None, max_length=3)
     load_after: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(default=None, max_length=3)
     provenance: Provenance | None = None  # a checkpoint this project made: how (labelled on the site)
+    # The rule the gates were set by (gating.GATE_RULES); absent in files before schema 4, which were
+    # set by rule 1 and keep it: their gates are checked under the rule they were made with.
+    gate_rule: Literal[1, 2] | None = None
+
+    @property
+    def rule(self) -> int:
+        return self.gate_rule or 1
 
     @field_validator("command")
     @classmethod
@@ -240,6 +257,8 @@ class Record(Strict):
             if key in seen:
                 raise ValueError(f"duplicated cell {c.engine}/{c.workload}/T={c.temperature}/k={c.draft_tokens}")
             seen.add(key)
+        if (self.schema_version >= 4) != (self.gate_rule is not None):
+            raise ValueError("gate_rule is named by schema 4 records, and only by them")
         gates = [(g.workload, g.temperature) for g in self.gates]
         if len(set(gates)) != len(gates):
             raise ValueError("duplicated gate decision (one per workload and temperature)")
@@ -250,7 +269,7 @@ class Record(Strict):
         if not self.gates:
             from atlas.records.gating import decide  # gating reads these models: imported here, not at the top, to stay acyclic
 
-            self.gates = decide(self.cells)
+            self.gates = decide(self.cells, self.rule, self.settings.quick)
         return self
 
     @model_serializer(mode="wrap")
@@ -262,12 +281,19 @@ class Record(Strict):
         for key in ("regime", "kernels", "draft_vocab", "shared_tensors"):  # records written before these fields keep their bytes
             if data["settings"].get(key) is None:
                 data["settings"].pop(key, None)
-        if data["hardware"].get("omp_wait_policy") is None:
-            data["hardware"].pop("omp_wait_policy", None)
+        for key in ("omp_wait_policy", "cpu_flags"):  # records stamped before these fields keep their bytes
+            if data["hardware"].get(key) is None:
+                data["hardware"].pop(key, None)
         if data.get("recurrent_state") is None:  # absent, not null, in records without recurrent layers
             data.pop("recurrent_state", None)
         if self.provenance is None:
             data.pop("provenance", None)
+        if self.gate_rule is None:
+            data.pop("gate_rule", None)
+        for cell in data["cells"]:  # repeats written before per-prompt counts keep their bytes
+            for repeat in cell["repeats"]:
+                if repeat.get("prompts") is None:
+                    repeat.pop("prompts", None)
         if self.schema_version < 3:
             for cell in data["cells"]:
                 cell.pop("gate_verdict", None)
@@ -284,13 +310,7 @@ def read_record(path: Path) -> Record:
 
 
 def _read_bounded(path: Path) -> bytes:
-    try:
-        size = path.stat().st_size
-        if size > MAX_RECORD_BYTES:
-            raise AtlasError(f"{path}: {size:,} bytes, over the {MAX_RECORD_BYTES:,}-byte limit for a measurement record; not read")
-        return path.read_bytes()
-    except OSError as exc:
-        raise AtlasError(f"{path}: cannot read: {exc}") from None
+    return read_bounded(path, MAX_RECORD_BYTES, "a measurement record")
 
 
 def parse_record(data: bytes, path: Path) -> Record:
@@ -350,25 +370,39 @@ def no_record_after_interrupt() -> Iterator[None]:
         raise KeyboardInterrupt
 
     _INTERRUPTED.clear()
-    previous = signal.signal(signal.SIGINT, interrupted)
-    try:
+    with sigint_handler(interrupted):
         yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def write_record(record: Record, out_dir: Path) -> Path:
     """Write a validated, self-consistent record as <date>-<model>-<digest12>.json, whole or not at
-    all: into a sibling that import does not read (*.json.partial), then renamed."""
+    all: into a sibling that import does not read (*.json.partial), then renamed. When `out_dir`
+    cannot take it (it filled up during the run), the record goes to the system's temporary folder
+    and one line says where: the run's figures are never lost to the disk they were meant for."""
     if _INTERRUPTED.is_set():
         raise AtlasError("interrupted (SIGINT): the run did not finish, so no record was written")
     from atlas.records.gating import check_consistency  # acyclic, as in Record._fill_gates
 
     check_consistency(record)
-    out_dir.mkdir(parents=True, exist_ok=True)
     data = canonical_bytes(record)
     slug = "".join(c if c.isalnum() or c in "-." else "-" for c in record.model_id)[-60:]
-    path = out_dir / f"{record.run_date:%Y%m%dT%H%M%SZ}-{slug}-{hashlib.sha256(data).hexdigest()[:12]}.json"
+    name = f"{record.run_date:%Y%m%dT%H%M%SZ}-{slug}-{hashlib.sha256(data).hexdigest()[:12]}.json"
+    try:
+        return _write_whole(out_dir / name, data)
+    except OSError as exc:
+        problem = exc.strerror or str(exc)
+    aside = Path(tempfile.gettempdir()) / "atlas-records"
+    try:
+        saved = _write_whole(aside / name, data)
+    except OSError:
+        raise AtlasError(f"cannot write the record to {out_dir} ({problem}), nor to {aside}: the run's figures "
+                         "are lost") from None
+    raise AtlasError(f"cannot write the record to {out_dir} ({problem}); it was saved whole as {saved}: move it "
+                     f"into {out_dir} once there is room")
+
+
+def _write_whole(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     try:
         with partial.open("wb") as f:

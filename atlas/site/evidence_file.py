@@ -26,6 +26,7 @@ SECTIONS = (
     "mismatches",
     "servable",
     "conformance",
+    "head_engines",
     "measured",
     "adoption_chart",
     "layers_chart",

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from atlas.evidence import servable as servable_matrix
+from atlas.site import mtp_forms
 from atlas.site.mdsafe import escape
 from atlas.site.models_json import Engine, Model, Models, not_crawled_words, snapshot_words
 
@@ -119,7 +120,7 @@ def drafter_cell(m: Model) -> str | Linked:
 
 def finder_row(m: Model) -> list[str | None | Linked]:
     """One model as the finder shows it: id, its page's slug (None without a page), then the text
-    of the org, family (with its family-table name where that differs), declared, shipped,
+    of the org, family (with its family-table name where that differs), declared, shipped, MTP form,
     servable, measured, MTP-drafter (text pieces with links) and our-loop cells."""
     c = m.current
     alias = family_name(m)
@@ -127,6 +128,7 @@ def finder_row(m: Model) -> list[str | None | Linked]:
         _shown(m.repo_id), m.slug if m.has_page else None, _shown(m.org),
         _shown(m.family) + (f" ({_shown(alias)})" if alias else ""),
         _shown(c.declared) if c else not_crawled_words(m), _shown(c.shipped) if c else not_crawled_words(m),
+        _shown(mtp_forms.finder_cell(m.form)) if c else not_crawled_words(m),
         ", ".join([f"{_shown(e.engine)} ({_shown(conformance_words(e))})" for e in m.servable]
                   + [f"{_shown(e)} (measured run)" for e in measured_serving(m)]) or "—",
         f"{len(m.measured)} cells: " + ", ".join(_shown(e) for e in measured_engines(m)) if m.measured else "—",
@@ -135,7 +137,7 @@ def finder_row(m: Model) -> list[str | None | Linked]:
     ]
 
 
-FINDER_COLUMNS = ["model", "org", "family", "declared", "shipped", "servable", "measured", "MTP drafter", "our loop"]
+FINDER_COLUMNS = ["model", "org", "family", "declared", "shipped", "MTP form", "servable", "measured", "MTP drafter", "our loop"]
 
 
 def _cell_html(cell: str | Linked) -> str:
@@ -177,6 +179,8 @@ def finder(data: Models | None) -> str:
         "the row; a link can carry the filter as ?find=words, or as the site search's ?h=words); "
         "click a column header to sort. Each cell shows at most three lines; the model's page has every word. A model that declares or ships MTP also carries its family-table name "
         "beside its model_type (MiMo, Nemotron-H / Nemotron-3, GLM-5), so a family's name finds it. Declared and shipped are layer counts (— unknown); "
+        "MTP form is the form the repo ships MTP in (in_checkpoint, declared_missing, stripped, mtp_sidecar, separate_drafter, "
+        "block_drafter, declared_unread, none; with the GGUF layout where a GGUF header was read), its evidence on the model's page; "
         f"servable is the support matrix of {data.servable_date}, for models that declare or ship "
         "MTP layers, each engine with its conformance result (lossless / fails / inconclusive, per "
         "build checked; or not checked; an engine marked \"measured run\" ran the model's MTP in a "

@@ -17,6 +17,7 @@ from atlas.evidence import reported as reported_figures
 from atlas.evidence import servable as servable_matrix
 from atlas.site import datapage
 from atlas.site import measured as measured_section
+from atlas.site import mtp_forms
 from atlas.site import reported as reported_section
 from atlas.site.modelfinder import FINDER_PARTS, SERVING_ENGINES, conformance_words, finder, finder_parts, measured_engines
 from atlas.site.mdsafe import Markdown, code, escape, table
@@ -87,7 +88,9 @@ def _levels(m: Model, figures: list[reported_figures.Figure], mirror_date: str |
     # a drafter link is a present claim: it sits with declared and shipped, never summed into either count
     drafter = ([["MTP drafter (own repo)", Markdown("; ".join(_drafter_words(m))),
                  Markdown(escape(where) + _rev(c.revision if c else None))]] if m.drafter is not None or m.drafters else [])
-    rows = [["declared", *declared], ["shipped", *shipped], ["MTP precision (shipped)", *precision], *drafter,
+    # the form is a present claim too: what the config, the weight names and GGUF headers say together
+    form = mtp_forms.page_rows(m.form, Markdown(escape(where) + _rev(c.revision if c else None)))
+    rows = [["declared", *declared], ["shipped", *shipped], *form, ["MTP precision (shipped)", *precision], *drafter,
             ["servable", *servable], ["reported", *rep], ["measured", *meas]]
     return table(["claim level", "what it says", "provenance"], rows)
 
@@ -98,6 +101,9 @@ DRAFTER_EVIDENCE = {"base_model": "from its card's base_model",
 
 def _slug_link(text: str, slug: str | None) -> Markdown:
     return Markdown(f"[{escape(text)}]({slug}.md)") if slug else escape(text)
+
+
+_NO_CLAIM = "its card names no single base_model and no repo of this snapshot has its name without the drafter suffix"
 
 
 def _drafter_words(m: Model) -> list[Markdown]:
@@ -112,8 +118,7 @@ def _drafter_words(m: Model) -> list[Markdown]:
             out.append(Markdown(f"{kind} for {_slug_link(d.target, d.target_slug)} "
                                 f"(target {escape(DRAFTER_EVIDENCE.get(d.evidence or '', d.evidence or ''))})"))
         else:
-            out.append(Markdown(f"{kind}; target unknown: its card names no single base_model and no repo of this "
-                                "snapshot has its name without the drafter suffix"))
+            out.append(Markdown(f"{kind}; target unknown: {escape(d.problem or _NO_CLAIM)}"))
     if m.drafters:
         out.append(Markdown("MTP drafter published: " + ", ".join(
             f"{_slug_link(p.repo_id, p.slug)} ({escape(DRAFTER_EVIDENCE.get(p.evidence, p.evidence))})"

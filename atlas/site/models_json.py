@@ -35,6 +35,7 @@ from atlas.paths import replace_text
 from atlas.jsonfile import read_written
 from atlas.site.evidence_format import date_text
 from atlas.site.calculator_defaults import calculator_prefill
+from atlas.site.mtp_forms import MTPForm, linked, read_forms
 from atlas.site.widgets import Prefill
 
 FILE_NAME = "models.json"
@@ -93,6 +94,9 @@ class DrafterLink(BaseModel):
     target: str | None  # None: target unknown
     evidence: str | None  # 'base_model' (the card) or 'name' (the repo's name); None: target unknown
     target_slug: str | None = None  # the target's page, when the target is in the snapshot
+    # why the target is unknown (the store's rule: no claim, not a Hub id, itself, a cycle, a drafter);
+    # None in a models.json written before the store gave a reason
+    problem: str | None = None
 
 
 class PublishedDrafter(BaseModel):
@@ -125,6 +129,7 @@ class Model(BaseModel):
     runner: str | None = None
     drafter: DrafterLink | None = None  # set when this repo is an MTP drafter of its own
     drafters: list[PublishedDrafter] = []  # MTP drafter repos published for this model
+    form: MTPForm | None = None  # the form it ships MTP in (atlas.site.mtp_forms); None: not read
 
 
 class Models(BaseModel):
@@ -252,10 +257,9 @@ def _has_measurements(con: duckdb.DuckDBPyConnection) -> bool:
     return _has_table(con, "measurement_cells")
 
 
-# A store last written before the view existed opens read-only without it: it has no drafter links.
-_DRAFTERS = """
-    SELECT drafter, drafter_kind, drafter_kind_key, target, target_evidence FROM mtp_drafter_links
-    WHERE snapshot_id = $latest ORDER BY drafter"""
+# A store last written before the view existed opens read-only without it: it has no drafter links
+# (and one written before the view gave reasons has no target_problem: `*` reads what is there).
+_DRAFTERS = "SELECT * FROM mtp_drafter_links WHERE snapshot_id = $latest ORDER BY drafter"
 
 
 def _drafter_links(con: duckdb.DuckDBPyConnection, latest: int | None
@@ -269,7 +273,8 @@ def _drafter_links(con: duckdb.DuckDBPyConnection, latest: int | None
     published: dict[str, list[tuple[str, str]]] = {}
     for r in _rows(con, _DRAFTERS, {"latest": latest}):
         links[r["drafter"]] = DrafterLink(kind=r["drafter_kind"], kind_key=r["drafter_kind_key"],
-                                          target=r["target"], evidence=r["target_evidence"])
+                                          target=r["target"], evidence=r["target_evidence"],
+                                          problem=r.get("target_problem"))
         if r["target"] is not None:
             published.setdefault(r["target"].lower(), []).append((r["drafter"], r["target_evidence"]))
     return links, published
@@ -297,6 +302,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
     current = {r["repo_id"]: r for r in _rows(con, _HISTORY.format(where="h.snapshot_id = $latest"), {"latest": latest})}
     precision = _precision(con, latest)
     drafter_of, published = _drafter_links(con, latest)
+    forms = read_forms(con, latest)
     derivatives: dict[str, list[str]] = {}
     for rid, r in current.items():
         for base in r["base_models"] or []:
@@ -325,7 +331,8 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
             drafter = drafter.model_copy(update={"target_slug": page_slugs[in_snapshot[drafter.target.lower()]]})
         # a drafter repo and its target declare no MTP layers of their own, yet each is the
         # other's MTP claim: both get a page, so the two can link to each other
-        has_page = declares or ships or bool(cells) or drafter is not None or bool(drafters)
+        form = linked(forms.get(rid), page_slugs, in_snapshot)
+        has_page = declares or ships or bool(cells) or drafter is not None or bool(drafters) or bool(form and form.noteworthy)
         # history and links are shown on a model's own page only: a model without one is a
         # finder row, and keeps only what the row shows
         models.append(Model(
@@ -343,7 +350,7 @@ def collect(con: duckdb.DuckDBPyConnection, matrix: servable_matrix.Matrix, root
             measured=cells,
             provenance=_provenance(measured.get(rid, []), root),
             runner=runner.get(rid),
-            drafter=drafter, drafters=drafters,
+            drafter=drafter, drafters=drafters, form=form,
         ))
     snap_date = next((m.current.snapshot_date for m in models if m.current), None)
     return Models(snapshot_id=latest, snapshot_date=snap_date, mirror_date=mirror_date,

@@ -83,7 +83,8 @@ def _stamp(run: Run, n: int, baselines: dict[str, str]) -> str:
         f"**Run R{n}**{escape(label(run))} — {code(r.model_id)} at {code(short_rev(r.revision))} · "
         f"{escape(r.hardware.text)} · {escape(record_setup(r))} · {escape(s.device)} {escape(s.dtype)} · run "
         f"{r.run_date:%Y-%m-%d %H:%M} UTC · {s.repeats} repeats × {s.prompts_per_workload} prompts × "
-        f"{s.max_new_tokens} tokens per workload · baselines {', '.join(used)} · record "
+        f"{s.max_new_tokens} tokens per workload · prompt set {code(r.prompt_set)} (sha256 "
+        f"{code(r.prompt_set_digest[:12])}) · baselines {', '.join(used)} · record "
         f"{code(run.record_id[:12])} ({code(shown_source(run.source_path))}, made by {code(r.command)})"
     )
 
@@ -311,6 +312,26 @@ GATE_RULE = (
     f"Records of schema 1 were gated by an older rule (on where the slowest repeat was still "
     f"faster) and carry no bounds."
 )
+def gate_rule_text(record: records.Record) -> str:
+    """The rule the record's gates were set by, as its page states it."""
+    return GATE_RULE if record.rule == 1 else GATE_RULE_2
+
+
+# Rule 2 (gating.GATE_RULES), for records that name it: prompts as the unit, Holm over the k.
+GATE_RULE_2 = (
+    f"**The gate (rule 2).** Each prompt of a workload gives one paired speed-up per repeat (plain "
+    f"time ÷ speculative time of that prompt, run back to back); a prompt's speed-up is the geometric "
+    f"mean over its repeats, so the bound covers the spread between prompts, not only timing noise. "
+    f"For each draft length k the run takes one-sided {GATE_CONFIDENCE_TEXT} bounds on the geometric "
+    f"mean over prompts (Student's t over their logarithms). A draft length is *off* when greedy "
+    f"output differed from plain decoding; otherwise *undecided* with fewer than "
+    f"{gating.MIN_GATE_REPEATS} prompts; otherwise *on* when the lower bound is above 1, *off* when "
+    f"the upper bound is below 1, and *undecided* in between. Per workload and temperature the k "
+    f"share one plain run, so the gate is on only for the k a Holm step-down over every k tried "
+    f"finds faster at family level {1 - gating.GATE_CONFIDENCE:.0%} (its reason lists each k's p-value): "
+    f"a false *on* has at most that chance per decision, whichever k it names. It is on with the k "
+    f"of the best median speed-up among those, off when every k is off, undecided otherwise."
+)
 
 
 _COLUMNS = (
@@ -393,7 +414,7 @@ def run_pages(runs: list[Run], anchors: list[reported_figures.Figure] = ()) -> s
         if run.record.provenance is not None and run.record.provenance.project_made:
             parts.append(provenance_note(run.record.provenance))
             parts.append(head_recipe_text(run))
-        parts.append(GATE_RULE)
+        parts.append(gate_rule_text(run.record))
         for bid, summary in _summary(run, baselines):
             parts.append(f"*R{n}{escape(label(run))}, speed-ups over baseline {bid}*\n\n{summary}")
         parts.append("### Every draft length k\n\n" + _detail(run, baselines))

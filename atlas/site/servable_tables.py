@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from atlas.evidence import head_engines as head_engine_rows
 from atlas.evidence import servable as servable_matrix
 from atlas.conformance import record as conformance
 from atlas.site import conformance_table
 from atlas.site.evidence_format import guardrail, indent
-from atlas.site.mdsafe import Markdown, code, escape, table
+from atlas.site.mdsafe import Markdown, code, escape, link, table
 
 
 VERDICT_CSS = {"lossless": "verified", "fails": "fails", "inconclusive": "inconclusive"}  # the marks' colours (atlas.css)
@@ -148,3 +149,21 @@ def conformance_grid(verdicts: list[conformance.Verdict]) -> str:
             + (f"**Known causes** of the failures (K1, …: the statistics below cite them):\n\n{causes}\n\n" if causes else "")
             + '??? servable "The statistics behind each verdict"\n'
             + indent(conformance_table.evidence_table(verdicts)) + "\n")
+
+
+def head_engines(data: head_engine_rows.HeadEngines | None) -> str:
+    """The reported-level table of which engines use the MTP head, per family: a section and box of
+    its own after the support matrix, each row with its link and date, never a measured figure."""
+    if data is None:
+        return ""
+    head = guardrail(
+        "reported",
+        f"Which engines use the MTP head (reported: public PRs and source files read {data.date.isoformat()})",
+        "What each PR or source file states, per family and engine, with its state and the first version or build "
+        "that has it where the sources say; \"not stated\" where they do not. Not a measurement of the atlas.",
+    )
+    rows = [[escape(r.engine), escape(r.family), escape(r.what), link(r.link.split("github.com/", 1)[1], r.link),
+             escape(r.state), escape(r.when), escape(r.first)] for r in data.row]
+    body = table(["engine", "family", "what it does with the head", "source", "state", "date", "first version or build"], rows)
+    gaps = (f"\nNo public source on the head path was read for: {escape(', '.join(data.gaps))}.\n" if data.gaps else "")
+    return f"{head}\n{body}\n{gaps}"

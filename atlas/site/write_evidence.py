@@ -27,7 +27,7 @@ import duckdb
 
 from atlas.store import db as store
 from atlas.hub.local.mirror import MIRROR_FILE, MIRROR_PREFIX, load_mirror_date
-from atlas.evidence import catalog
+from atlas.evidence import catalog, head_engines
 from atlas.evidence import runs as evidence_runs
 from atlas.evidence import servable as servable_matrix
 from atlas.conformance import record as conformance
@@ -183,6 +183,8 @@ def collect(con: duckdb.DuckDBPyConnection, cat: catalog.Catalog, mirror_sources
         "mismatches": present_claims.mismatches(mismatch_rows, revs),
         "servable": servable_tables.servable(servable_rows, matrix, verdicts),
         "conformance": servable_tables.conformance_grid(verdicts),
+        # reported, not servable: which engines use the head, per PR (evidence/head_engines.toml)
+        "head_engines": servable_tables.head_engines(head_engines.beside(cat.servable_path)) or "No head-engines table.\n",
         # module 8 keeps one row per run; the runs' own pages (docs/runs/) hold every figure
         "measured": measured_section.compact_summary(runs, "../runs/"),
         "adoption_chart": present_claims.adoption(_rows(con, "adoption"), created),

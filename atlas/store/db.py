@@ -89,8 +89,10 @@ def reading(path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
         con.close()
 
 
-def connect(path: Path | str, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    """Open the store (creating file and schema when needed). Everyone opens the DB through this."""
+def connect(path: Path | str, read_only: bool = False,
+            config: dict[str, Any] | None = None) -> duckdb.DuckDBPyConnection:
+    """Open the store (creating file and schema when needed). Everyone opens the DB through this;
+    `config` is DuckDB's own settings, applied as the database opens (atlas query's sandbox)."""
     path = Path(path)
     if read_only and not path.exists():
         raise AtlasError(f"no atlas store at {path}: run `atlas crawl` first")
@@ -101,7 +103,7 @@ def connect(path: Path | str, read_only: bool = False) -> duckdb.DuckDBPyConnect
             raise AtlasError(f"cannot create the folder {path.parent} for the atlas store: "
                              f"{exc.strerror or exc}") from None
     try:
-        con = duckdb.connect(str(path), read_only=read_only)
+        con = duckdb.connect(str(path), read_only=read_only, config=config or {})
     except duckdb.IOException as exc:
         if "lock" in str(exc).lower():
             raise StoreLockedError(
@@ -317,8 +319,10 @@ def require_complete_snapshot(db: Path) -> int:
 
 
 def stored_pairs(con: duckdb.DuckDBPyConnection, pairs: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
-    """Those of `pairs` whose config.json is stored: these cost no config request in a new crawl."""
-    rows = _rows_for(con, pairs, "DISTINCT t.repo_id, t.sha", "raw_files", "t.filename = 'config.json'")
+    """Those of `pairs` whose config.json (or, for a GGUF repo, a GGUF header record) is stored:
+    these cost no config request in a new crawl."""
+    rows = _rows_for(con, pairs, "DISTINCT t.repo_id, t.sha", "raw_files",
+                     "t.filename = 'config.json' OR starts_with(t.filename, 'gguf-header:')")
     return {(r, s) for r, s in rows}
 
 
@@ -478,26 +482,3 @@ def rollback(con: duckdb.DuckDBPyConnection) -> None:
     and DuckDB then refuses the ROLLBACK: the error worth reporting is the first one."""
     with suppress(duckdb.Error):
         con.execute("ROLLBACK")
-
-
-def query(path: Path | str, sql: str) -> tuple[list[str], list[tuple]]:
-    """Run one SQL statement on the store opened read-only: its column names and rows. A DuckDB
-    error (bad SQL, an unknown table, an attempted write) becomes one AtlasError line."""
-    con = connect(path, read_only=True)
-    try:
-        cursor = con.execute(sql)
-        if cursor.description is None:
-            return [], []
-        return [d[0] for d in cursor.description], cursor.fetchall()
-    except duckdb.Error as exc:
-        raise AtlasError(f"query failed: {' '.join(str(exc).split())}") from None
-    finally:
-        con.close()
-
-
-def plain_table(columns: Sequence[str], rows: Sequence[tuple]) -> str:
-    """Columns left-aligned and padded to their widest cell, NULL shown as NULL, one row a line."""
-    cells = [[("NULL" if v is None else str(v)).replace("\n", " ") for v in row] for row in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    lines = [list(columns), ["-" * w for w in widths], *cells]
-    return "\n".join("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in lines)

@@ -1,0 +1,62 @@
+"""One series per experiment: what changes a cell's figures besides its workload, temperature and
+draft length is in its experiment key, and the changelog re-measures a cell only within its key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from atlas.engines.stamp import cpu_flags
+from atlas.evidence import changelog
+from atlas.evidence.runs import Run
+from atlas.records.experiment import experiment_key
+from atlas.records.record import Provenance, Record, record_id
+from atlas.records.runcontext import DraftVocab
+from test_records import make_record
+
+
+def _variant(record: Record, **changes) -> Record:
+    """`record` with its settings, hardware or provenance changed as named (settings.x, hardware.x)."""
+    data = record.model_dump(by_alias=True)
+    for name, value in changes.items():
+        where, _, key = name.rpartition(".")
+        (data[where] if where else data)[key] = value
+    return Record.model_validate(data)
+
+
+def test_each_condition_that_changes_the_figures_has_its_own_key() -> None:
+    base = make_record()
+    cell = base.cells[0]
+    key = experiment_key(base, cell)
+    assert key == experiment_key(_variant(base, seed=7, command="atlas measure run --again"), cell)  # not conditions
+    head = Provenance(kind="k", project_made=True, model_id="m", main_model={}, mtp_head={"sha256": "ab" * 32}).model_dump()
+    vocab = DraftVocab(size=4096, coverage=0.97, table_sha256="cd" * 32, source="s").model_dump()
+    changed = {
+        "revision": _variant(base, revision="sha256:" + "ef" * 32),
+        "head": _variant(base, provenance=head),
+        "draft vocabulary": _variant(base, **{"settings.draft_vocab": vocab}),
+        "kernels": _variant(base, **{"settings.kernels": "rows"}),
+        "threads": _variant(base, **{"hardware.torch_threads": 2}),
+        "machine": _variant(base, **{"hardware.cpu": "Intel Xeon"}),
+        "instruction sets": _variant(base, **{"hardware.cpu_flags": ["avx2", "amx_tile"]}),
+    }
+    for what, other in changed.items():
+        assert experiment_key(other, cell) != key, what
+    assert experiment_key(base, cell.model_copy(update={"engine_version": "0.2.0"})) != key
+    assert key.isa == "unknown" and experiment_key(changed["instruction sets"], cell).isa == "avx2, amx_tile"
+
+
+def test_cpu_flags_name_the_kernel_changing_sets() -> None:
+    info = "processor : 0\nflags\t\t: fpu sse avx2 avx512f avx512_vnni amx_tile amx_bf16 other\n"
+    assert cpu_flags(info) == ["avx2", "avx512f", "avx512_vnni", "amx_tile", "amx_bf16"]
+    assert cpu_flags("flags : fpu sse\n") == []
+
+
+def test_the_changelog_remeasures_only_within_an_experiment() -> None:
+    first = make_record()
+    same = _variant(first, run_date="2026-11-30T10:00:00Z")
+    other_head = _variant(first, run_date="2026-12-01T10:00:00Z",
+                          provenance=Provenance(kind="k", project_made=True, model_id=first.model_id, main_model={},
+                                                mtp_head={"sha256": "ab" * 32}).model_dump())
+    runs = [Run(r, record_id(r), f"evidence/measurements/r{i}.json") for i, r in enumerate((first, same, other_head))]
+    records = changelog._records(changelog._entries(runs, [], Path(".")))
+    assert [(r.added, sum(r.remeasured.values())) for r in records] == [(3, 0), (0, 3), (3, 0)]
