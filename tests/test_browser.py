@@ -193,15 +193,18 @@ def test_module_8_fits_its_budget_with_the_verdict_in_its_first_half(
         served: tuple[str, Path, render.Layout], browser: Chromium) -> None:
     """As a reader opens it (folded blocks closed): at most 15 screens at 1400 px and 35 at 390 px,
     a screen being the viewport's height; the verdict starts in the first half; the generated
-    answer on a real model is within the first two screens."""
+    plain answer (what the atlas found on a real model) is within the first two screens; the
+    measured charts and the break-even chart are drawn."""
     url, _, _ = served
     probe = ("(() => { const y = e => e.getBoundingClientRect().top + scrollY;"
              " const v = Array.from(document.querySelectorAll('article h2'))"
              ".find(e => e.textContent.startsWith('The honest trade-off'));"
              " const a = Array.from(document.querySelectorAll('article p'))"
-             ".find(p => p.textContent.startsWith('Measured on a real model'));"
+             ".find(p => p.textContent.startsWith('What the atlas found'));"
              " return {height: document.documentElement.scrollHeight, screen: innerHeight,"
-             " verdict: v ? y(v) : null, answer: a ? y(a) : null}; })()")
+             " verdict: v ? y(v) : null, answer: a ? y(a) : null,"
+             " charts: document.querySelectorAll('article .atlas-chart-pair .atlas-chart svg').length,"
+             " breakEven: document.querySelectorAll('article .atlas-chart-narrow svg').length}; })()")
     for width, screens in ((WIDE, 15), (PHONE, 35)):
         page = browser.open(url + MODULE_8, width)
         try:
@@ -211,6 +214,9 @@ def test_module_8_fits_its_budget_with_the_verdict_in_its_first_half(
         assert m["height"] <= screens * m["screen"], (width, m)
         assert m["verdict"] is not None and m["verdict"] <= m["height"] / 2, (width, m)
         assert m["answer"] is not None and m["answer"] < 2 * m["screen"], (width, m)
+        assert m["charts"] == 2 and m["breakEven"] == 1, (width, m)
+        print(f"module 8 at {width} px: {m['height'] / m['screen']:.2f} screens, verdict at "
+              f"{100 * m['verdict'] / m['height']:.0f} %")
 
 
 def test_measured_summary_shows_its_fields(served: tuple[str, Path, render.Layout], browser: Chromium) -> None:
@@ -284,3 +290,44 @@ def test_module_8_screenshots_at_both_widths(served: tuple[str, Path, render.Lay
         finally:
             page.close()
         assert shot.stat().st_size > 100_000, "a rendered page, not a blank one"
+
+
+def test_the_finder_puts_its_filter_before_any_prose_and_no_row_above_three_lines(
+        served: tuple[str, Path, render.Layout], browser: Chromium) -> None:
+    """At 1400 px: the filter is the first thing after the title (223 words of prose came first),
+    and no row of the table is taller than three lines of its text (a servable cell made the first
+    row 622 px tall), both as the page comes and after a filter rebuilt the rows in the script."""
+    url, _, _ = served
+    probe = """(async () => {
+      const input = document.querySelector('article input[data-atlas-finder]');
+      const walker = document.createTreeWalker(document.querySelector('article'), NodeFilter.SHOW_TEXT);
+      let before = 0;
+      for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+        if (n.parentElement.closest('h1, label, details')) continue;
+        if (input.compareDocumentPosition(n) & Node.DOCUMENT_POSITION_PRECEDING) before += n.data.split(/\\s+/).filter(Boolean).length;
+      }
+      const tallest = () => Math.max(...Array.from(document.querySelectorAll('table[data-atlas-finder-table] tbody tr'))
+        .map(tr => { const line = parseFloat(getComputedStyle(tr.querySelector('td')).lineHeight);
+                     const pad = Array.from(tr.cells).map(td => { const s = getComputedStyle(td);
+                       return parseFloat(s.paddingTop) + parseFloat(s.paddingBottom); });
+                     return (tr.getBoundingClientRect().height - Math.max(...pad)) / line; }));
+      const first = tallest();
+      input.value = 'deepseek'; input.dispatchEvent(new Event('input', {bubbles: true}));
+      await new Promise(ok => setTimeout(ok, 500));
+      return {before, first, filtered: tallest(),
+              rows: document.querySelectorAll('table[data-atlas-finder-table] tbody tr').length};
+    })()"""
+    m = _in_page(browser, url + "models/", WIDE, probe)
+    assert m["before"] == 0, m
+    assert m["rows"] > 0 and m["first"] <= 3.2 and m["filtered"] <= 3.2, m
+
+
+def test_the_home_pages_first_screen_says_what_the_atlas_found(
+        served: tuple[str, Path, render.Layout], browser: Chromium) -> None:
+    url, _, _ = served
+    for width in (WIDE, PHONE):
+        m = _in_page(browser, url, width, "(() => { const b = Array.from(document.querySelectorAll('article .admonition'))"
+                     ".find(e => e.textContent.includes('What the atlas found'));"
+                     " return b ? {top: b.getBoundingClientRect().top + scrollY, screen: innerHeight,"
+                     " paid: b.textContent.includes('Did MTP pay, and where?')} : null; })()")
+        assert m is not None and m["paid"] and m["top"] < m["screen"], (width, m)

@@ -127,7 +127,7 @@ def _page(folder: Path, m: modelpages.Model) -> str:
 
 def _finder_row_html(folder: Path, repo_id: str) -> str:
     text = (folder / "index.md").read_text(encoding="utf-8")
-    first_cell = re.compile(r"<tr><td>(?:<a [^>]*>)?([^<]*)")
+    first_cell = re.compile(r"<tr><td>(?:<div [^>]*>)?(?:<a [^>]*>)?([^<]*)")  # a finder cell is clamped in a div
     return next(r for r in re.findall(r"<tr><td>.*?</tr>", text) if first_cell.match(r).group(1) == repo_id)
 
 

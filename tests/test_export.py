@@ -444,12 +444,12 @@ def test_the_card_follows_the_hugging_face_template_with_features_sections_and_l
     assert [d["config_name"] for d in meta["dataset_info"]] == [c["config_name"] for c in meta["configs"]]
     headings = re.findall(r"^#+ (.+)$", text, re.M)
     for section in ("Uses", "Dataset Creation", "Source Data", "Bias, Risks, and Limitations", "Citation", "License",
-                    "Contact"):
+                    "Dataset Card Contact"):
         assert section in headings, section
     # the limits are the data's: the mirror crawl's size and every cell's hardware, counted here
     limits = text.split("## Bias, Risks, and Limitations", 1)[1].split("## Citation", 1)[0]
     assert f"bundled mirror ({exportdocs.code('mirror:data/hub-mirror')}) of {models} model configs (besides {own} of this project's own)" in limits
-    assert "No measured figure here is a GPU's." in limits  # every run is a CPU run
+    assert "None of the measured figures was taken on a GPU." in limits  # every run is a CPU run
     assert f"Every one of the {cells} measured cells is a run of checkpoints this project made" in limits
     assert all(exportdocs.code(h) in limits for h in hardware) and "2 cores" in limits
     bibtex, plain = exportformat.citation(manifest)
@@ -464,7 +464,7 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # OWASP's list, as issue 25 F
 def test_csv_text_never_starts_a_formula_and_parquet_keeps_the_exact_value(tmp_path: Path) -> None:
     """A Hub card's base model, config strings and a record's model id that start a spreadsheet
     formula: quoted in every CSV text cell, exact in Parquet, numbers untouched, and said in the
-    data dictionary and the card."""
+    data dictionary's description, the card, the Croissant file and the Data page, once each."""
     db = tmp_path / "atlas.duckdb"
     write_snapshot(db, 29, [Model("org/formula", "a" * 40, 1, FORMULAS[2], 1, FORMULAS[3], FORMULAS[0],
                                   FORMULAS[4], base=[FORMULAS[1]]),
@@ -498,10 +498,16 @@ def test_csv_text_never_starts_a_formula_and_parquet_keeps_the_exact_value(tmp_p
     finally:
         con.close()
     assert (tmp_path / "n.csv").read_text(encoding="utf-8") == "n,x,t\n-2,-0.5,'-2\n"
-    meanings = {(d["table"], d["column"]): d["meaning"] for d in rows(out / "data_dictionary.parquet")}
-    assert "' put before it" in meanings[("measured_cells", "workload")]
-    assert "' put before it" not in meanings[("measured_cells", "temperature")]
-    assert exportformat.CSV_NOTE in (out / exportformat.CARD).read_text(encoding="utf-8")
+    # the quoting is said once per document (it was repeated in every text column's meaning, 71 times)
+    meanings = [d["meaning"] for d in rows(out / "data_dictionary.parquet")]
+    assert not any("put before it" in m for m in meanings)
+    from atlas.site import datapage
+
+    datapage.render(out, REPO / "evidence", tmp_path / "docs")
+    for text in ((out / exportformat.CARD).read_text(encoding="utf-8"),
+                 (out / croissant.FILE_NAME).read_text(encoding="utf-8"),
+                 (tmp_path / "docs" / "data" / "index.md").read_text(encoding="utf-8")):
+        assert text.count("spreadsheet shows it as text") == 1
 
 
 def _published_text(out: Path) -> str:
@@ -790,3 +796,32 @@ def test_the_licence_is_one_licence_in_the_repository_the_package_and_the_data()
     assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
     assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["license"] == {"text": "Apache-2.0"}
     assert exportformat.LICENSE == "apache-2.0" and croissant.LICENSE_URL == "https://www.apache.org/licenses/LICENSE-2.0"
+
+
+# The Hugging Face dataset-card template's sections (huggingface_hub's datasetcard_template.md), by heading.
+HF_CARD_SECTIONS = ["Dataset Details", "Dataset Description", "Dataset Sources", "Uses", "Direct Use",
+                    "Out-of-Scope Use", "Dataset Structure", "Dataset Creation", "Curation Rationale",
+                    "Source Data", "Data Collection and Processing", "Who are the source data producers?",
+                    "Personal and Sensitive Information", "Bias, Risks, and Limitations", "Recommendations",
+                    "Citation", "Glossary", "More Information", "Dataset Card Authors", "Dataset Card Contact"]
+
+
+def test_the_card_has_the_template_sections_and_whole_sentences_and_croissant_is_dated_after_its_snapshot(
+        exported) -> None:
+    import re
+
+    _, out, manifest, _, _ = exported
+    card = (out / exportformat.CARD).read_text(encoding="utf-8")
+    headings = [h.strip() for h in re.findall(r"^#{2,4} (.+)$", card, re.M)]
+    assert set(HF_CARD_SECTIONS) <= set(headings), set(HF_CARD_SECTIONS) - set(headings)
+    # the limits: no sentence that stops at a possessive ("... is a GPU's.", "... a Hub model")
+    limits = card[card.index("## Bias, Risks, and Limitations"):card.index("### Recommendations")]
+    assert not re.search(r"'s\.", limits) and "None of the measured figures was taken on a GPU." in limits
+    # loading through croissant.json needs the [parquet] extra, and the card says so
+    assert 'pip install "mlcroissant[parquet]"' in card
+    # datePublished: not before the data, nor before any snapshot that read it
+    doc = json.loads((out / croissant.FILE_NAME).read_text(encoding="utf-8"))
+    published = doc["datePublished"]
+    assert published >= exportformat.data_date(manifest)
+    assert all(published >= s["finished"][:10] for s in manifest.snapshots)
+    assert published == max([exportformat.data_date(manifest)] + [s["finished"][:10] for s in manifest.snapshots])

@@ -6,59 +6,13 @@ model. Every expected figure is recomputed here from the repeats, not read from 
 from __future__ import annotations
 
 import statistics
-from datetime import datetime, timezone
 
+from measured_helpers import BIG_GAIN, GAIN, LOSS, UNSURE, make_run as _run
 from site_helpers import parse_html, site_markdown
 
 from atlas.evidence.runs import Run
-from atlas.records import gating, record as records, runcontext
+from atlas.records import runcontext
 from atlas.site import measured, runpages
-
-COSTS = records.PassCosts(plain=0.010, verify={1: 0.0153}, draft=0.0021)
-
-
-def _cell(workload: str, speeds: list[float], accepted: int) -> records.Cell:
-    """One k = 1 cell at T = 0: one repeat per speed-up (plain seconds ÷ speculative seconds), each
-    over 3 prompts' drafts (60 drafted, `accepted` kept)."""
-    repeats = [
-        records.Repeat(tokens=60 + accepted, seconds=1.0, baseline_seconds=s, drafted_per_position=[60],
-                       reached_per_position=[60], accepted_per_position=[accepted], verify_passes=60,
-                       identical_to_baseline=True, pass_costs=COSTS)
-        for s in speeds
-    ]
-    derived = gating.derive(repeats, 0.0, 1, COSTS, rule=1)
-    g = gating.gate(derived, len(repeats), False)
-    return records.Cell(engine="atlas", engine_version="0.1.0", baseline="atlas plain decoder", workload=workload,
-                        temperature=0.0, draft_tokens=1, repeats=repeats, derived=derived,
-                        gate_enabled=g.enabled, gate_reason=g.reason)
-
-
-def _run(model_id: str, speeds: dict[str, list[float]], *, real: bool, day: int = 1) -> Run:
-    provenance = records.Provenance(
-        kind="project-made MTP head on a real main model", project_made=True, model_id=model_id,
-        main_model={"source": "Org/Real-Main"}, mtp_head={"made_by": "the test", "steps": 150},
-    ) if real else None
-    record = records.Record(
-        schema_version=3, run_date=datetime(2026, 12, day, 9, 0, tzinfo=timezone.utc), model_id=model_id,
-        revision="sha256:" + "cd" * 32,
-        hardware=runcontext.Hardware(text="CPU: test box (8 cores)", cpu="test", cpu_cores=8, memory_gib=8.0,
-                                  torch_threads=1),
-        software=runcontext.Software(python="3.11", torch="2.13.0", transformers="5.24.0", atlas="0.1.0",
-                                  atlas_commit=None, atlas_tree_dirty=False, numpy="2.3", blas="openblas", os="Linux"),
-        command="atlas measure run", seed=0, prompt_set="p", prompt_set_digest="0" * 64,
-        settings=runcontext.Settings(device="cpu", dtype="float32", workloads=list(speeds), temperatures=[0.0],
-                                  draft_tokens=[1], max_new_tokens=64, repeats=4, prompts_per_workload=3),
-        pass_costs=COSTS, provenance=provenance,
-        cells=[_cell(w, s, 45 if min(s) > 1 else 12) for w, s in speeds.items()],
-    )
-    return Run(record, records.record_id(record), f"evidence/measurements/{model_id.replace('/', '-')}-{day}.json")
-
-
-GAIN = {"code": [1.30, 1.34, 1.28, 1.31], "chat": [0.80, 0.82, 0.79, 0.81]}
-LOSS = {"code": [0.71, 0.69, 0.70, 0.72], "chat": [0.60, 0.62, 0.61, 0.59]}
-# faster by the median, but repeats too scattered for the paired bound: the gate stays undecided
-UNSURE = {"code": [1.50, 0.80, 1.40, 0.70], "chat": [0.60, 0.62, 0.61, 0.59]}
-BIG_GAIN = {"code": [1.90, 1.95, 1.92, 1.91], "chat": [1.50, 1.52, 1.49, 1.51]}
 
 
 def _text(markdown_text: str) -> str:
@@ -82,7 +36,9 @@ def test_a_real_model_that_gains_with_the_gate_on_is_said_to_pay_and_the_gain_is
     # a bigger gain on the teaching model does not displace the real model's as the answer
     teaching = _run("mtp-atlas/byte", BIG_GAIN, real=False, day=2)
     text = _text(measured.answer_text([run, teaching], "../runs/"))
-    assert f"the best gated-on row is R1, code at T = 0, k = 1: {best:.2f}×" in text
+    assert f"the best gated-on row of R1 is code at T = 0, k = 1: {best:.2f}×" in text
+    # the run is named with what made its speed: engine, threads, kernels, draft vocabulary
+    assert "through atlas 0.1.0, 1 thread, kernels mm (PyTorch matmul), full draft vocabulary (R1)" in text
 
 
 def test_faster_by_the_median_without_the_gate_on_does_not_pay() -> None:
@@ -104,10 +60,12 @@ def test_a_real_model_that_does_not_gain_is_said_not_to_pay_with_its_break_even(
 
 
 def test_a_gain_only_on_the_teaching_model_is_not_laid_on_the_real_one() -> None:
+    """The answer speaks of one run: another run's gain (here the teaching model's) is never its
+    "where the gain came from", which would pair two setups as one story."""
     real, teaching = _run("org/real-loss", LOSS, real=True), _run("mtp-atlas/byte", GAIN, real=False, day=2)
     text = _text(measured.answer_text([real, teaching], "../runs/"))
     assert "ran org/real-loss" in text and "did not pay" in text
-    assert "the best gated-on row is R2 (the atlas's teaching model, not a real one)" in text
+    assert "R2" not in text and "Where a gain would come from: no gate turned on in R1" in text
 
 
 def test_a_build_without_a_real_model_says_so() -> None:
@@ -118,14 +76,19 @@ def test_a_build_without_a_real_model_says_so() -> None:
 def test_the_newest_real_run_answers_and_the_compact_table_has_one_row_per_run() -> None:
     older, newer = _run("org/real-gain", GAIN, real=True, day=1), _run("org/real-loss", LOSS, real=True, day=3)
     text = _text(measured.answer_text([older, newer], "../runs/"))
-    assert "on 2026-12-03 the atlas ran org/real-loss" in text and "newest of 2 real-model runs" in text
+    assert "on 2026-12-03 the atlas ran org/real-loss" in text and "one of 2 real-model runs" in text
+    assert "not pooled" in text and "R1" not in text  # the older run's gain is not this run's story
+    # a run that timed no passes (an engine's own) answers only when no real run timed them
+    newer.record.pass_costs = None
+    assert "on 2026-12-01 the atlas ran org/real-gain" in _text(measured.answer_text([older, newer], "../runs/"))
     rows = parse_html(site_markdown(measured.compact_summary([older, newer], "../runs/"))).tables[0].rows
     assert [r[1] for r in rows] == ["org/real-gain", "org/real-loss"]
     for row, speeds in zip(rows, (GAIN, LOSS)):
         best = max(speeds, key=lambda w: statistics.median(speeds[w]))
-        assert row[7].startswith(f"{statistics.median(speeds[best]):.2f}× ({best}, T = 0, k = 1, 95 % bounds ")
-        assert row[8] == "; ".join(f"{w} {(45 if min(s) > 1 else 12) / 60:.2f}" for w, s in speeds.items())
-    assert rows[0][9] == "off 1 · on 1 of 2" and rows[1][9] == "off 2 of 2"
+        assert row[3] == "atlas 0.1.0, 1 thread, kernels mm (PyTorch matmul), full draft vocabulary"
+        assert row[6].startswith(f"{statistics.median(speeds[best]):.2f}× ({best}, T = 0, k = 1, 95 % bounds ")
+        assert row[7] == "; ".join(f"{w} {(45 if min(s) > 1 else 12) / 60:.2f}" for w, s in speeds.items())
+    assert rows[0][8] == "off 1 · on 1 of 2" and rows[1][8] == "off 2 of 2"
 
 
 def test_the_head_recipe_is_read_from_the_provenance_and_gaps_are_named() -> None:
@@ -165,5 +128,31 @@ def test_a_run_through_an_external_engine_names_it_with_its_weights_and_threads(
         counter_check="checked", schedule="interleaved", build={"build_number": 11434})
     text = _text(measured.answer_text([Run(run.record.model_copy(update={"engine_run": engine}), run.record_id, run.source_path)],
                                       "../runs/"))
-    assert "(project-made MTP head on a real main model) through llama.cpp b11434 (MOSTLY_Q4_1, 2 thread(s)) on CPU: test box" in text
-    assert " through " not in _text(measured.answer_text([run], "../runs/"))
+    assert ("(project-made MTP head on a real main model) on CPU: test box (8 cores) through llama.cpp b11434 (MOSTLY_Q4_1), "
+            "2 threads, its own kernels") in text
+    assert "llama.cpp" not in _text(measured.answer_text([run], "../runs/"))
+
+
+def test_the_setup_names_engine_threads_kernels_and_draft_vocabulary() -> None:
+    run = _run("org/real-gain", GAIN, real=True)
+    run.record.hardware.torch_threads = 2
+    run.record.settings.kernels = "auto: oneDNN for 2, 3 rows"
+    run.record.settings.draft_vocab = runcontext.DraftVocab(size=4096, coverage=0.9, table_sha256="0" * 64, source="s")
+    assert measured.setup_text(run) == ("atlas 0.1.0, 2 threads, kernels auto: oneDNN for 2, 3 rows, "
+                                        "draft vocabulary cut to 4096 tokens")
+
+
+def test_the_plain_answer_has_no_symbols_and_at_most_three_numbers() -> None:
+    """The 2-minute version's answer: plain words by the gate, where it paid and where not."""
+    import re
+
+    run = _run("org/real-gain", GAIN, real=True)
+    text = _text(measured.plain_answer([run]))
+    assert "reliably faster" in text and "on code prompts" in text and "never reliably faster on chat prompts" in text
+    assert "eight-core" in text or "8-core" in text
+    assert not re.search(r"[=×÷<>≥≤±%αΣ]", text)
+    numbers = re.findall(r"\d+(?:\.\d+)?|\b(?:one|two|three|four|five|six|seven|eight|nine|ten)\b", text)
+    assert len(numbers) <= 3, numbers
+    loss = _text(measured.plain_answer([_run("org/real-loss", LOSS, real=True)]))
+    assert "did not pay" in loss and "never reliably faster than plain generation" in loss
+    assert "has not yet measured MTP on a real model" in _text(measured.plain_answer([_run("b", GAIN, real=False)]))

@@ -104,8 +104,8 @@ def test_measured_summary_has_one_row_per_engine_workload_temperature(hostile_si
     speed = f"{PLANTED_SPEED:.2f}"
     # module 8's compact table: one row for the one run, over its one baseline, linked to its page
     (compact,) = [t for t in page.tables if t.section == "measured"]
-    assert [(r[0], r[1], r[6]) for r in compact.rows] == [("R1", shown(HOSTILE_ID), "B1")]
-    assert compact.rows[0][7].startswith(f"{PLANTED_SPEED:.2f}×") and compact.rows[0][9] == "on 2 of 2"
+    assert [(r[0], r[1], r[5]) for r in compact.rows] == [("R1", shown(HOSTILE_ID), "B1")]
+    assert compact.rows[0][6].startswith(f"{PLANTED_SPEED:.2f}×") and compact.rows[0][8] == "on 2 of 2"
     assert f'href="../../runs/{record}/"' in module_08_html(hostile_site)
     # the run's own page (here under its evidence heading) holds the per-baseline summary and every k
     summary, *details = [t for t in page.tables if t.section == "runs"]

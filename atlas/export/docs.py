@@ -15,7 +15,8 @@ import yaml
 from atlas import __version__
 from atlas.export import croissant
 from atlas.evidence.changelog import FILE_NAME as CHANGELOG_FILE
-from atlas.export.formats import CARD, CREATOR, CSV_NOTE, DICTIONARY, LICENSE, MANIFEST, Manifest, citation, data_date, quote_path
+from atlas.export.formats import (CARD, CREATOR, CSV_NOTE, DICTIONARY, LICENSE, MANIFEST, Manifest, citation,
+                                  data_date, published_date, quote_path)
 from atlas.hub.local.mirror import MIRROR_PREFIX
 
 
@@ -36,13 +37,13 @@ def write_croissant(folder: Path, manifest: Manifest) -> None:
          "description": "Dated facts about how open-weight language models use multi-token prediction (MTP): "
                         "what their configs declare and their weights ship (present claims), and the atlas's "
                         "own measurements of self-speculative decoding with an MTP head (measured claims), in "
-                        "separate tables.",
+                        "separate tables. " + CSV_NOTE,
          "license": croissant.LICENSE_URL,
          "creator": {"@type": "sc:Organization", "name": CREATOR},
          "citeAs": bibtex,
          "version": __version__,
          "keywords": card_metadata(manifest, columns)["tags"],
-         "isLiveDataset": False} | ({"datePublished": data_date(manifest)} if data_date(manifest) else {}))
+         "isLiveDataset": False} | ({"datePublished": published_date(manifest)} if published_date(manifest) else {}))
     (folder / croissant.FILE_NAME).write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
@@ -151,9 +152,9 @@ def _limits(folder: Path, manifest: Manifest) -> str:
     whose = "of checkpoints this project made" if ours else "of checkpoints, some from the Hub"
     measured = f"Every one of the {cells} measured cells is a run {whose}, on " + "; ".join(code(h) for h in hardware) + "."
     if all(h.startswith("CPU") for h in hardware):  # the stamp names a GPU run's device first
-        measured += " No measured figure here is a GPU's."
+        measured += " None of the measured figures was taken on a GPU."
     if ours:
-        measured += " No measured figure here is a Hub model's speed-up."
+        measured += " None of them is the speed-up of a model published on the Hub."
     return crawl + " " + measured + " Figures other people published are in `reported_figures`, with their sources."
 
 
@@ -163,6 +164,10 @@ ${meta}---
 
 # MTP Atlas
 
+## Dataset Details
+
+### Dataset Description
+
 Dated facts about how open-weight language models use multi-token prediction (MTP), and the
 atlas's own measurements of self-speculative decoding with an MTP head. Exported by `atlas export`
 from the atlas store; every row says where it came from. Data of ${data_date}.
@@ -171,6 +176,16 @@ Present claims (what a config declares, what the weights ship, which engine has 
 it) and measured claims (a dated run on named hardware) are different tables and never mix: a
 speed-up appears only in `measured_cells`, and figures other people published only in
 `reported_figures`.
+
+- **Curated by:** the ${creator}
+- **Language(s):** English (the text fields: definitions, conditions, sources)
+- **License:** ${license}
+
+### Dataset Sources
+
+- **Repository:** the MTP Atlas project that ran `atlas export` (it has no public address yet)
+- **Paper:** none
+- **Demo:** the atlas's course site (`atlas site build`), whose Data page lists these files
 
 ## Dataset Structure
 
@@ -197,7 +212,13 @@ duckdb.sql("SELECT * FROM read_parquet('${first}.parquet')")
 from datasets import load_dataset
 load_dataset("parquet", data_files="${first}.parquet")   # one table
 load_dataset("/path/to/this/folder", "${first}")        # by the configs above (a folder path, not ".")
+
+import mlcroissant as mlc   # pip install "mlcroissant[parquet]": the [parquet] extra reads the files
+rows = list(mlc.Dataset(jsonld="croissant.json").records("${first}"))
 ```
+
+Loading through `croissant.json` needs `mlcroissant[parquet]`, not bare `mlcroissant`: its record
+sets read the Parquet files, which the extra (pyarrow) opens.
 
 ### Out-of-Scope Use
 
@@ -239,6 +260,12 @@ The model configs and weight names are the model publishers' (named by `repo_id`
 measurements and conformance checks are the atlas's own runs; `reported_figures` quote their
 sources, which each row names.
 
+### Personal and Sensitive Information
+
+None collected. The rows are facts about public model repositories (ids, config keys, weight
+names, revisions) and the atlas's own timing runs. A `repo_id` names its publisher, a person or an
+organisation, as the Hub shows it publicly; no other data about people is read or stored.
+
 ## Bias, Risks, and Limitations
 
 ${limits}
@@ -246,6 +273,28 @@ ${limits}
 A speed-up is for the named hardware, engine, workload, temperature and draft length only.
 `speedup_slowest_repeat` / `speedup_fastest_repeat` are the range of the repeats, not confidence
 bounds; `speedup_paired_lower_95` / `speedup_paired_upper_95` are the gate's one-sided 95 % bounds.
+
+### Recommendations
+
+Quote a speed-up with its record (hardware, engine, date) and never beside a reported figure as if
+the two were one measurement. Take a model's present claims as of the revision given: a repository
+can change after the crawl. Count MTP adoption only from a crawl of the live Hub, never from the
+bundled mirror.
+
+## Glossary
+
+- **MTP** (multi-token prediction): extra prediction modules that guess tokens beyond the next.
+- **Declared / shipped**: a config's MTP layer count / MTP tensors present in the weight index.
+- **Servable**: an engine version has code to draft with that architecture's MTP layers.
+- **Reported**: a figure published by others (papers, engines, model cards), with its stated conditions.
+- **Measured**: a dated run of the atlas on named hardware; acceptance is accepted ÷ drafted
+  drafts, a speed-up is plain time ÷ speculative time for the same tokens.
+- **Gate**: the atlas's per workload and temperature decision to switch MTP on, from paired repeats.
+
+## More Information
+
+`manifest.json` lists every file with its rows, sha256 and data date, and the snapshots and
+records the tables come from; `changelog.json` says what changed between them.
 
 ## Citation
 
@@ -263,7 +312,11 @@ ${license} (the Apache License 2.0, the atlas project's; LICENSE in its reposito
 configs' facts are read from public repositories at the revisions given; their own licences are
 their publishers'.
 
-## Contact
+## Dataset Card Authors
+
+The ${creator}, generated by `atlas export` (atlas ${version}).
+
+## Dataset Card Contact
 
 The ${creator}: open an issue in the repository this export was made from.
 """)
@@ -287,4 +340,4 @@ def card(manifest: Manifest, folder: Path) -> str:
     return CARD_TEMPLATE.substitute(
         meta=meta, table_lines=table_lines, snaps=snaps, records=records, conf=conf, first=first, bibtex=bibtex,
         plain=plain, creator=CREATOR, csv_note=CSV_NOTE, license=LICENSE, data_date=text(data_date(manifest) or "—"),
-        servable_date=text(manifest.servable_date), limits=_limits(folder, manifest))
+        servable_date=text(manifest.servable_date), limits=_limits(folder, manifest), version=__version__)

@@ -63,6 +63,14 @@ def data_date(manifest: Manifest) -> str | None:
     return max((f.as_of for f in manifest.files if f.as_of), default=None)
 
 
+def published_date(manifest: Manifest) -> str | None:
+    """When the export's content was complete: the newest of its data date and its snapshots' crawl
+    dates (a mirror crawl's data is older than the crawl that read it). Croissant's datePublished;
+    taken from the manifest, so the same data gives the same bytes."""
+    dates = [d for d in [data_date(manifest), *(str(s.get("finished") or "")[:10] for s in manifest.snapshots)] if d]
+    return max(dates, default=None)
+
+
 def citation(manifest: Manifest) -> tuple[str, str]:
     """(BibTeX, plain text) for the export: the project, its version and the data's own date."""
     date = data_date(manifest) or "undated"

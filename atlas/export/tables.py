@@ -27,7 +27,7 @@ from atlas import AtlasError, Interrupted, is_interrupt, outdir
 from atlas.export import docs as exportdocs
 from atlas.store import db as store
 from atlas.hub.local.mirror import MIRROR_PREFIX, load_mirror_date
-from atlas.export.formats import CARD, CSV_NOTE, DICTIONARY, FORMATS, MANIFEST, FileEntry, Manifest, quote_path, read_manifest
+from atlas.export.formats import CARD, DICTIONARY, FORMATS, MANIFEST, FileEntry, Manifest, quote_path, read_manifest
 from atlas.jsonfile import html_safe
 from atlas.paths import published
 from atlas.evidence import catalog, changelog
@@ -304,7 +304,6 @@ def _load_side_tables(con: duckdb.DuckDBPyConnection, evidence_dir: Path, root: 
 # A spreadsheet runs a cell that starts with one of these as a formula (CSV injection), and a Hub
 # card's base_model or a record's workload is text anyone can write: OWASP's advice is a quote before it.
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-CSV_TEXT = " (in CSV, a value starting with =, +, -, @, a tab or a carriage return has a ' put before it)"
 
 
 def _csv_safe(con: duckdb.DuckDBPyConnection, sql: str) -> str:
@@ -414,8 +413,9 @@ def _export_into(staging: Path, db: Path, evidence_dir: Path, root: Path) -> tup
         for t in TABLES:
             for column, ctype, *_ in con.execute(f"DESCRIBE {t.sql}").fetchall():
                 meaning = MEANINGS[t.name].get(column, "")
-                # a reader of the CSV looks its column up here, so the quote is said where it applies
-                dictionary.append((t.name, column, ctype, meaning + CSV_TEXT if meaning and ctype == "VARCHAR" else meaning))
+                # the CSV quoting is said once (CSV_NOTE: the dictionary's description and the card),
+                # not in every text column's meaning
+                dictionary.append((t.name, column, ctype, meaning))
             files += _write(con, staging, t.name, t.sql, con.execute(t.as_of).fetchone()[0])
         dictionary += [(DICTIONARY, c, "VARCHAR", m) for c, m in MEANINGS[DICTIONARY].items()]
         con.execute("CREATE OR REPLACE TEMP TABLE _dictionary "
@@ -425,7 +425,7 @@ def _export_into(staging: Path, db: Path, evidence_dir: Path, root: Path) -> tup
         log = changelog.collect(con, cat, root)
         manifest = Manifest(
             description={t.name: t.description for t in TABLES}
-            | {DICTIONARY: "One row per exported column: its table, name, type and meaning. " + CSV_NOTE},
+            | {DICTIONARY: "One row per exported column: its table, name, type and meaning."},
             files=files, snapshots=_snapshots(con, root),
             measurement_records=[{"record_id": r.record_id, "source_path": published(r.source_path, root)}
                                  for r in cat.evidence_runs],

@@ -9,6 +9,7 @@ from typing import Any
 from atlas import AtlasError
 from atlas.records import record as records
 from atlas.site.evidence_format import date_text
+from atlas.site.measured import record_setup
 from atlas.site.widgets import Prefill
 
 
@@ -57,6 +58,7 @@ def _prefill_from(record: Any, best: dict[str, Any]) -> Prefill | None:
         measured_tokens_per_pass=cell.derived.mean_accepted_length,
         measured_speedup=cell.derived.speedup,
         ideal_speedup=cell.derived.ideal_speedup,
+        setup=record_setup(record),
     )
 
 

@@ -278,6 +278,52 @@ def line_chart(title: str, series: list[Series], x_label: str, y_label: str,
     return _figure(title, svg, [s.name for s in series], note)
 
 
+class ThresholdRow(BaseModel):
+    """One row of a threshold chart: a label, the value needed (a marker) and measured values (dots)."""
+
+    label: str
+    needed: float
+    values: list[tuple[str, float]]  # (name, value)
+
+
+def threshold_chart(title: str, rows: list[ThresholdRow], x_label: str, x_max: float = 1.0,
+                    note: str | None = None) -> Markdown:
+    """One horizontal scale per row from 0 to x_max: the part at or above the row's needed value
+    shaded (where it pays), a marker at the needed value, a dot per measured value."""
+    if not rows:
+        raise ValueError("a threshold chart needs at least one row")
+    row_h, label_h = 46, FONT + 4
+    height = _TOP + len(rows) * (row_h + label_h) + 40
+    left, right = 16, WIDTH - _RIGHT
+
+    def px(v: float) -> float:
+        return left + (right - left) * min(max(v, 0.0), x_max) / x_max
+
+    svg = [_svg_open(title).replace(f'0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}"',
+                                    f'0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}"')]
+    y = _TOP
+    for row in rows:
+        svg.append(f'<text class="atlas-chart-label" x="{left}" y="{y + FONT:.1f}">{_text(row.label)}</text>')
+        base = y + label_h + row_h / 2
+        svg.append(f'<rect class="atlas-chart-pays" x="{px(row.needed):.1f}" y="{base - 10:.1f}" '
+                   f'width="{px(x_max) - px(row.needed):.1f}" height="20"/>')
+        svg.append(f'<line class="atlas-chart-axis" x1="{left}" y1="{base:.1f}" x2="{right}" y2="{base:.1f}"/>')
+        svg.append(f'<line class="atlas-chart-reference" x1="{px(row.needed):.1f}" y1="{base - 14:.1f}" '
+                   f'x2="{px(row.needed):.1f}" y2="{base + 14:.1f}"><title>needed: {_text(_number(row.needed))}'
+                   f'</title></line>')
+        for name, v in row.values:
+            svg.append(f'<circle class="atlas-chart-dot atlas-s0" cx="{px(v):.1f}" cy="{base:.1f}" '
+                       f'r="4.5"><title>{_text(name)}: {_text(_number(v))}</title></circle>')
+        y += row_h + label_h
+    for v in (0.0, x_max / 2, x_max):
+        svg.append(f'<text class="atlas-chart-tick" x="{px(v):.1f}" y="{height - 24}" '
+                   f'text-anchor="{"start" if v == 0 else "end" if v == x_max else "middle"}">{_text(_number(v))}</text>')
+    svg.append(f'<text class="atlas-chart-label" x="{WIDTH / 2:.0f}" y="{height - 4}" '
+               f'text-anchor="middle">{_text(x_label)}</text>')
+    svg.append("</svg>")
+    return _figure(title, svg, [], note)
+
+
 def _nice(v: float) -> float:
     """A round axis top at or above v (1, 2, 2.5, 5 × 10^n)."""
     if v <= 0:

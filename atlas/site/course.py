@@ -10,7 +10,7 @@ from typing import Any, Callable
 from atlas import AtlasError
 from atlas.evidence import reported as reported_figures
 from atlas.records import gating
-from atlas.site import diagrams, measured, modelpage, reported, widgets, worked_round
+from atlas.site import diagrams, fold, measured, modelpage, reported, widgets, worked_round
 from atlas.site import models_json as modelpages
 from atlas.site.mdsafe import Markdown, escape
 
@@ -71,8 +71,10 @@ class Course:
         position = step.position if step else worked_round.POSITIONS[0]
         return {
             "diagram": diagrams.diagram,
+            "more": fold.more,
             "reported_figure": self.reported_figure,
-            "reported_figures": lambda: reported.section(self.reported.figure if self.reported else []),
+            "reported_figures": lambda folded=False: reported.section(
+                self.reported.figure if self.reported else [], folded=folded),
             "worked_table": worked_round.table_markdown,
             "worked_residual": worked_round.residual_markdown,
             "worked": worked_round,

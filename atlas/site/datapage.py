@@ -149,7 +149,7 @@ def _tables(manifest: exportformat.Manifest, data: Path, out: Path) -> list[str]
         "the newest snapshot, run or reading date among a table's rows (the export adds no date of "
         "its own, so the same data always gives the same files and sha256).", "",
         table(["file", "table", "format", "#rows", "data as of", "sha256"], rows), "",
-        described, "",
+        described, "", escape(exportformat.CSV_NOTE), "",
         Markdown('The folder is a dataset as it is: its card, <a href="files/README.md">README.md</a> '
                  "(Hugging Face dataset-card format, one config per table), the "
                  f"[manifest](files/{exportformat.MANIFEST}), its Croissant 1.1 description "

@@ -36,6 +36,9 @@ SECTIONS = (
     "answer",
     "runs",
     "runs_index",
+    "plain_answer",
+    "measured_charts",
+    "break_even",
 )
 
 

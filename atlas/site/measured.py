@@ -102,6 +102,36 @@ def engine_text(run: Run, cell: records.Cell) -> str:
     return f"{ENGINE_NAMES.get(cell.engine, cell.engine)} {cell.engine_version}"
 
 
+def setup_text(run: Run) -> str:
+    """What made a run's speed besides the hardware (record_setup)."""
+    return record_setup(run.record)
+
+
+def record_setup(r: records.Record) -> str:
+    """A record's engine (the one its gate decided for), threads, matmul kernels and draft
+    vocabulary, as plain text. Records from before our loop recorded its kernels ran PyTorch's
+    matmul ("mm"); an engine's own run uses that engine's kernels."""
+    engine = gating.gated_engine(r.cells)
+    cells = [c for c in r.cells if c.engine == engine] or list(r.cells)
+    if r.engine_run is not None:  # an external engine: the one a user would run, with its weights' type
+        name = f"{r.engine_run.package} {r.engine_run.version} ({r.engine_run.dtype})"
+    else:
+        name = ", ".join(dict.fromkeys(f"{ENGINE_NAMES.get(c.engine, c.engine)} {c.engine_version}" for c in cells))
+    return f"{name}, {setup_details(r)}"
+
+
+def setup_details(r: records.Record) -> str:
+    """A record's threads, matmul kernels and draft vocabulary (record_setup without the engine)."""
+    kernels = "its own kernels" if r.engine_run is not None else f"kernels {r.settings.kernels or 'mm (PyTorch matmul)'}"
+    # an engine that runs its own threads (llama.cpp's --threads) records them with its arguments
+    engine_threads = r.engine_run.engine_args.get("threads") if r.engine_run is not None else None
+    threads = engine_threads if isinstance(engine_threads, int) and not isinstance(engine_threads, bool) else r.hardware.torch_threads
+    vocab = r.settings.draft_vocab
+    drafts = (f"draft vocabulary cut to {vocab.size} tokens" if vocab is not None
+              else "full draft vocabulary")
+    return f"{threads} thread{'s' if threads != 1 else ''}, {kernels}, {drafts}"
+
+
 def below_one(runs: list[Run]) -> list[tuple[int, Run, records.Cell]]:
     """Every measured cell whose median speed-up is below 1 (slower than plain decoding)."""
     return [(n, run, c) for n, run in evidence_runs(runs) for c in run.record.cells
@@ -109,7 +139,8 @@ def below_one(runs: list[Run]) -> list[tuple[int, Run, records.Cell]]:
 
 
 def backfires_text(runs: list[Run]) -> str:
-    """The page's own slower-than-plain cells, for "When it backfires"; says so when there are none."""
+    """For "When it backfires": each real-model run that timed its passes against its own
+    break-even, then how many measured cells ran slower than plain decoding in all."""
     numbered = evidence_runs(runs)
     if not numbered:
         return "This build has no measurement, so it cannot show a cell where MTP was slower."
@@ -119,39 +150,27 @@ def backfires_text(runs: list[Run]) -> str:
         return (f"None of the {n_cells} measured cells of this build ran slower than plain "
                 f"decoding (median speed-up below 1×); that says nothing about other models, "
                 f"workloads or hardware.")
-    per_run = []
-    for n, run in numbered:
-        mine = [c for m, _, c in slow if m == n]
-        if mine:
-            worst = min(mine, key=lambda c: c.derived.speedup)
-            where = ", ".join(escape(w) for w in dict.fromkeys(c.workload for c in mine))
-            per_run.append(f"R{n}{escape(label(run))}: {len(mine)} of {len(run.record.cells)} cells (on {where}), the slowest "
-                           f"{escape(worst.workload)} at T = {temp_text(worst.temperature)}, k = {worst.draft_tokens}: "
-                           f"{worst.derived.speedup:.2f}× ({escape(engine_text(run, worst))})")
-    lead = "".join(_real_backfires(n, run) for n, run in numbered if label(run))
-    return (lead + f"In this build's own measurements, {len(slow)} of {n_cells} cells ran slower than "
-            f"plain decoding (median speed-up below 1×): " + "; ".join(per_run) + ". Every cell is on its "
-            "run's page, in its table of every draft length k.")
+    lead = "".join(_real_backfires(n, run) for n, run in numbered if is_real(run) and run.record.pass_costs)
+    runs_slow = len({n for n, _, _ in slow})
+    return (lead + f"In all, {len(slow)} of {n_cells} measured cells, in {runs_slow} of {len(numbered)} runs, "
+            "ran slower than plain decoding (median speed-up below 1×); each run's page lists them.")
 
 
 def _real_backfires(n: int, run: Run) -> str:
-    """Where MTP backfires on real text: a labelled run's speed-up range, and its k = 1 acceptance
-    against the break-even its own pass costs set."""
-    cells = run.record.cells
-    k1 = [c.derived.acceptance_rate for c in cells if c.draft_tokens == 1 and c.derived.acceptance_rate is not None]
-    even = break_even_acceptance(run.record.pass_costs)
+    """One real-model run against the break-even its own pass costs set: its setup, how many of
+    the gated engine's cells ran below 1×, and its k = 1 acceptance by workload (the Measured
+    table's figure)."""
+    cells = gated_cells(run)
     below = sum(1 for c in cells if c.derived.speedup < 1)
-    text = (f"**On real text (R{n}{escape(label(run))}, {code(run.record.model_id)}):** {below} of "
-            f"{len(cells)} cells ran below 1×, median speed-ups {_speed_range(cells)}")
-    if k1 and even is not None:
-        text += (f"; at k = 1 its head's acceptance was {min(k1):.2f}–{max(k1):.2f}, where breaking even "
-                 f"with this run's measured pass costs needs about {even:.2f}")
+    text = (f"**R{n}{escape(label(run))}, {escape(setup_text(run))}:** {below} of {len(cells)} cells "
+            f"ran below 1× (median speed-ups {_speed_range(cells)})")
     by_workload = workload_acceptance(cells)
-    if len(by_workload) > 1:
+    even = break_even_acceptance(run.record.pass_costs)
+    if by_workload and even is not None:
         low, high = min(by_workload, key=by_workload.get), max(by_workload, key=by_workload.get)
-        temps = " and ".join(temp_text(t) for t in sorted({c.temperature for c in cells}))
-        text += (f"; acceptance collapses on {escape(low)}: {by_workload[low]:.2f} of k = 1 drafts accepted "
-                 f"(T = {temps}{' pooled' if ' and ' in temps else ''}), against {by_workload[high]:.2f} on {escape(high)}")
+        text += (f"; its k = 1 acceptance ran from {by_workload[low]:.2f} ({escape(low)}) to "
+                 f"{by_workload[high]:.2f} ({escape(high)}), where its pass costs need about {even:.2f} "
+                 "to break even")
     return text + ". "
 
 
@@ -182,7 +201,8 @@ def run_lines(runs: list[Run]) -> list[str]:
         greedy = [c for c in r.cells if c.derived.greedy_lossless is not None]
         identical = sum(1 for c in greedy if c.derived.greedy_lossless)
         engines = ", ".join(dict.fromkeys(engine_text(run, c) for c in r.cells))
-        line = (f"R{n}{escape(label(run))}: {code(r.model_id)} at {code(short_rev(r.revision))}, through {escape(engines)}, "
+        line = (f"R{n}{escape(label(run))}: {code(r.model_id)} at {code(short_rev(r.revision))}, through {escape(engines)} "
+                f"({escape(setup_details(r))}), "
                 f"on {escape(r.hardware.text)}, run {r.run_date:%Y-%m-%d} (record "
                 f"{code(run.record_id[:12])}): median speed-ups {_speed_range(r.cells)} over "
                 f"{len(r.cells)} cells")
@@ -226,7 +246,7 @@ def _gate_counts(run: Run) -> str:
     return " · ".join(f"{w} {n}" for w, n in counts.items()) + f" of {len(words)}"
 
 
-def _gated_cells(run: Run) -> list[records.Cell]:
+def gated_cells(run: Run) -> list[records.Cell]:
     """The cells of the engine the run's gate decides for; every cell when no engine is gated."""
     engine = gating.gated_engine(run.record.cells)
     return [c for c in run.record.cells if c.engine == engine] or list(run.record.cells)
@@ -241,7 +261,7 @@ def _best_with_bounds(cell: records.Cell) -> Markdown:
 
 
 def _k1_acceptance(run: Run) -> str:
-    by_workload = workload_acceptance(_gated_cells(run))
+    by_workload = workload_acceptance(gated_cells(run))
     return "; ".join(f"{w} {a:.2f}" for w, a in by_workload.items()) or "—"
 
 
@@ -255,103 +275,154 @@ def compact_summary(runs: list[Run], link: str) -> str:
     rows = []
     for n, run in numbered:
         r = run.record
-        best = max(_gated_cells(run), key=lambda c: c.derived.speedup)
+        best = max(gated_cells(run), key=lambda c: c.derived.speedup)
         rows.append([
             Markdown(f"[R{n}]({link}{run_slug(run)}.md)"),
             code(r.model_id),
             escape(r.provenance.kind) if r.provenance is not None else "—",
-            escape(", ".join(dict.fromkeys(engine_text(run, c) for c in r.cells))),
-            escape(f"{r.settings.device}: {r.hardware.text}"),
-            f"{r.run_date:%Y-%m-%d}",
+            escape(setup_text(run)),
+            escape(f"{r.settings.device}: {r.hardware.text}, {r.run_date:%Y-%m-%d}"),
             baselines[best.baseline],
             _best_with_bounds(best),
             escape(_k1_acceptance(run)),
             _gate_counts(run),
         ])
     legend = "; ".join(f"**{bid}** {escape(text)}" for text, bid in baselines.items())
-    return (table(["run", "model", "label", "engine", "device", "date", "baseline",
+    return (table(["run", "model", "label", "setup", "device, date", "baseline",
                    "best median speed-up (paired bounds)", "k = 1 acceptance by workload",
                    "gate (workload × T)"], rows)
             + f"\n\nBaselines (what a speed-up divides by): {legend}. Each row's speed-up is over its "
-            "own baseline; the run's page has every cell.\n")
+            "own baseline, and its figures are the cells of the engine named (a run's other engines are on "
+            "its page). *Setup*: that engine, its threads, its matmul kernels and its draft vocabulary. *k = 1 acceptance*, the one acceptance per row this page uses: accepted ÷ drafted at "
+            "k = 1, per workload, temperatures pooled.\n")
 
 
-def _is_real(run: Run) -> bool:
+def is_real(run: Run) -> bool:
     """A run of a real main model (its record's provenance names one), not the byte-level
     teaching model."""
     p = run.record.provenance
     return p is not None and bool(p.main_model.get("source"))
 
 
+def featured(runs: list[Run]) -> tuple[int, Run] | None:
+    """The one run module 8's answer, plain answer and charts speak of: the newest real-model run
+    that timed its own passes (so its speed-ups, acceptance and break-even share one engine and
+    one setup); the newest real-model run when none timed them; None without a real model."""
+    real = [(n, r) for n, r in evidence_runs(runs) if is_real(r)]
+    return max(real, key=lambda nr: (nr[1].record.pass_costs is not None, nr[1].record.run_date, nr[0]),
+               default=None)
+
+
 def answer_text(runs: list[Run], link: str) -> str:
-    """The answer up front, by rule from the records: one dated, linked sentence on what the atlas
-    measured on a real model and whether it paid (the gate on for at least one workload and
-    temperature), then one on where a gain came from (or why there was none)."""
+    """The measured answer, by rule from the records: one dated, linked sentence on the featured
+    run (what it ran on and through, and whether it paid: the gate on for at least one workload
+    and temperature), then where its gain came from, or why there was none, from the same run."""
     numbered = evidence_runs(runs)
-    real = [(n, r) for n, r in numbered if _is_real(r)]
-    if not real:
-        first = ("**Measured on a real model:** nothing in this build. "
-                 + (f"Its {len(numbered)} run(s) are of the atlas's own teaching model only, so this page "
-                    "makes no measured claim about a real model." if numbered else
-                    "It holds no measurement record at all."))
-    else:
-        n, run = max(real, key=lambda nr: (nr[1].record.run_date, nr[0]))
-        r = run.record
-        cells = _gated_cells(run)
-        faster = sum(1 for c in cells if c.derived.speedup > 1)
-        on = sum(1 for g in r.gates if g.enabled)
-        paid = "it paid" if on else "it did not pay"
-        through = ""
-        if r.engine_run is not None:  # an external engine: the one a user would run, with its weights and threads
-            er = r.engine_run
-            threads = er.engine_args.get("threads")
-            through = escape(f" through {er.package} {er.version} ({er.dtype}"
-                             + (f", {threads} thread(s)" if isinstance(threads, int) else "") + ")")
-        first = (f"**Measured on a real model:** on {r.run_date:%Y-%m-%d} the atlas ran "
-                 f"{code(r.model_id)} ({escape(r.provenance.kind)}){through} on {escape(r.hardware.text)} "
-                 f"([R{n}]({link}{run_slug(run)}.md)), and **{paid}**: the gate switched MTP on for "
-                 f"{on} of {len(r.gates)} workload × temperature pairs, and {faster} of {len(cells)} "
-                 f"cells ran faster than plain decoding (median speed-ups {_speed_range(cells)}).")
-        if len(real) > 1:
-            first += f" It is the newest of {len(real)} real-model runs in the Measured table."
-    return first + " " + _gain_source(numbered, real, link) + "\n"
+    chosen = featured(runs)
+    if chosen is None:
+        return ("**Measured on a real model:** nothing in this build. "
+                + (f"Its {len(numbered)} run(s) are of the atlas's own teaching model only, so this page "
+                   "makes no measured claim about a real model." if numbered else
+                   "It holds no measurement record at all.") + "\n")
+    n, run = chosen
+    r = run.record
+    cells = gated_cells(run)
+    faster = sum(1 for c in cells if c.derived.speedup > 1)
+    on = sum(1 for g in r.gates if g.enabled)
+    paid = "it paid" if on else "it did not pay"
+    first = (f"**Measured on a real model:** on {r.run_date:%Y-%m-%d} the atlas ran "
+             f"{code(r.model_id)} ({escape(r.provenance.kind)}) on {escape(r.hardware.text)} through "
+             f"{escape(setup_text(run))} ([R{n}]({link}{run_slug(run)}.md)), and **{paid}**: the gate switched "
+             f"MTP on for {on} of {len(r.gates)} workload × temperature pairs, and {faster} of {len(cells)} "
+             f"cells ran faster than plain decoding (median speed-ups {_speed_range(cells)}).")
+    n_real = sum(1 for _, x in numbered if is_real(x))
+    if n_real > 1:
+        first += (f" It is one of {n_real} real-model runs in the Measured table, each with its own engine "
+                  "and setup; their figures are not pooled.")
+    return first + " " + _gain_source(n, run, link) + "\n"
 
 
-def _gain_source(numbered: list[tuple[int, Run]], real: list[tuple[int, Run]], link: str) -> str:
-    """Where a gain came from: the gated-on row with the best median (real runs first), named with
-    its acceptance and its run's pass costs; with no gain anywhere, the acceptance against the
-    break-even that the real run's own pass costs set."""
-    for pool in (real, [nr for nr in numbered if nr not in real]):
-        found = []
-        for n, run in pool:
-            for g in run.record.gates:
-                if g.enabled and g.draft_tokens is not None:
-                    c = next((c for c in _gated_cells(run) if (c.workload, c.temperature, c.draft_tokens)
-                              == (g.workload, g.temperature, g.draft_tokens)), None)
-                    if c is not None:
-                        found.append((c.derived.speedup, n, run, c))
-        if found:
-            _, n, run, c = max(found, key=lambda f: f[0])
-            d = c.derived
-            where = "" if _is_real(run) else " (the atlas's teaching model, not a real one)"
-            text = (f"**Where the gain came from:** the best gated-on row is [R{n}]({link}{run_slug(run)}.md)"
-                    f"{where}, {escape(c.workload)} at T = {temp_text(c.temperature)}, k = {c.draft_tokens}: "
-                    f"{d.speedup:.2f}×, with {num_text(d.acceptance_rate, 2)} of its drafts accepted "
-                    f"({num_text(d.mean_accepted_length, 2)} tokens per verify pass)")
-            costs = run.record.pass_costs
-            verify = costs.verify.get(c.draft_tokens) if costs else None
-            if costs and verify is not None:
-                text += (f" against a round that cost {(verify + c.draft_tokens * costs.draft) / costs.plain:.2f} "
-                         f"plain steps on {escape(run.record.hardware.text)}")
-            return text + "."
-    if not real:
-        return ""
-    n, run = real[-1]
-    k1 = [c.derived.acceptance_rate for c in _gated_cells(run)
+def _gain_source(n: int, run: Run, link: str) -> str:
+    """Where the featured run's gain came from: its gated-on row with the best median, with its
+    acceptance and the run's round cost; with no gain, its acceptance against its break-even."""
+    found = []
+    for g in run.record.gates:
+        if g.enabled and g.draft_tokens is not None:
+            c = next((c for c in gated_cells(run) if (c.workload, c.temperature, c.draft_tokens)
+                      == (g.workload, g.temperature, g.draft_tokens)), None)
+            if c is not None:
+                found.append(c)
+    costs = run.record.pass_costs
+    if found:
+        c = max(found, key=lambda c: c.derived.speedup)
+        d = c.derived
+        text = (f"**Where the gain came from:** the best gated-on row of [R{n}]({link}{run_slug(run)}.md) "
+                f"is {escape(c.workload)} at T = {temp_text(c.temperature)}, k = {c.draft_tokens}: "
+                f"{d.speedup:.2f}×, with {num_text(d.acceptance_rate, 2)} of its drafts accepted "
+                f"({num_text(d.mean_accepted_length, 2)} tokens per verify pass)")
+        verify = costs.verify.get(c.draft_tokens) if costs else None
+        if costs and verify is not None:
+            text += (f" against a round that cost {(verify + c.draft_tokens * costs.draft) / costs.plain:.2f} "
+                     f"plain steps")
+        return text + "."
+    k1 = [c.derived.acceptance_rate for c in gated_cells(run)
           if c.draft_tokens == 1 and c.derived.acceptance_rate is not None]
-    even = break_even_acceptance(run.record.pass_costs)
+    even = break_even_acceptance(costs)
     text = f"**Where a gain would come from:** no gate turned on in R{n}"
     if k1 and even is not None:
         text += (f"; at k = 1 its head's drafts were accepted {min(k1):.2f}–{max(k1):.2f} of the time, and "
                  f"with that run's pass costs breaking even needs about {even:.2f}")
     return text + "."
+
+
+_NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+def _count_word(n: int) -> str:
+    return _NUMBER_WORDS[n] if 0 <= n < len(_NUMBER_WORDS) else str(n)
+
+
+def _plain_setup(run: Run) -> str:
+    """The featured run's setup in words a newcomer reads: which engine, how many threads, and the
+    kernels and draft vocabulary only where the run changed them."""
+    r = run.record
+    engine = ("the atlas's own decoding loop" if gating.gated_engine(r.cells) == "atlas"
+              else f"the {r.engine_run.package if r.engine_run else 'named'} engine")
+    threads = r.hardware.torch_threads
+    text = f"through {engine}, on {_count_word(threads)} processor thread{'s' if threads != 1 else ''}"
+    extras = []
+    if r.engine_run is None and r.settings.kernels and r.settings.kernels != "mm":
+        extras.append("matrix code picked for its checking pass")
+    if r.settings.draft_vocab is not None:
+        extras.append("guesses drawn only from the word pieces its head saw most in training")
+    return text + (", with " + " and ".join(extras) if extras else "")
+
+
+def plain_answer(runs: list[Run]) -> str:
+    """The 2-minute version's answer, and the home page's: the featured run in plain words (no
+    symbols; the only numbers are the core and thread counts, as words), where it paid and where
+    not, by the gate. Sentences of their own: the page puts its own label before them."""
+    chosen = featured(runs)
+    if chosen is None:
+        return ("The atlas has not yet measured MTP on a real model, only on a tiny teaching model of "
+                "its own, so it makes no measured claim about real ones.\n")
+    _, run = chosen
+    r = run.record
+    on = list(dict.fromkeys(g.workload for g in r.gates if g.enabled))
+    never = [w for w in dict.fromkeys(g.workload for g in r.gates) if w not in on]
+    cores = r.hardware.cpu_cores if r.settings.device == "cpu" else None
+    where = (f"an ordinary {_count_word(cores)}-core processor" if cores is not None
+             else escape(r.hardware.text))
+    text = (f"The atlas measured a real but small model, with an MTP head the atlas "
+            f"trained itself, on {where} {escape(_plain_setup(run))}. ")
+    if on:
+        text += (f"There MTP paid on some kinds of text and not on others: it was reliably faster (even "
+                 f"allowing for the scatter of repeated timings) on {escape(_and(on))} prompts")
+        text += f", and never reliably faster on {escape(_and(never))} prompts. " if never else ". "
+    else:
+        text += "There MTP did not pay: it was never reliably faster than plain generation. "
+    return text + "No large published model's own MTP head has been measured here.\n"
+
+
+def _and(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]

@@ -144,8 +144,15 @@ def _cell_html(cell: str | Linked) -> str:
     """A finder cell of the page's first screen, as the script builds the rest: text escaped, each
     linked piece an <a> to that model's page."""
     if isinstance(cell, str):
-        return str(escape(cell))
-    return "".join(f'<a href="{slug}/">{escape(text)}</a>' if slug else str(escape(text)) for text, slug in cell)
+        return _clamped(str(escape(cell)))
+    return _clamped("".join(f'<a href="{slug}/">{escape(text)}</a>' if slug else str(escape(text)) for text, slug in cell))
+
+
+def _clamped(inner: str) -> str:
+    # at most three lines per cell (atlas-course.css), as the script's rows are; the model's page
+    # holds every word (no title attribute here: it would put the raw text back into the Markdown)
+    return f'<div class="atlas-clamp">{inner}</div>'
+
 
 
 def finder(data: Models | None) -> str:
@@ -158,18 +165,19 @@ def finder(data: Models | None) -> str:
         row = finder_row(m)
         cells = [_cell_html(cell) for cell in row[2:]]
         name = str(escape(row[0]))
-        name = f'<a href="{row[1]}/">{name}</a>' if row[1] else name
+        name = _clamped(f'<a href="{row[1]}/">{name}</a>' if row[1] else name)
         rows.append("<tr><td>" + "</td><td>".join([name, *cells]) + "</td></tr>")
     n_pages = sum(1 for m in data.models if m.has_page)
     n_parts = -(-len(data.models) // PART_ROWS)
     listed = ("" if len(data.models) <= FIRST_ROWS else
               f" The first {FIRST_ROWS} are listed below; filtering or sorting searches all of them.")
+    lead = (f"Every model of {snapshot_words(data.snapshot_id, data.snapshot_date, data.mirror_date)}, plus any "
+            f"measured model: {len(data.models)} in all.{listed} {n_pages} have their own page (linked).")
     intro = (
-        f"Every model of {snapshot_words(data.snapshot_id, data.snapshot_date, data.mirror_date)}, plus any "
-        f"measured model: {len(data.models)} in all.{listed} {n_pages} declare, ship or were measured with "
-        "MTP, or are an MTP drafter repo or its target, and have their own page (linked). Type to filter (all words must match, anywhere in "
+        f"The {n_pages} models with a page declare, ship or were measured with MTP, or are an MTP drafter repo "
+        "or its target. Type to filter (all words must match, anywhere in "
         "the row; a link can carry the filter as ?find=words, or as the site search's ?h=words); "
-        "click a column header to sort. A model that declares or ships MTP also carries its family-table name "
+        "click a column header to sort. Each cell shows at most three lines; the model's page has every word. A model that declares or ships MTP also carries its family-table name "
         "beside its model_type (MiMo, Nemotron-H / Nemotron-3, GLM-5), so a family's name finds it. Declared and shipped are layer counts (— unknown); "
         "MTP form is the form the repo ships MTP in (in_checkpoint, declared_missing, stripped, mtp_sidecar, separate_drafter, "
         "block_drafter, declared_unread, none; with the GGUF layout where a GGUF header was read), its evidence on the model's page; "
@@ -192,13 +200,16 @@ def finder(data: Models | None) -> str:
         '<span data-atlas-finder-count aria-live="polite"></span></p>'
         # shown when nothing matches: which known family the words name, if any
         '<p data-atlas-finder-hint hidden></p>'
+        f'<p class="atlas-finder-lead">{escape(lead)}</p>'
+        # the columns explained, closed, so the table comes right after the filter
+        f'<details class="atlas-more"><summary>More: what the columns say</summary><p>{escape(intro)}</p></details>'
         # out of the search index: a hit would preview the whole table as one run of text; the
         # per-model pages are the index's entries for models
         "<table data-atlas-finder-table data-search-exclude><thead><tr>"
         + "".join(f"<th>{c}</th>" for c in FINDER_COLUMNS) + "</tr></thead><tbody>"
         + "".join(rows) + "</tbody></table></div>"
     )
-    return "\n".join(head + [escape(intro), "", table_html, ""])
+    return "\n".join(head + [table_html, ""])
 
 
 def finder_parts(data: Models, folder: Path) -> list[Path]:

@@ -16,9 +16,10 @@ def _source(f: Figure) -> Markdown:
     return Markdown(f"{link}; read in {escape(f.read_in)} on {f.date_read.isoformat()}")
 
 
-def section(figures: list[Figure], title: str = "Reported: published figures, not ours") -> Markdown:
+def section(figures: list[Figure], title: str = "Reported: published figures, not ours",
+            folded: bool = False) -> Markdown:
     """The reported table inside its own "reported" box, so it can never be mistaken for (or
-    merged into) the measured table."""
+    merged into) the measured table; `folded`: the box starts closed (a page within its budget)."""
     intro = (
         "Figures as their sources state them, with the conditions the source gives. They are not "
         "measurements of the atlas, they are not comparable with each other or with the measured "
@@ -32,4 +33,5 @@ def section(figures: list[Figure], title: str = "Reported: published figures, no
         for f in figures
     ]
     body = table(HEADER, rows).replace("\n", "\n    ")
-    return Markdown(f'!!! reported "{escape(title)}"\n    {intro}\n\n    {body}\n')
+    opener = "???" if folded else "!!!"
+    return Markdown(f'{opener} reported "{escape(title)}"\n    {intro}\n\n    {body}\n')

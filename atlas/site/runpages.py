@@ -21,7 +21,7 @@ from atlas.records import gating, record as records
 from atlas.site.charts import Point, Series, line_chart
 from atlas.site.mdsafe import Markdown, code, escape, table
 from atlas.site.measured import (GATE_CONFIDENCE_TEXT, NO_MEASUREMENT, baseline_ids, break_even_acceptance,
-                                 engine_name, engine_text, evidence_runs, label, num_text, provenance_note,
+                                 engine_name, engine_text, evidence_runs, label, num_text, provenance_note, record_setup,
                                  run_lines, run_slug, short_rev, shown_source, temp_text)
 
 
@@ -34,7 +34,7 @@ def _greedy(d: records.Derived) -> str:
     return {True: "yes", False: "NO"}.get(d.greedy_lossless, "n/a (T > 0)")
 
 
-def _row_cell(group: list[records.Cell], gate: records.GateDecision | None) -> tuple[records.Cell, str]:
+def row_cell(group: list[records.Cell], gate: records.GateDecision | None) -> tuple[records.Cell, str]:
     """The cell a summary row shows and the gate text: the gate's k when on; otherwise the best
     median speed-up, labelled with the verdict (off, or undecided: the repeats cannot tell)."""
     if gate is not None and gate.enabled and gate.draft_tokens is not None:
@@ -81,7 +81,7 @@ def _stamp(run: Run, n: int, baselines: dict[str, str]) -> str:
     used = sorted({baselines[c.baseline] for c in r.cells}, key=lambda b: int(b[1:]))
     return (
         f"**Run R{n}**{escape(label(run))} — {code(r.model_id)} at {code(short_rev(r.revision))} · "
-        f"{escape(r.hardware.text)} · {escape(s.device)} {escape(s.dtype)} · run "
+        f"{escape(r.hardware.text)} · {escape(record_setup(r))} · {escape(s.device)} {escape(s.dtype)} · run "
         f"{r.run_date:%Y-%m-%d %H:%M} UTC · {s.repeats} repeats × {s.prompts_per_workload} prompts × "
         f"{s.max_new_tokens} tokens per workload · prompt set {code(r.prompt_set)} (sha256 "
         f"{code(r.prompt_set_digest[:12])}) · baselines {', '.join(used)} · record "
@@ -118,7 +118,7 @@ def _summary(run: Run, baselines: dict[str, str]) -> list[tuple[str, Markdown]]:
     by_baseline: dict[str, list[list[object]]] = {}
     for (engine, workload, t), group in _groups(run.record).items():
         gate = gates.get((workload, t)) if engine == gating.gated_engine(run.record.cells) else None
-        cell, gate_text = _row_cell(group, gate)
+        cell, gate_text = row_cell(group, gate)
         d = cell.derived
         by_baseline.setdefault(baselines[cell.baseline], []).append([
             escape(workload),

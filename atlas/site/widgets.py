@@ -40,6 +40,9 @@ class Prefill(BaseModel):
     measured_tokens_per_pass: float | None  # the run's mean accepted length, bonus included
     measured_speedup: float
     ideal_speedup: float | None
+    # what made the speed besides the hardware: engine, threads, kernels, draft vocabulary
+    # (measured.record_setup); empty in a models.json written before it was recorded
+    setup: str = ""
 
 
 def _nums(values: Sequence[float], digits: int = 3) -> str:
@@ -58,7 +61,8 @@ def calculator(prefill: Prefill | None) -> Markdown:
         label = (
             f"Prefilled from a <strong>measured</strong> record of the atlas: "
             f"<code>{escape(prefill.model_id)}</code>, workload {escape(prefill.workload)}, "
-            f"T = {prefill.temperature:g}, k = {len(conditional)}, engine {escape(prefill.engine)}, "
+            f"T = {prefill.temperature:g}, k = {len(conditional)}, "
+            f"{escape(prefill.setup) if prefill.setup else 'engine ' + escape(prefill.engine)}, "
             f"on {escape(prefill.hardware)}, run {escape(prefill.run_date)}, record "
             f"<code>{escape(prefill.record_id[:12])}</code>. That run measured "
             + (f"{prefill.measured_tokens_per_pass:.2f} tokens per verify pass and "

@@ -31,7 +31,7 @@ from atlas.evidence import catalog, head_engines
 from atlas.evidence import runs as evidence_runs
 from atlas.evidence import servable as servable_matrix
 from atlas.conformance import record as conformance
-from atlas.site import present_claims, runpages, servable_tables
+from atlas.site import measured_charts, present_claims, runpages, servable_tables
 from atlas.site import measured as measured_section
 from atlas.site.evidence_file import Evidence, Facts, write
 from atlas.site.evidence_format import Revisions, date_text, guardrail
@@ -196,6 +196,9 @@ def collect(con: duckdb.DuckDBPyConnection, cat: catalog.Catalog, mirror_sources
         "answer": measured_section.answer_text(runs, "../runs/"),
         "runs": runpages.run_pages(runs, [f for f in cat.figures if f.id == _ANCHOR]),
         "runs_index": _MEASURED_HEAD + "\n" + runpages.runs_index(runs, "runs/"),
+        "plain_answer": measured_section.plain_answer(runs),
+        "measured_charts": measured_charts.featured_charts(runs),
+        "break_even": measured_charts.break_even_chart(runs),
     }
     return Evidence(facts=facts, sections=sections)
 

@@ -291,8 +291,13 @@
     function cell(c, slug, label) {
       var td = document.createElement("td");
       td.setAttribute("data-label", label);
-      if (Array.isArray(c)) c.forEach(function (p) { piece(td, p[0], p[1]); });
-      else piece(td, c, slug);
+      // at most three lines per cell (atlas-course.css .atlas-clamp), as the page's own rows
+      var box = document.createElement("div");
+      box.className = "atlas-clamp";
+      if (Array.isArray(c)) c.forEach(function (p) { piece(box, p[0], p[1]); });
+      else piece(box, c, slug);
+      box.setAttribute("title", box.textContent);
+      td.appendChild(box);
       return td;
     }
 
