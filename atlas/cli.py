@@ -406,11 +406,8 @@ def measure_import(db: Path, directory: str | None) -> None:
     folder = Path(directory) if directory else project_path(records.DEFAULT_DIR)
     if not folder.is_dir():
         raise AtlasError(f"no measurement folder {folder}")
-    con = store.connect(db)
-    try:
+    with store.connect(db) as con:
         loaded, present, errors = records.import_records(con, folder)
-    finally:
-        con.close()
     click.echo(f"measurements: {loaded} record(s) loaded, {present} already present, {len(errors)} rejected")
     if errors:
         raise AtlasError("rejected:\n  " + "\n  ".join(errors))
@@ -439,11 +436,8 @@ def measure_forget(db: Path, record: str) -> None:
     from atlas.store import db as store
     from atlas.records import record as records
 
-    con = store.connect(db)
-    try:
+    with store.connect(db) as con:
         [(record_id, source)] = records.forget_record(con, record)
-    finally:
-        con.close()
     click.echo(f"forgot measurement record {record_id[:12]} (imported from {source})")
 
 

@@ -138,11 +138,8 @@ def rows(db: Path, sql: str) -> list[tuple]:
     """The rows of `sql` on the store at `db`, opened read-only."""
     import duckdb
 
-    con = duckdb.connect(str(db), read_only=True)
-    try:
+    with duckdb.connect(str(db), read_only=True) as con:
         return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def write_watchlist(path: Path, orgs: list[str], exemplars: list[str] = (), repos: list[str] = ()) -> Path:

@@ -59,8 +59,7 @@ def snapshot_row(day: int, n: int) -> store.SnapshotRow:
 
 
 def write_snapshot(db: Path, day: int, models: list[Model]) -> None:
-    con = store.connect(db)
-    try:
+    with store.connect(db) as con:
         rows = [
             store.ModelRow(
                 repo_id=m.repo_id, sha=m.sha, last_modified=None, created_at=m.created, downloads=10,
@@ -80,8 +79,6 @@ def write_snapshot(db: Path, day: int, models: list[Model]) -> None:
             fps.append((m.repo_id, m.sha, "test-rules", "model_type", m.model_type, None))
             fps.append((m.repo_id, m.sha, "test-rules", "architectures", m.architectures, None))
         store.write_snapshot(con, snapshot_row(day, len(models)), rows, [], [], fps)
-    finally:
-        con.close()
 
 
 HOSTILE_MODELS = [
@@ -275,13 +272,10 @@ def build_demo_site(root: Path, *, conformance: bool = False, sources: bool = Fa
 
 
 def declared_repo_ids(db: Path) -> list[str]:
-    con = store.connect(db, read_only=True)
-    try:
+    with store.connect(db, read_only=True) as con:
         rows = con.execute(
             "SELECT repo_id FROM mtp_fingerprints WHERE declared_num_mtp_layers IS NOT NULL"
         ).fetchall()
-    finally:
-        con.close()
     return sorted(r[0] for r in rows)
 
 
@@ -342,11 +336,8 @@ def import_folder(db: Path, folder: Path) -> int:
     records were loaded; a rejected record fails the test."""
     from atlas.records import record as records
 
-    con = store.connect(db)
-    try:
+    with store.connect(db) as con:
         loaded, _, errors = records.import_records(con, folder)
-    finally:
-        con.close()
     assert not errors, errors
     return loaded
 

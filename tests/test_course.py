@@ -370,11 +370,8 @@ def test_evidence_command_writes_the_models_file(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     data = modelpages.read(out.with_name(modelpages.FILE_NAME))
     assert data is not None and len(data.models) == len(HOSTILE_MODELS)
-    con = store.connect(db, read_only=True)
-    try:
+    with store.connect(db, read_only=True) as con:
         n_latest = con.execute("SELECT count(*) FROM mtp_fingerprints").fetchone()[0]
-    finally:
-        con.close()
     assert n_latest == len(data.models)
 
 

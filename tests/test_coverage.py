@@ -109,11 +109,8 @@ def test_the_crawl_gives_one_coverage_table_for_the_finder_and_the_runs_page(tmp
 
     db = tmp_path / "atlas.duckdb"
     crawl_mirror(db)
-    con = store.connect(db, read_only=True)
-    try:
+    with store.connect(db, read_only=True) as con:
         data = modelpages.collect(con, servable_matrix.load(REPO / "evidence" / "servable.toml"), REPO)
-    finally:
-        con.close()
     covered = {m.repo_id: m for m in data.models if m.runner}
     assert sorted(covered) == [r for r in DECLARING if not r.startswith("_unattributed/")]  # those are in no crawl
     for repo, m in covered.items():

@@ -215,12 +215,9 @@ def test_a_refused_target_is_shown_as_target_unknown_with_the_reason(site, draft
 def test_a_store_crawled_before_the_rule_gets_its_drafters_by_refingerprint(crawled: Path, tmp_path: Path) -> None:
     db = tmp_path / "old.duckdb"
     shutil.copy(crawled, db)
-    con = duckdb.connect(str(db))
-    try:
+    with duckdb.connect(str(db)) as con:
         con.execute("DELETE FROM fingerprints WHERE name = 'mtp_drafter'")  # as the older rules left it
         assert con.execute("SELECT count(*) FROM mtp_drafter_links").fetchall() == [(0,)]
-    finally:
-        con.close()
     crawler.refingerprint(db)  # no network: the stored configs are read again
     links = dict(_query(db, "SELECT drafter, target FROM mtp_drafter_links"))
     assert links == {BY_NAME: "google/gemma-4-E2B-it", BY_CARD: "google/gemma-4-e4b-it", UNKNOWN: None,

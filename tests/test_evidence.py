@@ -295,8 +295,7 @@ def test_tampered_evidence_file_is_rejected(tmp_path: Path) -> None:
 
 def test_unreadable_models_are_not_counted_as_undeclared(tmp_path: Path) -> None:
     db = tmp_path / "gated.duckdb"
-    con = store.connect(db)
-    try:
+    with store.connect(db) as con:
         rows = [
             store.ModelRow(repo_id=rid, sha=sha, last_modified=None, created_at=None, downloads=1,
                            likes=0, gated=gated, private=False, pipeline_tag=None, library_name=None,
@@ -306,8 +305,6 @@ def test_unreadable_models_are_not_counted_as_undeclared(tmp_path: Path) -> None
                                             ("org/gated", "2" * 40, "manual", "gated"))
         ]
         store.write_snapshot(con, snapshot_row(29, 2), rows, [], [], [])
-    finally:
-        con.close()
     facts = evidence.generate(db, tmp_path / "ev.md", MATRIX).facts
     assert (facts.n_models, facts.n_undeclared, facts.n_not_fetched) == (2, 1, 1)
 

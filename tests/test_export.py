@@ -48,14 +48,11 @@ def exported(tmp_path_factory: pytest.TempPathFactory):
 
 
 def rows(path: Path) -> list[dict]:
-    con = duckdb.connect()
-    try:
+    with duckdb.connect() as con:
         reader = "read_parquet" if path.suffix == ".parquet" else "read_csv_auto"
         cur = con.execute(f"SELECT * FROM {reader}(?)", [str(path)])
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, r)) for r in cur.fetchall()]
-    finally:
-        con.close()
 
 
 def built(layout: render.Layout, *parts: str) -> str:
@@ -76,8 +73,7 @@ def test_every_file_reads_back_with_its_manifest_rows_and_sha256(exported) -> No
         assert path.stat().st_size == f.bytes
         assert len(rows(path)) == f.rows, f.path
     # Parquet and CSV hold the same table, value for value, once the CSV is read with its types
-    con = duckdb.connect()
-    try:
+    with duckdb.connect() as con:
         for t in tables:
             parquet = str(out / f"{t}.parquet")
             types = con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [parquet]).fetchall()
@@ -85,8 +81,6 @@ def test_every_file_reads_back_with_its_manifest_rows_and_sha256(exported) -> No
             as_csv = con.execute(f"SELECT * FROM read_csv(?, header = true, columns = {spec})",
                                  [str(out / f"{t}.csv")]).fetchall()
             assert as_csv == con.execute("SELECT * FROM read_parquet(?)", [parquet]).fetchall(), t
-    finally:
-        con.close()
 
 
 def test_the_data_dictionary_describes_every_column_with_its_type(exported) -> None:
@@ -94,8 +88,7 @@ def test_the_data_dictionary_describes_every_column_with_its_type(exported) -> N
     dictionary = rows(out / "data_dictionary.parquet")
     described = {(d["table"], d["column"]): d for d in dictionary}
     assert len(described) == len(dictionary)
-    con = duckdb.connect()
-    try:
+    with duckdb.connect() as con:
         for t in [t.name for t in export.TABLES] + [exportformat.DICTIONARY]:
             columns = con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [str(out / f"{t}.parquet")]).fetchall()
             assert {c for tab, c in described if tab == t} == {c[0] for c in columns}, t
@@ -103,8 +96,6 @@ def test_the_data_dictionary_describes_every_column_with_its_type(exported) -> N
                 d = described[(t, name)]
                 assert d["meaning"].strip(), f"{t}.{name} has no meaning in export.MEANINGS"
                 assert d["type"] == ctype, (t, name)
-    finally:
-        con.close()
 
 
 def test_export_is_deterministic(exported, tmp_path: Path) -> None:
@@ -153,11 +144,8 @@ def test_fingerprints_and_model_facts_equal_the_finders_rows(exported) -> None:
         assert r[col["shipped"]] == shown(fp["shipped_mtp_layers"])
         assert engines_in(r[col["servable"]], matrix) == list(fact["servable_engines"]), r[0]
     # every snapshot is exported, as the store's history view holds it
-    con = store.connect(db, read_only=True)
-    try:
+    with store.connect(db, read_only=True) as con:
         (n,) = con.execute("SELECT count(*) FROM mtp_fingerprints_history").fetchone()
-    finally:
-        con.close()
     assert len(rows(out / "fingerprints.parquet")) == n
     # the project's own models are marked, as the site keeps them out of Hub counts
     assert {r["repo_id"] for r in fingerprints.values() if r["made_by_atlas"]} == {"mtp-atlas/byte-mtp-8l"}
@@ -172,12 +160,9 @@ def _raw_records() -> list[dict]:
 def test_measured_cells_equal_the_records_the_site_reads_and_the_model_page(exported) -> None:
     db, out, manifest, layout, models = exported
     exported_cells = rows(out / "measured_cells.parquet")
-    con = store.connect(db, read_only=True)
-    try:
+    with store.connect(db, read_only=True) as con:
         sources = con.execute("SELECT record_id, any_value(source_path) FROM measurement_cells "
                               "GROUP BY record_id").fetchall()
-    finally:
-        con.close()
     runs = [r for r in evidence_runs.load_runs(sources) if not r.record.settings.quick]
     want = sorted(
         (run.record_id, c.engine, c.workload, c.temperature, c.draft_tokens, c.derived.acceptance_rate,
@@ -237,15 +222,12 @@ def test_measured_cells_read_in_a_plain_duckdb_carry_verdict_bounds_acceptance_c
     acceptance, pass costs and the checkpoint's provenance, each equal to what the record file's
     raw counts give (computed here from the JSON alone)."""
     _, out, _, _, _ = exported
-    con = duckdb.connect()
-    try:
+    with duckdb.connect() as con:
         cur = con.execute(f"SELECT * FROM read_parquet('{out / 'measured_cells.parquet'}')")
         names = [d[0] for d in cur.description]
         got = [dict(zip(names, r)) for r in cur.fetchall()]
         types = dict(con.execute(f"SELECT column_name, column_type FROM (DESCRIBE SELECT * FROM "
                                  f"read_parquet('{out / 'measured_cells.parquet'}'))").fetchall())
-    finally:
-        con.close()
     assert not {"speedup_lo", "speedup_hi"} & set(names)  # renamed: a range of repeats, not bounds
     assert types["per_position_acceptance"] == types["conditional_acceptance"] == "DOUBLE[]"
     assert types["gate_verdict"] == "VARCHAR" and types["made_by_atlas"] == "BOOLEAN"
@@ -426,8 +408,7 @@ def test_the_card_follows_the_hugging_face_template_with_features_sections_and_l
     assert meta["task_categories"] and meta["source_datasets"] == ["original"]
     assert meta["annotations_creators"] and meta["language_creators"] and meta["creators"]
     # dataset_info: each config's features are its Parquet file's columns, typed as `datasets` names them
-    con = duckdb.connect()
-    try:
+    with duckdb.connect() as con:
         for info in meta["dataset_info"]:
             path = out / f"{info['config_name']}.parquet"
             columns = con.execute(f"DESCRIBE SELECT * FROM read_parquet('{path}')").fetchall()
@@ -439,8 +420,6 @@ def test_the_card_follows_the_hugging_face_template_with_features_sections_and_l
         (cells, hardware) = con.execute(f"SELECT count(*), list(DISTINCT hardware) FROM read_parquet('{out / 'measured_cells.parquet'}')").fetchone()
         (models, own) = con.execute("SELECT count(*) FILTER (NOT made_by_atlas), count(*) FILTER (made_by_atlas) "
                                     f"FROM read_parquet('{out / 'model_facts.parquet'}')").fetchone()
-    finally:
-        con.close()
     assert [d["config_name"] for d in meta["dataset_info"]] == [c["config_name"] for c in meta["configs"]]
     headings = re.findall(r"^#+ (.+)$", text, re.M)
     for section in ("Uses", "Dataset Creation", "Source Data", "Bias, Risks, and Limitations", "Citation", "License",
@@ -492,11 +471,8 @@ def test_csv_text_never_starts_a_formula_and_parquet_keeps_the_exact_value(tmp_p
     assert set(FORMULAS) | {"@org/measured"} <= seen | {FORMULAS[1]}, seen  # every planted value reached a file
     assert "+1+cmd" in (out / "fingerprints.parquet").read_bytes().decode("latin-1")  # the list column, exact
     # a number is never a formula: a negative one stays a number, a text one is quoted
-    con = duckdb.connect()
-    try:
+    with duckdb.connect() as con:
         export._copy(con, "SELECT -2 AS n, -0.5::DOUBLE AS x, '-2' AS t", tmp_path / "n.csv", "csv")
-    finally:
-        con.close()
     assert (tmp_path / "n.csv").read_text(encoding="utf-8") == "n,x,t\n-2,-0.5,'-2\n"
     # the quoting is said once per document (it was repeated in every text column's meaning, 71 times)
     meanings = [d["meaning"] for d in rows(out / "data_dictionary.parquet")]
@@ -512,11 +488,8 @@ def test_csv_text_never_starts_a_formula_and_parquet_keeps_the_exact_value(tmp_p
 
 def _published_text(out: Path) -> str:
     """Everything an export publishes, as text: its text files as they are, every Parquet value."""
-    con = duckdb.connect()
-    try:
+    with duckdb.connect() as con:
         values = [repr(con.execute(f"SELECT * FROM read_parquet('{p}')").fetchall()) for p in sorted(out.glob("*.parquet"))]
-    finally:
-        con.close()
     return "\n".join([p.read_text(encoding="utf-8") for p in sorted(out.iterdir()) if p.suffix != ".parquet"] + values)
 
 
@@ -549,21 +522,15 @@ def test_a_store_from_before_the_new_columns_is_refused_by_name_until_the_import
     db, _, _, layout, _ = exported
     old = tmp_path / "old.duckdb"
     shutil.copyfile(db, old)
-    con = store.connect(old)
-    try:
+    with store.connect(old) as con:
         con.execute("ALTER TABLE measurement_cells RENAME COLUMN speedup_slowest_repeat TO speedup_lo")
         con.execute("ALTER TABLE measurement_cells DROP COLUMN provenance_recorded")
-    finally:
-        con.close()
     with pytest.raises(AtlasError, match=r"predate its current columns \(speedup_slowest_repeat, provenance_recorded\)"
                                          r": run `atlas measure import`"):
         export.export(old, tmp_path / "out", layout.evidence, REPO)
     assert not (tmp_path / "out").exists()
-    con = store.connect(old)
-    try:
+    with store.connect(old) as con:
         assert records.import_records(con, REPO / "evidence" / "measurements")[2] == []
-    finally:
-        con.close()
     export.export(old, tmp_path / "out", layout.evidence, REPO)
     # the migrated store exports the same cells, value for value (the Parquet bytes may differ: the
     # migrated table's storage is laid out otherwise)
@@ -644,13 +611,10 @@ def test_the_data_page_shows_columns_types_definitions_three_rows_licence_citati
     dictionary = rows(out / "data_dictionary.parquet")
     for name, defs, preview in zip(tables, definitions, previews):
         assert defs.rows == [[d["column"], d["type"], d["meaning"]] for d in dictionary if d["table"] == name], name
-        con = duckdb.connect()
-        try:
+        with duckdb.connect() as con:
             cur = con.execute(f"SELECT * FROM read_parquet('{out / name}.parquet') LIMIT 3")
             cols = [d[0] for d in cur.description]
             first = cur.fetchall()
-        finally:
-            con.close()
         assert preview.header == ["column"] + [f"row {i + 1}" for i in range(len(first))] and len(first) == 3, name
         assert preview.rows == [[c] + [_shown(r[i]) for r in first] for i, c in enumerate(cols)], name
     visible = " ".join(html_text.unescape(re.sub(r"<[^>]+>", "", html)).split())
@@ -696,11 +660,8 @@ def test_changelog_of_two_snapshots_names_what_changed(tmp_path: Path, make_hub)
     shutil.rmtree(mirror / "zai-org/GLM-5-FP8")
     crawl()
 
-    con = store.connect(db, read_only=True)
-    try:
+    with store.connect(db, read_only=True) as con:
         log = changelog_data.collect(con, catalog.load(con, REPO / "evidence", REPO), REPO)
-    finally:
-        con.close()
     first, second = log.snapshots
     assert (first.snapshot_id, first.previous, second.snapshot_id, second.previous) == (1, None, 2, 1)
     assert first.new_mtp == ["zai-org/GLM-4.5", "zai-org/GLM-4.5-Air", "zai-org/GLM-5-FP8"]
@@ -728,11 +689,8 @@ def test_changelog_of_two_snapshots_names_what_changed(tmp_path: Path, make_hub)
 
 
 def con_rows(db: Path, sql: str) -> list[tuple]:
-    con = store.connect(db, read_only=True)
-    try:
+    with store.connect(db, read_only=True) as con:
         return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def test_changelog_records_count_new_and_remeasured_cells(exported) -> None:

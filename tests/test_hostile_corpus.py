@@ -111,12 +111,9 @@ def test_hub_values_of_2_63_and_more_are_dropped_with_a_note(tmp_path: Path) -> 
     assert (listed.row.downloads, listed.row.likes, listed.row.param_total) == (None, None, None)
     assert listed.row.fetch_status == "ok"
     assert "downloads = 22-digit number is not a count" in listed.row.error and "safetensors.total" in listed.row.error
-    con = store.connect(tmp_path / "a.duckdb")  # and the row can be stored
-    try:
+    with store.connect(tmp_path / "a.duckdb") as con:  # and the row can be stored
         snap = store.SnapshotRow(store.utc_now(), store.utc_now(), "t", "d", "complete", 1, 0, 0, 0, 0, 0, "r", 0, 0, None)
         store.write_snapshot(con, snap, [listed.row], [], [], [])
-    finally:
-        con.close()
 
 
 def test_a_malformed_sha_from_the_hub_is_the_repos_error() -> None:
@@ -148,12 +145,9 @@ def _any_evidence():
 
     db = Path(tempfile.mkdtemp()) / "e.duckdb"
     store.connect(db).close()
-    con = store.connect(db, read_only=True)
-    try:
+    with store.connect(db, read_only=True) as con:
         root = Path(__file__).resolve().parents[1]
         return evidence.collect(con, catalog.load(con, root / "evidence", root))
-    finally:
-        con.close()
 
 
 @pytest.mark.parametrize("content", [b"this is not a database", b"\0" * 4096, b"DUCK" + b"\xff" * 5000])

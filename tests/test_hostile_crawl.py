@@ -182,15 +182,12 @@ def test_a_token_echoed_by_the_hub_is_never_stored_or_shown(tmp_path: Path, make
     assert "[token hidden]" in rows(db, "SELECT problems FROM snapshots")[0][0]
     assert "[token hidden]" in result.output
     # nowhere in the store: every text column of every table, and the file's bytes
-    con = duckdb.connect(str(db), read_only=True)
-    try:
+    with duckdb.connect(str(db), read_only=True) as con:
         for table, column in con.execute("SELECT table_name, column_name FROM information_schema.columns "
                                          "WHERE table_schema = 'main'").fetchall():
             hits = con.execute(f'SELECT count(*) FROM "{table}" WHERE CAST("{column}" AS VARCHAR) LIKE ?',
                                [f"%{CANARY}%"]).fetchall()
             assert hits == [(0,)], (table, column)
-    finally:
-        con.close()
     assert CANARY.encode() not in db.read_bytes()
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and CANARY.encode() in p.read_bytes()]
     assert CANARY not in result.output and CANARY not in (result.stderr or "")

@@ -105,11 +105,8 @@ def hostile_record_site(tmp_path_factory: pytest.TempPathFactory) -> render.Layo
     db = root / "atlas.duckdb"
     hostile_store(db)
     records.write_record(hostile_record(), layout.evidence / "measurements")
-    con = store.connect(db)
-    try:
+    with store.connect(db) as con:
         assert records.import_records(con, layout.evidence / "measurements")[::2] == (1, [])
-    finally:
-        con.close()
     evidence.generate(db, layout.evidence / "module-08.evidence.md", layout.evidence / "servable.toml")
     modelpages.generate(db, layout.evidence / modelpages.FILE_NAME, layout.evidence / "servable.toml", root)
     render.build(layout)
@@ -246,12 +243,9 @@ def import_around(folder: Path, bad: bytes | list[bytes], db: Path) -> tuple[int
     else:
         for i, data in enumerate(bad):
             (folder / f"m-bad-{i:04d}.json").write_bytes(data)
-    con = store.connect(db)
-    try:
+    with store.connect(db) as con:
         result = records.import_records(con, folder)
         stored = {r[0] for r in con.execute("SELECT DISTINCT model_id FROM measurement_cells").fetchall()}
-    finally:
-        con.close()
     assert stored == {"good/a-before", "good/z-after"}, result
     return result
 
@@ -395,11 +389,8 @@ def test_a_record_from_outside_the_checkout_never_publishes_its_path(tmp_path: P
     records.write_record(good_record("outside/model"), outside)
     db = tmp_path / "atlas.duckdb"
     hostile_store(db)
-    con = store.connect(db)
-    try:
+    with store.connect(db) as con:
         assert records.import_records(con, outside)[::2] == (1, [])
-    finally:
-        con.close()
     out = tmp_path / "ev" / "module-08.evidence.md"
     evidence.generate(db, out, REPO / "evidence" / "servable.toml")
     text = out.read_text(encoding="utf-8")
@@ -476,12 +467,9 @@ def test_a_corrupt_data_block_is_one_line_from_atlas_evidence(tmp_path: Path) ->
     good = tmp_path / "good.duckdb"
     hostile_store(good)
     records.write_record(good_record("x/y"), tmp_path / "m")
-    con = store.connect(good)
-    try:
+    with store.connect(good) as con:
         records.import_records(con, tmp_path / "m")
         con.execute("CHECKPOINT")
-    finally:
-        con.close()
     data = good.read_bytes()
     block = 256 * 1024  # DuckDB's block size; the first blocks are the file and database headers
     errors = 0

@@ -47,11 +47,8 @@ def test_a_record_whose_folder_was_deleted_is_named_and_can_be_forgotten(tmp_pat
     assert "no imported measurement record" in _one_line(runner.invoke(cli, ["measure", "forget", "--db", str(db), "f" * 64]))
     forgot = runner.invoke(cli, ["measure", "forget", "--db", str(db), rid[:12]])
     assert forgot.exit_code == 0 and f"forgot measurement record {rid[:12]}" in forgot.output, forgot.output
-    con = store.connect(db)
-    try:
+    with store.connect(db) as con:
         assert con.execute("SELECT count(*) FROM measurement_cells WHERE record_id = ?", [rid]).fetchone() == (0,)
-    finally:
-        con.close()
     for args in (evidence, export):
         result = runner.invoke(cli, args)
         assert result.exit_code == 0, result.output
@@ -63,8 +60,7 @@ def test_a_record_is_forgotten_by_its_source_path_and_only_that_one(tmp_path: Pa
     folder = tmp_path / "records"
     kept = records.write_record(make_record(model_id="keep/model"), folder)
     gone = records.write_record(make_record(model_id="gone/model"), folder)
-    con = store.connect(tmp_path / "s.duckdb")
-    try:
+    with store.connect(tmp_path / "s.duckdb") as con:
         assert records.import_records(con, folder)[0] == 2
         [(rid, source)] = records.forget_record(con, str(gone))
         assert source == gone.as_posix() and rid == records.record_id(records.read_record(gone))
@@ -72,5 +68,3 @@ def test_a_record_is_forgotten_by_its_source_path_and_only_that_one(tmp_path: Pa
         assert left == [("keep/model",)] and kept.is_file()
         with pytest.raises(Exception, match="no imported measurement record"):
             records.forget_record(con, str(gone))
-    finally:
-        con.close()

@@ -47,16 +47,13 @@ def test_an_endpoint_password_is_used_but_never_printed_or_stored(tmp_path: Path
     assert result.exit_code == 0, result.output
     assert "pw-Secret" not in result.output and USER not in result.output
     assert hub.url in result.output  # the endpoint is still named, without its user info
-    con = duckdb.connect(str(db), read_only=True)
-    try:
+    with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT endpoint FROM snapshots").fetchall() == [(hub.url,)]
         for table, column in con.execute("SELECT table_name, column_name FROM information_schema.columns "
                                          "WHERE table_schema = 'main'").fetchall():
             hits = con.execute(f'SELECT count(*) FROM "{table}" WHERE CAST("{column}" AS VARCHAR) LIKE ?',
                                ["%pw-Secret%"]).fetchall()
             assert hits == [(0,)], (table, column)
-    finally:
-        con.close()
     assert b"pw-Secret" not in db.read_bytes()
 
 

@@ -87,14 +87,11 @@ def test_the_summary_box_has_five_lines_counted_independently(demo) -> None:
     box = box[:box.index("</div>")]
     items = [" ".join(re.sub(r"<[^>]+>", "", li).split()) for li in re.findall(r"<li>(.*?)</li>", box, re.S)]
     assert [i.split(":")[0] for i in items] == ["Declared", "Shipped", "Servable", "Checked lossless", "Measured"]
-    con = store.connect(db, read_only=True)
-    try:
+    with store.connect(db, read_only=True) as con:
         n_models, n_declaring, n_one = con.execute(
             "SELECT count(*), count(*) FILTER (WHERE declared_num_mtp_layers > 0), "
             "count(*) FILTER (WHERE declared_num_mtp_layers = 1) FROM mtp_fingerprints "
             "WHERE split_part(repo_id, '/', 1) <> 'mtp-atlas'").fetchone()
-    finally:
-        con.close()
     assert items[0].startswith(f"Declared: {n_declaring} of the {n_models} Hub models")
     assert f"{n_one} of them exactly one MTP layer" in items[0]
     verdicts = conformance.verdicts(conformance.latest_records(REPO / "evidence" / "conformance"))
@@ -242,11 +239,8 @@ def test_one_name_for_the_revision_and_the_mirrors_own_date(demo) -> None:
     layout, db, _ = demo
     fixed = evidence.load_mirror_date(MIRROR)
     assert fixed is not None
-    con = store.connect(db, read_only=True)
-    try:
+    with store.connect(db, read_only=True) as con:
         crawled = con.execute("SELECT max(finished_at) FROM snapshots WHERE status = 'complete'").fetchone()[0]
-    finally:
-        con.close()
     for html in [p.read_text(encoding="utf-8") for p in layout.build.rglob("index.html")]:
         assert "mirror hash" not in html.lower()
         assert "Hub commit</th>" not in html
@@ -503,16 +497,13 @@ def test_the_home_page_says_what_the_atlas_found_counted_from_the_store(demo) ->
     layout, db, _ = demo
     html = (layout.build / "index.html").read_text(encoding="utf-8")
     box = _box(html, "What the atlas found")
-    con = store.connect(db, read_only=True)
-    try:
+    with store.connect(db, read_only=True) as con:
         n_models, n_declaring, known, shipping = con.execute(
             "SELECT count(*), count(*) FILTER (WHERE declared_num_mtp_layers > 0), "
             "count(*) FILTER (WHERE shipped_mtp_layers IS NOT NULL), "
             "count(*) FILTER (WHERE shipped_mtp_layers > 0) FROM mtp_fingerprints "
             "WHERE split_part(repo_id, '/', 1) <> 'mtp-atlas'").fetchone()
         crawled = con.execute("SELECT max(finished_at) FROM snapshots WHERE status = 'complete'").fetchone()[0]
-    finally:
-        con.close()
     assert f"Declared: {n_declaring} of the {n_models} tracked models declare MTP" in box
     assert f"Shipped: {shipping} of the {known} whose weight names were read ship MTP tensors" in box
     fixed = evidence.load_mirror_date(MIRROR)

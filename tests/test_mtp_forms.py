@@ -196,13 +196,10 @@ def page_text(folder: Path, m) -> str:
 def test_the_export_carries_form_evidence_links_and_head_facts(crawled, tmp_path: Path) -> None:
     out = tmp_path / "export"
     export.export(crawled[0], out, REPO / "evidence", REPO)
-    con = duckdb.connect()
-    try:
+    with duckdb.connect() as con:
         got = {r[0]: r[1:] for r in con.execute(
             "SELECT repo_id, mtp_form, mtp_form_evidence, sidecar_base, gguf_layout, gguf_head_types, mtp_own_lm_head, "
             f"mtp_head_bytes FROM read_parquet('{out / 'fingerprints.parquet'}')").fetchall()}
-    finally:
-        con.close()
     assert {r.repo_id: got[r.repo_id][0] for r in REPOS} == {r.repo_id: r.form for r in REPOS}
     assert got[f"{ORG}/GLM-4.5-Air-shaped-MTP-GGUF"][2:] == (f"{ORG}/GLM-4.5-Air-shaped-GGUF", "mtp-only",
                                                           "GLM-4.5-Air-MTP-Q8_0.gguf: F16×2, F32×2, Q8_0×2", "yes", 17_664)

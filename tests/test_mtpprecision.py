@@ -140,11 +140,8 @@ def _models(db, root):
     from atlas.site import models_json as modelpages
     from atlas.evidence import servable as servable_matrix
 
-    con = store.connect(db, read_only=True)
-    try:
+    with store.connect(db, read_only=True) as con:
         return {m.repo_id: m for m in modelpages.collect(con, servable_matrix.load(root / "evidence" / "servable.toml"), root).models}
-    finally:
-        con.close()
 
 
 def test_the_crawl_stores_the_precision_and_the_model_page_shows_it_as_a_present_claim(crawled) -> None:

@@ -118,26 +118,20 @@ def card_metadata(manifest: Manifest, columns: list[tuple[str, str, str, str]]) 
 
 def read_dictionary(folder: Path) -> list[tuple[str, str, str, str]]:
     """(table, column, type, meaning) of every exported column, from the data dictionary written there."""
-    con = duckdb.connect()
-    try:
+    with duckdb.connect() as con:
         return [tuple(r) for r in con.execute(  # type: ignore[misc]
             f"SELECT * FROM read_parquet({quote_path(folder / (DICTIONARY + '.parquet'))})").fetchall()]
-    finally:
-        con.close()
 
 
 def _limits(folder: Path, manifest: Manifest) -> str:
     """What the data cannot tell, from the data: how many models the latest crawl read and from
     where, and on what hardware and of whose checkpoints every measurement is."""
-    con = duckdb.connect()
-    try:
+    with duckdb.connect() as con:
         (hardware, ours, cells) = con.execute(
             "SELECT list(DISTINCT hardware ORDER BY hardware), bool_and(made_by_atlas), count(*) "
             f"FROM read_parquet({quote_path(folder / 'measured_cells.parquet')})").fetchone()
         (models, own) = con.execute("SELECT count(*) FILTER (NOT made_by_atlas), count(*) FILTER (made_by_atlas) "
                                     f"FROM read_parquet({quote_path(folder / 'model_facts.parquet')})").fetchone()
-    finally:
-        con.close()
     latest = manifest.snapshots[-1] if manifest.snapshots else None
     source = latest["source"] if latest else None
     besides = f" (besides {own} of this project's own)" if own else ""

@@ -405,8 +405,7 @@ def _is_export(folder: Path) -> bool:
 
 
 def _export_into(staging: Path, db: Path, evidence_dir: Path, root: Path) -> tuple[Manifest, changelog.Changelog]:
-    con = store.connect(db, read_only=True)
-    try:
+    with store.connect(db, read_only=True) as con:
         cat = _load_side_tables(con, evidence_dir, root)
         dictionary: list[tuple[str, str, str, str]] = []
         files: list[FileEntry] = []
@@ -432,8 +431,6 @@ def _export_into(staging: Path, db: Path, evidence_dir: Path, root: Path) -> tup
             conformance_records=[published(p.resolve(), root) for p, _ in cat.conformance_records],
             servable_date=cat.matrix.date.isoformat(),
         )
-    finally:
-        con.close()
     return manifest, log
 
 

@@ -73,12 +73,9 @@ def plan(db: Path, watchlist: Path, endpoint: str, token: str | bool | None = No
     note = ""
     if db.exists():
         try:
-            con = store.connect(db, read_only=True)
-            try:
+            with store.connect(db, read_only=True) as con:
                 known = store.stored_pairs(con, [(x.repo_id, x.sha) for x in readable if x.sha])
                 side_state = store.side_file_state(con, known)
-            finally:
-                con.close()
         except AtlasError as exc:
             note = f" (store not read: {exc}; every model counted as new)"
         except duckdb.Error as exc:  # opened, but damaged

@@ -19,6 +19,7 @@ import math
 from pydantic import BaseModel
 
 from atlas.site.mdsafe import Markdown, escape as _text
+from atlas.site.numbers import tick
 
 WIDTH = 440
 HEIGHT = 250
@@ -107,7 +108,7 @@ def _axes(y_label: str, y_top: float, y_bottom: float = 0.0, ticks: int = 4) -> 
             out.append(f'<line class="atlas-chart-grid" x1="{_LEFT}" y1="{y:.1f}" x2="{WIDTH - _RIGHT}" y2="{y:.1f}"/>')
         out.append(
             f'<text class="atlas-chart-tick" x="{_LEFT - 4}" y="{y + FONT / 3:.1f}" '
-            f'text-anchor="end">{_text(_number(v))}</text>'
+            f'text-anchor="end">{_text(tick(v))}</text>'
         )
     return out
 
@@ -160,7 +161,7 @@ def bar_chart(title: str, bars: list[Bar], y_label: str, y_max: float | None = N
         y = _TOP + plot_h - h
         cx = x + bar_w / 2
         centres.append((cx, bar.label))
-        note_text = bar.annotation if bar.annotation is not None else _number(bar.value)
+        note_text = bar.annotation if bar.annotation is not None else tick(bar.value)
         svg.append(
             f'<rect class="atlas-chart-bar atlas-s0" x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" '
             f'height="{h:.1f}"><title>{_text(bar.label)}: {_text(note_text)}</title></rect>'
@@ -203,13 +204,13 @@ def stacked_bar_chart(title: str, categories: list[str], stacks: list[Stack], y_
             svg.append(
                 f'<rect class="atlas-chart-bar atlas-s{j % N_COLOURS}" x="{x:.1f}" y="{y:.1f}" '
                 f'width="{bar_w:.1f}" height="{h:.1f}"><title>{_text(cat)} · '
-                f"{_text(stack.name)}: {_text(_number(v))}</title></rect>"
+                f"{_text(stack.name)}: {_text(tick(v))}</title></rect>"
             )
         centres.append((x + bar_w / 2, cat))
         if len(categories) <= 12:
             svg.append(
                 f'<text class="atlas-chart-value" x="{x + bar_w / 2:.1f}" y="{max(y - 4, FONT):.1f}" '
-                f'text-anchor="middle">{_text(_number(totals[i]))}</text>'
+                f'text-anchor="middle">{_text(tick(totals[i]))}</text>'
             )
     svg += _x_labels(centres)
     svg.append("</svg>")
@@ -262,9 +263,9 @@ def line_chart(title: str, series: list[Series], x_label: str, y_label: str,
                     f'<line class="atlas-chart-whisker {cls}" x1="{x:.1f}" y1="{py(p.lo):.1f}" '
                     f'x2="{x:.1f}" y2="{py(p.hi):.1f}"/>'
                 )
-            label = f"{s.name}: {_number(p.y)}"
+            label = f"{s.name}: {tick(p.y)}"
             if p.lo is not None and p.hi is not None:
-                label += f" ({_number(p.lo)}–{_number(p.hi)})"
+                label += f" ({tick(p.lo)}–{tick(p.hi)})"
             svg.append(
                 f'<circle class="atlas-chart-dot {cls}" cx="{x:.1f}" cy="{py(p.y):.1f}" r="3.5">'
                 f"<title>{_text(label)}</title></circle>"
@@ -309,15 +310,15 @@ def threshold_chart(title: str, rows: list[ThresholdRow], x_label: str, x_max: f
                    f'width="{px(x_max) - px(row.needed):.1f}" height="20"/>')
         svg.append(f'<line class="atlas-chart-axis" x1="{left}" y1="{base:.1f}" x2="{right}" y2="{base:.1f}"/>')
         svg.append(f'<line class="atlas-chart-reference" x1="{px(row.needed):.1f}" y1="{base - 14:.1f}" '
-                   f'x2="{px(row.needed):.1f}" y2="{base + 14:.1f}"><title>needed: {_text(_number(row.needed))}'
+                   f'x2="{px(row.needed):.1f}" y2="{base + 14:.1f}"><title>needed: {_text(tick(row.needed))}'
                    f'</title></line>')
         for name, v in row.values:
             svg.append(f'<circle class="atlas-chart-dot atlas-s0" cx="{px(v):.1f}" cy="{base:.1f}" '
-                       f'r="4.5"><title>{_text(name)}: {_text(_number(v))}</title></circle>')
+                       f'r="4.5"><title>{_text(name)}: {_text(tick(v))}</title></circle>')
         y += row_h + label_h
     for v in (0.0, x_max / 2, x_max):
         svg.append(f'<text class="atlas-chart-tick" x="{px(v):.1f}" y="{height - 24}" '
-                   f'text-anchor="{"start" if v == 0 else "end" if v == x_max else "middle"}">{_text(_number(v))}</text>')
+                   f'text-anchor="{"start" if v == 0 else "end" if v == x_max else "middle"}">{_text(tick(v))}</text>')
     svg.append(f'<text class="atlas-chart-label" x="{WIDTH / 2:.0f}" y="{height - 4}" '
                f'text-anchor="middle">{_text(x_label)}</text>')
     svg.append("</svg>")
@@ -335,9 +336,3 @@ def _nice(v: float) -> float:
         if m * mag >= v:
             return m * mag
     return 10 * mag
-
-
-def _number(v: float) -> str:
-    if float(v).is_integer():
-        return str(int(v))
-    return f"{v:.2f}".rstrip("0").rstrip(".") if abs(v) < 10 else f"{v:.1f}"

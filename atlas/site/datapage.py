@@ -95,8 +95,7 @@ def _breakable(text: str) -> Markdown:
 def _columns(data: Path, manifest: exportformat.Manifest) -> list[str]:
     """Per table: its columns with their types and definitions (the data dictionary), and its first
     PREVIEW_ROWS rows, transposed (a row per column) so that a wide table stays narrow."""
-    con = duckdb.connect()
-    try:
+    with duckdb.connect() as con:
         dictionary = con.execute("SELECT * FROM read_parquet(?)", [str(data / f"{exportformat.DICTIONARY}.parquet")]).fetchall()
         lines: list[str] = ["## Columns and preview", "",
                             f"Each table's columns with their DuckDB type and definition, then its first "
@@ -114,8 +113,6 @@ def _columns(data: Path, manifest: exportformat.Manifest) -> list[str]:
             lines += [table(["column"] + [f"row {i + 1}" for i in range(len(first))],
                             [[code(n)] + [_breakable(preview_value(r[i])) for r in first] for i, n in enumerate(names)])
                       if first else "No rows yet.", ""]
-    finally:
-        con.close()
     return lines
 
 

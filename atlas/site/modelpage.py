@@ -22,6 +22,7 @@ from atlas.site import reported as reported_section
 from atlas.site.modelfinder import FINDER_PARTS, SERVING_ENGINES, conformance_words, finder, finder_parts, measured_engines
 from atlas.site.mdsafe import Markdown, code, escape, table
 from atlas.site.models_json import Model, Models, Snapshot, not_crawled_words, snapshot_words
+from atlas.site.numbers import fixed
 
 _MODULE = "../modules/module-08.md"
 
@@ -37,10 +38,6 @@ def _link(m: Model | None, repo_id: str, here: str = "") -> Markdown:
     if m is not None and m.has_page:
         return Markdown(f"[{escape(repo_id)}]({here}{m.slug}.md)")
     return escape(repo_id)
-
-
-def _num(v: float | None, digits: int) -> str:
-    return "—" if v is None else f"{v:.{digits}f}"
 
 
 def _levels(m: Model, figures: list[reported_figures.Figure], mirror_date: str | None,
@@ -232,8 +229,8 @@ def _measured_lines(m: Model, downloads: set[str]) -> list[Any]:
                 table(["engine", "workload", "#T", "#k", "#acceptance", "#accepted length",
                        "#speed-up (range)"],
                       [[escape(x.engine), escape(x.workload), f"{x.temperature:g}", x.draft_tokens,
-                        _num(x.acceptance_rate, 3), _num(x.mean_accepted_length, 2),
-                        _num(x.speedup, 2) + (f" ({x.speedup_slowest_repeat:.2f}–{x.speedup_fastest_repeat:.2f})"
+                        fixed(x.acceptance_rate, 3), fixed(x.mean_accepted_length, 2),
+                        fixed(x.speedup, 2) + (f" ({x.speedup_slowest_repeat:.2f}–{x.speedup_fastest_repeat:.2f})"
                                               if x.speedup_slowest_repeat is not None and x.speedup_fastest_repeat is not None
                                               else "")] for x in mine]), "",
             ]

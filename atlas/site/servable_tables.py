@@ -162,8 +162,16 @@ def head_engines(data: head_engine_rows.HeadEngines | None) -> str:
         "What each PR or source file states, per family and engine, with its state and the first version or build "
         "that has it where the sources say; \"not stated\" where they do not. Not a measurement of the atlas.",
     )
-    rows = [[escape(r.engine), escape(r.family), escape(r.what), link(r.link.split("github.com/", 1)[1], r.link),
-             escape(r.state), escape(r.when), escape(r.first)] for r in data.row]
-    body = table(["engine", "family", "what it does with the head", "source", "state", "date", "first version or build"], rows)
+    # Five columns and a short link text: a repository path as link text is one unbreakable word
+    # that widened the table past the content column.
+    rows = [[escape(r.engine), escape(r.family), escape(r.what), link(_source_label(r.link), r.link),
+             escape(f"{r.state}; {r.when}; first version or build: {r.first}")] for r in data.row]
+    body = table(["engine", "family", "what it does with the head", "source", "state; date; first version"], rows)
     gaps = (f"\nNo public source on the head path was read for: {escape(', '.join(data.gaps))}.\n" if data.gaps else "")
     return f"{head}\n{body}\n{gaps}"
+
+
+def _source_label(url: str) -> str:
+    """A source link's text: `#N` for a pull request or issue, else the file or page name."""
+    tail = url.rstrip("/").rsplit("/", 2)
+    return f"#{tail[-1]}" if len(tail) == 3 and tail[-2] in ("pull", "issues") else tail[-1]

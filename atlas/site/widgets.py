@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel
 
 from atlas.site.mdsafe import Markdown, escape
+from atlas.site.numbers import fixed_list
 
 
 class Prefill(BaseModel):
@@ -43,10 +44,6 @@ class Prefill(BaseModel):
     # what made the speed besides the hardware: engine, threads, kernels, draft vocabulary
     # (measured.record_setup); empty in a models.json written before it was recorded
     setup: str = ""
-
-
-def _nums(values: Sequence[float], digits: int = 3) -> str:
-    return ", ".join(f"{v:.{digits}f}" for v in values)
 
 
 def _line(html: str) -> str:
@@ -92,7 +89,7 @@ def calculator(prefill: Prefill | None) -> Markdown:
     <option value="positions" selected>one value per draft position</option>
     <option value="alpha">one α for every position</option></select></label>
     <label data-mode="positions">conditional acceptance a₁, a₂, … (k = how many you list)
-    <input type="text" data-in="conditional" value="{escape(_nums(conditional))}" inputmode="decimal"></label>
+    <input type="text" data-in="conditional" value="{escape(fixed_list(conditional))}" inputmode="decimal"></label>
     <label data-mode="alpha" hidden>α <input type="number" data-in="alpha" min="0" max="1" step="0.01" value="{alpha:.3f}"></label>
     <label data-mode="alpha" hidden>k <input type="number" data-in="k" min="0" max="16" step="1" value="{len(conditional)}"></label>
     <label>draft cost c (one MTP step, in plain steps) <input type="number" data-in="draft" min="0" step="0.01" value="{draft:.3f}"></label>

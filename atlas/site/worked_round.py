@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from atlas.site.mdsafe import Markdown, code, escape, table
+from atlas.site.numbers import fixed
 
 CONTEXT = "The cat sat on the"
 LAST = "mat"  # emitted by the previous verify pass; the MTP module drafts from its hidden state
@@ -100,12 +101,8 @@ def emitted_quoted() -> str:
     return " ".join(f"“{t}”" for t in emitted())
 
 
-def _fmt(x: float) -> str:
-    return f"{x:.2f}"
-
-
 def _dist(d: dict[str, float]) -> Markdown:
-    return Markdown(", ".join(f"{code(t)} {_fmt(v)}" for t, v in d.items()))
+    return Markdown(", ".join(f"{code(t)} {fixed(v)}" for t, v in d.items()))
 
 
 def table_markdown(indent: int = 0) -> Markdown:
@@ -113,13 +110,13 @@ def table_markdown(indent: int = 0) -> Markdown:
     rows = []
     for i, s in enumerate(steps(), start=1):
         pos = s.position
-        rule = f"min(1, {_fmt(pos.p[pos.draft])}/{_fmt(pos.q[pos.draft])}) = {_fmt(s.accept_probability)}"
+        rule = f"min(1, {fixed(pos.p[pos.draft])}/{fixed(pos.q[pos.draft])}) = {fixed(s.accept_probability)}"
         if s.accepted is None:
             verdict = f"{rule}; not examined: discarded after the rejection"
         elif s.accepted:
-            verdict = f"{rule}; u = {_fmt(pos.u)}: accepted"
+            verdict = f"{rule}; u = {fixed(pos.u)}: accepted"
         else:
-            verdict = f"{rule}; u = {_fmt(pos.u)}: rejected"
+            verdict = f"{rule}; u = {fixed(pos.u)}: rejected"
         rows.append([str(i), code(pos.draft), _dist(pos.p), _dist(pos.q), escape(verdict)])
     text = table(["#pos.", "draft", "p (main model)", "q (MTP draft)", "accept test: u < min(1, p/q)?"],
                  rows)
