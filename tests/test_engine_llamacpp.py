@@ -211,6 +211,7 @@ def greedy(build: object, gguf: Path, prompts: list[list[int]], n: int, k: int =
         return [server.complete(llamacpp_engine.request(p, n, 0.0, 0, Options()), speculative=bool(k)).tokens for p in prompts]
 
 
+@pytest.mark.slow  # a live llama.cpp server on the real model
 def test_the_gguf_set_lists_every_file_with_its_sha256_and_command(real_gguf: tuple[Path, Path]) -> None:
     folder, out = real_gguf
     manifest = llamacpp_gguf.read_manifest(out)
@@ -228,6 +229,7 @@ def test_the_gguf_set_lists_every_file_with_its_sha256_and_command(real_gguf: tu
     assert manifest.build["build_number"] == 11434
 
 
+@pytest.mark.slow  # a live llama.cpp server on the real model
 def test_draft_mtp_is_token_identical_to_plain_at_t0(real_gguf: tuple[Path, Path], llamacpp_build: object) -> None:
     """Every prompt, k = 1 and 3, the Q4_1 and Q8_0 combined files: the same tokens (the server's
     counters are checked against the streamed tokens and /metrics on every request)."""
@@ -240,6 +242,7 @@ def test_draft_mtp_is_token_identical_to_plain_at_t0(real_gguf: tuple[Path, Path
             assert greedy(llamacpp_build, gguf, prompts, 16, k) == plain, (quant, k)
 
 
+@pytest.mark.slow  # a live llama.cpp server on the real model
 def test_llamacpp_plain_greedy_on_f16_equals_our_loops(real_gguf: tuple[Path, Path], llamacpp_build: object) -> None:
     """llama.cpp's f16 file against our loop's fp32 weights (the same dequantized Q4_1 values, f16
     rounding aside): the same 16 greedy tokens on three chat prompts. The quantized files need not
@@ -257,6 +260,7 @@ def test_llamacpp_plain_greedy_on_f16_equals_our_loops(real_gguf: tuple[Path, Pa
     assert greedy(llamacpp_build, out / "combined-f16.gguf", prompts, 16) == ours
 
 
+@pytest.mark.slow  # a live llama.cpp server on the real model
 def test_measure_run_writes_a_record_import_accepts(real_gguf: tuple[Path, Path], tmp_path: Path) -> None:
     from atlas.records.record import read_record
 
@@ -279,6 +283,7 @@ def test_measure_run_writes_a_record_import_accepts(real_gguf: tuple[Path, Path]
     assert [g.temperature for g in record.gates] == [0.0, 1.0]  # the gate decides for llama.cpp's cells
 
 
+@pytest.mark.slow  # a live llama.cpp server on the real model
 def test_measure_run_refuses_a_trunk_only_gguf_given_as_combined(real_gguf: tuple[Path, Path], tmp_path: Path) -> None:
     folder, out = real_gguf
     result = CliRunner().invoke(cli, ["measure", "run", "--engine", "llamacpp", "--model", str(folder),
@@ -287,6 +292,7 @@ def test_measure_run_refuses_a_trunk_only_gguf_given_as_combined(real_gguf: tupl
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # a live llama.cpp server on the real model
 def test_a_gguf_changed_since_its_manifest_is_refused(real_gguf: tuple[Path, Path], tmp_path: Path) -> None:
     folder, out = real_gguf
     manifest = json.loads((out / "manifest.json").read_text())
@@ -318,6 +324,7 @@ def test_two_sample_test_known_answer_and_its_power() -> None:
         two_sample_test([], [(1,)])
 
 
+@pytest.mark.slow  # a live llama.cpp server on the real model
 def test_draft_mtp_at_t1_samples_what_plain_samples(real_gguf: tuple[Path, Path], llamacpp_build: object) -> None:
     """T = 1, Q8_0, k = 2: the second and third tokens (the ones drafts can supply) follow the same
     law with and without draft-mtp, one seed per generation, 100 generations a side (chi-square
@@ -338,6 +345,7 @@ def test_draft_mtp_at_t1_samples_what_plain_samples(real_gguf: tuple[Path, Path]
         assert test["p_value"] is None or test["p_value"] > 1e-3, (position, test)
 
 
+@pytest.mark.slow  # a live llama.cpp server on the real model
 def test_a_gguf_set_is_up_to_date_only_for_the_same_checkpoint_build_and_files(real_gguf: tuple[Path, Path],
                                                                                  llamacpp_build: object) -> None:
     from atlas.decode.checkpoint import digest
