@@ -5,6 +5,7 @@ relative to the working directory, as usual."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -91,3 +92,12 @@ def read_bounded(path: Path, limit: int, what: str) -> bytes:
     if size > limit:
         raise AtlasError(f"{path}: {size:,} bytes, over the {limit:,}-byte limit for {what}; not read")
     return raw
+
+
+def sha256_file(path: Path) -> str:
+    """A file's sha256, read a MiB at a time (GGUF and weight files run to gigabytes)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -23,7 +23,6 @@ build time; only the trained tensors are committed (atlas.checkpoints.headtrain)
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import shutil
@@ -36,6 +35,7 @@ from atlas import AtlasError, outdir
 from atlas.decode import draftvocab
 from atlas.records.record import PROVENANCE_FILE, Provenance
 from atlas.paths import ROOT
+from atlas.paths import sha256_file
 
 if TYPE_CHECKING:
     import torch
@@ -65,14 +65,6 @@ INSTALL_HINT = f"install it with `.venv/bin/pip install --no-deps {PACKAGE}=={PA
 
 
 # ---- the package -------------------------------------------------------------------------------
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def installed_version() -> str | None:

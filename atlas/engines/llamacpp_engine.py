@@ -22,7 +22,8 @@ from typing import Any
 
 from atlas import AtlasError
 from atlas.engines.llamacpp_build import Build, find_build, repack_setting, require_draft_mtp
-from atlas.engines.llamacpp_gguf import Manifest, inspect, read_manifest, require_combined, sha256_file
+from atlas.engines.llamacpp_gguf import Manifest, inspect, read_manifest, require_combined
+from atlas.paths import sha256_file
 from atlas.engines.llamacpp_server import Server, run_stats
 from atlas.decode.generate import RunStats
 from atlas.engines.options import MAX_PROMPT_TOKENS, Options, VllmOptions, new_record

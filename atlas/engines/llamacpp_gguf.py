@@ -13,7 +13,6 @@ trunk-only file given as combined, or an architecture without an MTP graph, is r
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -28,6 +27,7 @@ from pydantic import BaseModel
 from atlas import AtlasError
 from atlas.engines.llamacpp_build import Build
 from atlas.fingerprints.gguf import models, read_header
+from atlas.paths import sha256_file
 
 CONVERT = Path(__file__).with_name("llamacpp_convert.py")
 LAYOUTS: dict[str, list[str]] = {"combined": [], "trunk": ["--no-mtp"], "mtp": ["--mtp"]}
@@ -71,14 +71,6 @@ class Manifest(BaseModel):
                 return f
         raise AtlasError(f"the GGUF set has no {layout} file at {kind} (it has: "
                          f"{', '.join(sorted({f'{f.layout}/{f.type}' for f in self.files}))})")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class FileSource:

@@ -24,6 +24,7 @@ from typing import Any
 from atlas import __version__
 from atlas.decode import draftvocab
 from atlas.checkpoints import smollm
+from atlas.paths import sha256_file
 from atlas.checkpoints.headtrain import data
 from atlas.checkpoints.headtrain.head import INITS
 from atlas.checkpoints.headtrain.train import HeadSpec, Teacher, Trained, subset, teacher_pass, train
@@ -70,7 +71,7 @@ def save(result: Trained, sequences: list[data.Sequence], side: dict[str, Any], 
                        "quantization": smollm.QUANTIZATION},
         "head_intermediate": spec.head_intermediate,
         "head_dtype": f"bfloat16 (fp32 master weights, {spec.precision} matmuls in training; the figures below are of the rounded weights)",
-        "head_sha256": smollm.sha256_file(weights),
+        "head_sha256": sha256_file(weights),
         "parameters": sum(t.numel() for t in tensors.values()),
         "init": spec.init,
         "eh_proj_init": f"[{result.residual / 4:g} I | {result.residual:g} I]: the main model's residual RMS before its last layer",
