@@ -185,7 +185,7 @@ def test_gguf_layouts_and_the_refusals_before_a_server_starts(tmp_path: Path) ->
     with pytest.raises(AtlasError, match="has no MTP graph for architecture 'llama'"):
         llamacpp_gguf.require_combined(llama)
     (tmp_path / "x.gguf").write_bytes(b"not a gguf")
-    with pytest.raises(AtlasError, match="not a readable GGUF"):
+    with pytest.raises(AtlasError, match="not a GGUF file"):
         llamacpp_gguf.require_combined(tmp_path / "x.gguf")
     with pytest.raises(AtlasError, match="no such GGUF"):
         llamacpp_gguf.require_combined(tmp_path / "none.gguf")

@@ -165,8 +165,8 @@ def head_engines(data: head_engine_rows.HeadEngines | None) -> str:
     # Five columns and a short link text: a repository path as link text is one unbreakable word
     # that widened the table past the content column.
     rows = [[escape(r.engine), escape(r.family), escape(r.what), link(_source_label(r.link), r.link),
-             escape(f"{r.state}; {r.when}; first version or build: {r.first}")] for r in data.row]
-    body = table(["engine", "family", "what it does with the head", "source", "state; date; first version"], rows)
+             escape(_when(r))] for r in data.row]
+    body = table(["engine", "family", "what it does with the head", "source", "state, date, first version"], rows)
     gaps = (f"\nNo public source on the head path was read for: {escape(', '.join(data.gaps))}.\n" if data.gaps else "")
     return f"{head}\n{body}\n{gaps}"
 
@@ -175,3 +175,10 @@ def _source_label(url: str) -> str:
     """A source link's text: `#N` for a pull request or issue, else the file or page name."""
     tail = url.rstrip("/").rsplit("/", 2)
     return f"#{tail[-1]}" if len(tail) == 3 and tail[-2] in ("pull", "issues") else tail[-1]
+
+
+def _when(row: head_engine_rows.Row) -> str:
+    """State, date and first version in one short cell: what the sources state, "not stated" only
+    when they state none of the three (a card on a phone stays a few lines)."""
+    stated = [v for v in (row.state, row.when, f"first: {row.first}") if not v.endswith("not stated")]
+    return " · ".join(stated) or "not stated"
