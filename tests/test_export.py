@@ -693,6 +693,13 @@ def con_rows(db: Path, sql: str) -> list[tuple]:
         return con.execute(sql).fetchall()
 
 
+@functools.cache
+def run_conditions(source_path: str) -> tuple[int, str]:
+    """A record file's threads and weights' precision, read from its JSON alone."""
+    data = json.loads((REPO / source_path).read_text(encoding="utf-8"))
+    return data["hardware"]["torch_threads"], data["settings"]["dtype"]
+
+
 def test_changelog_records_count_new_and_remeasured_cells(exported) -> None:
     _, out, _, _, _ = exported
     log = changelog_data.read(out / changelog_data.FILE_NAME)
@@ -703,11 +710,12 @@ def test_changelog_records_count_new_and_remeasured_cells(exported) -> None:
     for r in measurements:
         mine = [c for c in cells if c["record_id"] == r.record_id]
         assert r.n_rows == len(mine)
-        # a cell is measured again only in the same experiment: model, revision, head, engine build
-        # and machine here (kernels, threads and draft vocabulary: tests/test_experiment.py)
+        # a cell is measured again only in the same experiment: model, revision, head, engine build,
+        # machine, and (read from the record file itself) threads and the weights' precision; kernels
+        # and draft vocabulary: tests/test_experiment.py
         def key(c: dict) -> tuple:
             return (c["model_id"], c["revision"], c["provenance_head_sha256"], c["engine"], c["engine_version"], c["hardware"],
-                    c["workload"], c["temperature"], c["draft_tokens"])
+                    *run_conditions(c["source_path"]), c["workload"], c["temperature"], c["draft_tokens"])
         earlier = {key(c) for c in cells if c["run_date"] < mine[0]["run_date"]}
         again = sum(1 for c in mine if key(c) in earlier)
         assert (r.added, sum(r.remeasured.values())) == (r.n_rows - again, again)

@@ -168,7 +168,7 @@ def test_every_form_shows_on_its_page_and_in_the_finder(site) -> None:
     column = modelfinder.FINDER_COLUMNS.index("MTP form") + 1
     for r in REPOS:
         m = by_id[r.repo_id]
-        assert modelfinder.finder_row(m)[column].split(" (GGUF")[0] == r.form
+        assert modelfinder.finder_row(m)[column].split(" (GGUF")[0] == mtp_forms.FINDER_WORDS[r.form]
         if r.form not in ("none", "declared_unread"):
             assert f"| MTP form | {mtp_forms.FORM_WORDS[r.form]} ({r.form}); evidence: " in page_text(folder, m), r.repo_id
 

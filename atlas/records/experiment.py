@@ -1,7 +1,7 @@
 """One series per experiment: the key of a measured cell is everything that changes its figures
 besides the workload, temperature and draft length. Two records compare (the changelog's "what
 moved", a re-measurement) only when their cells share a key; a record made with another head,
-draft vocabulary, kernel choice, revision, engine build, thread count or machine starts a series
+draft vocabulary, kernel choice, revision, engine build, weights' precision, thread count or machine starts a series
 of its own. The machine is its CPU (or GPU) model with the instruction sets that change kernels:
 the same checkpoint's 2-row verify pass cost 1.06 plain steps on an AVX2 EPYC and 1.49 on an AMX
 Xeon. Its pass costs, measured with every run of our loop, are shown with the key, not part of it.
@@ -21,6 +21,7 @@ class ExperimentKey(NamedTuple):
     draft_vocab: str  # our loop's cut draft vocabulary (its table's sha256), or "full"; "-" for other engines
     kernels: str  # our loop's CPU matmul kernels ("mm" before the choice existed); "-" for other engines
     engine: str  # engine and its version, e.g. "atlas 0.1.0" or "vllm 0.32.0"
+    dtype: str  # the weights' precision as run: float32, bfloat16, a GGUF's type (gguf-Q4_1)
     threads: int  # torch threads of the process that timed the run
     machine: str  # CPU or GPU model
     isa: str  # the kernel-changing instruction sets ("unknown" in records stamped before them)
@@ -34,7 +35,7 @@ class ExperimentKey(NamedTuple):
     def text(self) -> str:
         head = self.head if self.head == "as shipped" else f"head {self.head[:12]}"
         vocab = {"full": "full draft vocabulary", "-": "engine's own drafting"}.get(self.draft_vocab, f"draft vocabulary {self.draft_vocab[:12]}")
-        return (f"{self.checkpoint[:19]}, {head}, {vocab}, kernels {self.kernels}, {self.engine}, {self.threads} threads, "
+        return (f"{self.checkpoint[:19]}, {head}, {vocab}, kernels {self.kernels}, {self.engine}, {self.dtype}, {self.threads} threads, "
                 f"{self.machine} ({self.isa})")
 
 
@@ -50,6 +51,7 @@ def experiment_key(record: Record, cell: Cell) -> ExperimentKey:
         draft_vocab=(settings.draft_vocab.table_sha256 if settings.draft_vocab else "full") if cell.engine == "atlas" else "-",
         kernels=kernels,
         engine=cell.engine_version if cell.engine_version.startswith(cell.engine) else f"{cell.engine} {cell.engine_version}",
+        dtype=settings.dtype,
         threads=hw.torch_threads,
         machine=hw.gpu or hw.cpu,
         isa="unknown" if flags is None else ", ".join(flags) or "none of AVX2, AVX-512, AMX",

@@ -164,8 +164,15 @@ def page_rows(f: MTPForm | None, provenance: Any) -> list[list[Any]]:
     return rows
 
 
+# The finder's words for each form: short, and broken at spaces (an underscored key is one word
+# that widened the finder past the content column); the model's page gives FORM_WORDS and the key.
+FINDER_WORDS = {"in_checkpoint": "in checkpoint", "declared_missing": "declared, missing", "stripped": "stripped",
+                "mtp_sidecar": "MTP sidecar", "separate_drafter": "separate drafter", "block_drafter": "block drafter",
+                "declared_unread": "declared, unread", "none": "none"}
+
+
 def finder_cell(f: MTPForm | None) -> str:
-    """The finder's MTP-form cell: the form's name, with the GGUF layout where one was read."""
+    """The finder's MTP-form cell: the form in short words, with the GGUF layout where one was read."""
     if f is None:
         return "—"
-    return f.form + (f" (GGUF {f.gguf_layout})" if f.gguf_layout else "")
+    return FINDER_WORDS.get(f.form, f.form) + (f" (GGUF {f.gguf_layout})" if f.gguf_layout else "")
