@@ -26,8 +26,8 @@ from atlas.engines.llamacpp_gguf import Manifest, inspect, read_manifest, requir
 from atlas.paths import sha256_file
 from atlas.engines.llamacpp_server import Server, run_stats
 from atlas.decode.generate import RunStats
-from atlas.engines.options import MAX_PROMPT_TOKENS, Options, VllmOptions, new_record
-from atlas.records.record import Cell, Record, write_record
+from atlas.engines.options import MAX_PROMPT_TOKENS, Options, VllmOptions, new_record, save_record
+from atlas.records.record import Cell, Record
 from atlas.records.runcontext import EngineRun
 
 BASELINE = "llama-server without drafting (plain decoding), same build, GGUF, threads and prompts; runs interleaved"
@@ -205,9 +205,5 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         prompt_set=prompt_set, device="cpu", workloads=[w.name for w in workloads], draft_tokens=ks, cells=cells,
         load_before=load_before, pass_costs=None, engine_run=engine_run,
     )
-    path = write_record(record, options.out)
-    differed = [c for c in cells if c.derived.greedy_lossless is False]
-    if differed:
-        log(f"note: greedy output differed from plain decoding in {len(differed)} cell(s) (recorded, e.g. "
-            f"{differed[0].workload} k={differed[0].draft_tokens})")
+    path = save_record(record, options.out, log, "plain decoding")
     return record, path

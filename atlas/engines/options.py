@@ -9,7 +9,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from atlas import AtlasError
 from atlas.decode.checkpoint import DEFAULT_MODEL
 from atlas.records.gating import GATE_RULE, MIN_GATE_REPEATS
-from atlas.records.record import DEFAULT_DIR, SCHEMA_VERSION, Cell, Record, read_provenance
+from atlas.records.record import DEFAULT_DIR, SCHEMA_VERSION, Cell, Record, read_provenance, write_record
 from atlas.records.fields import MAX_DRAFT_TOKENS, MAX_TEMPERATURE
 from atlas.records.runcontext import Hardware, Settings
 from atlas.engines.stamp import load_average, software
@@ -86,6 +86,17 @@ class Options:
     def ours(self) -> bool:
         """Our loop is measured; --engine transformers runs the same harness for transformers' generate pair alone."""
         return self.engine == "atlas"
+
+
+def save_record(record: Record, out: Path, log: Callable[[str], None], against: str, why: str = "") -> Path:
+    """Write an external engine's record, then say (never hide) where its greedy output differed
+    from `against`, the plain decoding it was paired with; the record holds every such cell."""
+    path = write_record(record, out)
+    differed = [c for c in record.cells if c.derived.greedy_lossless is False]
+    if differed:
+        log(f"note: greedy output differed from {against} in {len(differed)} cell(s) (recorded, e.g. "
+            f"{differed[0].workload} k={differed[0].draft_tokens}){why}")
+    return path
 
 
 def new_record(options: Options, *, folder: Path, model_id: str, revision: str, hardware: Hardware, prompt_set: PromptSet,

@@ -21,8 +21,8 @@ from atlas.engines.convert import (config_for_the_engine, convert_glm, convert_m
                                            without_remote_code)
 from atlas.engines.vllm_client import Counters, Driver, Generated, Hello, Loaded, Result, find_python
 from atlas.decode.generate import RoundCounts, RunStats
-from atlas.engines.options import MAX_PROMPT_TOKENS, Options, new_record
-from atlas.records.record import Cell, Record, write_record
+from atlas.engines.options import MAX_PROMPT_TOKENS, Options, new_record, save_record
+from atlas.records.record import Cell, Record
 from atlas.records.runcontext import EngineRun, Hardware
 from atlas.paths import ROOT
 
@@ -215,9 +215,5 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         device=hello.device, workloads=[w.name for w in workloads], draft_tokens=ks, cells=cells, load_before=load_before,
         pass_costs=None, engine_run=engine_run,
     )
-    path = write_record(record, options.out)
-    differed = [c for c in cells if c.derived.greedy_lossless is False]
-    if differed:
-        log(f"note: greedy output differed from the k=0 engine in {len(differed)} cell(s) (recorded, e.g. "
-            f"{differed[0].workload} k={differed[0].draft_tokens}); vLLM documents one-ULP verify/plain differences")
+    path = save_record(record, options.out, log, "the k=0 engine", "; vLLM documents one-ULP verify/plain differences")
     return record, path
