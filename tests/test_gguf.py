@@ -169,3 +169,13 @@ def test_a_header_bigger_than_its_bound_stops_at_the_bound() -> None:
     with pytest.raises(GGUFError, match="header runs past 4,096 bytes"):
         read_header(source, "big.gguf", Limits(header_bytes=4096), first_chunk=64)
     assert source.served <= 4096
+
+
+def test_file_type_names_are_llama_cpps():
+    """FILE_TYPES (copied from llama.h at build 11434) names each type as gguf's LlamaFileType does."""
+    LlamaFileType = pytest.importorskip("gguf", reason="the real extra (make real-model-deps) brings gguf").LlamaFileType
+    from atlas.fingerprints.gguf import FILE_TYPES
+
+    known = {t.value: t.name for t in LlamaFileType}
+    shared = [n for n in FILE_TYPES if n in known]
+    assert len(shared) >= 30 and all(FILE_TYPES[n] == known[n] for n in shared)

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 
 from atlas import AtlasError
 from atlas.engines.llamacpp_build import Build
-from atlas.fingerprints.gguf import models, read_header
+from atlas.fingerprints.gguf import FILE_TYPES, models, read_header
 from atlas.paths import sha256_file
 
 CONVERT = Path(__file__).with_name("llamacpp_convert.py")
@@ -93,18 +93,14 @@ _LAYOUTS: dict[str, Layout] = {"combined": "combined", "mtp-only": "mtp", "trunk
 def inspect(path: Path) -> GgufInfo:
     """Architecture, layout and type of a GGUF file, from its header by the crawler's own bounded
     reader (AtlasError naming the file if it is no GGUF or a hostile one)."""
-    from gguf import LlamaFileType
-
     try:
         header = read_header(FileSource(path), path.name)
     except OSError as exc:
         raise AtlasError(f"{path}: not a readable GGUF file ({exc.strerror or exc})") from None
     [model] = models([header])
     file_type = header.kv.get("general.file_type")
-    try:
-        type_name = LlamaFileType(int(file_type)).name if isinstance(file_type, int) else "unknown"
-    except ValueError:
-        type_name = f"file_type {file_type}"
+    type_name = (FILE_TYPES.get(file_type, f"file_type {file_type}") if isinstance(file_type, int) and not isinstance(file_type, bool)
+                 else "unknown")
     return GgufInfo(path=str(path), architecture=model.architecture or "unknown", layout=_LAYOUTS[model.layout],
                     file_type=type_name, tensors=len(header.tensors), nextn_layers=model.nextn_declared or 0)
 
