@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from atlas import AtlasError
 from atlas.cli import cli
-from atlas.engines import llamacpp_build, llamacpp_engine, llamacpp_gguf
+from atlas.engines import llamacpp_bench, llamacpp_build, llamacpp_engine, llamacpp_gguf
 from atlas.engines.llamacpp_build import repack_setting
 from atlas.engines.options import LlamacppOptions, Options
 from atlas.engines.llamacpp_server import Chunk, Counters, Server, Timings, parse_event, parse_metrics, rounds_from_stream, run_stats
@@ -100,6 +100,45 @@ def test_metrics_text_gives_the_speculative_counters() -> None:
 
 
 # ---- the build: repacking, refusals -----------------------------------------------------------------
+
+
+# ---- the pass costs ---------------------------------------------------------------------------------
+
+BENCH = Path(__file__).parent / "fixtures" / "llamacpp" / "llama-bench-b11434-pp1-3.json"  # llama-bench -o json of the
+# pinned build on the real model's combined Q4_1 GGUF (-t 1 -p 1,2,3 -n 0 -d 16 -r 3 --repack 1), its path cut to the name
+
+
+def test_pass_costs_are_the_median_of_llama_benchs_own_samples() -> None:
+    plain, verify = llamacpp_bench.parse(BENCH.read_text(), threads=1, repack=True, depth=16, ks=[1, 2])
+    rows = {r["n_prompt"]: sorted(r["samples_ns"]) for r in json.loads(BENCH.read_text())}
+    assert plain == rows[1][1] / 1e9  # three samples: the middle one, not llama-bench's mean (avg_ns)
+    assert verify == {1: rows[2][1] / 1e9, 2: rows[3][1] / 1e9}
+    assert plain != json.loads(BENCH.read_text())[0]["avg_ns"] / 1e9
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda rows: rows[:1], "lacks pp2"),
+    (lambda rows: rows + rows[-1:], "pp3 twice"),
+    (lambda rows: [{**r, "n_threads": 2} for r in rows], "another test than asked"),
+    (lambda rows: [{**r, "repack": False} for r in rows], "another test than asked"),
+    (lambda rows: [{**r, "n_depth": 0} for r in rows], "another test than asked"),
+    (lambda rows: [{**r, "samples_ns": []} for r in rows], "no result list"),
+    (lambda rows: {"error": "x"}, "no result list"),
+])
+def test_llama_bench_output_that_is_not_what_was_asked_is_refused(change: object, message: str) -> None:
+    rows = json.loads(BENCH.read_text())
+    with pytest.raises(AtlasError, match=message):
+        llamacpp_bench.parse(json.dumps(change(rows)), threads=1, repack=True, depth=16, ks=[1, 2])  # type: ignore[operator]
+    with pytest.raises(AtlasError, match="no result list"):
+        llamacpp_bench.parse("llama-bench: error", threads=1, repack=True, depth=16, ks=[1])
+
+
+def test_the_draft_cost_is_the_paired_median_difference_per_token() -> None:
+    # per prompt (plain, discarded) ms per token: differences 2, 3, 10 -> median 3 ms, not mean 5 or difference of medians
+    assert llamacpp_bench.draft_seconds([10.0, 12.0, 11.0], [12.0, 15.0, 21.0]) == pytest.approx(0.003)
+    assert llamacpp_bench.draft_seconds([10.0, 12.0], [9.0, 12.0]) is None  # not above the noise: no cost invented
+    with pytest.raises(AtlasError, match="one plain and one discarded"):
+        llamacpp_bench.draft_seconds([10.0], [])
 
 
 def test_repacking_stays_on_except_on_a_cpu_with_amx_tiles() -> None:
@@ -282,6 +321,11 @@ def test_measure_run_writes_a_record_import_accepts(real_gguf: tuple[Path, Path]
     assert er.dtype == "MOSTLY_Q8_0" and record.settings.dtype == "gguf-Q8_0"
     assert "draft-mtp" in er.speculative_config["k=2"] and er.engine_args["threads"] == 1
     assert [g.temperature for g in record.gates] == [0.0, 1.0]  # the gate decides for llama.cpp's cells
+    how = er.engine_args["pass_costs"]  # llama-bench's passes; the draft by the dropped-draft server (None: within noise)
+    assert set(how["verify_s"]) == {"2"} and 0 < how["plain_s"] < how["verify_s"]["2"] and "llama-bench pp1" in how["method"]
+    assert (record.pass_costs is None) == (how["draft_s"] is None)
+    if record.pass_costs is not None:
+        assert record.pass_costs.plain == how["plain_s"] and 0 < record.pass_costs.draft == how["draft_s"]
 
 
 @pytest.mark.slow  # a live llama.cpp server on the real model

@@ -9,25 +9,28 @@ in turn). Each prompt runs once on each, in an order that alternates between pro
 sent as token ids, so both servers see the ids our loop would. Speed is the server's own decode time
 (timings.predicted_ms: after the first token, which the prefill gives). Drafted and accepted counts
 come from the server's counters and are checked against the streamed tokens and /metrics
-(llamacpp_server says how), or nothing is written. llama.cpp does not report a verify or a draft
-pass's cost on its own; the record says so.
+(llamacpp_server says how), or nothing is written. llama-server times no pass on its own: the
+record's pass costs come from llama-bench before the servers start, the draft's as the residual of
+a k = 1 round (llamacpp_bench says how).
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from atlas import AtlasError
+from atlas.engines import llamacpp_bench
 from atlas.engines.llamacpp_build import Build, find_build, repack_setting, require_draft_mtp
 from atlas.engines.llamacpp_gguf import Manifest, inspect, read_manifest, require_combined
 from atlas.paths import sha256_file
 from atlas.engines.llamacpp_server import Server, run_stats
 from atlas.decode.generate import RunStats
 from atlas.engines.options import MAX_PROMPT_TOKENS, Options, VllmOptions, new_record, save_record
-from atlas.records.record import Cell, Record
+from atlas.records.record import Cell, PassCosts, Record
 from atlas.records.runcontext import EngineRun
 
 BASELINE = "llama-server without drafting (plain decoding), same build, GGUF, threads and prompts; runs interleaved"
@@ -39,7 +42,6 @@ DRAFT_SAMPLING = ("draft-mtp over the head's top-10 candidates: their argmax at 
 COUNTER_CHECK = ("every speculative request: the streamed tokens grouped by the server's running draft counters give each "
                  "round's drafted and accepted drafts (a round emits accepted + 1 tokens); their sums equal the final "
                  "timings (draft_n, draft_n_accepted) and the /metrics deltas, per draft position too")
-NO_PASS_COSTS = "not reported: llama-server times the whole decode, not a verify or a draft pass on its own"
 # Sampling made neutral, so that T = 1 samples the model's own distribution (llama.cpp's defaults
 # include min_p 0.05 and top_k 40); --top-k / --top-p still apply when given.
 NEUTRAL = {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
@@ -124,8 +126,30 @@ def request(prompt: list[int], n: int, t: float, seed: int, options: Options) ->
             "cache_prompt": False, "top_k": options.top_k or 0, "top_p": options.top_p or 1.0, **NEUTRAL}
 
 
+def time_draft(binary: Path, gguf: Path, plain_args: list[str], prompts: list[list[int]], n: int,
+               options: Options) -> tuple[list[float], list[float]]:
+    """Per prompt, decode milliseconds per token of a plain server and of a draft-mtp k = 1 server
+    at --spec-draft-p-min 1, which computes every draft and drops it unverified (llamacpp_bench):
+    runs alternate by prompt, at T = 0, after one warm-up each. Any draft that reached verification
+    makes the timing wrong, and is refused."""
+    discard_args = [*plain_args, "--spec-type", "draft-mtp", "--spec-draft-n-max", "1", "--spec-draft-p-min", "1"]
+    plain_ms: list[float] = []
+    discarded_ms: list[float] = []
+    with Server(binary, gguf, plain_args) as plain, Server(binary, gguf, discard_args) as discard:
+        for server in (plain, discard):
+            server.complete(request(prompts[0], 8, 0.0, 0, options), speculative=False)
+        for i, prompt in enumerate(prompts):
+            for server, out in ((plain, plain_ms), (discard, discarded_ms))[:: 1 if i % 2 == 0 else -1]:
+                done = server.complete(request(prompt, n, 0.0, 0, options), speculative=False)
+                if done.timings.draft_n:
+                    raise AtlasError(f"llama-server verified {done.timings.draft_n} draft(s) at --spec-draft-p-min 1; "
+                                     "the draft's cost cannot be timed this way")
+                out.append(done.timings.predicted_ms / max(1, done.timings.predicted_n))
+    return plain_ms, discarded_ms
+
+
 def _engine_run(build: Build, options: Options, gguf: dict[str, Any], base_args: list[str], k_args: dict[int, list[str]], repack_why: str,
-                threads: int) -> EngineRun:
+                threads: int, bench: dict[str, Any]) -> EngineRun:
     import platform
 
     import torch
@@ -137,7 +161,7 @@ def _engine_run(build: Build, options: Options, gguf: dict[str, Any], base_args:
         pipeline_parallel_size=1, draft_sample_method=DRAFT_SAMPLING,
         options={"gguf": options.llamacpp.gguf, "quant": options.llamacpp.quant, "repack": options.llamacpp.repack,
                  "parallel": options.llamacpp.parallel},
-        engine_args={"llama-server": base_args, "threads": threads, "repack": repack_why, "pass_costs": NO_PASS_COSTS},
+        engine_args={"llama-server": base_args, "threads": threads, "repack": repack_why, "pass_costs": bench},
         speculative_config={f"k={k}": args for k, args in k_args.items()}, layout=gguf["architecture"], conversion=gguf,
         counter_check=COUNTER_CHECK, schedule=SCHEDULE, build=build.record(),
     )
@@ -165,6 +189,13 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     repack, repack_why = repack_setting(options.llamacpp.repack)
     ctx = max(len(p) for ps in prompts.values() for p in ps) + n + max(ks) + 16
     binary = build.binary("llama-server")
+    depth = int(statistics.median(len(p) for ps in prompts.values() for p in ps)) + n // 2  # a typical position mid-answer
+    plain_s, verify_s = llamacpp_bench.time_passes(build, gguf, threads, repack, depth, ks)
+    firsts = [prompts[w.name][0] for w in workloads]
+    draft_s = llamacpp_bench.draft_seconds(*time_draft(binary, gguf, server_args(threads, 1, ctx, repack, 0), firsts, n, options))
+    log(f"pass costs (llama-bench, depth {depth}): plain {plain_s * 1e3:.2f} ms, "
+        + ", ".join(f"verify k={k} {v * 1e3:.2f} ms ({v / plain_s:.2f} plain)" for k, v in verify_s.items())
+        + (f", draft {draft_s * 1e3:.2f} ms ({draft_s / plain_s:.2f} plain)" if draft_s else ", draft: not above timing noise"))
     cells_at = [(t, w.name, r, i, p) for t in options.temperatures for w in workloads
                 for r in range(options.repeats) for i, p in enumerate(prompts[w.name])]
     warm = prompts[workloads[0].name][0]
@@ -198,12 +229,15 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     version = f"llama.cpp b{build.version}"
     cells: list[Cell] = [build_cell("llamacpp", version, BASELINE, name, t, k, repeats, None, options.quick)
                          for (name, t, k), repeats in raw.items()]
-    engine_run = _engine_run(build, options, conversion, base_args, spec_args, repack_why, threads)
+    costs = None if draft_s is None else PassCosts(plain=plain_s, verify=verify_s, draft=draft_s)
+    bench = {"method": llamacpp_bench.METHOD.format(reps=llamacpp_bench.REPETITIONS, prompts=len(firsts)), "depth": depth,
+             "plain_s": plain_s, "verify_s": {str(k): v for k, v in verify_s.items()}, "draft_s": draft_s}
+    engine_run = _engine_run(build, options, conversion, base_args, spec_args, repack_why, threads, bench)
     record = new_record(
         replace(options, dtype=f"gguf-{inspect(gguf).file_type.removeprefix('MOSTLY_')}"), folder=folder, model_id=model_id,
         revision=revision, hardware=hardware(torch.device("cpu")).model_copy(update={"torch_threads": threads}),
         prompt_set=prompt_set, device="cpu", workloads=[w.name for w in workloads], draft_tokens=ks, cells=cells,
-        load_before=load_before, pass_costs=None, engine_run=engine_run,
+        load_before=load_before, pass_costs=costs, engine_run=engine_run,
     )
     path = save_record(record, options.out, log, "plain decoding")
     return record, path
