@@ -315,10 +315,12 @@ def conformance_group() -> None:
 
 
 @conformance_group.command("run")
-@click.option("--engine", type=click.Choice(["vllm"]), default="vllm", show_default=True)
+@click.option("--engine", type=click.Choice(["vllm", "llamacpp"]), default="vllm", show_default=True,
+              help="vllm: in its own environment (`make vllm-env`); llamacpp: the pinned build (`make llamacpp`), oracles as f32 GGUF")
 @engine_run_options
-@click.option("--layouts", default=",".join(("mimo", "deepseek_v3", "qwen3_next")), show_default=True, help="MTP layouts to check")
-@click.option("--draft-sampling", default="greedy,probabilistic", show_default=True, help="vLLM draft_sample_method values checked at T > 0")
+@click.option("--layouts", default=None, help="MTP layouts to check (default: vllm mimo,deepseek_v3,qwen3_next; llamacpp glm4_moe)")
+@click.option("--draft-sampling", default="greedy,probabilistic", show_default=True,
+              help="draft rules checked at T > 0: vLLM's draft_sample_method, llama.cpp's --spec-draft-sampling")
 @click.option("--requests", type=click.IntRange(min=1), default=16, show_default=True,
               help="requests per check (at least 4: the batching control reruns 4 of them one at a time)")
 @click.option("--max-new-tokens", type=click.IntRange(min=8), default=64, show_default=True)
@@ -327,7 +329,7 @@ def conformance_group() -> None:
               help="a named run-time patch applied in the driver process first; the record names a patched build (with the "
                    "patch's sha256), never the release")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="record folder (default: evidence/conformance/ of the project)")
-def conformance_run(engine: str, engine_python: str | None, layouts: str, draft_tokens: str, draft_sampling: str,
+def conformance_run(engine: str, engine_python: str | None, layouts: str | None, draft_tokens: str, draft_sampling: str,
                     requests: int, max_new_tokens: int, dtype: str, seed: int, patches: tuple[str, ...], out: str | None) -> None:
     """Run the conformance suite against an engine and write one dated record."""
     from atlas.conformance import record as conformance
@@ -337,12 +339,29 @@ def conformance_run(engine: str, engine_python: str | None, layouts: str, draft_
     from atlas.paths import project_path
 
     conformancesuite.check_requests(requests)  # before the engine starts: a run this small could only fail its control
+    llamacpp = engine == "llamacpp"
     samplings = [s.strip() for s in draft_sampling.split(",") if s.strip()]
     if not samplings or any(s not in ("greedy", "probabilistic") for s in samplings):
         raise AtlasError(f"--draft-sampling expects greedy and/or probabilistic, got {draft_sampling!r}")
+    if llamacpp and (patches or engine_python):
+        raise AtlasError("--patch and --engine-python are vLLM's; llama.cpp runs its pinned build")
+    if llamacpp:
+        from atlas.engines.llamacpp_build import find_build, require_draft_mtp
+        from atlas.engines.llamacpp_conformance import LlamacppDriver
+        from atlas.engines.llamacpp_gguf import source_of
+
+        build = find_build()
+        require_draft_mtp(build)
+        open_driver, shapes = (lambda: LlamacppDriver(build, source_of(build))), conformance.LLAMACPP_SHAPES
+    else:
+        from atlas.engines.vllm_client import Driver
+
+        python = find_python(engine_python)
+        open_driver, shapes = (lambda: Driver(python)), conformance.ENGINE_SHAPES
     record = conformancesuite.run_suite(
-        find_python(engine_python), [x.strip() for x in layouts.split(",") if x.strip()], _numbers(draft_tokens, "--draft-tokens", int),
-        samplings, requests, max_new_tokens, seed, dtype, command_line(), log=click.echo, patches=patches,
+        open_driver, engine, [x.strip() for x in (layouts or ",".join(shapes)).split(",") if x.strip()],
+        _numbers(draft_tokens, "--draft-tokens", int), samplings, requests, max_new_tokens, seed, dtype, command_line(),
+        log=click.echo, patches=patches, shapes=shapes,
     )
     path = conformance.write_record(record, Path(out) if out else project_path(conformance.DEFAULT_DIR))
     failed = [c for c in record.checks if not c.passed]

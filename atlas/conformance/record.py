@@ -64,6 +64,9 @@ ENGINE_SHAPES: dict[str, dict[str, object]] = {
     "qwen3_next": {"head_dim": 32, "full_attention_interval": 1},
 }
 LAYOUTS = tuple(ENGINE_SHAPES)
+# llama.cpp's: the layout of the real checkpoint it serves (GLM-4-MoE, `glm4moe` in GGUF), at the
+# oracle's own small shapes (the pinned build takes them as they are)
+LLAMACPP_SHAPES: dict[str, dict[str, object]] = {"glm4_moe": {}}
 # Bounds as for measurement records (atlas.records.record): a real record is under 40 KB with 81
 # checks; an 82 MB one was accepted and grew to 979 MB at export (every verdict row copies the
 # record's command and causes). Each bound is far above any real run.

@@ -1,16 +1,18 @@
-"""The conformance suite: every check, for every layout, run through one vLLM driver on the
-layout's oracle and random checkpoints, gathered into one ConformanceRecord (atlas.conformance.record).
+"""The conformance suite: every check, for every layout, run through one engine's driver (vLLM's,
+atlas.engines.vllm_client; llama.cpp's, atlas.engines.llamacpp_conformance) on the layout's oracle and
+random checkpoints, gathered into one ConformanceRecord (atlas.conformance.record).
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,7 +33,7 @@ from atlas.conformance.stats import acceptance_test, distribution_test
 from atlas.engines.convert import without_remote_code
 
 if TYPE_CHECKING:  # the driver's client is loaded when a suite runs
-    from atlas.engines.vllm_client import Driver, Generated
+    from atlas.engines.vllm_client import Generated
 
 SINGLES = 4  # requests rerun one at a time for the batching control
 # The oracle's MTP head drafts from softmax(ORACLE_DRAFT_SCALE x the main model's logits): the same
@@ -42,11 +44,11 @@ SINGLES = 4  # requests rerun one at a time for the batching control
 ORACLE_DRAFT_SCALE = 0.5
 
 
-def write_checkpoints(layout: str, tmp: Path, seed: int) -> dict[str, Path]:
+def write_checkpoints(layout: str, tmp: Path, seed: int, shapes: Mapping[str, dict[str, object]] = ENGINE_SHAPES) -> dict[str, Path]:
     """The layout's random and oracle checkpoints as the suite runs them, for the engine."""
     from atlas.checkpoints.oracles import write_checkpoint
 
-    return {mode: for_the_engine(write_checkpoint(layout, tmp / f"{layout}-{mode}", mode, depth=2, overrides=dict(ENGINE_SHAPES[layout]),
+    return {mode: for_the_engine(write_checkpoint(layout, tmp / f"{layout}-{mode}", mode, depth=2, overrides=dict(shapes[layout]),
                                                   seed=seed, draft_scale=ORACLE_DRAFT_SCALE if mode == "oracle" else 1.0))
             for mode in ("random", "oracle")}
 
@@ -83,7 +85,7 @@ def check_requests(requests: int) -> None:
 class _Layout:
     """One layout's two checkpoints (random, oracle) on the driver, and the checks recorded on them."""
 
-    driver: Driver
+    driver: Any  # the suite's driver protocol: hello, load, generate (vllm_client.Driver, llamacpp_conformance.LlamacppDriver)
     layout: str
     folders: dict[str, Path]
     p: np.ndarray  # the oracle's first-order law P and its draft Q
@@ -97,13 +99,13 @@ class _Layout:
     log: Callable[[str], None]
 
     @classmethod
-    def write(cls, driver: Driver, layout: str, tmp: Path, ks: list[int], requests: int, max_new_tokens: int, seed: int,
-              dtype: str, checks: list[Check], log: Callable[[str], None]) -> _Layout:
+    def write(cls, driver: Any, layout: str, tmp: Path, ks: list[int], requests: int, max_new_tokens: int, seed: int,
+              dtype: str, checks: list[Check], log: Callable[[str], None], shapes: Mapping[str, dict[str, object]]) -> _Layout:
         from atlas.checkpoints.oracles import bigram_tables
 
-        if layout not in ENGINE_SHAPES:
-            raise AtlasError(f"no conformance checkpoints for layout {layout!r} (known: {', '.join(LAYOUTS)})")
-        folders = write_checkpoints(layout, tmp, seed)
+        if layout not in shapes:
+            raise AtlasError(f"no conformance checkpoints for layout {layout!r} on this engine (known: {', '.join(shapes)})")
+        folders = write_checkpoints(layout, tmp, seed, shapes)
         p, q = bigram_tables(folders["oracle"], layout)
         return cls(driver, layout, folders, p, q, _prompts(requests, p.shape[0], seed), max_new_tokens,
                    3 + max_new_tokens + max(ks) + 8, seed, dtype, checks, log)
@@ -176,13 +178,15 @@ def _draft_checks(run: _Layout, mode: str, k: int, sampling: str, reference: lis
     """One k > 0 engine's checks: T = 0 for greedy drafts, and on the oracle T = 1 acceptance and
     distribution against their exact values."""
     run.load(mode, k, sampling)
-    if sampling == "greedy":
+    if sampling == "greedy" or getattr(run.driver, "greedy_at_zero", False):
         _greedy_checks(run, mode, k, reference)
     if mode != "oracle":
         return
     out = run.generate(1.0)
     runs = [(r.tokens, r.per_step_drafted, r.per_step_accepted) for r in out.results]
-    f = acceptance_test(run.p, run.q, sampling == "greedy", k, runs)
+    # the law drafts are sampled from: the head's own (vLLM), or what the engine makes of it (llama.cpp's top 10)
+    q = run.driver.draft_law(run.q, 1.0) if hasattr(run.driver, "draft_law") else run.q
+    f = acceptance_test(run.p, q, sampling == "greedy", k, runs)
     run.add(mode, 1.0, k, sampling, "acceptance", f["p_value"] >= ALPHA,
             f"acceptance {f['acceptance']:.4f} where {f['expected_acceptance']:.4f} is exact (z {_z(f['z'])})", f)
     f = distribution_test(run.p, _tokens(out))
@@ -191,7 +195,8 @@ def _draft_checks(run: _Layout, mode: str, k: int, sampling: str, reference: lis
 
 
 def run_suite(
-    python: Path,
+    open_driver: Callable[[], AbstractContextManager[Any]],
+    engine: str = "vllm",
     layouts: Iterable[str] = LAYOUTS,
     draft_tokens: Iterable[int] = (1, 2, 3),
     draft_samplings: Iterable[str] = ("greedy", "probabilistic"),
@@ -202,21 +207,21 @@ def run_suite(
     command: str = "",
     log: Callable[[str], None] = print,
     patches: Iterable[str] = (),
+    shapes: Mapping[str, dict[str, object]] = ENGINE_SHAPES,
 ) -> ConformanceRecord:
-    """Run every check for every layout through one vLLM driver (one engine at a time), with the
-    named run-time patches applied in the driver first (the record then names a patched build)."""
-    from atlas.engines.vllm_client import Driver
-
+    """Run every check for every layout through the driver `open_driver` opens (one engine at a
+    time), with the named run-time patches applied in the driver first (the record then names a
+    patched build); `shapes`: the layouts the engine takes, with its shape limits."""
     check_requests(requests)
     checks: list[Check] = []
     ks = sorted(set(draft_tokens))
-    with Driver(python) as driver, tempfile.TemporaryDirectory(prefix="atlas-conformance-") as tmp:
+    with open_driver() as driver, tempfile.TemporaryDirectory(prefix="atlas-conformance-") as tmp:
         hello = driver.hello()
         applied = [AppliedPatch.model_validate(driver.patch(name)) for name in patches]
         for p in applied:
             log(f"  patched {p.replaces} with {p.name} (sha256 {p.sha256})")
         for layout in layouts:
-            run = _Layout.write(driver, layout, Path(tmp), ks, requests, max_new_tokens, seed, dtype, checks, log)
+            run = _Layout.write(driver, layout, Path(tmp), ks, requests, max_new_tokens, seed, dtype, checks, log, shapes)
             # plain engine: the T = 0 references, and the distribution test's calibration control
             for mode in ("random", "oracle"):
                 reference = _plain_checks(run, mode)
@@ -230,7 +235,7 @@ def run_suite(
 
     hw = hardware(torch.device("cpu")).text if not hello.gpus else f"GPU: {len(hello.gpus)} x {hello.gpus[0]}"
     return ConformanceRecord(
-        schema_version=SCHEMA_VERSION, run_date=datetime.now(timezone.utc).replace(microsecond=0), engine="vllm",
+        schema_version=SCHEMA_VERSION, run_date=datetime.now(timezone.utc).replace(microsecond=0), engine=engine,
         package=hello.package, version=hello.version, hardware=hw, device=hello.device, dtype=dtype, command=command,
         seed=seed, alpha=ALPHA, requests=requests, max_new_tokens=max_new_tokens, triton=hello.triton, patches=applied,
         causes=known_causes(hello.package, hello.version, hello.triton, applied), checks=checks,

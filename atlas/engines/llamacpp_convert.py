@@ -9,7 +9,14 @@ model needs and upstream's GLM path does not make:
   n_shared_experts = 0 (they are zero-size there; upstream would write empty tensors the loader
   does not expect). Any such tensor that is not zero-size stops the conversion.
 
-    python llamacpp_convert.py LLAMA_CPP_SOURCE CHECKPOINT -- CONVERTER_ARGS...
+With `--id-vocabulary` (the conformance suite's oracle checkpoints) the vocabulary written is each
+token's id as text ("<17>"), not the checkpoint's tokenizer: the oracles' byte-level tokens are not
+valid UTF-8 one by one, and llama-server holds back from its stream any token that ends in an
+incomplete character, so rounds could not be read from the stream. Prompts reach the server as
+token ids and outputs are read as ids, so only the ids matter; the special tokens stay the
+checkpoint's. (llama.cpp's loader wants a BPE merge list: one merge whose product is no token.)
+
+    python llamacpp_convert.py LLAMA_CPP_SOURCE CHECKPOINT [--id-vocabulary] -- CONVERTER_ARGS...
 """
 
 from __future__ import annotations
@@ -20,10 +27,14 @@ from pathlib import Path
 
 
 def main() -> None:
-    source, checkpoint, sep, *args = sys.argv[1:]
-    assert sep == "--", "usage: llamacpp_convert.py SOURCE CHECKPOINT -- CONVERTER_ARGS..."
+    source, checkpoint, *rest = sys.argv[1:]
+    ids = rest[:1] == ["--id-vocabulary"]
+    rest = rest[1:] if ids else rest
+    assert rest[:1] == ["--"], "usage: llamacpp_convert.py SOURCE CHECKPOINT [--id-vocabulary] -- CONVERTER_ARGS..."
+    args = rest[1:]
     sys.path[:0] = [str(Path(source) / "gguf-py"), source]
     import convert_hf_to_gguf
+    import gguf
     from conversion.glm import Glm4MoeModel
 
     config = json.loads((Path(checkpoint) / "config.json").read_text())
@@ -39,7 +50,16 @@ def main() -> None:
         return upstream_filter(cls, item)
 
     Glm4MoeModel.filter_tensors = classmethod(filter_tensors)  # type: ignore[method-assign]
-    Glm4MoeModel.set_vocab = lambda self: self._set_vocab_gpt2()  # type: ignore[method-assign]
+    def id_vocabulary(self) -> None:
+        n = self.hparams["vocab_size"]
+        self.gguf_writer.add_tokenizer_model("gpt2")
+        self.gguf_writer.add_tokenizer_pre("default")
+        self.gguf_writer.add_token_list([f"<{i}>" for i in range(n)])
+        self.gguf_writer.add_token_types([gguf.TokenType.NORMAL] * n)
+        self.gguf_writer.add_token_merges(["< >"])
+        gguf.SpecialVocab(self.dir_model, load_merges=False, n_vocab=n).add_to_gguf(self.gguf_writer)
+
+    Glm4MoeModel.set_vocab = id_vocabulary if ids else lambda self: self._set_vocab_gpt2()  # type: ignore[method-assign]
     sys.argv = ["convert_hf_to_gguf.py", checkpoint, *args]
     convert_hf_to_gguf.main()
 

@@ -37,8 +37,8 @@ BASELINE = "llama-server without drafting (plain decoding), same build, GGUF, th
 SCHEDULE = ("two resident llama-servers on 127.0.0.1: plain, and draft-mtp at the measured k (one k at a time); each prompt "
             "once on each, order alternating by prompt and repeat; warm-up excluded; no prompt cache")
 # (the record's field holds at most 200 characters)
-DRAFT_SAMPLING = ("draft-mtp over the head's top-10 candidates: their argmax at T = 0 (greedy match); at T > 0 sampled "
-                  "at the request's temperature and verified by rejection")
+DRAFT_SAMPLING = ("--spec-draft-sampling greedy (llama.cpp's default): the head's argmax is drafted, and accepted when "
+                  "the target's own sample at that position (same sampler, same seed) equals it")
 COUNTER_CHECK = ("every speculative request: the streamed tokens grouped by the server's running draft counters give each "
                  "round's drafted and accepted drafts (a round emits accepted + 1 tokens); their sums equal the final "
                  "timings (draft_n, draft_n_accepted) and the /metrics deltas, per draft position too")
@@ -110,13 +110,16 @@ def resolve_gguf(options: Options, folder: Path) -> tuple[Path, dict[str, Any]]:
     }
 
 
-def server_args(threads: int, parallel: int, ctx: int, repack: bool, k: int) -> list[str]:
-    """llama-server's arguments after the model: the same for both sides but the draft options."""
+def server_args(threads: int, parallel: int, ctx: int, repack: bool, k: int, sampling: str = "greedy") -> list[str]:
+    """llama-server's arguments after the model: the same for both sides but the draft options.
+    `sampling`: --spec-draft-sampling, greedy (the default, named so the record says it) or
+    probabilistic (the draft sampled from the head's top 10 at the request's temperature, verified
+    by rejection)."""
     args = ["-t", str(threads), "-tb", str(threads), "-c", str(ctx * parallel), "-np", str(parallel), "--cache-ram", "0"]
     if not repack:
         args.append("--no-repack")
     if k:
-        args += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(k), "--spec-draft-p-min", "0"]
+        args += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(k), "--spec-draft-p-min", "0", "--spec-draft-sampling", sampling]
     return args
 
 
@@ -132,7 +135,7 @@ def time_draft(binary: Path, gguf: Path, plain_args: list[str], prompts: list[li
     at --spec-draft-p-min 1, which computes every draft and drops it unverified (llamacpp_bench):
     runs alternate by prompt, at T = 0, after one warm-up each. Any draft that reached verification
     makes the timing wrong, and is refused."""
-    discard_args = [*plain_args, "--spec-type", "draft-mtp", "--spec-draft-n-max", "1", "--spec-draft-p-min", "1"]
+    discard_args = [*plain_args, "--spec-type", "draft-mtp", "--spec-draft-n-max", "1", "--spec-draft-p-min", "1", "--spec-draft-sampling", "greedy"]
     plain_ms: list[float] = []
     discarded_ms: list[float] = []
     with Server(binary, gguf, plain_args) as plain, Server(binary, gguf, discard_args) as discard:
@@ -213,7 +216,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
 
     def run_one(slot: Slot, k: int, t: float, name: str, r: int, i: int, prompt: list[int]) -> RunStats:
         assert slot.server is not None
-        done = slot.server.complete(request(prompt, n, t, seed_for(options.seed, t, name, i, r, k), options), speculative=bool(k))
+        done = slot.server.complete(request(prompt, n, t, seed_for(options.seed, t, name, i, r, k), options), speculative=bool(k), k=k)
         if len(done.tokens) != n:
             raise AtlasError(f"llama-server returned {len(done.tokens)} tokens where {n} were asked (ignore_eos)")
         return run_stats(done, k)

@@ -139,6 +139,15 @@ def _convert(source: Path, checkpoint: Path, layout: str, out: Path) -> str:
     return shlex.join(["python", "atlas/engines/llamacpp_convert.py", "<llama.cpp source>", str(checkpoint), *args[4:]])
 
 
+def convert_ids(source: Path, checkpoint: Path, out: Path) -> None:
+    """A conformance oracle as one combined f32 GGUF, its vocabulary written as token ids
+    (llamacpp_convert.py --id-vocabulary says why)."""
+    if not (source / "convert_hf_to_gguf.py").is_file():
+        raise AtlasError(f"{source}: not the llama.cpp source (no convert_hf_to_gguf.py); `make llamacpp` unpacks it")
+    _checked([sys.executable, str(CONVERT), str(source), str(checkpoint), "--id-vocabulary", "--", "--outtype", "f32",
+              "--outfile", str(out)], env={**os.environ, "PYTHONPATH": ""})
+
+
 def make_set(checkpoint: Path, out: Path, build: Build, source: Path, quants: tuple[str, ...] = QUANTS,
              layouts: tuple[str, ...] = tuple(LAYOUTS), log: Callable[[str], None] = print) -> Manifest:
     """Write every layout at f16 and at each of `quants` into `out` (replaced whole, only if this

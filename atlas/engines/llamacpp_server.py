@@ -6,6 +6,14 @@ round, so the stream itself gives each round's drafted and accepted counts, and 
 each round emitted must equal its accepted drafts plus one: an independent count of the counters.
 The rounds' sums must also equal the final timings and the deltas of the server's /metrics counters
 (per draft position too), or the generation is refused.
+
+One gap: llama-server streams a token only once its text ends in a whole UTF-8 character, and never
+streams the ids of the tokens it held back (a character split over byte tokens: an emoji, a CJK
+sign). The chunks' running `tokens_predicted` shows the gap. Such a generation's ids are then read
+from the same request answered whole (`return_tokens`, deterministic for a fixed seed; the ids both
+show must agree), and its rounds from the stream's counters where they show them, the rest from the
+/metrics deltas of the streamed request (`rounds_with_gaps`). Per-position counts do not depend on
+the rounds' order, so the record's figures stay exact; only the order is lost.
 """
 
 from __future__ import annotations
@@ -105,6 +113,57 @@ def rounds_from_stream(chunks: list[Chunk]) -> tuple[list[int], list[tuple[int, 
     if pending:
         raise AtlasError(f"llama-server's last round accepted {rounds[-1][1]} drafts but the stream ended {pending} token(s) short")
     return tokens, rounds
+
+
+def streamed_with_gaps(chunks: list[Chunk]) -> bool:
+    """Whether the server held back tokens from the stream (see the module's note)."""
+    final = chunks[-1].timings
+    return final is not None and sum(len(c.tokens) for c in chunks) < final.predicted_n
+
+
+def rounds_with_gaps(chunks: list[Chunk], k: int, delta: Counters, n_tokens: int) -> list[tuple[int, int]]:
+    """A generation's verify rounds when the stream held tokens back (the module's note), in no
+    particular order: every chunk whose counters moved starts rounds. Where the tokens since the
+    previous chunk all arrived, or the counters moved by at most k drafts, that is one round (its
+    drafted and accepted the counters' change). Where a gap hides several rounds, they are pooled:
+    their number is what the /metrics rounds leave over, each drafts k (p-min 0; a pooled draft count
+    that is not k per round is refused), and their accepted counts are what the per-position totals
+    leave over (rounds accepting more than i, per position i). The plain steps are the tokens no
+    round accounts for. Every total must then equal the /metrics deltas."""
+    known: list[tuple[int, int]] = []
+    pooled_drafted = pooled_accepted = 0
+    last, seen = (0, 0), 0
+    for chunk in chunks:
+        if not chunk.tokens or chunk.timings is None:
+            continue
+        now = (chunk.timings.draft_n, chunk.timings.draft_n_accepted)
+        drafted, accepted = now[0] - last[0], now[1] - last[1]
+        if not 0 <= accepted <= drafted:
+            raise AtlasError(f"llama-server's draft counters went from {last} to {now}: not verify rounds")
+        if drafted:
+            if chunk.tokens_predicted - seen == 1 or drafted <= k:
+                known.append((drafted, accepted))
+            else:
+                pooled_drafted, pooled_accepted = pooled_drafted + drafted, pooled_accepted + accepted
+        last, seen = now, chunk.tokens_predicted
+    pooled_rounds = delta.rounds - len(known)
+    if pooled_drafted != k * pooled_rounds or pooled_rounds < 0:
+        raise AtlasError(f"llama-server held tokens back from its stream, and its counters ({pooled_drafted} drafts in "
+                         f"{pooled_rounds} hidden rounds at k = {k}) do not say each round's drafts; the generation cannot be counted")
+    # rounds accepting at least j drafts, j = 0..k, over the pooled rounds: the totals less the known rounds'
+    at_least = [pooled_rounds] + [delta.accepted_per_position[i] - sum(1 for _, a in known if a > i) if i < len(delta.accepted_per_position)
+                                  else -sum(1 for _, a in known if a > i) for i in range(k)] + [0]
+    if any(x < 0 for x in at_least) or any(at_least[j] < at_least[j + 1] for j in range(k + 1)):
+        raise AtlasError(f"llama-server's per-position accepted counts {delta.accepted_per_position} are not those of its rounds")
+    pooled = [(k, j) for j in range(k + 1) for _ in range(at_least[j] - at_least[j + 1])]
+    rounds = known + pooled
+    if (sum(d for d, _ in rounds), sum(a for _, a in rounds), pooled_accepted + sum(a for _, a in known)) != \
+            (delta.drafted, delta.accepted, delta.accepted):
+        raise AtlasError(f"llama-server's counters disagree: rounds {rounds} against /metrics deltas {delta}")
+    plain = n_tokens - 1 - sum(a + 1 for _, a in rounds)
+    if plain < 0:
+        raise AtlasError(f"llama-server's counters account for more tokens than the {n_tokens} it generated")
+    return rounds + [(0, 0)] * plain
 
 
 def run_stats(completion: Completion, k: int) -> RunStats:
@@ -226,10 +285,41 @@ class Server:
             raise AtlasError("llama-server's stream ended without its final chunk (stop, timings)")
         return chunks
 
-    def complete(self, body: dict[str, Any], speculative: bool) -> Completion:
-        """One generation; for a speculative server, its stream, final timings and /metrics deltas must agree."""
+    def whole(self, body: dict[str, Any]) -> tuple[list[int], Timings]:
+        """The ids and timings of `body` answered unstreamed."""
+        with self._request("/completion", {**body, "stream": False, "return_tokens": True}) as reply:
+            try:
+                answer = json.loads(reply.read())
+                return [int(t) for t in answer["tokens"]], Timings.model_validate(answer["timings"])
+            except (ValueError, KeyError, TypeError, ValidationError) as exc:
+                raise AtlasError(f"llama-server's unstreamed answer is not one the atlas can read: {str(exc)[:200]}") from None
+
+    def _with_gaps(self, body: dict[str, Any], chunks: list[Chunk], k: int | None, delta: Counters | None) -> Completion:
+        """A generation whose stream lacks held-back tokens (the module's note)."""
+        final = chunks[-1].timings
+        assert final is not None
+        tokens, again = self.whole(body)
+        streamed = {c.tokens_predicted - 1: c.tokens[0] for c in chunks if len(c.tokens) == 1}
+        if len(tokens) != final.predicted_n or any(tokens[i] != t for i, t in streamed.items() if i < len(tokens)) \
+                or (again.draft_n, again.draft_n_accepted) != (final.draft_n, final.draft_n_accepted):
+            raise AtlasError("llama-server held tokens back from its stream, and the same request answered whole gave other "
+                             "tokens or counts: the request is not reproducible, so its tokens cannot be recovered")
+        if delta is None:
+            return Completion(tokens, [(0, 0)] * (len(tokens) - 1), final.predicted_ms / 1000, final)
+        if k is None:
+            raise AtlasError("llama-server held tokens back from a speculative stream; counting its rounds needs the draft length")
+        if (delta.drafted, delta.accepted) != (final.draft_n, final.draft_n_accepted):
+            raise AtlasError(f"llama-server's final timings (draft_n {final.draft_n}, accepted {final.draft_n_accepted}) disagree "
+                             f"with its /metrics deltas {delta}")
+        return Completion(tokens, rounds_with_gaps(chunks, k, delta, len(tokens)), final.predicted_ms / 1000, final)
+
+    def complete(self, body: dict[str, Any], speculative: bool, k: int | None = None) -> Completion:
+        """One generation; for a speculative server (draft length k), its stream, final timings and
+        /metrics deltas must agree."""
         before = self.metrics() if speculative else None
         chunks = self.stream(body)
+        if streamed_with_gaps(chunks):
+            return self._with_gaps(body, chunks, k, self.metrics().minus(before) if before is not None else None)
         tokens, rounds = rounds_from_stream(chunks)
         final = chunks[-1].timings
         assert final is not None
