@@ -23,10 +23,11 @@ from click.testing import CliRunner
 
 from atlas import AtlasError
 from atlas.cli import cli
-from atlas.engines import llamacpp_bench, llamacpp_build, llamacpp_engine, llamacpp_gguf
+from atlas.engines import llamacpp_bench, llamacpp_build, llamacpp_engine, llamacpp_gguf, llamacpp_server
 from atlas.engines.llamacpp_build import repack_setting
 from atlas.engines.options import LlamacppOptions, Options
-from atlas.engines.llamacpp_server import Chunk, Counters, Server, Timings, parse_event, parse_metrics, rounds_from_stream, run_stats
+from atlas.engines.llamacpp_server import (Chunk, Counters, Server, Timings, parse_event, parse_metrics, rounds_from_stream, rounds_with_gaps,
+                                          run_stats, streamed_with_gaps)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -87,6 +88,41 @@ def test_malformed_server_output_is_refused_by_name(line: str, message: str) -> 
     good = parse_event('data: {"tokens": [5], "stop": true, "tokens_predicted": 1, "timings": '
                        '{"predicted_n": 1, "predicted_ms": 2.5, "prompt_n": 3, "draft_n": 4, "draft_n_accepted": 1}}')
     assert good is not None and good.tokens == [5] and good.timings is not None and good.timings.draft_n == 4
+
+
+def at(token: int, predicted: int, draft_n: int = 0, accepted: int = 0) -> Chunk:
+    """A streamed chunk at its place in the output (tokens_predicted), as llama-server sends it."""
+    return Chunk(tokens=[token], stop=False, tokens_predicted=predicted,
+                 timings=Timings(predicted_n=predicted, predicted_ms=1.0, prompt_n=1, draft_n=draft_n, draft_n_accepted=accepted))
+
+
+def test_a_stream_with_held_back_tokens_is_counted_from_its_counters_and_metrics() -> None:
+    # k = 2, 12 tokens: the first from the prefill, then rounds accepting 2, 0, 1, 2 and 0 drafts and a last one of 1 draft
+    # (the budget) accepting 0: 3 + 1 + 2 + 3 + 1 + 1 = 11 tokens. Tokens 2..6 are held back (an emoji's bytes): the chunk at
+    # 7 shows the counters after rounds 1-3 together (6 drafts, 3 accepted), hiding how the 3 split between them.
+    final = Chunk(tokens=[], stop=True, tokens_predicted=12, timings=Timings(predicted_n=12, predicted_ms=9.0, prompt_n=1,
+                                                                             draft_n=11, draft_n_accepted=5))
+    chunks = [at(10, 1), at(11, 7, 6, 3), at(12, 8, 8, 5), at(13, 9, 8, 5), at(14, 10, 8, 5), at(15, 11, 10, 5), at(16, 12, 11, 5), final]
+    assert streamed_with_gaps(chunks)
+    metrics = Counters(drafted=11, accepted=5, rounds=6, accepted_per_position=[3, 2])  # rounds accepting > 0: 2, 1, 2; > 1: 2, 2
+    rounds = rounds_with_gaps(chunks, 2, metrics, 12)
+    assert sorted(rounds) == sorted([(2, 2), (2, 0), (2, 1), (2, 2), (2, 0), (1, 0)])  # the hidden three pooled exactly
+    stats = run_stats(llamacpp_server.Completion([0] * 12, rounds, 0.009, final.timings), 2)  # type: ignore[arg-type]
+    assert (stats.drafted_per_position, stats.accepted_per_position, stats.reached_per_position, stats.verify_passes) == \
+        ([6, 5], [3, 2], [6, 3], 6)
+    assert not streamed_with_gaps([at(10, 1), at(11, 2, 2, 1), at(12, 3, 2, 1), Chunk(tokens=[], stop=True, tokens_predicted=3,
+                                   timings=Timings(predicted_n=3, predicted_ms=1.0, prompt_n=1, draft_n=2, draft_n_accepted=1))])
+
+
+@pytest.mark.parametrize(("metrics", "message"), [
+    (Counters(drafted=11, accepted=5, rounds=5, accepted_per_position=[3, 2]), "do not say each round's drafts"),  # 6 drafts in 2 rounds
+    (Counters(drafted=11, accepted=5, rounds=6, accepted_per_position=[1, 2]), "per-position accepted counts"),  # more accept 2 than 1
+    (Counters(drafted=11, accepted=6, rounds=6, accepted_per_position=[3, 2]), "counters disagree"),
+])
+def test_held_back_tokens_with_counters_that_do_not_add_up_are_refused(metrics: Counters, message: str) -> None:
+    chunks = [at(10, 1), at(11, 7, 6, 3), at(12, 8, 8, 5), at(13, 9, 8, 5), at(14, 10, 8, 5), at(15, 11, 10, 5), at(16, 12, 11, 5)]
+    with pytest.raises(AtlasError, match=message):
+        rounds_with_gaps(chunks, 2, metrics, 12)
 
 
 def test_metrics_text_gives_the_speculative_counters() -> None:
@@ -401,3 +437,50 @@ def test_a_gguf_set_is_up_to_date_only_for_the_same_checkpoint_build_and_files(r
     assert llamacpp_gguf.up_to_date(out, source, llamacpp_build, wanted) == llamacpp_gguf.read_manifest(out)  # type: ignore[arg-type]
     assert llamacpp_gguf.up_to_date(out, source, llamacpp_build, wanted | {"mtp-f16.gguf"}) is None  # type: ignore[arg-type]
     assert llamacpp_gguf.up_to_date(out, "sha256:" + "0" * 64, llamacpp_build, wanted) is None  # type: ignore[arg-type]
+
+
+# ---- the conformance suite through llama.cpp ----------------------------------------------------------
+
+
+def test_the_draft_law_is_the_heads_top_ten_at_the_temperature_renormalised() -> None:
+    from atlas.engines.llamacpp_conformance import draft_law
+
+    q = np.array([[0.5, 0.2, 0.2, 0.1], [0.1, 0.1, 0.1, 0.7]])
+    cut = draft_law(q, 1.0, top_k=2)  # row 0: 0.5 and the first 0.2 (tie broken by the lower id); row 1: 0.7 and id 0
+    assert np.allclose(cut, [[5 / 7, 2 / 7, 0, 0], [1 / 8, 0, 0, 7 / 8]])
+    hot = draft_law(q, 2.0, top_k=4)  # temperature 2: q ** 0.5, renormalised
+    assert np.allclose(hot[0], np.sqrt(q[0]) / np.sqrt(q[0]).sum())
+    with pytest.raises(AtlasError, match="argmax"):
+        draft_law(q, 0.0)
+
+
+def _llamacpp_suite(build: object, driver_class: type) -> object:
+    from atlas.conformance.record import LLAMACPP_SHAPES
+    from atlas.engines import conformance_suite
+    from atlas.engines.llamacpp_gguf import source_of
+
+    return conformance_suite.run_suite(lambda: driver_class(build, source_of(build)), "llamacpp", ["glm4_moe"], (1, 2),  # type: ignore[arg-type]
+                                       ("greedy", "probabilistic"), 8, 48, log=lambda _: None, shapes=LLAMACPP_SHAPES)
+
+
+@pytest.mark.slow  # live llama-servers on the GLM-4-MoE oracles
+def test_the_conformance_suite_passes_llamacpp_and_catches_a_swapped_draft_rule(llamacpp_build: object) -> None:
+    """Both of llama.cpp's draft rules on the oracles: every check passes at their exact expectations.
+    Planted: a driver that serves the greedy rule where the suite asked for the probabilistic one
+    (argmax drafts accepted by sample-and-match: output still the target's, acceptance Σ P[argmax Q]
+    instead of Σ min(P, Q')), which the T = 1 acceptance check must fail while the distribution passes."""
+    from atlas.engines.llamacpp_conformance import LlamacppDriver
+
+    record = _llamacpp_suite(llamacpp_build, LlamacppDriver)
+    assert record.engine == "llamacpp" and record.package == "llama.cpp" and record.version == "b11434"  # type: ignore[attr-defined]
+    assert all(c.passed for c in record.checks), [c.summary for c in record.checks if not c.passed]  # type: ignore[attr-defined]
+    assert {(c.draft_sampling, c.temperature, c.name) for c in record.checks if c.checkpoint == "oracle" and c.draft_tokens} >= {  # type: ignore[attr-defined]
+        ("greedy", 0.0, "identity"), ("probabilistic", 0.0, "identity"), ("greedy", 1.0, "acceptance"), ("probabilistic", 1.0, "acceptance")}
+
+    class Swapped(LlamacppDriver):
+        def load(self, **message: object) -> None:
+            super().load(**{**message, "speculative": {"draft_sample_method": "greedy"}})  # type: ignore[arg-type]
+
+    planted = _llamacpp_suite(llamacpp_build, Swapped)
+    failed = {(c.draft_sampling, c.temperature, c.name) for c in planted.checks if not c.passed}  # type: ignore[attr-defined]
+    assert failed == {("probabilistic", 1.0, "acceptance")}, failed

@@ -153,24 +153,25 @@ def _plain_checks(run: _Layout, mode: str) -> list[list[int]]:
     return reference
 
 
-def _greedy_checks(run: _Layout, mode: str, k: int, reference: list[list[int]]) -> None:
+def _greedy_checks(run: _Layout, mode: str, k: int, reference: list[list[int]], sampling: str = "greedy") -> None:
     """T = 0 with greedy drafts: output identical to the plain engine's, and the drafts accepted as
-    exactly as the checkpoint allows (all of them on the oracle, few on a random head)."""
+    exactly as the checkpoint allows (all of them on the oracle, few on a random head). `sampling`:
+    the engine's draft rule, where it drafts the argmax at T = 0 under any (llama.cpp)."""
     requests = run.requests
     out = run.generate(0.0)
     same = _tokens(out) == reference
     d = sum(sum(r.per_step_drafted) for r in out.results)
     a = sum(sum(r.per_step_accepted) for r in out.results)
     figures = _identity(_tokens(out), reference)
-    run.add(mode, 0.0, k, "greedy", "identity", same, "output identical to k=0 in all "
+    run.add(mode, 0.0, k, sampling, "identity", same, "output identical to k=0 in all "
             f"{requests} requests" if same else f"output differs from k=0 in {requests - figures['identical']} "
             f"of {requests} requests (first difference at output token {figures['first_difference']})", figures)
     if mode == "oracle":
-        run.add(mode, 0.0, k, "greedy", "acceptance", a == d,
+        run.add(mode, 0.0, k, sampling, "acceptance", a == d,
                 f"accepted {a} of {d} drafts where all {d} is exact", {"drafted": d, "accepted": a})
     else:
         rate = a / d if d else 0.0
-        run.add(mode, 0.0, k, "greedy", "acceptance", rate < RANDOM_HEAD_ACCEPTANCE,
+        run.add(mode, 0.0, k, sampling, "acceptance", rate < RANDOM_HEAD_ACCEPTANCE,
                 f"acceptance {rate:.3f} (an unrelated random head: near 0 expected)", {"drafted": d, "accepted": a})
 
 
@@ -179,7 +180,7 @@ def _draft_checks(run: _Layout, mode: str, k: int, sampling: str, reference: lis
     distribution against their exact values."""
     run.load(mode, k, sampling)
     if sampling == "greedy" or getattr(run.driver, "greedy_at_zero", False):
-        _greedy_checks(run, mode, k, reference)
+        _greedy_checks(run, mode, k, reference, sampling)
     if mode != "oracle":
         return
     out = run.generate(1.0)
