@@ -262,10 +262,19 @@ def test_measured_cells_read_in_a_plain_duckdb_carry_verdict_bounds_acceptance_c
             seen_conditional += k > 1 and row["conditional_acceptance"] != row["per_position_acceptance"]
         else:
             assert row["conditional_acceptance"] is None, where
-        costs = raw["pass_costs"] if row["engine"] == "atlas" else None
+        costs = raw["pass_costs"] if row["engine"] in ("atlas", "llamacpp") else None
         assert (row["pass_plain_seconds"], row["pass_verify_seconds"], row["pass_draft_seconds"]) == (
             (costs["plain"], costs["verify"][str(k)], costs["draft"]) if costs else (None, None, None)), where
         seen_costs += costs is not None
+        # the experiment's parts, each from the raw record as written (not through experiment_key)
+        settings = raw["settings"]
+        own = row["engine"] != "atlas"
+        assert (row["threads"], row["dtype"], row["kernels"]) == (
+            raw["hardware"]["torch_threads"], settings["dtype"], "engine's own" if own else settings.get("kernels") or "mm"), where
+        vocab = settings.get("draft_vocab")
+        assert row["draft_vocab"] == ("engine's own" if own else f"{vocab['size']} tokens (sha256 {vocab['table_sha256'][:12]})"
+                                      if vocab else "full"), where
+        assert len(row["experiment_key"]) == 12 and row["experiment"].endswith(f"threads, {raw['hardware']['cpu']} ({row['machine_isa']})"), where
         prov = raw.get("provenance")
         assert row["provenance_recorded"] == (prov is not None), where
         if prov:

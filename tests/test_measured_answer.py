@@ -156,3 +156,32 @@ def test_the_plain_answer_has_no_symbols_and_at_most_three_numbers() -> None:
     loss = _text(measured.plain_answer([_run("org/real-loss", LOSS, real=True)]))
     assert "did not pay" in loss and "never reliably faster than plain generation" in loss
     assert "has not yet measured MTP on a real model" in _text(measured.plain_answer([_run("b", GAIN, real=False)]))
+
+
+def _through_llamacpp(run: Run, costs: object) -> Run:
+    engine = runcontext.EngineRun(
+        name="llamacpp", package="llama.cpp", version="b11434", python="3.11", torch="2.13.0", transformers="5.25.0",
+        device="cpu", gpus=[], dtype="MOSTLY_Q4_1", tensor_parallel_size=1, pipeline_parallel_size=1,
+        draft_sample_method="greedy", options={}, engine_args={"threads": 1}, speculative_config={}, layout="glm4moe",
+        counter_check="checked", schedule="interleaved", build={"build_number": 11434})
+    record = run.record.model_copy(update={"engine_run": engine, "pass_costs": costs})
+    return Run(record, run.record_id, run.source_path)
+
+
+def test_the_engine_people_run_leads_and_our_loop_follows_as_the_exactness_reference() -> None:
+    """Issue 36: the answer speaks of the llama.cpp run, even when our loop's run is newer, and gives
+    our loop after it; a round that costs more than two plain steps is said to pay at no acceptance."""
+    from atlas.records.record import PassCosts
+
+    ours = _run("org/real-gain", GAIN, real=True, day=3)
+    costly = PassCosts(plain=0.010, verify={1: 0.0159}, draft=0.0021)  # round 1.80 plain steps: break-even 0.80
+    engine = _through_llamacpp(_run("org/real-loss", LOSS, real=True, day=1), costly)
+    assert measured.featured([ours, engine]) == (2, engine) and measured.reference([ours, engine]) == (1, ours)
+    text = _text(measured.answer_text([ours, engine], "../runs/"))
+    assert text.index("through llama.cpp b11434 (MOSTLY_Q4_1)") < text.index("Our own loop, the exactness reference: R1")
+    assert "breaking even needs about 0.80" in text and "not pooled" in text
+    hopeless = _through_llamacpp(engine, PassCosts(plain=0.010, verify={1: 0.0180}, draft=0.0035))  # 2.15 plain steps
+    text = _text(measured.answer_text([ours, hopeless], "../runs/"))
+    assert "a k = 1 round (verify and draft) costs 2.15 plain steps" in text and "no acceptance pays at k = 1" in text
+    # our loop alone answers for itself, with no reference line
+    assert measured.reference([ours]) is None and "exactness reference" not in _text(measured.answer_text([ours], "../runs/"))

@@ -209,11 +209,12 @@ MEANINGS: dict[str, dict[str, str]] = {
         "per_position_acceptance": "per draft position i: accepted_i / drafted_i over all repeats (unconditional)",
         "conditional_acceptance": "per draft position i: accepted_i / reached_i, the chance draft i is accepted once "
                                   "the drafts before it were (NULL in records without reached counts)",
-        "pass_plain_seconds": "median seconds of one plain decoding step (main model, 1 row), timed in isolation on "
-                              "this run; NULL for an external engine",
-        "pass_verify_seconds": "median seconds of one verify pass at this draft length (main model, k + 1 rows); "
-                               "NULL for an external engine",
-        "pass_draft_seconds": "median seconds of one MTP draft step (1 row); NULL for an external engine",
+        "pass_plain_seconds": "median seconds of one plain decoding step (main model, 1 row), timed in isolation with "
+                              "this run (our loop: in its process; llama.cpp: llama-bench pp1); NULL for vLLM and the transformers peer",
+        "pass_verify_seconds": "median seconds of one verify pass at this draft length (main model, k + 1 rows; "
+                               "llama.cpp: llama-bench pp(k+1)); NULL for vLLM and the transformers peer",
+        "pass_draft_seconds": "median seconds of one MTP draft step (1 row; llama.cpp: a server that computes every "
+                              "draft and drops it, minus plain, per token); NULL for vLLM and the transformers peer",
         "provenance_recorded": "the record carries the provenance of a checkpoint this project made (atlas-provenance.json)",
         "provenance_project_made": "the provenance says this project made the checkpoint (NULL: no provenance)",
         "provenance_kind": "what the provenance says the checkpoint is, e.g. a project-made MTP head on a real main model",
@@ -221,6 +222,14 @@ MEANINGS: dict[str, dict[str, str]] = {
         "provenance_main_package": "the package (name==version) the main weights were read from",
         "provenance_main_sha256": "sha256 of the main weights' file as read (the GGUF file for the real team model)",
         "provenance_head_sha256": "sha256 digest of the MTP head the project trained",
+        "threads": "processor threads the run decoded with (our loop: torch threads; llama.cpp: the server's -t)",
+        "kernels": "our loop's CPU matmul kernels (mm: PyTorch matmul), or engine's own",
+        "draft_vocab": "our loop's cut draft vocabulary (its size and table's sha256), full, or engine's own (drafting)",
+        "dtype": "the weights' precision as run: float32, bfloat16, or a GGUF's type (gguf-Q4_1)",
+        "machine_isa": "the kernel-changing instruction sets of the run's CPU (AVX2, AVX-512, AMX), or unknown in older records",
+        "experiment_key": "12 hex characters naming the cell's experiment: revision, head, draft vocabulary, kernels, engine "
+                          "and version, precision, threads, machine and instruction sets; rows compare only within a key",
+        "experiment": "the experiment key spelled out",
         "made_by_atlas": "a checkpoint this project made (by its provenance, or a team model or oracle of the "
                          "project's organisation): never a Hub model's measurement",
     },

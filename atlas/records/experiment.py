@@ -15,11 +15,14 @@ from typing import NamedTuple
 from atlas.records.record import Cell, Record
 
 
+OWN = "engine's own"  # kernels and drafting of an external engine (not "-": CSV export guards a leading "-" as a formula)
+
+
 class ExperimentKey(NamedTuple):
     checkpoint: str  # the revision: a hub commit, or the digest of the model's files
     head: str  # the project-made MTP head's sha256 (provenance), or "as shipped" in the checkpoint
-    draft_vocab: str  # our loop's cut draft vocabulary (its table's sha256), or "full"; "-" for other engines
-    kernels: str  # our loop's CPU matmul kernels ("mm" before the choice existed); "-" for other engines
+    draft_vocab: str  # our loop's cut draft vocabulary (its table's sha256), or "full"; "engine's own" for other engines
+    kernels: str  # our loop's CPU matmul kernels ("mm" before the choice existed); "engine's own" for other engines
     engine: str  # engine and its version, e.g. "atlas 0.1.0" or "vllm 0.32.0"
     dtype: str  # the weights' precision as run: float32, bfloat16, a GGUF's type (gguf-Q4_1)
     threads: int  # torch threads of the process that timed the run
@@ -34,7 +37,7 @@ class ExperimentKey(NamedTuple):
     @property
     def text(self) -> str:
         head = self.head if self.head == "as shipped" else f"head {self.head[:12]}"
-        vocab = {"full": "full draft vocabulary", "-": "engine's own drafting"}.get(self.draft_vocab, f"draft vocabulary {self.draft_vocab[:12]}")
+        vocab = {"full": "full draft vocabulary", OWN: "engine's own drafting"}.get(self.draft_vocab, f"draft vocabulary {self.draft_vocab[:12]}")
         return (f"{self.checkpoint[:19]}, {head}, {vocab}, kernels {self.kernels}, {self.engine}, {self.dtype}, {self.threads} threads, "
                 f"{self.machine} ({self.isa})")
 
@@ -43,12 +46,12 @@ def experiment_key(record: Record, cell: Cell) -> ExperimentKey:
     """The key of one cell of `record` (ExperimentKey)."""
     settings, hw = record.settings, record.hardware
     head = record.provenance.mtp_head.get("sha256") if record.provenance else None
-    kernels = (settings.kernels or "mm") if cell.engine == "atlas" else "-"
+    kernels = (settings.kernels or "mm") if cell.engine == "atlas" else OWN
     flags = hw.cpu_flags
     return ExperimentKey(
         checkpoint=record.revision,
         head=str(head) if head is not None else "as shipped",
-        draft_vocab=(settings.draft_vocab.table_sha256 if settings.draft_vocab else "full") if cell.engine == "atlas" else "-",
+        draft_vocab=(settings.draft_vocab.table_sha256 if settings.draft_vocab else "full") if cell.engine == "atlas" else OWN,
         kernels=kernels,
         engine=cell.engine_version if cell.engine_version.startswith(cell.engine) else f"{cell.engine} {cell.engine_version}",
         dtype=settings.dtype,
@@ -56,3 +59,13 @@ def experiment_key(record: Record, cell: Cell) -> ExperimentKey:
         machine=hw.gpu or hw.cpu,
         isa="unknown" if flags is None else ", ".join(flags) or "none of AVX2, AVX-512, AMX",
     )
+
+
+def columns(record: Record, cell: Cell) -> dict[str, object]:
+    """What the store's measurement_cells row keeps of a cell's key: each part a reader filters on,
+    with the key's short name and its text."""
+    key = experiment_key(record, cell)
+    vocab = record.settings.draft_vocab if cell.engine == "atlas" else None
+    return {"threads": key.threads, "kernels": key.kernels, "dtype": key.dtype, "machine_isa": key.isa,
+            "draft_vocab": (f"{vocab.size} tokens (sha256 {vocab.table_sha256[:12]})" if vocab else key.draft_vocab),
+            "experiment_key": key.short, "experiment": key.text}

@@ -433,13 +433,14 @@ CREATE TABLE IF NOT EXISTS measurement_cells (
     pass_plain_seconds DOUBLE, pass_verify_seconds DOUBLE, pass_draft_seconds DOUBLE,
     provenance_recorded BOOLEAN, provenance_project_made BOOLEAN, provenance_kind VARCHAR,
     provenance_main_model VARCHAR, provenance_main_package VARCHAR, provenance_main_sha256 VARCHAR,
-    provenance_head_sha256 VARCHAR
+    provenance_head_sha256 VARCHAR, threads INTEGER, kernels VARCHAR, draft_vocab VARCHAR, dtype VARCHAR, machine_isa VARCHAR,
+    experiment_key VARCHAR, experiment VARCHAR
 )"""
 COLUMNS = [line.split()[0] for line in TABLE.split("(", 1)[1].rsplit(")", 1)[0].replace("\n", " ").split(",")]
 _TYPES = {line.split()[0]: line.split()[1] for line in TABLE.split("(", 1)[1].rsplit(")", 1)[0].replace("\n", " ").split(",")}
 # Columns every row fills (never NULL), one per migration that added columns: a record whose rows
 # lack one was imported before that column existed and is loaded again to fill the new columns.
-FILLED = ("baseline", "provenance_recorded")
+FILLED = ("baseline", "provenance_recorded", "experiment_key")
 NEWEST = FILLED[-1]
 # Renamed columns, old name -> new: a store made before the rename keeps its rows under the new name.
 RENAMED = {"speedup_lo": "speedup_slowest_repeat", "speedup_hi": "speedup_fastest_repeat"}
@@ -461,11 +462,13 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _rows(record: Record, record_id: str, source_path: str) -> list[tuple[object, ...]]:
+    from atlas.records import experiment  # it reads Record and Cell from here
+
     rows = []
     prov = record.provenance
     for c in record.cells:
         d = c.derived
-        costs = record.pass_costs if c.engine == "atlas" else None
+        costs = record.pass_costs if c.engine in ("atlas", "llamacpp") else None  # the run's engine's own (the peer and vLLM time none)
         values = {
             "record_id": record_id,
             "source_path": source_path,
@@ -500,7 +503,7 @@ def _rows(record: Record, record_id: str, source_path: str) -> list[tuple[object
             "speedup_paired_upper_95": d.speedup_bound_hi,
             "per_position_acceptance": d.per_position_acceptance,
             "conditional_acceptance": d.conditional_acceptance,
-            # the pass costs the cell's ideal speed-up uses: our loop's, timed on this run (derive)
+            # the run's pass costs: our loop's timed in it (its ideal speed-up uses them), llama.cpp's by llama-bench
             "pass_plain_seconds": costs.plain if costs else None,
             "pass_verify_seconds": costs.verify.get(c.draft_tokens) if costs else None,
             "pass_draft_seconds": costs.draft if costs else None,
@@ -511,6 +514,7 @@ def _rows(record: Record, record_id: str, source_path: str) -> list[tuple[object
             "provenance_main_package": _package(prov.main_model) if prov else None,
             "provenance_main_sha256": prov.main_model.get("sha256") if prov else None,
             "provenance_head_sha256": str(prov.mtp_head["sha256"]) if prov and "sha256" in prov.mtp_head else None,
+            **experiment.columns(record, c),
         }
         rows.append(tuple(values[name] for name in COLUMNS))
     return rows

@@ -171,7 +171,7 @@ def _real_backfires(n: int, run: Run) -> str:
         low, high = min(by_workload, key=by_workload.get), max(by_workload, key=by_workload.get)
         text += (f"; its k = 1 acceptance ran from {by_workload[low]:.2f} ({escape(low)}) to "
                  f"{by_workload[high]:.2f} ({escape(high)}), where its pass costs need about {even:.2f} "
-                 "to break even")
+                 "to break even" + (" (more than every draft: at k = 1 it cannot pay)" if even >= 1 else ""))
     return text + ". "
 
 
@@ -317,12 +317,23 @@ def is_real(run: Run) -> bool:
 
 
 def featured(runs: list[Run]) -> tuple[int, Run] | None:
-    """The one run module 8's answer, plain answer and charts speak of: the newest real-model run
-    that timed its own passes (so its speed-ups, acceptance and break-even share one engine and
-    one setup); the newest real-model run when none timed them; None without a real model."""
+    """The one run module 8's answer, plain answer and charts speak of: a real-model run that timed
+    its own passes (so its speed-ups, acceptance and break-even share one engine and one setup),
+    through an engine people run (llama.cpp, vLLM) before our loop, the newest first; the newest
+    real-model run when none timed them; None without a real model."""
     real = [(n, r) for n, r in evidence_runs(runs) if is_real(r)]
-    return max(real, key=lambda nr: (nr[1].record.pass_costs is not None, nr[1].record.run_date, nr[0]),
-               default=None)
+    return max(real, key=lambda nr: (nr[1].record.pass_costs is not None, nr[1].record.engine_run is not None,
+                                     nr[1].record.run_date, nr[0]), default=None)
+
+
+def reference(runs: list[Run]) -> tuple[int, Run] | None:
+    """Where the featured run is an engine's: the newest real-model run of our own loop with its
+    passes timed, the exactness reference the answer gives next to it; None otherwise."""
+    chosen = featured(runs)
+    if chosen is None or chosen[1].record.engine_run is None:
+        return None
+    ours = [(n, r) for n, r in evidence_runs(runs) if is_real(r) and r.record.engine_run is None and r.record.pass_costs]
+    return max(ours, key=lambda nr: (nr[1].record.run_date, nr[0]), default=None)
 
 
 def answer_text(runs: list[Run], link: str) -> str:
@@ -351,7 +362,24 @@ def answer_text(runs: list[Run], link: str) -> str:
     if n_real > 1:
         first += (f" It is one of {n_real} real-model runs in the Measured table, each with its own engine "
                   "and setup; their figures are not pooled.")
-    return first + " " + _gain_source(n, run, link) + "\n"
+    return first + " " + _gain_source(n, run, link) + _reference_text(runs, link) + "\n"
+
+
+def _reference_text(runs: list[Run], link: str) -> str:
+    """Our loop's newest real-model run, after an engine's answer: what it showed, as the reference
+    whose output is checked token for token (atlas.site.measured.reference)."""
+    found = reference(runs)
+    if found is None:
+        return ""
+    n, run = found
+    r = run.record
+    cells = gated_cells(run)
+    on = sum(1 for g in r.gates if g.enabled)
+    same = [c.derived.greedy_lossless for c in cells if c.derived.greedy_lossless is not None]
+    return (f" **Our own loop, the exactness reference:** [R{n}]({link}{run_slug(run)}.md), on {r.run_date:%Y-%m-%d}, "
+            f"{escape(r.hardware.text)}, {escape(setup_text(run))}: the gate switched MTP on for {on} of {len(r.gates)} pairs "
+            f"(median speed-ups {_speed_range(cells)}), and its greedy output equalled plain decoding in {sum(same)} of "
+            f"{len(same)} cells. The two runs are separate experiments; their figures are not pooled.")
 
 
 def _gain_source(n: int, run: Run, link: str) -> str:
@@ -382,8 +410,10 @@ def _gain_source(n: int, run: Run, link: str) -> str:
     even = break_even_acceptance(costs)
     text = f"**Where a gain would come from:** no gate turned on in R{n}"
     if k1 and even is not None:
-        text += (f"; at k = 1 its head's drafts were accepted {min(k1):.2f}–{max(k1):.2f} of the time, and "
-                 f"with that run's pass costs breaking even needs about {even:.2f}")
+        text += f"; at k = 1 its head's drafts were accepted {min(k1):.2f}–{max(k1):.2f} of the time, and "
+        text += (f"with that run's pass costs breaking even needs about {even:.2f}" if even < 1 else
+                 f"with that run's pass costs a k = 1 round (verify and draft) costs {1 + even:.2f} plain steps, more than "
+                 "the two tokens it can emit: no acceptance pays at k = 1 there, whatever the head")
     return text + "."
 
 

@@ -21,7 +21,7 @@ from atlas.site import mtp_forms
 from atlas.site import reported as reported_section
 from atlas.site.modelfinder import FINDER_PARTS, SERVING_ENGINES, conformance_words, finder, finder_parts, measured_engines
 from atlas.site.mdsafe import Markdown, code, escape, table
-from atlas.site.models_json import Model, Models, Snapshot, not_crawled_words, snapshot_words
+from atlas.site.models_json import Measured, Model, Models, Snapshot, not_crawled_words, snapshot_words
 from atlas.site.numbers import fixed
 
 _MODULE = "../modules/module-08.md"
@@ -211,8 +211,23 @@ def _measured_lines(m: Model, downloads: set[str]) -> list[Any]:
         "    Each row holds for its own record's revision and hardware, and its own engine, "
         "workload, temperature and draft length only.", "",
     ]
-    for record_id in dict.fromkeys(x.record_id for x in m.measured):
-        cells = [x for x in m.measured if x.record_id == record_id]
+    series = list(dict.fromkeys(x.experiment_key for x in m.measured))
+    if len(series) > 1:
+        lines += [f"{len(series)} series: a series is one experiment (revision, head, draft vocabulary, kernels, engine and "
+                  "version, precision, threads, machine), and only rows of one series compare.", ""]
+    for key in series:
+        mine = [x for x in m.measured if x.experiment_key == key]
+        if key is not None:
+            lines += [f"### Series {code(key)}", "", f"{escape(mine[0].experiment or '')}.", ""]
+        lines += _record_lines(mine, downloads)
+    return lines
+
+
+def _record_lines(measured: list[Measured], downloads: set[str]) -> list[Any]:
+    """Per record of one series: its run, revision and hardware, then one table per baseline."""
+    lines: list[Any] = []
+    for record_id in dict.fromkeys(x.record_id for x in measured):
+        cells = [x for x in measured if x.record_id == record_id]
         first = cells[0]
         name = Path(first.source_path).name if first.source_path else None
         link = (f" Record file: [{escape(name)}](../{datapage.RECORDS}/measurements/{quote(name)})."

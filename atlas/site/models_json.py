@@ -83,6 +83,8 @@ class Measured(BaseModel):
     record_id: str
     source_path: str | None = None  # the record file; None in models.json files written before it
     baseline: str | None = None  # what the speed-up divides by; None in models.json files written before it
+    experiment_key: str | None = None  # the cell's series (atlas.records.experiment); None in older models.json files
+    experiment: str | None = None  # that key spelled out: revision, head, draft vocabulary, kernels, engine, precision, threads, machine
 
 
 class DrafterLink(BaseModel):
@@ -184,7 +186,7 @@ _WEIGHT_NAMES = """
 _MEASURED = """
     SELECT model_id, run_date, revision, hardware, engine, engine_version, workload, temperature,
            draft_tokens, acceptance_rate, mean_accepted_length, speedup, speedup_slowest_repeat, speedup_fastest_repeat,
-           record_id, source_path, ideal_speedup, baseline
+           record_id, source_path, ideal_speedup, baseline, experiment_key, experiment
     FROM measurement_cells
     ORDER BY model_id, run_date, engine, workload, temperature, draft_tokens, record_id"""
 
@@ -374,7 +376,8 @@ def _measured_cell(m: dict[str, Any]) -> Measured:
                     draft_tokens=m["draft_tokens"], acceptance_rate=m["acceptance_rate"],
                     mean_accepted_length=m["mean_accepted_length"], speedup=m["speedup"],
                     speedup_slowest_repeat=m["speedup_slowest_repeat"], speedup_fastest_repeat=m["speedup_fastest_repeat"],
-                    record_id=m["record_id"], source_path=m["source_path"], baseline=m["baseline"])
+                    record_id=m["record_id"], source_path=m["source_path"], baseline=m["baseline"],
+                    experiment_key=m["experiment_key"], experiment=m["experiment"])
 
 
 def _runner(con: duckdb.DuckDBPyConnection, latest: int | None, wanted: set[str]) -> dict[str, str]:
