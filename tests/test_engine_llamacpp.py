@@ -84,7 +84,7 @@ def test_rounds_that_emit_more_or_fewer_tokens_than_the_output_are_refused() -> 
 def test_malformed_server_output_is_refused_by_name(line: str, message: str) -> None:
     with pytest.raises(AtlasError, match=message):
         parse_event(line)
-    assert parse_event("  ") is None
+    assert parse_event("  ") is None and parse_event(":") is None  # blank, and the SSE ping of a slow step (a comment)
     good = parse_event('data: {"tokens": [5], "stop": true, "tokens_predicted": 1, "timings": '
                        '{"predicted_n": 1, "predicted_ms": 2.5, "prompt_n": 3, "draft_n": 4, "draft_n_accepted": 1}}')
     assert good is not None and good.tokens == [5] and good.timings is not None and good.timings.draft_n == 4

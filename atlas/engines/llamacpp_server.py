@@ -179,10 +179,12 @@ def run_stats(completion: Completion, k: int) -> RunStats:
 
 
 def parse_event(line: str) -> Chunk | None:
-    """One line of llama-server's event stream: a chunk, or None for a blank line; AtlasError for
-    anything else (a line that is no event, JSON that is not a completion chunk)."""
+    """One line of llama-server's event stream: a chunk, or None for a blank line or a comment (a
+    line starting with ':', which server-sent events reserve for keep-alives: the server sends one
+    while a slow step keeps it silent); AtlasError for anything else (a line that is no event, JSON
+    that is not a completion chunk)."""
     line = line.strip()
-    if not line:
+    if not line or line.startswith(":"):
         return None
     if not line.startswith("data: "):
         raise AtlasError(f"llama-server streamed a line that is not an event: {line[:200]!r}")
