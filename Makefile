@@ -82,13 +82,15 @@ real-model-head-data: real-model-deps  ## regenerate the head's training data (t
 real-model-head: real-model-deps  ## retrain the real team model's MTP head by self-distillation (main model frozen)
 	timeout 60m $(ATLAS) real-model-head
 
-# The committed records' runs: our loop with transformers' use_mtp beside it at T = 0 and 1, k = 1..4,
-# then vLLM at T = 0 (its release is refused at T > 0: conformance). Our loop drafts over a cut
-# vocabulary of the head's 8192 most frequent training tokens (lossless; recorded in the settings;
-# allowed because the head is ours, never for a shipped head); transformers and vLLM score the full one.
-REAL_RUN := --model $(REAL) --prompt-set atlas-chat-v1 --max-new-tokens 64 --repeats 3 --prompts-per-workload 3 --draft-tokens 1,2,3,4
-measure-real-model: real-model  ## measure the real team model (our loop + transformers use_mtp), record under evidence/measurements/
-	$(ATLAS) measure run $(REAL_RUN) --draft-vocab 8192
+# The real model's runs under the prompt-as-sample design (issue 38): atlas-categories-v1, 16 prompts in each of
+# 10 categories, once each (at T = 0 a repeat only re-times the same tokens), T = 0 and 1. Our loop at k = 1, 2
+# and 1 thread, drafting over a cut vocabulary of the head's 8192 most frequent training tokens (lossless;
+# recorded; allowed because the head is ours, never for a shipped head), without transformers' peer (about 70
+# min on 2 cores); vLLM at T = 0 (its release is refused at T > 0: conformance). Older records, on
+# atlas-chat-v1 with 3 prompts x 3 repeats, stay as their own series.
+REAL_RUN := --model $(REAL) --prompt-set atlas-categories-v1 --max-new-tokens 48 --repeats 1 --prompts-per-workload 16 --draft-tokens 1,2
+measure-real-model: real-model  ## measure the real team model (our loop, pass costs timed in the run), record under evidence/measurements/
+	$(ATLAS) measure run $(REAL_RUN) --draft-vocab 8192 --threads 1 --no-peer
 	$(ATLAS) measure import --db $(DB)
 
 measure-real-model-vllm: real-model vllm-env  ## the same checkpoint through vLLM (T = 0), record under evidence/measurements/
@@ -118,20 +120,21 @@ $(LLAMACPP_DIR)/atlas-build.json:
 		--build-number $(LLAMACPP_BUILD) --cmake-flags '$(LLAMACPP_CMAKE)' --targets '$(LLAMACPP_TARGETS)'
 
 # GGUF files of the real team model by llama.cpp's own converter and llama-quantize (the pinned
-# build): combined, trunk-only and MTP-only, each at f16, Q8_0, Q4_1 and Q4_K_M, with manifest.json
+# build): combined, trunk-only and MTP-only, each at f16, Q8_0, Q4_1, Q4_0 and Q4_K_M, with manifest.json
 # (sha256, commands). Gitignored (data/real-models/); up to date when checkpoint, build and files match.
 REAL_GGUF := $(REAL)-gguf
 real-model-gguf: real-model llamacpp  ## GGUF files of the real team model (llama.cpp converter + quantizer) -> data/real-models/*-gguf/
 	$(ATLAS) real-model-gguf --model $(REAL) --out $(REAL_GGUF)
 
-# The committed llama.cpp records: llama-server plain vs draft-mtp on the real model's combined GGUF,
-# one record per threads x quantization, T = 0 and 1, k = 1..3, interleaved: about 25 min each at load 9 on
-# 2 cores; the committed 2-thread and Q8_0 records ran LLAMACPP_PROMPTS=1 LLAMACPP_TOKENS=32 (each record keeps its command).
-LLAMACPP_QUANTS  ?= Q4_1 Q8_0
+# The llama.cpp records: llama-server plain vs draft-mtp on the real model's combined GGUF, one record per
+# threads x type, on atlas-categories-v1 (16 prompts in each of 10 categories: the gate's sampling unit is
+# the prompt), T = 0 and 1, k = 1..3, interleaved: about 35 min per record at 1 thread on 2 cores. Each
+# record keeps its command; the committed ones name the subset this grid was run in.
+LLAMACPP_QUANTS  ?= Q4_1 Q4_0 Q8_0
 LLAMACPP_THREADS ?= 1 2
-LLAMACPP_PROMPTS ?= 2
+LLAMACPP_PROMPTS ?= 16
 LLAMACPP_TOKENS  ?= 48
-LLAMACPP_RUN     := --model $(REAL) --prompt-set atlas-chat-v1 --max-new-tokens $(LLAMACPP_TOKENS) --repeats 3 \
+LLAMACPP_RUN     := --model $(REAL) --prompt-set atlas-categories-v1 --max-new-tokens $(LLAMACPP_TOKENS) --repeats 1 \
 	--prompts-per-workload $(LLAMACPP_PROMPTS) --draft-tokens 1,2,3
 measure-real-model-llamacpp: real-model-gguf  ## the real team model through llama.cpp (plain vs draft-mtp), records under evidence/measurements/
 	for t in $(LLAMACPP_THREADS); do for q in $(LLAMACPP_QUANTS); do \
