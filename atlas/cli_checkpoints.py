@@ -118,7 +118,7 @@ def real_model(out: Path | None) -> None:
               help="checkpoint folder (default: data/real-models/smollm2-135m-mtp/ of the project)")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="GGUF folder (default: beside the checkpoint, <name>-gguf/)")
-@click.option("--quants", default="Q8_0,Q4_1,Q4_K_M", show_default=True, help="llama-quantize types besides f16")
+@click.option("--quants", default="Q8_0,Q4_1,Q4_0,Q4_K_M", show_default=True, help="llama-quantize types besides f16")
 @click.option("--layouts", default="combined,trunk,mtp", show_default=True, help="combined, trunk (--no-mtp), mtp (MTP-only sidecar)")
 @click.option("--build", "build_dir", default=None, help="llama.cpp build folder (default: $ATLAS_LLAMACPP_DIR or `make llamacpp`'s)")
 def real_model_gguf(model: Path | None, out: Path | None, quants: str, layouts: str, build_dir: str | None) -> None:
