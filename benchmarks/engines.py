@@ -133,7 +133,7 @@ def llamacpp_server_modes(model: Path, quant: str, threads: int, length: int, n:
     servers = {kk: Server(build.binary("llama-server"), gguf, llamacpp_engine.server_args(threads, 1, length, repack, kk)) for kk in (0, k)}
 
     def run(kk: int, prompt: list[int]) -> RunStats:
-        done = servers[kk].complete(llamacpp_engine.request(prompt, n, 0.0, 0, Options()), speculative=bool(kk))
+        done = servers[kk].complete(llamacpp_engine.request(prompt, n, 0.0, 0, Options()), k=kk)
         return run_stats(done, kk)
 
     label = f"llama.cpp server ({quant})"

@@ -42,7 +42,7 @@ def burst(server: Server, prompts: list[list[int]], n: int) -> tuple[float, list
     """All prompts at once; (wall seconds, completions)."""
     start = time.perf_counter()
     with ThreadPoolExecutor(len(prompts)) as pool:
-        done = list(pool.map(lambda p: server.complete(llamacpp_engine.request(p, n, 0.0, 0, Options()), speculative=False), prompts))
+        done = list(pool.map(lambda p: server.complete(llamacpp_engine.request(p, n, 0.0, 0, Options())), prompts))
     return time.perf_counter() - start, done
 
 

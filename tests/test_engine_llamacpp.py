@@ -284,7 +284,7 @@ def chat_prompts(folder: Path, count: int) -> list[list[int]]:
 def greedy(build: object, gguf: Path, prompts: list[list[int]], n: int, k: int = 0) -> list[list[int]]:
     args = llamacpp_engine.server_args(1, 1, max(map(len, prompts)) + n + 16, repack_setting("auto")[0], k)
     with Server(build.binary("llama-server"), gguf, args) as server:  # type: ignore[attr-defined]
-        return [server.complete(llamacpp_engine.request(p, n, 0.0, 0, Options()), speculative=bool(k)).tokens for p in prompts]
+        return [server.complete(llamacpp_engine.request(p, n, 0.0, 0, Options()), k=k).tokens for p in prompts]
 
 
 @pytest.mark.slow  # a live llama.cpp server on the real model
@@ -419,7 +419,7 @@ def test_draft_mtp_at_t1_samples_what_plain_samples(real_gguf: tuple[Path, Path]
     for k in (0, 2):
         args = llamacpp_engine.server_args(1, 1, len(prompt) + 24, repack_setting("auto")[0], k)
         with Server(llamacpp_build.binary("llama-server"), out / "combined-Q8_0.gguf", args) as server:  # type: ignore[attr-defined]
-            samples[k] = [server.complete(llamacpp_engine.request(prompt, 3, 1.0, seed, Options()), speculative=bool(k)).tokens
+            samples[k] = [server.complete(llamacpp_engine.request(prompt, 3, 1.0, seed, Options()), k=k).tokens
                           for seed in range(100)]
     for position in (1, 2):
         test = two_sample_test([(t[position],) for t in samples[0]], [(t[position],) for t in samples[2]])

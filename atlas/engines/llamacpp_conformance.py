@@ -130,7 +130,7 @@ class LlamacppDriver:
         start = time.perf_counter()
         results = []
         for r in requests:
-            done = self._server.complete(request(r["prompt"], max_tokens, temperature, r["seed"], Options()), speculative=bool(self._k), k=self._k)
+            done = self._server.complete(request(r["prompt"], max_tokens, temperature, r["seed"], Options()), k=self._k)
             steps = done.rounds if self._k else []
             results.append(Result(tokens=done.tokens, decode_seconds=done.seconds, per_step_drafted=[d for d, _ in steps],
                                   per_step_accepted=[a for _, a in steps]))

@@ -140,10 +140,10 @@ def time_draft(binary: Path, gguf: Path, plain_args: list[str], prompts: list[li
     discarded_ms: list[float] = []
     with Server(binary, gguf, plain_args) as plain, Server(binary, gguf, discard_args) as discard:
         for server in (plain, discard):
-            server.complete(request(prompts[0], 8, 0.0, 0, options), speculative=False)
+            server.complete(request(prompts[0], 8, 0.0, 0, options))
         for i, prompt in enumerate(prompts):
             for server, out in ((plain, plain_ms), (discard, discarded_ms))[:: 1 if i % 2 == 0 else -1]:
-                done = server.complete(request(prompt, n, 0.0, 0, options), speculative=False)
+                done = server.complete(request(prompt, n, 0.0, 0, options))
                 if done.timings.draft_n:
                     raise AtlasError(f"llama-server verified {done.timings.draft_n} draft(s) at --spec-draft-p-min 1; "
                                      "the draft's cost cannot be timed this way")
@@ -211,12 +211,12 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         log("llama-server: starting " + (f"draft-mtp k={k}" if k else "plain decoding (the baseline)"))
         slot.server = Server(binary, gguf, args)
         for t in options.temperatures:  # warm-up, not recorded
-            slot.server.complete(request(warm, 8, t, 0, options), speculative=bool(k))
+            slot.server.complete(request(warm, 8, t, 0, options), k=k)
         return args
 
     def run_one(slot: Slot, k: int, t: float, name: str, r: int, i: int, prompt: list[int]) -> RunStats:
         assert slot.server is not None
-        done = slot.server.complete(request(prompt, n, t, seed_for(options.seed, t, name, i, r, k), options), speculative=bool(k), k=k)
+        done = slot.server.complete(request(prompt, n, t, seed_for(options.seed, t, name, i, r, k), options), k=k)
         if len(done.tokens) != n:
             raise AtlasError(f"llama-server returned {len(done.tokens)} tokens where {n} were asked (ignore_eos)")
         return run_stats(done, k)

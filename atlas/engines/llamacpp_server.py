@@ -296,7 +296,7 @@ class Server:
             except (ValueError, KeyError, TypeError, ValidationError) as exc:
                 raise AtlasError(f"llama-server's unstreamed answer is not one the atlas can read: {str(exc)[:200]}") from None
 
-    def _with_gaps(self, body: dict[str, Any], chunks: list[Chunk], k: int | None, delta: Counters | None) -> Completion:
+    def _with_gaps(self, body: dict[str, Any], chunks: list[Chunk], k: int, delta: Counters | None) -> Completion:
         """A generation whose stream lacks held-back tokens (the module's note)."""
         final = chunks[-1].timings
         assert final is not None
@@ -308,17 +308,15 @@ class Server:
                              "tokens or counts: the request is not reproducible, so its tokens cannot be recovered")
         if delta is None:
             return Completion(tokens, [(0, 0)] * (len(tokens) - 1), final.predicted_ms / 1000, final)
-        if k is None:
-            raise AtlasError("llama-server held tokens back from a speculative stream; counting its rounds needs the draft length")
         if (delta.drafted, delta.accepted) != (final.draft_n, final.draft_n_accepted):
             raise AtlasError(f"llama-server's final timings (draft_n {final.draft_n}, accepted {final.draft_n_accepted}) disagree "
                              f"with its /metrics deltas {delta}")
         return Completion(tokens, rounds_with_gaps(chunks, k, delta, len(tokens)), final.predicted_ms / 1000, final)
 
-    def complete(self, body: dict[str, Any], speculative: bool, k: int | None = None) -> Completion:
-        """One generation; for a speculative server (draft length k), its stream, final timings and
-        /metrics deltas must agree."""
-        before = self.metrics() if speculative else None
+    def complete(self, body: dict[str, Any], k: int = 0) -> Completion:
+        """One generation on a server that drafts k tokens a round (0: plain decoding); for a
+        speculative one its stream, final timings and /metrics deltas must agree."""
+        before = self.metrics() if k else None
         chunks = self.stream(body)
         if streamed_with_gaps(chunks):
             return self._with_gaps(body, chunks, k, self.metrics().minus(before) if before is not None else None)
