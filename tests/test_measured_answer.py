@@ -185,3 +185,14 @@ def test_the_engine_people_run_leads_and_our_loop_follows_as_the_exactness_refer
     assert "a k = 1 round (verify and draft) costs 2.15 plain steps" in text and "no acceptance pays at k = 1" in text
     # our loop alone answers for itself, with no reference line
     assert measured.reference([ours]) is None and "exactness reference" not in _text(measured.answer_text([ours], "../runs/"))
+
+
+def test_an_engines_pass_costs_say_how_they_were_timed() -> None:
+    from atlas.records.record import PassCosts
+
+    run = _through_llamacpp(_run("org/real-loss", LOSS, real=True), PassCosts(plain=0.010, verify={1: 0.0180}, draft=0.0035))
+    run.record.engine_run.engine_args["pass_costs"] = {"method": "llama-bench pp1 and pp2 <i>here</i>"}  # type: ignore[union-attr]
+    text = _text(runpages.pass_costs_table(run))
+    assert "How they were timed: llama-bench pp1 and pp2 <i>here</i>." in text  # escaped, shown as written
+    assert "breaks even at an acceptance of about 1.15 with these costs: more than every draft" in text
+    assert "How they were timed" not in _text(runpages.pass_costs_table(_run("org/real-loss", LOSS, real=True)))

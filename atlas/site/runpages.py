@@ -389,17 +389,22 @@ def head_recipe_text(run: Run) -> str:
 
 
 def pass_costs_table(run: Run) -> str:
-    """The run's pass costs, timed in isolation: seconds and plain steps per forward."""
+    """The run's pass costs, timed in isolation: seconds and plain steps per forward, and how an
+    engine's were timed (llama.cpp's record says it)."""
     costs = run.record.pass_costs
     if costs is None:
         return "This run timed no passes of its own (an engine's run): no pass costs."
+    er = run.record.engine_run
+    how = er.engine_args.get("pass_costs") if er is not None else None
+    method = f"How they were timed: {escape(how['method'])}.\n\n" if isinstance(how, dict) and isinstance(how.get("method"), str) else ""
     rows = [["plain step (1 row)", f"{costs.plain * 1000:.2f}", "1.00"],
             ["draft step (MTP layer, 1 row)", f"{costs.draft * 1000:.2f}", f"{costs.draft / costs.plain:.2f}"]]
     rows += [[f"verify pass, k = {k} ({k + 1} rows)", f"{v * 1000:.2f}", f"{v / costs.plain:.2f}"]
              for k, v in sorted(costs.verify.items())]
     even = break_even_acceptance(costs)
-    note = "" if even is None else f"\n\nAt k = 1 drafting breaks even at an acceptance of about {even:.2f} with these costs."
-    return table(["forward", "#milliseconds (median)", "#plain steps"], rows) + note
+    note = "" if even is None else (f"\n\nAt k = 1 drafting breaks even at an acceptance of about {even:.2f} with these costs"
+                                    + (": more than every draft, so no head pays at k = 1 here." if even >= 1 else "."))
+    return method + table(["forward", "#milliseconds (median)", "#plain steps"], rows) + note
 
 
 def run_pages(runs: list[Run], anchors: list[reported_figures.Figure] = ()) -> str:
