@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import statistics
 
+import pytest
+
 from measured_helpers import BIG_GAIN, GAIN, LOSS, UNSURE, make_run as _run
 from site_helpers import parse_html, site_markdown
 
@@ -196,3 +198,13 @@ def test_an_engines_pass_costs_say_how_they_were_timed() -> None:
     assert "How they were timed: llama-bench pp1 and pp2 <i>here</i>." in text  # escaped, shown as written
     assert "breaks even at an acceptance of about 1.15 with these costs: more than every draft" in text
     assert "How they were timed" not in _text(runpages.pass_costs_table(_run("org/real-loss", LOSS, real=True)))
+
+
+def test_the_pooled_speed_is_tokens_over_seconds_of_every_workload_at_the_fastest_k() -> None:
+    # LOSS: code 4 repeats of 72 tokens in 1 s each against plain 0.71+0.69+0.70+0.72 s; chat 4 x 72 tokens against 2.42 s
+    run = _run("org/real-loss", LOSS, real=True)
+    k, plain, mtp = measured.pooled_speed(run.record.cells)
+    assert k == 1 and mtp == pytest.approx(8 * 72 / 8.0) and plain == pytest.approx(8 * 72 / (2.82 + 2.42))
+    assert measured.pooled_speed(run.record.cells, temperature=1.0) is None
+    text = _text(measured.answer_text([run], "../runs/"))
+    assert f"plain decoding ran at {8 * 72 / 5.24:.1f} tokens/s and MTP at its fastest draft length (k = 1) at 72.0 tokens/s" in text

@@ -358,11 +358,34 @@ def answer_text(runs: list[Run], link: str) -> str:
              f"{escape(setup_text(run))} ([R{n}]({link}{run_slug(run)}.md)), and **{paid}**: the gate switched "
              f"MTP on for {on} of {len(r.gates)} workload × temperature pairs, and {faster} of {len(cells)} "
              f"cells ran faster than plain decoding (median speed-ups {_speed_range(cells)}).")
+    pooled = pooled_speed(cells)
+    if pooled is not None:
+        k, plain_tps, mtp_tps = pooled
+        first += (f" At T = 0, all its workloads pooled, plain decoding ran at {plain_tps:.1f} tokens/s and MTP at its "
+                  f"fastest draft length (k = {k}) at {mtp_tps:.1f} tokens/s ({mtp_tps / plain_tps:.2f}×).")
     n_real = sum(1 for _, x in numbered if is_real(x))
     if n_real > 1:
         first += (f" It is one of {n_real} real-model runs in the Measured table, each with its own engine "
                   "and setup; their figures are not pooled.")
     return first + " " + _gain_source(n, run, link) + _reference_text(runs, link) + "\n"
+
+
+def pooled_speed(cells: list[records.Cell], temperature: float = 0.0) -> tuple[int, float, float] | None:
+    """(k, plain tokens/s, MTP tokens/s) at `temperature`, every workload's runs pooled (tokens over
+    seconds, each side over its own interleaved runs), at the k whose pooled ratio is highest; None
+    without such cells."""
+    sums: dict[int, tuple[int, float, float]] = {}  # k -> (tokens, MTP seconds, plain seconds)
+    for c in cells:
+        if c.temperature == temperature:
+            n, spec, plain = sums.get(c.draft_tokens, (0, 0.0, 0.0))
+            for r in c.repeats:
+                n, spec, plain = n + r.tokens, spec + r.seconds, plain + r.baseline_seconds
+            sums[c.draft_tokens] = (n, spec, plain)
+    if not sums:
+        return None
+    k = max(sums, key=lambda k: sums[k][2] / sums[k][1])
+    n, spec, plain = sums[k]
+    return k, n / plain, n / spec
 
 
 def _reference_text(runs: list[Run], link: str) -> str:
