@@ -484,3 +484,13 @@ def test_the_conformance_suite_passes_llamacpp_and_catches_a_swapped_draft_rule(
     planted = _llamacpp_suite(llamacpp_build, Swapped)
     failed = {(c.draft_sampling, c.temperature, c.name) for c in planted.checks if not c.passed}  # type: ignore[attr-defined]
     assert failed == {("probabilistic", 1.0, "acceptance")}, failed
+
+
+def test_a_last_round_held_back_whole_shows_only_in_the_final_chunks_counters() -> None:
+    # k = 3, 6 tokens: prefill, a round accepting 1 (2 tokens), then a last round of 2 drafts (the budget) accepting 2,
+    # its 3 tokens all held back and flushed as text with the final chunk, which streams no token
+    final = Chunk(tokens=[], stop=True, tokens_predicted=6, timings=Timings(predicted_n=6, predicted_ms=5.0, prompt_n=1,
+                                                                            draft_n=5, draft_n_accepted=3))
+    chunks = [at(10, 1), at(11, 2, 3, 1), at(12, 3, 3, 1), final]
+    rounds = rounds_with_gaps(chunks, 3, Counters(drafted=5, accepted=3, rounds=2, accepted_per_position=[2, 1]), 6)
+    assert sorted(rounds) == [(2, 2), (3, 1)]

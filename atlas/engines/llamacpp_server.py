@@ -129,12 +129,13 @@ def rounds_with_gaps(chunks: list[Chunk], k: int, delta: Counters, n_tokens: int
     their number is what the /metrics rounds leave over, each drafts k (p-min 0; a pooled draft count
     that is not k per round is refused), and their accepted counts are what the per-position totals
     leave over (rounds accepting more than i, per position i). The plain steps are the tokens no
-    round accounts for. Every total must then equal the /metrics deltas."""
+    round accounts for. Every total must then equal the /metrics deltas. The final chunk, which
+    streams no token, counts too: a last round whose tokens were all held back shows only there."""
     known: list[tuple[int, int]] = []
     pooled_drafted = pooled_accepted = 0
     last, seen = (0, 0), 0
-    for chunk in chunks:
-        if not chunk.tokens or chunk.timings is None:
+    for chunk in chunks:  # the final chunk too: its counters hold a last round whose tokens were all held back
+        if chunk.timings is None:
             continue
         now = (chunk.timings.draft_n, chunk.timings.draft_n_accepted)
         drafted, accepted = now[0] - last[0], now[1] - last[1]
