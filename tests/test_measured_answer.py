@@ -208,3 +208,19 @@ def test_the_pooled_speed_is_tokens_over_seconds_of_every_workload_at_the_fastes
     assert measured.pooled_speed(run.record.cells, temperature=1.0) is None
     text = _text(measured.answer_text([run], "../runs/"))
     assert f"plain decoding ran at {8 * 72 / 5.24:.1f} tokens/s and MTP at its fastest draft length (k = 1) at 72.0 tokens/s" in text
+
+
+def test_the_round_cost_is_the_runs_own_and_the_faster_plain_setup_of_a_day_leads() -> None:
+    from atlas.records.record import PassCosts
+
+    loss = _run("org/real-loss", LOSS, real=True)
+    # 8 repeats of 1 s over 60 verify passes each, against plain 5.24 s for 8 x 72 tokens
+    assert measured.round_cost(loss.record.cells) == pytest.approx((8 / 480) / (5.24 / 576))
+    costs = PassCosts(plain=0.010, verify={1: 0.0153}, draft=0.0021)
+    fast = _through_llamacpp(_run("org/real-loss", LOSS, real=True, day=2), costs)  # LOSS's plain runs took less time
+    slow = _through_llamacpp(_run("org/real-gain", GAIN, real=True, day=2), costs)
+    assert measured.pooled_speed(fast.record.cells)[1] > measured.pooled_speed(slow.record.cells)[1]
+    later_same_day = Run(slow.record.model_copy(update={"run_date": slow.record.run_date.replace(hour=23)}), "x" * 64, "s.json")
+    assert measured.featured([fast, later_same_day])[1] is fast  # the faster plain setup of the day, not the later run
+    text = _text(measured.answer_text([loss], "../runs/"))
+    assert f"in the run itself, with everything outside the passes, a k = 1 round took {(8 / 480) / (5.24 / 576):.2f} plain steps" in text
