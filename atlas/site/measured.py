@@ -462,7 +462,8 @@ def _gain_source(n: int, run: Run, link: str) -> str:
                  "the two tokens it can emit: no acceptance pays at k = 1 there, whatever the head")
     if measured_round is not None:
         text += (f"; in the run itself, with everything outside the passes, a k = 1 round took {measured_round:.2f} plain "
-                 f"steps, so it would have paid only above an acceptance of {measured_round - 1:.2f}")
+                 "steps, so " + (f"it would have paid only above an acceptance of {measured_round - 1:.2f}" if measured_round < 2
+                                 else "no acceptance could have paid"))
     return text + "."
 
 
