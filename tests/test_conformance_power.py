@@ -133,7 +133,7 @@ def test_fewer_requests_than_the_batching_control_reruns_are_refused_before_any_
 def test_four_requests_reach_the_suite(monkeypatch) -> None:
     reached = []
 
-    def suite(python, layouts, ks, samplings, requests, *args, **kwargs):
+    def suite(open_driver, engine, layouts, ks, samplings, requests, *args, **kwargs):
         reached.append(requests)
         raise conformance.AtlasError("stopped here")
 

@@ -243,7 +243,14 @@ def test_measured_cells_read_in_a_plain_duckdb_carry_verdict_bounds_acceptance_c
         assert row["gate_verdict"] == verdict and row["gate_enabled"] == (verdict == "on"), where
         ratios = [r["baseline_seconds"] / r["seconds"] for r in cell["repeats"]]
         assert (row["speedup_slowest_repeat"], row["speedup_fastest_repeat"]) == (min(ratios), max(ratios)), where
-        logs = [math.log(x) for x in ratios]
+        # the bound's sampling units (gate rule 2): each prompt's paired log speed-up averaged over the repeats, where every
+        # repeat keeps per-prompt timings (schema 4); else the repeats themselves (rule 1 records)
+        per_prompt = [r.get("prompts") for r in cell["repeats"]]
+        if raw.get("gate_rule") == 2 and all(per_prompt) and len({len(p) for p in per_prompt}) == 1:
+            logs = [sum(math.log(p[j]["baseline_seconds"] / p[j]["seconds"]) for p in per_prompt) / len(per_prompt)
+                    for j in range(len(per_prompt[0]))]
+        else:
+            logs = [math.log(x) for x in ratios]
         mean = sum(logs) / len(logs)
         sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
         half = _t_quantile_95(len(logs) - 1) * sd / math.sqrt(len(logs))

@@ -265,7 +265,11 @@ def _best_with_bounds(cell: records.Cell) -> Markdown:
 
 
 def _k1_acceptance(run: Run) -> str:
+    """Per workload up to five; beyond, the lowest and highest (the run's page has every one)."""
     by_workload = workload_acceptance(gated_cells(run))
+    if len(by_workload) > 5:
+        low, high = min(by_workload, key=by_workload.get), max(by_workload, key=by_workload.get)
+        return f"{by_workload[low]:.2f} ({low}) to {by_workload[high]:.2f} ({high}) over {len(by_workload)} workloads"
     return "; ".join(f"{w} {a:.2f}" for w, a in by_workload.items()) or "—"
 
 
@@ -276,16 +280,20 @@ TEACHING_MODEL = ("The team model `mtp-atlas/byte-mtp-8l` is a byte-level teachi
 
 def compact_summary(runs: list[Run], link: str) -> str:
     """Module 8's Measured table: one row per evidence run, each linked to its page under `link`
-    (a relative URL prefix); the backfire line and the Runs page follow it in the module."""
+    (a relative URL prefix); the real model's runs of the newest day open, earlier days' and the
+    teaching model's in closed boxes; the backfire line and the Runs page follow it in the module."""
     numbered = evidence_runs(runs)
     if not numbered:
         return NO_MEASUREMENT + "\n"
     baselines = baseline_ids([r for _, r in numbered])
     rows: dict[bool, list[list[Markdown]]] = {True: [], False: []}  # real model or not
+    newest = max((run.record.run_date.date() for _, run in numbered if is_real(run)), default=None)
+    earlier: list[list[Markdown]] = []  # real-model runs of earlier days: folded (the page's budget)
     for n, run in numbered:
         r = run.record
         best = max(gated_cells(run), key=lambda c: c.derived.speedup)
-        rows[is_real(run)].append([
+        into = earlier if is_real(run) and r.run_date.date() != newest else rows[is_real(run)]
+        into.append([
             Markdown(f"[R{n}]({link}{run_slug(run)}.md)"),
             code(r.model_id),
             escape(r.provenance.kind) if r.provenance is not None else "—",
@@ -304,6 +312,8 @@ def compact_summary(runs: list[Run], link: str) -> str:
         shown = TEACHING_MODEL + "\n\n" + table(header, rows[False])
     else:
         shown = table(header, rows[True])
+        if earlier:
+            shown += "\n\n" + fold.more(f"{len(earlier)} earlier real-model run(s)", lambda: table(header, earlier))
         if rows[False]:
             shown += "\n\n" + fold.more("runs of the teaching model", lambda: TEACHING_MODEL + "\n\n" + table(header, rows[False]))
     return (shown
