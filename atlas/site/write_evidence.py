@@ -199,9 +199,9 @@ def collect(con: duckdb.DuckDBPyConnection, cat: catalog.Catalog, mirror_sources
         "plain_answer": measured_section.plain_answer(runs),
         # folded: the answer above names the run and its figures; the page's budget (15 screens at 1400 x 900)
         "measured_charts": fold.more("charts of the featured run: acceptance by draft position, speed-up by workload",
-                                     lambda: measured_charts.featured_charts(runs)),
+                                     lambda: measured_charts.featured_charts(runs)) + "\n",
         "break_even": fold.more("the break-even chart: every run with pass costs against its k = 1 acceptance",
-                                lambda: measured_charts.break_even_chart(runs)),
+                                lambda: measured_charts.break_even_chart(runs)) + "\n",
     }
     return Evidence(facts=facts, sections=sections)
 
