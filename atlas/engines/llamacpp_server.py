@@ -11,9 +11,10 @@ One gap: llama-server streams a token only once its text ends in a whole UTF-8 c
 streams the ids of the tokens it held back (a character split over byte tokens: an emoji, a CJK
 sign). The chunks' running `tokens_predicted` shows the gap. Such a generation's ids are then read
 from the same request answered whole (`return_tokens`, deterministic for a fixed seed; the ids both
-show must agree), and its rounds from the stream's counters where they show them, the rest from the
-/metrics deltas of the streamed request (`rounds_with_gaps`). Per-position counts do not depend on
-the rounds' order, so the record's figures stay exact; only the order is lost.
+show must agree), and its rounds from the server's budget rule, pinned by the stream's counters
+where they show them and by the /metrics deltas of the streamed request (`rounds_with_gaps`).
+Per-position counts do not depend on the rounds' order, so the record's figures stay exact; only
+the order is lost.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from atlas import AtlasError
 from atlas.decode.generate import RoundCounts, RunStats
 
 START_TIMEOUT = 300.0
+MAX_STATES = 100_000  # a bound on the walk over hidden rounds (rounds_with_gaps); real gaps hold a handful
 
 
 class Timings(BaseModel):
@@ -123,48 +125,44 @@ def streamed_with_gaps(chunks: list[Chunk]) -> bool:
 
 def rounds_with_gaps(chunks: list[Chunk], k: int, delta: Counters, n_tokens: int) -> list[tuple[int, int]]:
     """A generation's verify rounds when the stream held tokens back (the module's note), in no
-    particular order: every chunk whose counters moved starts rounds. Where the tokens since the
-    previous chunk all arrived, or the counters moved by at most k drafts, that is one round (its
-    drafted and accepted the counters' change). Where a gap hides several rounds, they are pooled:
-    their number is what the /metrics rounds leave over, each drafts k (p-min 0; a pooled draft count
-    that is not k per round is refused), and their accepted counts are what the per-position totals
-    leave over (rounds accepting more than i, per position i). The plain steps are the tokens no
-    round accounts for. Every total must then equal the /metrics deltas. The final chunk, which
-    streams no token, counts too: a last round whose tokens were all held back shows only there."""
-    known: list[tuple[int, int]] = []
-    pooled_drafted = pooled_accepted = 0
-    last, seen = (0, 0), 0
+    particular order. After g of its n_tokens tokens llama-server drafts min(k, n_tokens − g − 1)
+    (its budget rule at p-min 0; a plain step where that is 0), so a generation is a path of
+    accepted counts. Every chunk pins the path: the tokens a round emits all show the counters
+    after its draft and its acceptance. The final chunk pins the end, and the /metrics deltas the
+    totals (rounds, and rounds accepting more than i, per position i). The walk keeps, after each
+    token count, the distinct sets of rounds that reach it through every pin (orders that give the
+    same set are one state, so long gaps stay cheap). Exactly one set must reach the end, or the
+    generation is refused. Plain steps are (0, 0)."""
+    pins: dict[int, tuple[int, int]] = {}
     for chunk in chunks:  # the final chunk too: its counters hold a last round whose tokens were all held back
         if chunk.timings is None:
             continue
         now = (chunk.timings.draft_n, chunk.timings.draft_n_accepted)
-        drafted, accepted = now[0] - last[0], now[1] - last[1]
-        if not 0 <= accepted <= drafted:
-            raise AtlasError(f"llama-server's draft counters went from {last} to {now}: not verify rounds")
-        if drafted:
-            if chunk.tokens_predicted - seen == 1 or drafted <= k:
-                known.append((drafted, accepted))
-            else:
-                pooled_drafted, pooled_accepted = pooled_drafted + drafted, pooled_accepted + accepted
-        last, seen = now, chunk.tokens_predicted
-    pooled_rounds = delta.rounds - len(known)
-    if pooled_drafted != k * pooled_rounds or pooled_rounds < 0:
-        raise AtlasError(f"llama-server held tokens back from its stream, and its counters ({pooled_drafted} drafts in "
-                         f"{pooled_rounds} hidden rounds at k = {k}) do not say each round's drafts; the generation cannot be counted")
-    # rounds accepting at least j drafts, j = 0..k, over the pooled rounds: the totals less the known rounds'
-    at_least = [pooled_rounds] + [delta.accepted_per_position[i] - sum(1 for _, a in known if a > i) if i < len(delta.accepted_per_position)
-                                  else -sum(1 for _, a in known if a > i) for i in range(k)] + [0]
-    if any(x < 0 for x in at_least) or any(at_least[j] < at_least[j + 1] for j in range(k + 1)):
-        raise AtlasError(f"llama-server's per-position accepted counts {delta.accepted_per_position} are not those of its rounds")
-    pooled = [(k, j) for j in range(k + 1) for _ in range(at_least[j] - at_least[j + 1])]
-    rounds = known + pooled
-    if (sum(d for d, _ in rounds), sum(a for _, a in rounds), pooled_accepted + sum(a for _, a in known)) != \
-            (delta.drafted, delta.accepted, delta.accepted):
-        raise AtlasError(f"llama-server's counters disagree: rounds {rounds} against /metrics deltas {delta}")
-    plain = n_tokens - 1 - sum(a + 1 for _, a in rounds)
-    if plain < 0:
-        raise AtlasError(f"llama-server's counters account for more tokens than the {n_tokens} it generated")
-    return rounds + [(0, 0)] * plain
+        if pins.setdefault(chunk.tokens_predicted, now) != now:
+            raise AtlasError(f"llama-server streamed two counter values, {pins[chunk.tokens_predicted]} and {now}, at token {chunk.tokens_predicted}")
+    per_position = tuple(delta.accepted_per_position[:k]) + (0,) * (k - len(delta.accepted_per_position))
+    if any(delta.accepted_per_position[k:]) or pins.get(1, (0, 0)) != (0, 0):
+        raise AtlasError(f"llama-server's counters {delta} (and {pins.get(1)} at its first token) are not those of k = {k} rounds")
+    # states after g tokens: (drafted, accepted, the rounds so far as a sorted tuple)
+    states: list[set[tuple[int, int, tuple[tuple[int, int], ...]]]] = [set() for _ in range(n_tokens + 1)]
+    states[1].add((0, 0, ()))
+    for g in range(1, n_tokens):
+        d = max(min(k, n_tokens - g - 1), 0)
+        for drafted, accepted, rounds in states[g]:
+            for a in range(d + 1):
+                after = (drafted + d, accepted + a)
+                if g + a + 1 <= n_tokens and all(pins.get(p, after) == after for p in range(g + 1, g + a + 2)):
+                    states[g + a + 1].add((*after, tuple(sorted(rounds + ((d, a),)))))
+        if len(states[g + 1]) > MAX_STATES:
+            raise AtlasError(f"llama-server held back so many tokens that over {MAX_STATES} sets of rounds reach token {g + 1}; "
+                             "the generation cannot be counted")
+    found = [rounds for drafted, accepted, rounds in states[n_tokens]
+             if (drafted, accepted, sum(1 for d, _ in rounds if d)) == (delta.drafted, delta.accepted, delta.rounds)
+             and tuple(sum(1 for _, a in rounds if a > i) for i in range(k)) == per_position]
+    if len(found) != 1:
+        raise AtlasError(f"llama-server held tokens back from its stream, and {len(found) or 'no'} sets of rounds under its budget rule "
+                         f"(k = {k}, {n_tokens} tokens) give its streamed counters and /metrics deltas {delta}: the generation cannot be counted")
+    return list(found[0])
 
 
 def run_stats(completion: Completion, k: int) -> RunStats:
@@ -312,6 +310,9 @@ class Server:
         if (delta.drafted, delta.accepted) != (final.draft_n, final.draft_n_accepted):
             raise AtlasError(f"llama-server's final timings (draft_n {final.draft_n}, accepted {final.draft_n_accepted}) disagree "
                              f"with its /metrics deltas {delta}")
+        if len(tokens) != body["n_predict"]:  # the budget rule the rounds are walked under needs the whole budget spent
+            raise AtlasError(f"llama-server held tokens back from its stream and stopped after {len(tokens)} of the {body['n_predict']} "
+                             "tokens asked (ignore_eos): its rounds cannot be counted")
         return Completion(tokens, rounds_with_gaps(chunks, k, delta, len(tokens)), final.predicted_ms / 1000, final)
 
     def complete(self, body: dict[str, Any], k: int = 0) -> Completion:
