@@ -11,7 +11,7 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 export NO_MKDOCS_2_WARNING := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help cli-docs test-fast setup crawl crawl-mirror measure measure-import team-model evidence export site serve demo test lint bench vllm-env conformance \
+.PHONY: help cli-docs test-fast setup kernels crawl crawl-mirror measure measure-import team-model evidence export site serve demo test lint bench vllm-env conformance \
 	real-model-deps real-model real-model-head-data real-model-head measure-real-model measure-real-model-vllm \
 	llamacpp real-model-gguf measure-real-model-llamacpp
 
@@ -24,12 +24,18 @@ help:  ## this list: every target with what it does
 # package index: make setup TORCH_PIP_ARGS='--index-url <that index>'.
 TORCH_PIP_ARGS ?=
 # Idempotent: the stamp is newer than pyproject.toml once the venv holds what it asks for.
-setup: $(VENV)/.stamp  ## the .venv with torch 2.13.0 and the package (idempotent)
+setup: $(VENV)/.stamp kernels  ## the .venv with torch 2.13.0 and the package, and the one-pass kernel (idempotent)
 $(VENV)/.stamp: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q $(TORCH_PIP_ARGS) torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
+
+# Our loop's CPU matmul for 1-4 rows (atlas/decode/onepass.cpp), compiled once into
+# ~/.cache/mtp-atlas/onepass/ (about 40 s; a no-op when built). Where it cannot build (no AVX2, no
+# compiler) our loop falls back to torch's kernels and says so; .ci/run requires it.
+kernels: $(VENV)/.stamp  ## build the one-pass CPU kernel of our loop (outside the clone)
+	$(BIN)/python -m atlas.decode.onepass || echo "our loop will use torch's kernels instead"
 
 crawl: setup  ## crawl the live Hub (watch list: atlas/hub/watchlist.toml)
 	$(ATLAS) crawl --db $(DB)

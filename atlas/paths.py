@@ -12,6 +12,8 @@ from pathlib import Path
 from atlas import AtlasError
 
 ROOT = Path(__file__).resolve().parents[1]
+# Native builds and engine environments live here, outside any clone (llama.cpp, vLLM, the one-pass kernel)
+CACHE = Path.home() / ".cache" / "mtp-atlas"
 
 
 def project_root() -> Path:

@@ -9,7 +9,8 @@ folder (or --out), not evidence/.
 
 --pass-costs: one forward of each kind (plain step, verify k = 1..4, draft step, catch-up) on the real
 team model (make real-model), interleaved over our loop's kernels: "mm" (before), "rows" (oneDNN for
-every 2+ row count) and "auto" (the faster of the two per row count, timed when the model is built),
+every 2+ row count), "onepass" (our kernel, where `make kernels` built it) and "auto" (onepass where
+built, else the faster of the other two per row count, timed when the model is built),
 and with the draft head cut to the most frequent training tokens; each ratio over the same variant's
 plain step, against the targets verify(k=1) <= 1.10, verify(k=3) <= 1.20, draft <= 0.08 plain.
 
@@ -173,21 +174,24 @@ PASS_TARGETS = {"verify k=1": 1.10, "verify k=3": 1.20, "draft": 0.08}  # issue 
 
 def pass_cost_report(model: str, threads: list[int], rounds: int, vocab_sizes: list[int], position: int = 160) -> None:
     """One forward of each kind, timed interleaved over variants of our loop on one checkpoint: the
-    matmul kernels ("mm": torch.mm for every row count; "rows": oneDNN from 2 rows; "auto": chosen per
-    row count by timing at build),
+    matmul kernels ("mm": torch.mm for every row count; "rows": oneDNN from 2 rows; "onepass": our
+    kernel for every row count; "auto": onepass where built, else chosen per row count by timing),
     and the draft head cut to the most frequent training tokens. Each figure is a median over
     `rounds` rounds, each verify pass timed right after its k draft steps (as the loop runs it), and
     every ratio is over the SAME variant's plain step; "plain vs mm" says whether the baseline
     itself got slower. CPU time of this thread would hide waiting on a busy machine's cores, so
     this is wall time: read the ratios, and the load printed beside them."""
-    from atlas.decode import draftvocab
+    from atlas.decode import draftvocab, onepass
 
     loaded = load_checkpoint(model, torch.device("cpu"), torch.float32, peer=False)
     vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
     prompt = [(100 + 7 * i) % vocab_size for i in range(position)]
     variants: dict[str, FusedModel] = {}
     coverage: dict[str, float] = {}
-    for kernels in ("mm", "rows", "auto"):
+    for kernels in ("mm", "rows", "onepass", "auto"):
+        if kernels == "onepass" and onepass.missing():
+            print(f"no onepass variant: {onepass.missing()}")
+            continue
         variants[kernels] = build_fused_model(loaded.model, loaded.mtp, position + 16, prompt[:64], max_draft=4, kernels=kernels)
     print(f"auto chose: {variants['auto'].kernels}")
     for n in vocab_sizes:

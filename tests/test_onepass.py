@@ -1,0 +1,61 @@
+"""The one-pass CPU kernel (atlas.decode.onepass): its sums against float64, the same bits for a
+row whatever rows share its pass, the shapes torch's checks refuse, and a build that is whole or
+absent. Needs `make kernels` (skips, saying why, without it; fails with ATLAS_REQUIRE_KERNELS=1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from atlas import AtlasError
+from atlas.decode import onepass
+
+
+@pytest.mark.parametrize(("n", "k"), [(1, 16), (3, 40), (257, 576), (1000, 577), (49, 1536)])
+def test_products_match_float64_and_each_row_keeps_its_bits_in_any_pass(onepass_kernel: object, n: int, k: int) -> None:
+    gen = torch.Generator().manual_seed(n * k)
+    w = torch.randn(n, k, generator=gen)
+    x = torch.randn(9, k, generator=gen)
+    exact = (x.double() @ w.double().t())
+    full = onepass.matmul(x, w)
+    assert full.shape == (9, n)
+    assert (full.double() - exact).abs().max().item() <= 1e-5 * exact.abs().max().item() * k**0.5
+    for rows in range(1, 10):  # 1-4 rows share one pass over W; 5-9 take two or three
+        for start in range(0, 9 - rows + 1, 3):
+            assert torch.equal(onepass.matmul(x[start:start + rows], w), full[start:start + rows]), (rows, start)
+
+
+def test_a_row_is_not_read_past_its_end(onepass_kernel: object) -> None:
+    # x and W as views into larger buffers: the kernel must read K values per row and no more
+    big = torch.randn(4, 40)
+    x, w = big[:2, :33].contiguous(), torch.randn(5, 40)[:, :33].contiguous()
+    assert torch.allclose(onepass.matmul(x, w), x @ w.t(), atol=1e-5)
+
+
+@pytest.mark.parametrize(("x", "w", "message"), [
+    (torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16), "float32 only"),
+    (torch.randn(2, 8), torch.randn(4, 9), r"x \[M, K\] and W \[N, K\]"),
+    (torch.randn(2, 8), torch.randn(8, 4).t(), "contiguous"),
+])
+def test_what_the_kernel_cannot_take_is_refused_by_name(onepass_kernel: object, x: torch.Tensor, w: torch.Tensor, message: str) -> None:
+    with pytest.raises(RuntimeError, match=message):
+        onepass.matmul(x, w)
+
+
+def test_a_failed_build_leaves_no_kernel_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if onepass.unsupported():
+        pytest.skip(onepass.unsupported())
+    broken = tmp_path / "onepass.cpp"
+    broken.write_text("#include <torch/extension.h>\nthis is not C++;\n")
+    monkeypatch.setattr(onepass, "SOURCE", broken)
+    monkeypatch.setattr(onepass, "CACHE", tmp_path / "cache")
+    onepass.load.cache_clear()
+    try:
+        assert onepass.missing() is not None and "make kernels" in onepass.missing()  # type: ignore[operator]
+        with pytest.raises(AtlasError, match="did not build"):
+            onepass.build()
+        assert not onepass.build_dir().exists() and onepass.load() is None
+    finally:
+        onepass.load.cache_clear()
