@@ -223,7 +223,7 @@ MEANINGS: dict[str, dict[str, str]] = {
         "provenance_main_sha256": "sha256 of the main weights' file as read (the GGUF file for the real team model)",
         "provenance_head_sha256": "sha256 digest of the MTP head the project trained",
         "threads": "processor threads the run decoded with (our loop: torch threads; llama.cpp: the server's -t)",
-        "kernels": "our loop's CPU matmul kernels (mm: PyTorch matmul), or engine's own",
+        "kernels": "our loop's CPU matmul kernels (mm: PyTorch matmul; onepass: the project's one-pass kernel; auto: what the run chose), or engine's own",
         "draft_vocab": "our loop's cut draft vocabulary (its size and table's sha256), full, or engine's own (drafting)",
         "dtype": "the weights' precision as run: float32, bfloat16, or a GGUF's type (gguf-Q4_1)",
         "machine_isa": "the kernel-changing instruction sets of the run's CPU (AVX2, AVX-512, AMX), or unknown in older records",

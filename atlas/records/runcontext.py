@@ -94,9 +94,9 @@ class Settings(Strict):
     # The attention regime the figures hold in, when the family is measured in one only (DSA:
     # dense-equivalent, every sequence within index_topk keys); None: no such restriction.
     regime: str | None = None
-    # CPU matmul kernels of our loop (atlas.decode.kernels.KERNELS): "rows", "mm", or what "auto"
-    # chose on the run's machine ("auto: oneDNN for 3, 4, 5 rows"); None in records from before the
-    # choice existed (they ran "mm")
+    # CPU matmul kernels of our loop (atlas.decode.kernels.KERNELS): "onepass", "rows", "mm", or
+    # what "auto" chose on the run's machine ("auto: one-pass kernel for every row count", "auto:
+    # oneDNN for 3, 4, 5 rows"); None in records from before the choice existed (they ran "mm")
     kernels: Name | None = None
     draft_vocab: DraftVocab | None = None  # --draft-vocab: the MTP head scored only these tokens
     # MTP layer-local tensors the checkpoint does not ship, each bound to the target's tensor named

@@ -199,6 +199,7 @@ class HubHandler(_Handler):
         self._serve(head=True)
 
     def _serve(self, head: bool) -> None:
+        self.hub.begin()
         self._status, self._limits, self._bucket, self._extra = 0, {}, None, {}
         started, mono = time.time(), time.monotonic()
         split = urlsplit(self.path)
@@ -412,6 +413,7 @@ class CdnHandler(_Handler):
         self._serve(head=True)
 
     def _serve(self, head: bool) -> None:
+        self.hub.begin()
         self._status = 0
         split = urlsplit(self.path)
         auth = self.headers.get("Authorization") is not None

@@ -103,6 +103,10 @@ class HubServer:
         self._listings: dict[tuple[Any, ...], list[MirrorRepo]] = {}
         self._log_path = log_path
         self._lock = threading.Lock()
+        # requests being answered: a handler logs its request after the answer is sent, so a client
+        # can read the log before its own last request is in it (settle() waits for them)
+        self._inflight = 0
+        self._settled = threading.Condition(self._lock)
         self._windows: dict[tuple[bool, str], _Window] = {}
         self._pause = threading.Event()  # never set: its wait() is a sleep that tests can't patch away
         self._hold_after: int | None = None  # file requests after this many get no answer until release()
@@ -261,8 +265,20 @@ class HubServer:
             headers["Retry-After"] = str(max(1, math.ceil(left)))
         return over, headers
 
+    def begin(self) -> None:
+        """A handler starts answering a request (its log() ends it)."""
+        with self._lock:
+            self._inflight += 1
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait until every request begun has been logged, so the logs hold all that was answered."""
+        with self._settled:
+            self._settled.wait_for(lambda: self._inflight == 0, timeout)
+
     def log(self, entry: dict[str, Any], cdn: bool = False) -> None:
         with self._lock:
+            self._inflight = max(0, self._inflight - 1)
+            self._settled.notify_all()
             (self.cdn_requests if cdn else self.requests).append(entry)
             if self._log_path is not None:
                 with open(self._log_path, "a", encoding="utf-8") as fh:
