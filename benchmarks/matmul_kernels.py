@@ -12,6 +12,8 @@ verify pass needs; a ratio near n means it reads the weight once per row. Kernel
   onednn-5  oneDNN inner product on a weight reordered once, rows zero-padded to 5 (our loop's
             `kernels="rows"` path for 2+ rows)
   onednn    the same reordered weight, unpadded
+  onepass   the project's own kernel (atlas/decode/onepass.cpp, `make kernels`): each weight row dotted
+            with up to 4 rows at once (our loop's path for every row count where it is built)
 The shapes are the checkpoint's fused projections (qkv, o, gate+up, down) and its lm_head. Timed
 alone, a layer's weight stays in the CPU's caches between calls, while a real pass streams every
 layer's weights from memory: only the lm_head row (larger than the caches) shows what a pass sees,
@@ -35,11 +37,12 @@ import torch
 import torch.nn.functional as F
 
 from atlas.checkpoints import smollm
+from atlas.decode import onepass
 from atlas.engines.stamp import load_average
 from atlas.paths import project_path
 
 PAD = 5
-KERNELS = ("mm", "linear", "W·xᵀ", "onednn-5", "onednn")
+KERNELS = ("mm", "linear", "W·xᵀ", "onednn-5", "onednn", *(() if onepass.missing() else ("onepass",)))
 
 
 def shapes(config: dict) -> dict[str, tuple[int, int]]:
@@ -62,7 +65,8 @@ def kernels(w: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Tensor]
         return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
     return {"mm": lambda x: torch.mm(x, wt), "linear": lambda x: F.linear(x, w), "W·xᵀ": lambda x: torch.mm(w, x.t()),
-            "onednn-5": lambda x: onednn(x, True), "onednn": lambda x: onednn(x, False)}
+            "onednn-5": lambda x: onednn(x, True), "onednn": lambda x: onednn(x, False),
+            **({"onepass": lambda x: onepass.matmul(x, w)} if "onepass" in KERNELS else {})}
 
 
 def median_ms(calls: list[Callable[[], object]], reps: int) -> list[float]:
