@@ -523,6 +523,12 @@ def plain_answer(runs: list[Run]) -> str:
         text += f", and never reliably faster on {escape(_and(never))} prompts. " if never else ". "
     else:
         text += "There MTP did not pay: it was never reliably faster than plain generation. "
+    if (beside := reference(runs)) is not None:  # the featured run is an engine's: our loop's verdict too
+        ours = beside[1].record
+        ours_on = list(dict.fromkeys(g.workload for g in ours.gates if g.enabled))
+        place = "the same processor" if ours.hardware.text == r.hardware.text else escape(ours.hardware.text)
+        text += (f"The atlas's own decoding loop, on {place}, was "
+                 + (f"reliably faster on {escape(_and(ours_on))} prompts. " if ours_on else "never reliably faster. "))
     return text + "No large published model's own MTP head has been measured here.\n"
 
 
