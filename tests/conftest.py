@@ -107,7 +107,7 @@ def onepass_kernel() -> object:
 
 @pytest.fixture
 def without_onepass(monkeypatch: pytest.MonkeyPatch) -> None:
-    """"auto" as on a machine without the one-pass kernel: it times oneDNN against torch.mm."""
+    """The "auto" choice as on a machine without the one-pass kernel: it times oneDNN against torch.mm."""
     from atlas.decode import onepass
 
     monkeypatch.setattr(onepass, "load", lambda: None)
