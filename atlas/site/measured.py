@@ -280,19 +280,20 @@ TEACHING_MODEL = ("The team model `mtp-atlas/byte-mtp-8l` is a byte-level teachi
 
 def compact_summary(runs: list[Run], link: str) -> str:
     """Module 8's Measured table: one row per evidence run, each linked to its page under `link`
-    (a relative URL prefix); the real model's runs of the newest day open, earlier days' and the
-    teaching model's in closed boxes; the backfire line and the Runs page follow it in the module."""
+    (a relative URL prefix); the real model's runs the answer names (featured, and our loop's
+    reference beside an engine's) open, its other runs and the teaching model's in closed boxes (the
+    page's budget); the backfire line and the Runs page follow it in the module."""
     numbered = evidence_runs(runs)
     if not numbered:
         return NO_MEASUREMENT + "\n"
     baselines = baseline_ids([r for _, r in numbered])
     rows: dict[bool, list[list[Markdown]]] = {True: [], False: []}  # real model or not
-    newest = max((run.record.run_date.date() for _, run in numbered if is_real(run)), default=None)
-    earlier: list[list[Markdown]] = []  # real-model runs of earlier days: folded (the page's budget)
+    named = {chosen[0] for chosen in (featured(runs), reference(runs)) if chosen is not None}
+    others: list[list[Markdown]] = []  # real-model runs the answer does not name: folded (the page's budget)
     for n, run in numbered:
         r = run.record
         best = max(gated_cells(run), key=lambda c: c.derived.speedup)
-        into = earlier if is_real(run) and r.run_date.date() != newest else rows[is_real(run)]
+        into = others if is_real(run) and n not in named else rows[is_real(run)]
         into.append([
             Markdown(f"[R{n}]({link}{run_slug(run)}.md)"),
             code(r.model_id),
@@ -312,8 +313,9 @@ def compact_summary(runs: list[Run], link: str) -> str:
         shown = TEACHING_MODEL + "\n\n" + table(header, rows[False])
     else:
         shown = table(header, rows[True])
-        if earlier:
-            shown += "\n\n" + fold.more(f"{len(earlier)} earlier real-model run(s)", lambda: table(header, earlier))
+        if others:
+            shown += "\n\n" + fold.more(f"{len(others)} other real-model run(s): other engines, quantisations, kernels and days",
+                                          lambda: table(header, others))
         if rows[False]:
             shown += "\n\n" + fold.more("runs of the teaching model", lambda: TEACHING_MODEL + "\n\n" + table(header, rows[False]))
     return (shown
