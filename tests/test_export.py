@@ -727,10 +727,12 @@ def test_changelog_records_count_new_and_remeasured_cells(exported) -> None:
         mine = [c for c in cells if c["record_id"] == r.record_id]
         assert r.n_rows == len(mine)
         # a cell is measured again only in the same experiment: model, revision, head, engine build,
-        # machine, and (read from the record file itself) threads and the weights' precision; kernels
-        # and draft vocabulary: tests/test_experiment.py
+        # machine and its instruction sets, our loop's kernels and draft vocabulary, and (read from the
+        # record file itself) threads and the weights' precision (the key's own rules:
+        # tests/test_experiment.py)
         def key(c: dict) -> tuple:
             return (c["model_id"], c["revision"], c["provenance_head_sha256"], c["engine"], c["engine_version"], c["hardware"],
+                    c["machine_isa"], c["kernels"], c["draft_vocab"],
                     *run_conditions(c["source_path"]), c["workload"], c["temperature"], c["draft_tokens"])
         earlier = {key(c) for c in cells if c["run_date"] < mine[0]["run_date"]}
         again = sum(1 for c in mine if key(c) in earlier)
