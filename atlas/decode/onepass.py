@@ -16,6 +16,7 @@ builds, so a run without it says so and falls back to torch's kernels. x86 with 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import sys
 from functools import cache
 from pathlib import Path
@@ -28,7 +29,6 @@ from atlas.paths import CACHE
 
 SOURCE = Path(__file__).with_name("onepass.cpp")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off"]
-ROWS_PER_PASS = 4  # rows that share one read of the weight; more rows take another pass per 4
 
 
 def build_dir() -> Path:
@@ -55,8 +55,6 @@ def load() -> ModuleType | None:
     library = _library(where)
     if unsupported() or library is None:
         return None
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("atlas_onepass", library)
     if spec is None or spec.loader is None:
         return None
@@ -66,7 +64,7 @@ def load() -> ModuleType | None:
 
 
 def missing() -> str | None:
-    """Why load() gives None (what a record says when it fell back), or None when it loads."""
+    """Why load() gives None (the tests' skip reason, the benchmarks' note), or None when it loads."""
     if (reason := unsupported()) is not None:
         return reason
     if load() is None:
