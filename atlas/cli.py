@@ -209,8 +209,9 @@ def engine_run_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=None)
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads (default 1 on CPU); llamacpp: the server's threads")
 @click.option("--draft-vocab", type=click.IntRange(min=1), default=None,
-              help="our loop: the MTP head scores only the N tokens most frequent in its training data (lossless; "
-                   "project-made heads only: needs draft_vocab.json in the checkpoint folder)")
+              help="our loop and llamacpp: the MTP head scores only the N tokens most frequent in its training data "
+                   "(lossless; project-made heads only: needs draft_vocab.json in the checkpoint folder; llamacpp runs "
+                   "the GGUF set's copy made by `atlas real-model-gguf --draft-vocab N`)")
 @click.option("--no-peer", is_flag=True, help="skip timing transformers' generate / generate(use_mtp=True)")
 @click.option("--quick", is_flag=True, help="short run for `make demo`: every workload, 24 tokens, 1 prompt, 3 repeats")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
@@ -328,9 +329,12 @@ def conformance_group() -> None:
 @click.option("--patch", "patches", multiple=True, type=click.Choice(["expand-kernel-fix"]),
               help="a named run-time patch applied in the driver process first; the record names a patched build (with the "
                    "patch's sha256), never the release")
+@click.option("--draft-vocab", type=click.IntRange(min=1), default=None,
+              help="llamacpp: the head drafts over token ids 0..N-1 only (the build's nextn-d2t patch); every expectation follows the cut")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="record folder (default: evidence/conformance/ of the project)")
 def conformance_run(engine: str, engine_python: str | None, layouts: str | None, draft_tokens: str, draft_sampling: str,
-                    requests: int, max_new_tokens: int, dtype: str, seed: int, patches: tuple[str, ...], out: str | None) -> None:
+                    requests: int, max_new_tokens: int, dtype: str, seed: int, patches: tuple[str, ...], draft_vocab: int | None,
+                    out: str | None) -> None:
     """Run the conformance suite against an engine and write one dated record."""
     from atlas.conformance import record as conformance
     from atlas.engines import conformance_suite as conformancesuite
@@ -345,14 +349,19 @@ def conformance_run(engine: str, engine_python: str | None, layouts: str | None,
         raise AtlasError(f"--draft-sampling expects greedy and/or probabilistic, got {draft_sampling!r}")
     if llamacpp and (patches or engine_python):
         raise AtlasError("--patch and --engine-python are vLLM's; llama.cpp runs its pinned build")
+    if draft_vocab is not None and not llamacpp:
+        raise AtlasError("--draft-vocab is llama.cpp's (its nextn-d2t patch); vLLM drafts over the whole vocabulary")
     if llamacpp:
-        from atlas.engines.llamacpp_build import find_build, require_draft_mtp
+        from atlas.engines.llamacpp_build import NEXTN_D2T, find_build, require_draft_mtp
         from atlas.engines.llamacpp_conformance import LlamacppDriver
         from atlas.engines.llamacpp_gguf import source_of
 
         build = find_build()
         require_draft_mtp(build)
-        open_driver, shapes = (lambda: LlamacppDriver(build, source_of(build))), conformance.LLAMACPP_SHAPES
+        if draft_vocab is not None and not build.info.has_patch(NEXTN_D2T):
+            raise AtlasError(f"--draft-vocab needs the build's {NEXTN_D2T}: rerun `make llamacpp`")
+        open_driver, shapes = (lambda: LlamacppDriver(build, source_of(build), draft_vocab)), conformance.LLAMACPP_SHAPES
+        patches = tuple(p.file for p in build.info.patches)  # applied when it was built: the record names them
     else:
         from atlas.engines.vllm_client import Driver
 
@@ -361,7 +370,7 @@ def conformance_run(engine: str, engine_python: str | None, layouts: str | None,
     record = conformancesuite.run_suite(
         open_driver, engine, [x.strip() for x in (layouts or ",".join(shapes)).split(",") if x.strip()],
         _numbers(draft_tokens, "--draft-tokens", int), samplings, requests, max_new_tokens, seed, dtype, command_line(),
-        log=click.echo, patches=patches, shapes=shapes,
+        log=click.echo, patches=patches, shapes=shapes, draft_vocab=draft_vocab,
     )
     path = conformance.write_record(record, Path(out) if out else project_path(conformance.DEFAULT_DIR))
     failed = [c for c in record.checks if not c.passed]

@@ -121,7 +121,11 @@ def real_model(out: Path | None) -> None:
 @click.option("--quants", default="Q8_0,Q4_1,Q4_0,Q4_K_M", show_default=True, help="llama-quantize types besides f16")
 @click.option("--layouts", default="combined,trunk,mtp", show_default=True, help="combined, trunk (--no-mtp), mtp (MTP-only sidecar)")
 @click.option("--build", "build_dir", default=None, help="llama.cpp build folder (default: $ATLAS_LLAMACPP_DIR or `make llamacpp`'s)")
-def real_model_gguf(model: Path | None, out: Path | None, quants: str, layouts: str, build_dir: str | None) -> None:
+@click.option("--draft-vocab", type=click.IntRange(min=1), default=None,
+              help="also a copy of each combined file whose MTP layer drafts over the head's N most frequent training tokens "
+                   "(needs draft_vocab.json in the checkpoint folder; the build's nextn-d2t patch runs it)")
+def real_model_gguf(model: Path | None, out: Path | None, quants: str, layouts: str, build_dir: str | None,
+                    draft_vocab: int | None) -> None:
     """GGUF files of a GLM-4-MoE checkpoint by llama.cpp's own converter and quantizer (the pinned
     build): each layout at f16 and each quantization, with manifest.json (sha256, commands)."""
     from atlas.checkpoints import smollm
@@ -140,5 +144,6 @@ def real_model_gguf(model: Path | None, out: Path | None, quants: str, layouts: 
     build = find_build(build_dir)
     target = out or llamacpp_engine.gguf_set_dir(folder)
     click.echo(f"GGUF set of {folder} with llama.cpp b{build.version} -> {target}")
-    manifest = llamacpp_gguf.make_set(folder, target, build, llamacpp_gguf.source_of(build), kinds, shapes, log=click.echo)
+    manifest = llamacpp_gguf.make_set(folder, target, build, llamacpp_gguf.source_of(build), kinds, shapes, log=click.echo,
+                                      draft_vocab=draft_vocab)
     click.echo(f"wrote {len(manifest.files)} GGUF files and {target / 'manifest.json'}")

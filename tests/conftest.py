@@ -79,13 +79,14 @@ def llamacpp_build() -> object:
 @pytest.fixture(scope="session")
 def real_gguf(llamacpp_build: object, real_checkpoint: tuple[Path, object], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(checkpoint folder, GGUF folder): the real checkpoint's combined and trunk-only GGUFs at f16,
-    Q8_0 and Q4_1, made by the pinned converter and llama-quantize, once per session."""
+    Q8_0 and Q4_1, made by the pinned converter and llama-quantize, and of each combined file the
+    copy drafting over the head's 8192 most frequent training tokens, once per session."""
     from atlas.engines import llamacpp_engine, llamacpp_gguf
 
     folder = real_checkpoint[0]
     out = llamacpp_engine.gguf_set_dir(folder)
     llamacpp_gguf.make_set(folder, out, llamacpp_build, llamacpp_gguf.source_of(llamacpp_build), ("Q8_0", "Q4_1"),  # type: ignore[arg-type]
-                           ("combined", "trunk"), log=lambda _: None)
+                           ("combined", "trunk"), log=lambda _: None, draft_vocab=8192)
     return folder, out
 
 

@@ -327,7 +327,9 @@ def greedy(build: object, gguf: Path, prompts: list[list[int]], n: int, k: int =
 def test_the_gguf_set_lists_every_file_with_its_sha256_and_command(real_gguf: tuple[Path, Path]) -> None:
     folder, out = real_gguf
     manifest = llamacpp_gguf.read_manifest(out)
-    assert {(f.layout, f.type) for f in manifest.files} == {(lay, t) for lay in ("combined", "trunk") for t in ("f16", "Q8_0", "Q4_1")}
+    assert {(f.layout, f.type, f.draft_vocab) for f in manifest.files} == {
+        *((lay, t, None) for lay in ("combined", "trunk") for t in ("f16", "Q8_0", "Q4_1")),
+        *(("combined", t, 8192) for t in ("f16", "Q8_0", "Q4_1"))}
     for f in manifest.files:
         assert f.bytes == (out / f.file).stat().st_size
         if f.type == "Q4_1":  # the sha256 recomputed for the smallest files (hashing all takes a minute on busy cores)
@@ -335,7 +337,8 @@ def test_the_gguf_set_lists_every_file_with_its_sha256_and_command(real_gguf: tu
         info = llamacpp_gguf.inspect(out / f.file)
         assert (info.architecture, info.layout) == ("glm4moe", f.layout)
         assert info.file_type == {"f16": "MOSTLY_F16", "Q8_0": "MOSTLY_Q8_0", "Q4_1": "MOSTLY_Q4_1"}[f.type]
-        assert ("llama-quantize" in f.command) == (f.type != "f16")
+        assert ("llama-quantize" in f.command) == (f.type != "f16" and f.draft_vocab is None)
+        assert info.draft_vocab == f.draft_vocab  # the cut copies say so in their own tensors (nextn.d2t)
     combined, trunk = (llamacpp_gguf.inspect(out / manifest.find(lay, "f16").file) for lay in ("combined", "trunk"))
     assert combined.tensors - trunk.tensors == 17 and combined.nextn_layers == 1  # the MTP layer's own tensors
     assert manifest.build["build_number"] == 11434

@@ -392,12 +392,11 @@ REFUSED = [
     ("transformers", ["--no-peer"], "--engine transformers measures transformers' generate pair itself; --no-peer leaves nothing to run"),
     ("vllm", ["--device", "cpu"], "--device and --threads do not apply to --engine vllm"),
     ("vllm", ["--threads", "2"], "--device and --threads do not apply to --engine vllm"),
-    ("vllm", ["--draft-vocab", "64"], "--draft-vocab is an option of our loop; vLLM drafts over the whole vocabulary"),
+    ("vllm", ["--draft-vocab", "64"], "--draft-vocab is an option of our loop and llama.cpp; vLLM drafts over the whole vocabulary"),
     *(("llamacpp", flags, "are vLLM's; --engine llamacpp runs one CPU server pair") for flags in (
         ["--tensor-parallel-size", "2"], ["--pipeline-parallel-size", "2"], ["--engine-python", "/nowhere/python"],
         ["--engine-schedule", "sequential"])),
     ("llamacpp", ["--device", "cuda"], "--device and --device-map do not apply to --engine llamacpp"),
-    ("llamacpp", ["--draft-vocab", "64"], "--draft-vocab is an option of our loop; llama.cpp's draft-mtp scores the whole vocabulary"),
     ("llamacpp", ["--dtype", "bfloat16"], "--dtype does not apply to --engine llamacpp"),
     ("llamacpp", ["--engine-option", "enforce_eager=true"], "--engine-option enforce_eager: --engine llamacpp takes gguf, quant"),
     ("llamacpp", ["--engine-option", "repack=maybe"], "--engine-option repack=maybe: expected auto, on or off"),

@@ -109,3 +109,19 @@ def test_a_record_past_its_bounds_is_refused_by_name(tmp_path: Path) -> None:
     (tmp_path / "long.json").write_text(json.dumps(many))
     with pytest.raises(AtlasError, match=r"long\.json: not a valid conformance record .*first: checks: List should have at most"):
         conformance.load_records(tmp_path)
+
+
+def test_a_whole_head_record_that_expects_fewer_accepted_drafts_than_drafted_is_refused(tmp_path: Path) -> None:
+    """Only a record whose head drafted over a cut (draft_vocab) may expect some oracle argmax
+    drafts at T = 0 to fail: the whole oracle head drafts the target's argmax every time."""
+    forged = _load(PATCHED)
+    t0 = next(c for c in forged["checks"] if (c["checkpoint"], c["temperature"], c["name"]) == ("oracle", 0.0, "acceptance")
+              and c["draft_tokens"] > 0)
+    t0["figures"].update(accepted=t0["figures"]["drafted"] - 1, exact=t0["figures"]["drafted"] - 1)
+    (tmp_path / "forged.json").write_text(json.dumps(forged))
+    with pytest.raises(AtlasError, match=r"forged\.json.*expects \d+ accepted drafts of \d+, but the head drafted over the "
+                                         r"whole vocabulary"):
+        conformance.load_records(tmp_path)
+    forged["draft_vocab"] = 192  # the same figures from a cut head are believable
+    (tmp_path / "forged.json").write_text(json.dumps(forged))
+    assert conformance.load_records(tmp_path)[0][1].draft_vocab == 192

@@ -139,7 +139,9 @@ def passed_by_statistics(check: Check, alpha: float) -> bool | None:
     if check.name == "acceptance" and check.temperature == 0:
         drafted, accepted = _figure(check, "drafted"), _figure(check, "accepted")
         if check.checkpoint == "oracle":
-            return accepted == drafted  # the oracle head drafts the argmax: every draft is accepted
+            # the oracle head drafts the target's argmax: every draft is accepted, or, with the head's
+            # drafts cut (draft_vocab), exactly those whose argmax the cut keeps ("exact")
+            return accepted == (_figure(check, "exact") if "exact" in check.figures else drafted)
         return (accepted / drafted if drafted else 0.0) < RANDOM_HEAD_ACCEPTANCE
     if check.name == "acceptance":
         return _figure(check, "p_value") >= alpha
@@ -253,6 +255,8 @@ class ConformanceRecord(Strict):
     # The oracle head's law: softmax(scale x the target's logits) (atlas.engines.conformance_suite.ORACLE_DRAFT_SCALE).
     # None in records written before it was named: those ran scale 1, the target's own law.
     oracle_draft_scale: float | None = Field(default=None, gt=0, le=100)
+    # The head drafted over token ids 0..draft_vocab-1 only (llama.cpp's nextn-d2t patch); None: the whole vocabulary.
+    draft_vocab: int | None = Field(default=None, ge=1, le=10**7)
 
     @property
     def oracle_rejects(self) -> bool:
@@ -266,6 +270,10 @@ class ConformanceRecord(Strict):
         statistics, and a cause is patched out exactly when the patch that removes it was applied
         (a release record whose cause says "patched" was shown as checked lossless)."""
         for check in self.checks:
+            if (self.draft_vocab is None and check.name == "acceptance" and check.temperature == 0 and "exact" in check.figures
+                    and check.figures["exact"] != check.figures.get("drafted")):
+                raise ValueError(f"check {check.label} expects {check.figures['exact']} accepted drafts of "
+                                 f"{check.figures.get('drafted')}, but the head drafted over the whole vocabulary")
             derived = passed_by_statistics(check, self.alpha)
             if derived is not None and derived != check.passed:
                 raise ValueError(f"check {check.label} says passed = {check.passed}, but its statistics say {derived}")
@@ -287,7 +295,8 @@ class ConformanceRecord(Strict):
     def build(self) -> str:
         """What was checked: the release, or the release plus named patches (with their hashes)."""
         base = f"{self.package} {self.version}"
-        return base + "".join(f" + {p.name} (sha256 {p.sha256[:12]}…)" for p in self.patches)
+        cut = f", drafting over token ids 0–{self.draft_vocab - 1} only" if self.draft_vocab else ""
+        return base + "".join(f" + {p.name} (sha256 {p.sha256[:12]}…)" for p in self.patches) + cut
 
 
 Result = Literal["lossless", "fails", "inconclusive"]

@@ -167,12 +167,23 @@ def _greedy_checks(run: _Layout, mode: str, k: int, reference: list[list[int]], 
             f"{requests} requests" if same else f"output differs from k=0 in {requests - figures['identical']} "
             f"of {requests} requests (first difference at output token {figures['first_difference']})", figures)
     if mode == "oracle":
-        run.add(mode, 0.0, k, sampling, "acceptance", a == d,
-                f"accepted {a} of {d} drafts where all {d} is exact", {"drafted": d, "accepted": a})
+        # greedy drafts against the T = 0 target: each draft passes exactly when the head's argmax is
+        # the target's, which the oracle's own head always is (all drafts accepted), a cut head not always
+        target = np.zeros_like(run.p)
+        target[np.arange(run.p.shape[0]), run.p.argmax(-1)] = 1.0
+        runs = [(r.tokens, r.per_step_drafted, r.per_step_accepted) for r in out.results]
+        exact = round(acceptance_test(target, head_law(run), True, k, runs)["expected_accepted"])
+        run.add(mode, 0.0, k, sampling, "acceptance", a == exact,
+                f"accepted {a} of {d} drafts where {exact} is exact", {"drafted": d, "accepted": a, "exact": exact})
     else:
         rate = a / d if d else 0.0
         run.add(mode, 0.0, k, sampling, "acceptance", rate < RANDOM_HEAD_ACCEPTANCE,
                 f"acceptance {rate:.3f} (an unrelated random head: near 0 expected)", {"drafted": d, "accepted": a})
+
+
+def head_law(run: _Layout) -> np.ndarray:
+    """The law the engine's head drafts from: the oracle head's, or what a cut draft vocabulary leaves of it."""
+    return run.driver.head_law(run.q) if hasattr(run.driver, "head_law") else run.q
 
 
 def _draft_checks(run: _Layout, mode: str, k: int, sampling: str, reference: list[list[int]]) -> None:
@@ -186,7 +197,7 @@ def _draft_checks(run: _Layout, mode: str, k: int, sampling: str, reference: lis
     out = run.generate(1.0)
     runs = [(r.tokens, r.per_step_drafted, r.per_step_accepted) for r in out.results]
     # the law drafts are sampled from: the head's own (vLLM), or what the engine makes of it (llama.cpp's top 10)
-    q = run.driver.draft_law(run.q, 1.0) if hasattr(run.driver, "draft_law") else run.q
+    q = run.driver.draft_law(head_law(run), 1.0) if hasattr(run.driver, "draft_law") else head_law(run)
     f = acceptance_test(run.p, q, sampling == "greedy", k, runs)
     run.add(mode, 1.0, k, sampling, "acceptance", f["p_value"] >= ALPHA,
             f"acceptance {f['acceptance']:.4f} where {f['expected_acceptance']:.4f} is exact (z {_z(f['z'])})", f)
@@ -209,10 +220,12 @@ def run_suite(
     log: Callable[[str], None] = print,
     patches: Iterable[str] = (),
     shapes: Mapping[str, dict[str, object]] = ENGINE_SHAPES,
+    draft_vocab: int | None = None,
 ) -> ConformanceRecord:
     """Run every check for every layout through the driver `open_driver` opens (one engine at a
     time), with the named run-time patches applied in the driver first (the record then names a
-    patched build); `shapes`: the layouts the engine takes, with its shape limits."""
+    patched build); `shapes`: the layouts the engine takes, with its shape limits; `draft_vocab`: the
+    cut the driver drafts over, which the record names (the driver's head_law applies it)."""
     check_requests(requests)
     checks: list[Check] = []
     ks = sorted(set(draft_tokens))
@@ -240,7 +253,7 @@ def run_suite(
         package=hello.package, version=hello.version, hardware=hw, device=hello.device, dtype=dtype, command=command,
         seed=seed, alpha=ALPHA, requests=requests, max_new_tokens=max_new_tokens, triton=hello.triton, patches=applied,
         causes=known_causes(hello.package, hello.version, hello.triton, applied), checks=checks,
-        oracle_draft_scale=ORACLE_DRAFT_SCALE,
+        oracle_draft_scale=ORACLE_DRAFT_SCALE, draft_vocab=draft_vocab,
     )
 
 

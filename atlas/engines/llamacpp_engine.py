@@ -7,7 +7,9 @@ options: plain decoding (the baseline) and `--spec-type draft-mtp --spec-draft-n
 in turn). Each prompt runs once on each, in an order that alternates between prompts and repeats
 (cells.run_schedule, as for vLLM); warm-up runs are not recorded; prompts are tokenized here and
 sent as token ids, so both servers see the ids our loop would. Speed is the server's own decode time
-(timings.predicted_ms: after the first token, which the prefill gives). Drafted and accepted counts
+(timings.predicted_ms: after the first token, which the prefill gives). With --draft-vocab N both
+servers run the set's copy whose MTP layer drafts over the head's N most frequent training tokens
+(llamacpp_draftvocab; the build's nextn-d2t patch runs it): plain decoding never reads those tensors. Drafted and accepted counts
 come from the server's counters and are checked against the streamed tokens and /metrics
 (llamacpp_server says how), or nothing is written. llama-server times no pass on its own: the
 record's pass costs come from llama-bench before the servers start, the draft's as the residual of
@@ -16,6 +18,7 @@ a k = 1 round (llamacpp_bench says how).
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -24,7 +27,7 @@ from typing import Any
 
 from atlas import AtlasError
 from atlas.engines import llamacpp_bench
-from atlas.engines.llamacpp_build import Build, find_build, repack_setting, require_draft_mtp
+from atlas.engines.llamacpp_build import NEXTN_D2T, Build, find_build, repack_setting, require_draft_mtp
 from atlas.engines.llamacpp_gguf import Manifest, inspect, read_manifest, require_combined
 from atlas.paths import sha256_file
 from atlas.engines.llamacpp_server import Server, run_stats
@@ -67,8 +70,6 @@ def check(options: Options) -> None:
                          "--engine llamacpp runs one CPU server pair")
     if options.device not in ("auto", "cpu") or options.device_map:
         raise AtlasError("--device and --device-map do not apply to --engine llamacpp (the pinned build is CPU-only)")
-    if options.draft_vocab is not None:
-        raise AtlasError("--draft-vocab is an option of our loop; llama.cpp's draft-mtp scores the whole vocabulary")
     if options.dtype != "float32":
         raise AtlasError("--dtype does not apply to --engine llamacpp: the GGUF's type decides (--engine-option quant=Q4_1)")
     repack_setting(options.llamacpp.repack)
@@ -92,8 +93,12 @@ def resolve_gguf(options: Options, folder: Path) -> tuple[Path, dict[str, Any]]:
             manifest = read_manifest(path.parent)
     else:
         manifest = read_manifest(gguf_set_dir(folder))
-        path = gguf_set_dir(folder) / manifest.find("combined", lo.quant).file
+        path = gguf_set_dir(folder) / manifest.find("combined", lo.quant, options.draft_vocab).file
     info = require_combined(path)
+    if info.draft_vocab != options.draft_vocab:
+        has = f"drafts over {info.draft_vocab} tokens" if info.draft_vocab else "drafts over the whole vocabulary"
+        raise AtlasError(f"{path} {has}, the run asks for " + (f"--draft-vocab {options.draft_vocab}" if options.draft_vocab
+                                                                 else "the whole vocabulary (no --draft-vocab)"))
     sha = sha256_file(path)
     entry = next((f for f in manifest.files if f.file == path.name), None) if manifest else None
     if entry is not None:
@@ -103,7 +108,7 @@ def resolve_gguf(options: Options, folder: Path) -> tuple[Path, dict[str, Any]]:
             raise AtlasError(f"{path} was made from another checkpoint ({manifest.source_digest[:19]}…) than {folder}")
     return path, {
         "gguf": path.name, "sha256": sha, "file_type": info.file_type, "layout": info.layout, "architecture": info.architecture,
-        "tensors": info.tensors, "made_by": entry.command if entry else "not listed in a manifest of `make real-model-gguf`",
+        "tensors": info.tensors, "draft_vocab": info.draft_vocab, "made_by": entry.command if entry else "not listed in a manifest of `make real-model-gguf`",
         "converter": ("llama.cpp's convert_hf_to_gguf.py of the pinned source via atlas llamacpp_convert.py (GPT-2-style "
                       "vocabulary; zero-size shared_experts left out), then llama-quantize"),
         "source_digest": manifest.source_digest if manifest else None,
@@ -180,13 +185,20 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     from atlas.engines.stamp import hardware, load_average
     from atlas.records.workloads import load_prompt_set
 
+    from atlas.decode import draftvocab
+
     build = find_build(options.llamacpp.build)
     require_draft_mtp(build)
+    if options.draft_vocab is not None and not build.info.has_patch(NEXTN_D2T):
+        raise AtlasError(f"--draft-vocab needs the build's {NEXTN_D2T} (a cut draft vocabulary inside llama.cpp); the build at "
+                         f"{build.dir} has {', '.join(p.file for p in build.info.patches) or 'no patches'}: rerun `make llamacpp`")
     prompt_set = load_prompt_set(options.prompt_set)
     workloads = prompt_set.get(options.workloads)
     folder, model_id, revision = resolve(options.model, options.revision, options.endpoint)
     gguf, conversion = resolve_gguf(options, folder)
     tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    vocab_size = int(json.loads((folder / "config.json").read_text())["vocab_size"])
+    vocab_info = draftvocab.read(folder, options.draft_vocab, vocab_size)[1] if options.draft_vocab is not None else None
     prompts = prompt_set.encode_workloads(tokenizer, workloads, options.prompts_per_workload, MAX_PROMPT_TOKENS)
     ks, n, threads = sorted(set(options.draft_tokens)), options.max_new_tokens, options.threads or 1
     repack, repack_why = repack_setting(options.llamacpp.repack)
@@ -240,7 +252,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
         replace(options, dtype=f"gguf-{inspect(gguf).file_type.removeprefix('MOSTLY_')}"), folder=folder, model_id=model_id,
         revision=revision, hardware=hardware(torch.device("cpu")).model_copy(update={"torch_threads": threads}),
         prompt_set=prompt_set, device="cpu", workloads=[w.name for w in workloads], draft_tokens=ks, cells=cells,
-        load_before=load_before, pass_costs=costs, engine_run=engine_run,
+        load_before=load_before, pass_costs=costs, engine_run=engine_run, settings={"draft_vocab": vocab_info},
     )
     path = save_record(record, options.out, log, "plain decoding")
     return record, path

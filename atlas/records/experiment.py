@@ -21,7 +21,7 @@ OWN = "engine's own"  # kernels and drafting of an external engine (not "-": CSV
 class ExperimentKey(NamedTuple):
     checkpoint: str  # the revision: a hub commit, or the digest of the model's files
     head: str  # the project-made MTP head's sha256 (provenance), or "as shipped" in the checkpoint
-    draft_vocab: str  # our loop's cut draft vocabulary (its table's sha256), or "full"; "engine's own" for other engines
+    draft_vocab: str  # a cut draft vocabulary (its table's sha256), or "full"; "engine's own" for another engine's stock drafting
     kernels: str  # our loop's CPU matmul kernels ("mm" before the choice existed); "engine's own" for other engines
     engine: str  # engine and its version, e.g. "atlas 0.1.0" or "vllm 0.32.0"
     dtype: str  # the weights' precision as run: float32, bfloat16, a GGUF's type (gguf-Q4_1)
@@ -42,6 +42,12 @@ class ExperimentKey(NamedTuple):
                 f"{self.machine} ({self.isa})")
 
 
+def cut_draft(record: Record, cell: Cell) -> bool:
+    """Whether `cell` drafted over the record's cut draft vocabulary: the cells of the engine the
+    record measures (our loop, or the engine it ran), never a peer's beside them."""
+    return record.settings.draft_vocab is not None and cell.engine == (record.engine_run.name if record.engine_run else "atlas")
+
+
 def experiment_key(record: Record, cell: Cell) -> ExperimentKey:
     """The key of one cell of `record` (ExperimentKey)."""
     settings, hw = record.settings, record.hardware
@@ -51,7 +57,7 @@ def experiment_key(record: Record, cell: Cell) -> ExperimentKey:
     return ExperimentKey(
         checkpoint=record.revision,
         head=str(head) if head is not None else "as shipped",
-        draft_vocab=(settings.draft_vocab.table_sha256 if settings.draft_vocab else "full") if cell.engine == "atlas" else OWN,
+        draft_vocab=settings.draft_vocab.table_sha256 if cut_draft(record, cell) else "full" if cell.engine == "atlas" else OWN,
         kernels=kernels,
         engine=cell.engine_version if cell.engine_version.startswith(cell.engine) else f"{cell.engine} {cell.engine_version}",
         dtype=settings.dtype,
@@ -65,7 +71,7 @@ def columns(record: Record, cell: Cell) -> dict[str, object]:
     """What the store's measurement_cells row keeps of a cell's key: each part a reader filters on,
     with the key's short name and its text."""
     key = experiment_key(record, cell)
-    vocab = record.settings.draft_vocab if cell.engine == "atlas" else None
+    vocab = record.settings.draft_vocab if cut_draft(record, cell) else None
     return {"threads": key.threads, "kernels": key.kernels, "dtype": key.dtype, "machine_isa": key.isa,
             "draft_vocab": (f"{vocab.size} tokens (sha256 {vocab.table_sha256[:12]})" if vocab else key.draft_vocab),
             "experiment_key": key.short, "experiment": key.text}
