@@ -113,33 +113,47 @@ class LlamaCpp:
         self.proc.kill()
 
 
-def llamacpp_server_modes(model: Path, quant: str, threads: int, length: int, n: int, k: int) -> tuple[dict, list[str], list]:
+def llamacpp_server_modes(model: Path, quant: str, threads: int, length: int, n: int, k: int,
+                          draft_vocab: int | None = None) -> tuple[dict, list[str], list]:
     """llama.cpp's own server (the pinned build, `make llamacpp real-model-gguf`), plain and draft-mtp
-    at k on the real model's combined GGUF: (modes, notes, closers); none where the build or GGUF is missing."""
+    at k on the real model's combined GGUF, and with `draft_vocab` draft-mtp on the set's copy whose
+    MTP layer drafts over that many tokens (its plain is the same plain server, timed again in its
+    own turn): (modes, notes, closers); none where the build or GGUF is missing."""
     from atlas import AtlasError
     from atlas.engines import llamacpp_engine
     from atlas.engines.llamacpp_build import find_build, repack_setting
+    from atlas.engines.llamacpp_gguf import read_manifest
     from atlas.engines.llamacpp_server import Server, run_stats
     from atlas.engines.options import Options
 
-    gguf = llamacpp_engine.gguf_set_dir(model) / f"combined-{quant}.gguf"
+    folder = llamacpp_engine.gguf_set_dir(model)
     try:
         build = find_build()
+        manifest = read_manifest(folder)
+        files = {None: folder / manifest.find("combined", quant).file}
+        if draft_vocab:
+            files[draft_vocab] = folder / manifest.find("combined", quant, draft_vocab).file
     except AtlasError as exc:
         return {}, [f"llama.cpp server: not measured ({exc})"], []
-    if not gguf.is_file():
-        return {}, [f"llama.cpp server: not measured (no {gguf}; make real-model-gguf)"], []
     repack, why = repack_setting("auto")
-    servers = {kk: Server(build.binary("llama-server"), gguf, llamacpp_engine.server_args(threads, 1, length, repack, kk)) for kk in (0, k)}
+    args = {kk: llamacpp_engine.server_args(threads, 1, length, repack, kk) for kk in (0, k)}
+    servers = {(None, 0): Server(build.binary("llama-server"), files[None], args[0])}
+    servers.update({(cut, k): Server(build.binary("llama-server"), path, args[k]) for cut, path in files.items()})
 
-    def run(kk: int, prompt: list[int]) -> RunStats:
-        done = servers[kk].complete(llamacpp_engine.request(prompt, n, 0.0, 0, Options()), k=kk)
-        return run_stats(done, kk)
+    def run(key: tuple[int | None, int], prompt: list[int]) -> RunStats:
+        done = servers[key].complete(llamacpp_engine.request(prompt, n, 0.0, 0, Options()), k=key[1])
+        return run_stats(done, key[1])
 
     label = f"llama.cpp server ({quant})"
-    modes = {(label, "plain"): lambda p: run(0, p), (label, "mtp"): lambda p: run(k, p)}
-    note = f"{label}: b{build.version}, {gguf.name}, draft-mtp k = {k}, repacking {why}"
-    return modes, [note], [s.close for s in servers.values()]
+    modes = {(label, "plain"): lambda p: run((None, 0), p), (label, "mtp"): lambda p: run((None, k), p)}
+    notes = [f"{label}: b{build.version}, {files[None].name}, draft-mtp k = {k}, repacking {why}"]
+    if draft_vocab:
+        cut_label = f"llama.cpp ({quant}), vocab {draft_vocab}"
+        modes[(cut_label, "plain")] = lambda p: run((None, 0), p)
+        modes[(cut_label, "mtp")] = lambda p: run((draft_vocab, k), p)
+        notes.append(f"{cut_label}: {files[draft_vocab].name} (the build's nextn-d2t patch: the head drafts over the "
+                     f"{draft_vocab} most frequent training tokens); its plain column is the same plain server, timed in its own turn")
+    return modes, notes, [s.close for s in servers.values()]
 
 
 def llama_python(explicit: str | None) -> Path | None:
@@ -158,7 +172,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompts-per-workload", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1, help="threads of every engine")
-    ap.add_argument("--draft-vocab", type=int, default=None, help="also our loop with the draft head cut to N tokens")
+    ap.add_argument("--draft-vocab", type=int, default=None, help="also our loop and llama.cpp's server with the draft head cut to N tokens")
     ap.add_argument("--engine-python", default=None, help="vLLM's environment (default: $ATLAS_VLLM_PYTHON or ~/.cache/mtp-atlas/)")
     ap.add_argument("--llama-python", default=None, help="llama-cpp-python's environment (default: ~/.cache/mtp-atlas/llama-cpp-*)")
     ap.add_argument("--no-vllm", action="store_true")
@@ -223,7 +237,8 @@ def main() -> int:
     elif not a.team:
         notes.append("llama.cpp: not measured (no llama-cpp-python environment under ~/.cache/mtp-atlas/; see the docstring)")
     if not a.team:
-        server_modes, server_notes, server_closers = llamacpp_server_modes(model, a.llamacpp_quant, a.threads, length, n, k)
+        server_modes, server_notes, server_closers = llamacpp_server_modes(model, a.llamacpp_quant, a.threads, length, n, k,
+                                                                           a.draft_vocab)
         modes.update(server_modes)
         notes += server_notes
         closers += server_closers

@@ -472,6 +472,7 @@ def test_a_gguf_set_is_up_to_date_only_for_the_same_checkpoint_build_and_files(r
 
     folder, out = real_gguf
     wanted = {f"{lay}-{t}.gguf" for lay in ("combined", "trunk") for t in ("f16", "Q8_0", "Q4_1")}
+    wanted |= {f"combined-{t}-draft8192.gguf" for t in ("f16", "Q8_0", "Q4_1")}  # the fixture's cut copies
     source = digest(folder)
     assert llamacpp_gguf.up_to_date(out, source, llamacpp_build, wanted) == llamacpp_gguf.read_manifest(out)  # type: ignore[arg-type]
     assert llamacpp_gguf.up_to_date(out, source, llamacpp_build, wanted | {"mtp-f16.gguf"}) is None  # type: ignore[arg-type]
