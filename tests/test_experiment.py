@@ -60,3 +60,21 @@ def test_the_changelog_remeasures_only_within_an_experiment() -> None:
     runs = [Run(r, record_id(r), f"evidence/measurements/r{i}.json") for i, r in enumerate((first, same, other_head))]
     records = changelog._records(changelog._entries(runs, [], Path(".")))
     assert [(r.added, sum(r.remeasured.values())) for r in records] == [(3, 0), (0, 3), (3, 0)]
+
+
+def test_a_cut_draft_is_the_measured_engines_never_a_peers() -> None:
+    """llama.cpp drafting over a cut vocabulary (its nextn-d2t patch) is its own experiment; a peer's
+    cells beside our loop's (transformers' generate) never take our loop's cut."""
+    from atlas.records.experiment import OWN
+    from atlas.records.record import read_record
+
+    vocab = DraftVocab(size=8192, coverage=0.97, table_sha256="cd" * 32, source="s").model_dump()
+    stock = read_record(Path(__file__).resolve().parents[1] / "evidence" / "measurements"
+                        / "20261205T035801Z-mtp-atlas-smollm2-135m-instruct-mtp-5590d70ba230.json")
+    assert stock.engine_run is not None and stock.engine_run.name == "llamacpp"
+    cut = _variant(stock, **{"settings.draft_vocab": vocab})
+    assert {experiment_key(stock, c).draft_vocab for c in stock.cells} == {OWN}
+    assert {experiment_key(cut, c).draft_vocab for c in cut.cells} == {"cd" * 32}
+    ours = _variant(make_record(), **{"settings.draft_vocab": vocab})
+    peer = ours.cells[0].model_copy(update={"engine": "transformers", "engine_version": "transformers 4.57"})
+    assert experiment_key(ours, ours.cells[0]).draft_vocab == "cd" * 32 and experiment_key(ours, peer).draft_vocab == OWN

