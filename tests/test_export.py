@@ -278,9 +278,10 @@ def test_measured_cells_read_in_a_plain_duckdb_carry_verdict_bounds_acceptance_c
         own = row["engine"] != "atlas"
         assert (row["threads"], row["dtype"], row["kernels"]) == (
             raw["hardware"]["torch_threads"], settings["dtype"], "engine's own" if own else settings.get("kernels") or "mm"), where
-        vocab = settings.get("draft_vocab")
-        assert row["draft_vocab"] == ("engine's own" if own else f"{vocab['size']} tokens (sha256 {vocab['table_sha256'][:12]})"
-                                      if vocab else "full"), where
+        vocab = settings.get("draft_vocab")  # a cut draft is the measured engine's (our loop or llama.cpp), never a peer's
+        measured_engine = (raw.get("engine_run") or {}).get("name", "atlas")
+        assert row["draft_vocab"] == (f"{vocab['size']} tokens (sha256 {vocab['table_sha256'][:12]})"
+                                      if vocab and row["engine"] == measured_engine else "engine's own" if own else "full"), where
         assert len(row["experiment_key"]) == 12 and row["experiment"].endswith(f"threads, {raw['hardware']['cpu']} ({row['machine_isa']})"), where
         prov = raw.get("provenance")
         assert row["provenance_recorded"] == (prov is not None), where

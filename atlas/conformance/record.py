@@ -366,7 +366,8 @@ def latest_records(folder: Path) -> list[tuple[Path, ConformanceRecord]]:
 def write_record(record: ConformanceRecord, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     patched = "".join(f"+{p.name}" for p in record.patches)
-    path = folder / f"{record.run_date:%Y%m%dT%H%M%SZ}-{record.package}-{record.version}{patched}.json"
+    cut = f"-draft{record.draft_vocab}" if record.draft_vocab else ""
+    path = folder / f"{record.run_date:%Y%m%dT%H%M%SZ}-{record.package}-{record.version}{patched}{cut}.json"
     path.write_text(record.model_dump_json(indent=1) + "\n")
     return path
 

@@ -121,6 +121,13 @@ def record_setup(r: records.Record) -> str:
     return f"{name}, {setup_details(r)}"
 
 
+def engine_patches(r: records.Record) -> list[str]:
+    """The patches an engine run's build carried (llama.cpp's nextn-d2t), by name; none for our loop."""
+    build = r.engine_run.build if r.engine_run is not None else None
+    patches = build.get("patches") if isinstance(build, dict) else None
+    return [str(p["file"]).removesuffix(".patch") for p in patches if isinstance(p, dict) and "file" in p] if isinstance(patches, list) else []
+
+
 def setup_details(r: records.Record) -> str:
     """A record's threads, matmul kernels and draft vocabulary (record_setup without the engine)."""
     kernels = "its own kernels" if r.engine_run is not None else f"kernels {r.settings.kernels or 'mm (PyTorch matmul)'}"
@@ -130,6 +137,8 @@ def setup_details(r: records.Record) -> str:
     vocab = r.settings.draft_vocab
     drafts = (f"draft vocabulary cut to {vocab.size} tokens" if vocab is not None
               else "full draft vocabulary")
+    if vocab is not None and (patches := engine_patches(r)):
+        drafts += f" (the atlas's patch to the engine: {', '.join(patches)})"
     return f"{threads} thread{'s' if threads != 1 else ''}, {kernels}, {drafts}"
 
 
@@ -510,7 +519,8 @@ def _plain_setup(run: Run) -> str:
     if r.engine_run is None and r.settings.kernels and r.settings.kernels != "mm":
         extras.append("matrix code picked for its checking pass")
     if r.settings.draft_vocab is not None:
-        extras.append("guesses drawn only from the word pieces its head saw most in training")
+        extras.append("guesses drawn only from the word pieces its head saw most in training"
+                      + (" (a change the atlas made to the engine)" if engine_patches(r) else ""))
     return text + (", with " + " and ".join(extras) if extras else "")
 
 
