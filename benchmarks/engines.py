@@ -263,14 +263,15 @@ def main() -> int:
           f"{a.threads} thread(s) for every engine, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; load average before {before}, after {after}")
     for note in notes:
         print(f"  {note}")
-    print(f"\n  {'engine':<24} {'plain tok/s':>11} {'(min/med/max)':>17} {'MTP tok/s':>10} {'(min/med/max)':>17} "
+    width = max(24, *(len(e) for e, _ in modes))
+    print(f"\n  {'engine':<{width}} {'plain tok/s':>11} {'(min/med/max)':>17} {'MTP tok/s':>10} {'(min/med/max)':>17} "
           f"{'MTP/plain':>9} {'acceptance':>10}  greedy vs its plain")
     ours_plain = tallies[("our loop", "plain")]
     engines = list(dict.fromkeys(e for e, _ in modes))
     for e in engines:
         plain = tallies.get((e, "plain")) or ours_plain
         mtp = tallies.get((e, "mtp"))
-        row = f"  {e:<24} {plain.rate():11.1f} {plain.spread():>17} "
+        row = f"  {e:<{width}} {plain.rate():11.1f} {plain.spread():>17} "
         if mtp is None:
             print(row + f"{'-':>10} {'':>17} {'-':>9} {'-':>10}  -")
             continue
