@@ -64,6 +64,13 @@ def test_prepare_unpacks_patches_once_and_keeps_the_source_whole_when_a_patch_fa
     assert (source / "src/a.c").read_text() == "one\n"
     with pytest.raises(AtlasError, match="no llama.cpp sdist there"):
         prepare(source, tmp_path / "none.tar.gz", [good], log=lambda _: None)
+    # a folder of someone's own (a checkout) at that path is never replaced
+    own = tmp_path / "mine" / "pkg-1.0.0" / "llama.cpp"
+    own.mkdir(parents=True)
+    (own / "CMakeLists.txt").write_text("project(mine)\n")
+    with pytest.raises(AtlasError, match="was not unpacked from pkg.tar.gz .its CMakeLists.txt differs.: not replaced"):
+        prepare(own, archive, [good], log=lambda _: None)
+    assert (own / "CMakeLists.txt").read_text() == "project(mine)\n" and sorted(p.name for p in own.parent.parent.iterdir()) == ["pkg-1.0.0"]
 
 
 def test_the_carried_patch_names_what_it_changes_and_is_in_the_build(llamacpp_build: object) -> None:

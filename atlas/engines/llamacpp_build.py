@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -208,12 +209,14 @@ def applied_patches(source: Path) -> list[PatchInfo] | None:
         return None
 
 
-def prepare(source: Path, sdist: Path, patches: tuple[Path, ...] | list[Path], log=print) -> list[PatchInfo]:
+def prepare(source: Path, sdist: Path, patches: tuple[Path, ...] | list[Path],
+            log: Callable[[str], None] = print) -> list[PatchInfo]:
     """The llama.cpp source at `source`, unpacked from `sdist` with exactly `patches` applied (in
     order). Nothing to do where its marker already names them. Otherwise the sdist is unpacked into
     a staging folder beside it, patched there and swapped in whole, so a failed patch leaves the old
     source as it was. tar keeps the files' own times, so the build then recompiles only what the
-    patches touch."""
+    patches touch. A folder this did not unpack from the sdist (no marker, and not the sdist's own
+    files) is never replaced."""
     wanted = patch_infos(patches)
     if applied_patches(source) == wanted:
         return wanted
@@ -227,6 +230,9 @@ def prepare(source: Path, sdist: Path, patches: tuple[Path, ...] | list[Path], l
         fresh = staging / top / source.name
         if not (fresh / "CMakeLists.txt").is_file():
             raise AtlasError(f"{sdist}: it holds no {top}/{source.name}/CMakeLists.txt")
+        if source.exists() and applied_patches(source) is None and not _same_file(source / "CMakeLists.txt", fresh / "CMakeLists.txt"):
+            raise AtlasError(f"{source} was not unpacked from {sdist.name} (its CMakeLists.txt differs): not replaced; "
+                             "point LLAMACPP_SRC at a folder of its own")
         for patch in patches:
             # git apply works as `patch -p1` outside a repository; the ceiling keeps it from finding one above
             done = subprocess.run(["git", "apply", "--whitespace=nowarn", str(patch.resolve())], cwd=fresh, capture_output=True,
@@ -245,6 +251,13 @@ def prepare(source: Path, sdist: Path, patches: tuple[Path, ...] | list[Path], l
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return wanted
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.read_bytes() == b.read_bytes()
+    except OSError:
+        return False
 
 
 def write_info(folder: Path, sdist: Path | None, build_number: int, cmake_flags: str, targets: str) -> BuildInfo:

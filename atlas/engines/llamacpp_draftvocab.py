@@ -64,8 +64,7 @@ def write(src: Path, out: Path, ids: list[int]) -> dict[str, object]:
         raise AtlasError(f"a cut draft vocabulary needs distinct token ids below {n_vocab:,} (got {len(ids):,} ids)")
     row_bytes = (head.nbytes or 0) // n_vocab
 
-    align = header.kv.get("general.alignment", 32)
-    assert isinstance(align, int)
+    align = int(header.kv.get("general.alignment", 32))  # read_header checked it: a power of two
     infos = b"".join(_info_bytes(t) for t in header.tensors)
     with src.open("rb") as f:
         raw = f.read(header.header_bytes)
