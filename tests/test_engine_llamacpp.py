@@ -330,6 +330,7 @@ def test_the_gguf_set_lists_every_file_with_its_sha256_and_command(real_gguf: tu
     assert {(f.layout, f.type, f.draft_vocab) for f in manifest.files} == {
         *((lay, t, None) for lay in ("combined", "trunk") for t in ("f16", "Q8_0", "Q4_1")),
         *(("combined", t, 8192) for t in ("f16", "Q8_0", "Q4_1"))}
+    assert len(manifest.files) == len({f.file for f in manifest.files}) == 9  # each file listed once
     for f in manifest.files:
         assert f.bytes == (out / f.file).stat().st_size
         if f.type == "Q4_1":  # the sha256 recomputed for the smallest files (hashing all takes a minute on busy cores)

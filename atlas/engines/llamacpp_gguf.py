@@ -201,15 +201,15 @@ def make_set(checkpoint: Path, out: Path, build: Build, source: Path, quants: tu
                 files.append(GgufFile(file=target.name, layout=layout, type=q, bytes=target.stat().st_size,
                                       sha256=sha256_file(target), command=shlex.join(["llama-quantize", f16.name, target.name, q])))
                 log(f"  {target.name}: {files[-1].bytes / 2**20:.0f} MiB, sha256 {files[-1].sha256[:12]}…")
-            for entry in [f for f in files if f.layout == "combined" and f.draft_vocab is None] if cut_ids else []:
-                target = folder / entry.file.replace(".gguf", f"-draft{draft_vocab}.gguf")
-                cut = llamacpp_draftvocab.write(folder / entry.file, target, cut_ids)
-                files.append(GgufFile(file=target.name, layout="combined", type=entry.type, bytes=target.stat().st_size,
-                                      sha256=sha256_file(target), draft_vocab=draft_vocab,
-                                      command=(f"atlas real-model-gguf --draft-vocab {draft_vocab}: {entry.file} with blk.{cut['layer']}"
-                                               f".nextn.draft_head (rows of {cut['rows_from']}) and .d2t for the {draft_vocab} most "
-                                               f"frequent tokens of {draftvocab.FILE} (atlas.engines.llamacpp_draftvocab)")))
-                log(f"  {target.name}: {files[-1].bytes / 2**20:.0f} MiB, sha256 {files[-1].sha256[:12]}…")
+        for entry in [f for f in files if f.layout == "combined"] if cut_ids else []:  # after every layout: each once
+            target = folder / entry.file.replace(".gguf", f"-draft{draft_vocab}.gguf")
+            cut = llamacpp_draftvocab.write(folder / entry.file, target, cut_ids)
+            files.append(GgufFile(file=target.name, layout="combined", type=entry.type, bytes=target.stat().st_size,
+                                  sha256=sha256_file(target), draft_vocab=draft_vocab,
+                                  command=(f"atlas real-model-gguf --draft-vocab {draft_vocab}: {entry.file} with blk.{cut['layer']}"
+                                           f".nextn.draft_head (rows of {cut['rows_from']}) and .d2t for the {draft_vocab} most "
+                                           f"frequent tokens of {draftvocab.FILE} (atlas.engines.llamacpp_draftvocab)")))
+            log(f"  {target.name}: {files[-1].bytes / 2**20:.0f} MiB, sha256 {files[-1].sha256[:12]}…")
         manifest = Manifest(source=str(checkpoint), source_digest=digest(checkpoint), build=build.record(), files=files)
         (folder / "manifest.json").write_text(manifest.model_dump_json(indent=1) + "\n")
         return manifest
@@ -228,7 +228,7 @@ def up_to_date(out: Path, source_digest: str, build: Build, wanted: set[str]) ->
         return None
     if manifest.source_digest != source_digest or manifest.build.get("version") != build.version:
         return None
-    if {f.file for f in manifest.files} != wanted:
+    if {f.file for f in manifest.files} != wanted or len(manifest.files) != len(wanted):
         return None
     if any(not (out / f.file).is_file() or sha256_file(out / f.file) != f.sha256 for f in manifest.files):
         return None
