@@ -451,18 +451,23 @@ def test_draft_mtp_at_t1_samples_what_plain_samples(real_gguf: tuple[Path, Path]
     law with and without draft-mtp, one seed per generation, 100 generations a side (chi-square
     homogeneity at 0.001). A verifier that accepted drafts without the rejection step would emit the
     head's law (acceptance about 0.35 here), which this test tells apart."""
+    folder, out = real_gguf
+    same_law_at_t1(llamacpp_build, out / "combined-Q8_0.gguf", out / "combined-Q8_0.gguf", chat_prompts(folder, 1)[0], 2, "greedy")
+
+
+def same_law_at_t1(build: object, plain: Path, drafting: Path, prompt: list[int], k: int, sampling: str) -> None:
+    """The second and third tokens of 100 seeded T = 1 generations a side, plain on `plain` and
+    draft-mtp at k on `drafting`, follow one law (chi-square homogeneity at 0.001)."""
     from atlas.conformance.stats import two_sample_test
 
-    folder, out = real_gguf
-    prompt = chat_prompts(folder, 1)[0]
-    samples = {}
-    for k in (0, 2):
-        args = llamacpp_engine.server_args(1, 1, len(prompt) + 24, repack_setting("auto")[0], k)
-        with Server(llamacpp_build.binary("llama-server"), out / "combined-Q8_0.gguf", args) as server:  # type: ignore[attr-defined]
-            samples[k] = [server.complete(llamacpp_engine.request(prompt, 3, 1.0, seed, Options()), k=k).tokens
-                          for seed in range(100)]
+    samples = []
+    for kk, gguf in ((0, plain), (k, drafting)):
+        args = llamacpp_engine.server_args(1, 1, len(prompt) + 24, repack_setting("auto")[0], kk, sampling)
+        with Server(build.binary("llama-server"), gguf, args) as server:  # type: ignore[attr-defined]
+            samples.append([server.complete(llamacpp_engine.request(prompt, 3, 1.0, seed, Options()), k=kk).tokens
+                            for seed in range(100)])
     for position in (1, 2):
-        test = two_sample_test([(t[position],) for t in samples[0]], [(t[position],) for t in samples[2]])
+        test = two_sample_test([(t[position],) for t in samples[0]], [(t[position],) for t in samples[1]])
         assert test["p_value"] is None or test["p_value"] > 1e-3, (position, test)
 
 

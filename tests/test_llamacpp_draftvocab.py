@@ -232,20 +232,11 @@ def test_a_cut_draft_at_t1_samples_what_plain_samples(real_gguf: tuple[Path, Pat
     """T = 1, Q8_0, k = 2, probabilistic drafts from the cut head (the rejection rule's own test):
     the second and third tokens follow the same law with and without drafting, 100 seeds a side
     (chi-square homogeneity at 0.001)."""
-    from atlas.conformance.stats import two_sample_test
-    from tests.test_engine_llamacpp import chat_prompts
+    from tests.test_engine_llamacpp import chat_prompts, same_law_at_t1
 
     folder, out = real_gguf
-    prompt = chat_prompts(folder, 1)[0]
-    samples = {}
-    for k, gguf, sampling in ((0, out / "combined-Q8_0.gguf", "greedy"), (2, cut_set(real_gguf, "Q8_0"), "probabilistic")):
-        args = llamacpp_engine.server_args(1, 1, len(prompt) + 24, repack_setting("auto")[0], k, sampling)
-        with Server(llamacpp_build.binary("llama-server"), gguf, args) as server:  # type: ignore[attr-defined]
-            samples[k] = [server.complete(llamacpp_engine.request(prompt, 3, 1.0, seed, Options()), k=k).tokens
-                          for seed in range(100)]
-    for position in (1, 2):
-        test = two_sample_test([(t[position],) for t in samples[0]], [(t[position],) for t in samples[2]])
-        assert test["p_value"] is None or test["p_value"] > 1e-3, (position, test)
+    same_law_at_t1(llamacpp_build, out / "combined-Q8_0.gguf", cut_set(real_gguf, "Q8_0"), chat_prompts(folder, 1)[0], 2,
+                   "probabilistic")
 
 
 @pytest.mark.slow  # a live llama.cpp server on the real model

@@ -124,8 +124,10 @@ def record_setup(r: records.Record) -> str:
 def engine_patches(r: records.Record) -> list[str]:
     """The patches an engine run's build carried (llama.cpp's nextn-d2t), by name; none for our loop."""
     build = r.engine_run.build if r.engine_run is not None else None
-    patches = build.get("patches") if isinstance(build, dict) else None
-    return [str(p["file"]).removesuffix(".patch") for p in patches if isinstance(p, dict) and "file" in p] if isinstance(patches, list) else []
+    patches = build.get("patches") if isinstance(build, dict) else None  # a record's build is free-form: checked here
+    if not isinstance(patches, list):
+        return []
+    return [str(p["file"]).removesuffix(".patch") for p in patches if isinstance(p, dict) and "file" in p]
 
 
 def setup_details(r: records.Record) -> str:
