@@ -130,12 +130,18 @@ def engine_patches(r: records.Record) -> list[str]:
     return [str(p["file"]).removesuffix(".patch") for p in patches if isinstance(p, dict) and "file" in p]
 
 
+def run_threads(r: records.Record) -> int:
+    """The threads a run decoded with: an engine that runs its own (llama.cpp's --threads) records them
+    with its arguments; else the torch threads of the process."""
+    engine_threads = r.engine_run.engine_args.get("threads") if r.engine_run is not None else None
+    return engine_threads if isinstance(engine_threads, int) and not isinstance(engine_threads, bool) else r.hardware.torch_threads
+
+
 def setup_details(r: records.Record) -> str:
     """A record's threads, matmul kernels and draft vocabulary (record_setup without the engine)."""
     kernels = "its own kernels" if r.engine_run is not None else f"kernels {r.settings.kernels or 'mm (PyTorch matmul)'}"
     # an engine that runs its own threads (llama.cpp's --threads) records them with its arguments
-    engine_threads = r.engine_run.engine_args.get("threads") if r.engine_run is not None else None
-    threads = engine_threads if isinstance(engine_threads, int) and not isinstance(engine_threads, bool) else r.hardware.torch_threads
+    threads = run_threads(r)
     vocab = r.settings.draft_vocab
     drafts = (f"draft vocabulary cut to {vocab.size} tokens" if vocab is not None
               else "full draft vocabulary")
@@ -351,23 +357,21 @@ def featured(runs: list[Run]) -> tuple[int, Run] | None:
     newest real-model run when none timed them; None without a real model."""
     real = [(n, r) for n, r in evidence_runs(runs) if is_real(r)]
 
-    def speeds(run: Run) -> tuple[float, float]:
-        pooled = pooled_speed(gated_cells(run))
-        return (pooled[1], pooled[2]) if pooled else (0.0, 0.0)
+    speeds = {n: pooled_speed(gated_cells(run)) or (0, 0.0, 0.0) for n, run in real}  # (k, plain, MTP tokens/s)
 
     def setup(run: Run) -> tuple[object, ...]:
         """What fixes plain decoding: model, engine, weights as run, threads, machine and day."""
         r = run.record
-        engine_threads = r.engine_run.engine_args.get("threads") if r.engine_run is not None else None
-        return (r.model_id, r.revision, r.engine_run.name if r.engine_run else "atlas", r.settings.dtype,
-                engine_threads or r.hardware.torch_threads, r.hardware.cpu, r.run_date.date())
+        return (r.model_id, r.revision, r.engine_run.name if r.engine_run else "atlas", r.settings.dtype, run_threads(r),
+                r.hardware.cpu, r.run_date.date())
 
+    setups = {n: setup(run) for n, run in real}
     plain_of_setup: dict[tuple[object, ...], float] = {}
-    for _, run in real:
-        plain_of_setup[setup(run)] = max(plain_of_setup.get(setup(run), 0.0), speeds(run)[0])
+    for n, _ in real:
+        plain_of_setup[setups[n]] = max(plain_of_setup.get(setups[n], 0.0), speeds[n][1])
     # among one day's engine runs, the setup whose plain decoding was fastest: the one a user would pick
     return max(real, key=lambda nr: (nr[1].record.pass_costs is not None, nr[1].record.engine_run is not None,
-                                     nr[1].record.run_date.date(), plain_of_setup[setup(nr[1])], speeds(nr[1])[1],
+                                     nr[1].record.run_date.date(), plain_of_setup[setups[nr[0]]], speeds[nr[0]][2],
                                      nr[1].record.run_date, nr[0]),
                default=None)
 
