@@ -113,8 +113,15 @@ class FusedModel:
         # caches, masks and RoPE tables live with it, and only the hidden rows cross devices.
         self.embed = embed.weight.detach()
         self._auto = self.kernels == "auto"
-        if self._auto and self.device.type == "cpu" and self.dtype == torch.float32 and onepass.load() is not None:
-            self.kernels = "onepass"
+        # Why "auto" could not take the one-pass kernel for an fp32 model on CPU, named in what the
+        # record keeps: the same machine gave 1.17 plain steps per verify with it and 1.6 without
+        # (issue 42), so a record must say which and why
+        self._onepass_absent: str | None = None
+        if self._auto and self.device.type == "cpu" and self.dtype == torch.float32:
+            if onepass.load() is not None:
+                self.kernels = "onepass"
+            else:
+                self._onepass_absent = onepass.absent()
         # DSA families run as dense attention (atlas.decode.mtphead.AllKeys): exact only while
         # no forward sees more than index_topk keys, so a longer one is refused, never approximated.
         self.dense_limit: int | None = getattr(config, "index_topk", None)
@@ -181,7 +188,8 @@ class FusedModel:
         rows = faster_rows(times)
         for linear in linears:
             linear.packed_rows = rows
-        return f"auto: oneDNN for {describe_rows(rows)}" if rows else "auto: torch.mm for every row count"
+        auto = "auto" if self._onepass_absent is None else f"auto ({self._onepass_absent})"
+        return f"{auto}: oneDNN for {describe_rows(rows)}" if rows else f"{auto}: torch.mm for every row count"
 
     def _mtp_pieces(self, head: MtpHead) -> "MtpPieces":
         device = device_of(head.block, self.device)

@@ -72,6 +72,13 @@ def missing() -> str | None:
     return None
 
 
+def absent() -> str | None:
+    """Why load() gives None, in the few words a record keeps (no local paths), or None."""
+    if unsupported() is not None:
+        return "one-pass kernel unsupported: no AVX2 and FMA"
+    return None if load() is not None else "one-pass kernel not built"
+
+
 def build() -> Path:
     """Compile onepass.cpp into build_dir() (a no-op when it is there): AtlasError on failure."""
     if (reason := unsupported()) is not None:

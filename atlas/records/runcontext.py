@@ -96,7 +96,8 @@ class Settings(Strict):
     regime: str | None = None
     # CPU matmul kernels of our loop (atlas.decode.kernels.KERNELS): "onepass", "rows", "mm", or
     # what "auto" chose on the run's machine ("auto: one-pass kernel for every row count", "auto:
-    # oneDNN for 3, 4, 5 rows"); None in records from before the choice existed (they ran "mm")
+    # oneDNN for 3, 4, 5 rows", or with why the one-pass kernel was not taken: "auto (one-pass
+    # kernel not built): oneDNN for 3 rows"); None in records from before the choice existed ("mm")
     kernels: Name | None = None
     draft_vocab: DraftVocab | None = None  # --draft-vocab: the MTP head scored only these tokens
     # MTP layer-local tensors the checkpoint does not ship, each bound to the target's tensor named
