@@ -83,8 +83,10 @@ real-model-head-data: real-model-deps  ## regenerate the head's training data (t
 	$(ATLAS) real-model-head-data
 
 # Deliberate, like team-model: retrains the committed head from the committed answers, within 60 min
-# on 2 cores, deterministic from its seed (recipe.json records the data digest, the loss curve and
-# the held-out acceptance per position). The init ablation: $(ATLAS) real-model-head --ablation --epochs 0.25
+# on the 2 cores it was made on, deterministic from its seed (recipe.json records the data digest,
+# the loss curve and the held-out acceptance per position). On the project's AVX2-only EPYC bf16 is
+# the slower: add --precision float32 there (docs/measure.md). The teacher pass is kept for the next run (headtrain/teachercache.py).
+# Ablations at equal budget: $(ATLAS) real-model-head --ablation init|loss-vocab --epochs 0.25
 real-model-head: real-model-deps  ## retrain the real team model's MTP head by self-distillation (main model frozen)
 	timeout 60m $(ATLAS) real-model-head
 

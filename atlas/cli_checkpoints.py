@@ -73,28 +73,39 @@ def real_model_head_data(out: Path | None, workers: int | None, samples: int | N
 
 @click.command("real-model-head")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="head folder, which holds the committed training data (default: data/real-heads/smollm2-135m-mtp/)")
+              help="head folder (default: data/real-heads/smollm2-135m-mtp/, which holds the committed training data)")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="folder of the training data (default: the head folder if it holds answers, else the committed ones)")
 @click.option("--seed", type=int, default=None, help="seed of the init and the batches")
 @click.option("--init", type=click.Choice(["last_layer", "mlp", "random"]), default=None, help="MTP block initialisation (default last_layer)")
 @click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=None, help="passes over the training sequences (default 0.75)")
 @click.option("--depth", type=click.IntRange(min=1, max=8), default=None, help="chain steps trained, drafts deep (default 3)")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads (default 2; part of the recipe)")
 @click.option("--sequence-limit", type=click.IntRange(min=2), default=None, help="train on N sequences evenly spaced over the data")
-@click.option("--ablation", is_flag=True, help="instead: the three initialisations at this budget, written to ablation.json")
-def real_model_head(out: Path | None, ablation: bool, **options: object) -> None:
+@click.option("--precision", type=click.Choice(["float32", "bfloat16"]), default=None,
+              help="training matmuls (default bfloat16; on the project's AVX2-only CPU float32 is the faster)")
+@click.option("--loss-vocab", type=click.IntRange(min=2), default=None,
+              help="the loss over the N most frequent training answer tokens (the cut draft vocabulary) only")
+@click.option("--ablation", type=click.Choice(["init", "loss-vocab"]), default=None,
+              help="instead: heads that differ only in this, at this budget, written to ablation-<field>.json")
+def real_model_head(out: Path | None, data_dir: Path | None, ablation: str | None, **options: object) -> None:
     """Train the MTP head of the real team model (SmolLM2-135M-Instruct, frozen) by self-distillation on its committed answers."""
     from atlas.checkpoints import headtrain, smollm
 
     spec = headtrain.HeadSpec(**{k: v for k, v in options.items() if v is not None})
     folder = out or smollm.HEAD_DIR
+    # a head folder without answers of its own (a candidate beside the committed head) trains on the committed ones
+    data_dir = data_dir or (folder if (folder / headtrain.data.SIDECAR).is_file() else smollm.HEAD_DIR)
     if ablation:
-        table = headtrain.ablation(spec, folder, log=click.echo)
-        for init, row in table["inits"].items():
+        field = ablation.replace("-", "_")
+        table = headtrain.ablation(spec, folder, field, log=click.echo, data_dir=data_dir)
+        for value, row in table["variants"].items():
             after = row["heldout_after"]
-            click.echo(f"  {init:<10} held-out T=0 per position {after['t0_conditional']}, T=1 {after['t1_expected']}")
-        click.echo(f"saved {folder / headtrain.ABLATION_FILE}: best {table['best']} ({table['rule']})")
+            click.echo(f"  {value:<10} held-out T=0 per position {after['t0_conditional']}, T=1 {after['t1_expected']}, "
+                       f"training {row['seconds']['train']:.0f} s")
+        click.echo(f"saved {folder / headtrain.ablation_file(field)}: best {table['best']} ({table['rule']})")
         return
-    recipe = headtrain.make_head(spec, folder, log=click.echo)
+    recipe = headtrain.make_head(spec, folder, log=click.echo, data_dir=data_dir)
     after = recipe["heldout_after"]
     click.echo(f"saved head {recipe['head_sha256'][:12]}: {recipe['steps']} steps over {recipe['data']['training_answer_tokens']} "
                f"answer tokens, {recipe['seconds']}; held-out first-draft acceptance T=0 {after['t0_conditional'][0]}, "

@@ -18,9 +18,10 @@ from atlas.decode import draftvocab
 from atlas.checkpoints import smollm
 from atlas.decode.mtphead import load_family
 from atlas.families.table import FAMILIES
-from atlas.checkpoints.headtrain import data, prompts
+from atlas.checkpoints.headtrain import data, prompts, teachercache
 from atlas.checkpoints.headtrain.head import MtpLayer, Shape
-from atlas.checkpoints.headtrain.train import HeadSpec, measure, residual_rms, teacher_pass, train
+from atlas.checkpoints.headtrain.train import (HeadSpec, LossVocab, frequencies, make_batch, measure, residual_rms, step_losses,
+                                               teacher_pass, train)
 from atlas.decode.model import build_fused_model
 from atlas.checkpoints.team_corpus import build_tokenizer
 from atlas.records.workloads import PROMPT_SETS, load_prompt_set
@@ -116,6 +117,70 @@ def test_recorded_acceptance_equals_an_independent_count_through_the_loop(tiny) 
     assert got["t0_reached"] == reached
     assert got["t0_conditional"] == [round(a / r, 4) if r else None for a, r in zip(accepted, reached)]
     assert sum(reached) > 60 and accepted[0] > 0
+
+
+def test_the_cut_loss_is_the_kl_over_the_set_decoding_drafts_from(tiny, tmp_path: Path) -> None:
+    """With loss_vocab N, training cuts the same N ids as the draft vocabulary file decoding reads,
+    and each step's loss equals a KL recomputed here by hand: the target's truncated top-k kept on
+    the cut and renormalised, against the full logits' softmax over the cut ids alone; a row whose
+    target lies wholly outside the cut is dropped."""
+    llama, head, _ = tiny
+    seqs = random_sequences(12)
+    embed = llama.get_input_embeddings().weight
+    cut = LossVocab.of(seqs, 40, embed)
+    draftvocab.write(tmp_path, frequencies(seqs), "test")
+    kept = draftvocab.read(tmp_path, 40, embed.shape[0])[0]
+    assert torch.equal(cut.place.ge(0).nonzero().flatten(), kept) and torch.equal(cut.rows, embed[kept])
+    with pytest.raises(AtlasError, match="distinct tokens"):
+        LossVocab.of(seqs, embed.shape[0] + 1, embed)
+
+    teacher = teacher_pass(llama, seqs, 8, lambda _: None)
+    train_ids = [i for i, s in enumerate(seqs) if not s.heldout]
+    batch = make_batch(seqs, teacher, train_ids[:4], 2)
+    with torch.no_grad():
+        got = step_losses(head, batch, 2, cut)
+        outs = head.chain(batch.hidden, batch.ids, 2)
+    kept_set = set(kept.tolist())
+    for s, (out, (b, j)) in enumerate(zip(outs, batch.rows)):
+        total, rows, dropped = 0.0, 0, 0
+        for r in range(len(b)):
+            full = head.logits(out[b[r], j[r]]).double()
+            log_q = dict(zip(kept.tolist(), full[kept].log_softmax(-1).tolist()))
+            pairs = [(t, p) for t, p in zip(batch.target_ids[s][r].tolist(), batch.target_p[s][r].tolist()) if t in kept_set]
+            mass = sum(p for _, p in pairs)
+            if mass == 0:
+                dropped += 1
+                continue
+            total += sum(p / mass * (torch.tensor(p / mass).log().item() - log_q[t]) for t, p in pairs if p > 0)
+            rows += 1
+        assert rows > 10 and dropped > 0  # 40 of ~300 ids: some targets fall wholly outside
+        assert got[s].item() == pytest.approx(total / rows, rel=1e-4), s
+
+
+def test_a_stored_teacher_pass_reads_back_exactly_and_only_for_its_own_facts(tmp_path: Path, monkeypatch) -> None:
+    """The cache gives the same tensors the pass computed; a run with other facts, a truncated file
+    or a file of another sequence count computes it again (never trusts it)."""
+    import atlas.checkpoints.headtrain.teachercache as cache
+
+    llama = tiny_llama()
+    seqs = random_sequences(6)
+    spec = HeadSpec(threads=1, target_top_k=8, precision="float32")
+    passes = []
+    real_pass = cache.teacher_pass
+    monkeypatch.setattr(cache, "teacher_pass", lambda *a, **k: passes.append(1) or real_pass(*a, **k))
+    facts = {"data_sha256": "a" * 64}
+    first = teachercache.teacher(llama, seqs, spec, facts, lambda _: None, tmp_path)
+    again = teachercache.teacher(llama, seqs, spec, facts, lambda _: None, tmp_path)
+    assert len(passes) == 1
+    for field in ("hidden", "top_ids", "top_logp"):
+        assert all(torch.equal(x, y) for x, y in zip(getattr(first, field), getattr(again, field), strict=True))
+    teachercache.teacher(llama, seqs, spec, {"data_sha256": "b" * 64}, lambda _: None, tmp_path)
+    assert len(passes) == 2 and len(list(tmp_path.glob("*.safetensors"))) == 2
+    stored = sorted(tmp_path.glob("*.safetensors"))[0]
+    stored.write_bytes(stored.read_bytes()[:-100])  # one of the two truncated: computed again, and stored whole
+    teachercache.teacher(llama, seqs, spec, facts, lambda _: None, tmp_path)
+    teachercache.teacher(llama, seqs, spec, {"data_sha256": "b" * 64}, lambda _: None, tmp_path)
+    assert len(passes) == 3
 
 
 def own_answers(llama, n: int) -> list[data.Sequence]:

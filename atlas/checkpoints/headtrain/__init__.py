@@ -7,7 +7,8 @@ The parts, in the order the data flows:
 - data.py: its answers, generated once and committed as token ids (`atlas real-model-head-data`);
 - head.py: the MTP layer as decoding runs it, several drafts deep;
 - train.py: the teacher pass, the loss, the loop and the held-out acceptance;
-- this module: `make_head` (`atlas real-model-head`) and the init ablation, which write the head,
+- teachercache.py: the teacher pass kept between runs (outside the clone);
+- this module: `make_head` (`atlas real-model-head`) and the ablations, which write the head,
   its recipe (everything the head depends on and every figure measured of it) and the frequency
   table of a cut draft vocabulary.
 """
@@ -16,22 +17,21 @@ from __future__ import annotations
 
 import json
 import platform
-from collections import Counter
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from atlas import __version__
+from atlas import AtlasError, __version__
 from atlas.decode import draftvocab
 from atlas.checkpoints import smollm
 from atlas.paths import sha256_file
-from atlas.checkpoints.headtrain import data
+from atlas.checkpoints.headtrain import data, teachercache
 from atlas.checkpoints.headtrain.head import INITS
-from atlas.checkpoints.headtrain.train import HeadSpec, Teacher, Trained, subset, teacher_pass, train
+from atlas.checkpoints.headtrain.train import HeadSpec, Teacher, Trained, frequencies, subset, train
 
 TARGET = ("KL(p_main(t+s+1 | tokens <= t+s) || q_mtp, step s) at T=1 over a {depth}-step recursive chain of the one MTP "
           "layer, step weights {weights}: the main model's own distribution, self-distilled")
-ABLATION_FILE = "ablation.json"
 
 
 def _command(name: str, spec: HeadSpec, out: Path) -> str:
@@ -41,13 +41,8 @@ def _command(name: str, spec: HeadSpec, out: Path) -> str:
     return f"atlas {name}" + ("" if default_out else f" --out {out}") + "".join(changed)
 
 
-def frequencies(sequences: list[data.Sequence]) -> Counter[int]:
-    """Answer tokens of the training (not held-out) sequences: what a cut draft vocabulary keeps."""
-    return Counter(t for s in sequences if not s.heldout for t in s.ids[s.prompt_len:])
-
-
 def save(result: Trained, sequences: list[data.Sequence], side: dict[str, Any], spec: HeadSpec, out: Path,
-         command: str) -> dict[str, Any]:
+         command: str, data_dir: Path | None = None) -> dict[str, Any]:
     """head.safetensors, draft_vocab.json and recipe.json (with the head's sha256) under `out`."""
     import torch
     import transformers
@@ -76,7 +71,7 @@ def save(result: Trained, sequences: list[data.Sequence], side: dict[str, Any], 
         "init": spec.init,
         "eh_proj_init": f"[{result.residual / 4:g} I | {result.residual:g} I]: the main model's residual RMS before its last layer",
         "data": {
-            "file": f"{smollm.HEAD_DIR.name}/{data.DATA_FILE}", "sha256": side["sha256"], "command": side["command"],
+            "file": f"{(data_dir or out).resolve().name}/{data.DATA_FILE}", "sha256": side["sha256"], "command": side["command"],
             "prompts_sha256": side["prompts_sha256"], "sequences": side["sequences"],
             "heldout_sequences": side["heldout_sequences"], "tokens": side["tokens"], "answer_tokens": side["answer_tokens"],
             "training_answer_tokens": result.train_tokens, "spec": side["spec"],
@@ -95,31 +90,65 @@ def save(result: Trained, sequences: list[data.Sequence], side: dict[str, Any], 
     return recipe
 
 
+def _teacher(llama: Any, sequences: list[data.Sequence], side: dict[str, Any], spec: HeadSpec,
+             log: Callable[[str], None]) -> tuple[Teacher, float]:
+    """The teacher pass over the spec's sequences (teachercache: read back when an earlier run made
+    it) and the seconds it took here."""
+    start = time.perf_counter()
+    facts = {"data_sha256": side["sha256"], "main_gguf_sha256": smollm.GGUF_SHA256, "sequence_limit": spec.sequence_limit}
+    found = teachercache.teacher(llama, subset(sequences, spec.sequence_limit), spec, facts, log)
+    return found, round(time.perf_counter() - start, 1)
+
+
 def make_head(spec: HeadSpec, out: Path, log: Callable[[str], None] = print, data_dir: Path | None = None) -> dict[str, Any]:
     """Train on the committed answers (in `data_dir`, default `out`) and save the head under `out`."""
     sequences, side = data.load(data_dir or out)
     llama, _ = smollm.load_original()
-    result = train(spec, sequences, llama, log)
-    return save(result, subset(sequences, spec.sequence_limit), side, spec, out, _command("real-model-head", spec, out))
+    teacher, seconds = _teacher(llama, sequences, side, spec, log)
+    result = train(spec, sequences, llama, log, teacher=teacher)
+    result.seconds["teacher_pass"] = seconds
+    return save(result, subset(sequences, spec.sequence_limit), side, spec, out, _command("real-model-head", spec, out), data_dir)
 
 
-def ablation(spec: HeadSpec, out: Path, log: Callable[[str], None] = print, data_dir: Path | None = None) -> dict[str, Any]:
-    """The three initialisations at one equal budget (`spec`, e.g. a fraction of an epoch), sharing
-    one teacher pass; the held-out figures of each, written to ablation.json under `out`."""
+# What an ablation compares: one spec field and the values it takes, all at the spec's budget
+# (loss_vocab: the full vocabulary against the spec's cut, 8192 where it names none)
+ABLATIONS: dict[str, Callable[[HeadSpec], list[Any]]] = {
+    "init": lambda spec: list(INITS),
+    "loss_vocab": lambda spec: [None, spec.loss_vocab or 8192],
+}
+
+
+def ablation_file(field: str) -> str:
+    return f"ablation-{field}.json"
+
+
+def ablation(spec: HeadSpec, out: Path, field: str = "init", log: Callable[[str], None] = print,
+             data_dir: Path | None = None) -> dict[str, Any]:
+    """Heads that differ only in `field` (ABLATIONS), trained at one equal budget (`spec`, e.g. a
+    fraction of an epoch, from the same init and batches) after one shared teacher pass; the
+    held-out figures and seconds of each, written to ablation-<field>.json under `out`."""
+    if field not in ABLATIONS:
+        raise AtlasError(f"no ablation of {field!r}: {', '.join(ABLATIONS)}")
+    values = ABLATIONS[field](spec)
     sequences, side = data.load(data_dir or out)
     llama, _ = smollm.load_original()
-    teacher: Teacher | None = None
+    teacher, seconds = _teacher(llama, sequences, side, spec, log)
     rows: dict[str, Any] = {}
-    for init in INITS:
-        log(f"init {init}")
-        if teacher is None:
-            teacher = teacher_pass(llama, subset(sequences, spec.sequence_limit), spec.target_top_k, log, precision=spec.precision)
-        result = train(spec.model_copy(update={"init": init}), sequences, llama, log, teacher=teacher)
-        rows[init] = {"heldout_after": result.after, "curve": result.curve, "seconds": result.seconds, "steps": result.steps}
+    for value in values:
+        log(f"{field} {value}")
+        result = train(spec.model_copy(update={field: value}), sequences, llama, log, teacher=teacher)
+        rows[str(value)] = {"heldout_after": result.after, "curve": result.curve, "seconds": result.seconds, "steps": result.steps}
     best = max(rows, key=lambda k: (rows[k]["heldout_after"]["t0_conditional"][0], rows[k]["heldout_after"]["t1_expected"][0]))
-    table = {"what": "MTP head initialisations at equal budget (atlas.checkpoints.headtrain.ablation)",
-             "command": _command("real-model-head --ablation", spec, out), "data_sha256": side["sha256"],
-             "spec": spec.model_dump(exclude={"init"}), "best": best, "rule": "highest held-out first-draft T=0 acceptance",
-             "inits": rows}
-    (out / ABLATION_FILE).write_text(json.dumps(table, indent=1) + "\n")
+    table = {"what": f"MTP heads that differ only in {field}, at equal budget (atlas.checkpoints.headtrain.ablation)",
+             "command": _command(f"real-model-head --ablation {field.replace('_', '-')}", spec, out), "data_sha256": side["sha256"],
+             "spec": spec.model_dump(exclude={field}), "teacher_pass_seconds": seconds, "best": best,
+             "rule": "highest held-out first-draft T=0 acceptance over the full vocabulary", "variants": rows,
+             "versions": {"python": platform.python_version(), "torch": _torch_version()}}
+    (out / ablation_file(field)).write_text(json.dumps(table, indent=1) + "\n")
     return table
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
