@@ -1,7 +1,7 @@
 """The teacher pass, kept between training runs.
 
 The frozen main model's pass over the committed answers gives every run the same hiddens and
-targets, and it is the slowest part of a short run: 29 minutes over the committed data in fp32 on
+targets, and it is the slowest part of a short run: 23 minutes over the committed data in fp32 on
 the project's 2-core AMD EPYC (AVX2; bf16 there is slower still). A run whose data, main model,
 top-k, precision, thread count and torch are those of an earlier run reads that run's pass back.
 
