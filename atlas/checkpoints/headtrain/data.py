@@ -161,10 +161,16 @@ def _stage(run: Callable[..., Any], tokenizer: PreTrainedTokenizerBase, prompts:
 # ---- the committed file ------------------------------------------------------------------------
 
 
-def save(sequences: list[Sequence], spec: DataSpec, out: Path, command: str, seconds: float) -> dict[str, Any]:
-    import numpy as np
+def versions() -> dict[str, str]:
+    """The software a file of this package's making depends on (the data, a head, an ablation)."""
     import torch
     import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def save(sequences: list[Sequence], spec: DataSpec, out: Path, command: str, seconds: float) -> dict[str, Any]:
+    import numpy as np
     from safetensors.numpy import save_file
 
     categories = sorted({s.category for s in sequences})
@@ -199,7 +205,7 @@ def save(sequences: list[Sequence], spec: DataSpec, out: Path, command: str, sec
         "answer_tokens_per_category": {c: sum(len(s.ids) - s.prompt_len for s in sequences if s.category == c) for c in categories},
         "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
         "seconds": round(seconds, 1),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
+        "versions": versions(),
     }
     (out / SIDECAR).write_text(json.dumps(side, indent=1) + "\n")
     return side
