@@ -67,6 +67,19 @@ def test_a_measure_run_records_its_command_without_the_endpoint_password(monkeyp
     assert "--endpoint https://hub.example" in recorded
 
 
+def test_a_measure_run_records_no_absolute_path_of_the_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    from atlas.engines.stamp import command_line
+    from atlas.paths import ROOT
+
+    inside = str(ROOT / "data" / "real-models" / "smollm2-135m-mtp")
+    monkeypatch.setattr(sys, "argv", ["atlas", "measure", "run", "--model", inside, "--out", "/home/alice/runs/today",
+                                      "--prompts-file=/home/alice/my prompts.json", "--prompt-set", "atlas-chat-v1"])
+    recorded = command_line()
+    assert "alice" not in recorded and str(ROOT) not in recorded, recorded
+    assert recorded == ("atlas measure run --model data/real-models/smollm2-135m-mtp --out today "
+                        "'--prompts-file=my prompts.json' --prompt-set atlas-chat-v1")
+
+
 def test_a_record_whose_command_holds_a_password_is_refused_by_name(tmp_path: Path) -> None:
     from test_records import make_record
 

@@ -18,6 +18,7 @@ from atlas.records.record import (
     Record,
     Repeat,
     canonical_bytes,
+    forget_record,
     import_records,
     parse_record,
     read_record,
@@ -109,6 +110,17 @@ def test_import_is_idempotent(tmp_path: Path) -> None:
     lossless = con.execute(
         "SELECT greedy_lossless FROM measurement_cells WHERE temperature > 0 LIMIT 1").fetchone()
     assert lossless == (None,)
+
+
+def test_a_renamed_record_keeps_its_rows_under_its_new_path(tmp_path: Path) -> None:
+    path = write_record(make_record(), tmp_path / "m")
+    con = connect(tmp_path / "db.duckdb")
+    assert import_records(con, tmp_path / "m")[0] == 1
+    moved = path.rename(path.with_name("renamed.json"))
+    assert import_records(con, tmp_path / "m") == (0, 1, [])
+    paths = {r[0] for r in con.execute("SELECT DISTINCT source_path FROM measurement_cells").fetchall()}
+    assert paths == {moved.resolve().as_posix()}, paths
+    assert forget_record(con, paths.pop()) and con.execute("SELECT count(*) FROM measurement_cells").fetchone() == (0,)
 
 
 def _tamper(path: Path, edit) -> None:

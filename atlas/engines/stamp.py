@@ -17,7 +17,7 @@ from atlas import __version__
 from atlas.hub import redact
 from atlas.decode.placement import Placement
 from atlas.records.runcontext import Hardware, Software
-from atlas.paths import ROOT
+from atlas.paths import ROOT, published
 
 
 def cpu_name() -> str:
@@ -112,5 +112,12 @@ def load_average() -> list[float] | None:
 
 def command_line() -> str:
     """The command as the record keeps it, which evidence and export publish: without the user
-    info of a URL (`--endpoint https://user:password@host`) or a registered token."""
-    return redact.text(shlex.join(["atlas", *sys.argv[1:]]))
+    info of a URL (`--endpoint https://user:password@host`) or a registered token, and with each
+    absolute path (`--out /home/me/runs`, `--model=/data/ckpt`) as paths.published gives it:
+    relative to the repository, else the name alone, never the runner's own folders."""
+    return redact.text(shlex.join(["atlas", *(_published_arg(a) for a in sys.argv[1:])]))
+
+
+def _published_arg(arg: str) -> str:
+    option, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+    return option + eq + published(value) if value.startswith("/") else arg

@@ -538,8 +538,8 @@ def import_records(con: duckdb.DuckDBPyConnection, directory: Path) -> tuple[int
     """Load every *.json under `directory`: (files loaded, files already present, errors).
 
     Idempotent: a record is keyed by the sha256 of its canonical serialisation (canonical_bytes), so
-    a copy re-saved with other whitespace is "already present". A file whose content changed
-    replaces the rows from its previous version. Files over MAX_RECORD_BYTES are refused unread.
+    a copy re-saved with other whitespace is "already present", and a renamed one keeps its rows
+    under its new path. A file whose content changed replaces the rows from its previous version. Files over MAX_RECORD_BYTES are refused unread.
     Each file is its own transaction, so a rejected file costs nothing but itself."""
     import duckdb
 
@@ -556,6 +556,8 @@ def import_records(con: duckdb.DuckDBPyConnection, directory: Path) -> tuple[int
         # rows stored before a column existed are loaded again to fill it
         if con.execute("SELECT 1 FROM measurement_cells WHERE record_id = ? AND "
                        + " AND ".join(f"{c} IS NOT NULL" for c in FILLED) + " LIMIT 1", [rid]).fetchone():
+            # a renamed or moved file: its rows follow it (evidence and export read the record from there)
+            con.execute("UPDATE measurement_cells SET source_path = ? WHERE record_id = ? AND source_path <> ?", [source, rid, source])
             present += 1
             continue
         con.execute("BEGIN TRANSACTION")
