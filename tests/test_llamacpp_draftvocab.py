@@ -144,6 +144,16 @@ def test_a_copy_that_could_not_draft_right_is_refused_by_name(tmp_path: Path, mo
     assert not (tmp_path / "cut.gguf").exists() and not list(tmp_path.glob("*.partial"))
 
 
+def test_a_file_that_ends_inside_its_head_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    src = with_data(mtp_model(own_head=True), tmp_path / "c.gguf")
+    header = read_header(llamacpp_gguf.FileSource(src), src.name)
+    [head] = [t for t in header.tensors if t.name == "blk.2.nextn.shared_head_head.weight"]
+    src.write_bytes(src.read_bytes()[:-(-header.header_bytes // 32) * 32 + head.offset + 5])
+    with pytest.raises(AtlasError, match="tensors claim .* bytes, the file holds"):
+        llamacpp_draftvocab.write(src, tmp_path / "cut.gguf", [1, 2])
+    assert not (tmp_path / "cut.gguf").exists() and not list(tmp_path.glob("*.partial"))
+
+
 def test_a_file_that_already_drafts_over_a_cut_is_not_cut_again(tmp_path: Path) -> None:
     src = with_data(mtp_model(), tmp_path / "c.gguf")
     llamacpp_draftvocab.write(src, tmp_path / "cut.gguf", [1, 2])

@@ -73,10 +73,9 @@ def write(src: Path, out: Path, ids: list[int]) -> dict[str, object]:
         data_start = _aligned(header.header_bytes, align)
         last = max(t.offset + (t.nbytes or 0) for t in header.tensors)  # a file may end at its last tensor, unpadded
         data_end = _aligned(last, align)
-        rows = bytearray()
-        for i in ids:
-            f.seek(data_start + head.offset + i * row_bytes)
-            rows += f.read(row_bytes)
+        f.seek(data_start + head.offset)
+        table = f.read(n_vocab * row_bytes)  # one read (tens of MB at most); read_header checked the file holds it
+        rows = b"".join(table[i * row_bytes:(i + 1) * row_bytes] for i in ids)
         draft = TensorInfo(draft_name, (n_embd, len(ids)), head.ggml_type, data_end)
         d2t = TensorInfo(d2t_name, (len(ids),), I64, _aligned(data_end + len(rows), align))
         n_tensors, = struct.unpack_from("<Q", raw, 8)
