@@ -14,7 +14,7 @@ engine names, baseline ids, the run lines) is here.
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from atlas.evidence.runs import Run
 from atlas.records import gating, record as records
@@ -138,7 +138,9 @@ def run_threads(r: records.Record) -> int:
 
 
 def setup_details(r: records.Record) -> str:
-    """A record's threads, matmul kernels and draft vocabulary (record_setup without the engine)."""
+    """A record's threads, matmul kernels, draft vocabulary and, for a head this project trained, the
+    head's folder and digest, so that two heads on one main model read as two setups
+    (record_setup without the engine)."""
     kernels = "its own kernels" if r.engine_run is not None else f"kernels {r.settings.kernels or 'mm (PyTorch matmul)'}"
     # an engine that runs its own threads (llama.cpp's --threads) records them with its arguments
     threads = run_threads(r)
@@ -147,7 +149,16 @@ def setup_details(r: records.Record) -> str:
               else "full draft vocabulary")
     if vocab is not None and (patches := engine_patches(r)):
         drafts += f" (the atlas's patch to the engine: {', '.join(patches)})"
-    return f"{threads} thread{'s' if threads != 1 else ''}, {kernels}, {drafts}"
+    return f"{threads} thread{'s' if threads != 1 else ''}, {kernels}, {drafts}{head_text(r)}"
+
+
+def head_text(r: records.Record) -> str:
+    """", head <folder> (<sha256 12>)" for a record of a project-made head with its recipe; "" else."""
+    head = r.provenance.mtp_head if r.provenance is not None and r.provenance.project_made else {}
+    recipe, sha = head.get("recipe"), head.get("sha256")
+    if not isinstance(recipe, str) or not isinstance(sha, str):
+        return ""
+    return f", head {PurePosixPath(recipe).parent.name or recipe} ({sha[:12]})"
 
 
 def below_one(runs: list[Run]) -> list[tuple[int, Run, records.Cell]]:
