@@ -539,8 +539,9 @@ def import_records(con: duckdb.DuckDBPyConnection, directory: Path) -> tuple[int
 
     Idempotent: a record is keyed by the sha256 of its canonical serialisation (canonical_bytes), so
     a copy re-saved with other whitespace is "already present", and a renamed one keeps its rows
-    under its new path. A file whose content changed replaces the rows from its previous version. Files over MAX_RECORD_BYTES are refused unread.
-    Each file is its own transaction, so a rejected file costs nothing but itself."""
+    under its new path. A file whose content changed replaces the rows from its previous version.
+    Files over MAX_RECORD_BYTES are refused unread. Each file is its own transaction, so a rejected
+    file costs nothing but itself."""
     import duckdb
 
     ensure_schema(con)
