@@ -138,9 +138,7 @@ def run_threads(r: records.Record) -> int:
 
 
 def setup_details(r: records.Record) -> str:
-    """A record's threads, matmul kernels, draft vocabulary and, for a head this project trained, the
-    head's folder and digest, so that two heads on one main model read as two setups
-    (record_setup without the engine)."""
+    """A record's threads, matmul kernels and draft vocabulary (record_setup without the engine)."""
     kernels = "its own kernels" if r.engine_run is not None else f"kernels {r.settings.kernels or 'mm (PyTorch matmul)'}"
     # an engine that runs its own threads (llama.cpp's --threads) records them with its arguments
     threads = run_threads(r)
@@ -148,17 +146,18 @@ def setup_details(r: records.Record) -> str:
     drafts = (f"draft vocabulary cut to {vocab.size} tokens" if vocab is not None
               else "full draft vocabulary")
     if vocab is not None and (patches := engine_patches(r)):
-        drafts += f" (the atlas's patch to the engine: {', '.join(patches)})"
-    return f"{threads} thread{'s' if threads != 1 else ''}, {kernels}, {drafts}{head_text(r)}"
+        drafts += f" (atlas patch {', '.join(patches)})"
+    return f"{threads} thread{'s' if threads != 1 else ''}, {kernels}, {drafts}"
 
 
 def head_text(r: records.Record) -> str:
-    """", head <folder> (<sha256 12>)" for a record of a project-made head with its recipe; "" else."""
+    """", head <folder>" for a record of a project-made head with its recipe, "" else: each run's line
+    names it, so two heads on one main model read apart."""
     head = r.provenance.mtp_head if r.provenance is not None and r.provenance.project_made else {}
-    recipe, sha = head.get("recipe"), head.get("sha256")
-    if not isinstance(recipe, str) or not isinstance(sha, str):
+    recipe = head.get("recipe")
+    if not isinstance(recipe, str):
         return ""
-    return f", head {PurePosixPath(recipe).parent.name or recipe} ({sha[:12]})"
+    return f", head {PurePosixPath(recipe).parent.name or recipe}"
 
 
 def below_one(runs: list[Run]) -> list[tuple[int, Run, records.Cell]]:
@@ -234,7 +233,7 @@ def run_lines(runs: list[Run]) -> list[str]:
         identical = sum(1 for c in greedy if c.derived.greedy_lossless)
         engines = ", ".join(dict.fromkeys(engine_text(run, c) for c in r.cells))
         line = (f"R{n}{escape(label(run))}: {code(r.model_id)} at {code(short_rev(r.revision))}, through {escape(engines)} "
-                f"({escape(setup_details(r))}), "
+                f"({escape(setup_details(r) + head_text(r))}), "
                 f"on {escape(r.hardware.text)}, run {r.run_date:%Y-%m-%d} (record "
                 f"{code(run.record_id[:12])}): median speed-ups {_speed_range(r.cells)} over "
                 f"{len(r.cells)} cells")
@@ -244,6 +243,9 @@ def run_lines(runs: list[Run]) -> list[str]:
     return out
 
 
+SHOWN_RUNS = 8  # runs listed in view under "What the atlas itself measured"; the rest fold
+
+
 def measured_line(runs: list[Run]) -> str:
     """The verdict's closing line: what the atlas itself measured, dated and cited, not generalised."""
     lines = run_lines(runs)
@@ -251,8 +253,12 @@ def measured_line(runs: list[Run]) -> str:
         return ("**What the atlas itself measured:** nothing yet. No dated run record is imported, "
                 "so this page makes no claim of its own about any speed-up.\n")
     models = sorted({r.record.model_id for _, r in evidence_runs(runs)})
+    # the newest runs in view, the earlier ones in a closed box: each run adds a line, the page has a budget
+    shown, earlier = lines[-SHOWN_RUNS:], lines[:-SHOWN_RUNS]
+    box = ("\n\n" + fold.more(f"the {len(earlier)} earlier run{'s' if len(earlier) != 1 else ''}",
+                               lambda: "\n".join(f"- {line}" for line in earlier))) if earlier else ""
     return ("**What the atlas itself measured** — " + ", ".join(code(m) for m in models)
-            + ", and nothing else:\n\n" + "\n".join(f"- {line}" for line in lines)
+            + ", and nothing else:\n\n" + "\n".join(f"- {line}" for line in shown) + box
             + "\n\nThese are runs of the model(s) named, on that hardware, at those dates; they are "
             "not generalised to any other model, engine or machine.\n")
 
