@@ -12,7 +12,7 @@ export NO_MKDOCS_2_WARNING := 1
 
 .DEFAULT_GOAL := help
 .PHONY: help cli-docs test-fast setup kernels crawl crawl-mirror measure measure-import team-model evidence export site serve demo test lint bench vllm-env conformance \
-	real-model-deps real-model real-model-head-data real-model-head measure-real-model measure-real-model-vllm \
+	real-model-deps real-model real-model-head-data real-model-head-wraps real-model-head measure-real-model measure-real-model-vllm \
 	llamacpp real-model-gguf measure-real-model-llamacpp
 
 help:  ## this list: every target with what it does
@@ -84,6 +84,14 @@ real-model: real-model-deps  ## build the real team checkpoint (package, dequant
 # committed as token ids (data/real-heads/*/answers.safetensors + answers.json with its sha256).
 real-model-head-data: real-model-deps  ## regenerate the head's training data (the main model's answers; deliberate)
 	$(ATLAS) real-model-head-data
+
+# Deliberate (about 35 min on 2 cores): more training data, the main model's answers through llama-server's
+# parallel slots to wraps of its own first answers (translation, third turns, extraction, long context), written
+# into the v3 head's folder; that head trains on both: $(ATLAS) real-model-head --out $(WRAPS) --data
+# data/real-heads/smollm2-135m-mtp --data $(WRAPS) --epochs 1.5 --loss-vocab 8192 --precision float32
+WRAPS ?= data/real-heads/smollm2-135m-mtp-v3
+real-model-head-wraps: real-model-deps llamacpp  ## the head's second training data: llama-server's answers to wraps of the first
+	$(ATLAS) real-model-head-wraps --out $(WRAPS)
 
 # Deliberate, like team-model: retrains the committed head from the committed answers, within 60 min
 # on the 2 cores it was made on, deterministic from its seed (recipe.json records the data digest,

@@ -525,6 +525,7 @@ if __name__ == "__main__":
 
 
 # The checkpoint builders live beside the group (atlas/cli_checkpoints.py), each added by name.
-for _command in (cli_checkpoints.team_model, cli_checkpoints.real_model_head_data, cli_checkpoints.real_model_head,
+for _command in (cli_checkpoints.team_model, cli_checkpoints.real_model_head_data, cli_checkpoints.real_model_head_wraps,
+                 cli_checkpoints.real_model_head,
                  cli_checkpoints.real_model, cli_checkpoints.real_model_gguf):
     cli.add_command(_command)

@@ -71,11 +71,34 @@ def real_model_head_data(out: Path | None, workers: int | None, samples: int | N
                f"({side['tokens']} with prompts), sha256 {side['sha256'][:12]}…, {side['seconds']:.0f} s")
 
 
+@click.command("real-model-head-wraps")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="folder to write the wraps' answers.safetensors + answers.json into (a new head's folder)")
+@click.option("--source", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="data folder whose greedy answers are wrapped (default: data/real-heads/smollm2-135m-mtp/, the first data)")
+@click.option("--parallel", type=click.IntRange(min=1, max=256), default=None, help="llama-server slots (default 16)")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="llama-server threads (default 2)")
+@click.option("--samples", type=click.IntRange(min=0, max=16), default=None, help="T = 1 answers per wrap besides the greedy one (default 1)")
+@click.option("--build", "build_dir", default=None, help="llama.cpp build folder (default: $ATLAS_LLAMACPP_DIR or `make llamacpp`'s)")
+def real_model_head_wraps(out: Path, source: Path | None, build_dir: str | None, **options: int | None) -> None:
+    """More training data for the head: the main model's answers, through llama-server's parallel slots, to
+    translation, third-turn, extraction and long-context prompts that wrap its own earlier answers."""
+    from atlas.checkpoints import smollm
+    from atlas.checkpoints.headtrain import data, wrapdata
+    from atlas.engines.stamp import command_line
+
+    fields = {k: v for k, v in options.items() if v is not None}
+    side = wrapdata.make(source or smollm.HEAD_DIR, out, wrapdata.WrapSpec(**fields), command_line(), build_dir, log=click.echo)
+    click.echo(f"saved {out / data.DATA_FILE}: {side['sequences']} answers, {side['answer_tokens']} answer tokens "
+               f"({side['tokens']} with prompts), sha256 {side['sha256'][:12]}…, {side['seconds']:.0f} s")
+
+
 @click.command("real-model-head")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="head folder (default: data/real-heads/smollm2-135m-mtp/, which holds the committed training data)")
-@click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
-              help="folder of the training data (default: the head folder if it holds answers, else the committed ones)")
+@click.option("--data", "folders", type=click.Path(file_okay=False, exists=True, path_type=Path), multiple=True,
+              help="folder of training data, repeatable: trained on together, each folder's teacher pass cached apart "
+                   "(default: the head folder if it holds answers, else the committed ones)")
 @click.option("--seed", type=int, default=None, help="seed of the init and the batches")
 @click.option("--init", type=click.Choice(["last_layer", "mlp", "random"]), default=None, help="MTP block initialisation (default last_layer)")
 @click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=None, help="passes over the training sequences (default 0.75)")
@@ -88,24 +111,22 @@ def real_model_head_data(out: Path | None, workers: int | None, samples: int | N
               help="the loss over the N most frequent training answer tokens (the cut draft vocabulary) only")
 @click.option("--ablation", type=click.Choice(["init", "loss-vocab"]), default=None,
               help="instead: heads that differ only in this, at this budget, written to ablation-<field>.json")
-def real_model_head(out: Path | None, data_dir: Path | None, ablation: str | None, **options: object) -> None:
+def real_model_head(out: Path | None, folders: tuple[Path, ...], ablation: str | None, **options: object) -> None:
     """Train the MTP head of the real team model (SmolLM2-135M-Instruct, frozen) by self-distillation on its committed answers."""
     from atlas.checkpoints import headtrain, smollm
 
     spec = headtrain.HeadSpec(**{k: v for k, v in options.items() if v is not None})
     folder = out or smollm.HEAD_DIR
-    # a head folder without answers of its own (a candidate beside the committed head) trains on the committed ones
-    data_dir = data_dir or (folder if (folder / headtrain.data.SIDECAR).is_file() else smollm.HEAD_DIR)
     if ablation:
         field = ablation.replace("-", "_")
-        table = headtrain.ablation(spec, folder, field, log=click.echo, data_dir=data_dir)
+        table = headtrain.ablation(spec, folder, field, log=click.echo, folders=list(folders) or None)
         for value, row in table["variants"].items():
             after = row["heldout_after"]
             click.echo(f"  {value:<10} held-out T=0 per position {after['t0_conditional']}, T=1 {after['t1_expected']}, "
                        f"training {row['seconds']['train']:.0f} s")
         click.echo(f"saved {folder / headtrain.ablation_file(field)}: best {table['best']} ({table['rule']})")
         return
-    recipe = headtrain.make_head(spec, folder, log=click.echo, data_dir=data_dir)
+    recipe = headtrain.make_head(spec, folder, log=click.echo, folders=list(folders) or None)
     after = recipe["heldout_after"]
     click.echo(f"saved head {recipe['head_sha256'][:12]}: {recipe['steps']} steps over {recipe['data']['training_answer_tokens']} "
                f"answer tokens, {recipe['seconds']}; held-out first-draft acceptance T=0 {after['t0_conditional'][0]}, "

@@ -377,6 +377,34 @@ def test_llamacpp_plain_greedy_on_f16_equals_our_loops(real_gguf: tuple[Path, Pa
 
 
 @pytest.mark.slow  # a live llama.cpp server on the real model
+def test_head_training_answers_from_llama_server_are_its_greedy_tokens_to_the_end_of_turn(
+        real_gguf: tuple[Path, Path], llamacpp_build: object) -> None:
+    """wrapdata.answer_all (the head's second data) on the live server: each greedy answer is the
+    server's greedy continuation up to and with the end-of-turn token it stopped at (the reference
+    runs with ignore_eos, which masks that token, so it goes on from there with another)."""
+    from transformers import AutoTokenizer
+
+    from atlas.checkpoints.headtrain import wrapdata
+    from atlas.records.workloads import chat_ids
+
+    folder, out = real_gguf
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    prompts = [*chat_prompts(folder, 2), chat_ids(tokenizer, "Reply with the single word yes.")]
+    n = 40
+    gguf = out / "combined-Q4_1.gguf"
+    full = greedy(llamacpp_build, gguf, prompts, n)
+    spec = wrapdata.WrapSpec(parallel=1, threads=1, max_new_tokens=n)
+    args = llamacpp_engine.server_args(1, 1, max(map(len, prompts)) + n + 16, repack_setting("auto")[0], 0)
+    with Server(llamacpp_build.binary("llama-server"), gguf, args) as server:  # type: ignore[attr-defined]
+        got = wrapdata.answer_all(server, prompts, False, 0, spec, lambda _: None)
+    eos = tokenizer.eos_token_id
+    for g, f in zip(got, full, strict=True):
+        assert (g[:-1], g[-1]) == (f[:len(g) - 1], eos) if len(g) < n else g == f
+        assert eos not in g[:-1]
+    assert any(len(g) < n for g in got)  # the short answer ended at its turn's end
+
+
+@pytest.mark.slow  # a live llama.cpp server on the real model
 def test_measure_run_writes_a_record_import_accepts(real_gguf: tuple[Path, Path], tmp_path: Path) -> None:
     from atlas.records.record import read_record
 

@@ -251,7 +251,7 @@ def provenance(recipe: dict[str, Any], head_dir: Path = HEAD_DIR) -> dict[str, A
             "recipe": f"{published(head_dir.resolve())}/{RECIPE_FILE}",
             "target": recipe["target"],
             "steps": recipe["steps"],
-            "data_sha256": recipe["data"]["sha256"],
+            "data_sha256": " + ".join([recipe["data"]["sha256"], *(d["sha256"] for d in recipe.get("data_added", []))]),
             "training_answer_tokens": recipe["data"]["training_answer_tokens"],
             "init": recipe["init"],
             "seed": recipe["seed"],

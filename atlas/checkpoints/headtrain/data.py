@@ -169,7 +169,10 @@ def versions() -> dict[str, str]:
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
 
 
-def save(sequences: list[Sequence], spec: DataSpec, out: Path, command: str, seconds: float) -> dict[str, Any]:
+def save(sequences: list[Sequence], spec: BaseModel, out: Path, command: str, seconds: float,
+         about: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The sequences as answers.safetensors and its sidecar; `about` replaces the sidecar's "what"
+    and "prompts_sha256" and adds facts (the wraps of wrapdata.py: their source and engine)."""
     import numpy as np
     from safetensors.numpy import save_file
 
@@ -206,6 +209,7 @@ def save(sequences: list[Sequence], spec: DataSpec, out: Path, command: str, sec
         "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
         "seconds": round(seconds, 1),
         "versions": versions(),
+        **(about or {}),
     }
     (out / SIDECAR).write_text(json.dumps(side, indent=1) + "\n")
     return side
