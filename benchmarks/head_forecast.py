@@ -29,7 +29,7 @@ from atlas.checkpoints.headtrain.head import MtpLayer, Shape
 from atlas.checkpoints.headtrain.train import measure, teacher_pass
 from atlas.records.workloads import load_prompt_set
 
-HEADS = "data/real-heads/smollm2-135m-mtp,data/real-heads/smollm2-135m-mtp-v2"
+HEADS = "data/real-heads/smollm2-135m-mtp,data/real-heads/smollm2-135m-mtp-v2,data/real-heads/smollm2-135m-mtp-v3"
 
 
 def answers(llama: object, tokenizer: object, prompt_set: str, per_workload: int, max_new: int) -> list[Sequence]:

@@ -126,3 +126,19 @@ def test_a_head_trains_on_several_data_folders_and_refuses_the_same_data_twice(t
     with pytest.raises(AtlasError, match="given twice"):
         headtrain.load_data([first, first])
     assert json.loads((second / data.SIDECAR).read_text())["spec"]["parallel"] == 16
+
+
+def test_the_committed_wrap_data_reads_back_and_names_its_source_and_its_wraps() -> None:
+    """data/real-heads/smollm2-135m-mtp-v3: the file's sha256 is its sidecar's, it wraps the first
+    data as committed, from this package's wraps.json, and the head beside it trained on both."""
+    from atlas.checkpoints import smollm
+
+    folder = smollm.ROOT / "data" / "real-heads" / "smollm2-135m-mtp-v3"
+    sequences, side = data.load(folder)
+    _, first = data.load(smollm.HEAD_DIR)
+    assert side["source"] == {"file": f"{smollm.HEAD_DIR.name}/{data.DATA_FILE}", "sha256": first["sha256"]}
+    assert side["prompts_sha256"] == wraps.digest() and side["categories"] == sorted(wraps.KINDS)
+    assert len(sequences) == side["sequences"] == 2 * side["wraps"]["kept"]
+    assert 0 < sum(s.heldout for s in sequences) == side["heldout_sequences"] < len(sequences) / 5
+    _, recipe = smollm.read_head(folder)
+    assert recipe["data"]["sha256"] == first["sha256"] and [d["sha256"] for d in recipe["data_added"]] == [side["sha256"]]
