@@ -4,6 +4,8 @@ like every command they import their modules lazily."""
 
 from __future__ import annotations
 
+import functools
+
 from pathlib import Path
 
 import click
@@ -85,10 +87,12 @@ def real_model_head_wraps(out: Path, source: Path | None, build_dir: str | None,
     translation, third-turn, extraction and long-context prompts that wrap its own earlier answers."""
     from atlas.checkpoints import smollm
     from atlas.checkpoints.headtrain import data, wrapdata
+    from atlas.engines.llamacpp_engine import plain_answers
     from atlas.engines.stamp import command_line
 
     fields = {k: v for k, v in options.items() if v is not None}
-    side = wrapdata.make(source or smollm.HEAD_DIR, out, wrapdata.WrapSpec(**fields), command_line(), build_dir, log=click.echo)
+    serve = functools.partial(plain_answers, build_dir)
+    side = wrapdata.make(source or smollm.HEAD_DIR, out, wrapdata.WrapSpec(**fields), command_line(), serve, log=click.echo)
     click.echo(f"saved {out / data.DATA_FILE}: {side['sequences']} answers, {side['answer_tokens']} answer tokens "
                f"({side['tokens']} with prompts), sha256 {side['sha256'][:12]}…, {side['seconds']:.0f} s")
 

@@ -394,9 +394,9 @@ def test_head_training_answers_from_llama_server_are_its_greedy_tokens_to_the_en
     gguf = out / "combined-Q4_1.gguf"
     full = greedy(llamacpp_build, gguf, prompts, n)
     spec = wrapdata.WrapSpec(parallel=1, threads=1, max_new_tokens=n)
-    args = llamacpp_engine.server_args(1, 1, max(map(len, prompts)) + n + 16, repack_setting("auto")[0], 0)
-    with Server(llamacpp_build.binary("llama-server"), gguf, args) as server:  # type: ignore[attr-defined]
-        got = wrapdata.answer_all(server, prompts, False, 0, spec, lambda _: None)
+    with llamacpp_engine.plain_answers(str(llamacpp_build.dir), gguf, 1, 1, max(map(len, prompts)) + n + 16) as (complete, facts):  # type: ignore[attr-defined]
+        got = wrapdata.answer_all(complete, prompts, False, 0, spec, lambda _: None)
+    assert facts["build"] == llamacpp_build.version and "-np" in facts["args"]  # type: ignore[attr-defined]
     eos = tokenizer.eos_token_id
     for g, f in zip(got, full, strict=True):
         assert (g[:-1], g[-1]) == (f[:len(g) - 1], eos) if len(g) < n else g == f

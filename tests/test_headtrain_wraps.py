@@ -91,26 +91,20 @@ def test_sources_refuse_data_made_from_another_prompt_file_or_paired_wrongly() -
         wraps.sources([wrong], side, tokenizer)
 
 
-class Recorder:
-    """Answers as llama-server's unstreamed /completion would: ids (timings left out)."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict] = []
-
-    def whole(self, body: dict) -> tuple[list[int], None]:
-        self.bodies.append(body)
-        return [body["prompt"][0], body["seed"]], None
-
-
 def test_answers_keep_the_prompts_order_and_take_one_seed_each() -> None:
-    server = Recorder()
+    calls: list[tuple] = []
+
+    def complete(prompt: list[int], t: float, seed: int, n: int) -> list[int]:  # what plain_answers' callable takes
+        calls.append((t, seed, n))
+        return [prompt[0], seed]
+
     encoded = [[i, 7] for i in range(10)]
     spec = wrapdata.WrapSpec(parallel=3, max_new_tokens=32)
-    got = wrapdata.answer_all(server, encoded, True, 5, spec, lambda _: None)
+    got = wrapdata.answer_all(complete, encoded, True, 5, spec, lambda _: None)
     assert [g[0] for g in got] == list(range(10)) and len({g[1] for g in got}) == 10
-    assert all(b["temperature"] == 1.0 and b["top_k"] == 0 and b["top_p"] == 1.0 and b["n_predict"] == 32 for b in server.bodies)
-    wrapdata.answer_all(server, encoded[:1], False, 5, spec, lambda _: None)
-    assert server.bodies[-1]["temperature"] == 0.0
+    assert all(t == 1.0 and n == 32 for t, _, n in calls)
+    wrapdata.answer_all(complete, encoded[:1], False, 5, spec, lambda _: None)
+    assert calls[-1][0] == 0.0
 
 
 def test_a_head_trains_on_several_data_folders_and_refuses_the_same_data_twice(tmp_path: Path) -> None:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,25 @@ def request(prompt: list[int], n: int, t: float, seed: int, options: Options) ->
     """One /completion body: token ids, exactly n tokens (ignore_eos), neutral sampling at T = t."""
     return {"prompt": prompt, "n_predict": n, "temperature": t, "seed": seed % (2**32 - 1), "ignore_eos": True,
             "cache_prompt": False, "top_k": options.top_k or 0, "top_p": options.top_p or 1.0, **NEUTRAL}
+
+
+@contextmanager
+def plain_answers(build_dir: str | None, gguf: Path, threads: int, parallel: int,
+                  ctx: int) -> Iterator[tuple[Callable[[list[int], float, int, int], list[int]], dict[str, Any]]]:
+    """A plain llama-server on `gguf` with `parallel` slots of `ctx` tokens, as (complete, facts):
+    complete(prompt ids, temperature, seed, n) is one answer of at most n tokens, every sampler but
+    the temperature neutral, ended at and with the end-of-turn token it stops at (llama-server lists
+    it among the ids); facts say which build ran it, how (the head's training data keeps them)."""
+    build = find_build(build_dir)
+    args = ["-t", str(threads), "-tb", str(threads), "-c", str(ctx * parallel), "-np", str(parallel), "--cache-ram", "0"]
+    with Server(build.binary("llama-server"), gguf, args) as server:
+        def complete(prompt: list[int], t: float, seed: int, n: int) -> list[int]:
+            body = {"prompt": prompt, "n_predict": n, "temperature": t, "seed": seed % (2**32 - 1), "top_k": 0, "top_p": 1.0,
+                    "cache_prompt": False, **NEUTRAL}
+            return list(server.whole(body)[0])
+
+        yield complete, {"name": "llama.cpp llama-server", "build": build.version, "patches": [p.file for p in build.info.patches],
+                         "args": args}
 
 
 def time_draft(binary: Path, gguf: Path, plain_args: list[str], prompts: list[list[int]], n: int,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -42,16 +43,17 @@ def _measured() -> list[str]:
     return [t for name in PROMPT_SETS for w in load_prompt_set(name).workloads for t in w.texts]
 
 
-def answer_all(server: Any, encoded: list[list[int]], sampled: bool, seed: int, spec: WrapSpec,
-               log: Callable[[str], None]) -> list[list[int]]:
-    """One answer per prompt, `spec.parallel` requests in flight. llama-server lists the end-of-turn
-    token it stopped at among the ids, so an answer keeps it, as data.py's do."""
-    from atlas.engines.llamacpp_engine import NEUTRAL
+Complete = Callable[[list[int], float, int, int], list[int]]  # (prompt ids, temperature, seed, n) -> answer ids
+# (gguf, threads, parallel slots, context per slot) -> a context manager of (complete, facts about the engine)
+Serve = Callable[[Path, int, int, int], AbstractContextManager[tuple[Complete, dict[str, Any]]]]
 
+
+def answer_all(complete: Complete, encoded: list[list[int]], sampled: bool, seed: int, spec: WrapSpec,
+               log: Callable[[str], None]) -> list[list[int]]:
+    """One answer per prompt, `spec.parallel` requests in flight, each with its own seed; an answer
+    keeps the end-of-turn token it stopped at, as data.py's do."""
     def one(i: int) -> list[int]:
-        body = {"prompt": encoded[i], "n_predict": spec.max_new_tokens, "temperature": 1.0 if sampled else 0.0,
-                "seed": (seed * 100_003 + i) % (2**32 - 1), "top_k": 0, "top_p": 1.0, "cache_prompt": False, **NEUTRAL}
-        return list(server.whole(body)[0])
+        return complete(encoded[i], 1.0 if sampled else 0.0, seed * 100_003 + i, spec.max_new_tokens)
 
     out: list[list[int]] = []
     with ThreadPoolExecutor(spec.parallel) as pool:
@@ -62,47 +64,42 @@ def answer_all(server: Any, encoded: list[list[int]], sampled: bool, seed: int, 
     return out
 
 
-def generate(server: Any, encoded: list[list[int]], kept: list[wraps.Wrap], spec: WrapSpec,
+def generate(complete: Complete, encoded: list[list[int]], kept: list[wraps.Wrap], spec: WrapSpec,
              log: Callable[[str], None]) -> list[Sequence]:
     """Sequences in wrap order, each wrap's greedy answer then its sampled ones."""
-    per_mode = [answer_all(server, encoded, m > 0, spec.seed + m, spec, log) for m in range(1 + spec.samples)]
+    per_mode = [answer_all(complete, encoded, m > 0, spec.seed + m, spec, log) for m in range(1 + spec.samples)]
     return [Sequence(encoded[i] + per_mode[m][i], len(encoded[i]), w.category, MODES[min(m, 1)], w.heldout)
             for i, w in enumerate(kept) for m in range(1 + spec.samples)]
 
 
-def make(source: Path, out: Path, spec: WrapSpec, command: str, build_dir: str | None = None,
-         log: Callable[[str], None] = print) -> dict[str, Any]:
+def make(source: Path, out: Path, spec: WrapSpec, command: str, serve: Serve, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The wraps of `source`'s answers, answered by the engine `serve` starts (the command line
+    passes llama.cpp's: engines sit above this package), saved under `out`."""
     from atlas.checkpoints import smollm
-    from atlas.engines.llamacpp_build import find_build
-    from atlas.engines.llamacpp_server import Server
     from atlas.records.workloads import chat_ids
 
     if out.resolve() == source.resolve():
         raise AtlasError(f"{out}: the wraps' data needs a folder of its own, apart from its source data")
     t0 = time.perf_counter()
-    build = find_build(build_dir)
     gguf = smollm.gguf_path()
     sequences, side = data.load(source)
     _, tokenizer = smollm.load_original(gguf)
     kept, dropped = wraps.build(wraps.sources(sequences, side, tokenizer), _measured())
     if not kept:
         raise AtlasError(f"{source}: no answer long enough to wrap")
-    log(f"{len(kept)} wraps ({dropped} dropped for overlapping a measurement prompt) x {1 + spec.samples} answers, "
-        f"llama-server {build.version}, {spec.parallel} slots, {spec.threads} threads")
     encoded = [chat_ids(tokenizer, list(w.turns)) for w in kept]
     ctx = 64 * ((max(map(len, encoded)) + spec.max_new_tokens) // 64 + 1)  # per slot: the longest prompt and its answer
-    args = ["-t", str(spec.threads), "-tb", str(spec.threads), "-c", str(ctx * spec.parallel), "-np", str(spec.parallel),
-            "--cache-ram", "0"]
-    with Server(build.binary("llama-server"), gguf, args) as server:
-        seqs = generate(server, encoded, kept, spec, log)
+    with serve(gguf, spec.threads, spec.parallel, ctx) as (complete, engine):
+        log(f"{len(kept)} wraps ({dropped} dropped for overlapping a measurement prompt) x {1 + spec.samples} answers, "
+            f"{engine['name']} {engine['build']}, {spec.parallel} slots, {spec.threads} threads")
+        seqs = generate(complete, encoded, kept, spec, log)
     about = {
         "what": "the main model's own answers to atlas/checkpoints/headtrain/wraps.json's wraps of its earlier answers: "
                 "MTP head training data beside the first",
         "prompts_sha256": wraps.digest(),
         "source": {"file": f"{source.resolve().name}/{data.DATA_FILE}", "sha256": side["sha256"]},
         "wraps": {"kept": len(kept), "dropped_for_overlap": dropped},
-        "engine": {"name": "llama.cpp llama-server", "build": build.version, "patches": [p.file for p in build.info.patches],
-                   "gguf_sha256": smollm.GGUF_SHA256, "args": args,
+        "engine": {**engine, "gguf_sha256": smollm.GGUF_SHA256,
                    "schedule": "slots share batches: exact tokens depend on the schedule; the sha256 pins this file"},
     }
     return data.save(seqs, spec, out, command, time.perf_counter() - t0, about)
