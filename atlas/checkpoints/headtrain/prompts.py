@@ -34,12 +34,13 @@ class Prompt:
     text: str
 
 
-def raw() -> bytes:
-    return resources.files(__package__).joinpath(FILE).read_bytes()
+def raw(name: str = FILE) -> bytes:
+    """A JSON file of this package (prompts.json, or wraps.json for wraps.py) as committed."""
+    return resources.files(__package__).joinpath(name).read_bytes()
 
 
-def digest() -> str:
-    return hashlib.sha256(raw()).hexdigest()
+def digest(name: str = FILE) -> str:
+    return hashlib.sha256(raw(name)).hexdigest()
 
 
 def _spec() -> dict[str, Any]:

@@ -12,12 +12,10 @@ or none, so no held-out text is trained on. Every wrap is checked against the me
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import re
 from dataclasses import dataclass
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from atlas import AtlasError
@@ -50,16 +48,12 @@ class Wrap:
     heldout: bool
 
 
-def raw() -> bytes:
-    return resources.files(__package__).joinpath(FILE).read_bytes()
-
-
 def digest() -> str:
-    return hashlib.sha256(raw()).hexdigest()
+    return prompt_file.digest(FILE)
 
 
 def spec() -> dict[str, Any]:
-    return json.loads(raw())
+    return json.loads(prompt_file.raw(FILE))
 
 
 def sources(sequences: list[Sequence], side: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> list[Source]:
