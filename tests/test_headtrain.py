@@ -24,7 +24,7 @@ from atlas.checkpoints.headtrain.train import (HeadSpec, LossVocab, frequencies,
                                                teacher_pass, train)
 from atlas.decode.model import build_fused_model
 from atlas.checkpoints.team_corpus import build_tokenizer
-from atlas.records.workloads import PROMPT_SETS, load_prompt_set
+from atlas.records.workloads import bundled_texts
 from model_helpers import tiny_llama
 
 GLM = next(f for f in FAMILIES if f.name == "GLM-4-MoE")
@@ -241,7 +241,7 @@ def test_committed_data_reads_back_and_a_changed_file_is_refused(tmp_path: Path)
 
 
 def test_no_training_prompt_overlaps_a_measurement_prompt() -> None:
-    measured = [t for name in PROMPT_SETS for w in load_prompt_set(name).workloads for t in w.texts]  # every turn
+    measured = bundled_texts()  # every turn of every bundled set
     first = prompts.expand()
     assert len(first) > 1000 and len({p.text for p in first}) == len(first)
     assert {p.category for p in first} >= {"chat", "code", "math", "summarise", "adversarial", "passages"}

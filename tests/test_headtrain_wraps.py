@@ -14,9 +14,9 @@ import pytest
 from atlas import AtlasError
 from atlas.checkpoints.headtrain import data, prompts, wrapdata, wraps
 from atlas.checkpoints.headtrain.wraps import Source
-from atlas.records.workloads import PROMPT_SETS, load_prompt_set
+from atlas.records.workloads import bundled_texts
 
-MEASURED = [t for name in PROMPT_SETS for w in load_prompt_set(name).workloads for t in w.texts]
+MEASURED = bundled_texts()
 
 
 def answer(i: int, words: int = 40) -> str:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 from atlas import AtlasError
 from atlas.checkpoints.headtrain import data, wraps
 from atlas.checkpoints.headtrain.data import MODES, Sequence
+from atlas.records.workloads import bundled_texts
 
 
 class WrapSpec(BaseModel):
@@ -35,12 +36,6 @@ class WrapSpec(BaseModel):
     seed: int = 20261205
     parallel: int = Field(default=16, ge=1, le=256)  # llama-server slots
     threads: int = Field(default=2, ge=1, le=256)
-
-
-def _measured() -> list[str]:
-    from atlas.records.workloads import PROMPT_SETS, load_prompt_set
-
-    return [t for name in PROMPT_SETS for w in load_prompt_set(name).workloads for t in w.texts]
 
 
 Complete = Callable[[list[int], float, int, int], list[int]]  # (prompt ids, temperature, seed, n) -> answer ids
@@ -84,7 +79,7 @@ def make(source: Path, out: Path, spec: WrapSpec, command: str, serve: Serve, lo
     gguf = smollm.gguf_path()
     sequences, side = data.load(source)
     _, tokenizer = smollm.load_original(gguf)
-    kept, dropped = wraps.build(wraps.sources(sequences, side, tokenizer), _measured())
+    kept, dropped = wraps.build(wraps.sources(sequences, side, tokenizer), bundled_texts())
     if not kept:
         raise AtlasError(f"{source}: no answer long enough to wrap")
     encoded = [chat_ids(tokenizer, list(w.turns)) for w in kept]

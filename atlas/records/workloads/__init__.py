@@ -178,6 +178,12 @@ def load_prompt_set(name: str | None = None) -> PromptSet:
     return prompt_set
 
 
+def bundled_texts() -> list[str]:
+    """Every prompt text of every bundled set, every turn of a conversation: what training data
+    must never overlap (the head's prompts and wraps are checked against it)."""
+    return [t for name in PROMPT_SETS for w in load_prompt_set(name).workloads for t in w.texts]
+
+
 def _read_file(path: Path) -> bytes:
     known = ", ".join(PROMPT_SETS)
     if not path.is_file():
