@@ -213,6 +213,15 @@ def test_the_draft_cost_is_the_paired_median_difference_per_token() -> None:
         llamacpp_bench.draft_seconds([10.0], [])
 
 
+def test_both_servers_and_the_bench_run_the_flash_attention_setting_asked() -> None:
+    plain = llamacpp_engine.server_args(2, 1, 64, True, 0, flash_attn="off")
+    spec = llamacpp_engine.server_args(2, 1, 64, True, 1, flash_attn="off")
+    assert plain[plain.index("-fa") + 1] == "off" and spec[:len(plain)] == plain  # the sides differ only by the draft options
+    assert "-fa" in llamacpp_engine.server_args(1, 1, 64, True, 0)  # the default, auto, is written out too
+    bench = llamacpp_bench.bench_args(Path("m.gguf"), 2, True, 16, [1], flash_attn="off")
+    assert bench[bench.index("-fa") + 1] == "off"
+
+
 def test_repacking_stays_on_except_on_a_cpu_with_amx_tiles() -> None:
     on, why = llamacpp_build.repack_setting("auto", {"avx2", "avx512f"})
     assert on and why.startswith("on:")

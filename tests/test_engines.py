@@ -400,6 +400,7 @@ REFUSED = [
     ("llamacpp", ["--dtype", "bfloat16"], "--dtype does not apply to --engine llamacpp"),
     ("llamacpp", ["--engine-option", "enforce_eager=true"], "--engine-option enforce_eager: --engine llamacpp takes gguf, quant"),
     ("llamacpp", ["--engine-option", "repack=maybe"], "--engine-option repack=maybe: expected auto, on or off"),
+    ("llamacpp", ["--engine-option", "flash_attn=1"], "--engine-option flash_attn=1: expected auto, on or off"),
     ("llamacpp", ["--engine-option", "parallel=0"], "--engine-option parallel=0: expected a whole number >= 1"),
     ("atlas", ["--engine-option", "repack=off"], VLLM_ONLY),
 ]
@@ -427,7 +428,8 @@ def test_every_registered_engine_is_reachable_from_measure_run(engines_recorded:
 
     assert set(ENGINES) == {"atlas", "transformers", "vllm", "llamacpp"}
     extras = {"vllm": ["--engine-option", "enforce_eager=true", "--tensor-parallel-size", "2"],
-              "llamacpp": ["--engine-option", "quant=Q8_0", "--engine-option", "repack=off", "--engine-option", "parallel=2"]}
+              "llamacpp": ["--engine-option", "quant=Q8_0", "--engine-option", "repack=off", "--engine-option", "parallel=2",
+                           "--engine-option", "flash_attn=off"]}
     for name in ENGINES:
         extra = extras.get(name, [])
         result = CliRunner().invoke(cli, ["measure", "run", "--engine", name, "--draft-tokens", "2,1", "--temperatures", "0",
@@ -440,7 +442,7 @@ def test_every_registered_engine_is_reachable_from_measure_run(engines_recorded:
         assert options.quick and options.max_new_tokens == 24 and options.prompts_per_workload == 1
         assert options.peer and options.ours == (name == "atlas")
         assert options.vllm == (VllmOptions(tensor_parallel_size=2, options={"enforce_eager": True}) if name == "vllm" else VllmOptions())
-        assert options.llamacpp == (LlamacppOptions(quant="Q8_0", repack="off", parallel=2) if name == "llamacpp" else LlamacppOptions())
+        assert options.llamacpp == (LlamacppOptions(quant="Q8_0", repack="off", parallel=2, flash_attn="off") if name == "llamacpp" else LlamacppOptions())
     assert [name for name, _ in engines_recorded] == list(ENGINES)
 
 

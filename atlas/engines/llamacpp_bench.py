@@ -43,10 +43,11 @@ class BenchRow(BaseModel):
     samples_ns: list[int] = Field(min_length=1)
 
 
-def bench_args(gguf: Path, threads: int, repack: bool, depth: int, ks: list[int], reps: int = REPETITIONS) -> list[str]:
+def bench_args(gguf: Path, threads: int, repack: bool, depth: int, ks: list[int], reps: int = REPETITIONS,
+               flash_attn: str = "auto") -> list[str]:
     rows = ",".join(str(n) for n in range(1, max(ks) + 2))
     return ["-m", str(gguf), "-t", str(threads), "-p", rows, "-n", "0", "-d", str(depth), "-r", str(reps),
-            "--repack", "1" if repack else "0", "-o", "json"]
+            "--repack", "1" if repack else "0", "-fa", flash_attn, "-o", "json"]
 
 
 def parse(text: str, threads: int, repack: bool, depth: int, ks: list[int]) -> tuple[float, dict[int, float]]:
@@ -71,9 +72,11 @@ def parse(text: str, threads: int, repack: bool, depth: int, ks: list[int]) -> t
     return seconds[1], {k: seconds[k + 1] for k in ks}
 
 
-def time_passes(build: Build, gguf: Path, threads: int, repack: bool, depth: int, ks: list[int]) -> tuple[float, dict[int, float]]:
-    """Run llama-bench once for every row count the run's draft lengths need; see `parse`."""
-    cmd = [str(build.binary("llama-bench")), *bench_args(gguf, threads, repack, depth, ks)]
+def time_passes(build: Build, gguf: Path, threads: int, repack: bool, depth: int, ks: list[int],
+                flash_attn: str = "auto") -> tuple[float, dict[int, float]]:
+    """Run llama-bench once for every row count the run's draft lengths need, with the servers'
+    flash attention setting; see `parse`."""
+    cmd = [str(build.binary("llama-bench")), *bench_args(gguf, threads, repack, depth, ks, flash_attn=flash_attn)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired as e:

@@ -130,12 +130,14 @@ def cut_draft(build: Build, options: Options, folder: Path) -> dict[str, Any] | 
     return draftvocab.read(folder, options.draft_vocab, vocab_size)[1]
 
 
-def server_args(threads: int, parallel: int, ctx: int, repack: bool, k: int, sampling: str = "greedy") -> list[str]:
+def server_args(threads: int, parallel: int, ctx: int, repack: bool, k: int, sampling: str = "greedy",
+                flash_attn: str = "auto") -> list[str]:
     """llama-server's arguments after the model: the same for both sides but the draft options.
     `sampling`: --spec-draft-sampling, greedy (the default, named so the record says it) or
     probabilistic (the draft sampled from the head's top 10 at the request's temperature, verified
-    by rejection)."""
-    args = ["-t", str(threads), "-tb", str(threads), "-c", str(ctx * parallel), "-np", str(parallel), "--cache-ram", "0"]
+    by rejection). `flash_attn`: -fa, always written so the record names it."""
+    args = ["-t", str(threads), "-tb", str(threads), "-c", str(ctx * parallel), "-np", str(parallel), "--cache-ram", "0",
+            "-fa", flash_attn]
     if not repack:
         args.append("--no-repack")
     if k:
@@ -202,7 +204,7 @@ def _engine_run(build: Build, options: Options, gguf: dict[str, Any], base_args:
         transformers=transformers.__version__, device="cpu", gpus=[], dtype=gguf["file_type"], tensor_parallel_size=1,
         pipeline_parallel_size=1, draft_sample_method=DRAFT_SAMPLING,
         options={"gguf": options.llamacpp.gguf, "quant": options.llamacpp.quant, "repack": options.llamacpp.repack,
-                 "parallel": options.llamacpp.parallel},
+                 "flash_attn": options.llamacpp.flash_attn, "parallel": options.llamacpp.parallel},
         engine_args={"llama-server": base_args, "threads": threads, "repack": repack_why, "pass_costs": bench},
         speculative_config={f"k={k}": args for k, args in k_args.items()}, layout=gguf["architecture"], conversion=gguf,
         counter_check=COUNTER_CHECK, schedule=SCHEDULE, build=build.record(),
@@ -233,9 +235,11 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     ctx = max(len(p) for ps in prompts.values() for p in ps) + n + max(ks) + 16
     binary = build.binary("llama-server")
     depth = int(statistics.median(len(p) for ps in prompts.values() for p in ps)) + n // 2  # a typical position mid-answer
-    plain_s, verify_s = llamacpp_bench.time_passes(build, gguf, threads, repack, depth, ks)
+    fa = options.llamacpp.flash_attn
+    plain_s, verify_s = llamacpp_bench.time_passes(build, gguf, threads, repack, depth, ks, flash_attn=fa)
     firsts = [prompts[w.name][0] for w in workloads]
-    draft_s = llamacpp_bench.draft_seconds(*time_draft(binary, gguf, server_args(threads, 1, ctx, repack, 0), firsts, n, options))
+    draft_s = llamacpp_bench.draft_seconds(*time_draft(binary, gguf, server_args(threads, 1, ctx, repack, 0, flash_attn=fa),
+                                                       firsts, n, options))
     log(f"pass costs (llama-bench, depth {depth}): plain {plain_s * 1e3:.2f} ms, "
         + ", ".join(f"verify k={k} {v * 1e3:.2f} ms ({v / plain_s:.2f} plain)" for k, v in verify_s.items())
         + (f", draft {draft_s * 1e3:.2f} ms ({draft_s / plain_s:.2f} plain)" if draft_s else ", draft: not above timing noise"))
@@ -243,11 +247,11 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
                 for r in range(options.repeats) for i, p in enumerate(prompts[w.name])]
     warm = prompts[workloads[0].name][0]
     log(f"llama.cpp b{build.version} ({build.built_with}); {gguf.name} ({conversion['file_type']}, sha256 {conversion['sha256'][:12]}…), "
-        f"{threads} thread(s), repacking {repack_why}")
+        f"{threads} thread(s), repacking {repack_why}, flash attention {fa}")
 
     def load(slot: Slot, k: int) -> list[str]:
         slot.close()
-        args = server_args(threads, options.llamacpp.parallel, ctx, repack, k)
+        args = server_args(threads, options.llamacpp.parallel, ctx, repack, k, flash_attn=fa)
         log("llama-server: starting " + (f"draft-mtp k={k}" if k else "plain decoding (the baseline)"))
         slot.server = Server(binary, gguf, args)
         for t in options.temperatures:  # warm-up, not recorded

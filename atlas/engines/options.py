@@ -51,6 +51,10 @@ class LlamacppOptions:
     quant: str = "Q4_1"  # which file of the GGUF set: f16, Q8_0, Q4_1, Q4_K_M
     build: str | None = None  # the build folder (default: $ATLAS_LLAMACPP_DIR or `make llamacpp`'s)
     repack: str = "auto"  # weight repacking: auto (off only on CPUs with AMX tiles), on, off
+    # flash attention (-fa): auto (llama.cpp's default: on for the CPU), on, off. Build 11434's CPU kernel
+    # splits a 1-row query's keys across threads from 512 cached positions on, and a verify pass's rows
+    # are not split, so with 2+ threads and a long context plain and verify sum in different orders
+    flash_attn: str = "auto"
     parallel: int = 1  # server slots (--parallel); requests still go one at a time
 
 
@@ -235,7 +239,7 @@ def parse_vllm_options(pairs: Iterable[str], python: str | None, tp: int, pp: in
 
 
 def parse_llamacpp_options(pairs: Iterable[str]) -> LlamacppOptions:
-    """`--engine-option KEY=VALUE` pairs of --engine llamacpp: gguf, quant, build, repack, parallel."""
+    """`--engine-option KEY=VALUE` pairs of --engine llamacpp: gguf, quant, build, repack, flash_attn, parallel."""
     options = LlamacppOptions()
     for pair in pairs:
         key, sep, text = pair.partition("=")
@@ -243,9 +247,9 @@ def parse_llamacpp_options(pairs: Iterable[str]) -> LlamacppOptions:
         if not sep or not key or not text:
             raise AtlasError(f"--engine-option expects KEY=VALUE, got {pair!r}")
         if key not in LlamacppOptions.__dataclass_fields__:
-            raise AtlasError(f"--engine-option {key}: --engine llamacpp takes gguf, quant, build, repack and parallel")
-        if key == "repack" and text not in ("auto", "on", "off"):
-            raise AtlasError(f"--engine-option repack={text}: expected auto, on or off")
+            raise AtlasError(f"--engine-option {key}: --engine llamacpp takes gguf, quant, build, repack, flash_attn and parallel")
+        if key in ("repack", "flash_attn") and text not in ("auto", "on", "off"):
+            raise AtlasError(f"--engine-option {key}={text}: expected auto, on or off")
         if key == "parallel":
             if not text.isdigit() or int(text) < 1:
                 raise AtlasError(f"--engine-option parallel={text}: expected a whole number >= 1")
