@@ -99,6 +99,18 @@ def test_round_trip_and_gate(tmp_path: Path) -> None:
     assert k2.conditional_acceptance == pytest.approx([15 / 20, 9 / 15])  # accepted_i / reached_i
 
 
+def test_a_cpu_is_named_with_its_widest_instruction_set() -> None:
+    # two machines report "AMD EPYC (2 cores)": one with AVX2 only, one with AVX-512; their pass costs differ
+    hw = Hardware(text="CPU: AMD EPYC (2 cores)", cpu="AMD EPYC", cpu_cores=2, memory_gib=8.0, torch_threads=1, cpu_flags=["avx2"])
+    assert hw.label() == "CPU: AMD EPYC (2 cores, AVX2)"
+    flags = {"AVX-512": ["avx2", "avx512f", "avx512_vnni"], "AMX": ["avx2", "avx512f", "amx_tile"], "no AVX2": []}
+    for isa, have in flags.items():
+        assert hw.model_copy(update={"cpu_flags": have}).label() == f"CPU: AMD EPYC (2 cores, {isa})"
+    assert hw.model_copy(update={"cpu_flags": None}).label() == "CPU: AMD EPYC (2 cores)"  # stamped before flags were
+    gpu = hw.model_copy(update={"text": "GPU: NVIDIA H200", "gpu": "NVIDIA H200"})
+    assert gpu.label() == "GPU: NVIDIA H200"
+
+
 def test_import_is_idempotent(tmp_path: Path) -> None:
     write_record(make_record(), tmp_path / "m")
     write_record(make_record(model_id="other/model"), tmp_path / "m")

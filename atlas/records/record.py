@@ -475,7 +475,7 @@ def _rows(record: Record, record_id: str, source_path: str) -> list[tuple[object
             "run_date": record.run_date.replace(tzinfo=None),
             "model_id": record.model_id,
             "revision": record.revision,
-            "hardware": record.hardware.text,
+            "hardware": record.hardware.label(),
             "engine": c.engine,
             "engine_version": c.engine_version,
             "workload": c.workload,

@@ -55,6 +55,18 @@ class Hardware(Strict):
     # A 2-row verify pass cost 1.06 plain steps on an AVX2 EPYC and 1.49 on an AMX Xeon.
     cpu_flags: list[Name] | None = Field(default=None, max_length=64)
 
+    def label(self) -> str:
+        """`text` with the CPU's widest matmul instruction set: two machines that report one CPU name
+        (the project's 2-core "AMD EPYC" came both with AVX2 only and with AVX-512) have different
+        kernels and pass costs, and every page must tell them apart. Records from before cpu_flags
+        was stamped keep their text as it is."""
+        flags = self.cpu_flags
+        if self.gpu or flags is None:
+            return self.text
+        isa = ("AMX" if "amx_tile" in flags else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags
+               else "no AVX2")
+        return f"{self.text[:-1]}, {isa})" if self.text.endswith(")") else f"{self.text} ({isa})"
+
 
 class Software(Strict):
     python: Name

@@ -50,7 +50,7 @@ def _prefill_from(record: Any, best: dict[str, Any]) -> Prefill | None:
         return None
     return Prefill(
         record_id=best["record_id"], run_date=date_text(best["run_date"]), model_id=record.model_id,
-        hardware=record.hardware.text, engine=cell.engine, workload=cell.workload,
+        hardware=record.hardware.label(), engine=cell.engine, workload=cell.workload,
         temperature=cell.temperature, conditional=conditional,
         draft_cost=record.pass_costs.draft / record.pass_costs.plain,
         verify_cost=verify / record.pass_costs.plain,

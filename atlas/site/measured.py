@@ -234,7 +234,7 @@ def run_lines(runs: list[Run]) -> list[str]:
         engines = ", ".join(dict.fromkeys(engine_text(run, c) for c in r.cells))
         line = (f"R{n}{escape(label(run))}: {code(r.model_id)} at {code(short_rev(r.revision))}, through {escape(engines)} "
                 f"({escape(setup_details(r) + head_text(r))}), "
-                f"on {escape(r.hardware.text)}, run {r.run_date:%Y-%m-%d} (record "
+                f"on {escape(r.hardware.label())}, run {r.run_date:%Y-%m-%d} (record "
                 f"{code(run.record_id[:12])}): median speed-ups {_speed_range(r.cells)} over "
                 f"{len(r.cells)} cells")
         if greedy:
@@ -333,7 +333,7 @@ def compact_summary(runs: list[Run], link: str) -> str:
             code(r.model_id),
             escape(r.provenance.kind) if r.provenance is not None else "—",
             escape(setup_text(run)),
-            escape(f"{r.settings.device}: {r.hardware.text}, {r.run_date:%Y-%m-%d}"),
+            escape(f"{r.settings.device}: {r.hardware.label()}, {r.run_date:%Y-%m-%d}"),
             baselines[best.baseline],
             _best_with_bounds(best),
             escape(_k1_acceptance(run)),
@@ -421,7 +421,7 @@ def answer_text(runs: list[Run], link: str) -> str:
     on = sum(1 for g in r.gates if g.enabled)
     paid = "it paid" if on else "it did not pay"
     first = (f"**Measured on a real model:** on {r.run_date:%Y-%m-%d} the atlas ran "
-             f"{code(r.model_id)} ({escape(r.provenance.kind)}) on {escape(r.hardware.text)} through "
+             f"{code(r.model_id)} ({escape(r.provenance.kind)}) on {escape(r.hardware.label())} through "
              f"{escape(setup_text(run))} ([R{n}]({link}{run_slug(run)}.md)), and **{paid}**: the gate switched "
              f"MTP on for {on} of {len(r.gates)} workload × temperature pairs, and {faster} of {len(cells)} "
              f"cells ran faster than plain decoding (median speed-ups {_speed_range(cells)}).")
@@ -478,7 +478,7 @@ def _reference_text(runs: list[Run], link: str) -> str:
     on = sum(1 for g in r.gates if g.enabled)
     same = [c.derived.greedy_lossless for c in cells if c.derived.greedy_lossless is not None]
     return (f" **Our own loop, the exactness reference:** [R{n}]({link}{run_slug(run)}.md), on {r.run_date:%Y-%m-%d}, "
-            f"{escape(r.hardware.text)}, {escape(setup_text(run))}: the gate switched MTP on for {on} of {len(r.gates)} pairs "
+            f"{escape(r.hardware.label())}, {escape(setup_text(run))}: the gate switched MTP on for {on} of {len(r.gates)} pairs "
             f"(median speed-ups {_speed_range(cells)}), and its greedy output equalled plain decoding in {sum(same)} of "
             f"{len(same)} cells. The two runs are separate experiments; their figures are not pooled.")
 
@@ -561,7 +561,7 @@ def plain_answer(runs: list[Run]) -> str:
     never = [w for w in dict.fromkeys(g.workload for g in r.gates) if w not in on]
     cores = r.hardware.cpu_cores if r.settings.device == "cpu" else None
     where = (f"an ordinary {_count_word(cores)}-core processor" if cores is not None
-             else escape(r.hardware.text))
+             else escape(r.hardware.label()))
     text = (f"The atlas measured a real but small model, with an MTP head the atlas "
             f"trained itself, on {where} {escape(_plain_setup(run))}. ")
     if on:
@@ -573,7 +573,7 @@ def plain_answer(runs: list[Run]) -> str:
     if (beside := reference(runs)) is not None:  # the featured run is an engine's: our loop's verdict too
         ours = beside[1].record
         ours_on = list(dict.fromkeys(g.workload for g in ours.gates if g.enabled))
-        place = "the same processor" if ours.hardware.text == r.hardware.text else escape(ours.hardware.text)
+        place = "the same processor" if ours.hardware.label() == r.hardware.label() else escape(ours.hardware.label())
         text += (f"The atlas's own decoding loop, on {place}, was "
                  + (f"reliably faster on {escape(_and(ours_on))} prompts. " if ours_on else "never reliably faster. "))
     return text + "No large published model's own MTP head has been measured here.\n"

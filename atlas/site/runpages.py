@@ -81,7 +81,7 @@ def _stamp(run: Run, n: int, baselines: dict[str, str]) -> str:
     used = sorted({baselines[c.baseline] for c in r.cells}, key=lambda b: int(b[1:]))
     return (
         f"**Run R{n}**{escape(label(run))} — {code(r.model_id)} at {code(short_rev(r.revision))} · "
-        f"{escape(r.hardware.text)} · {escape(record_setup(r))} · {escape(s.device)} {escape(s.dtype)} · run "
+        f"{escape(r.hardware.label())} · {escape(record_setup(r))} · {escape(s.device)} {escape(s.dtype)} · run "
         f"{r.run_date:%Y-%m-%d %H:%M} UTC · {s.repeats} repeats × {s.prompts_per_workload} prompts × "
         f"{s.max_new_tokens} tokens per workload · prompt set {code(r.prompt_set)} (sha256 "
         f"{code(r.prompt_set_digest[:12])}) · baselines {', '.join(used)} · record "

@@ -250,7 +250,7 @@ def _summary(facts: Facts, revs: Revisions, verdicts: list[conformance.Verdict],
     if numbered:
         cells = [c for _, r in numbered for c in r.record.cells]
         models = sorted({r.record.model_id for _, r in numbered})
-        hardware = sorted({r.record.hardware.text for _, r in numbered})
+        hardware = sorted({r.record.hardware.label() for _, r in numbered})
         days = sorted({f"{r.record.run_date:%Y-%m-%d}" for _, r in numbered})
         greedy = [c.derived.greedy_lossless for c in cells if c.derived.greedy_lossless is not None]
         kinds = {r.record.model_id: measured_section.label(r) for _, r in numbered}
