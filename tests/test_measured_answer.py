@@ -236,5 +236,12 @@ def test_the_round_cost_is_the_runs_own_and_the_faster_plain_setup_of_a_day_lead
         for c in fast.record.cells]}), "c" * 64, "cut.json")
     assert measured.pooled_speed(cut.record.cells)[1] < measured.pooled_speed(fast.record.cells)[1]
     assert measured.featured([fast, cut])[1] is cut
+    # two project-made heads on one main model (the checkpoint's revision differs, the main weights do not): plain
+    # decoding never runs the head, so again the faster MTP decoding leads, not the faster of two plain timings
+    def head(run: Run, name: str, revision: str) -> Run:
+        prov = run.record.provenance.model_copy(update={"main_model": {"source": "Org/Real-Main", "sha256": "ab" * 32}})
+        return Run(run.record.model_copy(update={"revision": revision, "provenance": prov}), name * 64, f"{name}.json")
+    old_head, new_head = head(fast, "o", "sha256:" + "01" * 32), head(cut, "n", "sha256:" + "02" * 32)
+    assert measured.featured([old_head, new_head])[1] is new_head and measured.featured([new_head, old_head])[1] is new_head
     text = _text(measured.answer_text([loss], "../runs/"))
     assert f"in the run itself, with everything outside the passes, a k = 1 round took {(8 / 480) / (5.24 / 576):.2f} plain steps" in text

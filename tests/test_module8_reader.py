@@ -164,7 +164,7 @@ def test_the_verdict_ends_with_what_the_atlas_measured_dated_and_cited(demo) -> 
         lo = min(c.derived.speedup for c in r.cells)
         hi = max(c.derived.speedup for c in r.cells)
         line = text[text.index(f"{_run_name(n, r)}: {r.model_id}"):]
-        assert rid in line and f"run {r.run_date:%Y-%m-%d}" in line and r.hardware.text in line
+        assert rid in line and f"run {r.run_date:%Y-%m-%d}" in line and r.hardware.label() in line
         assert f"median speed-ups {lo:.2f}–{hi:.2f}× over {len(r.cells)} cells" in line
     assert "not generalised" in text
 

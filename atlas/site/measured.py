@@ -377,10 +377,13 @@ def featured(runs: list[Run]) -> tuple[int, Run] | None:
     speeds = {n: pooled_speed(gated_cells(run)) or (0, 0.0, 0.0) for n, run in real}  # (k, plain, MTP tokens/s)
 
     def setup(run: Run) -> tuple[object, ...]:
-        """What fixes plain decoding: model, engine, weights as run, threads, machine and day."""
+        """What fixes plain decoding: main model, engine, weights as run, threads, machine and day. Two
+        project-made heads on one main model share it (plain decoding never runs the head), so their
+        runs compare by MTP's speed, not by the noise between their plain timings."""
         r = run.record
-        return (r.model_id, r.revision, r.engine_run.name if r.engine_run else "atlas", r.settings.dtype, run_threads(r),
-                r.hardware.cpu, r.run_date.date())
+        main = r.provenance.main_model.get("sha256") if r.provenance else None
+        return (r.model_id, main or r.revision, r.engine_run.name if r.engine_run else "atlas", r.settings.dtype,
+                run_threads(r), r.hardware.label(), r.run_date.date())
 
     setups = {n: setup(run) for n, run in real}
     plain_of_setup: dict[tuple[object, ...], float] = {}
@@ -422,7 +425,7 @@ def answer_text(runs: list[Run], link: str) -> str:
     paid = "it paid" if on else "it did not pay"
     first = (f"**Measured on a real model:** on {r.run_date:%Y-%m-%d} the atlas ran "
              f"{code(r.model_id)} ({escape(r.provenance.kind)}) on {escape(r.hardware.label())} through "
-             f"{escape(setup_text(run))} ([R{n}]({link}{run_slug(run)}.md)), and **{paid}**: the gate switched "
+             f"{escape(setup_text(run) + head_text(r))} ([R{n}]({link}{run_slug(run)}.md)), and **{paid}**: the gate switched "
              f"MTP on for {on} of {len(r.gates)} workload × temperature pairs, and {faster} of {len(cells)} "
              f"cells ran faster than plain decoding (median speed-ups {_speed_range(cells)}).")
     pooled = pooled_speed(cells)
@@ -478,7 +481,8 @@ def _reference_text(runs: list[Run], link: str) -> str:
     on = sum(1 for g in r.gates if g.enabled)
     same = [c.derived.greedy_lossless for c in cells if c.derived.greedy_lossless is not None]
     return (f" **Our own loop, the exactness reference:** [R{n}]({link}{run_slug(run)}.md), on {r.run_date:%Y-%m-%d}, "
-            f"{escape(r.hardware.label())}, {escape(setup_text(run))}: the gate switched MTP on for {on} of {len(r.gates)} pairs "
+            f"{escape(r.hardware.label())}, {escape(setup_text(run) + head_text(r))}: the gate switched MTP on for {on} of "
+            f"{len(r.gates)} pairs "
             f"(median speed-ups {_speed_range(cells)}), and its greedy output equalled plain decoding in {sum(same)} of "
             f"{len(same)} cells. The two runs are separate experiments; their figures are not pooled.")
 
