@@ -381,8 +381,8 @@ def featured(runs: list[Run]) -> tuple[int, Run] | None:
         project-made heads on one main model share it (plain decoding never runs the head), so their
         runs compare by MTP's speed, not by the noise between their plain timings."""
         r = run.record
-        main = r.provenance.main_model.get("sha256") if r.provenance else None
-        return (r.model_id, main or r.revision, r.engine_run.name if r.engine_run else "atlas", r.settings.dtype,
+        main = r.provenance.main_model.get("sha256") if r.provenance else None  # free-form in a record: a string or nothing
+        return (r.model_id, main if isinstance(main, str) else r.revision, r.engine_run.name if r.engine_run else "atlas", r.settings.dtype,
                 run_threads(r), r.hardware.label(), r.run_date.date())
 
     setups = {n: setup(run) for n, run in real}
