@@ -131,7 +131,7 @@ def test_a_run_through_an_external_engine_names_it_with_its_weights_and_threads(
         counter_check="checked", schedule="interleaved", build={"build_number": 11434})
     text = _text(measured.answer_text([Run(run.record.model_copy(update={"engine_run": engine}), run.record_id, run.source_path)],
                                       "../runs/"))
-    assert ("(project-made MTP head on a real main model) on CPU: test box (8 cores) through llama.cpp b11434 (MOSTLY_Q4_1), "
+    assert ("(project-made MTP head on a real main model) on CPU: test box (8 cores) through llama.cpp b11434 (Q4_1 GGUF), "
             "2 threads, its own kernels") in text
     assert "llama.cpp" not in _text(measured.answer_text([run], "../runs/"))
 
@@ -187,7 +187,7 @@ def test_the_engine_people_run_leads_and_our_loop_follows_as_the_exactness_refer
     engine = _through_llamacpp(_run("org/real-loss", LOSS, real=True, day=1), costly)
     assert measured.featured([ours, engine]) == (2, engine) and measured.reference([ours, engine]) == (1, ours)
     text = _text(measured.answer_text([ours, engine], "../runs/"))
-    assert text.index("through llama.cpp b11434 (MOSTLY_Q4_1)") < text.index("Our own loop, the exactness reference: R1")
+    assert text.index("through llama.cpp b11434 (Q4_1 GGUF)") < text.index("Our own loop, the exactness reference: R1")
     assert "breaking even needs about 0.80" in text and "not pooled" in text
     hopeless = _through_llamacpp(engine, PassCosts(plain=0.010, verify={1: 0.0180}, draft=0.0035))  # 2.15 plain steps
     text = _text(measured.answer_text([ours, hopeless], "../runs/"))

@@ -115,7 +115,8 @@ def record_setup(r: records.Record) -> str:
     engine = gating.gated_engine(r.cells)
     cells = [c for c in r.cells if c.engine == engine] or list(r.cells)
     if r.engine_run is not None:  # an external engine: the one a user would run, with its weights' type
-        name = f"{r.engine_run.package} {r.engine_run.version} ({r.engine_run.dtype})"
+        # GGUF's file type names the weights' type (MOSTLY_Q4_0: most tensors Q4_0); the type is what a reader picks
+        name = f"{r.engine_run.package} {r.engine_run.version} ({r.engine_run.dtype.removeprefix('MOSTLY_')} GGUF)"
     else:
         name = ", ".join(dict.fromkeys(f"{ENGINE_NAMES.get(c.engine, c.engine)} {c.engine_version}" for c in cells))
     return f"{name}, {setup_details(r)}"
@@ -333,14 +334,15 @@ def compact_summary(runs: list[Run], link: str) -> str:
             code(r.model_id),
             escape(r.provenance.kind) if r.provenance is not None else "—",
             escape(setup_text(run)),
-            escape(f"{r.settings.device}: {r.hardware.label()}, {r.run_date:%Y-%m-%d}"),
+            # one line on a phone's card: the column says machine, so a CPU goes without its "CPU: " prefix
+            escape(f"{r.hardware.label().removeprefix('CPU: ')}, {r.run_date:%Y-%m-%d}"),
             baselines[best.baseline],
             _best_with_bounds(best),
             escape(_k1_acceptance(run)),
             _gate_counts(run),
         ])
     legend = "; ".join(f"**{bid}** {escape(text)}" for text, bid in baselines.items())
-    header = ["run", "model", "label", "setup", "device, date", "baseline", "best median speed-up (paired bounds)",
+    header = ["run", "model", "label", "setup", "machine, date", "baseline", "best median speed-up (paired bounds)",
               "k = 1 acceptance by workload", "gate (workload × T)"]
     # The real model's runs lead; the teaching model's follow in a closed box (the page's budget)
     if not rows[True]:
