@@ -159,7 +159,7 @@ def plain_answers(build_dir: str | None, gguf: Path, threads: int, parallel: int
     the temperature neutral, ended at and with the end-of-turn token it stops at (llama-server lists
     it among the ids); facts say which build ran it, how (the head's training data keeps them)."""
     build = find_build(build_dir)
-    args = ["-t", str(threads), "-tb", str(threads), "-c", str(ctx * parallel), "-np", str(parallel), "--cache-ram", "0"]
+    args = server_args(threads, parallel, ctx, repack_setting("auto")[0], 0)  # a measurement's plain side, slots aside
     with Server(build.binary("llama-server"), gguf, args) as server:
         def complete(prompt: list[int], t: float, seed: int, n: int) -> list[int]:
             body = {"prompt": prompt, "n_predict": n, "temperature": t, "seed": seed % (2**32 - 1), "top_k": 0, "top_p": 1.0,
