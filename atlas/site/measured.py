@@ -103,23 +103,28 @@ def engine_text(run: Run, cell: records.Cell) -> str:
     return f"{ENGINE_NAMES.get(cell.engine, cell.engine)} {cell.engine_version}"
 
 
-def setup_text(run: Run) -> str:
+def setup_text(run: Run, brief: bool = False) -> str:
     """What made a run's speed besides the hardware (record_setup)."""
-    return record_setup(run.record)
+    return record_setup(run.record, brief)
 
 
-def record_setup(r: records.Record) -> str:
+def record_setup(r: records.Record, brief: bool = False) -> str:
     """A record's engine (the one its gate decided for), threads, matmul kernels and draft
     vocabulary, as plain text. Records from before our loop recorded its kernels ran PyTorch's
-    matmul ("mm"); an engine's own run uses that engine's kernels."""
+    matmul ("mm"); an engine's own run uses that engine's kernels. `brief` is for a table cell
+    that links to the run's page: there an engine run goes without "its own kernels" (no engine
+    takes ours) and its patches without their names, which the run's page gives."""
     engine = gating.gated_engine(r.cells)
     cells = [c for c in r.cells if c.engine == engine] or list(r.cells)
     if r.engine_run is not None:  # an external engine: the one a user would run, with its weights' type
-        # GGUF's file type names the weights' type (MOSTLY_Q4_0: most tensors Q4_0); the type is what a reader picks
-        name = f"{r.engine_run.package} {r.engine_run.version} ({r.engine_run.dtype.removeprefix('MOSTLY_')} GGUF)"
+        # llama.cpp's dtype is its GGUF's file type (MOSTLY_Q4_0: most tensors Q4_0), the type a reader picks;
+        # vLLM's is the torch dtype it loaded safetensors weights in
+        e = r.engine_run
+        weights = f"{e.dtype.removeprefix('MOSTLY_')} GGUF" if e.name == "llamacpp" else e.dtype
+        name = f"{e.package} {e.version} ({weights})"
     else:
         name = ", ".join(dict.fromkeys(f"{ENGINE_NAMES.get(c.engine, c.engine)} {c.engine_version}" for c in cells))
-    return f"{name}, {setup_details(r)}"
+    return f"{name}, {setup_details(r, brief)}"
 
 
 def engine_patches(r: records.Record) -> list[str]:
@@ -138,7 +143,7 @@ def run_threads(r: records.Record) -> int:
     return engine_threads if isinstance(engine_threads, int) and not isinstance(engine_threads, bool) else r.hardware.torch_threads
 
 
-def setup_details(r: records.Record) -> str:
+def setup_details(r: records.Record, brief: bool = False) -> str:
     """A record's threads, matmul kernels and draft vocabulary (record_setup without the engine)."""
     kernels = "its own kernels" if r.engine_run is not None else f"kernels {r.settings.kernels or 'mm (PyTorch matmul)'}"
     # an engine that runs its own threads (llama.cpp's --threads) records them with its arguments
@@ -147,8 +152,9 @@ def setup_details(r: records.Record) -> str:
     drafts = (f"draft vocabulary cut to {vocab.size} tokens" if vocab is not None
               else "full draft vocabulary")
     if vocab is not None and (patches := engine_patches(r)):
-        drafts += f" (atlas patch {', '.join(patches)})"
-    return f"{threads} thread{'s' if threads != 1 else ''}, {kernels}, {drafts}"
+        drafts += " (atlas patch)" if brief else f" (atlas patch {', '.join(patches)})"
+    parts = [f"{threads} thread{'s' if threads != 1 else ''}", kernels, drafts]
+    return ", ".join(parts[::2] if brief and r.engine_run is not None else parts)
 
 
 def head_text(r: records.Record) -> str:
@@ -333,7 +339,7 @@ def compact_summary(runs: list[Run], link: str) -> str:
             Markdown(f"[R{n}]({link}{run_slug(run)}.md)"),
             code(r.model_id),
             escape(r.provenance.kind) if r.provenance is not None else "—",
-            escape(setup_text(run)),
+            escape(setup_text(run, brief=True)),  # the row links to the run's page, which has it whole
             # one line on a phone's card: the column says machine, so a CPU goes without its "CPU: " prefix
             escape(f"{r.hardware.label().removeprefix('CPU: ')}, {r.run_date:%Y-%m-%d}"),
             baselines[best.baseline],
