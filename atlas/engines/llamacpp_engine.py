@@ -260,7 +260,10 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
 
     def run_one(slot: Slot, k: int, t: float, name: str, r: int, i: int, prompt: list[int]) -> RunStats:
         assert slot.server is not None
-        done = slot.server.complete(request(prompt, n, t, seed_for(options.seed, t, name, i, r, k), options), k=k)
+        try:
+            done = slot.server.complete(request(prompt, n, t, seed_for(options.seed, t, name, i, r, k), options), k=k)
+        except AtlasError as exc:  # which request, so that it can be run again alone (--workloads, --temperatures)
+            raise AtlasError(f"{name} prompt {i + 1}, T = {t:g}, k = {k}, repeat {r + 1}: {exc}") from None
         if len(done.tokens) != n:
             raise AtlasError(f"llama-server returned {len(done.tokens)} tokens where {n} were asked (ignore_eos)")
         return run_stats(done, k)
