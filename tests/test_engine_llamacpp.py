@@ -114,6 +114,52 @@ def test_a_stream_with_held_back_tokens_is_counted_from_its_counters_and_metrics
                                    timings=Timings(predicted_n=3, predicted_ms=1.0, prompt_n=1, draft_n=2, draft_n_accepted=1))])
 
 
+def _replaying_server(stream: Chunk, wholes: list[tuple[int, int]]) -> tuple[Server, list[str]]:
+    """A Server with no process: each stream gives `stream`'s chunks (tokens 2-6 held back, as in the
+    test above), each whole answer the next (draft_n, accepted) of `wholes` with the stream's tokens,
+    /metrics moves by the stream's counters once per stream; `calls` is the order of requests."""
+    server, calls = object.__new__(Server), []
+    chunks = [at(10, 1), at(11, 7, 6, 3), at(12, 8, 8, 5), at(13, 9, 8, 5), at(14, 10, 8, 5), at(15, 11, 9, 5), at(16, 12, 9, 5), stream]
+    counted = [Counters(0, 0, 0, [0, 0])]
+
+    def streamed(body: dict) -> list[Chunk]:
+        calls.append("stream")
+        last = counted[-1]
+        counted.append(Counters(last.drafted + 9, last.accepted + 5, last.rounds + 5,
+                                [a + b for a, b in zip(last.accepted_per_position, [3, 2])]))
+        return chunks
+
+    def whole(body: dict) -> tuple[list[int], Timings]:
+        calls.append("whole")
+        drafted, accepted = wholes.pop(0)
+        return [10, 1, 2, 3, 4, 5, 11, 12, 13, 14, 15, 16], Timings(predicted_n=12, predicted_ms=9.0, prompt_n=1, draft_n=drafted,
+                                                                     draft_n_accepted=accepted)
+
+    def metrics() -> Counters:
+        calls.append("metrics")
+        return counted[-1]
+
+    server.stream, server.whole, server.metrics = streamed, whole, metrics  # type: ignore[method-assign]
+    return server, calls
+
+
+def test_a_held_back_stream_whose_reask_differs_runs_once_more_after_its_own_request() -> None:
+    """Build 11434's drafts depend on the requests before, so the whole answer that follows a stream
+    can draft otherwise; the request then runs again right after itself, once, and a second
+    difference is refused."""
+    final = Chunk(tokens=[], stop=True, tokens_predicted=12, timings=Timings(predicted_n=12, predicted_ms=9.0, prompt_n=1,
+                                                                             draft_n=9, draft_n_accepted=5))
+    body = {"prompt": [1, 2], "n_predict": 12}
+    # the re-ask differs (10 drafted), the request runs after itself (that answer not used), and then agrees
+    server, calls = _replaying_server(final, [(10, 5), (9, 5), (9, 5)])
+    done = server.complete(body, k=2)
+    assert sorted(done.rounds) == sorted([(2, 2), (2, 0), (2, 1), (2, 2), (1, 0), (0, 0)])
+    assert [c for c in calls if c != "metrics"] == ["stream", "whole", "whole", "stream", "whole"]
+    server, calls = _replaying_server(final, [(10, 5), (9, 5), (10, 5)])
+    with pytest.raises(llamacpp_server.NotReproduced, match="not reproducible"):
+        server.complete(body, k=2)
+
+
 def test_short_rounds_at_the_budgets_end_hidden_together_are_told_apart() -> None:
     # The case a Q8_0 run met: k = 3, 12 tokens; rounds (3, 3), (3, 1), (3, 1) stream; then the budget leaves room for 2
     # drafts (accepted 0), then 1 (accepted 0), then none (a plain step), and all three tokens are held back. Their counters
