@@ -153,8 +153,10 @@ def setup_details(r: records.Record, brief: bool = False) -> str:
               else "full draft vocabulary")
     if vocab is not None and (patches := engine_patches(r)):
         drafts += " (atlas patch)" if brief else f" (atlas patch {', '.join(patches)})"
-    parts = [f"{threads} thread{'s' if threads != 1 else ''}", kernels, drafts]
-    return ", ".join(parts[::2] if brief and r.engine_run is not None else parts)
+    threads_text = f"{threads} thread{'s' if threads != 1 else ''}"
+    if brief and r.engine_run is not None:
+        return f"{threads_text}, {drafts}"
+    return f"{threads_text}, {kernels}, {drafts}"
 
 
 def head_text(r: records.Record) -> str:
