@@ -10,8 +10,11 @@ import ctypes.util
 import json
 import os
 import shutil
+import signal
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from glob import escape as glob_escape
 from pathlib import Path
@@ -58,16 +61,15 @@ def replace(out: Path, command: str, write: Callable[[Path], T], legacy: Callabl
     failure the sibling goes and `out` stays as it was."""
     check_replaceable(out, command, legacy)
     out = Path(os.path.abspath(out))  # `out.parent` of a relative name such as "x" is "."
+    staging: Path | None = None
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _sweep_stale(out)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".partial", dir=out.parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would outlive the swap
-    except OSError as exc:
-        raise AtlasError(f"cannot write {out}: {exc.strerror or exc}") from None
-    try:
+        with _uninterrupted():  # a Ctrl-C between making the sibling and naming it would leave it behind
+            out.parent.mkdir(parents=True, exist_ok=True)
+            _sweep_stale(out)
+            staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".partial", dir=out.parent))
+            umask = os.umask(0)
+            os.umask(umask)
+            staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would outlive the swap
         result = write(staging)
         if mark:
             (staging / MARKER).write_text(json.dumps({
@@ -75,12 +77,36 @@ def replace(out: Path, command: str, write: Callable[[Path], T], legacy: Callabl
                 "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             }, indent=1) + "\n", encoding="utf-8")
         check_replaceable(out, command, legacy)  # the folder may have changed hands during a long build
-        _swap_in(staging, out)
+        with _uninterrupted():  # where the kernel cannot exchange two paths, the swap is three renames
+            _swap_in(staging, out)
     except OSError as exc:
         raise AtlasError(f"cannot write {out}: {exc.strerror or exc}") from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)  # after the swap it holds the previous folder
+        if staging is not None:
+            with _uninterrupted():  # after the swap it holds the previous folder: removed whole, not cut off by a Ctrl-C
+                shutil.rmtree(staging, ignore_errors=True)
     return result
+
+
+@contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) back while a step runs that must not stop halfway, and deliver it to the
+    handler it would have met the moment the step ends. A Python-level handler, not a signal mask:
+    the process's other threads (DuckDB's, OpenMP's) would take a masked signal in its place. Python
+    lets only its main thread set handlers, and runs them there only, so elsewhere nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held and callable(previous):
+            previous(signal.SIGINT, None)  # Python's default raises KeyboardInterrupt here
+        elif held and previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 def _sweep_stale(out: Path) -> None:

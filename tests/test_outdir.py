@@ -222,3 +222,30 @@ def test_an_export_killed_mid_write_keeps_the_previous_one_and_the_next_run_swee
     live.mkdir()
     assert invoke("export", "--db", str(store_db), "--out", str(target)).exit_code == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "data"])
+
+
+@pytest.mark.parametrize("moment", ["made", "removed"])
+def test_a_ctrl_c_as_the_staging_folder_is_made_or_removed_leaves_no_staging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                            moment: str) -> None:
+    """A Ctrl-C that lands right after the hidden sibling is made (before it has a name to remove) or
+    while it is removed (after the swap it holds the previous folder, many files) is held until that
+    step is done: the interrupt still stops the command, and no `.partial` folder stays behind."""
+    import signal
+    import tempfile
+
+    out = tmp_path / "export"
+    outdir.replace(out, "atlas export", lambda d: (d / "old").write_text("previous\n"))
+    real = {"made": tempfile.mkdtemp, "removed": shutil.rmtree}[moment]
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        done = real(*args, **kwargs) if moment == "made" else None
+        os.kill(os.getpid(), signal.SIGINT)  # Python raises it at its next instruction, unless it is held
+        return done if moment == "made" else real(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile if moment == "made" else shutil, "mkdtemp" if moment == "made" else "rmtree", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        outdir.replace(out, "atlas export", lambda d: (d / "new").write_text("new\n"))
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["export"]  # no staging left
+    assert sorted(p.name for p in out.iterdir()) == ([".atlas-output.json", "old"] if moment == "made"
+                                                     else [".atlas-output.json", "new"])
