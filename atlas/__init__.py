@@ -14,7 +14,10 @@ class Interrupted(AtlasError):
 
 
 def is_interrupt(exc: BaseException) -> bool:
-    """A Ctrl-C however it surfaced: Python's KeyboardInterrupt, or DuckDB's while a query ran (the
-    Python client raises a plain RuntimeError 'Query interrupted', or its InterruptException)."""
+    """A Ctrl-C however it surfaced: Python's KeyboardInterrupt, DuckDB's while a query ran (the
+    Python client raises a plain RuntimeError 'Query interrupted', or its InterruptException), or
+    pydantic's while one of our serializers ran (it raises a PydanticSerializationError, a ValueError
+    that names the exception in its text and chains nothing)."""
     return (isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "InterruptException"
-            or (type(exc) is RuntimeError and str(exc).strip() == "Query interrupted"))
+            or (type(exc) is RuntimeError and str(exc).strip() == "Query interrupted")
+            or (type(exc).__name__ == "PydanticSerializationError" and "`: KeyboardInterrupt:" in str(exc)))

@@ -35,7 +35,7 @@ class AtlasGroup(click.Group):
         except AtlasError as exc:
             click.secho(f"Error: {redact.text(str(exc))}", fg="red", err=True)
             sys.exit(getattr(exc, "exit_code", 1))
-        except (KeyboardInterrupt, RuntimeError) as exc:  # a command with nothing of its own to say
+        except (KeyboardInterrupt, RuntimeError, ValueError) as exc:  # a command with nothing of its own to say
             if not is_interrupt(exc):
                 raise
             click.secho("Interrupted (Ctrl-C).", fg="yellow", err=True)

@@ -94,8 +94,8 @@ def _uninterrupted() -> Iterator[None]:
     handler it would have met the moment the step ends. A Python-level handler, not a signal mask:
     the process's other threads (DuckDB's, OpenMP's) would take a masked signal in its place. Python
     lets only its main thread set handlers, and runs them there only, so elsewhere nothing is held."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield  # None: a handler set outside Python, which could not be put back
         return
     held: list[int] = []
     previous = signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))

@@ -249,3 +249,30 @@ def test_a_ctrl_c_as_the_staging_folder_is_made_or_removed_leaves_no_staging(tmp
     assert [p.name for p in tmp_path.iterdir()] == ["export"]  # no staging left
     assert sorted(p.name for p in out.iterdir()) == ([".atlas-output.json", "old"] if moment == "made"
                                                      else [".atlas-output.json", "new"])
+
+
+def test_a_ctrl_c_inside_a_pydantic_serializer_is_told_as_a_ctrl_c() -> None:
+    """pydantic turns a KeyboardInterrupt raised in a serializer into a ValueError with nothing
+    chained (the fresh-clone CI met one as `atlas export` wrote a record): it is an interrupt, one
+    line, not a traceback; any other serialization error is not."""
+    from pydantic import BaseModel, model_serializer
+
+    from atlas import is_interrupt
+
+    class Cut(BaseModel):
+        a: int = 1
+
+        @model_serializer(mode="wrap")
+        def _stop(self, handler: object) -> dict:
+            raise KeyboardInterrupt
+
+    class Broken(Cut):
+        @model_serializer(mode="wrap")
+        def _stop(self, handler: object) -> dict:
+            raise TypeError("KeyboardInterrupt is only a word here")
+
+    with pytest.raises(ValueError) as cut:
+        Cut().model_dump_json()
+    with pytest.raises(ValueError) as broken:
+        Broken().model_dump_json()
+    assert is_interrupt(cut.value) and not is_interrupt(broken.value)

@@ -378,7 +378,7 @@ def export(db: Path, out: Path, evidence_dir: Path, root: Path) -> Manifest:
     try:
         store.require_complete_snapshot(db)
         return outdir.replace(out, "atlas export", write, legacy=_is_export)
-    except (KeyboardInterrupt, RuntimeError, duckdb.Error) as exc:  # outdir.replace has removed the staging folder
+    except (KeyboardInterrupt, RuntimeError, ValueError, duckdb.Error) as exc:  # outdir.replace has removed the staging folder
         if not is_interrupt(exc):
             raise
         if made and _manifest_at(out) == made[0]:  # the swap was done: only the clean-up was cut short
