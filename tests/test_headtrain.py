@@ -22,6 +22,7 @@ from atlas.checkpoints.headtrain import data, prompts, teachercache
 from atlas.checkpoints.headtrain.head import MtpLayer, Shape
 from atlas.checkpoints.headtrain.train import (HeadSpec, LossVocab, frequencies, make_batch, measure, residual_rms, step_losses,
                                                teacher_pass, train)
+from atlas.decode.generate import Sampling, generate_plain, generate_speculative
 from atlas.decode.model import build_fused_model
 from atlas.checkpoints.team_corpus import build_tokenizer
 from atlas.records.workloads import bundled_texts
@@ -117,6 +118,35 @@ def test_recorded_acceptance_equals_an_independent_count_through_the_loop(tiny) 
     assert got["t0_reached"] == reached
     assert got["t0_conditional"] == [round(a / r, 4) if r else None for a, r in zip(accepted, reached)]
     assert sum(reached) > 60 and accepted[0] > 0
+
+
+def test_decoded_acceptance_equals_the_rounds_our_loop_runs(tiny) -> None:
+    """measure()'s t0_decoded, scheduled from teacher-forced chains over the main model's greedy
+    answers, counts exactly the rounds and first-draft acceptances that generate_speculative counts
+    decoding the same prompts at T = 0, for k = 1..3; a sampled answer is left out."""
+    llama, head, fused = tiny
+    g = torch.Generator().manual_seed(11)
+    prompts_ = [torch.randint(0, 300, (int(n),), generator=g).tolist() for n in (5, 9, 7, 12, 6, 8)]
+    seqs = []
+    for i, prompt in enumerate(prompts_):
+        answer = generate_plain(fused, prompt, 24 + i, Sampling(), g).tokens
+        seqs.append(data.Sequence(prompt + answer, len(prompt), "chat", "greedy", True))
+    seqs.append(data.Sequence(seqs[0].ids[:-3] + [1, 2, 3], seqs[0].prompt_len, "chat", "sampled", True))
+    teacher = teacher_pass(llama, seqs, 8, lambda _: None)
+    got = measure(head, seqs, teacher, list(range(len(seqs))), 3)["t0_decoded"]
+    for k in (1, 2, 3):
+        rounds = drafted = accepted = emitted = 0
+        for seq in seqs[:-1]:
+            prompt, answer = seq.ids[: seq.prompt_len], seq.ids[seq.prompt_len :]
+            run = generate_speculative(fused, prompt, len(answer), k, Sampling(), g)
+            assert run.tokens == answer
+            rounds += run.verify_passes
+            drafted += run.drafted_per_position[0]
+            accepted += run.accepted_per_position[0]
+            emitted += len(answer) - 1
+        assert got[k] == {"answers": 6, "rounds": rounds, "first_draft": round(accepted / drafted, 4),
+                          "tokens_per_round": round(emitted / rounds, 4)}, k
+        assert 0 < accepted < drafted  # the schedule matters only where some drafts pass and some fail
 
 
 def test_the_cut_loss_is_the_kl_over_the_set_decoding_drafts_from(tiny, tmp_path: Path) -> None:

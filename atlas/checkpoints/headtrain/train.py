@@ -17,7 +17,8 @@ are targets: what the main model itself wrote.
 Measured on held-out sequences, teacher-forced: per chain position s, greedy acceptance given that
 the drafts before it were accepted (the conditional the tokens-per-pass formula takes), first-draft
 greedy acceptance per category, and the expected T = 1 acceptance Σ min(p, q) per position.
-On the greedy held-out answers the T = 0 figures are what decoding those prompts would give.
+These score a draft at every position. T = 0 decoding drafts only where a round starts, so on the
+greedy held-out answers `t0_decoded` counts the rounds it would run, for k = 1..depth.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pydantic import BaseModel, Field
 from atlas import AtlasError
 from atlas.checkpoints.headtrain.data import Sequence
 from atlas.checkpoints.headtrain.head import INITS, Init, MtpLayer, Shape
+from atlas.decode.generate import RoundCounts
 
 # the measurement workloads the training categories stand for (the rest are reported as they are)
 WORKLOAD_OF = {"chat": "chat", "code": "code", "math": "math", "summarise": "summarise", "adversarial": "adversarial"}
@@ -248,6 +250,7 @@ def measure(head: MtpLayer, sequences: list[Sequence], teacher: Teacher, which: 
     reached, accepted = [0] * depth, [0] * depth
     overlap, counted = [0.0] * depth, [0] * depth
     first: dict[str, list[int]] = {}
+    runs: dict[tuple[int, int], int] = {}  # (sequence, chain start) -> leading drafts accepted at T = 0
     kl_sum, kl_n = 0.0, 0
     with torch.inference_mode():
         for start in range(0, len(which), 8):
@@ -280,6 +283,7 @@ def measure(head: MtpLayer, sequences: list[Sequence], teacher: Teacher, which: 
                     if before:
                         reached[s] += 1
                         accepted[s] += ok
+                        runs[(pick[r], jj)] = s + ok
                     chain_ok[(r, jj)] = before and ok
     return {
         "kl": round(kl_sum / max(kl_n, 1), 4),
@@ -289,6 +293,37 @@ def measure(head: MtpLayer, sequences: list[Sequence], teacher: Teacher, which: 
         "t1_expected": [round(o / c, 4) if c else None for o, c in zip(overlap, counted)],
         "t0_first_by_category": {c: round(a / n, 4) for c, (a, n) in sorted(first.items())},
         "t0_first_by_workload": _by_workload(first),
+        "t0_decoded": {k: decoded(sequences, which, runs, k) for k in range(1, depth + 1)},
+    }
+
+
+def decoded(sequences: list[Sequence], which: list[int], runs: dict[tuple[int, int], int], k: int) -> dict[str, Any]:
+    """What T = 0 decoding with k drafts a round would count over the greedy answers in `which`:
+    the rounds it runs, scheduled as our loop schedules them, each round's accepted drafts read off
+    the teacher-forced chains (`runs`). A round starts where the last one's verify pass ended, so
+    the position right after an accepted draft is never drafted: where easy positions come in
+    runs, this first-draft share is lower than the per-position one. The same round lengths as
+    generate_speculative: the first token from the prefill, at most k drafts and never past the
+    answer's end; the tests count that loop's rounds beside it."""
+    counts = RoundCounts(k)
+    answers = 0
+    for i in which:
+        seq = sequences[i]
+        if seq.mode != "greedy":  # a sampled answer is not what T = 0 decoding emits
+            continue
+        answers += 1
+        n_new, emitted = len(seq.ids) - seq.prompt_len, 1
+        while emitted < n_new:
+            k_now = min(k, n_new - emitted - 1)
+            start = seq.prompt_len - 2 + emitted  # chain start: the hidden before the last emitted token
+            n = min(runs[(i, start)], k_now) if k_now else 0
+            counts.observe(k_now, n)
+            emitted += n + 1
+    return {
+        "answers": answers,
+        "rounds": counts.rounds,
+        "first_draft": round(counts.accepted[0] / counts.drafted[0], 4) if counts.drafted[0] else None,
+        "tokens_per_round": round(counts.emitted / counts.rounds, 4) if counts.rounds else None,
     }
 
 
