@@ -4,7 +4,9 @@ committed heads on the main model's own greedy answers to a measurement prompt s
 beside the recipe's own held-out figure. Compare the output with a record's decoded first-draft
 acceptance on the same prompts: if the teacher-forced figure on these answers lands near the
 decoded one while the recipe's is far above both, the gap is the prompts (categories the head never
-trained on), not the decode loop.
+trained on), not the decode loop. The decoded column schedules the rounds as T = 0 decoding runs
+them (measure()'s t0_decoded): a round starts where the last verify pass ended, so the position
+right after an accepted draft is never drafted.
 
     .venv/bin/python benchmarks/head_forecast.py [--heads DIR,DIR] [--prompt-set atlas-categories-v1]
         [--prompts-per-workload 4] [--max-new-tokens 48] [--threads 1]
@@ -33,14 +35,21 @@ HEADS = "data/real-heads/smollm2-135m-mtp,data/real-heads/smollm2-135m-mtp-v2,da
 
 
 def answers(llama: object, tokenizer: object, prompt_set: str, per_workload: int, max_new: int) -> list[Sequence]:
-    """The main model's greedy answers (transformers' generate: the logits our checkpoint gives)."""
+    """The main model's greedy answers, exactly `max_new` tokens each past any end-of-sequence token,
+    as both engines decode them in a record (our loop runs to max_new; llama.cpp is asked with
+    ignore_eos): transformers' forward with its cache, the logits our checkpoint gives."""
     ps = load_prompt_set(prompt_set)
     out = []
     with torch.inference_mode():
         for workload, rows in ps.encode_workloads(tokenizer, ps.workloads, per_workload, 1000).items():
             for ids in rows:
-                ids_out = llama.generate(torch.tensor([ids]), max_new_tokens=max_new, do_sample=False)  # type: ignore[attr-defined]
-                out.append(Sequence(ids_out[0].tolist(), len(ids), workload, "greedy", True))
+                step = llama(input_ids=torch.tensor([ids]), use_cache=True)  # type: ignore[operator]
+                answer = [int(step.logits[0, -1].argmax())]
+                while len(answer) < max_new:
+                    step = llama(input_ids=torch.tensor([answer[-1:]]), cache=step.cache,  # type: ignore[operator]
+                                 use_cache=True)
+                    answer.append(int(step.logits[0, -1].argmax()))
+                out.append(Sequence(ids + answer, len(ids), workload, "greedy", True))
     return out
 
 
@@ -66,8 +75,13 @@ def main() -> None:
         found = measure(head, sequences, teacher, list(range(len(sequences))), 3)
         print(f"\n{folder.name} (head {recipe['head_sha256'][:12]}): teacher-forced on these answers, T = 0 per position "
               f"{found['t0_conditional']}; the recipe's held-out first draft {recipe['heldout_after']['t0_conditional'][0]}")
-        for workload, share in found["t0_first_by_category"].items():
-            print(f"  {workload:<12} {share:.3f}")
+        print("  first draft as T = 0 decoding schedules its rounds: "
+              + ", ".join(f"k = {k} {d['first_draft']} ({d['rounds']} rounds)" for k, d in found["t0_decoded"].items()))
+        print(f"  {'category':<12} {'every position':>14} {'decoded, k = 1':>15}")
+        for category, share in found["t0_first_by_category"].items():
+            alone = [i for i, s in enumerate(sequences) if s.category == category]
+            scheduled = measure(head, sequences, teacher, alone, 1)["t0_decoded"][1]["first_draft"]
+            print(f"  {category:<12} {share:>14.3f} {scheduled:>15.3f}")
 
 
 if __name__ == "__main__":

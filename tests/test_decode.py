@@ -14,6 +14,7 @@ from transformers.modeling_layers import MtpModel
 from atlas.decode.mtphead import head_from_transformers
 from atlas.records.theory import round_distribution
 from atlas.decode.generate import Sampling, generate_plain, generate_speculative, probs_from_logits, sample, speculative_accept
+from atlas.decode import onepass
 from atlas.decode.layers import FastLayer, ModuleLayer
 from atlas.decode.model import FusedModel, build_fused_model
 
@@ -108,8 +109,12 @@ def test_verify_rows_equal_one_row_steps(kernels: str, monkeypatch: pytest.Monke
     monkeypatch.setattr(fused_kernels, "PACKED_MIN_BYTES", 0)  # a tiny model's weights are packed too
     model, mtp = tiny_model(vocab=64, layers=3, d=64, seed=3)
     engine = build_fused_model(model, mtp, 96, [1, 2, 3], kernels=kernels)
-    # "auto" without the kernel says why it timed torch's paths instead (a record keeps this string)
-    assert engine.kernels == kernels if kernels != "auto" else engine.kernels.startswith("auto (one-pass kernel not built): ")
+    # what a record keeps: "auto" without the kernel says why it timed torch's paths instead, and
+    # the one-pass kernel names the build's prefetch choice
+    if kernels == "auto":
+        assert engine.kernels.startswith("auto (one-pass kernel not built): ")
+    else:
+        assert engine.kernels == (f"onepass, {onepass.describe()}" if kernels == "onepass" else kernels)
     assert (engine.layers[0].qkv.packed is not None) == (kernels not in ("mm", "onepass"))
     assert engine.layers[0].qkv.onepass == (kernels == "onepass") and engine.mtp_layers[0].head.onepass == (kernels == "onepass")
     if kernels == "auto":  # every packed Linear, the MTP layer's included, follows the one choice

@@ -1,10 +1,14 @@
 """The one-pass CPU kernel (atlas.decode.onepass): its sums against float64, the same bits for a
-row whatever rows share its pass, the shapes torch's checks refuse, and a build that is whole or
-absent. Needs `make kernels` (skips, saying why, without it; fails with ATLAS_REQUIRE_KERNELS=1)."""
+row whatever rows share its pass and with or without software prefetch, the shapes torch's checks
+refuse, a build that is whole or absent, and the build's prefetch choice following its own timings. Needs `make kernels` (skips, saying why, without it; fails with ATLAS_REQUIRE_KERNELS=1)."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -25,6 +29,54 @@ def test_products_match_float64_and_each_row_keeps_its_bits_in_any_pass(onepass_
     for rows in range(1, 10):  # 1-4 rows share one pass over W; 5-9 take two or three
         for start in range(0, 9 - rows + 1, 3):
             assert torch.equal(onepass.matmul(x[start:start + rows], w), full[start:start + rows]), (rows, start)
+
+
+@pytest.mark.parametrize(("n", "k"), [(5, 16), (300, 576), (70, 1537)])
+def test_prefetch_changes_no_bits(onepass_kernel: object, n: int, k: int) -> None:
+    """Prefetch only asks memory early: every row count gives the same bits with it and without,
+    so the build's choice can never change an output."""
+    gen = torch.Generator().manual_seed(n + k)
+    w, x = torch.randn(n, k, generator=gen), torch.randn(6, k, generator=gen)
+    for rows in range(1, 7):
+        assert torch.equal(onepass_kernel.onepass_mm(x[:rows], w, True), onepass_kernel.onepass_mm(x[:rows], w, False))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("slower", [True, False])
+def test_the_build_keeps_the_faster_prefetch_choice(monkeypatch: pytest.MonkeyPatch, slower: bool) -> None:
+    """calibrate() times both variants at 1 and 2 rows and keeps the one with the smaller sum: a
+    stand-in kernel whose prefetch variant is made slower (or faster) must be refused (or kept)."""
+    calls: list[tuple[int, bool]] = []
+
+    def onepass_mm(x: torch.Tensor, w: torch.Tensor, prefetch: bool) -> None:
+        calls.append((x.shape[0], prefetch))
+        time.sleep(0.002 if prefetch == slower else 0.0002)
+
+    monkeypatch.setattr(onepass, "CALIBRATION_BYTES", 3 * 8192 * 576 * 4)
+    threads = torch.get_num_threads()
+    chosen = onepass.calibrate(SimpleNamespace(onepass_mm=onepass_mm))  # type: ignore[arg-type]
+    assert chosen["prefetch"] is not slower
+    assert sorted(set(calls)) == [(1, False), (1, True), (2, False), (2, True)]
+    assert len(calls) == onepass.CALIBRATION_ROUNDS * 4 * 3 and torch.get_num_threads() == threads
+    assert set(chosen["median_ms"]) == {"none, 1 row", "none, 2 rows", "prefetch, 1 row", "prefetch, 2 rows"}  # type: ignore[arg-type]
+
+
+def test_a_build_without_its_choice_is_not_taken(onepass_kernel: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library without choice.json (a build cut short before its calibration) is not loaded."""
+    built = onepass.build_dir()
+    monkeypatch.setattr(onepass, "CACHE", tmp_path / "cache")
+    copy = onepass.build_dir()
+    copy.mkdir(parents=True)
+    shutil.copy(onepass._library(built), copy)  # type: ignore[arg-type]
+    onepass.load.cache_clear()
+    try:
+        assert onepass.load() is None and "make kernels" in (onepass.missing() or "")
+        (copy / onepass.CHOICE_FILE).write_text(json.dumps({"prefetch": False}))
+        onepass.load.cache_clear()
+        onepass.prefetch.cache_clear()
+        assert onepass.load() is not None and onepass.describe() == "no software prefetch"
+    finally:
+        onepass.load.cache_clear()
+        onepass.prefetch.cache_clear()
 
 
 def test_a_row_is_not_read_past_its_end(onepass_kernel: object) -> None:

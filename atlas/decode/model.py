@@ -151,7 +151,10 @@ class FusedModel:
         self.devices = list(dict.fromkeys([self.device, *self.layer_devices, self.head_device, *(p.device for p in self.mtp_layers)]))
         self._carry: list[torch.Tensor | None] = [None] * len(heads)
         if self._auto:
-            self.kernels = "auto: one-pass kernel for every row count" if self.kernels == "onepass" else self._choose_kernels()
+            self.kernels = (f"auto: one-pass kernel for every row count, {onepass.describe()}" if self.kernels == "onepass"
+                            else self._choose_kernels())
+        elif self.kernels == "onepass" and self.device.type == "cpu":
+            self.kernels = f"onepass, {onepass.describe()}"
 
     def _linears(self) -> list[Linear]:
         """Every Linear of the model that holds a packed copy, MTP layers included."""

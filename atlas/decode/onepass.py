@@ -11,13 +11,22 @@ verify pass (the attention's bmm does not, so whole passes still differ in the l
 A native build, so it lives in a cache outside the clone (~/.cache/mtp-atlas/onepass/, keyed by the
 source, torch's version and the flags), made once by `make kernels` (about 40 s); `load()` never
 builds, so a run without it says so and falls back to torch's kernels. x86 with AVX2 and FMA only.
+
+Software prefetch (ask for each weight cache line 4 KiB ahead) changes no result, only the time:
+it made a 2-core Intel Xeon's passes a fifth faster, and a different prefetch had made an AMD
+EPYC's slower. So the build times both on the machine it is made on and keeps the faster in
+`choice.json` beside the library: fixed from then on, so it cannot move with the load while runs
+start, and every record names it (`describe()`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
+import statistics
 import sys
+import time
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -43,9 +52,25 @@ def unsupported() -> str | None:
     return None
 
 
+CHOICE_FILE = "choice.json"
+# Calibration: 1- and 2-row passes over weights larger than a server's last-level cache (as a
+# model's are), each variant timed in turn, so a moment of load falls on both
+CALIBRATION_BYTES = 512 << 20
+CALIBRATION_ROUNDS = 9
+
+
 def _library(where: Path) -> Path | None:
     found = sorted(where.glob("atlas_onepass*.so"))
     return found[0] if found else None
+
+
+def _import(library: Path) -> ModuleType | None:
+    spec = importlib.util.spec_from_file_location("atlas_onepass", library)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @cache
@@ -53,14 +78,45 @@ def load() -> ModuleType | None:
     """The built kernel, or None where it is not built or the CPU cannot run it (never builds)."""
     where = build_dir()
     library = _library(where)
-    if unsupported() or library is None:
+    if unsupported() or library is None or not (where / CHOICE_FILE).is_file():
         return None
-    spec = importlib.util.spec_from_file_location("atlas_onepass", library)
-    if spec is None or spec.loader is None:
-        return None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _import(library)
+
+
+@cache
+def prefetch() -> bool:
+    """Whether this machine's build chose software prefetch (load() must not be None)."""
+    return bool(json.loads((build_dir() / CHOICE_FILE).read_text())["prefetch"])
+
+
+def describe() -> str:
+    """The build's choice, in the words a record keeps."""
+    return "software prefetch 4 KiB ahead" if prefetch() else "no software prefetch"
+
+
+def calibrate(module: ModuleType) -> dict[str, object]:
+    """Time 1- and 2-row passes with and without prefetch (the same results either way) and
+    choose the smaller sum of their medians."""
+    k = 576
+    weights = [torch.full((8192, k), 0.5) for _ in range(CALIBRATION_BYTES // (8192 * k * 4))]
+    xs = {m: torch.full((m, k), 0.25) for m in (1, 2)}
+    times: dict[tuple[bool, int], list[float]] = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the records' setting: one stream per core
+    try:
+        for _ in range(CALIBRATION_ROUNDS):
+            for pf in (False, True):
+                for m, x in xs.items():
+                    start = time.perf_counter()
+                    for w in weights:
+                        module.onepass_mm(x, w, pf)
+                    times.setdefault((pf, m), []).append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    ms = {f"{'prefetch' if pf else 'none'}, {m} row{'s' if m > 1 else ''}": round(statistics.median(t) * 1e3, 2)
+          for (pf, m), t in times.items()}
+    cost = {pf: sum(statistics.median(times[(pf, m)]) for m in xs) for pf in (False, True)}
+    return {"prefetch": cost[True] < cost[False], "median_ms": ms, "weights_mib": CALIBRATION_BYTES >> 20, "threads": 1}
 
 
 def missing() -> str | None:
@@ -95,8 +151,14 @@ def build() -> Path:
     except (RuntimeError, OSError, ImportError) as exc:  # cpp_extension raises RuntimeError for a failed compile
         raise AtlasError(f"the one-pass kernel did not build ({str(exc).splitlines()[-1] if str(exc) else exc}); "
                          f"its build folder is {staging}") from None
+    library = _library(staging)
+    module = _import(library) if library is not None else None
+    if module is None:
+        raise AtlasError(f"the one-pass kernel built but does not import; its build folder is {staging}")
+    (staging / CHOICE_FILE).write_text(json.dumps(calibrate(module), indent=1) + "\n")
     staging.rename(where)  # whole or absent: a half-built folder is never taken for a build
     load.cache_clear()
+    prefetch.cache_clear()
     library = _library(where)
     assert library is not None
     return library
@@ -106,12 +168,12 @@ def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x Wᵀ through the kernel (x [M, K] fp32 contiguous, W [N, K]); load() must not be None."""
     module = load()
     assert module is not None
-    return module.onepass_mm(x.contiguous(), w)
+    return module.onepass_mm(x.contiguous(), w, prefetch())
 
 
 if __name__ == "__main__":  # make kernels
     try:
-        print(f"one-pass kernel: {build()}")
+        print(f"one-pass kernel: {build()} ({describe()}: {json.loads((build_dir() / CHOICE_FILE).read_text())['median_ms']})")
     except AtlasError as exc:
         print(f"one-pass kernel not built: {exc}", file=sys.stderr)
         sys.exit(1)

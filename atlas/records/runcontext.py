@@ -107,7 +107,8 @@ class Settings(Strict):
     # dense-equivalent, every sequence within index_topk keys); None: no such restriction.
     regime: str | None = None
     # CPU matmul kernels of our loop (atlas.decode.kernels.KERNELS): "onepass", "rows", "mm", or
-    # what "auto" chose on the run's machine ("auto: one-pass kernel for every row count", "auto:
+    # what "auto" chose on the run's machine ("auto: one-pass kernel for every row count", with the
+    # build's prefetch choice from 2026-12-06: "..., software prefetch 4 KiB ahead"; "auto:
     # oneDNN for 3, 4, 5 rows", or with why the one-pass kernel was not taken: "auto (one-pass
     # kernel not built): oneDNN for 3 rows"); None in records from before the choice existed ("mm")
     kernels: Name | None = None
