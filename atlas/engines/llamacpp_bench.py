@@ -3,7 +3,10 @@ costs on the run's build, GGUF, threads and repacking, at the run's typical cont
 
 llama-server times a whole decode, never a pass, so the costs come from llama-bench, timed before
 the servers start: pp1 (a 1-row forward: a plain step) and pp(k+1) (the verify pass of draft length
-k). llama.cpp has no switch that runs its MTP draft alone, but a draft whose top candidate falls
+k). llama-bench's pp(n) asks for logits of its last row only (common_batch_get_one marks only that
+token as an output), while a verify pass needs every row's: so the verify figure leaves out k rows
+of the output layer, and a run's rounds cost more than verify + draft (the record keeps both; the
+pages set the run's own round beside them). llama.cpp has no switch that runs its MTP draft alone, but a draft whose top candidate falls
 below --spec-draft-p-min is computed and then dropped before verification; at p-min 1 every draft
 is, so each step runs the plain 1-row pass plus the whole draft side (the MTP layer's catch-up over
 the verified row, the draft step with its output layer, the draft's sampling). That server's time
@@ -26,7 +29,8 @@ from atlas.engines.llamacpp_build import Build
 REPETITIONS = 7  # llama-bench's own timed repetitions per row count, after its warm-up run
 TIMEOUT_S = 600
 METHOD = ("plain and verify: llama-bench pp1 and pp(k+1) of the same build, GGUF, threads and repacking at the run's median "
-          "context depth, median of {reps} timed runs, before the servers start; draft: llama-server's decode seconds per "
+          "context depth, median of {reps} timed runs, before the servers start (pp's output layer runs for the last row only, "
+          "so verify leaves out k rows of it); draft: llama-server's decode seconds per "
           "token with draft-mtp k = 1 at --spec-draft-p-min 1 (every draft computed, then dropped) minus plain's, paired "
           "over {prompts} prompts (one per workload, T = 0), median: the MTP catch-up, draft step and draft sampling")
 
