@@ -223,6 +223,24 @@ def test_the_engine_people_run_leads_and_our_loop_follows_as_the_exactness_refer
     assert measured.reference([ours]) is None and "exactness reference" not in _text(measured.answer_text([ours], "../runs/"))
 
 
+def test_the_plain_answer_names_our_loops_processor_in_words() -> None:
+    """With the engine's run featured, our loop's verdict follows on "the same processor", or on
+    "another" one with its cores as a word: never the machine's label, whose digits and marks the
+    2-minute version does not allow."""
+    import re
+
+    from atlas.records.record import PassCosts
+
+    ours = _run("org/real-gain", GAIN, real=True, day=3)
+    engine = _through_llamacpp(_run("org/real-loss", LOSS, real=True, day=1), PassCosts(plain=0.010, verify={1: 0.0159}, draft=0.0021))
+    assert "own decoding loop, on the same processor, was reliably faster on code prompts" in _text(measured.plain_answer([ours, engine]))
+    ours.record.hardware = ours.record.hardware.model_copy(update={"text": "CPU: Other(R) Chip (2 cores)", "cpu": "Other(R) Chip",
+                                                                   "cpu_cores": 2, "cpu_flags": ["avx2", "avx512f"]})
+    text = _text(measured.plain_answer([ours, engine]))
+    assert "own decoding loop, on another two-core processor, was reliably faster" in text and "Other" not in text
+    assert len(re.findall(r"\d+(?:\.\d+)?|\b(?:one|two|three|four|five|six|seven|eight|nine|ten)\b", text)) <= 3
+
+
 def test_an_engines_pass_costs_say_how_they_were_timed() -> None:
     from atlas.records.record import PassCosts
 

@@ -4,7 +4,6 @@ chart code, and the box helper refusing a body Markdown would turn into a code b
 
 from __future__ import annotations
 
-import math
 import re
 
 import pytest
@@ -47,16 +46,27 @@ def test_the_speed_chart_shows_the_gates_row_with_its_bounds() -> None:
     assert measured_charts.featured_charts([_run("b", GAIN, real=False)]) == measured_charts.NO_CHART
 
 
-def test_the_break_even_marks_the_acceptance_the_pass_costs_need() -> None:
+def test_the_break_even_marks_the_acceptance_the_runs_rounds_need() -> None:
     real, loss = _run("org/real-gain", GAIN, real=True), _run("org/real-loss", LOSS, real=True, day=2)
-    html = measured_charts.break_even_chart([real, loss])
     c = real.record.pass_costs
-    even = (c.verify[1] + c.draft) / c.plain - 1  # (1 + a) / (v + c) = 1
-    assert f"R1: needs {even:.2f}" in html and f"R2: needs {even:.2f}" in html
+    by_passes = (c.verify[1] + c.draft) / c.plain - 1  # (1 + a) / (v + c) = 1
+
+    def by_rounds(run) -> float:  # (1 + a) / r = 1, r: seconds per verify pass over seconds per plain token
+        reps = [r for cell in run.record.cells if cell.temperature == 0 and cell.draft_tokens == 1 for r in cell.repeats]
+        per_round = sum(r.seconds for r in reps) / sum(r.verify_passes for r in reps)
+        return per_round / (sum(r.baseline_seconds for r in reps) / sum(r.tokens for r in reps)) - 1
+
+    html = measured_charts.break_even_chart([real, loss])
+    for n, run in ((1, real), (2, loss)):
+        assert f"R{n}: needs {by_rounds(run):.2f} (its passes alone {by_passes:.2f})" in html
+    assert round(by_rounds(real), 2) != round(by_rounds(loss), 2) != round(by_passes, 2)  # three different marks
     # one dot per workload at the Measured table's k = 1 acceptance (accepted ÷ drafted)
     dots = _titles(html)
     assert sorted(dots) == sorted([f"code: {45 / 60:g}", f"chat: {12 / 60:g}", f"code: {12 / 60:g}", f"chat: {12 / 60:g}"])
-    assert not math.isclose(even, 0.5)  # the mark is the costs', not a default
+    # without T = 0, k = 1 cells there are no rounds to time: the pass costs' mark alone
+    for cell in real.record.cells:
+        cell.temperature = 1.0
+    assert f"R1: needs {by_passes:.2f}</text>" in measured_charts.break_even_chart([real])
     # a run that timed no passes has no mark
     real.record.pass_costs = loss.record.pass_costs = None
     assert "no break-even to draw" in measured_charts.break_even_chart([real, loss])

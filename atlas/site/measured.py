@@ -197,9 +197,9 @@ def backfires_text(runs: list[Run]) -> str:
 
 
 def _real_backfires(n: int, run: Run) -> str:
-    """One real-model run against the break-even its own pass costs set: its setup, how many of
-    the gated engine's cells ran below 1×, and its k = 1 acceptance by workload (the Measured
-    table's figure)."""
+    """One real-model run against the break-even its own pass costs set, and its own rounds (which
+    include what the engine does between passes): its setup, how many of the gated engine's cells
+    ran below 1×, and its k = 1 acceptance by workload (the Measured table's figure)."""
     cells = gated_cells(run)
     below = sum(1 for c in cells if c.derived.speedup < 1)
     text = (f"**R{n}{escape(label(run))}, {escape(setup_text(run))}:** {below} of {len(cells)} cells "
@@ -211,6 +211,8 @@ def _real_backfires(n: int, run: Run) -> str:
         text += (f"; its k = 1 acceptance ran from {by_workload[low]:.2f} ({escape(low)}) to "
                  f"{by_workload[high]:.2f} ({escape(high)}), where its pass costs need about {even:.2f} "
                  "to break even" + (" (more than every draft: at k = 1 it cannot pay)" if even >= 1 else ""))
+        if (rounds := round_cost(cells)) is not None:
+            text += f" and its own rounds {rounds - 1:.2f}"
     return text + ". "
 
 
@@ -587,7 +589,10 @@ def plain_answer(runs: list[Run]) -> str:
     if (beside := reference(runs)) is not None:  # the featured run is an engine's: our loop's verdict too
         ours = beside[1].record
         ours_on = list(dict.fromkeys(g.workload for g in ours.gates if g.enabled))
-        place = "the same processor" if ours.hardware.label() == r.hardware.label() else escape(ours.hardware.label())
+        ours_cores = ours.hardware.cpu_cores if ours.settings.device == "cpu" else None
+        place = ("the same processor" if ours.hardware.label() == r.hardware.label()
+                 else f"another {_count_word(ours_cores)}-core processor" if ours_cores is not None
+                 else escape(ours.hardware.label()))
         text += (f"The atlas's own decoding loop, on {place}, was "
                  + (f"reliably faster on {escape(_and(ours_on))} prompts. " if ours_on else "never reliably faster. "))
     return text + "No large published model's own MTP head has been measured here.\n"

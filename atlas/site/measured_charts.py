@@ -5,9 +5,10 @@
   accepted at all: the product of the conditionals up to i), each the mean over the workloads;
 - speed-up by workload and temperature, each at the k the gate chose (else the best median), with
   the paired bounds the gate decided on;
-- break-even: for every run that timed its passes, the k = 1 acceptance its pass costs need
-  (measured.break_even_acceptance) and where its rows' k = 1 acceptance by workload sits (the
-  Measured table's figure, measured.workload_acceptance).
+- break-even: for every run that timed its passes, the k = 1 acceptance its own rounds need
+  (measured.round_cost; its pass costs' figure, measured.break_even_acceptance, beside it) and
+  where its rows' k = 1 acceptance by workload sits (the Measured table's figure,
+  measured.workload_acceptance).
 
 The featured run is measured.featured: the one the answer speaks of, so a chart never pairs one
 run's speed with another's setup. Each title names the run's engine, threads, kernels and draft
@@ -20,7 +21,7 @@ from atlas.records import gating
 from atlas.records import record as records
 from atlas.site.charts import Point, Series, ThresholdRow, line_chart, threshold_chart
 from atlas.site.measured import (GATE_CONFIDENCE_TEXT, gated_cells, break_even_acceptance, evidence_runs,
-                                 featured, is_real, setup_text, temp_text, workload_acceptance)
+                                 featured, is_real, round_cost, setup_text, temp_text, workload_acceptance)
 from atlas.site.runpages import row_cell
 
 NO_CHART = "No real-model run in this build, so there is no measured chart here.\n"
@@ -101,23 +102,29 @@ def featured_charts(runs: list[Run]) -> str:
 
 
 def break_even_chart(runs: list[Run]) -> str:
-    """Every run with pass costs: the k = 1 acceptance needed to break even, and its rows."""
+    """Every run with pass costs: the k = 1 acceptance needed to break even, and its rows. The mark
+    is what the run's own k = 1 rounds needed (measured.round_cost: the passes and everything the
+    engine does between them); the pass costs alone, which leave that out, are named beside it."""
     rows, setups = [], []
     for n, run in evidence_runs(runs):
-        even = break_even_acceptance(run.record.pass_costs)
+        by_passes = break_even_acceptance(run.record.pass_costs)
         by_workload = workload_acceptance(gated_cells(run))
-        if even is None or not by_workload:
+        if by_passes is None or not by_workload:
             continue
+        rounds = round_cost(gated_cells(run))
+        even = by_passes if rounds is None else rounds - 1
         who = "" if is_real(run) else ", teaching model"
-        rows.append(ThresholdRow(label=f"R{n}{who}: needs {even:.2f}", needed=even,
-                                 values=list(by_workload.items())))
+        label = f"R{n}{who}: needs {even:.2f}" + ("" if rounds is None else f" (its passes alone {by_passes:.2f})")
+        rows.append(ThresholdRow(label=label, needed=even, values=list(by_workload.items())))
         setups.append(f"R{n}: {setup_text(run)}")
     if not rows:
         return "No run in this build timed its passes, so there is no break-even to draw.\n"
     engine = gating.GATED_ENGINES[0]
     return '<div class="atlas-chart-narrow">' + threshold_chart(
-        "Break-even at k = 1: the acceptance the measured pass costs need, and the measured rows",
+        "Break-even at k = 1: the acceptance each run's rounds need, and the measured rows",
         rows, "k = 1 acceptance",
-        note=(f"Mark: the acceptance a at which (1 + a) ÷ (v + c) = 1, with v and c the run's verify and draft "
-              f"pass in plain steps; shaded: where drafting pays. Dots: the run's k = 1 acceptance by workload "
+        note=(f"Mark: the acceptance a at which (1 + a) ÷ r = 1, with r the run's k = 1 round as it timed it, in "
+              f"plain steps (T = 0 cells pooled); in brackets the same from its timed verify and draft passes alone, "
+              f"(1 + a) ÷ (v + c) = 1, which leave out what the engine does between passes; shaded: where drafting "
+              f"pays. Dots: the run's k = 1 acceptance by workload "
               f"({engine} cells, temperatures pooled), as in the Measured table. " + "; ".join(setups) + ".")) + "</div>\n"
