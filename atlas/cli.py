@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from atlas import AtlasError, __version__, is_interrupt
+from atlas.interrupts import Terminated, sigterm_as_interrupt
 from atlas import cli_checkpoints
 from atlas.engines import ENGINES
 
@@ -24,17 +25,22 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 class AtlasGroup(click.Group):
     """Print AtlasError as a one-line message and exit 1 (130 for Interrupted), instead of a
     traceback; $HF_TOKEN is scrubbed from it (a hub or proxy may echo it in an error text). A Ctrl-C
-    no command reported itself is one line too, however it surfaced (atlas.is_interrupt)."""
+    no command reported itself is one line too, however it surfaced (atlas.is_interrupt); SIGTERM
+    takes Ctrl-C's way out (atlas.interrupts.sigterm_as_interrupt) and exits 143."""
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         from atlas.hub import redact
 
         redact.keep_secret(os.environ.get("HF_TOKEN"))
         try:
-            return super().invoke(ctx)
+            with sigterm_as_interrupt():
+                return super().invoke(ctx)
         except AtlasError as exc:
             click.secho(f"Error: {redact.text(str(exc))}", fg="red", err=True)
             sys.exit(getattr(exc, "exit_code", 1))
+        except Terminated:
+            click.secho("Terminated (SIGTERM).", fg="yellow", err=True)
+            sys.exit(143)
         except (KeyboardInterrupt, RuntimeError, ValueError) as exc:  # a command with nothing of its own to say
             if not is_interrupt(exc):
                 raise

@@ -1,4 +1,5 @@
-"""Ctrl-C (SIGINT) handled by a handler of the caller's choosing for the length of one block."""
+"""Ctrl-C (SIGINT) handled by a handler of the caller's choosing for the length of one block, and
+SIGTERM raised as an interrupt, so that `kill` or timeout(1) ends a command through Ctrl-C's cleanup."""
 
 from __future__ import annotations
 
@@ -22,3 +23,27 @@ def sigint_handler(handler: Callable[[int, Any], Any]) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Inside the block SIGTERM raises Terminated, so a command stopped by `kill` or timeout(1) ends
+    through the same `finally` blocks as Ctrl-C: servers it started stopped, staging folders gone,
+    no half record. Python's default would end the process at once, leaving a measurement's
+    llama-server children running and their logs behind. Main thread only, as for SIGINT."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -42,7 +42,7 @@ def previous(store: Path, tmp_path: Path) -> Iterator[tuple[Path, dict[str, byte
     yield out, _files(out)
 
 
-def _atlas_calls(limit: int | None, start: str = "export") -> tuple[list[int], object]:
+def _atlas_calls(limit: int | None, start: str = "export", signum: int = signal.SIGINT) -> tuple[list[int], object]:
     """A trace function counting calls into the atlas's code from the call of atlas.export.export on
     (before it, a Ctrl-C gets the command line's generic line), raising a real SIGINT at call `limit`
     (at 1 it would be raised on the function's entry, before its first line)."""
@@ -52,14 +52,15 @@ def _atlas_calls(limit: int | None, start: str = "export") -> tuple[list[int], o
         if event == "call" and frame.f_code.co_filename.startswith(ATLAS) and (seen[0] or frame.f_code.co_name == start):
             seen[0] += 1
             if seen[0] == limit:
-                signal.raise_signal(signal.SIGINT)
+                signal.raise_signal(signum)
         return None
 
     return seen, trace
 
 
-def _export(store: Path, out: Path, limit: int | None, command: str = "export", start: str = "export") -> tuple[object, int]:
-    seen, trace = _atlas_calls(limit, start)
+def _export(store: Path, out: Path, limit: int | None, command: str = "export", start: str = "export",
+            signum: int = signal.SIGINT) -> tuple[object, int]:
+    seen, trace = _atlas_calls(limit, start, signum)
     handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
     sys.settrace(trace)
     try:
@@ -153,6 +154,18 @@ def test_ctrl_c_at_any_point_of_atlas_evidence_is_one_line_and_each_file_stays_w
         result, _ = _export(store, out, limit, "evidence", "evidence_cmd")
         assert result.exit_code == 130 and result.output.strip() == "Interrupted (Ctrl-C).", (limit, result.output)
         assert _files(out.parent) == whole  # the same store writes the same bytes: old or new, each is whole
+
+
+def test_a_sigterm_in_atlas_evidence_is_one_line_exit_143_and_each_file_stays_whole(store: Path, tmp_path: Path) -> None:
+    """`kill` (or timeout(1)) takes Ctrl-C's way out: the same cleanup, its own line and status."""
+    out = tmp_path / "ev" / "module-08.evidence.md"
+    out.parent.mkdir()
+    _, total = _export(store, out, None, "evidence", "evidence_cmd")
+    whole = _files(out.parent)
+    for limit in (total // 3, 2 * total // 3):
+        result, _ = _export(store, out, limit, "evidence", "evidence_cmd", signal.SIGTERM)
+        assert result.exit_code == 143 and result.output.strip() == "Terminated (SIGTERM).", (limit, result.output)
+        assert _files(out.parent) == whole
 
 
 def test_ctrl_c_just_after_the_swap_says_the_new_export_is_whole(store: Path, previous) -> None:

@@ -56,6 +56,17 @@ def test_a_sigint_mid_run_exits_130_without_a_record(tmp_path: Path, monkeypatch
     assert _run(tmp_path).exit_code == 0 and len(_written(tmp_path)) == 1  # the next run writes as before
 
 
+def test_a_sigterm_mid_run_takes_the_interrupts_way_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kill` or timeout(1) mid-run: no record, no traceback, and the command line's SIGTERM
+    handler given back (Python's default would end the process before any cleanup ran)."""
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(atlas_engine, "progress_line", lambda *args: signal.raise_signal(signal.SIGTERM))
+    result = _run(tmp_path)
+    assert result.exit_code == 130 and "the run did not finish, so no record was written" in result.output
+    assert "Traceback" not in result.output and _written(tmp_path) == []
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_a_record_cut_while_it_is_written_leaves_nothing_import_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from test_records import make_record
 

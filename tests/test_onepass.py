@@ -61,7 +61,8 @@ def test_the_build_keeps_the_faster_prefetch_choice(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_build_without_its_choice_is_not_taken(onepass_kernel: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The library without choice.json (a build cut short before its calibration) is not loaded."""
+    """The library without a sound choice.json (a build cut short, a damaged file) is not loaded,
+    and `make kernels` times the choice again rather than failing on the folder."""
     built = onepass.build_dir()
     monkeypatch.setattr(onepass, "CACHE", tmp_path / "cache")
     copy = onepass.build_dir()
@@ -70,10 +71,18 @@ def test_a_build_without_its_choice_is_not_taken(onepass_kernel: object, tmp_pat
     onepass.load.cache_clear()
     try:
         assert onepass.load() is None and "make kernels" in (onepass.missing() or "")
+        for damaged in ("{", '{"prefetch": "yes"}', "[1]"):  # a file the build does not write counts as none
+            (copy / onepass.CHOICE_FILE).write_text(damaged)
+            onepass.load.cache_clear()
+            assert onepass.load() is None
         (copy / onepass.CHOICE_FILE).write_text(json.dumps({"prefetch": False}))
         onepass.load.cache_clear()
         onepass.prefetch.cache_clear()
         assert onepass.load() is not None and onepass.describe() == "no software prefetch"
+        # make kernels on such a folder times the choice again and keeps the library
+        (copy / onepass.CHOICE_FILE).write_text("{")
+        monkeypatch.setattr(onepass, "calibrate", lambda module: {"prefetch": True, "median_ms": {}})
+        assert onepass.build() == onepass._library(copy) and onepass.load() is not None and onepass.prefetch()
     finally:
         onepass.load.cache_clear()
         onepass.prefetch.cache_clear()

@@ -78,15 +78,30 @@ def load() -> ModuleType | None:
     """The built kernel, or None where it is not built or the CPU cannot run it (never builds)."""
     where = build_dir()
     library = _library(where)
-    if unsupported() or library is None or not (where / CHOICE_FILE).is_file():
+    if unsupported() or library is None or _choice(where) is None:
         return None
     return _import(library)
+
+
+def _choice(where: Path) -> bool | None:
+    """The build's prefetch choice, or None where its file is absent or not one the build writes."""
+    try:
+        found = json.loads((where / CHOICE_FILE).read_text()).get("prefetch")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, bool) else None
+
+
+def _write_choice(where: Path, module: ModuleType) -> None:
+    partial = where / (CHOICE_FILE + ".partial")
+    partial.write_text(json.dumps(calibrate(module), indent=1) + "\n")
+    partial.replace(where / CHOICE_FILE)
 
 
 @cache
 def prefetch() -> bool:
     """Whether this machine's build chose software prefetch (load() must not be None)."""
-    return bool(json.loads((build_dir() / CHOICE_FILE).read_text())["prefetch"])
+    return bool(_choice(build_dir()))
 
 
 def describe() -> str:
@@ -141,6 +156,13 @@ def build() -> Path:
         raise AtlasError(f"cannot build the one-pass kernel here: {reason}")
     where = build_dir()
     if (library := _library(where)) is not None:
+        if _choice(where) is None:  # its choice lost or damaged: timed again, the library kept
+            module = _import(library)
+            if module is None:
+                raise AtlasError(f"the one-pass kernel in {where} does not import; remove that folder and build again")
+            _write_choice(where, module)
+            load.cache_clear()
+            prefetch.cache_clear()
         return library
     from torch.utils.cpp_extension import load as compile_extension
 
@@ -155,7 +177,7 @@ def build() -> Path:
     module = _import(library) if library is not None else None
     if module is None:
         raise AtlasError(f"the one-pass kernel built but does not import; its build folder is {staging}")
-    (staging / CHOICE_FILE).write_text(json.dumps(calibrate(module), indent=1) + "\n")
+    _write_choice(staging, module)
     staging.rename(where)  # whole or absent: a half-built folder is never taken for a build
     load.cache_clear()
     prefetch.cache_clear()
@@ -173,7 +195,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 if __name__ == "__main__":  # make kernels
     try:
-        print(f"one-pass kernel: {build()} ({describe()}: {json.loads((build_dir() / CHOICE_FILE).read_text())['median_ms']})")
+        print(f"one-pass kernel: {build()} ({describe()}; the timings in {build_dir() / CHOICE_FILE})")
     except AtlasError as exc:
         print(f"one-pass kernel not built: {exc}", file=sys.stderr)
         sys.exit(1)
