@@ -16,7 +16,8 @@ pytest_plugins = ["hub_fixtures"]
 # request to huggingface.co, a throw-away HF_HOME (no user token or cache), never offline mode
 # (HF_HUB_OFFLINE blocks the 127.0.0.1 test hub too). No test reaches the network.
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
-os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="atlas-tests-hf-home-")
+_HF_HOME = tempfile.TemporaryDirectory(prefix="atlas-tests-hf-home-")  # removed when the session ends
+os.environ["HF_HOME"] = _HF_HOME.name
 os.environ.pop("HF_HUB_OFFLINE", None)
 os.environ.pop("HF_TOKEN", None)
 
