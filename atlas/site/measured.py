@@ -211,8 +211,7 @@ def _real_backfires(n: int, run: Run) -> str:
         text += (f"; its k = 1 acceptance ran from {by_workload[low]:.2f} ({escape(low)}) to "
                  f"{by_workload[high]:.2f} ({escape(high)}), where its pass costs need about {even:.2f} "
                  "to break even" + (" (more than every draft: at k = 1 it cannot pay)" if even >= 1 else ""))
-        if (rounds := round_cost(cells)) is not None:
-            text += f" and its own rounds {rounds - 1:.2f}"
+        text += "" if (rounds := round_cost(cells)) is None else f" and its own rounds {rounds - 1:.2f}"
     return text + ". "
 
 
@@ -589,10 +588,8 @@ def plain_answer(runs: list[Run]) -> str:
     if (beside := reference(runs)) is not None:  # the featured run is an engine's: our loop's verdict too
         ours = beside[1].record
         ours_on = list(dict.fromkeys(g.workload for g in ours.gates if g.enabled))
-        ours_cores = ours.hardware.cpu_cores if ours.settings.device == "cpu" else None
-        place = ("the same processor" if ours.hardware.label() == r.hardware.label()
-                 else f"another {_count_word(ours_cores)}-core processor" if ours_cores is not None
-                 else escape(ours.hardware.label()))
+        place = ("the same processor" if ours.hardware.label() == r.hardware.label() else escape(ours.hardware.label())
+                 if ours.settings.device != "cpu" else f"another {_count_word(ours.hardware.cpu_cores)}-core processor")
         text += (f"The atlas's own decoding loop, on {place}, was "
                  + (f"reliably faster on {escape(_and(ours_on))} prompts. " if ours_on else "never reliably faster. "))
     return text + "No large published model's own MTP head has been measured here.\n"
