@@ -105,8 +105,10 @@ def prefetch() -> bool:
 
 
 def describe() -> str:
-    """The build's choice, in the words a record keeps."""
-    return "software prefetch 4 KiB ahead" if prefetch() else "no software prefetch"
+    """The build's choice, in the words a record keeps (the distance as the kernel states it)."""
+    module = load()
+    assert module is not None
+    return f"software prefetch {module.PREFETCH_FLOATS * 4 // 1024} KiB ahead" if prefetch() else "no software prefetch"
 
 
 def calibrate(module: ModuleType) -> dict[str, object]:
