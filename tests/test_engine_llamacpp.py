@@ -414,6 +414,27 @@ def test_draft_mtp_is_token_identical_to_plain_at_t0(real_gguf: tuple[Path, Path
 
 
 @pytest.mark.slow  # a live llama.cpp server on the real model
+def test_a_verify_of_two_or_three_rows_on_repacked_q4_0_keeps_plain_decodings_tokens(
+        real_gguf: tuple[Path, Path], llamacpp_build: object, tmp_path: Path) -> None:
+    """The repack-gemv-rows patch: at Q4_0 the weights are repacked (off only on AMX CPUs, where the
+    test says so), and a k = 1 or 2 verify's 2 or 3 rows go through one GEMV call. A row stored at the
+    wrong stride, or a row's dot products taken against another row's activations, changes the
+    verified tokens: greedy output must equal plain decoding's, and at T = 1 (k = 2) the sampled law."""
+    from atlas.engines.llamacpp_gguf import _checked
+
+    if not repack_setting("auto")[0]:
+        pytest.skip("weight repacking is off on this CPU (AMX tiles): the patched path does not run here")
+    folder, out = real_gguf
+    gguf = tmp_path / "combined-Q4_0.gguf"
+    _checked([str(llamacpp_build.binary("llama-quantize")), str(out / "combined-f16.gguf"), str(gguf), "Q4_0"])  # type: ignore[attr-defined]
+    prompts = chat_prompts(folder, 3)
+    plain = greedy(llamacpp_build, gguf, prompts, 24)
+    for k in (1, 2):  # 2 and 3 rows: 4 rows go through the 4-row GEMM, which the patch leaves alone
+        assert greedy(llamacpp_build, gguf, prompts, 24, k) == plain, k
+    same_law_at_t1(llamacpp_build, gguf, gguf, prompts[0], 2, "greedy")
+
+
+@pytest.mark.slow  # a live llama.cpp server on the real model
 def test_llamacpp_plain_greedy_on_f16_equals_our_loops(real_gguf: tuple[Path, Path], llamacpp_build: object) -> None:
     """llama.cpp's f16 file against our loop's fp32 weights (the same dequantized Q4_1 values, f16
     rounding aside): the same 16 greedy tokens on three chat prompts. The quantized files need not

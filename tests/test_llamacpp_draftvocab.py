@@ -73,12 +73,14 @@ def test_prepare_unpacks_patches_once_and_keeps_the_source_whole_when_a_patch_fa
     assert (own / "CMakeLists.txt").read_text() == "project(mine)\n" and sorted(p.name for p in own.parent.parent.iterdir()) == ["pkg-1.0.0"]
 
 
-def test_the_carried_patch_names_what_it_changes_and_is_in_the_build(llamacpp_build: object) -> None:
-    assert [p.name for p in PATCHES] == [NEXTN_D2T]
-    text = PATCHES[0].read_text()
-    assert text.index("reduced draft vocabulary") < text.index("diff ")  # the description comes first, as in a pull request
-    assert {line.split()[-1] for line in text.splitlines() if line.startswith("+++ ")} == {
-        "b/src/llama-arch.cpp", "b/src/llama-arch.h", "b/src/llama-model.h", "b/src/models/glm4-moe.cpp"}
+def test_the_carried_patches_name_what_they_change_and_are_in_the_build(llamacpp_build: object) -> None:
+    assert [p.name for p in PATCHES] == [NEXTN_D2T, "llamacpp-b11434-repack-gemv-rows.patch"]
+    touched = {"reduced draft vocabulary": {"b/src/llama-arch.cpp", "b/src/llama-arch.h", "b/src/llama-model.h", "b/src/models/glm4-moe.cpp"},
+               "read the repacked 4-bit weights once": {"b/ggml/src/ggml-cpu/repack.cpp", "b/ggml/src/ggml-cpu/arch/x86/repack.cpp"}}
+    for patch, (summary, files) in zip(PATCHES, touched.items()):
+        text = patch.read_text()
+        assert text.index(summary) < text.index("diff ")  # the description comes first, as in a pull request
+        assert {line.split()[-1] for line in text.splitlines() if line.startswith("+++ ")} == files
     # the build in use was made from exactly the carried patches, and every record made with it names them
     assert llamacpp_build.info.patches == patch_infos(PATCHES)  # type: ignore[attr-defined]
     assert llamacpp_build.record()["patches"] == [p.model_dump() for p in patch_infos(PATCHES)]  # type: ignore[attr-defined]
@@ -268,7 +270,7 @@ def test_measure_run_with_a_cut_draft_records_it_and_its_patch(real_gguf: tuple[
     assert record.settings.draft_vocab is not None and record.settings.draft_vocab.size == CUT
     assert er is not None and er.conversion is not None and er.conversion["draft_vocab"] == CUT
     assert er.conversion["sha256"] == llamacpp_gguf.read_manifest(out).find("combined", "Q8_0", CUT).sha256
-    assert er.build is not None and [p["file"] for p in er.build["patches"]] == [NEXTN_D2T]
+    assert er.build is not None and [p["file"] for p in er.build["patches"]] == [p.name for p in PATCHES]  # every carried patch, by name
     assert {experiment_key(record, c).draft_vocab for c in record.cells} == {record.settings.draft_vocab.table_sha256}
     assert all(c.derived.greedy_lossless is True for c in record.cells)
     # the same run without --draft-vocab is llama.cpp's own drafting, another experiment

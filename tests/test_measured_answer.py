@@ -155,6 +155,11 @@ def test_a_table_cell_names_an_engine_runs_setup_briefly_and_its_page_whole() ->
                                                     "8192 tokens (atlas patch)")
     table = measured.compact_summary([Run(r, run.record_id, run.source_path)], "../runs/")
     assert "(atlas patch)" in table and "nextn-d2t" not in table and "its own kernels" not in table
+    # a build with two patches names both, whatever each one changes
+    both = r.model_copy(update={"engine_run": engine.model_copy(update={"build": {"patches": [
+        {"file": "llamacpp-b11434-nextn-d2t.patch"}, {"file": "llamacpp-b11434-repack-gemv-rows.patch"}]}})})
+    assert measured.record_setup(both).endswith("(atlas patches llamacpp-b11434-nextn-d2t, llamacpp-b11434-repack-gemv-rows)")
+    assert measured.record_setup(both, brief=True).endswith("8192 tokens (atlas patches)")
     # our loop's kernels are a choice the atlas made, so its cell keeps them
     assert measured.record_setup(run.record, brief=True) == measured.record_setup(run.record)
     # vLLM loads safetensors: its dtype is a torch dtype, not a GGUF's file type

@@ -128,7 +128,7 @@ def record_setup(r: records.Record, brief: bool = False) -> str:
 
 
 def engine_patches(r: records.Record) -> list[str]:
-    """The patches an engine run's build carried (llama.cpp's nextn-d2t), by name; none for our loop."""
+    """The patches an engine run's build carried (llama.cpp's nextn-d2t, repack-gemv-rows), by name; none for our loop."""
     build = r.engine_run.build if r.engine_run is not None else None
     patches = build.get("patches") if isinstance(build, dict) else None  # a record's build is free-form: checked here
     if not isinstance(patches, list):
@@ -151,8 +151,9 @@ def setup_details(r: records.Record, brief: bool = False) -> str:
     vocab = r.settings.draft_vocab
     drafts = (f"draft vocabulary cut to {vocab.size} tokens" if vocab is not None
               else "full draft vocabulary")
-    if vocab is not None and (patches := engine_patches(r)):
-        drafts += " (atlas patch)" if brief else f" (atlas patch {', '.join(patches)})"
+    if patches := engine_patches(r):  # a patched build: every line of it says so, the page names each patch
+        label = "atlas patch" if len(patches) == 1 else "atlas patches"
+        drafts += f" ({label})" if brief else f" ({label} {', '.join(patches)})"
     threads_text = f"{threads} thread{'s' if threads != 1 else ''}"
     if brief and r.engine_run is not None:
         return f"{threads_text}, {drafts}"
