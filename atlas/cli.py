@@ -18,8 +18,11 @@ from atlas.engines import ENGINES
 
 # Before any command imports torch (OpenMP reads it once): with the default spin-wait, two threads
 # were about 6 times slower than one on busy shared cores; a passive wait kept them level. The
-# measurement records stamp the policy (atlas.engines.stamp).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# measurement records stamp the policy (atlas.engines.stamp). Set here, it is torch's only: llama.cpp's
+# binaries run without it (atlas.engines.llamacpp_build.binary_env), as a user's would.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    os.environ["ATLAS_OMP_WAIT_POLICY_SET"] = "1"
 
 
 class AtlasGroup(click.Group):

@@ -268,6 +268,29 @@ def test_both_servers_and_the_bench_run_the_flash_attention_setting_asked() -> N
     assert bench[bench.index("-fa") + 1] == "off"
 
 
+def test_llamacpps_binaries_run_without_the_wait_policy_the_atlas_set_for_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # atlas.cli sets OMP_WAIT_POLICY=PASSIVE for torch when the user had none, and says so
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv("ATLAS_OMP_WAIT_POLICY_SET", "1")
+    env = llamacpp_build.binary_env()
+    assert "OMP_WAIT_POLICY" not in env and "ATLAS_OMP_WAIT_POLICY_SET" not in env and env["PATH"] == os.environ["PATH"]
+    # a policy the user set is theirs: it stays
+    monkeypatch.delenv("ATLAS_OMP_WAIT_POLICY_SET")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert llamacpp_build.binary_env()["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+@pytest.mark.slow  # a live llama.cpp server
+def test_a_server_starts_with_that_environment(real_gguf: tuple[Path, Path], llamacpp_build: object,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv("ATLAS_OMP_WAIT_POLICY_SET", "1")
+    args = llamacpp_engine.server_args(1, 1, 64, repack_setting("auto")[0], 0)
+    with Server(llamacpp_build.binary("llama-server"), real_gguf[1] / "combined-Q8_0.gguf", args) as server:  # type: ignore[attr-defined]
+        seen = Path(f"/proc/{server.proc.pid}/environ").read_bytes().split(b"\0")
+    assert not any(v.startswith((b"OMP_WAIT_POLICY=", b"ATLAS_OMP_WAIT_POLICY_SET=")) for v in seen)
+
+
 def test_repacking_stays_on_except_on_a_cpu_with_amx_tiles() -> None:
     on, why = llamacpp_build.repack_setting("auto", {"avx2", "avx512f"})
     assert on and why.startswith("on:")
@@ -500,6 +523,8 @@ def test_measure_run_writes_a_record_import_accepts(real_gguf: tuple[Path, Path]
     assert er.conversion is not None and er.conversion["sha256"] == llamacpp_gguf.read_manifest(out).find("combined", "Q8_0").sha256
     assert er.dtype == "MOSTLY_Q8_0" and record.settings.dtype == "gguf-Q8_0"
     assert "draft-mtp" in er.speculative_config["k=2"] and er.engine_args["threads"] == 1
+    # the wait policy the servers' OpenMP threads saw, not the one the atlas set for torch
+    assert er.engine_args["omp_wait_policy"] == llamacpp_build.binary_env().get("OMP_WAIT_POLICY")
     assert [g.temperature for g in record.gates] == [0.0, 1.0]  # the gate decides for llama.cpp's cells
     how = er.engine_args["pass_costs"]  # llama-bench's passes; the draft by the dropped-draft server (None: within noise)
     assert set(how["verify_s"]) == {"2"} and 0 < how["plain_s"] < how["verify_s"]["2"] and "llama-bench pp1" in how["method"]

@@ -28,7 +28,7 @@ from typing import Any
 
 from atlas import AtlasError
 from atlas.engines import llamacpp_bench
-from atlas.engines.llamacpp_build import NEXTN_D2T, Build, find_build, repack_setting, require_draft_mtp
+from atlas.engines.llamacpp_build import NEXTN_D2T, Build, binary_env, find_build, repack_setting, require_draft_mtp
 from atlas.engines.llamacpp_gguf import Manifest, inspect, read_manifest, require_combined
 from atlas.paths import sha256_file
 from atlas.engines.llamacpp_server import Server, run_stats
@@ -205,7 +205,8 @@ def _engine_run(build: Build, options: Options, gguf: dict[str, Any], base_args:
         pipeline_parallel_size=1, draft_sample_method=DRAFT_SAMPLING,
         options={"gguf": options.llamacpp.gguf, "quant": options.llamacpp.quant, "repack": options.llamacpp.repack,
                  "flash_attn": options.llamacpp.flash_attn, "parallel": options.llamacpp.parallel},
-        engine_args={"llama-server": base_args, "threads": threads, "repack": repack_why, "pass_costs": bench},
+        engine_args={"llama-server": base_args, "threads": threads, "repack": repack_why, "pass_costs": bench,
+                     "omp_wait_policy": binary_env().get("OMP_WAIT_POLICY")},  # what its OpenMP threads saw (None: unset)
         speculative_config={f"k={k}": args for k, args in k_args.items()}, layout=gguf["architecture"], conversion=gguf,
         counter_check=COUNTER_CHECK, schedule=SCHEDULE, build=build.record(),
     )

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from atlas import AtlasError
 from atlas.decode.generate import RoundCounts, RunStats
+from atlas.engines.llamacpp_build import binary_env
 
 START_TIMEOUT = 300.0
 MAX_STATES = 100_000  # a bound on the walk over hidden rounds (rounds_with_gaps); real gaps hold a handful
@@ -223,7 +224,8 @@ class Server:
         self.args = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port), "--metrics", "--no-webui", *args]
         self.log = tempfile.NamedTemporaryFile("w+", prefix="atlas-llama-server-", suffix=".log", delete=False)
         try:
-            self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+                                         env=binary_env())
         except OSError as exc:
             raise AtlasError(f"cannot start {binary}: {exc}") from None
         self._wait_ready()
