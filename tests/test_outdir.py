@@ -233,22 +233,28 @@ def test_a_ctrl_c_as_the_staging_folder_is_made_or_removed_leaves_no_staging(tmp
     import signal
     import tempfile
 
-    out = tmp_path / "export"
-    outdir.replace(out, "atlas export", lambda d: (d / "old").write_text("previous\n"))
-    real = {"made": tempfile.mkdtemp, "removed": shutil.rmtree}[moment]
+    # Python's own SIGINT handler, whatever this process inherited: a shell that starts a job in the
+    # background (`nohup make test &`) leaves SIGINT ignored, and a command then never sees a Ctrl-C
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        out = tmp_path / "export"
+        outdir.replace(out, "atlas export", lambda d: (d / "old").write_text("previous\n"))
+        real = {"made": tempfile.mkdtemp, "removed": shutil.rmtree}[moment]
 
-    def interrupted(*args: object, **kwargs: object) -> object:
-        done = real(*args, **kwargs) if moment == "made" else None
-        os.kill(os.getpid(), signal.SIGINT)  # Python raises it at its next instruction, unless it is held
-        return done if moment == "made" else real(*args, **kwargs)
+        def interrupted(*args: object, **kwargs: object) -> object:
+            done = real(*args, **kwargs) if moment == "made" else None
+            os.kill(os.getpid(), signal.SIGINT)  # Python raises it at its next instruction, unless it is held
+            return done if moment == "made" else real(*args, **kwargs)
 
-    monkeypatch.setattr(tempfile if moment == "made" else shutil, "mkdtemp" if moment == "made" else "rmtree", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        outdir.replace(out, "atlas export", lambda d: (d / "new").write_text("new\n"))
-    monkeypatch.undo()
-    assert [p.name for p in tmp_path.iterdir()] == ["export"]  # no staging left
-    assert sorted(p.name for p in out.iterdir()) == ([".atlas-output.json", "old"] if moment == "made"
-                                                     else [".atlas-output.json", "new"])
+        monkeypatch.setattr(tempfile if moment == "made" else shutil, "mkdtemp" if moment == "made" else "rmtree", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            outdir.replace(out, "atlas export", lambda d: (d / "new").write_text("new\n"))
+        monkeypatch.undo()
+        assert [p.name for p in tmp_path.iterdir()] == ["export"]  # no staging left
+        assert sorted(p.name for p in out.iterdir()) == ([".atlas-output.json", "old"] if moment == "made"
+                                                         else [".atlas-output.json", "new"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_ctrl_c_inside_a_pydantic_serializer_is_told_as_a_ctrl_c() -> None:
