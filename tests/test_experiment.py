@@ -78,3 +78,52 @@ def test_a_cut_draft_is_the_measured_engines_never_a_peers() -> None:
     ours = _variant(make_record(), **{"settings.draft_vocab": vocab})
     peer = ours.cells[0].model_copy(update={"engine": "transformers", "engine_version": "transformers 4.57"})
     assert experiment_key(ours, ours.cells[0]).draft_vocab == "cd" * 32 and experiment_key(ours, peer).draft_vocab == OWN
+
+
+def _engine_variant(record: Record, *, patches: list[dict] | None = None, threads: int | None = None,
+                    policy: object = "absent", stamped: str | None = "PASSIVE") -> Record:
+    """A llama.cpp record with its build's patches, its engine's threads, the wait policy its
+    servers recorded ("absent": a record from before they recorded it) and the atlas's own stamp."""
+    data = record.model_dump(by_alias=True)
+    run = data["engine_run"]
+    run["build"] = {**(run.get("build") or {}), "patches": patches or []}
+    if threads is not None:
+        run["engine_args"]["threads"] = threads
+        data["hardware"]["torch_threads"] = threads
+    run["engine_args"].pop("omp_wait_policy", None)
+    if policy != "absent":
+        run["engine_args"]["omp_wait_policy"] = policy
+    data["hardware"]["omp_wait_policy"] = stamped
+    return Record.model_validate(data)
+
+
+def test_a_patched_build_and_a_sleeping_thread_pool_each_start_a_series() -> None:
+    """The atlas's llama.cpp patches change the engine's figures (the repacked 2-row GEMV), as did
+    the OpenMP wait policy its servers inherited at 2 threads: each is part of the key; a policy
+    cannot matter to one thread, so 1-thread series stay whole."""
+    from atlas.records.experiment import engine_wait_policy
+    from atlas.records.record import read_record
+
+    stock = read_record(Path(__file__).resolve().parents[1] / "evidence" / "measurements"
+                        / "20261205T035801Z-mtp-atlas-smollm2-135m-instruct-mtp-5590d70ba230.json")
+    cell = stock.cells[0]
+    d2t = {"file": "llamacpp-b11434-nextn-d2t.patch", "sha256": "aa" * 32}
+    rows = {"file": "llamacpp-b11434-repack-gemv-rows.patch", "sha256": "bb" * 32}
+    keys = {name: experiment_key(_engine_variant(stock, patches=p), cell)
+            for name, p in {"none": [], "d2t": [d2t], "both": [d2t, rows],
+                            "d2t edited": [{**d2t, "sha256": "cc" * 32}, rows]}.items()}
+    assert len({k.short for k in keys.values()}) == 4
+    assert keys["none"] == experiment_key(stock, cell)  # a stock build's key is as before
+    assert "atlas patches llamacpp-b11434-nextn-d2t, llamacpp-b11434-repack-gemv-rows" in keys["both"].text
+    # 2 threads: the servers' own record of the policy wins; an older record's is the atlas's stamp
+    inherited = _engine_variant(stock, threads=2)
+    unset = _engine_variant(stock, threads=2, policy=None)
+    told = _engine_variant(stock, threads=2, policy="ACTIVE", stamped="PASSIVE")
+    assert [engine_wait_policy(r) for r in (inherited, unset, told)] == ["PASSIVE", None, "ACTIVE"]
+    assert len({experiment_key(r, cell) for r in (inherited, unset, told)}) == 3
+    assert "OpenMP wait PASSIVE" in experiment_key(inherited, cell).text
+    one = _engine_variant(stock, threads=1)
+    assert engine_wait_policy(one) is None and experiment_key(one, cell) == experiment_key(_engine_variant(stock, threads=1, policy=None), cell)
+    # our loop's own runs keep their series: the policy is its process's, the same in every record
+    ours = make_record()
+    assert engine_wait_policy(ours) is None

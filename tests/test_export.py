@@ -711,10 +711,19 @@ def con_rows(db: Path, sql: str) -> list[tuple]:
 
 
 @functools.cache
-def run_conditions(source_path: str) -> tuple[int, str]:
-    """A record file's threads and weights' precision, read from its JSON alone."""
+def run_conditions(source_path: str, engine: str) -> tuple[object, ...]:
+    """A record file's threads and weights' precision, read from its JSON alone, and for the cells of
+    the engine it ran (not a peer's beside our loop) that engine build's patches and, past one
+    thread, the OpenMP wait policy its threads saw (their own record of it, else the atlas's)."""
     data = json.loads((REPO / source_path).read_text(encoding="utf-8"))
-    return data["hardware"]["torch_threads"], data["settings"]["dtype"]
+    conditions = (data["hardware"]["torch_threads"], data["settings"]["dtype"])
+    run = data.get("engine_run")
+    if run is None or run["name"] != engine:
+        return (*conditions, (), None)
+    patches = tuple((p["file"], p["sha256"]) for p in (run.get("build") or {}).get("patches", []))
+    args = run["engine_args"]
+    policy = args.get("omp_wait_policy", data["hardware"].get("omp_wait_policy")) if args.get("threads", conditions[0]) > 1 else None
+    return (*conditions, patches, policy)
 
 
 def test_changelog_records_count_new_and_remeasured_cells(exported) -> None:
@@ -729,12 +738,12 @@ def test_changelog_records_count_new_and_remeasured_cells(exported) -> None:
         assert r.n_rows == len(mine)
         # a cell is measured again only in the same experiment: model, revision, head, engine build,
         # machine and its instruction sets, our loop's kernels and draft vocabulary, and (read from the
-        # record file itself) threads and the weights' precision (the key's own rules:
-        # tests/test_experiment.py)
+        # record file itself) threads, the weights' precision, an engine build's patches and its
+        # threads' wait policy (the key's own rules: tests/test_experiment.py)
         def key(c: dict) -> tuple:
             return (c["model_id"], c["revision"], c["provenance_head_sha256"], c["engine"], c["engine_version"], c["hardware"],
                     c["machine_isa"], c["kernels"], c["draft_vocab"],
-                    *run_conditions(c["source_path"]), c["workload"], c["temperature"], c["draft_tokens"])
+                    *run_conditions(c["source_path"], c["engine"]), c["workload"], c["temperature"], c["draft_tokens"])
         earlier = {key(c) for c in cells if c["run_date"] < mine[0]["run_date"]}
         again = sum(1 for c in mine if key(c) in earlier)
         assert (r.added, sum(r.remeasured.values())) == (r.n_rows - again, again)

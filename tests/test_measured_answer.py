@@ -160,6 +160,13 @@ def test_a_table_cell_names_an_engine_runs_setup_briefly_and_its_page_whole() ->
         {"file": "llamacpp-b11434-nextn-d2t.patch"}, {"file": "llamacpp-b11434-repack-gemv-rows.patch"}]}})})
     assert measured.record_setup(both).endswith("(atlas patches llamacpp-b11434-nextn-d2t, llamacpp-b11434-repack-gemv-rows)")
     assert measured.record_setup(both, brief=True).endswith("8192 tokens (atlas patches)")
+    # 2 threads whose OpenMP workers slept at each barrier (the atlas's PASSIVE, inherited before the
+    # servers recorded their own policy): every line says so, the brief cell too
+    two = both.model_copy(update={"engine_run": engine.model_copy(update={"engine_args": {"threads": 2}}),
+                                  "hardware": both.hardware.model_copy(update={"omp_wait_policy": "PASSIVE"})})
+    assert "2 threads (OpenMP wait PASSIVE), " in measured.record_setup(two, brief=True)
+    fixed = two.model_copy(update={"engine_run": engine.model_copy(update={"engine_args": {"threads": 2, "omp_wait_policy": None}})})
+    assert "PASSIVE" not in measured.record_setup(fixed) and "2 threads, " in measured.record_setup(fixed)
     # our loop's kernels are a choice the atlas made, so its cell keeps them
     assert measured.record_setup(run.record, brief=True) == measured.record_setup(run.record)
     # vLLM loads safetensors: its dtype is a torch dtype, not a GGUF's file type

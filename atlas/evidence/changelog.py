@@ -9,7 +9,8 @@ added to or gone from the crawl, and families (model_type) that have a servable 
 none before. Per record, in run order: what it added (cells, or verdict rows, for conditions no
 earlier record covered) and which earlier records it re-measured: a measured cell re-measures only
 a cell of its own experiment (atlas.records.experiment: same revision, head, draft vocabulary,
-kernels, engine build, threads and machine); a build with run-time patches is its own subject. Per condition: each verdict it took, when one record's differs from an
+kernels, engine build with its patches, threads, their wait policy and machine); a build with
+run-time patches is its own subject. Per condition: each verdict it took, when one record's differs from an
 earlier one's (e.g. a layout's T = 0 result going fails -> inconclusive -> lossless). Models this project made are
 left out of the snapshot entries, as out of every Hub count.
 """

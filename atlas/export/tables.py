@@ -228,7 +228,8 @@ MEANINGS: dict[str, dict[str, str]] = {
         "dtype": "the weights' precision as run: float32, bfloat16, or a GGUF's type (gguf-Q4_1)",
         "machine_isa": "the kernel-changing instruction sets of the run's CPU (AVX2, AVX-512, AMX), or unknown in older records",
         "experiment_key": "12 hex characters naming the cell's experiment: revision, head, draft vocabulary, kernels, engine "
-                          "and version, precision, threads, machine and instruction sets; rows compare only within a key",
+                          "and version with the atlas's patches to it, precision, threads (and, past one, the OpenMP wait "
+                          "policy an engine's threads saw), machine and instruction sets; rows compare only within a key",
         "experiment": "the experiment key spelled out",
         "made_by_atlas": "a checkpoint this project made (by its provenance, or a team model or oracle of the "
                          "project's organisation): never a Hub model's measurement",

@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 
 from atlas.evidence.runs import Run
 from atlas.records import gating, record as records
+from atlas.records.experiment import engine_patches, engine_threads, engine_wait_policy
 from atlas.site import fold
 from atlas.site.mdsafe import Markdown, code, escape, table
 
@@ -127,34 +128,20 @@ def record_setup(r: records.Record, brief: bool = False) -> str:
     return f"{name}, {setup_details(r, brief)}"
 
 
-def engine_patches(r: records.Record) -> list[str]:
-    """The patches an engine run's build carried (llama.cpp's nextn-d2t, repack-gemv-rows), by name; none for our loop."""
-    build = r.engine_run.build if r.engine_run is not None else None
-    patches = build.get("patches") if isinstance(build, dict) else None  # a record's build is free-form: checked here
-    if not isinstance(patches, list):
-        return []
-    return [str(p["file"]).removesuffix(".patch") for p in patches if isinstance(p, dict) and "file" in p]
-
-
-def run_threads(r: records.Record) -> int:
-    """The threads a run decoded with: an engine that runs its own (llama.cpp's --threads) records them
-    with its arguments; else the torch threads of the process."""
-    engine_threads = r.engine_run.engine_args.get("threads") if r.engine_run is not None else None
-    return engine_threads if isinstance(engine_threads, int) and not isinstance(engine_threads, bool) else r.hardware.torch_threads
-
-
 def setup_details(r: records.Record, brief: bool = False) -> str:
     """A record's threads, matmul kernels and draft vocabulary (record_setup without the engine)."""
     kernels = "its own kernels" if r.engine_run is not None else f"kernels {r.settings.kernels or 'mm (PyTorch matmul)'}"
     # an engine that runs its own threads (llama.cpp's --threads) records them with its arguments
-    threads = run_threads(r)
+    threads = engine_threads(r)
     vocab = r.settings.draft_vocab
     drafts = (f"draft vocabulary cut to {vocab.size} tokens" if vocab is not None
               else "full draft vocabulary")
-    if patches := engine_patches(r):  # a patched build: every line of it says so, the page names each patch
+    if patches := [name for name, _ in engine_patches(r)]:  # a patched build: every line of it says so, the page names each patch
         label = "atlas patch" if len(patches) == 1 else "atlas patches"
         drafts += f" ({label})" if brief else f" ({label} {', '.join(patches)})"
     threads_text = f"{threads} thread{'s' if threads != 1 else ''}"
+    if engine_wait_policy(r) == "PASSIVE":  # llama.cpp's workers slept at every barrier: a slowed setting, not the engine's default
+        threads_text += " (OpenMP wait PASSIVE)"
     if brief and r.engine_run is not None:
         return f"{threads_text}, {drafts}"
     return f"{threads_text}, {kernels}, {drafts}"
@@ -395,7 +382,7 @@ def featured(runs: list[Run]) -> tuple[int, Run] | None:
         r = run.record
         main = r.provenance.main_model.get("sha256") if r.provenance else None  # free-form in a record: a string or nothing
         return (r.model_id, main if isinstance(main, str) else r.revision, r.engine_run.name if r.engine_run else "atlas", r.settings.dtype,
-                run_threads(r), r.hardware.label(), r.run_date.date())
+                engine_threads(r), r.hardware.label(), r.run_date.date())
 
     setups = {n: setup(run) for n, run in real}
     plain_of_setup: dict[tuple[object, ...], float] = {}
