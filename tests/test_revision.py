@@ -1,6 +1,7 @@
 """A local checkpoint's revision names the model, not the tools or notes that came with it: the
 digest ignores the transformers version a config was saved by, JSON formatting, the project's
-provenance file and notes, and changes with any weight, config value or tokenizer file."""
+provenance file, the output marker of the command that wrote it, and notes, and changes with any
+weight, config value or tokenizer file."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from safetensors.numpy import save_file
 import numpy as np
 
+from atlas import outdir
 from atlas.decode.checkpoint import digest
 from atlas.records.record import PROVENANCE_FILE
 
@@ -61,3 +63,23 @@ def test_the_revision_changes_with_the_model(tmp_path: Path) -> None:
     assert changed(lambda f: save_file({"w": np.arange(1, 9, dtype=np.float32)}, str(f / "model.safetensors"))) != before
     assert changed(lambda f: (f / "merges.txt").write_text("b a\n")) != before
     assert changed(lambda f: (f / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 1, "b": 0}}}))) != before
+
+
+def test_two_builds_of_the_same_files_have_one_revision(tmp_path: Path, monkeypatch) -> None:
+    """`atlas real-model` writes its folder through atlas.outdir, whose marker holds the time it was
+    written: the same checkpoint built twice (on two machines, or a minute apart) is one revision."""
+    import datetime as dt
+
+    def build(out: Path, when: str) -> str:
+        class Clock(dt.datetime):
+            @classmethod
+            def now(cls, tz=None):  # noqa: ANN001, ANN206 - datetime's own signature
+                return dt.datetime.fromisoformat(when)
+        monkeypatch.setattr(outdir, "datetime", Clock)
+        outdir.replace(out, "atlas real-model", lambda staging: shutil.copytree(_checkpoint(tmp_path / f"src-{out.name}"),
+                                                                                 staging, dirs_exist_ok=True))
+        return digest(out)
+
+    first, second = build(tmp_path / "a", "2026-12-05T23:00:00+00:00"), build(tmp_path / "b", "2026-12-06T06:12:56+00:00")
+    assert (tmp_path / "a" / outdir.MARKER).read_bytes() != (tmp_path / "b" / outdir.MARKER).read_bytes()
+    assert first == second

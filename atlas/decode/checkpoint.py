@@ -63,10 +63,13 @@ def digest(folder: Path) -> str:
     (names and contents, sorted), JSON files read as the model defines them (_model_json). Not over
     the project's provenance file (how the checkpoint was made) or notes: the revision names the
     model, not the tools or the story that wrote it (records from schema 4 on; older records keep
-    the revision the raw bytes gave)."""
+    the revision the raw bytes gave). Nor over hidden files: `atlas real-model`'s output marker
+    (.atlas-output.json) holds the time it was written, so records made before 2026-12-06 name one
+    revision per build of the same files."""
     h = hashlib.sha256()
-    for path in sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors", ".model")
-                       and p.name != PROVENANCE_FILE or p.name in TOKENIZER_TEXT):
+    for path in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")
+                       and (p.suffix in (".json", ".safetensors", ".model") and p.name != PROVENANCE_FILE
+                            or p.name in TOKENIZER_TEXT)):
         h.update(path.name.encode() + b"\0")
         if path.suffix == ".json":
             h.update(_model_json(path.read_bytes()))
