@@ -73,7 +73,7 @@ def test_two_builds_of_the_same_files_have_one_revision(tmp_path: Path, monkeypa
     def build(out: Path, when: str) -> str:
         class Clock(dt.datetime):
             @classmethod
-            def now(cls, tz=None):  # noqa: ANN001, ANN206 - datetime's own signature
+            def now(cls, tz=None):
                 return dt.datetime.fromisoformat(when)
         monkeypatch.setattr(outdir, "datetime", Clock)
         outdir.replace(out, "atlas real-model", lambda staging: shutil.copytree(_checkpoint(tmp_path / f"src-{out.name}"),
