@@ -496,6 +496,9 @@ def test_head_training_answers_from_llama_server_are_its_greedy_tokens_to_the_en
     with llamacpp_engine.plain_answers(str(llamacpp_build.dir), gguf, 1, 1, max(map(len, prompts)) + n + 16) as (complete, facts):  # type: ignore[attr-defined]
         got = wrapdata.answer_all(complete, prompts, False, 0, spec, lambda _: None)
     assert facts["build"] == llamacpp_build.version and "-np" in facts["args"]  # type: ignore[attr-defined]
+    # the data's sidecar names the wait policy the server's threads saw (none the atlas set for torch)
+    from atlas.engines.llamacpp_build import binary_env
+    assert facts["omp_wait_policy"] == binary_env().get("OMP_WAIT_POLICY")
     eos = tokenizer.eos_token_id
     for g, f in zip(got, full, strict=True):
         assert (g[:-1], g[-1]) == (f[:len(g) - 1], eos) if len(g) < n else g == f

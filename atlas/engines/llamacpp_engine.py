@@ -167,7 +167,7 @@ def plain_answers(build_dir: str | None, gguf: Path, threads: int, parallel: int
             return list(server.whole(body)[0])
 
         yield complete, {"name": "llama.cpp llama-server", "build": build.version, "patches": [p.file for p in build.info.patches],
-                         "args": args}
+                         "args": args, "omp_wait_policy": binary_env().get("OMP_WAIT_POLICY")}  # its threads' (None: unset)
 
 
 def time_draft(binary: Path, gguf: Path, plain_args: list[str], prompts: list[list[int]], n: int,
