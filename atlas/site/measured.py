@@ -140,7 +140,7 @@ def setup_details(r: records.Record, brief: bool = False) -> str:
         label = "atlas patch" if len(patches) == 1 else "atlas patches"
         drafts += f" ({label})" if brief else f" ({label} {', '.join(patches)})"
     threads_text = f"{threads} thread{'s' if threads != 1 else ''}"
-    if engine_wait_policy(r) == "PASSIVE":  # llama.cpp's workers slept at every barrier: a slowed setting, not the engine's default
+    if engine_wait_policy(r) == "PASSIVE":  # the engine's OpenMP workers slept at every barrier: a slowed setting, not its default
         threads_text += " (OpenMP wait PASSIVE)"
     if brief and r.engine_run is not None:
         return f"{threads_text}, {drafts}"
