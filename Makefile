@@ -144,12 +144,16 @@ $(LLAMACPP_DIR)/atlas-build.json: $(LLAMACPP_PATCHES)
 # GGUF files of the real team model by llama.cpp's own converter and llama-quantize (the pinned
 # build): combined, trunk-only and MTP-only, each at f16, Q8_0, Q4_1, Q4_0 and Q4_K_M, with manifest.json
 # (sha256, commands), and of each combined file a copy whose MTP layer drafts over the head's 8192 most
-# frequent training tokens (our loop's cut; the build's nextn-d2t patch runs it). Gitignored
-# (data/real-models/); up to date when checkpoint, build and files match.
+# frequent training tokens (our loop's cut; the build's nextn-d2t patch runs it), and of each quantized
+# combined file an untied copy whose output layer is an output.weight of its own at LLAMACPP_OUTPUT,
+# which llama.cpp repacks for its multi-row CPU kernels (a tied one is the token embedding, never
+# repacked). Gitignored (data/real-models/); up to date when checkpoint, build and files match.
 REAL_GGUF := $(REAL)-gguf
 LLAMACPP_DRAFT_VOCAB ?= 8192
+LLAMACPP_OUTPUT ?= Q4_0
 real-model-gguf: real-model llamacpp  ## GGUF files of the real team model (llama.cpp converter + quantizer) -> data/real-models/*-gguf/
-	$(ATLAS) real-model-gguf --model $(REAL) --out $(REAL_GGUF) --draft-vocab $(LLAMACPP_DRAFT_VOCAB)
+	$(ATLAS) real-model-gguf --model $(REAL) --out $(REAL_GGUF) --draft-vocab $(LLAMACPP_DRAFT_VOCAB) \
+		--untie-output $(LLAMACPP_OUTPUT)
 
 # The llama.cpp records: llama-server plain vs draft-mtp on the real model's combined GGUF, one record per
 # threads x type x draft vocabulary (stock: the whole vocabulary; cut: the copy drafting over

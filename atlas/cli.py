@@ -229,8 +229,8 @@ def engine_run_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.option("--pipeline-parallel-size", type=click.IntRange(min=1), default=1, show_default=True, help="vLLM: pipeline stages")
 @click.option("--engine-option", "engine_options", multiple=True, metavar="KEY=VALUE",
               help="vLLM: an LLM(...) argument (VALUE as JSON, else text), or speculative.KEY=VALUE for speculative_config "
-                   "(e.g. speculative.draft_sample_method=probabilistic); llamacpp: gguf=PATH, quant=Q4_1, build=DIR, "
-                   "repack=auto|on|off, flash_attn=auto|on|off, parallel=N; repeatable, recorded")
+                   "(e.g. speculative.draft_sample_method=probabilistic); llamacpp: gguf=PATH, quant=Q4_1, output=Q4_0 (the set's untied copy), "
+                   "build=DIR, repack=auto|on|off, flash_attn=auto|on|off, parallel=N; repeatable, recorded")
 @click.option("--engine-schedule", type=click.Choice(["interleaved", "sequential"]), default="interleaved", show_default=True,
               help="vLLM: k=0 and speculative engines resident together, runs alternated; or one at a time (models that fit only once)")
 def measure_run(engine: str, engine_python: str | None, draft_tokens: str, seed: int, model: str | None, revision: str | None,

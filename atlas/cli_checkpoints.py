@@ -164,8 +164,11 @@ def real_model(out: Path | None, head_dir: Path | None) -> None:
 @click.option("--draft-vocab", type=click.IntRange(min=1), default=None,
               help="also a copy of each combined file whose MTP layer drafts over the head's N most frequent training tokens "
                    "(needs draft_vocab.json in the checkpoint folder; the build's nextn-d2t patch runs it)")
+@click.option("--untie-output", default=None, metavar="TYPE",
+              help="also an untied copy of each quantized combined file: the output layer (tied to the token embedding) as an "
+                   "output.weight of this llama-quantize type, which llama.cpp repacks for its multi-row CPU kernels (Q4_0)")
 def real_model_gguf(model: Path | None, out: Path | None, quants: str, layouts: str, build_dir: str | None,
-                    draft_vocab: int | None) -> None:
+                    draft_vocab: int | None, untie_output: str | None) -> None:
     """GGUF files of a GLM-4-MoE checkpoint by llama.cpp's own converter and quantizer (the pinned
     build): each layout at f16 and each quantization, with manifest.json (sha256, commands)."""
     from atlas.checkpoints import smollm
@@ -185,5 +188,5 @@ def real_model_gguf(model: Path | None, out: Path | None, quants: str, layouts: 
     target = out or llamacpp_engine.gguf_set_dir(folder)
     click.echo(f"GGUF set of {folder} with llama.cpp b{build.version} -> {target}")
     manifest = llamacpp_gguf.make_set(folder, target, build, llamacpp_gguf.source_of(build), kinds, shapes, log=click.echo,
-                                      draft_vocab=draft_vocab)
+                                      draft_vocab=draft_vocab, untie_output=untie_output)
     click.echo(f"wrote {len(manifest.files)} GGUF files and {target / 'manifest.json'}")

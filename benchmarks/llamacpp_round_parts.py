@@ -9,7 +9,7 @@ order: common_speculative_impl_draft_mtp::draft with one llama_process per draft
 llama_process, then common_speculative_impl_draft_mtp::process with the catch-up llama_process.
 
     .venv/bin/python benchmarks/llamacpp_round_parts.py [--model data/real-models/smollm2-135m-mtp-v3]
-        [--quant Q4_0] [--draft-vocab 8192] [--threads 1] [--k 1] [--prompts-per-workload 1]
+        [--quant Q4_0] [--draft-vocab 8192] [--output Q4_0] [--threads 1] [--k 1] [--prompts-per-workload 1]
 
 Needs `make llamacpp real-model-gguf`, perf, and the right to add uprobes (root); the probes are
 removed at the end. Medians over rounds, in ms and in plain steps; the load average before and
@@ -121,6 +121,7 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=project_path(DEFAULT_OUT_PATH))
     ap.add_argument("--quant", default="Q4_0")
     ap.add_argument("--draft-vocab", type=int, default=None)
+    ap.add_argument("--output", default=None, help="the set's untied copy whose output layer is of this type (e.g. Q4_0)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--k", type=int, default=1)
     ap.add_argument("--prompt-set", default="atlas-categories-v1")
@@ -134,7 +135,7 @@ def main() -> None:
     build = find_build()
     binary = build.binary("llama-server")
     gguf = llamacpp_engine.gguf_set_dir(args.model) / read_manifest(llamacpp_engine.gguf_set_dir(args.model)).find(
-        "combined", args.quant, args.draft_vocab).file
+        "combined", args.quant, args.draft_vocab, args.output).file
     tokenizer = AutoTokenizer.from_pretrained(str(args.model))
     prompt_set = load_prompt_set(args.prompt_set)
     prompts = [prompt_set.encode(tokenizer, p) for w in prompt_set.workloads for p in w.prompts[:args.prompts_per_workload]]

@@ -25,7 +25,7 @@ from atlas import AtlasError
 from atlas.cli import cli
 from atlas.engines import llamacpp_bench, llamacpp_build, llamacpp_engine, llamacpp_gguf, llamacpp_server
 from atlas.engines.llamacpp_build import repack_setting
-from atlas.engines.options import LlamacppOptions, Options
+from atlas.engines.options import LlamacppOptions, Options, parse_llamacpp_options
 from atlas.engines.llamacpp_server import (Chunk, Counters, Server, Timings, parse_event, parse_metrics, rounds_from_stream, rounds_with_gaps,
                                           run_stats, streamed_with_gaps)
 
@@ -381,6 +381,65 @@ def test_gguf_layouts_and_the_refusals_before_a_server_starts(tmp_path: Path) ->
         llamacpp_gguf.require_combined(tmp_path / "none.gguf")
 
 
+def test_an_output_layer_of_its_own_is_read_from_the_header_and_must_be_the_one_asked_for(tmp_path: Path) -> None:
+    """An untied copy (`atlas real-model-gguf --untie-output`) has an output.weight beside token_embd;
+    a tied file has none. The record's precision names the output layer's type where it is its own,
+    and a run asking for one is refused a file without it, or with another type."""
+    from tests.gguf_writer import mtp_model
+
+    untied = mtp_model()  # token_embd F16, output.weight Q6_K
+    tied = mtp_model()
+    tied.tensors = [t for t in tied.tensors if t[0] != "output.weight"]
+    (tmp_path / "untied.gguf").write_bytes(untied.file())
+    (tmp_path / "tied.gguf").write_bytes(tied.file())
+    info = llamacpp_gguf.inspect(tmp_path / "untied.gguf")
+    assert (info.output, info.embedding) == ("Q6_K", "F16")
+    assert llamacpp_engine.dtype(info) == "gguf-unknown, output Q6_K"
+    assert llamacpp_engine.output_layer(info) == "output.weight, Q6_K"
+    info = llamacpp_gguf.inspect(tmp_path / "tied.gguf")
+    assert (info.output, info.embedding) == (None, "F16")
+    assert llamacpp_engine.dtype(info) == "gguf-unknown"  # as every record made before untied copies existed
+    assert llamacpp_engine.output_layer(info) == "tied to token_embd, F16"
+
+    assert llamacpp_engine.resolve_gguf(Options(llamacpp=LlamacppOptions(gguf=str(tmp_path / "untied.gguf"), output="q6_k")),
+                                        tmp_path)[1]["output_layer"] == "output.weight, Q6_K"
+    with pytest.raises(AtlasError, match=r"has its output layer tied to token_embd \(F16\); the run asks for output=Q4_0"):
+        llamacpp_engine.resolve_gguf(Options(llamacpp=LlamacppOptions(gguf=str(tmp_path / "tied.gguf"), output="Q4_0")), tmp_path)
+    with pytest.raises(AtlasError, match="has an output.weight of type Q6_K; the run asks for output=Q4_0"):
+        llamacpp_engine.resolve_gguf(Options(llamacpp=LlamacppOptions(gguf=str(tmp_path / "untied.gguf"), output="Q4_0")), tmp_path)
+    assert parse_llamacpp_options(["quant=Q4_0", "output=Q4_0"]).output == "Q4_0"
+
+
+def test_an_untied_copy_that_cannot_be_made_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    build = llamacpp_build.find_build(fake_build(tmp_path / "build"))
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "convert_hf_to_gguf.py").write_text("")
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({"tie_word_embeddings": False, "vocab_size": 16}))
+    out = tmp_path / "set"
+    for kwargs, message in [({"untie_output": "Q4_0"}, "its output layer is not tied to the token embedding; there is nothing to untie"),
+                            ({"untie_output": "Q9_9"}, "--untie-output Q9_9: not a ggml type"),
+                            ({"untie_output": "Q4_0", "layouts": ("trunk",)}, "made for the quantized combined files")]:
+        with pytest.raises(AtlasError, match=message):
+            llamacpp_gguf.make_set(checkpoint, out, build, source, **{"quants": ("Q4_0",), **kwargs})  # type: ignore[arg-type]
+    assert not out.exists()
+
+
+def test_the_set_finds_an_untied_copy_only_when_asked_for_it() -> None:
+    files = [llamacpp_gguf.GgufFile(file=name, layout="combined", type="Q4_0", bytes=1, sha256="0", command="c", output=out,
+                                    draft_vocab=cut)
+             for name, out, cut in [("combined-Q4_0.gguf", None, None), ("combined-Q4_0-output-Q4_0.gguf", "Q4_0", None),
+                                    ("combined-Q4_0-output-Q4_0-draft8.gguf", "Q4_0", 8)]]
+    manifest = llamacpp_gguf.Manifest(source="s", source_digest="d", build={}, files=files)
+    assert manifest.find("combined", "Q4_0").file == "combined-Q4_0.gguf"
+    assert manifest.find("combined", "q4_0", None, "q4_0").file == "combined-Q4_0-output-Q4_0.gguf"
+    assert manifest.find("combined", "Q4_0", 8, "Q4_0").file == "combined-Q4_0-output-Q4_0-draft8.gguf"
+    with pytest.raises(AtlasError, match="no combined file at Q4_0 with its output layer untied at IQ4_NL .*--untie-output TYPE"):
+        manifest.find("combined", "Q4_0", None, "IQ4_NL")
+
+
 # ---- on the pinned build and the real checkpoint -----------------------------------------------------
 
 
@@ -455,6 +514,41 @@ def test_a_verify_of_two_or_three_rows_on_repacked_q4_0_keeps_plain_decodings_to
     for k in (1, 2):  # 2 and 3 rows: 4 rows go through the 4-row GEMM, which the patch leaves alone
         assert greedy(llamacpp_build, gguf, prompts, 24, k) == plain, k
     same_law_at_t1(llamacpp_build, gguf, gguf, prompts[0], 2, "greedy")
+
+
+def test_the_repacked_kernels_return_with_the_vector_upper_halves_clear(llamacpp_build: object) -> None:
+    """The repack-vzeroupper patch, in the binary the records run: each x86 kernel of the repacked
+    4-bit weights (they take a 256-bit argument, so the compiler adds no vzeroupper) clears the
+    YMM/ZMM upper halves before every return. Read in its disassembly: from the last instruction on a
+    256- or 512-bit register to a `ret`, a vzeroupper must come between."""
+    import shutil
+    import subprocess
+
+    if shutil.which("objdump") is None or shutil.which("nm") is None:
+        pytest.skip("binutils (objdump, nm) are not installed")
+    binary = str(llamacpp_build.binary("llama-server"))  # type: ignore[attr-defined]
+    symbols = {}  # address -> (size, a name): identical instances share one address
+    for line in subprocess.run(["nm", "-S", binary], capture_output=True, text=True, check=True).stdout.splitlines():
+        fields = line.split()
+        if len(fields) == 4 and fields[2] in ("t", "T") and "_q8_0_lut_avx" in fields[3]:
+            symbols.setdefault(int(fields[0], 16), (int(fields[1], 16), fields[3]))
+    if not symbols:
+        pytest.skip("this build has no x86 AVX2 kernels for repacked weights (another architecture, or no AVX2)")
+    assert {"gemv", "gemm"} <= {name[4:8] for _, name in symbols.values()}, symbols
+    for address, (size, name) in symbols.items():
+        text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", f"--start-address={address}", f"--stop-address={address + size}",
+                               binary], capture_output=True, text=True, check=True).stdout
+        dirty, rets = False, 0
+        for line in text.splitlines():
+            instruction = line.split("\t", 1)[-1]
+            if "vzeroupper" in instruction:
+                dirty = False
+            elif "%ymm" in instruction or "%zmm" in instruction:
+                dirty = True
+            elif instruction.strip().startswith("ret"):
+                rets += 1
+                assert not dirty, f"{name} returns with the upper halves of its vector registers dirty"
+        assert rets, name
 
 
 @pytest.mark.slow  # a live llama.cpp server on the real model
@@ -601,6 +695,52 @@ def same_law_at_t1(build: object, plain: Path, drafting: Path, prompt: list[int]
     for position in (1, 2):
         test = two_sample_test([(t[position],) for t in samples[0]], [(t[position],) for t in samples[1]])
         assert test["p_value"] is None or test["p_value"] > 1e-3, (position, test)
+
+
+def tensor_digests(path: Path) -> dict[str, tuple[int, str]]:
+    """Each tensor's (type, sha256 of its bytes) as the file holds it."""
+    import hashlib
+
+    from atlas.fingerprints.gguf import read_header
+
+    header = read_header(llamacpp_gguf.FileSource(path), path.name)
+    start = -(-header.header_bytes // int(header.kv.get("general.alignment", 32))) * int(header.kv.get("general.alignment", 32))
+    out = {}
+    with path.open("rb") as f:
+        for t in header.tensors:
+            f.seek(start + t.offset)
+            out[t.name] = (t.ggml_type, hashlib.sha256(f.read(t.nbytes or 0)).hexdigest())
+    return out
+
+
+@pytest.mark.slow  # a live llama.cpp server on the real model
+def test_an_untied_copy_adds_only_the_output_layer_and_decodes_as_the_model_does(
+        real_gguf: tuple[Path, Path], llamacpp_build: object, tmp_path: Path) -> None:
+    """`--untie-output`: at the type the tied file gave its token embedding, output.weight holds the
+    very bytes of token_embd, every other tensor is the tied file's, and greedy decoding gives the
+    tied file's tokens. At Q4_0 (the type llama.cpp repacks for its multi-row kernels) draft-mtp's
+    verify runs the output layer on 2-3 rows: its greedy output must still be plain decoding's."""
+    folder, out = real_gguf
+    source = llamacpp_gguf.source_of(llamacpp_build)  # type: ignore[arg-type]
+    quantize = llamacpp_build.binary("llama-quantize")  # type: ignore[attr-defined]
+    (tmp_path / "combined-Q4_1.gguf").symlink_to(out / "combined-Q4_1.gguf")
+    embedding = llamacpp_gguf.inspect(out / "combined-Q4_1.gguf").embedding
+    [same] = llamacpp_gguf._untied(source, folder, tmp_path, quantize, ("Q4_1",), embedding, lambda _: None)
+    assert (same.file, same.output, same.type) == (f"combined-Q4_1-output-{embedding}.gguf", embedding, "Q4_1")
+    assert "--untie-output" in same.command and "--output-tensor-type" in same.command
+    assert not list(tmp_path.glob("*untied*"))  # the untied f16 is not kept
+    tied, untied = tensor_digests(out / "combined-Q4_1.gguf"), tensor_digests(tmp_path / same.file)
+    assert untied.pop("output.weight") == tied["token_embd.weight"]
+    assert untied == tied
+    prompts = chat_prompts(folder, 3)
+    assert greedy(llamacpp_build, tmp_path / same.file, prompts, 16) == greedy(llamacpp_build, out / "combined-Q4_1.gguf", prompts, 16)
+
+    [q4] = llamacpp_gguf._untied(source, folder, tmp_path, quantize, ("Q4_1",), "Q4_0", lambda _: None)
+    info = llamacpp_gguf.inspect(tmp_path / q4.file)
+    assert (info.output, info.embedding, info.file_type) == ("Q4_0", embedding, "MOSTLY_Q4_1")
+    plain = greedy(llamacpp_build, tmp_path / q4.file, prompts, 24)
+    for k in (1, 2):
+        assert greedy(llamacpp_build, tmp_path / q4.file, prompts, 24, k) == plain, k
 
 
 @pytest.mark.slow  # a live llama.cpp server on the real model

@@ -74,9 +74,10 @@ def test_prepare_unpacks_patches_once_and_keeps_the_source_whole_when_a_patch_fa
 
 
 def test_the_carried_patches_name_what_they_change_and_are_in_the_build(llamacpp_build: object) -> None:
-    assert [p.name for p in PATCHES] == [NEXTN_D2T, "llamacpp-b11434-repack-gemv-rows.patch"]
+    assert [p.name for p in PATCHES] == [NEXTN_D2T, "llamacpp-b11434-repack-gemv-rows.patch", "llamacpp-b11434-repack-vzeroupper.patch"]
     touched = {"reduced draft vocabulary": {"b/src/llama-arch.cpp", "b/src/llama-arch.h", "b/src/llama-model.h", "b/src/models/glm4-moe.cpp"},
-               "read the repacked 4-bit weights once": {"b/ggml/src/ggml-cpu/repack.cpp", "b/ggml/src/ggml-cpu/arch/x86/repack.cpp"}}
+               "read the repacked 4-bit weights once": {"b/ggml/src/ggml-cpu/repack.cpp", "b/ggml/src/ggml-cpu/arch/x86/repack.cpp"},
+               "clear the vector registers' upper halves": {"b/ggml/src/ggml-cpu/arch/x86/repack.cpp"}}
     for patch, (summary, files) in zip(PATCHES, touched.items()):
         text = patch.read_text()
         assert text.index(summary) < text.index("diff ")  # the description comes first, as in a pull request

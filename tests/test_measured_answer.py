@@ -160,6 +160,12 @@ def test_a_table_cell_names_an_engine_runs_setup_briefly_and_its_page_whole() ->
         {"file": "llamacpp-b11434-nextn-d2t.patch"}, {"file": "llamacpp-b11434-repack-gemv-rows.patch"}]}})})
     assert measured.record_setup(both).endswith("(atlas patches llamacpp-b11434-nextn-d2t, llamacpp-b11434-repack-gemv-rows)")
     assert measured.record_setup(both, brief=True).endswith("8192 tokens (atlas patches)")
+    # an untied copy's output layer is its own tensor, of its own type: the weights say so, brief or not
+    untied = r.model_copy(update={"engine_run": engine.model_copy(update={"conversion": {"output_layer": "output.weight, Q4_0"}})})
+    for brief in (False, True):
+        assert measured.record_setup(untied, brief).startswith("llama.cpp b11434 (Q4_0 GGUF, output layer untied at Q4_0), 1 thread")
+    tied = r.model_copy(update={"engine_run": engine.model_copy(update={"conversion": {"output_layer": "tied to token_embd, Q8_0"}})})
+    assert measured.record_setup(tied).startswith("llama.cpp b11434 (Q4_0 GGUF), 1 thread")
     # 2 threads whose OpenMP workers slept at each barrier (the atlas's PASSIVE, inherited before the
     # servers recorded their own policy): every line says so, the brief cell too
     two = both.model_copy(update={"engine_run": engine.model_copy(update={"engine_args": {"threads": 2}}),

@@ -16,7 +16,14 @@ incomplete character, so rounds could not be read from the stream. Prompts reach
 token ids and outputs are read as ids, so only the ids matter; the special tokens stay the
 checkpoint's. (llama.cpp's loader wants a BPE merge list: one merge whose product is no token.)
 
-    python llamacpp_convert.py LLAMA_CPP_SOURCE CHECKPOINT [--id-vocabulary] -- CONVERTER_ARGS...
+With `--untie-output` a checkpoint whose output layer is its token embedding (tie_word_embeddings)
+is written with that matrix twice: as token_embd and as output.weight. The model's numbers are the
+same; what changes is where llama.cpp puts them. A tied output layer is the input layer's tensor,
+which the loader keeps in the plain CPU buffer (embedding rows are looked up, not multiplied), so the
+output layer's matmul never gets the repacked multi-row kernels; an output.weight of its own does,
+and llama-quantize can give it a type of its own (`--output-tensor-type`).
+
+    python llamacpp_convert.py LLAMA_CPP_SOURCE CHECKPOINT [--id-vocabulary] [--untie-output] -- CONVERTER_ARGS...
 """
 
 from __future__ import annotations
@@ -28,10 +35,11 @@ from pathlib import Path
 
 def main() -> None:
     source, checkpoint, *rest = sys.argv[1:]
-    ids = rest[:1] == ["--id-vocabulary"]
-    rest = rest[1:] if ids else rest
-    assert rest[:1] == ["--"], "usage: llamacpp_convert.py SOURCE CHECKPOINT [--id-vocabulary] -- CONVERTER_ARGS..."
-    args = rest[1:]
+    flags = set(rest[:rest.index("--")]) if "--" in rest else {"?"}
+    assert flags <= {"--id-vocabulary", "--untie-output"}, \
+        "usage: llamacpp_convert.py SOURCE CHECKPOINT [--id-vocabulary] [--untie-output] -- CONVERTER_ARGS..."
+    ids, untie = "--id-vocabulary" in flags, "--untie-output" in flags
+    args = rest[rest.index("--") + 1:]
     sys.path[:0] = [str(Path(source) / "gguf-py"), source]
     import convert_hf_to_gguf
     import gguf
@@ -50,6 +58,17 @@ def main() -> None:
         return upstream_filter(cls, item)
 
     Glm4MoeModel.filter_tensors = classmethod(filter_tensors)  # type: ignore[method-assign]
+    if untie:
+        if not config.get("tie_word_embeddings", False):
+            raise SystemExit("--untie-output: the checkpoint's output layer is already its own (tie_word_embeddings is not set)")
+        upstream_modify = Glm4MoeModel.modify_tensors
+
+        def modify_tensors(self, data_torch, name, bid):
+            yield from upstream_modify(self, data_torch, name, bid)
+            if name == "model.embed_tokens.weight":  # the trunk's embedding (the MTP layer's own is model.layers.N.*)
+                yield from upstream_modify(self, data_torch, "lm_head.weight", bid)
+
+        Glm4MoeModel.modify_tensors = modify_tensors  # type: ignore[method-assign]
     def id_vocabulary(self) -> None:
         n = self.hparams["vocab_size"]
         self.gguf_writer.add_tokenizer_model("gpt2")

@@ -29,7 +29,7 @@ from typing import Any
 from atlas import AtlasError
 from atlas.engines import llamacpp_bench
 from atlas.engines.llamacpp_build import NEXTN_D2T, Build, binary_env, find_build, repack_setting, require_draft_mtp
-from atlas.engines.llamacpp_gguf import Manifest, inspect, read_manifest, require_combined
+from atlas.engines.llamacpp_gguf import GgufInfo, Manifest, inspect, read_manifest, require_combined
 from atlas.paths import sha256_file
 from atlas.engines.llamacpp_server import Server, run_stats
 from atlas.decode.generate import RunStats
@@ -94,12 +94,15 @@ def resolve_gguf(options: Options, folder: Path) -> tuple[Path, dict[str, Any]]:
             manifest = read_manifest(path.parent)
     else:
         manifest = read_manifest(gguf_set_dir(folder))
-        path = gguf_set_dir(folder) / manifest.find("combined", lo.quant, options.draft_vocab).file
+        path = gguf_set_dir(folder) / manifest.find("combined", lo.quant, options.draft_vocab, lo.output).file
     info = require_combined(path)
     if info.draft_vocab != options.draft_vocab:
         has = f"drafts over {info.draft_vocab} tokens" if info.draft_vocab else "drafts over the whole vocabulary"
         raise AtlasError(f"{path} {has}, the run asks for " + (f"--draft-vocab {options.draft_vocab}" if options.draft_vocab
                                                                  else "the whole vocabulary (no --draft-vocab)"))
+    if lo.output is not None and (info.output or "").lower() != lo.output.lower():
+        has = f"an output.weight of type {info.output}" if info.output else f"its output layer tied to token_embd ({info.embedding})"
+        raise AtlasError(f"{path} has {has}; the run asks for output={lo.output}")
     sha = sha256_file(path)
     entry = next((f for f in manifest.files if f.file == path.name), None) if manifest else None
     if entry is not None:
@@ -109,11 +112,23 @@ def resolve_gguf(options: Options, folder: Path) -> tuple[Path, dict[str, Any]]:
             raise AtlasError(f"{path} was made from another checkpoint ({manifest.source_digest[:19]}…) than {folder}")
     return path, {
         "gguf": path.name, "sha256": sha, "file_type": info.file_type, "layout": info.layout, "architecture": info.architecture,
-        "tensors": info.tensors, "draft_vocab": info.draft_vocab, "made_by": entry.command if entry else "not listed in a manifest of `make real-model-gguf`",
+        "tensors": info.tensors, "draft_vocab": info.draft_vocab, "output_layer": output_layer(info), "made_by": entry.command if entry else "not listed in a manifest of `make real-model-gguf`",
         "converter": ("llama.cpp's convert_hf_to_gguf.py of the pinned source via atlas llamacpp_convert.py (GPT-2-style "
                       "vocabulary; zero-size shared_experts left out), then llama-quantize"),
         "source_digest": manifest.source_digest if manifest else None,
     }
+
+
+def output_layer(info: GgufInfo) -> str:
+    """The output layer as the file holds it: its own output.weight and type, or tied to token_embd."""
+    return f"output.weight, {info.output}" if info.output else f"tied to token_embd, {info.embedding}"
+
+
+def dtype(info: GgufInfo) -> str:
+    """The weights' precision as the record's settings name it: the GGUF's file type, and the output
+    layer's type where the file has one of its own (an untied copy's output layer changes the figures)."""
+    kind = f"gguf-{info.file_type.removeprefix('MOSTLY_')}"
+    return f"{kind}, output {info.output}" if info.output else kind
 
 
 def cut_draft(build: Build, options: Options, folder: Path) -> dict[str, Any] | None:
@@ -203,7 +218,8 @@ def _engine_run(build: Build, options: Options, gguf: dict[str, Any], base_args:
         name="llamacpp", package="llama.cpp", version=f"b{build.version}", python=platform.python_version(), torch=torch.__version__,
         transformers=transformers.__version__, device="cpu", gpus=[], dtype=gguf["file_type"], tensor_parallel_size=1,
         pipeline_parallel_size=1, draft_sample_method=DRAFT_SAMPLING,
-        options={"gguf": options.llamacpp.gguf, "quant": options.llamacpp.quant, "repack": options.llamacpp.repack,
+        options={"gguf": options.llamacpp.gguf, "quant": options.llamacpp.quant, "output": options.llamacpp.output,
+                 "repack": options.llamacpp.repack,
                  "flash_attn": options.llamacpp.flash_attn, "parallel": options.llamacpp.parallel},
         engine_args={"llama-server": base_args, "threads": threads, "repack": repack_why, "pass_costs": bench,
                      "omp_wait_policy": binary_env().get("OMP_WAIT_POLICY")},  # what its OpenMP threads saw (None: unset)
@@ -285,7 +301,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
              "plain_s": plain_s, "verify_s": {str(k): v for k, v in verify_s.items()}, "draft_s": draft_s}
     engine_run = _engine_run(build, options, conversion, base_args, spec_args, repack_why, threads, bench)
     record = new_record(
-        replace(options, dtype=f"gguf-{inspect(gguf).file_type.removeprefix('MOSTLY_')}"), folder=folder, model_id=model_id,
+        replace(options, dtype=dtype(inspect(gguf))), folder=folder, model_id=model_id,
         revision=revision, hardware=hardware(torch.device("cpu")).model_copy(update={"torch_threads": threads}),
         prompt_set=prompt_set, device="cpu", workloads=[w.name for w in workloads], draft_tokens=ks, cells=cells,
         load_before=load_before, pass_costs=costs, engine_run=engine_run, settings={"draft_vocab": vocab_info},

@@ -7,7 +7,10 @@ llama-quantize, with manifest.json: every file's layout, type, size and sha256, 
 that made it, the source checkpoint's digest and the build. The converter runs through
 llamacpp_convert.py (GPT-2-style vocabulary, zero-size shared_experts left out; it says why).
 Given a draft vocabulary size, each combined file also gets a copy whose MTP layer drafts over the
-head's most frequent training tokens only (llamacpp_draftvocab; the patched build runs it).
+head's most frequent training tokens only (llamacpp_draftvocab; the patched build runs it). Given an
+output type, each quantized combined file also gets an untied copy (`combined-Q4_0-output-Q4_0.gguf`):
+the tied output layer written as an output.weight of its own at that type (llamacpp_convert.py
+--untie-output says why), every other tensor at the tied file's types.
 
 `inspect` reads a file's header with the crawler's bounded reader (atlas.fingerprints.gguf): architecture, layout and file type, so a
 trunk-only file given as combined, or an architecture without an MTP graph, is refused by name.
@@ -28,7 +31,7 @@ from pydantic import BaseModel
 
 from atlas import AtlasError
 from atlas.engines.llamacpp_build import Build
-from atlas.fingerprints.gguf import FILE_TYPES, models, read_header
+from atlas.fingerprints.gguf import FILE_TYPES, GGML_TYPES, models, read_header
 from atlas.paths import sha256_file
 
 CONVERT = Path(__file__).with_name("llamacpp_convert.py")
@@ -53,6 +56,8 @@ class GgufInfo(BaseModel):
     tensors: int
     nextn_layers: int
     draft_vocab: int | None = None  # rows of the MTP layer's cut draft head (nextn.d2t), None: the whole vocabulary
+    output: str | None = None  # the type of an output.weight of the file's own; None: tied to token_embd
+    embedding: str = "none"  # token_embd's type
 
 
 class GgufFile(BaseModel):
@@ -63,6 +68,7 @@ class GgufFile(BaseModel):
     sha256: str
     command: str
     draft_vocab: int | None = None  # the MTP layer drafts over this many tokens (llamacpp_draftvocab); None: all
+    output: str | None = None  # an untied copy's output.weight type (llamacpp_convert.py --untie-output); None: as converted
 
 
 class Manifest(BaseModel):
@@ -71,14 +77,16 @@ class Manifest(BaseModel):
     build: dict[str, object]
     files: list[GgufFile]
 
-    def find(self, layout: str, kind: str, draft_vocab: int | None = None) -> GgufFile:
+    def find(self, layout: str, kind: str, draft_vocab: int | None = None, output: str | None = None) -> GgufFile:
         for f in self.files:
-            if f.layout == layout and f.type.lower() == kind.lower() and f.draft_vocab == draft_vocab:
+            if (f.layout == layout and f.type.lower() == kind.lower() and f.draft_vocab == draft_vocab
+                    and (f.output or "").lower() == (output or "").lower()):
                 return f
         cut = f" drafting over {draft_vocab} tokens" if draft_vocab else ""
-        raise AtlasError(f"the GGUF set has no {layout} file at {kind}{cut} (it has: "
+        untied = f" with its output layer untied at {output}" if output else ""
+        raise AtlasError(f"the GGUF set has no {layout} file at {kind}{cut}{untied} (it has: "
                          f"{', '.join(sorted({f.file for f in self.files}))}); `atlas real-model-gguf --draft-vocab N` makes "
-                         "the cut ones")
+                         "the cut ones, `--untie-output TYPE` the untied ones")
 
 
 class FileSource:
@@ -110,9 +118,12 @@ def inspect(path: Path) -> GgufInfo:
     type_name = (FILE_TYPES.get(file_type, f"file_type {file_type}") if isinstance(file_type, int) and not isinstance(file_type, bool)
                  else "unknown")
     d2t = [t.shape[0] for t in header.tensors if t.name.endswith(".nextn.d2t")]
+    types = {t.name: GGML_TYPES[t.ggml_type][0] if t.ggml_type in GGML_TYPES else f"type {t.ggml_type}" for t in header.tensors
+             if t.name in ("output.weight", "token_embd.weight")}
     return GgufInfo(path=str(path), architecture=model.architecture or "unknown", layout=_LAYOUTS[model.layout],
                     file_type=type_name, tensors=len(header.tensors), nextn_layers=model.nextn_declared or 0,
-                    draft_vocab=d2t[0] if d2t else None)
+                    draft_vocab=d2t[0] if d2t else None, output=types.get("output.weight"),
+                    embedding=types.get("token_embd.weight", "none"))
 
 
 def require_combined(path: Path) -> GgufInfo:
@@ -142,8 +153,9 @@ def _checked(args: list[str], env: dict[str, str] | None = None) -> None:
         raise AtlasError(f"{shlex.join(args[:3])} ... failed ({done.returncode}):\n    " + "\n    ".join(tail))
 
 
-def _convert(source: Path, checkpoint: Path, layout: str, out: Path) -> str:
-    args = [sys.executable, str(CONVERT), str(source), str(checkpoint), "--", "--outtype", "f16", "--outfile", str(out),
+def _convert(source: Path, checkpoint: Path, layout: str, out: Path, untie: bool = False) -> str:
+    flags = ["--untie-output"] if untie else []
+    args = [sys.executable, str(CONVERT), str(source), str(checkpoint), *flags, "--", "--outtype", "f16", "--outfile", str(out),
             *LAYOUTS[layout]]
     _checked(args, env={**os.environ, "PYTHONPATH": ""})  # the pinned source's gguf-py, not the environment's
     return shlex.join(["python", "atlas/engines/llamacpp_convert.py", "<llama.cpp source>", str(checkpoint), *args[4:]])
@@ -160,10 +172,12 @@ def convert_ids(source: Path, checkpoint: Path, out: Path) -> None:
 
 def make_set(checkpoint: Path, out: Path, build: Build, source: Path, quants: tuple[str, ...] = QUANTS,
              layouts: tuple[str, ...] = tuple(LAYOUTS), log: Callable[[str], None] = print,
-             draft_vocab: int | None = None) -> Manifest:
+             draft_vocab: int | None = None, untie_output: str | None = None) -> Manifest:
     """Write every layout at f16 and at each of `quants` into `out` (replaced whole, only if this
-    command wrote it: atlas.outdir) and return the manifest written with them. With `draft_vocab`,
-    each combined file also gets a copy drafting over that many tokens (llamacpp_draftvocab)."""
+    command wrote it: atlas.outdir) and return the manifest written with them. With `untie_output`
+    (a llama-quantize type), each quantized combined file also gets an untied copy, its output layer
+    an output.weight of that type; with `draft_vocab`, each combined file (untied too) also gets a
+    copy drafting over that many tokens (llamacpp_draftvocab)."""
     from atlas.decode import draftvocab
     from atlas.decode.checkpoint import digest
     from atlas.engines import llamacpp_draftvocab
@@ -173,6 +187,17 @@ def make_set(checkpoint: Path, out: Path, build: Build, source: Path, quants: tu
         raise AtlasError(f"{source}: not the llama.cpp source (no convert_hf_to_gguf.py); `make llamacpp` unpacks it")
     quantize = build.binary("llama-quantize")
     wanted = {f"{layout}-{kind}.gguf" for layout in layouts for kind in ("f16", *quants)}
+    if untie_output is not None:
+        untie_output = untie_output.upper()
+        if untie_output not in {name for name, _, _ in GGML_TYPES.values()}:
+            raise AtlasError(f"--untie-output {untie_output}: not a ggml type (e.g. Q4_0, IQ4_NL, Q8_0)")
+    untied = [f"combined-{q}-output-{untie_output}" for q in quants] if untie_output else []
+    if untied:
+        if "combined" not in layouts or not quants:
+            raise AtlasError("an untied output layer is made for the quantized combined files; add combined and a quantization")
+        if not json.loads((checkpoint / "config.json").read_text()).get("tie_word_embeddings", False):
+            raise AtlasError(f"{checkpoint}: its output layer is not tied to the token embedding; there is nothing to untie")
+    wanted |= {f"{name}.gguf" for name in untied}
     cut_ids: list[int] = []
     if draft_vocab is not None:
         if "combined" not in layouts:
@@ -181,6 +206,7 @@ def make_set(checkpoint: Path, out: Path, build: Build, source: Path, quants: tu
         ids, _ = draftvocab.read(checkpoint, draft_vocab, int(config["vocab_size"]))
         cut_ids = ids.tolist()
         wanted |= {f"combined-{kind}-draft{draft_vocab}.gguf" for kind in ("f16", *quants)}
+        wanted |= {f"{name}-draft{draft_vocab}.gguf" for name in untied}
     current = up_to_date(out, digest(checkpoint), build, wanted)
     if current is not None:
         log(f"  {out} is up to date (same checkpoint, build and files, every sha256 checked)")
@@ -201,11 +227,13 @@ def make_set(checkpoint: Path, out: Path, build: Build, source: Path, quants: tu
                 files.append(GgufFile(file=target.name, layout=layout, type=q, bytes=target.stat().st_size,
                                       sha256=sha256_file(target), command=shlex.join(["llama-quantize", f16.name, target.name, q])))
                 log(f"  {target.name}: {files[-1].bytes / 2**20:.0f} MiB, sha256 {files[-1].sha256[:12]}…")
+        if untie_output:
+            files += _untied(source, checkpoint, folder, quantize, quants, untie_output, log)
         for entry in [f for f in files if f.layout == "combined"] if cut_ids else []:  # after every layout: each once
             target = folder / entry.file.replace(".gguf", f"-draft{draft_vocab}.gguf")
             cut = llamacpp_draftvocab.write(folder / entry.file, target, cut_ids)
             files.append(GgufFile(file=target.name, layout="combined", type=entry.type, bytes=target.stat().st_size,
-                                  sha256=sha256_file(target), draft_vocab=draft_vocab,
+                                  sha256=sha256_file(target), draft_vocab=draft_vocab, output=entry.output,
                                   command=(f"atlas real-model-gguf --draft-vocab {draft_vocab}: {entry.file} with blk.{cut['layer']}"
                                            f".nextn.draft_head (rows of {cut['rows_from']}) and .d2t for the {draft_vocab} most "
                                            f"frequent tokens of {draftvocab.FILE} (atlas.engines.llamacpp_draftvocab)")))
@@ -215,6 +243,36 @@ def make_set(checkpoint: Path, out: Path, build: Build, source: Path, quants: tu
         return manifest
 
     return replace(out, COMMAND, write)
+
+
+def _untied(source: Path, checkpoint: Path, folder: Path, quantize: Path, quants: tuple[str, ...], output: str,
+            log: Callable[[str], None]) -> list[GgufFile]:
+    """The untied copies of the quantized combined files in `folder`: converted once more with the
+    output layer written apart (f16, deleted after), then quantized with llama-quantize at each type,
+    the output layer at `output` and the token embedding at the type the tied file gave it, so that
+    only output.weight is new."""
+    f16 = folder / "combined-f16-untied.gguf.partial"
+    convert = _convert(source, checkpoint, "combined", f16, untie=True)
+    files = []
+    try:
+        for q in quants:
+            embedding = inspect(folder / f"combined-{q}.gguf").embedding
+            target = folder / f"combined-{q}-output-{output}.gguf"
+            _checked([str(quantize), "--output-tensor-type", output.lower(), "--token-embedding-type", embedding.lower(),
+                      str(f16), str(target), q])
+            made = inspect(target)
+            if (made.output or "").lower() != output.lower() or made.embedding != embedding:
+                raise AtlasError(f"{target.name}: llama-quantize wrote output.weight as {made.output} and token_embd as "
+                                 f"{made.embedding}, not {output} and {embedding}")
+            files.append(GgufFile(file=target.name, layout="combined", type=q, bytes=target.stat().st_size,
+                                  sha256=sha256_file(target), output=output,
+                                  command=f"{convert} (f16, not kept), then " + shlex.join(
+                                      ["llama-quantize", "--output-tensor-type", output.lower(), "--token-embedding-type",
+                                       embedding.lower(), "combined-f16-untied.gguf", target.name, q])))
+            log(f"  {target.name}: {files[-1].bytes / 2**20:.0f} MiB, sha256 {files[-1].sha256[:12]}…")
+    finally:
+        f16.unlink(missing_ok=True)
+    return files
 
 
 def up_to_date(out: Path, source_digest: str, build: Build, wanted: set[str]) -> Manifest | None:

@@ -49,6 +49,8 @@ class LlamacppOptions:
 
     gguf: str | None = None  # a combined GGUF; default: the checkpoint's GGUF set (`make real-model-gguf`) at `quant`
     quant: str = "Q4_1"  # which file of the GGUF set: f16, Q8_0, Q4_1, Q4_K_M
+    # the set's untied copy whose output layer is an output.weight of this type (llamacpp_gguf); None: as converted
+    output: str | None = None
     build: str | None = None  # the build folder (default: $ATLAS_LLAMACPP_DIR or `make llamacpp`'s)
     repack: str = "auto"  # weight repacking: auto (off only on CPUs with AMX tiles), on, off
     # flash attention (-fa): auto (llama.cpp's default: on for the CPU), on, off. Build 11434's CPU kernel
@@ -239,7 +241,7 @@ def parse_vllm_options(pairs: Iterable[str], python: str | None, tp: int, pp: in
 
 
 def parse_llamacpp_options(pairs: Iterable[str]) -> LlamacppOptions:
-    """`--engine-option KEY=VALUE` pairs of --engine llamacpp: gguf, quant, build, repack, flash_attn, parallel."""
+    """`--engine-option KEY=VALUE` pairs of --engine llamacpp: gguf, quant, output, build, repack, flash_attn, parallel."""
     options = LlamacppOptions()
     for pair in pairs:
         key, sep, text = pair.partition("=")
@@ -247,7 +249,8 @@ def parse_llamacpp_options(pairs: Iterable[str]) -> LlamacppOptions:
         if not sep or not key or not text:
             raise AtlasError(f"--engine-option expects KEY=VALUE, got {pair!r}")
         if key not in LlamacppOptions.__dataclass_fields__:
-            raise AtlasError(f"--engine-option {key}: --engine llamacpp takes gguf, quant, build, repack, flash_attn and parallel")
+            raise AtlasError(f"--engine-option {key}: --engine llamacpp takes gguf, quant, output, build, repack, flash_attn and "
+                             "parallel")
         if key in ("repack", "flash_attn") and text not in ("auto", "on", "off"):
             raise AtlasError(f"--engine-option {key}={text}: expected auto, on or off")
         if key == "parallel":

@@ -122,6 +122,9 @@ def record_setup(r: records.Record, brief: bool = False) -> str:
         # vLLM's is the torch dtype it loaded safetensors weights in
         e = r.engine_run
         weights = f"{e.dtype.removeprefix('MOSTLY_')} GGUF" if e.name == "llamacpp" else e.dtype
+        output = (e.conversion or {}).get("output_layer")
+        if isinstance(output, str) and output.startswith("output.weight"):  # an untied copy (llamacpp_gguf): its own output layer
+            weights += f", output layer untied at {output.split(', ')[-1]}"
         name = f"{e.package} {e.version} ({weights})"
     else:
         name = ", ".join(dict.fromkeys(f"{ENGINE_NAMES.get(c.engine, c.engine)} {c.engine_version}" for c in cells))
