@@ -191,13 +191,13 @@ def make_set(checkpoint: Path, out: Path, build: Build, source: Path, quants: tu
         untie_output = untie_output.upper()
         if untie_output not in {name for name, _, _ in GGML_TYPES.values()}:
             raise AtlasError(f"--untie-output {untie_output}: not a ggml type (e.g. Q4_0, IQ4_NL, Q8_0)")
-    untied = [f"combined-{q}-output-{untie_output}" for q in quants] if untie_output else []
+    untied = [untied_name(q, untie_output) for q in quants] if untie_output else []
     if untied:
         if "combined" not in layouts or not quants:
             raise AtlasError("an untied output layer is made for the quantized combined files; add combined and a quantization")
         if not json.loads((checkpoint / "config.json").read_text()).get("tie_word_embeddings", False):
             raise AtlasError(f"{checkpoint}: its output layer is not tied to the token embedding; there is nothing to untie")
-    wanted |= {f"{name}.gguf" for name in untied}
+    wanted |= set(untied)
     cut_ids: list[int] = []
     if draft_vocab is not None:
         if "combined" not in layouts:
@@ -206,7 +206,7 @@ def make_set(checkpoint: Path, out: Path, build: Build, source: Path, quants: tu
         ids, _ = draftvocab.read(checkpoint, draft_vocab, int(config["vocab_size"]))
         cut_ids = ids.tolist()
         wanted |= {f"combined-{kind}-draft{draft_vocab}.gguf" for kind in ("f16", *quants)}
-        wanted |= {f"{name}-draft{draft_vocab}.gguf" for name in untied}
+        wanted |= {name.replace(".gguf", f"-draft{draft_vocab}.gguf") for name in untied}
     current = up_to_date(out, digest(checkpoint), build, wanted)
     if current is not None:
         log(f"  {out} is up to date (same checkpoint, build and files, every sha256 checked)")
@@ -245,6 +245,11 @@ def make_set(checkpoint: Path, out: Path, build: Build, source: Path, quants: tu
     return replace(out, COMMAND, write)
 
 
+def untied_name(quant: str, output: str) -> str:
+    """The file name of a quantized combined file's untied copy."""
+    return f"combined-{quant}-output-{output}.gguf"
+
+
 def _untied(source: Path, checkpoint: Path, folder: Path, quantize: Path, quants: tuple[str, ...], output: str,
             log: Callable[[str], None]) -> list[GgufFile]:
     """The untied copies of the quantized combined files in `folder`: converted once more with the
@@ -257,7 +262,7 @@ def _untied(source: Path, checkpoint: Path, folder: Path, quantize: Path, quants
     try:
         for q in quants:
             embedding = inspect(folder / f"combined-{q}.gguf").embedding
-            target = folder / f"combined-{q}-output-{output}.gguf"
+            target = folder / untied_name(q, output)
             _checked([str(quantize), "--output-tensor-type", output.lower(), "--token-embedding-type", embedding.lower(),
                       str(f16), str(target), q])
             made = inspect(target)
