@@ -129,7 +129,9 @@ LLAMACPP_JOBS    ?= 2
 LLAMACPP_CMAKE   := -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF
 LLAMACPP_TARGETS := llama-server llama-cli llama-bench llama-quantize llama-speculative-simple
 # The patches the build carries (each file says what it changes and why): a change to one reruns the
-# target, which unpacks the sdist afresh, applies them and recompiles only what they touch.
+# target, which unpacks the sdist afresh, applies them and recompiles only what they touch. The record
+# step refuses a build whose source no longer matches them (a patch edited while it built), so the
+# next `make llamacpp` builds again.
 LLAMACPP_PATCHES := $(sort $(wildcard atlas/engines/patches/llamacpp-b$(LLAMACPP_BUILD)-*.patch))
 llamacpp: setup $(LLAMACPP_DIR)/atlas-build.json  ## the pinned llama.cpp build (server, cli, bench, quantize), cached outside the clone
 $(LLAMACPP_DIR)/atlas-build.json: $(LLAMACPP_PATCHES)
@@ -139,7 +141,8 @@ $(LLAMACPP_DIR)/atlas-build.json: $(LLAMACPP_PATCHES)
 	test -f $(LLAMACPP_DIR)/build/build.ninja || cmake -S $(LLAMACPP_SRC) -B $(LLAMACPP_DIR)/build $(LLAMACPP_CMAKE)
 	nice -n 10 ninja -C $(LLAMACPP_DIR)/build -j$(LLAMACPP_JOBS) $(LLAMACPP_TARGETS)
 	$(BIN)/python -m atlas.engines.llamacpp_build record --dir $(LLAMACPP_DIR) --sdist $(LLAMACPP_SDIST) \
-		--build-number $(LLAMACPP_BUILD) --cmake-flags '$(LLAMACPP_CMAKE)' --targets '$(LLAMACPP_TARGETS)'
+		--build-number $(LLAMACPP_BUILD) --cmake-flags '$(LLAMACPP_CMAKE)' --targets '$(LLAMACPP_TARGETS)' \
+		--patches '$(LLAMACPP_PATCHES)'
 
 # GGUF files of the real team model by llama.cpp's own converter and llama-quantize (the pinned
 # build): combined, trunk-only and MTP-only, each at f16, Q8_0, Q4_1, Q4_0 and Q4_K_M, with manifest.json

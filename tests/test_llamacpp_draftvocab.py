@@ -16,7 +16,7 @@ import pytest
 
 from atlas import AtlasError
 from atlas.engines import llamacpp_draftvocab, llamacpp_engine, llamacpp_gguf
-from atlas.engines.llamacpp_build import NEXTN_D2T, PATCHES, applied_patches, patch_infos, prepare, repack_setting
+from atlas.engines.llamacpp_build import NEXTN_D2T, PATCHES, applied_patches, patch_infos, prepare, repack_setting, write_info
 from atlas.engines.llamacpp_server import Server
 from atlas.engines.options import LlamacppOptions, Options
 from atlas.fingerprints.gguf import read_header
@@ -71,6 +71,25 @@ def test_prepare_unpacks_patches_once_and_keeps_the_source_whole_when_a_patch_fa
     with pytest.raises(AtlasError, match="was not unpacked from pkg.tar.gz .its CMakeLists.txt differs.: not replaced"):
         prepare(own, archive, [good], log=lambda _: None)
     assert (own / "CMakeLists.txt").read_text() == "project(mine)\n" and sorted(p.name for p in own.parent.parent.iterdir()) == ["pkg-1.0.0"]
+
+
+def test_a_build_whose_patch_changed_while_it_ran_is_not_recorded(tmp_path: Path) -> None:
+    """make's file times cannot see a patch edited between `prepare` and the record: the record step
+    compares contents, writes nothing, and so the next `make llamacpp` builds again."""
+    archive = sdist(tmp_path / "pkg.tar.gz", {"CMakeLists.txt": "project(x)\n", "src/a.c": "one\n"})
+    source = tmp_path / "src" / "pkg-1.0.0" / "llama.cpp"
+    patch = patch_file(tmp_path / "p.patch", "one", "two")
+    prepare(source, archive, [patch], log=lambda _: None)
+    build = tmp_path / "build"
+    (build / "build").mkdir(parents=True)
+    (build / "build" / "CMakeCache.txt").write_text(f"CMAKE_HOME_DIRECTORY:INTERNAL={source}\n")
+    with pytest.raises(AtlasError, match="llama-server is missing"):  # the patches agree: on to the binaries
+        write_info(build, None, 1, "", "", [patch])
+    patch_file(patch, "one", "three")  # edited while ninja ran
+    for patches, changed in (([patch], "p.patch"), ([], "p.patch"), ([patch, patch_file(tmp_path / "q.patch", "a", "b")], "p.patch, q.patch")):
+        with pytest.raises(AtlasError, match=rf"patched with \['p.patch'\], but the patches now read otherwise \({changed} changed"):
+            write_info(build, None, 1, "", "", patches)
+        assert not (build / "atlas-build.json").exists()
 
 
 def test_the_carried_patches_name_what_they_change_and_are_in_the_build(llamacpp_build: object) -> None:

@@ -7,7 +7,7 @@ The build carries the patches in atlas/engines/patches/ (each says what it chang
 unpacks the sdist and applies them, and atlas-build.json names them with their sha256, so every record
 made with the build names them too. Run as a module, it does the make target's first and last steps:
     python -m atlas.engines.llamacpp_build prepare --src SRC --sdist SDIST --patches "P1 P2"
-    python -m atlas.engines.llamacpp_build record --dir DIR --sdist SDIST --build-number N --cmake-flags "..." --targets "..."
+    python -m atlas.engines.llamacpp_build record --dir DIR --sdist SDIST --build-number N --cmake-flags "..." --targets "..." --patches "P1 P2"
 """
 
 from __future__ import annotations
@@ -272,10 +272,20 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def write_info(folder: Path, sdist: Path | None, build_number: int, cmake_flags: str, targets: str) -> BuildInfo:
-    """Write atlas-build.json for the build in `folder` (the make target's last step)."""
+def write_info(folder: Path, sdist: Path | None, build_number: int, cmake_flags: str, targets: str,
+               patches: list[Path]) -> BuildInfo:
+    """Write atlas-build.json for the build in `folder` (the make target's last step), only where the
+    source it was built from carries `patches` as they read now. make decides by file times: a patch
+    edited while the build ran is older than the record this would write, so without this check a
+    build of the old patch would look up to date under the new one's name."""
     from atlas.engines.stamp import cpu_name
 
+    built, wanted = _source_patches(folder), patch_infos(patches)
+    if built != wanted:
+        changed = sorted({file for file, _ in {(p.file, p.sha256) for p in built} ^ {(p.file, p.sha256) for p in wanted}})
+        raise AtlasError(f"{folder}: built from a source patched with {[p.file for p in built] or 'none'}, but the patches now "
+                         f"read otherwise ({', '.join(changed) or 'their order'} changed while it built): no {INFO_FILE} written; "
+                         "run `make llamacpp` again")
     compiler = _cmake_cache(folder, "CMAKE_CXX_COMPILER") or "c++"
     digest = hashlib.sha256(sdist.read_bytes()).hexdigest() if sdist and sdist.is_file() else None
     info = BuildInfo(
@@ -283,7 +293,7 @@ def write_info(folder: Path, sdist: Path | None, build_number: int, cmake_flags:
         cmake_flags=cmake_flags.split(), targets=targets.split(), compiler=_first_line([compiler, "--version"]),
         cmake=_first_line(["cmake", "--version"]), ninja=_first_line(["ninja", "--version"]), built_on_cpu=cpu_name(),
         written_at=datetime.now(timezone.utc).replace(microsecond=0).isoformat(),
-        patches=_source_patches(folder),
+        patches=built,
     )
     check_binaries(folder, build_number)  # the record is written last, and only for a build that runs
     (folder / INFO_FILE).write_text(info.model_dump_json(indent=1) + "\n")
@@ -309,6 +319,7 @@ def main() -> None:
     rec.add_argument("--build-number", type=int, required=True)
     rec.add_argument("--cmake-flags", required=True)
     rec.add_argument("--targets", required=True)
+    rec.add_argument("--patches", default="", help="the patch files the build should carry, space-separated")
     args = parser.parse_args()
     if args.step == "prepare":
         try:
@@ -316,7 +327,11 @@ def main() -> None:
         except AtlasError as exc:
             raise SystemExit(f"error: {exc}") from None
         return
-    info = write_info(args.dir, args.sdist, args.build_number, args.cmake_flags, args.targets)
+    try:
+        info = write_info(args.dir, args.sdist, args.build_number, args.cmake_flags, args.targets,
+                          [Path(p) for p in args.patches.split()])
+    except AtlasError as exc:
+        raise SystemExit(f"error: {exc}") from None
     build = find_build(args.dir)
     print(f"llama.cpp {build.version}, {build.built_with}; {info.compiler}; record: {args.dir / INFO_FILE}")
 
