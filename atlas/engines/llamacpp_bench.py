@@ -24,7 +24,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from atlas import AtlasError
-from atlas.engines.llamacpp_build import Build, binary_env
+from atlas.engines.llamacpp_build import Build
+from atlas.omp import engine_env
 
 REPETITIONS = 7  # llama-bench's own timed repetitions per row count, after its warm-up run
 TIMEOUT_S = 600
@@ -82,7 +83,7 @@ def time_passes(build: Build, gguf: Path, threads: int, repack: bool, depth: int
     flash attention setting; see `parse`."""
     cmd = [str(build.binary("llama-bench")), *bench_args(gguf, threads, repack, depth, ks, flash_attn=flash_attn)]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False, env=binary_env())
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False, env=engine_env())
     except subprocess.TimeoutExpired as e:
         raise AtlasError(f"llama-bench ran over {TIMEOUT_S} s timing the pass costs") from e
     if done.returncode != 0:

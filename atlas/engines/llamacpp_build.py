@@ -94,18 +94,6 @@ class Build:
         return {"version": self.version, "reported": self.reported, "built_with": self.built_with, **self.info.model_dump()}
 
 
-def binary_env() -> dict[str, str]:
-    """The environment llama.cpp's binaries run in: ours, less the OpenMP wait policy the atlas sets
-    for torch (atlas.cli). The pinned build's CPU threads are OpenMP's, so they obeyed it: PASSIVE put
-    each of a graph's hundreds of barriers to sleep, and 2 threads ran slower than 1 (2-core Xeon,
-    Q4_0, llama-bench: 29.6 ms a step against 17.4 ms at 1 thread; 15.6 ms with the policy unset,
-    under load). A policy the user set stays, and the record names what the server saw."""
-    env = dict(os.environ)
-    if env.pop("ATLAS_OMP_WAIT_POLICY_SET", None) == "1":
-        env.pop("OMP_WAIT_POLICY", None)
-    return env
-
-
 def _run(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(args, capture_output=True, text=True, timeout=timeout)

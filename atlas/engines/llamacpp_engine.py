@@ -28,7 +28,8 @@ from typing import Any
 
 from atlas import AtlasError
 from atlas.engines import llamacpp_bench
-from atlas.engines.llamacpp_build import NEXTN_D2T, Build, binary_env, find_build, repack_setting, require_draft_mtp
+from atlas.engines.llamacpp_build import NEXTN_D2T, Build, find_build, repack_setting, require_draft_mtp
+from atlas.omp import engine_env
 from atlas.engines.llamacpp_gguf import GgufInfo, Manifest, inspect, read_manifest, require_combined
 from atlas.paths import sha256_file
 from atlas.engines.llamacpp_server import Server, run_stats
@@ -182,7 +183,7 @@ def plain_answers(build_dir: str | None, gguf: Path, threads: int, parallel: int
             return list(server.whole(body)[0])
 
         yield complete, {"name": "llama.cpp llama-server", "build": build.version, "patches": [p.file for p in build.info.patches],
-                         "args": args, "omp_wait_policy": binary_env().get("OMP_WAIT_POLICY")}  # its threads' (None: unset)
+                         "args": args, "omp_wait_policy": engine_env().get("OMP_WAIT_POLICY")}  # its threads' (None: unset)
 
 
 def time_draft(binary: Path, gguf: Path, plain_args: list[str], prompts: list[list[int]], n: int,
@@ -222,7 +223,7 @@ def _engine_run(build: Build, options: Options, gguf: dict[str, Any], base_args:
                  "repack": options.llamacpp.repack,
                  "flash_attn": options.llamacpp.flash_attn, "parallel": options.llamacpp.parallel},
         engine_args={"llama-server": base_args, "threads": threads, "repack": repack_why, "pass_costs": bench,
-                     "omp_wait_policy": binary_env().get("OMP_WAIT_POLICY")},  # what its OpenMP threads saw (None: unset)
+                     "omp_wait_policy": engine_env().get("OMP_WAIT_POLICY")},  # what its OpenMP threads saw (None: unset)
         speculative_config={f"k={k}": args for k, args in k_args.items()}, layout=gguf["architecture"], conversion=gguf,
         counter_check=COUNTER_CHECK, schedule=SCHEDULE, build=build.record(),
     )

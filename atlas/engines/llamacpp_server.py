@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from atlas import AtlasError
 from atlas.decode.generate import RoundCounts, RunStats
-from atlas.engines.llamacpp_build import binary_env
+from atlas.omp import engine_env
 
 START_TIMEOUT = 300.0
 MAX_STATES = 100_000  # a bound on the walk over hidden rounds (rounds_with_gaps); real gaps hold a handful
@@ -225,7 +225,7 @@ class Server:
         self.log = tempfile.NamedTemporaryFile("w+", prefix="atlas-llama-server-", suffix=".log", delete=False)
         try:
             self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
-                                         env=binary_env())
+                                         env=engine_env())
         except OSError as exc:
             raise AtlasError(f"cannot start {binary}: {exc}") from None
         self._wait_ready()

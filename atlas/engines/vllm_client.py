@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from atlas import AtlasError
+from atlas.omp import engine_env
 from atlas.paths import CACHE
 
 DRIVER = Path(__file__).with_name("vllm_driver.py")
@@ -85,7 +86,7 @@ class Driver:
     def __init__(self, python: Path) -> None:
         self.python = python
         self.log = tempfile.NamedTemporaryFile("w+", prefix="atlas-vllm-", suffix=".log", delete=False)
-        environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        environment = {**engine_env(), "PYTHONUNBUFFERED": "1"}  # vLLM's OpenMP threads: no atlas-set wait policy
         try:
             self.proc = subprocess.Popen(
                 [str(python), str(DRIVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,

@@ -24,6 +24,7 @@ from atlas.decode.generate import RoundCounts, RunStats
 from atlas.engines.options import MAX_PROMPT_TOKENS, Options, new_record, save_record
 from atlas.records.record import Cell, Record
 from atlas.records.runcontext import EngineRun, Hardware
+from atlas.omp import engine_env
 from atlas.paths import ROOT
 
 VLLM_BASELINE = "vLLM k=0 engine (plain decoding), same version, options and prompts; runs interleaved"
@@ -140,7 +141,8 @@ def _engine_run(hello: Hello, options: Options, draft_method: str, loaded: Loade
         transformers=hello.transformers, device=hello.device, gpus=hello.gpus, dtype=options.dtype,
         tensor_parallel_size=vllm.tensor_parallel_size, pipeline_parallel_size=vllm.pipeline_parallel_size,
         draft_sample_method=DRAFT_SAMPLING.get(draft_method, draft_method), options=vllm.options,
-        engine_args=loaded.engine_args, speculative_config={"method": "mtp", **vllm.speculative},
+        engine_args={**loaded.engine_args, "omp_wait_policy": engine_env().get("OMP_WAIT_POLICY")},  # its threads' (None: unset)
+        speculative_config={"method": "mtp", **vllm.speculative},
         layout=layout, conversion=conversion,
         counter_check="every speculative request: per-step drafted/accepted sums equal the spec-decode counter deltas",
         schedule=SCHEDULES[vllm.schedule],
