@@ -259,6 +259,14 @@ def test_the_draft_cost_is_the_paired_median_difference_per_token() -> None:
         llamacpp_bench.draft_seconds([10.0], [])
 
 
+def test_a_draft_server_drafts_every_round_unless_a_p_min_is_asked() -> None:
+    def p_min(args: list[str]) -> str:
+        return args[args.index("--spec-draft-p-min") + 1]
+    assert p_min(llamacpp_engine.server_args(1, 1, 64, True, 1)) == "0"  # the records' setting, spelled as before
+    assert p_min(llamacpp_engine.server_args(1, 1, 64, True, 2, p_min=0.85)) == "0.85"
+    assert "--spec-draft-p-min" not in llamacpp_engine.server_args(1, 1, 64, True, 0, p_min=0.5)  # plain decoding drafts nothing
+
+
 def test_both_servers_and_the_bench_run_the_flash_attention_setting_asked() -> None:
     plain = llamacpp_engine.server_args(2, 1, 64, True, 0, flash_attn="off")
     spec = llamacpp_engine.server_args(2, 1, 64, True, 1, flash_attn="off")

@@ -147,17 +147,19 @@ def cut_draft(build: Build, options: Options, folder: Path) -> dict[str, Any] | 
 
 
 def server_args(threads: int, parallel: int, ctx: int, repack: bool, k: int, sampling: str = "greedy",
-                flash_attn: str = "auto") -> list[str]:
+                flash_attn: str = "auto", p_min: float = 0.0) -> list[str]:
     """llama-server's arguments after the model: the same for both sides but the draft options.
     `sampling`: --spec-draft-sampling, greedy (the default, named so the record says it) or
     probabilistic (the draft sampled from the head's top 10 at the request's temperature, verified
-    by rejection). `flash_attn`: -fa, always written so the record names it."""
+    by rejection). `flash_attn`: -fa, always written so the record names it. `p_min`:
+    --spec-draft-p-min, a round drafts only while the head's top probability reaches it (0: every
+    round drafts k, the records' setting; benchmarks/llamacpp_p_min.py tries others)."""
     args = ["-t", str(threads), "-tb", str(threads), "-c", str(ctx * parallel), "-np", str(parallel), "--cache-ram", "0",
             "-fa", flash_attn]
     if not repack:
         args.append("--no-repack")
     if k:
-        args += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(k), "--spec-draft-p-min", "0", "--spec-draft-sampling", sampling]
+        args += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(k), "--spec-draft-p-min", f"{p_min:g}", "--spec-draft-sampling", sampling]
     return args
 
 
