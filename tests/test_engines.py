@@ -227,7 +227,9 @@ RUN = ["measure", "run", "--engine", "vllm", "--workloads", "templated,random", 
 
 
 @needs_team
-def test_measure_run_engine_vllm_then_import(fake_engine: Path, tmp_path: Path) -> None:
+def test_measure_run_engine_vllm_then_import(fake_engine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # as atlas.cli sets it for torch
+    monkeypatch.setenv(omp.SET_BY_ATLAS, "1")
     runner = CliRunner()
     result = runner.invoke(cli, [*RUN, "--temperatures", "0", "--tensor-parallel-size", "1",
                                  "--engine-option", "enforce_eager=true", "--out", str(tmp_path / "m")])
@@ -238,6 +240,7 @@ def test_measure_run_engine_vllm_then_import(fake_engine: Path, tmp_path: Path) 
     assert run is not None and (run.name, run.package, run.version, run.layout) == ("vllm", "vllm", "0.0.0+fake", "qwen3_next")
     assert run.options == {"enforce_eager": True} and run.conversion["norm_shift_exact"] is True
     assert "greedy" in run.draft_sample_method and run.tensor_parallel_size == 1 and record.pass_costs is None
+    assert run.engine_args["omp_wait_policy"] is None  # the driver's threads ran without torch's policy, and the record says so
     assert {(c.engine, c.workload, c.draft_tokens) for c in record.cells} == {("vllm", w, k) for w in ("templated", "random") for k in (1, 2)}
     # the same paired gate as our loop's, over vLLM's cells (1 prompt, the sampling unit: too few to decide)
     assert {(g.workload, g.temperature) for g in record.gates} == {("templated", 0.0), ("random", 0.0)}
