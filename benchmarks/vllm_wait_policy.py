@@ -21,6 +21,7 @@ import argparse
 import os
 import time
 from contextlib import ExitStack
+from pathlib import Path
 
 from atlas.decode.checkpoint import resolve
 from atlas.engines.stamp import load_average
@@ -33,7 +34,7 @@ POLICIES = ("PASSIVE", None)  # None: OpenMP's default
 PAUSE_S = 1.0  # libgomp's threads spin up to about 0.3 s after a parallel region before they sleep
 
 
-def driver_for(policy: str | None, python: object) -> Driver:
+def driver_for(policy: str | None, python: Path) -> Driver:
     """A driver whose OpenMP threads see `policy` (the environment is read when it starts)."""
     saved = os.environ.get("OMP_WAIT_POLICY")
     os.environ.pop(SET_BY_ATLAS, None)  # what the policy is here is this arm's choice alone
@@ -42,7 +43,7 @@ def driver_for(policy: str | None, python: object) -> Driver:
             os.environ.pop("OMP_WAIT_POLICY", None)
         else:
             os.environ["OMP_WAIT_POLICY"] = policy
-        return Driver(python)  # type: ignore[arg-type]
+        return Driver(python)
     finally:
         if saved is None:
             os.environ.pop("OMP_WAIT_POLICY", None)
