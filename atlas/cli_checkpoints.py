@@ -87,7 +87,7 @@ def real_model_head_wraps(out: Path, source: Path | None, build_dir: str | None,
     translation, third-turn, extraction and long-context prompts that wrap its own earlier answers."""
     from atlas.checkpoints import smollm
     from atlas.checkpoints.headtrain import data, wrapdata
-    from atlas.engines.llamacpp_engine import plain_answers
+    from atlas.engines.llamacpp.engine import plain_answers
     from atlas.engines.stamp import command_line
 
     fields = {k: v for k, v in options.items() if v is not None}
@@ -172,8 +172,8 @@ def real_model_gguf(model: Path | None, out: Path | None, quants: str, layouts: 
     """GGUF files of a GLM-4-MoE checkpoint by llama.cpp's own converter and quantizer (the pinned
     build): each layout at f16 and each quantization, with manifest.json (sha256, commands)."""
     from atlas.checkpoints import smollm
-    from atlas.engines import llamacpp_engine, llamacpp_gguf
-    from atlas.engines.llamacpp_build import find_build
+    from atlas.engines.llamacpp import engine as llamacpp_engine, gguf as llamacpp_gguf
+    from atlas.engines.llamacpp.build import find_build
     from atlas.paths import project_path
 
     folder = model or project_path(smollm.DEFAULT_OUT_PATH)

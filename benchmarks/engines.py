@@ -55,9 +55,9 @@ import torch
 from atlas.decode import draftvocab
 from atlas.checkpoints import smollm
 from atlas.decode.checkpoint import DEFAULT_MODEL, load_checkpoint
-from atlas.engines.transformers_engine import Peer
-from atlas.engines.vllm_client import CACHE, Driver, find_python
-from atlas.engines.vllm_engine import cross_check, prepare_checkpoint, to_run_stats
+from atlas.engines.ours.transformers_peer import Peer
+from atlas.engines.vllm.client import CACHE, Driver, find_python
+from atlas.engines.vllm.engine import cross_check, prepare_checkpoint, to_run_stats
 from atlas.decode.generate import RunStats, Sampling, generate_plain, generate_speculative
 from atlas.decode.model import build_fused_model
 from atlas.engines.options import MAX_PROMPT_TOKENS
@@ -125,10 +125,10 @@ def llamacpp_server_modes(model: Path, quant: str, threads: int, length: int, n:
     MTP layer drafts over that many tokens (its plain is the same plain server, timed again in its
     own turn): (modes, notes, closers); none where the build or GGUF is missing."""
     from atlas import AtlasError
-    from atlas.engines import llamacpp_engine
-    from atlas.engines.llamacpp_build import find_build, repack_setting
-    from atlas.engines.llamacpp_gguf import read_manifest
-    from atlas.engines.llamacpp_server import Server, run_stats
+    from atlas.engines.llamacpp import engine as llamacpp_engine
+    from atlas.engines.llamacpp.build import find_build, repack_setting
+    from atlas.engines.llamacpp.gguf import read_manifest
+    from atlas.engines.llamacpp.server import Server, run_stats
     from atlas.engines.options import Options
 
     folder = llamacpp_engine.gguf_set_dir(model)

@@ -24,9 +24,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from atlas.checkpoints import smollm
-from atlas.engines import llamacpp_engine
-from atlas.engines.llamacpp_build import find_build, repack_setting
-from atlas.engines.llamacpp_server import Server
+from atlas.engines.llamacpp import engine as llamacpp_engine
+from atlas.engines.llamacpp.build import find_build, repack_setting
+from atlas.engines.llamacpp.server import Server
 from atlas.engines.options import Options
 from atlas.omp import SET_BY_ATLAS
 from atlas.records.workloads import load_prompt_set

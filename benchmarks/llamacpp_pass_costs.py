@@ -1,6 +1,6 @@
 """Which GGUF type, threads and repacking give llama.cpp's MTP the cheapest round: the verify pass
 of draft length k (a (k+1)-row forward) in plain steps (a 1-row forward), timed by llama-bench as
-every llama.cpp record times it (atlas.engines.llamacpp_bench), over a grid of the checkpoint's
+every llama.cpp record times it (atlas.engines.llamacpp.bench), over a grid of the checkpoint's
 GGUF set, in one run. Beside each row: the k = 1 acceptance that round needs to break even, with the
 draft cost given (a record's measured draft, in plain steps; the draft's own cost is not timed here).
 
@@ -18,9 +18,9 @@ import os
 from pathlib import Path
 
 from atlas.checkpoints.smollm import DEFAULT_OUT_PATH
-from atlas.engines import llamacpp_bench, llamacpp_engine
-from atlas.engines.llamacpp_build import find_build
-from atlas.engines.llamacpp_gguf import read_manifest
+from atlas.engines.llamacpp import bench as llamacpp_bench, engine as llamacpp_engine
+from atlas.engines.llamacpp.build import find_build
+from atlas.engines.llamacpp.gguf import read_manifest
 from atlas.paths import project_path
 
 

@@ -27,10 +27,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from atlas.checkpoints.smollm import DEFAULT_OUT_PATH
-from atlas.engines import llamacpp_engine
-from atlas.engines.llamacpp_build import find_build, repack_setting
-from atlas.engines.llamacpp_gguf import read_manifest
-from atlas.engines.llamacpp_server import Server
+from atlas.engines.llamacpp import engine as llamacpp_engine
+from atlas.engines.llamacpp.build import find_build, repack_setting
+from atlas.engines.llamacpp.gguf import read_manifest
+from atlas.engines.llamacpp.server import Server
 from atlas.engines.options import Options
 from atlas.paths import project_path
 

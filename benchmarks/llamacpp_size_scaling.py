@@ -1,5 +1,5 @@
 """Does llama.cpp's verify pass get cheaper, in plain steps, as the model grows? Its pass costs
-(llama-bench pp1 and pp(k+1), as every llama.cpp record times them: atlas.engines.llamacpp_bench)
+(llama-bench pp1 and pp(k+1), as every llama.cpp record times them: atlas.engines.llamacpp.bench)
 for published model shapes at random weights, beside the real team model's own GGUF, in one run.
 
 A CPU decode step of a small model is bound by arithmetic rather than by reading its weights, so a
@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from atlas.checkpoints.smollm import DEFAULT_OUT_PATH
-from atlas.engines import llamacpp_bench, llamacpp_engine
-from atlas.engines.llamacpp_build import Build, find_build
-from atlas.engines.llamacpp_gguf import read_manifest, source_of
+from atlas.engines.llamacpp import bench as llamacpp_bench, engine as llamacpp_engine
+from atlas.engines.llamacpp.build import Build, find_build
+from atlas.engines.llamacpp.gguf import read_manifest, source_of
 from atlas.paths import project_path
 
 SHAPES = "data/hub-mirror/Qwen/Qwen3-0.6B,data/hub-mirror/Qwen/Qwen3-1.7B"

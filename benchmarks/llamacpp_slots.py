@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from atlas.checkpoints.smollm import DEFAULT_OUT_PATH
-from atlas.engines import llamacpp_engine
-from atlas.engines.llamacpp_build import find_build, repack_setting, require_draft_mtp
-from atlas.engines.llamacpp_server import Completion, Server
+from atlas.engines.llamacpp import engine as llamacpp_engine
+from atlas.engines.llamacpp.build import find_build, repack_setting, require_draft_mtp
+from atlas.engines.llamacpp.server import Completion, Server
 from atlas.engines.options import Options
 from atlas.paths import project_path
 from atlas.records.workloads import load_prompt_set

@@ -51,7 +51,7 @@ import torch
 
 from atlas.checkpoints import smollm
 from atlas.decode.checkpoint import DEFAULT_MODEL, load_checkpoint
-from atlas.engines.atlas_engine import run
+from atlas.engines.ours.engine import run
 from atlas.decode.layers import FastLayer, ModuleLayer
 from atlas.decode.model import FusedModel, build_fused_model
 from atlas.checkpoints.oracles import write_checkpoint

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from atlas.decode.checkpoint import resolve
 from atlas.engines.stamp import load_average
-from atlas.engines.vllm_client import Driver, find_python
-from atlas.engines.vllm_engine import prepare_checkpoint
+from atlas.engines.vllm.client import Driver, find_python
+from atlas.engines.vllm.engine import prepare_checkpoint
 from atlas.omp import SET_BY_ATLAS
 from atlas.records.workloads import load_prompt_set
 

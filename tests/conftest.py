@@ -67,7 +67,7 @@ def llamacpp_build() -> object:
     where there is none, saying why; a failure with ATLAS_REQUIRE_LLAMACPP=1 (.ci/run sets it after
     `make llamacpp`)."""
     from atlas import AtlasError
-    from atlas.engines.llamacpp_build import find_build
+    from atlas.engines.llamacpp.build import find_build
 
     try:
         return find_build()
@@ -82,7 +82,7 @@ def real_gguf(llamacpp_build: object, real_checkpoint: tuple[Path, object], tmp_
     """(checkpoint folder, GGUF folder): the real checkpoint's combined and trunk-only GGUFs at f16,
     Q8_0 and Q4_1, made by the pinned converter and llama-quantize, and of each combined file the
     copy drafting over the head's 8192 most frequent training tokens, once per session."""
-    from atlas.engines import llamacpp_engine, llamacpp_gguf
+    from atlas.engines.llamacpp import engine as llamacpp_engine, gguf as llamacpp_gguf
 
     folder = real_checkpoint[0]
     out = llamacpp_engine.gguf_set_dir(folder)

@@ -14,7 +14,7 @@ import torch
 from atlas.engines import stamp
 from atlas.engines.cells import RepeatCounts, seed_for
 from atlas.decode.checkpoint import load_checkpoint
-from atlas.engines.atlas_engine import run
+from atlas.engines.ours.engine import run
 from atlas.records.gating import derive
 from atlas.decode.generate import RunStats, Sampling, generate_speculative
 from atlas.decode.model import build_fused_model

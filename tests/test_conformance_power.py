@@ -122,7 +122,7 @@ def test_fewer_requests_than_the_batching_control_reruns_are_refused_before_any_
     def no_engine(*args, **kwargs):  # the refusal comes first: neither the interpreter is sought nor the suite run
         raise AssertionError("the engine was reached")
 
-    monkeypatch.setattr("atlas.engines.vllm_client.find_python", no_engine)
+    monkeypatch.setattr("atlas.engines.vllm.client.find_python", no_engine)
     monkeypatch.setattr(conformancesuite, "run_suite", no_engine)
     result = CliRunner().invoke(cli, ["conformance", "run", "--requests", str(requests), "--max-new-tokens", "8"])
     assert result.exit_code == 1, result.output
@@ -137,7 +137,7 @@ def test_four_requests_reach_the_suite(monkeypatch) -> None:
         reached.append(requests)
         raise conformance.AtlasError("stopped here")
 
-    monkeypatch.setattr("atlas.engines.vllm_client.find_python", lambda python: "python")
+    monkeypatch.setattr("atlas.engines.vllm.client.find_python", lambda python: "python")
     monkeypatch.setattr(conformancesuite, "run_suite", suite)
     result = CliRunner().invoke(cli, ["conformance", "run", "--requests", "4"])
     assert reached == [4] and "stopped here" in result.output

@@ -23,10 +23,10 @@ from click.testing import CliRunner
 
 from atlas import AtlasError, omp
 from atlas.cli import cli
-from atlas.engines import llamacpp_bench, llamacpp_build, llamacpp_engine, llamacpp_gguf, llamacpp_server
-from atlas.engines.llamacpp_build import repack_setting
+from atlas.engines.llamacpp import bench as llamacpp_bench, build as llamacpp_build, engine as llamacpp_engine, gguf as llamacpp_gguf, server as llamacpp_server
+from atlas.engines.llamacpp.build import repack_setting
 from atlas.engines.options import LlamacppOptions, Options, parse_llamacpp_options
-from atlas.engines.llamacpp_server import (Chunk, Counters, Server, Timings, parse_event, parse_metrics, rounds_from_stream, rounds_with_gaps,
+from atlas.engines.llamacpp.server import (Chunk, Counters, Server, Timings, parse_event, parse_metrics, rounds_from_stream, rounds_with_gaps,
                                           run_stats, streamed_with_gaps)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -46,7 +46,7 @@ def test_rounds_come_from_the_tokens_each_counter_value_holds() -> None:
     tokens, rounds = rounds_from_stream(chunks)
     assert tokens == list(range(10, 19))
     assert rounds == [(3, 1), (3, 3), (1, 0), (0, 0)]
-    from atlas.engines.llamacpp_server import Completion
+    from atlas.engines.llamacpp.server import Completion
 
     stats = run_stats(Completion(tokens, rounds, 0.5, chunks[-1].timings), 3)  # type: ignore[arg-type]
     assert stats.drafted_per_position == [3, 2, 2]
@@ -68,7 +68,7 @@ def test_counters_that_the_tokens_do_not_bear_out_are_refused(chunks: list[Chunk
 
 
 def test_rounds_that_emit_more_or_fewer_tokens_than_the_output_are_refused() -> None:
-    from atlas.engines.llamacpp_server import Completion
+    from atlas.engines.llamacpp.server import Completion
 
     timings = Timings(predicted_n=3, predicted_ms=1.0, prompt_n=1)
     with pytest.raises(AtlasError, match="emitted 2 tokens, the output has 3"):
@@ -514,7 +514,7 @@ def test_a_verify_of_two_or_three_rows_on_repacked_q4_0_keeps_plain_decodings_to
     test says so), and a k = 1 or 2 verify's 2 or 3 rows go through one GEMV call. A row stored at the
     wrong stride, or a row's dot products taken against another row's activations, changes the
     verified tokens: greedy output must equal plain decoding's, and at T = 1 (k = 2) the sampled law."""
-    from atlas.engines.llamacpp_gguf import _checked
+    from atlas.engines.llamacpp.gguf import _checked
 
     if not repack_setting("auto")[0]:
         pytest.skip("weight repacking is off on this CPU (AMX tiles): the patched path does not run here")
@@ -772,7 +772,7 @@ def test_a_gguf_set_is_up_to_date_only_for_the_same_checkpoint_build_and_files(r
 
 
 def test_the_draft_law_is_the_heads_top_ten_at_the_temperature_renormalised() -> None:
-    from atlas.engines.llamacpp_conformance import draft_law
+    from atlas.engines.llamacpp.conformance import draft_law
 
     q = np.array([[0.5, 0.2, 0.2, 0.1], [0.1, 0.1, 0.1, 0.7]])
     cut = draft_law(q, 1.0, top_k=2)  # row 0: 0.5 and the first 0.2 (tie broken by the lower id); row 1: 0.7 and id 0
@@ -786,7 +786,7 @@ def test_the_draft_law_is_the_heads_top_ten_at_the_temperature_renormalised() ->
 def _llamacpp_suite(build: object, driver_class: type) -> object:
     from atlas.conformance.record import LLAMACPP_SHAPES
     from atlas.engines import conformance_suite
-    from atlas.engines.llamacpp_gguf import source_of
+    from atlas.engines.llamacpp.gguf import source_of
 
     return conformance_suite.run_suite(lambda: driver_class(build, source_of(build)), "llamacpp", ["glm4_moe"], (1, 2),  # type: ignore[arg-type]
                                        ("greedy", "probabilistic"), 8, 48, log=lambda _: None, shapes=LLAMACPP_SHAPES)
@@ -798,7 +798,7 @@ def test_the_conformance_suite_passes_llamacpp_and_catches_a_swapped_draft_rule(
     Planted: a driver that serves the greedy rule where the suite asked for the probabilistic one
     (argmax drafts accepted by sample-and-match: output still the target's, acceptance Σ P[argmax Q]
     instead of Σ min(P, Q')), which the T = 1 acceptance check must fail while the distribution passes."""
-    from atlas.engines.llamacpp_conformance import LlamacppDriver
+    from atlas.engines.llamacpp.conformance import LlamacppDriver
 
     record = _llamacpp_suite(llamacpp_build, LlamacppDriver)
     assert record.engine == "llamacpp" and record.package == "llama.cpp" and record.version == "b11434"  # type: ignore[attr-defined]

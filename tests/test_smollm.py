@@ -222,7 +222,7 @@ def test_vllm_rewrite_computes_what_the_checkpoint_does(tiny_checkpoint, tmp_pat
     from transformers import AutoModelForCausalLM
 
     from atlas.engines.convert import convert_glm, glm_needs_rewrite
-    from atlas.engines.vllm_engine import prepare_checkpoint
+    from atlas.engines.vllm.engine import prepare_checkpoint
 
     folder, llama = tiny_checkpoint
     source = json.loads((folder / "config.json").read_text())

@@ -1,10 +1,9 @@
-"""The engines `atlas measure run --engine` measures, one module each behind the same interface
-(ENGINES): our own loop (atlas_engine), transformers' generate pair (transformers_engine), vLLM in
-its own environment as a subprocess driver speaking JSON lines (vllm_engine, vllm_client,
-vllm_driver, convert) and llama.cpp's server from the pinned build (llamacpp_engine,
-llamacpp_server, llamacpp_build, llamacpp_gguf, llamacpp_convert). The `_engine` suffix is there because vllm_driver.py runs as a script from
-this folder: a module named vllm.py or transformers.py here would shadow the real packages in vLLM's
-interpreter."""
+"""The engines `atlas measure run --engine` measures, one package each behind the same interface
+(ENGINES): our own loop and transformers' generate pair (ours/), vLLM in its own environment as a
+subprocess driver speaking JSON lines (vllm/) and llama.cpp's server from the pinned build
+(llamacpp/). The parts every engine shares sit here: what a run is asked (options.py), runs summed
+into cells (cells.py), the machine stamp (stamp.py), exact checkpoint rewrites (convert.py) and the
+conformance suite (conformance_suite.py)."""
 
 from __future__ import annotations
 
@@ -41,9 +40,9 @@ class Engine:
 
 
 ENGINES = {
-    "atlas": Engine("atlas.engines.atlas_engine", "our loop (transformers' generate as the peer)"),
-    "transformers": Engine("atlas.engines.transformers_engine", "only transformers' generate / generate(use_mtp=True)"),
-    "vllm": Engine("atlas.engines.vllm_engine", "vLLM in its own environment (`make vllm-env`)"),
-    "llamacpp": Engine("atlas.engines.llamacpp_engine",
+    "atlas": Engine("atlas.engines.ours.engine", "our loop (transformers' generate as the peer)"),
+    "transformers": Engine("atlas.engines.ours.transformers_peer", "only transformers' generate / generate(use_mtp=True)"),
+    "vllm": Engine("atlas.engines.vllm.engine", "vLLM in its own environment (`make vllm-env`)"),
+    "llamacpp": Engine("atlas.engines.llamacpp.engine",
                        "llama.cpp's llama-server, plain vs draft-mtp, on a GGUF (`make llamacpp real-model-gguf`)"),
 }

@@ -1,5 +1,5 @@
 """The conformance suite: every check, for every layout, run through one engine's driver (vLLM's,
-atlas.engines.vllm_client; llama.cpp's, atlas.engines.llamacpp_conformance) on the layout's oracle and
+atlas.engines.vllm.client; llama.cpp's, atlas.engines.llamacpp.conformance) on the layout's oracle and
 random checkpoints, gathered into one ConformanceRecord (atlas.conformance.record).
 """
 
@@ -33,7 +33,7 @@ from atlas.conformance.stats import acceptance_test, distribution_test
 from atlas.engines.convert import without_remote_code
 
 if TYPE_CHECKING:  # the driver's client is loaded when a suite runs
-    from atlas.engines.vllm_client import Generated
+    from atlas.engines.vllm.client import Generated
 
 SINGLES = 4  # requests rerun one at a time for the batching control
 # The oracle's MTP head drafts from softmax(ORACLE_DRAFT_SCALE x the main model's logits): the same
@@ -85,7 +85,7 @@ def check_requests(requests: int) -> None:
 class _Layout:
     """One layout's two checkpoints (random, oracle) on the driver, and the checks recorded on them."""
 
-    driver: Any  # the suite's driver protocol: hello, load, generate (vllm_client.Driver, llamacpp_conformance.LlamacppDriver)
+    driver: Any  # the suite's driver protocol: hello, load, generate (vllm.client.Driver, llamacpp.conformance.LlamacppDriver)
     layout: str
     folders: dict[str, Path]
     p: np.ndarray  # the oracle's first-order law P and its draft Q

@@ -34,12 +34,12 @@ MAX_PROMPT_TOKENS = 256
 class VllmOptions:
     """What only `--engine vllm` takes; every other engine refuses any of them set (their defaults)."""
 
-    python: str | None = None  # the interpreter of vLLM's environment (atlas.engines.vllm_client.find_python)
+    python: str | None = None  # the interpreter of vLLM's environment (atlas.engines.vllm.client.find_python)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     options: dict[str, Any] = field(default_factory=dict)  # LLM(...) keyword arguments, recorded
     speculative: dict[str, Any] = field(default_factory=dict)  # extra speculative_config keys
-    schedule: str = "interleaved"  # or "sequential" (atlas.engines.vllm_engine.SCHEDULES)
+    schedule: str = "interleaved"  # or "sequential" (atlas.engines.vllm.engine.SCHEDULES)
 
 
 @dataclass

@@ -23,7 +23,7 @@ which the loader keeps in the plain CPU buffer (embedding rows are looked up, no
 output layer's matmul never gets the repacked multi-row kernels; an output.weight of its own does,
 and llama-quantize can give it a type of its own (`--output-tensor-type`).
 
-    python llamacpp_convert.py LLAMA_CPP_SOURCE CHECKPOINT [--id-vocabulary] [--untie-output] -- CONVERTER_ARGS...
+    python convert.py LLAMA_CPP_SOURCE CHECKPOINT [--id-vocabulary] [--untie-output] -- CONVERTER_ARGS...
 """
 
 from __future__ import annotations
@@ -37,10 +37,13 @@ def main() -> None:
     source, checkpoint, *rest = sys.argv[1:]
     flags = set(rest[:rest.index("--")]) if "--" in rest else {"?"}
     assert flags <= {"--id-vocabulary", "--untie-output"}, \
-        "usage: llamacpp_convert.py SOURCE CHECKPOINT [--id-vocabulary] [--untie-output] -- CONVERTER_ARGS..."
+        "usage: convert.py SOURCE CHECKPOINT [--id-vocabulary] [--untie-output] -- CONVERTER_ARGS..."
     ids, untie = "--id-vocabulary" in flags, "--untie-output" in flags
     args = rest[rest.index("--") + 1:]
-    sys.path[:0] = [str(Path(source) / "gguf-py"), source]
+    # Run as a script, this file's folder is on sys.path, and its neighbour gguf.py (the atlas's GGUF
+    # sets) must never answer the converter's `import gguf`: the folder goes, the source's gguf-py leads.
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [str(Path(source) / "gguf-py"), source, *(p for p in sys.path if Path(p or ".").resolve() != here)]
     import convert_hf_to_gguf
     import gguf
     from conversion.glm import Glm4MoeModel

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from atlas import AtlasError
-from atlas.engines import llamacpp_bench
-from atlas.engines.llamacpp_build import NEXTN_D2T, Build, find_build, repack_setting, require_draft_mtp
+from atlas.engines.llamacpp import bench as llamacpp_bench
+from atlas.engines.llamacpp.build import NEXTN_D2T, Build, find_build, repack_setting, require_draft_mtp
 from atlas.omp import engine_env
-from atlas.engines.llamacpp_gguf import GgufInfo, Manifest, inspect, read_manifest, require_combined
+from atlas.engines.llamacpp.gguf import GgufInfo, Manifest, inspect, read_manifest, require_combined
 from atlas.paths import sha256_file
-from atlas.engines.llamacpp_server import Server, run_stats
+from atlas.engines.llamacpp.server import Server, run_stats
 from atlas.decode.generate import RunStats
 from atlas.engines.options import MAX_PROMPT_TOKENS, Options, VllmOptions, new_record, save_record
 from atlas.records.record import Cell, PassCosts, Record
@@ -114,7 +114,7 @@ def resolve_gguf(options: Options, folder: Path) -> tuple[Path, dict[str, Any]]:
     return path, {
         "gguf": path.name, "sha256": sha, "file_type": info.file_type, "layout": info.layout, "architecture": info.architecture,
         "tensors": info.tensors, "draft_vocab": info.draft_vocab, "output_layer": output_layer(info), "made_by": entry.command if entry else "not listed in a manifest of `make real-model-gguf`",
-        "converter": ("llama.cpp's convert_hf_to_gguf.py of the pinned source via atlas llamacpp_convert.py (GPT-2-style "
+        "converter": ("llama.cpp's convert_hf_to_gguf.py of the pinned source via atlas's llamacpp/convert.py (GPT-2-style "
                       "vocabulary; zero-size shared_experts left out), then llama-quantize"),
         "source_digest": manifest.source_digest if manifest else None,
     }

@@ -24,7 +24,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from atlas import AtlasError
-from atlas.engines.llamacpp_build import Build
+from atlas.engines.llamacpp.build import Build
 from atlas.omp import engine_env
 
 REPETITIONS = 7  # llama-bench's own timed repetitions per row count, after its warm-up run

@@ -18,7 +18,7 @@ from atlas import AtlasError, __version__
 from atlas.decode import draftvocab
 from atlas.engines.cells import RepeatCounts, build_cell, progress_line, seed_for
 from atlas.decode.checkpoint import Loaded, load_checkpoint, pick_device, place_model, resolve
-from atlas.engines.transformers_engine import PEER_BASELINE, Peer
+from atlas.engines.ours.transformers_peer import PEER_BASELINE, Peer
 from atlas.decode.generate import RunStats, Sampling, Stopwatch, generate_plain, generate_speculative
 from atlas.decode.model import FusedModel, build_fused_model, dense_regime
 from atlas.engines.options import MAX_PROMPT_TOKENS, LlamacppOptions, Options, VllmOptions, new_record

@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 
 from atlas import AtlasError
-from atlas.engines.llamacpp_build import Build, repack_setting
-from atlas.engines.llamacpp_engine import request, server_args
-from atlas.engines.llamacpp_server import Server
+from atlas.engines.llamacpp.build import Build, repack_setting
+from atlas.engines.llamacpp.engine import request, server_args
+from atlas.engines.llamacpp.server import Server
 from atlas.engines.options import Options
-from atlas.engines.vllm_client import Generated, Result
+from atlas.engines.vllm.client import Generated, Result
 
 DRAFT_TOP_K = 10  # spec_retune's top_k for draft-mtp at T > 0 (build 11434)
 THREADS = 1
@@ -121,7 +121,7 @@ class LlamacppDriver:
         return draft_law(q, temperature)
 
     def gguf(self, folder: Path, dtype: str) -> Path:
-        from atlas.engines.llamacpp_gguf import convert_ids
+        from atlas.engines.llamacpp.gguf import convert_ids
 
         if dtype != "float32":
             raise AtlasError(f"--dtype {dtype}: llama.cpp's conformance runs the oracles at f32, so that their laws hold exactly")
@@ -129,7 +129,7 @@ class LlamacppDriver:
             out = Path(self._tmp.name) / f"{folder.name}-f32.gguf"
             convert_ids(self.source, folder, out)
             if self.draft_vocab is not None:
-                from atlas.engines import llamacpp_draftvocab
+                from atlas.engines.llamacpp import draftvocab as llamacpp_draftvocab
 
                 cut = out.with_name(f"{folder.name}-f32-draft{self.draft_vocab}.gguf")
                 llamacpp_draftvocab.write(out, cut, list(range(self.draft_vocab)))

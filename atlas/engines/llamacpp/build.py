@@ -3,11 +3,11 @@ number, commit and compiler its binaries report; the sdist, cmake flags and targ
 wrote to atlas-build.json), whether it can draft with a model's own MTP head (`--spec-type
 draft-mtp`), and whether weight repacking stays on for this CPU.
 
-The build carries the patches in atlas/engines/patches/ (each says what it changes and why): `prepare`
+The build carries the patches in atlas/engines/llamacpp/patches/ (each says what it changes and why): `prepare`
 unpacks the sdist and applies them, and atlas-build.json names them with their sha256, so every record
 made with the build names them too. Run as a module, it does the make target's first and last steps:
-    python -m atlas.engines.llamacpp_build prepare --src SRC --sdist SDIST --patches "P1 P2"
-    python -m atlas.engines.llamacpp_build record --dir DIR --sdist SDIST --build-number N --cmake-flags "..." --targets "..." --patches "P1 P2"
+    python -m atlas.engines.llamacpp.build prepare --src SRC --sdist SDIST --patches "P1 P2"
+    python -m atlas.engines.llamacpp.build record --dir DIR --sdist SDIST --build-number N --cmake-flags "..." --targets "..." --patches "P1 P2"
 """
 
 from __future__ import annotations

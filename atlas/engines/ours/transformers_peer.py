@@ -102,7 +102,7 @@ class Peer:
 
 def check(options: Options) -> None:
     """Our loop's refusals (this engine runs its harness), and a run with no peer: nothing to measure."""
-    from atlas.engines import atlas_engine  # imported here: it imports this module's Peer
+    from atlas.engines.ours import engine as atlas_engine  # imported here: it imports this module's Peer
 
     atlas_engine.check(options)
     if not options.peer:
@@ -112,6 +112,6 @@ def check(options: Options) -> None:
 def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, Path]:
     """Measure transformers' generate pair alone, through our loop's harness (same prompts, seeds,
     order and record), which leaves our loop out for this engine (Options.ours)."""
-    from atlas.engines import atlas_engine  # imported here, as in check
+    from atlas.engines.ours import engine as atlas_engine  # imported here, as in check
 
     return atlas_engine.run(options, log)

@@ -1,5 +1,5 @@
 """A GGUF whose MTP layer drafts over a cut vocabulary in llama.cpp (the patch the build carries,
-atlas/engines/patches/llamacpp-b11434-nextn-d2t.patch).
+atlas/engines/llamacpp/patches/llamacpp-b11434-nextn-d2t.patch).
 
 `write` copies a combined GGUF byte for byte and appends two tensors to its MTP (nextn) layer:
 `blk.N.nextn.draft_head.weight`, the rows of the head the MTP graph uses (nextn.shared_head_head,
@@ -46,7 +46,7 @@ def _nextn_layer(header: Header) -> int:
 def write(src: Path, out: Path, ids: list[int]) -> dict[str, object]:
     """Write `src` with its MTP layer's draft cut to `ids` (distinct token ids) to `out`; return what
     the manifest keeps: the layer, the head rows were taken from, their type and the draft size."""
-    from atlas.engines.llamacpp_gguf import FileSource
+    from atlas.engines.llamacpp.gguf import FileSource
 
     header = read_header(FileSource(src), src.name)
     layer = _nextn_layer(header)
