@@ -436,7 +436,8 @@ def query_cmd(sql: str, db: Path, max_rows: int) -> None:
 def evidence_cmd(db: Path, out: str | None, servable_path: str | None,
                  mirror_sources: str | None) -> None:
     """Run the named evidence queries against the store and write the module 8 evidence file."""
-    from atlas.site import write_evidence as evidence, models_json as modelpages
+    from atlas.site.pages import write_evidence as evidence
+    from atlas.site.parts import models_json as modelpages
     from atlas.paths import project_path, project_root
     from atlas.store.db import require_complete_snapshot
 
@@ -491,7 +492,7 @@ _ROOT_OPTION = click.option(
 
 
 def _layout(root: Path | None, evidence_dir: Path | None = None, data_dir: Path | None = None):
-    from atlas.site import render
+    from atlas.site.pages import render
     from atlas.paths import project_root
 
     return render.Layout(root=root or project_root(), evidence_dir=evidence_dir, data_dir=data_dir)
@@ -507,7 +508,7 @@ def _layout(root: Path | None, evidence_dir: Path | None = None, data_dir: Path 
                                  "(default: build/data/ of --root, when there is one).")
 def site_build(root: Path | None, evidence_dir: Path | None, data_dir: Path | None) -> None:
     """Render modules/ + evidence/ into site/docs/, then `mkdocs build --strict` into site/build/."""
-    from atlas.site import render
+    from atlas.site.pages import render
 
     layout = _layout(root, evidence_dir, data_dir)
     pages = render.build(layout)
@@ -519,7 +520,7 @@ def site_build(root: Path | None, evidence_dir: Path | None, data_dir: Path | No
 @click.option("--port", type=int, default=8000, show_default=True)
 def site_serve(root: Path | None, port: int) -> None:
     """Serve site/build/ on http://127.0.0.1:PORT/ (loopback only)."""
-    from atlas.site import render
+    from atlas.site.pages import render
 
     render.serve(_layout(root).build, port)
 

@@ -40,8 +40,9 @@ from datetime import datetime
 from pathlib import Path
 
 from atlas.store import db as store
-from atlas.site import write_evidence as evidence, models_json as modelpages
-from atlas.site import modelfinder, render
+from atlas.site.pages import write_evidence as evidence
+from atlas.site.parts import models_json as modelpages
+from atlas.site.pages import modelfinder, render
 
 REPO = Path(__file__).resolve().parents[1]
 

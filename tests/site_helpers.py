@@ -16,7 +16,7 @@ import markdown
 import yaml
 
 from atlas.store import db as store
-from atlas.site.render import Layout
+from atlas.site.pages.render import Layout
 from atlas.evidence.servable import Matrix
 
 REPO = Path(__file__).resolve().parents[1]
@@ -239,8 +239,8 @@ class DemoSite:
     root: Path
     layout: Layout
     db: Path
-    evidence: object  # atlas.site.evidence_file.Evidence
-    models: object  # atlas.site.models_json.Models
+    evidence: object  # atlas.site.parts.evidence_file.Evidence
+    models: object  # atlas.site.parts.models_json.Models
     manifest: object | None  # atlas.export.tables.Manifest, when exported
 
 
@@ -252,8 +252,9 @@ def build_demo_site(root: Path, *, conformance: bool = False, sources: bool = Fa
     shown; `export_data`: the export is written first (the Data and Changelog pages);
     `copy_measurements`: the records are copied beside the evidence as well."""
     from atlas.export import tables as export
-    from atlas.site import write_evidence as evidence, models_json as modelpages
-    from atlas.site import render
+    from atlas.site.pages import write_evidence as evidence
+    from atlas.site.parts import models_json as modelpages
+    from atlas.site.pages import render
 
     layout = site_copy(root)
     if conformance and (REPO / "evidence" / "conformance").is_dir():

@@ -25,7 +25,7 @@ from chromium_cdp import Chromium
 from site_helpers import REPO, build_demo_site, declared_repo_ids
 
 from atlas.records import record as records
-from atlas.site import render
+from atlas.site.pages import render
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     CHROMIUM is None,

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from atlas.cli import cli
 from atlas.conformance import record as conformance
 from atlas.engines import conformance_suite as conformancesuite
-from atlas.site import conformance_table
+from atlas.site.parts import conformance_table
 
 ALPHA = conformance.ALPHA
 Z = statistics.NormalDist().inv_cdf
@@ -182,8 +182,8 @@ def test_the_finder_and_the_claim_level_row_name_device_layout_and_patch() -> No
     patched build's result read as the release's, on no named device or layout."""
     from atlas.paths import project_path
     from atlas.evidence import servable
-    from atlas.site import modelfinder, modelpage
-    from atlas.site import models_json as modelpages
+    from atlas.site.pages import modelfinder, modelpage
+    from atlas.site.parts import models_json as modelpages
 
     rows = conformance.current_verdicts(conformance.load_records(project_path(conformance.DEFAULT_DIR)))
     checked = servable.checked_for("deepseek_v3", ["DeepseekV3ForCausalLM"], "vLLM", rows)
@@ -204,8 +204,8 @@ def test_a_family_checked_on_a_stand_in_layout_says_so_in_the_finder() -> None:
     Qwen3.5's own: its finder cell and claim-level row name the stand-in; Qwen3-Next's own do not."""
     from atlas.paths import project_path
     from atlas.evidence import servable
-    from atlas.site import modelfinder, modelpage
-    from atlas.site import models_json as modelpages
+    from atlas.site.pages import modelfinder, modelpage
+    from atlas.site.parts import models_json as modelpages
 
     rows = conformance.current_verdicts(conformance.load_records(project_path(conformance.DEFAULT_DIR)))
 

@@ -30,9 +30,11 @@ from atlas.store import db as store
 from atlas.fingerprints import rules as fingerprints
 from atlas.records import theory
 from atlas.evidence import reported as reported_figures, servable
-from atlas.site import diagrams, evidence_file, modelfinder, modelpage, render, reported, worked_round
-from atlas.site import write_evidence as evidence, models_json as modelpages
-from atlas.site.mdsafe import escape
+from atlas.site.parts import diagrams, evidence_file, reported, worked_round
+from atlas.site.pages import modelfinder, modelpage, render
+from atlas.site.pages import write_evidence as evidence
+from atlas.site.parts import models_json as modelpages
+from atlas.site.parts.mdsafe import escape
 
 REPORTED = REPO / "evidence" / "reported.toml"
 MATRIX = REPO / "evidence" / "servable.toml"

@@ -17,8 +17,9 @@ from browser_helpers import ARTIFACTS, CHROMIUM, run_chromium
 from site_helpers import build_demo_site, parse_html
 
 from atlas.records import theory
-from atlas.site import models_json as modelpages
-from atlas.site import render, widgets
+from atlas.site.parts import models_json as modelpages
+from atlas.site.pages import render
+from atlas.site.parts import widgets
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary on PATH")]
 

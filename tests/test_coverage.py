@@ -103,8 +103,8 @@ def test_the_crawl_gives_one_coverage_table_for_the_finder_and_the_runs_page(tmp
     from site_helpers import REPO, crawl_mirror
 
     from atlas.store import db as store
-    from atlas.site import course, modelfinder
-    from atlas.site import models_json as modelpages
+    from atlas.site.pages import course, modelfinder
+    from atlas.site.parts import models_json as modelpages
     from atlas.evidence import servable as servable_matrix
 
     db = tmp_path / "atlas.duckdb"
@@ -153,8 +153,8 @@ def test_an_evidence_file_from_before_the_table_says_so(tmp_path: Path) -> None:
     `atlas evidence`, never that no model declares MTP."""
     from site_helpers import REPO
 
-    from atlas.site import course
-    from atlas.site import models_json as modelpages
+    from atlas.site.pages import course
+    from atlas.site.parts import models_json as modelpages
 
     old = modelpages.read(REPO / "evidence" / modelpages.FILE_NAME)
     assert old is not None and any((m.current.declared or 0) > 0 for m in old.models if m.current)

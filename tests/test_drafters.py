@@ -23,9 +23,9 @@ from site_helpers import REPO
 from atlas.cli import cli
 from atlas.fingerprints.rules import fingerprint
 from atlas.hub import crawl as crawler
-from atlas.site import modelfinder, modelpage
-from atlas.site import models_json as modelpages
-from atlas.site.mdsafe import escape
+from atlas.site.pages import modelfinder, modelpage
+from atlas.site.parts import models_json as modelpages
+from atlas.site.parts.mdsafe import escape
 
 DRAFTER = {"model_type": "gemma4_assistant", "architectures": ["Gemma4AssistantForCausalLM"], "num_hidden_layers": 4}
 TARGET = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"], "num_hidden_layers": 35}

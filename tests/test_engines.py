@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from atlas import AtlasError, omp
 from atlas.cli import cli
 from atlas.conformance import record as conformance, stats as conformancestats
-from atlas.site import conformance_table
+from atlas.site.parts import conformance_table
 from atlas.engines.convert import convert_mellum, qwen3_next_config
 from atlas.engines.vllm.engine import cross_check, to_run_stats
 from atlas.engines.options import parse_vllm_options

@@ -24,9 +24,10 @@ from site_helpers import (
 
 from atlas import AtlasError
 from atlas.store import db as store
-from atlas.site import write_evidence as evidence
-from atlas.site import mdsafe
-from atlas.site import evidence_file, present_claims, runpages
+from atlas.site.pages import write_evidence as evidence
+from atlas.site.parts import mdsafe
+from atlas.site.parts import evidence_file, present_claims
+from atlas.site.pages import runpages
 from atlas.cli import cli
 from atlas.evidence import catalog
 
@@ -310,7 +311,7 @@ def test_unreadable_models_are_not_counted_as_undeclared(tmp_path: Path) -> None
 
 
 def test_charts_escape_labels_and_draw_what_they_are_given() -> None:
-    from atlas.site import charts
+    from atlas.site.parts import charts
 
     hostile = "<script>x</script>&[l](javascript:y)"
     bar = charts.bar_chart(hostile, [charts.Bar(label=hostile, value=2)], hostile)

@@ -34,8 +34,8 @@ from atlas.conformance import record as conformance
 from atlas.records import record as records
 from atlas.families.table import FAMILIES
 from atlas.evidence import catalog, changelog as changelog_data, reported, runs as evidence_runs, servable
-from atlas.site import changelog, render
-from atlas.site import reported as reported_section
+from atlas.site.pages import changelog, render
+from atlas.site.parts import reported as reported_section
 
 MATRIX = REPO / "evidence" / "servable.toml"
 
@@ -494,7 +494,7 @@ def test_csv_text_never_starts_a_formula_and_parquet_keeps_the_exact_value(tmp_p
     # the quoting is said once per document (it was repeated in every text column's meaning, 71 times)
     meanings = [d["meaning"] for d in rows(out / "data_dictionary.parquet")]
     assert not any("put before it" in m for m in meanings)
-    from atlas.site import datapage
+    from atlas.site.pages import datapage
 
     datapage.render(out, REPO / "evidence", tmp_path / "docs")
     for text in ((out / exportformat.CARD).read_text(encoding="utf-8"),
@@ -647,7 +647,7 @@ def test_the_data_page_shows_columns_types_definitions_three_rows_licence_citati
 def test_without_an_export_the_data_page_says_how_and_still_lists_the_records(tmp_path: Path) -> None:
     layout = site_copy(tmp_path)
     shutil.copytree(REPO / "evidence" / "measurements", layout.evidence / "measurements")
-    from atlas.site import datapage
+    from atlas.site.pages import datapage
 
     pages = datapage.render(layout.data, layout.evidence, layout.docs)
     data_page, log_page = (p.read_text(encoding="utf-8") for p in pages)

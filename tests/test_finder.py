@@ -12,7 +12,7 @@ import pytest
 from site_helpers import REPO, build_demo_site, engines_in, parse_html
 
 from atlas.evidence import servable
-from atlas.site import render
+from atlas.site.pages import render
 
 TEAM = "mtp-atlas/byte-mtp-8l"
 MATRIX = REPO / "evidence" / "servable.toml"

@@ -164,7 +164,7 @@ def test_sixteen_prompts_a_category_have_the_power_the_prompt_set_states() -> No
 
 
 def test_a_run_page_states_the_rule_its_record_was_gated_by() -> None:
-    from atlas.site import runpages
+    from atlas.site.pages import runpages
     from test_records import make_record
 
     new = make_record()

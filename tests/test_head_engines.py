@@ -11,7 +11,7 @@ from site_helpers import REPO
 
 from atlas import AtlasError
 from atlas.evidence import head_engines
-from atlas.site import servable_tables
+from atlas.site.parts import servable_tables
 
 ASKED = ("llama.cpp", "vLLM", "SGLang", "TensorRT-LLM", "mlx-lm", "mlx-vlm", "transformers")
 
@@ -51,7 +51,7 @@ def test_a_malformed_row_fails_naming_the_file(tmp_path: Path, row: str) -> None
 
 
 def test_the_evidence_file_holds_it_in_its_own_section_after_servable() -> None:
-    from atlas.site import evidence_file
+    from atlas.site.parts import evidence_file
 
     order = list(evidence_file.SECTIONS)
     assert order.index("head_engines") == order.index("conformance") + 1 > order.index("servable")

@@ -20,8 +20,8 @@ from atlas.cli import cli
 from atlas.evidence import catalog
 from atlas.hub import crawl as crawler
 from atlas.hub.local.server import Fault
-from atlas.site import write_evidence as evidence
-from atlas.site import evidence_file, mdsafe
+from atlas.site.pages import write_evidence as evidence
+from atlas.site.parts import evidence_file, mdsafe
 
 
 def raw_config(text: str) -> bytes:

@@ -20,8 +20,10 @@ from atlas import AtlasError
 from atlas.export import tables as export
 from atlas.conformance import record as conformance
 from atlas.records import record as records
-from atlas.site import write_evidence as evidence, models_json as modelpages
-from atlas.site import mdsafe, render
+from atlas.site.pages import write_evidence as evidence
+from atlas.site.parts import models_json as modelpages
+from atlas.site.parts import mdsafe
+from atlas.site.pages import render
 from atlas.evidence import reported as reported_figures
 from atlas.evidence import servable as servable_matrix
 

@@ -37,8 +37,9 @@ from atlas import AtlasError
 from atlas.store import db as store
 from atlas.cli import cli
 from atlas.records import gating, fields as recordfields, record as records, runcontext
-from atlas.site import write_evidence as evidence, models_json as modelpages
-from atlas.site import modelfinder, render
+from atlas.site.pages import write_evidence as evidence
+from atlas.site.parts import models_json as modelpages
+from atlas.site.pages import modelfinder, render
 
 # ---- 1. injection -------------------------------------------------------------------------------
 

@@ -14,7 +14,8 @@ from site_helpers import parse_html, site_markdown
 
 from atlas.evidence.runs import Run
 from atlas.records import runcontext
-from atlas.site import measured, runpages
+from atlas.site.parts import measured
+from atlas.site.pages import runpages
 
 
 def _text(markdown_text: str) -> str:
@@ -109,7 +110,7 @@ def test_the_runner_line_says_what_backs_can_measure_and_that_a_measured_model_w
     is no family to look up; a family the runner can measure but the atlas has not run says what
     backs that claim and that the model itself was not measured."""
     from atlas.families.table import measurability_table
-    from atlas.site import modelpage
+    from atlas.site.pages import modelpage
 
     ran = _text(modelpage.runner_line(None, 30))
     assert "no family to look up" not in ran and "measured this checkpoint: 30 cells" in ran

@@ -10,7 +10,8 @@ import pytest
 from measured_helpers import GAIN, LOSS, make_run as _run
 
 from atlas import AtlasError
-from atlas.site import fold, measured, measured_charts, render
+from atlas.site.parts import fold, measured, measured_charts
+from atlas.site.pages import render
 
 
 def _titles(svg: str) -> list[str]:

@@ -18,9 +18,12 @@ from atlas.evidence.runs import Run
 from atlas.store import db as store
 from atlas.conformance import record as conformance
 from atlas.records import gating, record as records
-from atlas.site import write_evidence as evidence, models_json as modelpages
-from atlas.site import measured, render
-from atlas.site import evidence_file, runpages
+from atlas.site.pages import write_evidence as evidence
+from atlas.site.parts import models_json as modelpages
+from atlas.site.parts import measured
+from atlas.site.pages import render
+from atlas.site.parts import evidence_file
+from atlas.site.pages import runpages
 
 MIRROR = REPO / "data" / "hub-mirror"
 

@@ -23,8 +23,9 @@ from atlas.hub import crawl as crawler
 from atlas.hub.local.mirror import load_mirror
 from atlas.export import tables as export
 from atlas.hub.local.server import HubServer
-from atlas.site import modelfinder, modelpage, mtp_forms
-from atlas.site import models_json as modelpages
+from atlas.site.pages import modelfinder, modelpage
+from atlas.site.parts import mtp_forms
+from atlas.site.parts import models_json as modelpages
 
 REPOS = [*repos(), evil_repo()]
 

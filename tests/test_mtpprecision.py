@@ -137,7 +137,7 @@ def crawled(tmp_path_factory: pytest.TempPathFactory):
 
 def _models(db, root):
     from atlas.store import db as store
-    from atlas.site import models_json as modelpages
+    from atlas.site.parts import models_json as modelpages
     from atlas.evidence import servable as servable_matrix
 
     with store.connect(db, read_only=True) as con:
@@ -147,7 +147,7 @@ def _models(db, root):
 def test_the_crawl_stores_the_precision_and_the_model_page_shows_it_as_a_present_claim(crawled) -> None:
     from site_helpers import REPO
 
-    from atlas.site import modelpage
+    from atlas.site.pages import modelpage
 
     models = _models(crawled, REPO)
     glm, nvfp4 = models["zai-org/GLM-5-FP8"], models["nvidia/DeepSeek-V3.2-NVFP4"]
@@ -169,7 +169,7 @@ def test_a_store_fingerprinted_before_the_rule_reads_unknown_not_a_default(crawl
     import duckdb
     from site_helpers import REPO
 
-    from atlas.site import modelpage
+    from atlas.site.pages import modelpage
 
     old = tmp_path / "old.duckdb"
     shutil.copy(crawled, old)

@@ -27,8 +27,8 @@ from site_helpers import (
 )
 
 from atlas import AtlasError
-from atlas.site import write_evidence as evidence
-from atlas.site import render
+from atlas.site.pages import write_evidence as evidence
+from atlas.site.pages import render
 
 
 def shown(value: str) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from atlas import AtlasError
-from atlas.site import render
+from atlas.site.pages import render
 
 
 @pytest.fixture()

@@ -1,7 +1,7 @@
 """The changelog: what each snapshot and each record changed, from the store and the record files.
 
 `atlas export` collects it (it has the store) into changelog.json beside the exported tables;
-`atlas site build` renders that file as the Changelog page (atlas.site.changelog), without the store.
+`atlas site build` renders that file as the Changelog page (atlas.site.pages.changelog), without the store.
 
 Per complete snapshot, against the one before it: models that newly declare or ship MTP, changed
 values (declared and shipped layer counts, declared key, model_type) with the new revision, models

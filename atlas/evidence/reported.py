@@ -4,7 +4,7 @@ date it was read. Validated at load, like the servable matrix, so a missing cond
 non-https link fails loudly.
 
 Reported figures are never measurements: the site renders them in their own table, inside a
-"reported" box (atlas.site.reported), and the export in their own file, never beside a measured cell.
+"reported" box (atlas.site.parts.reported), and the export in their own file, never beside a measured cell.
 """
 
 from __future__ import annotations

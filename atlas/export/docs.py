@@ -55,7 +55,7 @@ def write_croissant(folder: Path, manifest: Manifest) -> None:
 # a tag, a link, a code span, emphasis or a table cell becomes a numeric character reference (shown
 # as itself, never markup), line breaks become spaces and control characters go. An HTML <code>
 # element stands in for backticks: a backtick in the value would close a backtick span. (The site's
-# atlas.site.mdsafe does this for its pages; the export sits below the site and does not import it.)
+# atlas.site.parts.mdsafe does this for its pages; the export sits below the site and does not import it.)
 _MARKUP = str.maketrans({c: f"&#{ord(c)};" for c in "&<>\"'|`*_[]{}\\~#"})
 _BREAKS = re.compile(r"[\r\n\u0085\u2028\u2029\x0b\x0c]+")
 _CONTROLS = re.compile("[\x00-\x08\x0e-\x1f\x7f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")

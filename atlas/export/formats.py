@@ -1,5 +1,5 @@
 """What an `atlas export` folder holds, as its writer (atlas.export.tables) and its readers (the site's
-Data page, atlas.site.datapage) both need it: the file names and formats, the manifest that lists
+Data page, atlas.site.pages.datapage) both need it: the file names and formats, the manifest that lists
 every file, and the citation of the data.
 
 A leaf: it imports nothing of the atlas but its version and error type, so the site reads an export without

@@ -1,1 +1,2 @@
-"""The site side of the data flow: evidence queries, charts, Markdown escaping and the mkdocs build."""
+"""The site side of the data flow, in two packages: pages/ (whole pages, the evidence file and the build) and
+parts/ (what pages are made of: escaped Markdown, charts, tables, the measured rows)."""

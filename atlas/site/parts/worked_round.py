@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from atlas.site.mdsafe import Markdown, code, escape, table
-from atlas.site.numbers import fixed
+from atlas.site.parts.mdsafe import Markdown, code, escape, table
+from atlas.site.parts.numbers import fixed
 
 CONTEXT = "The cat sat on the"
 LAST = "mat"  # emitted by the previous verify pass; the MTP module drafts from its hidden state

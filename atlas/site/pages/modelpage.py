@@ -15,14 +15,14 @@ from urllib.parse import quote
 
 from atlas.evidence import reported as reported_figures
 from atlas.evidence import servable as servable_matrix
-from atlas.site import datapage
-from atlas.site import measured as measured_section
-from atlas.site import mtp_forms
-from atlas.site import reported as reported_section
-from atlas.site.modelfinder import FINDER_PARTS, SERVING_ENGINES, conformance_words, finder, finder_parts, measured_engines
-from atlas.site.mdsafe import Markdown, code, escape, table
-from atlas.site.models_json import Measured, Model, Models, Snapshot, not_crawled_words, snapshot_words
-from atlas.site.numbers import fixed
+from atlas.site.pages import datapage
+from atlas.site.parts import measured as measured_section
+from atlas.site.parts import mtp_forms
+from atlas.site.parts import reported as reported_section
+from atlas.site.pages.modelfinder import FINDER_PARTS, SERVING_ENGINES, conformance_words, finder, finder_parts, measured_engines
+from atlas.site.parts.mdsafe import Markdown, code, escape, table
+from atlas.site.parts.models_json import Measured, Model, Models, Snapshot, not_crawled_words, snapshot_words
+from atlas.site.parts.numbers import fixed
 
 _MODULE = "../modules/module-08.md"
 

@@ -3,8 +3,8 @@
 `atlas evidence` runs `collect` against the store and writes evidence/models.json (committed and
 deterministic, like the evidence file, so a crawl's effect on every model is a reviewable diff).
 `atlas site build` turns that file into site/docs/models/ without the store: one page per tracked
-model that declares, ships or was measured with MTP (atlas.site.modelpage) and the finder, a
-table of every tracked model (atlas.site.modelfinder).
+model that declares, ships or was measured with MTP (atlas.site.pages.modelpage) and the finder, a
+table of every tracked model (atlas.site.pages.modelfinder).
 
 At the Hub's scale (10^5 tracked models and more) nothing here may grow faster than the models:
 only models with a page keep their history and links in models.json (one model per line, so a
@@ -33,10 +33,10 @@ from atlas.evidence import servable as servable_matrix
 from atlas.records import record as records
 from atlas.paths import replace_text
 from atlas.jsonfile import read_written
-from atlas.site.evidence_format import date_text
-from atlas.site.calculator_defaults import calculator_prefill
-from atlas.site.mtp_forms import MTPForm, linked, read_forms
-from atlas.site.widgets import Prefill
+from atlas.site.parts.evidence_format import date_text
+from atlas.site.parts.calculator_defaults import calculator_prefill
+from atlas.site.parts.mtp_forms import MTPForm, linked, read_forms
+from atlas.site.parts.widgets import Prefill
 
 FILE_NAME = "models.json"
 
@@ -131,7 +131,7 @@ class Model(BaseModel):
     runner: str | None = None
     drafter: DrafterLink | None = None  # set when this repo is an MTP drafter of its own
     drafters: list[PublishedDrafter] = []  # MTP drafter repos published for this model
-    form: MTPForm | None = None  # the form it ships MTP in (atlas.site.mtp_forms); None: not read
+    form: MTPForm | None = None  # the form it ships MTP in (atlas.site.parts.mtp_forms); None: not read
 
 
 class Models(BaseModel):

@@ -1,13 +1,13 @@
 """Evidence: named SQL queries against the store -> the facts and the named, escaped sections of
 the evidence file, and `atlas evidence`, which writes them.
 
-`atlas evidence` writes evidence/module-08.evidence.md (its format: atlas.site.evidence_file). The
-present-claim sections come from atlas.site.present_claims, the servable and conformance ones from
-atlas.site.servable_tables, the measured ones from atlas.site.measured; the summary and the
+`atlas evidence` writes evidence/module-08.evidence.md (its format: atlas.site.parts.evidence_file). The
+present-claim sections come from atlas.site.parts.present_claims, the servable and conformance ones from
+atlas.site.parts.servable_tables, the measured ones from atlas.site.parts.measured; the summary and the
 provenance are written here.
 
 Claim levels stay apart: declared, shipped and servable are *present* claims and never show a
-speed-up; measured rows come only from imported measurement records (atlas/site/measured.py), in
+speed-up; measured rows come only from imported measurement records (atlas/site/parts/measured.py), in
 their own tables, each run with its date and record id. Every row of a present-claim table carries
 its revision and crawl date, and the revision says what it is: a Hub commit (linked) after a live
 crawl, a content hash of the bundled mirror folder after a mirror crawl, whose files' real origin
@@ -31,11 +31,12 @@ from atlas.evidence import catalog, head_engines
 from atlas.evidence import runs as evidence_runs
 from atlas.evidence import servable as servable_matrix
 from atlas.conformance import record as conformance
-from atlas.site import fold, measured_charts, present_claims, runpages, servable_tables
-from atlas.site import measured as measured_section
-from atlas.site.evidence_file import Evidence, Facts, write
-from atlas.site.evidence_format import Revisions, date_text, guardrail
-from atlas.site.mdsafe import code, escape
+from atlas.site.parts import fold, measured_charts, present_claims, servable_tables
+from atlas.site.pages import runpages
+from atlas.site.parts import measured as measured_section
+from atlas.site.parts.evidence_file import Evidence, Facts, write
+from atlas.site.parts.evidence_format import Revisions, date_text, guardrail
+from atlas.site.parts.mdsafe import code, escape
 
 _OURS = store.ours()
 

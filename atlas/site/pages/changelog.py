@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from atlas.evidence.changelog import Changelog, RecordChange, SnapshotChanges
-from atlas.site.mdsafe import Markdown, code, escape, file_link, table
+from atlas.site.parts.mdsafe import Markdown, code, escape, file_link, table
 
 
 def _ids(ids: list[str]) -> Markdown:

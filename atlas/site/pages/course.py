@@ -10,15 +10,16 @@ from typing import Any, Callable
 from atlas import AtlasError
 from atlas.evidence import reported as reported_figures
 from atlas.records import gating
-from atlas.site import diagrams, fold, measured, modelpage, reported, widgets, worked_round
-from atlas.site import models_json as modelpages
-from atlas.site.mdsafe import Markdown, escape
+from atlas.site.parts import diagrams, fold, measured, reported, widgets, worked_round
+from atlas.site.pages import modelpage
+from atlas.site.parts import models_json as modelpages
+from atlas.site.parts.mdsafe import Markdown, escape
 
 
 def runner_families() -> Markdown:
     """Per family of the table: whether the atlas's own runner measures it, and if not why."""
     from atlas.families.table import measurability_table
-    from atlas.site.mdsafe import code, table
+    from atlas.site.parts.mdsafe import code, table
 
     by_row: dict[str, list] = {}
     for m in measurability_table():
@@ -51,7 +52,7 @@ class Course:
         """Per MTP-declaring (or -shipping) model of the crawl: whether our loop runs its layout,
         refuses it and why, or it ships no MTP tensors (Model.runner, atlas.families.coverage), with
         the count the module states; one table, the same cells as the finder's "our loop" column."""
-        from atlas.site.mdsafe import code, table
+        from atlas.site.parts.mdsafe import code, table
 
         models = [m for m in (self.models.models if self.models else []) if m.runner]
         if not models and self.models and any((m.current.declared or 0) > 0 for m in self.models.models if m.current):

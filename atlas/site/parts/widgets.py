@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
-from atlas.site.mdsafe import Markdown, escape
-from atlas.site.numbers import fixed_list
+from atlas.site.parts.mdsafe import Markdown, escape
+from atlas.site.parts.numbers import fixed_list
 
 
 class Prefill(BaseModel):

@@ -1,6 +1,6 @@
 """The Runs pages: one page per evidence run (docs/runs/<slug>.md) and the Runs index.
 
-Module 8 keeps one row per run and the generated answer (atlas.site.measured); each run's tables,
+Module 8 keeps one row per run and the generated answer (atlas.site.parts.measured); each run's tables,
 charts, pass costs, gate and provenance are on a page of its own, so the course page stays readable
 while no figure is cut. A run (one record: one model revision on one machine, one date) has a stamp
 line, its provenance and head recipe, the gate's rule as gating.gate computes it, one summary table
@@ -18,9 +18,10 @@ import re
 from atlas.evidence import reported as reported_figures
 from atlas.evidence.runs import Run
 from atlas.records import gating, record as records
-from atlas.site.charts import Point, Series, line_chart
-from atlas.site.mdsafe import Markdown, code, escape, table
-from atlas.site.measured import (GATE_CONFIDENCE_TEXT, NO_MEASUREMENT, baseline_ids, break_even_acceptance,
+from atlas.site.parts.charts import Point, Series, line_chart
+from atlas.site.parts.measured_charts import row_cell
+from atlas.site.parts.mdsafe import Markdown, code, escape, table
+from atlas.site.parts.measured import (GATE_CONFIDENCE_TEXT, NO_MEASUREMENT, baseline_ids, break_even_acceptance,
                                  engine_name, engine_text, evidence_runs, label, num_text, provenance_note, record_setup,
                                  run_lines, run_slug, short_rev, shown_source, temp_text)
 
@@ -32,19 +33,6 @@ def _speed(d: records.Derived) -> Markdown:
 
 def _greedy(d: records.Derived) -> str:
     return {True: "yes", False: "NO"}.get(d.greedy_lossless, "n/a (T > 0)")
-
-
-def row_cell(group: list[records.Cell], gate: records.GateDecision | None) -> tuple[records.Cell, str]:
-    """The cell a summary row shows and the gate text: the gate's k when on; otherwise the best
-    median speed-up, labelled with the verdict (off, or undecided: the repeats cannot tell)."""
-    if gate is not None and gate.enabled and gate.draft_tokens is not None:
-        chosen = next((c for c in group if c.draft_tokens == gate.draft_tokens), None)
-        if chosen is not None:
-            return chosen, f"on, k={gate.draft_tokens}"
-    best = max(group, key=lambda c: c.derived.speedup)
-    if gate is None:
-        return best, f"— (k={best.draft_tokens})" if len(group) == 1 else f"— (best k={best.draft_tokens})"
-    return best, f"{gate.verdict or '—'} (best k={best.draft_tokens})"
 
 
 def _by_position(d: records.Derived) -> tuple[list[float | None], bool]:

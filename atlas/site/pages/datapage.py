@@ -23,8 +23,8 @@ from atlas.export import croissant, formats as exportformat
 from atlas.conformance import record as conformance
 from atlas.records import record as records
 from atlas.evidence import changelog as changelog_data
-from atlas.site import changelog
-from atlas.site.mdsafe import Markdown, code, escape, file_link, table
+from atlas.site.pages import changelog
+from atlas.site.parts.mdsafe import Markdown, code, escape, file_link, table
 
 RECORD_KINDS = ("measurements", "conformance")
 RECORDS = "data/records"  # under docs/: the record files, one folder per kind

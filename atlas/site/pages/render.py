@@ -28,10 +28,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from atlas import AtlasError
-from atlas.site import datapage, runpages
-from atlas.site import evidence_file
-from atlas.site.course import Course
-from atlas.site.mdsafe import Markdown, escape
+from atlas.site.pages import datapage, runpages
+from atlas.site.parts import evidence_file
+from atlas.site.pages.course import Course
+from atlas.site.parts.mdsafe import Markdown, escape
 
 ATLAS_EVIDENCE_MODULE = 8
 _MODULE_NAME = re.compile(r"module-(\d{2})\.md")  # always fullmatch: `$` also matches before a final newline

@@ -19,10 +19,23 @@ from __future__ import annotations
 from atlas.evidence.runs import Run
 from atlas.records import gating
 from atlas.records import record as records
-from atlas.site.charts import Point, Series, ThresholdRow, line_chart, threshold_chart
-from atlas.site.measured import (GATE_CONFIDENCE_TEXT, gated_cells, break_even_acceptance, evidence_runs,
+from atlas.site.parts.charts import Point, Series, ThresholdRow, line_chart, threshold_chart
+from atlas.site.parts.measured import (GATE_CONFIDENCE_TEXT, gated_cells, break_even_acceptance, evidence_runs,
                                  featured, is_real, round_cost, setup_text, temp_text, workload_acceptance)
-from atlas.site.runpages import row_cell
+
+
+def row_cell(group: list[records.Cell], gate: records.GateDecision | None) -> tuple[records.Cell, str]:
+    """The cell a summary row shows and the gate text: the gate's k when on; otherwise the best
+    median speed-up, labelled with the verdict (off, or undecided: the repeats cannot tell)."""
+    if gate is not None and gate.enabled and gate.draft_tokens is not None:
+        chosen = next((c for c in group if c.draft_tokens == gate.draft_tokens), None)
+        if chosen is not None:
+            return chosen, f"on, k={gate.draft_tokens}"
+    best = max(group, key=lambda c: c.derived.speedup)
+    if gate is None:
+        return best, f"— (k={best.draft_tokens})" if len(group) == 1 else f"— (best k={best.draft_tokens})"
+    return best, f"{gate.verdict or '—'} (best k={best.draft_tokens})"
+
 
 NO_CHART = "No real-model run in this build, so there is no measured chart here.\n"
 

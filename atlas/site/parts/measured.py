@@ -8,7 +8,7 @@ counts and the per-(workload, temperature) gate live only there. A file whose re
 has the imported record id (records.record_id) is refused: the page would otherwise show figures
 nobody imported.
 
-Each run's own page, with every figure, is atlas.site.runpages; what the two share (run numbers,
+Each run's own page, with every figure, is atlas.site.pages.runpages; what the two share (run numbers,
 engine names, baseline ids, the run lines) is here.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path, PurePosixPath
 from atlas.evidence.runs import Run
 from atlas.records import gating, record as records
 from atlas.records.experiment import engine_patches, engine_threads, engine_wait_policy
-from atlas.site import fold
-from atlas.site.mdsafe import Markdown, code, escape, table
+from atlas.site.parts import fold
+from atlas.site.parts.mdsafe import Markdown, code, escape, table
 
 NO_MEASUREMENT = "No measurement yet."
 ENGINE_NAMES = {"atlas": "atlas", "transformers-use_mtp": "transformers use_mtp"}
@@ -473,7 +473,7 @@ def round_cost(cells: list[records.Cell]) -> float | None:
 
 def _reference_text(runs: list[Run], link: str) -> str:
     """Our loop's newest real-model run, after an engine's answer: what it showed, as the reference
-    whose output is checked token for token (atlas.site.measured.reference)."""
+    whose output is checked token for token (atlas.site.parts.measured.reference)."""
     found = reference(runs)
     if found is None:
         return ""

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from atlas.evidence import servable as servable_matrix
-from atlas.site import mtp_forms
-from atlas.site.mdsafe import escape
-from atlas.site.models_json import Engine, Model, Models, not_crawled_words, snapshot_words
+from atlas.site.parts import mtp_forms
+from atlas.site.parts.mdsafe import escape
+from atlas.site.parts.models_json import Engine, Model, Models, not_crawled_words, snapshot_words
 
 FIRST_ROWS = 100  # rows the finder's page itself holds: its first screen, the same at any size
 PART_ROWS = 2000  # rows per part file the finder loads on demand

@@ -2,7 +2,7 @@
 
 - `wiring`: a sequential MTP module (DeepSeek-V3 style) beside parallel heads (Gloeckle et al.);
 - `round_timeline`: one draft -> verify -> accept/resample -> bonus -> roll-back round, drawn from
-  the worked round's own data (atlas.site.worked_round), so picture and table agree;
+  the worked round's own data (atlas.site.parts.worked_round), so picture and table agree;
 - `tensor_layouts`: where each weight-name family keeps its MTP tensors, drawn from the fingerprint
   rules' own table (atlas.fingerprints.rules.WEIGHT_RULES), so a new rule shows up without an edit here.
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 from html import escape as x
 
 from atlas.fingerprints import rules as fingerprints
-from atlas.site import worked_round
-from atlas.site.mdsafe import Markdown
+from atlas.site.parts import worked_round
+from atlas.site.parts.mdsafe import Markdown
 
 # Colours: main model blue, MTP parts orange, shared parts green, rejected grey/red.
 MAIN, MAIN_EDGE = "#dbe4ff", "#3b5bdb"

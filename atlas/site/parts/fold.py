@@ -13,7 +13,7 @@ from typing import Callable
 import markdown
 
 from atlas import AtlasError
-from atlas.site.mdsafe import Markdown, escape
+from atlas.site.parts.mdsafe import Markdown, escape
 
 # the site's Markdown extensions that change block structure (site/mkdocs.yml)
 EXTENSIONS = ["tables", "admonition", "md_in_html", "pymdownx.details", "pymdownx.superfences"]

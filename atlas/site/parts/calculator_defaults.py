@@ -8,9 +8,9 @@ from typing import Any
 
 from atlas import AtlasError
 from atlas.records import record as records
-from atlas.site.evidence_format import date_text
-from atlas.site.measured import record_setup
-from atlas.site.widgets import Prefill
+from atlas.site.parts.evidence_format import date_text
+from atlas.site.parts.measured import record_setup
+from atlas.site.parts.widgets import Prefill
 
 
 def calculator_prefill(rows: list[dict[str, Any]], root: Path) -> Prefill | None:

@@ -8,8 +8,8 @@ from typing import Any
 from urllib.parse import quote
 
 from atlas.hub.local.mirror import MIRROR_PREFIX
-from atlas.site.evidence_file import Facts
-from atlas.site.mdsafe import Markdown, escape
+from atlas.site.parts.evidence_file import Facts
+from atlas.site.parts.mdsafe import Markdown, escape
 
 
 def date_text(value: dt.datetime | dt.date | None) -> str:

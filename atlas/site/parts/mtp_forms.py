@@ -11,7 +11,7 @@ from typing import Any
 import duckdb
 from pydantic import BaseModel
 
-from atlas.site.mdsafe import Markdown, code, escape
+from atlas.site.parts.mdsafe import Markdown, code, escape
 
 FORM_WORDS = {
     "in_checkpoint": "in the checkpoint: the weights hold the MTP head",

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from pydantic import BaseModel
 
-from atlas.site.mdsafe import Markdown, escape as _text
-from atlas.site.numbers import tick
+from atlas.site.parts.mdsafe import Markdown, escape as _text
+from atlas.site.parts.numbers import tick
 
 WIDTH = 440
 HEIGHT = 250

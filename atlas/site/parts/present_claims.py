@@ -2,7 +2,7 @@
 and weights disagree, the aggregate counts, and the adoption and layer charts.
 
 Declared and shipped are *present* claims and never show a speed-up. Every row carries its
-revision and crawl date (atlas.site.evidence_format.Revisions); after a mirror crawl the mirror's
+revision and crawl date (atlas.site.parts.evidence_format.Revisions); after a mirror crawl the mirror's
 files' real origin (SOURCES.tsv) is listed under the declared table. Models this project made
 itself are left out of every count and chart and shown in their own row group.
 """
@@ -19,10 +19,10 @@ from urllib.parse import quote
 from pydantic import BaseModel, ValidationError
 
 from atlas import AtlasError
-from atlas.site.charts import Bar, Stack, bar_chart, stacked_bar_chart
-from atlas.site.evidence_file import Facts
-from atlas.site.evidence_format import Revisions, capital, date_text, guardrail, indent, key_cell
-from atlas.site.mdsafe import Markdown, code, escape, table
+from atlas.site.parts.charts import Bar, Stack, bar_chart, stacked_bar_chart
+from atlas.site.parts.evidence_file import Facts
+from atlas.site.parts.evidence_format import Revisions, capital, date_text, guardrail, indent, key_cell
+from atlas.site.parts.mdsafe import Markdown, code, escape, table
 
 
 # Repos created before the Hub recorded creation dates all carry this createdAt (Hub API docs).

@@ -9,9 +9,9 @@ from typing import Any
 from atlas.evidence import head_engines as head_engine_rows
 from atlas.evidence import servable as servable_matrix
 from atlas.conformance import record as conformance
-from atlas.site import conformance_table
-from atlas.site.evidence_format import guardrail, indent
-from atlas.site.mdsafe import Markdown, code, escape, link, table
+from atlas.site.parts import conformance_table
+from atlas.site.parts.evidence_format import guardrail, indent
+from atlas.site.parts.mdsafe import Markdown, code, escape, link, table
 
 
 VERDICT_CSS = {"lossless": "verified", "fails": "fails", "inconclusive": "inconclusive"}  # the marks' colours (atlas.css)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from atlas.conformance.record import Verdict
-from atlas.site.mdsafe import Markdown, code, escape, link, table
+from atlas.site.parts.mdsafe import Markdown, code, escape, link, table
 
 
 def record_ids(rows: Iterable[Verdict]) -> dict[str, str]:

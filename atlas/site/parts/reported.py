@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 
 from atlas.evidence.reported import Figure
-from atlas.site.mdsafe import Markdown, escape, table
+from atlas.site.parts.mdsafe import Markdown, escape, table
 
 HEADER = ["reported figure", "conditions as stated", "source, and when we read it"]
 
