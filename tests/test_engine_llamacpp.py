@@ -712,9 +712,9 @@ def tensor_digests(path: Path) -> dict[str, tuple[int, str]]:
     """Each tensor's (type, sha256 of its bytes) as the file holds it."""
     import hashlib
 
-    from atlas.fingerprints.gguf import read_header
+    from atlas.fingerprints.gguf import FileSource, read_header
 
-    header = read_header(llamacpp_gguf.FileSource(path), path.name)
+    header = read_header(FileSource(path), path.name)
     start = -(-header.header_bytes // int(header.kv.get("general.alignment", 32))) * int(header.kv.get("general.alignment", 32))
     out = {}
     with path.open("rb") as f:

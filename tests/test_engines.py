@@ -22,7 +22,8 @@ from atlas.site.parts import conformance_table
 from atlas.engines.convert import convert_mellum, qwen3_next_config
 from atlas.engines.vllm.engine import cross_check, to_run_stats
 from atlas.engines.options import parse_vllm_options
-from atlas.engines.vllm.client import Driver, Generated, Result
+from atlas.engines.generated import Generated, Result
+from atlas.engines.vllm.client import Driver
 from atlas.records.record import read_record
 from atlas.decode.checkpoint import DEFAULT_MODEL
 

@@ -1,6 +1,8 @@
 """The package tree is the data flow (issue 41): each package of atlas/ is one stage, and no module
-imports a package above its own, at module level or inside a function. Cycles between modules of
-one package are allowed; they are listed here so that a new one is a visible change."""
+imports a package above its own, at module level or inside a function. No import circle anywhere
+(issue 60): an import moved into a function hides a circle, it does not break it; only an import
+under `if TYPE_CHECKING:` (never run) is left out. Each engine is a room of its own: no engine's
+package imports another's. On the site, a part never imports a page."""
 
 from __future__ import annotations
 
@@ -14,8 +16,7 @@ LAYERS = ["", "fingerprints", "store", "hub", "families", "records", "conformanc
           "checkpoints", "engines", "evidence", "export", "site", "cli"]
 TOP = {"cli", "cli_checkpoints", "__main__"}  # the command line: the top stage
 
-# Import cycles inside one package, as (package, sorted module names): allowed, but listed.
-KNOWN_CYCLES: set[tuple[str, tuple[str, ...]]] = set()
+ENGINE_PACKAGES = ("ours", "llamacpp", "vllm")  # atlas/engines/<name>/: one engine each
 
 
 def stage_of(module: str) -> str:
@@ -34,11 +35,20 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
+def _run_time_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of `tree` but those under `if TYPE_CHECKING:`, which never run."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            skipped |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return [n for n in ast.walk(tree) if id(n) not in skipped]
+
+
 def imports(path: Path) -> set[str]:
-    """Every atlas module or attribute `path` imports, anywhere in the file; `from atlas.x import y`
-    gives atlas.x.y (a module or a name in atlas.x: both live in atlas.x's stage)."""
+    """Every atlas module or attribute `path` imports where it runs, in the file or in a function;
+    `from atlas.x import y` gives atlas.x.y (a module or a name in atlas.x: both live in atlas.x's stage)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in _run_time_nodes(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -60,20 +70,15 @@ def upward_imports(root: Path) -> list[str]:
 
 
 def package_cycles(root: Path) -> set[tuple[str, tuple[str, ...]]]:
-    """Strongly connected groups (more than one module) in the module-level import graph, by package."""
-    graph: dict[str, set[str]] = {}
+    """Strongly connected groups (more than one module) in the import graph, by stage: imports in
+    functions count (one moved there still runs), imports under TYPE_CHECKING do not."""
     paths = sorted((root / "atlas").rglob("*.py"))
     names = {module_name(p, root) for p in paths}
+    graph: dict[str, set[str]] = {}
     for path in paths:
         me = module_name(path, root)
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        deps = set()
-        for node in tree.body:  # module level only: a function-level import is how a cycle is broken
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                deps |= {c for c in (f"{node.module}.{a.name}" for a in node.names) if c in names} or ({node.module} & names)
-            elif isinstance(node, ast.Import):
-                deps |= {a.name for a in node.names} & names
-        graph[me] = deps - {me}
+        # `from atlas.x import y` is atlas.x.y where that is a module, else atlas.x
+        graph[me] = {n if n in names else n.rsplit(".", 1)[0] for n in imports(path)} & names - {me}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -104,14 +109,41 @@ def package_cycles(root: Path) -> set[tuple[str, tuple[str, ...]]]:
     return groups
 
 
+def engine_crossings(root: Path) -> list[str]:
+    """'importer -> imported' for each import from one engine's package into another's."""
+    def engine_of(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[1] == "engines" and parts[2] in ENGINE_PACKAGES else None
+
+    bad = []
+    for path in sorted((root / "atlas" / "engines").rglob("*.py")):
+        me = module_name(path, root)
+        for target in sorted(imports(path)):
+            if engine_of(me) and engine_of(target) and engine_of(target) != engine_of(me):
+                bad.append(f"{me} -> {target}")
+    return bad
+
+
+def parts_importing_pages(root: Path) -> list[str]:
+    site = root / "atlas" / "site"
+    return [f"{module_name(p, root)} -> {n}" for p in sorted((site / "parts").rglob("*.py"))
+            for n in sorted(imports(p)) if n.startswith("atlas.site.pages")]
+
+
 def test_no_module_imports_a_higher_stage() -> None:
     assert upward_imports(REPO) == []
 
 
-def test_cycles_stay_inside_one_package_and_are_listed() -> None:
-    cycles = package_cycles(REPO)
-    assert all(len({stage_of(m) for m in group}) == 1 for _, group in cycles), cycles
-    assert cycles == KNOWN_CYCLES
+def test_no_import_circle() -> None:
+    assert package_cycles(REPO) == set()
+
+
+def test_no_engine_imports_another() -> None:
+    assert engine_crossings(REPO) == []
+
+
+def test_no_site_part_imports_a_page() -> None:
+    assert parts_importing_pages(REPO) == []
 
 
 def test_every_package_is_a_layer() -> None:
@@ -148,5 +180,31 @@ def test_a_planted_cycle_is_found(tmp_path: Path) -> None:
         "decode/__init__.py": "",
         "decode/a.py": "from atlas.decode import b\n",
         "decode/b.py": "from atlas.decode.a import x\n",
+        # a circle hidden in a function still counts; one under TYPE_CHECKING (never run) does not
+        "records/__init__.py": "",
+        "records/c.py": "def f():\n    from atlas.records import d\n",
+        "records/d.py": "from atlas.records.c import f\n",
+        "records/e.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from atlas.records.f import R\n",
+        "records/f.py": "from atlas.records.e import x\n",
     })
-    assert package_cycles(root) == {("decode", ("atlas.decode.a", "atlas.decode.b"))}
+    assert package_cycles(root) == {("decode", ("atlas.decode.a", "atlas.decode.b")),
+                                    ("records", ("atlas.records.c", "atlas.records.d"))}
+
+
+def test_a_planted_engine_crossing_and_a_part_importing_a_page_are_caught(tmp_path: Path) -> None:
+    root = _plant(tmp_path, {
+        "__init__.py": "",
+        "engines/__init__.py": "",
+        "engines/cells.py": "",
+        "engines/vllm/__init__.py": "",
+        "engines/vllm/client.py": "from atlas.engines import cells\n",
+        "engines/llamacpp/__init__.py": "",
+        "engines/llamacpp/conformance.py": "def f():\n    from atlas.engines.vllm.client import Generated\n",
+        "site/__init__.py": "",
+        "site/pages/__init__.py": "",
+        "site/pages/runpages.py": "from atlas.site.parts import charts\n",
+        "site/parts/__init__.py": "",
+        "site/parts/charts.py": "from atlas.site.pages.runpages import row\n",
+    })
+    assert engine_crossings(root) == ["atlas.engines.llamacpp.conformance -> atlas.engines.vllm.client.Generated"]
+    assert parts_importing_pages(root) == ["atlas.site.parts.charts -> atlas.site.pages.runpages.row"]

@@ -19,7 +19,7 @@ from atlas.engines.llamacpp import draftvocab as llamacpp_draftvocab, engine as 
 from atlas.engines.llamacpp.build import NEXTN_D2T, PATCHES, applied_patches, patch_infos, prepare, repack_setting, write_info
 from atlas.engines.llamacpp.server import Server
 from atlas.engines.options import LlamacppOptions, Options
-from atlas.fingerprints.gguf import read_header
+from atlas.fingerprints.gguf import FileSource, read_header
 from tests.gguf_writer import Model, mtp_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -118,7 +118,7 @@ def with_data(model: Model, path: Path, seed: int = 0) -> Path:
 
 
 def tensor_bytes(path: Path, name: str) -> bytes:
-    header = read_header(llamacpp_gguf.FileSource(path), path.name)
+    header = read_header(FileSource(path), path.name)
     start = -(-header.header_bytes // 32) * 32
     [t] = [t for t in header.tensors if t.name == name]
     with path.open("rb") as f:
@@ -137,8 +137,8 @@ def test_the_copy_appends_the_heads_own_rows_and_their_ids_and_keeps_every_byte(
     out = tmp_path / "cut.gguf"
     assert llamacpp_draftvocab.write(src, out, ids) == {"layer": 2, "rows_from": rows_from, "type": "F16" if own_head else "Q6_K",
                                                          "size": 4}
-    before = read_header(llamacpp_gguf.FileSource(src), src.name)
-    after = read_header(llamacpp_gguf.FileSource(out), out.name)
+    before = read_header(FileSource(src), src.name)
+    after = read_header(FileSource(out), out.name)
     assert after.kv == before.kv and after.array_lengths == before.array_lengths
     assert [t for t in after.tensors[:-2]] == before.tensors  # the same tensors at the same offsets
     draft, d2t = after.tensors[-2:]
@@ -168,7 +168,7 @@ def test_a_copy_that_could_not_draft_right_is_refused_by_name(tmp_path: Path, mo
 
 def test_a_file_that_ends_inside_its_head_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
     src = with_data(mtp_model(own_head=True), tmp_path / "c.gguf")
-    header = read_header(llamacpp_gguf.FileSource(src), src.name)
+    header = read_header(FileSource(src), src.name)
     [head] = [t for t in header.tensors if t.name == "blk.2.nextn.shared_head_head.weight"]
     src.write_bytes(src.read_bytes()[:-(-header.header_bytes // 32) * 32 + head.offset + 5])
     with pytest.raises(AtlasError, match="tensors claim .* bytes, the file holds"):
@@ -243,7 +243,7 @@ def test_a_cut_draft_keeps_greedy_outputs_and_drafts_what_the_full_head_drafts(r
     broken = tmp_path / "shuffled-d2t.gguf"
     shutil.copyfile(cut, broken)
     ids = d2t_ids(broken)
-    header = read_header(llamacpp_gguf.FileSource(broken), broken.name)
+    header = read_header(FileSource(broken), broken.name)
     [d2t] = [t for t in header.tensors if t.name.endswith(".nextn.d2t")]
     with broken.open("r+b") as f:
         f.seek(-(-header.header_bytes // 32) * 32 + d2t.offset)
@@ -254,7 +254,7 @@ def test_a_cut_draft_keeps_greedy_outputs_and_drafts_what_the_full_head_drafts(r
 
 
 def d2t_ids(path: Path) -> list[int]:
-    header = read_header(llamacpp_gguf.FileSource(path), path.name)
+    header = read_header(FileSource(path), path.name)
     [t] = [t for t in header.tensors if t.name.endswith(".nextn.d2t")]
     return list(struct.unpack(f"<{t.shape[0]}q", tensor_bytes(path, t.name)))
 

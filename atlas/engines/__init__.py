@@ -41,7 +41,7 @@ class Engine:
 
 ENGINES = {
     "atlas": Engine("atlas.engines.ours.engine", "our loop (transformers' generate as the peer)"),
-    "transformers": Engine("atlas.engines.ours.transformers_peer", "only transformers' generate / generate(use_mtp=True)"),
+    "transformers": Engine("atlas.engines.ours.engine", "only transformers' generate / generate(use_mtp=True)"),
     "vllm": Engine("atlas.engines.vllm.engine", "vLLM in its own environment (`make vllm-env`)"),
     "llamacpp": Engine("atlas.engines.llamacpp.engine",
                        "llama.cpp's llama-server, plain vs draft-mtp, on a GGUF (`make llamacpp real-model-gguf`)"),

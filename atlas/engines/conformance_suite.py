@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -32,8 +32,7 @@ from atlas.conformance.record import (
 from atlas.conformance.stats import acceptance_test, distribution_test
 from atlas.engines.convert import without_remote_code
 
-if TYPE_CHECKING:  # the driver's client is loaded when a suite runs
-    from atlas.engines.vllm.client import Generated
+from atlas.engines.generated import Generated
 
 SINGLES = 4  # requests rerun one at a time for the batching control
 # The oracle's MTP head drafts from softmax(ORACLE_DRAFT_SCALE x the main model's logits): the same

@@ -17,6 +17,7 @@ import json
 import re
 import struct
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from atlas import AtlasError
@@ -103,6 +104,20 @@ class Source(Protocol):
     size: int | None
 
     def read(self, offset: int, n: int) -> bytes: ...
+
+
+class FileSource:
+    """A local GGUF file as a Source: the header reader asks for what it
+    needs, bounded there, and the weights are never read."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.size = path.stat().st_size
+
+    def read(self, offset: int, n: int) -> bytes:
+        with self.path.open("rb") as f:
+            f.seek(offset)
+            return f.read(n)
 
 
 class BytesSource:

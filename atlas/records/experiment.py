@@ -11,9 +11,10 @@ Xeon. Its pass costs, measured with every run of our loop, are shown with the ke
 from __future__ import annotations
 
 import hashlib
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from atlas.records.record import Cell, Record
+if TYPE_CHECKING:  # records and cells are read here, never built: the record module calls this one
+    from atlas.records.record import Cell, Record
 
 
 OWN = "engine's own"  # kernels and drafting of an external engine (not "-": CSV export guards a leading "-" as a formula)

@@ -7,12 +7,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from atlas.records import studentt
 from atlas.records.fields import Verdict
-from atlas.records.record import Cell, Derived, GateDecision, PassCosts, Record, Repeat
+from atlas.records.cell import Cell, Derived, GateDecision, PassCosts, Repeat
 from atlas.records.theory import conditional_acceptance, ideal_speedup as ideal_from_costs
+
+if TYPE_CHECKING:  # a record is read here, never built: the record module calls the gate
+    from atlas.records.record import Record
 
 # A speed-up is baseline seconds / speculative seconds of the same tokens. Timing noise on a loaded
 # machine gave 0.01x-93x, so the bounds leave room for that and only refuse what cannot be a

@@ -38,30 +38,20 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, field_validator, model_serializer, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, ValidationError, field_validator, model_serializer, model_validator
 
 from atlas import AtlasError
 from atlas.hub import redact
 from atlas.records.fields import (
     MAX_CELLS,
-    MAX_DRAFT_TOKENS,
-    MAX_NEW_TOKENS,
-    MAX_PROMPTS,
-    MAX_REPEATS,
     REVISION,
-    Count,
-    DraftTokens,
     Name,
-    PerPosition,
-    PromptRun,
-    check_prompt_sums,
-    Seconds,
     Strict,
-    Temperature,
     Text,
-    Verdict,
-    with_verdict,
 )
+from atlas.records import experiment
+from atlas.records.gating import check_consistency, decide
+from atlas.records.cell import Cell, Derived, GateDecision, PassCosts, Repeat  # noqa: F401 (a record's parts, read as record.Cell and the like)
 from atlas.records.runcontext import EngineRun, Hardware, RecurrentState, Settings, Software
 from atlas.interrupts import sigint_handler
 from atlas.paths import ROOT, read_bounded
@@ -75,98 +65,6 @@ SCHEMA_VERSION = 4
 # never loads those (and with them torch).
 DEFAULT_DIR = "evidence/measurements"
 MAX_RECORD_BYTES = 8 * 1024 * 1024  # the largest real record is well under 1 MB; bigger files are refused unread
-
-
-class PassCosts(Strict):
-    """Median seconds of one forward, timed in isolation on this run's model and cache."""
-
-    plain: Seconds  # main model, 1 row
-    verify: dict[DraftTokens, Seconds] = Field(max_length=MAX_DRAFT_TOKENS)  # draft tokens k -> main model over k+1 rows
-    draft: Seconds  # MTP layer, 1 row (one draft step)
-
-
-class Repeat(Strict):
-    """Raw counts of one repeat of a cell: every prompt of the workload, summed (and, from schema
-    4, each prompt's own counts in `prompts`, in the workload's prompt order)."""
-
-    tokens: int = Field(gt=0, le=MAX_NEW_TOKENS * MAX_PROMPTS)
-    seconds: Seconds
-    baseline_seconds: Seconds  # the interleaved plain run of the same tokens
-    drafted_per_position: PerPosition
-    accepted_per_position: PerPosition
-    verify_passes: Count
-    identical_to_baseline: bool | None = None  # greedy only: same tokens as the plain run
-    # rounds whose drafts before position i all passed (schema 2; None in schema 1 files)
-    reached_per_position: PerPosition | None = None
-    pass_costs: PassCosts | None = None  # timed just before this repeat (schema 2, atlas cells)
-    prompts: list[PromptRun] | None = Field(default=None, max_length=MAX_PROMPTS)  # schema 4; None in older files
-
-    @model_validator(mode="after")
-    def _counts(self) -> "Repeat":
-        if len(self.drafted_per_position) != len(self.accepted_per_position):
-            raise ValueError("drafted and accepted per position differ in length")
-        if any(a < 0 or a > d for a, d in zip(self.accepted_per_position, self.drafted_per_position)):
-            raise ValueError("accepted exceeds drafted at some position")
-        if self.reached_per_position is not None and len(self.reached_per_position) != len(self.drafted_per_position):
-            raise ValueError("reached and drafted per position differ in length")
-        if self.prompts is not None:
-            check_prompt_sums(self, self.prompts)
-        return self
-
-
-class Derived(Strict):
-    # The slowest and fastest repeat's speed-ups are named for what they are (never confidence
-    # bounds: those are speedup_bound_lo/hi); the record files keep their first keys, speedup_lo
-    # and speedup_hi, so a record's bytes and its id stay what they were.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_by_name=True, validate_by_alias=True,
-                              serialize_by_alias=True)
-
-    drafted: int
-    accepted: int
-    acceptance_rate: float | None  # accepted / drafted, pooled over positions
-    per_position_acceptance: list[float | None] = Field(max_length=MAX_DRAFT_TOKENS)  # accepted_i / drafted_i
-    mean_accepted_length: float | None  # tokens per verify pass, bonus included = 1 + accepted/passes
-    tokens_per_second: float
-    baseline_tokens_per_second: float
-    speedup: float  # median over repeats of baseline_seconds / seconds
-    speedup_slowest_repeat: float = Field(alias="speedup_lo")  # min over repeats
-    speedup_fastest_repeat: float = Field(alias="speedup_hi")  # max over repeats
-    ideal_speedup: float | None
-    efficiency: float | None  # median over repeats of speedup / ideal (schema 1: median speedup / ideal)
-    greedy_lossless: bool | None  # None when T > 0
-    # schema 2
-    conditional_acceptance: list[float | None] | None = Field(default=None, max_length=MAX_DRAFT_TOKENS)  # accepted_i / reached_i
-    efficiency_lo: float | None = None  # min / max over repeats, each against its own pass costs
-    efficiency_hi: float | None = None
-    # one-sided gating.GATE_CONFIDENCE bounds on the geometric-mean paired speed-up (t over log ratios)
-    speedup_bound_lo: float | None = None
-    speedup_bound_hi: float | None = None
-
-
-class Cell(Strict):
-    engine: Name  # "atlas", "transformers-use_mtp", or another engine's name
-    engine_version: Name
-    baseline: Text  # what the speed-up divides by, e.g. "atlas plain decoder (same cache)"
-    workload: Name
-    temperature: Temperature
-    draft_tokens: DraftTokens
-    repeats: list[Repeat] = Field(min_length=1, max_length=MAX_REPEATS)
-    derived: Derived
-    gate_enabled: bool
-    gate_verdict: Verdict | None = None  # schema 3; derived from gate_reason in older files (None: it names none)
-    gate_reason: Text  # the verdict, then why
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_verdict(cls, data: Any) -> Any:
-        return with_verdict(data, "gate_verdict", "gate_reason")
-
-    @model_validator(mode="after")
-    def _width(self) -> "Cell":
-        # an engine without per-position counts records none; otherwise one count per draft position
-        if any(len(r.drafted_per_position) not in (0, self.draft_tokens) for r in self.repeats):
-            raise ValueError(f"per-position counts must have draft_tokens = {self.draft_tokens} entries (or none)")
-        return self
 
 
 PROVENANCE_FILE = "atlas-provenance.json"
@@ -194,22 +92,6 @@ def read_provenance(folder: Path) -> Provenance | None:
         return Provenance.model_validate_json(path.read_bytes())
     except (OSError, ValidationError) as exc:
         raise AtlasError(f"{path}: not a valid provenance file: {exc}") from None
-
-
-class GateDecision(Strict):
-    """Per workload x temperature: whether to run our MTP loop at all, with which draft length, why."""
-
-    workload: Name
-    temperature: Temperature
-    enabled: bool
-    verdict: Verdict | None = None  # schema 3; derived from reason in older files
-    draft_tokens: DraftTokens | None
-    reason: Text
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_verdict(cls, data: Any) -> Any:
-        return with_verdict(data, "verdict", "reason")
 
 
 class Record(Strict):
@@ -267,8 +149,6 @@ class Record(Strict):
     @model_validator(mode="after")
     def _fill_gates(self) -> "Record":
         if not self.gates:
-            from atlas.records.gating import decide  # gating reads these models: imported here, not at the top, to stay acyclic
-
             self.gates = decide(self.cells, self.rule, self.settings.quick)
         return self
 
@@ -317,8 +197,6 @@ def _read_bounded(path: Path) -> bytes:
 
 def parse_record(data: bytes, path: Path) -> Record:
     """Parse, validate and check the bytes of one record file (AtlasError naming `path`)."""
-    from atlas.records.gating import check_consistency  # acyclic, as in Record._fill_gates
-
     try:
         record = Record.model_validate_json(data)
         check_consistency(record)
@@ -383,8 +261,6 @@ def write_record(record: Record, out_dir: Path) -> Path:
     and one line says where: the run's figures are never lost to the disk they were meant for."""
     if _INTERRUPTED.is_set():
         raise AtlasError("interrupted (SIGINT): the run did not finish, so no record was written")
-    from atlas.records.gating import check_consistency  # acyclic, as in Record._fill_gates
-
     check_consistency(record)
     data = canonical_bytes(record)
     slug = "".join(c if c.isalnum() or c in "-." else "-" for c in record.model_id)[-60:]
@@ -462,8 +338,6 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _rows(record: Record, record_id: str, source_path: str) -> list[tuple[object, ...]]:
-    from atlas.records import experiment  # it reads Record and Cell from here
-
     rows = []
     prov = record.provenance
     for c in record.cells:

@@ -38,7 +38,7 @@ from atlas.engines.llamacpp.build import Build, repack_setting
 from atlas.engines.llamacpp.engine import request, server_args
 from atlas.engines.llamacpp.server import Server
 from atlas.engines.options import Options
-from atlas.engines.vllm.client import Generated, Result
+from atlas.engines.generated import Generated, Result
 
 DRAFT_TOP_K = 10  # spec_retune's top_k for draft-mtp at T > 0 (build 11434)
 THREADS = 1

@@ -19,7 +19,7 @@ import struct
 from pathlib import Path
 
 from atlas import AtlasError
-from atlas.fingerprints.gguf import GGML_TYPES, NEXTN, Header, TensorInfo, read_header
+from atlas.fingerprints.gguf import GGML_TYPES, NEXTN, FileSource, Header, TensorInfo, read_header
 
 I64 = 27  # ggml's GGML_TYPE_I64, d2t's type in llama.cpp's DFlash and EAGLE-3 exports
 HEADS = ("blk.{n}.nextn.shared_head_head.weight", "output.weight", "token_embd.weight")  # the MTP graph's order
@@ -46,7 +46,6 @@ def _nextn_layer(header: Header) -> int:
 def write(src: Path, out: Path, ids: list[int]) -> dict[str, object]:
     """Write `src` with its MTP layer's draft cut to `ids` (distinct token ids) to `out`; return what
     the manifest keeps: the layer, the head rows were taken from, their type and the draft size."""
-    from atlas.engines.llamacpp.gguf import FileSource
 
     header = read_header(FileSource(src), src.name)
     layer = _nextn_layer(header)

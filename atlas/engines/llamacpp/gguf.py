@@ -7,7 +7,7 @@ llama-quantize, with manifest.json: every file's layout, type, size and sha256, 
 that made it, the source checkpoint's digest and the build. The converter runs through
 llamacpp/convert.py (GPT-2-style vocabulary, zero-size shared_experts left out; it says why).
 Given a draft vocabulary size, each combined file also gets a copy whose MTP layer drafts over the
-head's most frequent training tokens only (llamacpp_draftvocab; the patched build runs it). Given an
+head's most frequent training tokens only (draftvocab.py; the patched build runs it). Given an
 output type, each quantized combined file also gets an untied copy (`combined-Q4_0-output-Q4_0.gguf`):
 the tied output layer written as an output.weight of its own at that type (llamacpp/convert.py
 --untie-output says why), every other tensor at the tied file's types.
@@ -30,8 +30,9 @@ from typing import Literal
 from pydantic import BaseModel
 
 from atlas import AtlasError
+from atlas.engines.llamacpp import draftvocab as llamacpp_draftvocab
 from atlas.engines.llamacpp.build import Build
-from atlas.fingerprints.gguf import FILE_TYPES, GGML_TYPES, models, read_header
+from atlas.fingerprints.gguf import FILE_TYPES, GGML_TYPES, FileSource, models, read_header
 from atlas.paths import sha256_file
 
 CONVERT = Path(__file__).with_name("convert.py")
@@ -67,7 +68,7 @@ class GgufFile(BaseModel):
     bytes: int
     sha256: str
     command: str
-    draft_vocab: int | None = None  # the MTP layer drafts over this many tokens (llamacpp_draftvocab); None: all
+    draft_vocab: int | None = None  # the MTP layer drafts over this many tokens (draftvocab.py); None: all
     output: str | None = None  # an untied copy's output.weight type (llamacpp/convert.py --untie-output); None: as converted
 
 
@@ -87,20 +88,6 @@ class Manifest(BaseModel):
         raise AtlasError(f"the GGUF set has no {layout} file at {kind}{cut}{untied} (it has: "
                          f"{', '.join(sorted({f.file for f in self.files}))}); `atlas real-model-gguf --draft-vocab N` makes "
                          "the cut ones, `--untie-output TYPE` the untied ones")
-
-
-class FileSource:
-    """A local GGUF file as atlas.fingerprints.gguf's Source: the header reader asks for what it
-    needs, bounded there, and the weights are never read."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.size = path.stat().st_size
-
-    def read(self, offset: int, n: int) -> bytes:
-        with self.path.open("rb") as f:
-            f.seek(offset)
-            return f.read(n)
 
 
 _LAYOUTS: dict[str, Layout] = {"combined": "combined", "mtp-only": "mtp", "trunk-only": "trunk", "no blocks": "trunk"}
@@ -177,10 +164,9 @@ def make_set(checkpoint: Path, out: Path, build: Build, source: Path, quants: tu
     command wrote it: atlas.outdir) and return the manifest written with them. With `untie_output`
     (a llama-quantize type), each quantized combined file also gets an untied copy, its output layer
     an output.weight of that type; with `draft_vocab`, each combined file (untied too) also gets a
-    copy drafting over that many tokens (llamacpp_draftvocab)."""
+    copy drafting over that many tokens (draftvocab.py)."""
     from atlas.decode import draftvocab
     from atlas.decode.checkpoint import digest
-    from atlas.engines.llamacpp import draftvocab as llamacpp_draftvocab
     from atlas.outdir import replace
 
     if not (source / "convert_hf_to_gguf.py").is_file():

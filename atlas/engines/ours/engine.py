@@ -119,6 +119,8 @@ def check(options: Options) -> None:
     if options.vllm != VllmOptions() or options.llamacpp != LlamacppOptions():
         raise AtlasError("--tensor-parallel-size, --pipeline-parallel-size, --engine-option, --engine-python and "
                          "--engine-schedule need --engine vllm (--engine-option also --engine llamacpp)")
+    if not options.ours and not options.peer:
+        raise AtlasError("--engine transformers measures transformers' generate pair itself; --no-peer leaves nothing to run")
     pick_device(options.device)
 
 

@@ -3,16 +3,12 @@ prompts as our loop (the peer beside it, or alone with `--engine transformers`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from transformers.generation.streamers import BaseStreamer
 
 from atlas import AtlasError
 from atlas.decode.generate import RoundCounts, RunStats, Sampling, Stopwatch
-from atlas.engines.options import Options
-from atlas.records.record import Record
 
 PEER_BASELINE = "transformers plain generate; decode phase timed from its first new token (after the main prefill and use_mtp's MTP load)"
 
@@ -98,20 +94,3 @@ class Peer:
             raise AtlasError(f"transformers' use_mtp streamed {len(emitted)} rounds of {sum(emitted)} tokens over {passes} verify "
                              f"passes and {len(tokens) - 1} decode tokens: its rounds cannot be counted like ours")
         return round_counts(emitted, self.k).stats(tokens, seconds)
-
-
-def check(options: Options) -> None:
-    """Our loop's refusals (this engine runs its harness), and a run with no peer: nothing to measure."""
-    from atlas.engines.ours import engine as atlas_engine  # imported here: it imports this module's Peer
-
-    atlas_engine.check(options)
-    if not options.peer:
-        raise AtlasError("--engine transformers measures transformers' generate pair itself; --no-peer leaves nothing to run")
-
-
-def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, Path]:
-    """Measure transformers' generate pair alone, through our loop's harness (same prompts, seeds,
-    order and record), which leaves our loop out for this engine (Options.ours)."""
-    from atlas.engines.ours import engine as atlas_engine  # imported here, as in check
-
-    return atlas_engine.run(options, log)

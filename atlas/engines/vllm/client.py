@@ -11,10 +11,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from atlas import AtlasError
 from atlas.omp import engine_env
+from atlas.engines.generated import Generated
 from atlas.paths import CACHE
 
 DRIVER = Path(__file__).with_name("driver.py")
@@ -38,26 +39,6 @@ class Loaded(BaseModel):
     seconds: float
     draft_sample_method: str | None
     engine_args: dict[str, Any]
-
-
-class Result(BaseModel):
-    tokens: list[int]
-    decode_seconds: float | None
-    per_step_drafted: list[int]
-    per_step_accepted: list[int]
-
-
-class Counters(BaseModel):
-    num_drafts: int = Field(ge=0)
-    num_draft_tokens: int = Field(ge=0)
-    num_accepted_tokens: int = Field(ge=0)
-    accepted_per_position: list[int]
-
-
-class Generated(BaseModel):
-    results: list[Result]
-    wall_seconds: float
-    counters: Counters | None
 
 
 def find_python(explicit: str | None = None) -> Path:

@@ -19,7 +19,8 @@ from typing import Any
 from atlas import AtlasError
 from atlas.engines.convert import (config_for_the_engine, convert_glm, convert_mellum, glm_needs_rewrite, needs_conversion,
                                            without_remote_code)
-from atlas.engines.vllm.client import Counters, Driver, Generated, Hello, Loaded, Result, find_python
+from atlas.engines.generated import Counters, Generated, Result
+from atlas.engines.vllm.client import Driver, Hello, Loaded, find_python
 from atlas.decode.generate import RoundCounts, RunStats
 from atlas.engines.options import MAX_PROMPT_TOKENS, Options, new_record, save_record
 from atlas.records.record import Cell, Record
