@@ -206,3 +206,13 @@ def test_control_characters_and_bidi_overrides_reach_no_terminal(db: Path) -> No
 def test_an_error_quoting_untrusted_text_is_safe(db: Path) -> None:
     code, out = run('SELECT * FROM "\x1b]0;pwned\x07"', "--db", str(db))
     assert one_line(code, out, "Error: query failed:") and "\\x1b]0;pwned\\x07" in out and "\x1b" not in out, out
+
+
+def test_a_rejected_records_name_reaches_no_terminal_raw(db: Path, tmp_path: Path) -> None:
+    """Another command that quotes untrusted text (a record file's name) prints it escaped too."""
+    folder = tmp_path / "records"
+    folder.mkdir()
+    (folder / "\x1b]0;pwned\x07\u202e.json").write_text("{}")
+    result = CliRunner().invoke(cli, ["measure", "import", "--db", str(db), "--dir", str(folder)])
+    assert result.exit_code == 1 and "\\x1b]0;pwned\\x07\\u202e.json" in result.output, result.output
+    assert not any(ch in result.output for ch in "\x1b\x07\u202e")
