@@ -13,6 +13,7 @@ import click
 
 from atlas import AtlasError, __version__, is_interrupt, omp
 from atlas.interrupts import Terminated, sigterm_as_interrupt
+from atlas.terminal import echo
 from atlas import cli_checkpoints
 from atlas.engines import ENGINES
 
@@ -34,15 +35,15 @@ class AtlasGroup(click.Group):
             with sigterm_as_interrupt():
                 return super().invoke(ctx)
         except AtlasError as exc:
-            click.secho(f"Error: {redact.text(str(exc))}", fg="red", err=True)
+            echo(f"Error: {redact.text(str(exc))}", err=True, fg="red")
             sys.exit(getattr(exc, "exit_code", 1))
         except Terminated:
-            click.secho("Terminated (SIGTERM).", fg="yellow", err=True)
+            echo("Terminated (SIGTERM).", err=True, fg="yellow")
             sys.exit(143)
         except (KeyboardInterrupt, RuntimeError, ValueError) as exc:  # a command with nothing of its own to say
             if not is_interrupt(exc):
                 raise
-            click.secho("Interrupted (Ctrl-C).", fg="yellow", err=True)
+            echo("Interrupted (Ctrl-C).", err=True, fg="yellow")
             sys.exit(130)
 
 
@@ -102,7 +103,7 @@ def crawl(db: Path, mirror: Path | None, watchlist: Path | None, endpoint: str |
 
     if refingerprint:
         n = crawler.refingerprint(db)
-        click.echo(f"re-fingerprinted {n} stored configs with rules {crawler.RULE_VERSION}")
+        echo(f"re-fingerprinted {n} stored configs with rules {crawler.RULE_VERSION}")
         return
     if mirror is not None and endpoint is not None:
         raise AtlasError("--mirror and --endpoint exclude each other")
@@ -125,20 +126,20 @@ def crawl(db: Path, mirror: Path | None, watchlist: Path | None, endpoint: str |
             lines = (preflight.plan(db, watch, url, token=token) if plan
                      else preflight.probe(watch, url, token=token))
             for line in lines:
-                click.echo(shown(line))
+                echo(shown(line))
             return
         try:
             summary = crawler.crawl(db, watch, endpoint=url, endpoint_label=label, token=token, cache_dir=cache_dir,
                                     concurrency=concurrency, progress=not no_progress)
         except crawler.CrawlInterrupted as exc:
-            click.secho(f"Interrupted: {exc}", fg="yellow", err=True)
+            echo(f"Interrupted: {exc}", err=True, fg="yellow")
             sys.exit(130)
     for line in crawler.iter_summary_lines(summary):
-        click.echo(shown(line))
+        echo(shown(line))
     if summary.status != "complete" or summary.incomplete:
-        click.secho(shown("Snapshot is " + ("partial: " + "; ".join(summary.problems) if summary.status != "complete"
-                          else f"complete, but {len(summary.incomplete)} repos could not be fetched (listed above)")),
-                    fg="yellow", err=True)
+        echo(shown("Snapshot is " + ("partial: " + "; ".join(summary.problems) if summary.status != "complete"
+                   else f"complete, but {len(summary.incomplete)} repos could not be fetched (listed above)")),
+             err=True, fg="yellow")
         sys.exit(2)
 
 
@@ -172,7 +173,7 @@ def _interrupt_writes_no_record() -> Iterator[None]:
         with no_record_after_interrupt():
             yield
     except KeyboardInterrupt:
-        click.secho("Interrupted: the run did not finish, so no record was written.", fg="yellow", err=True)
+        echo("Interrupted: the run did not finish, so no record was written.", err=True, fg="yellow")
         sys.exit(130)
 
 
@@ -257,13 +258,13 @@ def measure_run(engine: str, engine_python: str | None, draft_tokens: str, seed:
     backend.check(options)
     preflight(options)  # before any model loads: a run is never measured and then lost to its options
     with _interrupt_writes_no_record():
-        record, path = backend.run(options, log=click.echo)
+        record, path = backend.run(options, log=echo)
     for g in record.gates:
-        click.echo(f"  gate {g.workload} T={g.temperature:g}: {g.reason}")
+        echo(f"  gate {g.workload} T={g.temperature:g}: {g.reason}")
     gated = (f"MTP on for {sum(g.enabled for g in record.gates)} of {len(record.gates)} workload x temperature" if record.gates
              else "no gate: it decides for our loop's or vLLM's cells, and this record has none")
     package = f", {record.engine_run.package} {record.engine_run.version}" if record.engine_run else ""
-    click.echo(f"wrote {path} ({len(record.cells)} cells{package}; {gated})")
+    echo(f"wrote {path} ({len(record.cells)} cells{package}; {gated})")
 
 
 @measure_group.command("import")
@@ -281,7 +282,7 @@ def measure_import(db: Path, directory: str | None) -> None:
         raise AtlasError(f"no measurement folder {folder}")
     with store.connect(db) as con:
         loaded, present, errors = records.import_records(con, folder)
-    click.echo(f"measurements: {loaded} record(s) loaded, {present} already present, {len(errors)} rejected")
+    echo(f"measurements: {loaded} record(s) loaded, {present} already present, {len(errors)} rejected")
     if errors:
         raise AtlasError("rejected:\n  " + "\n  ".join(errors))
 
@@ -293,11 +294,11 @@ def measure_gates(paths: tuple[str, ...]) -> None:
     from atlas.records import gating, record as records
     for path in paths:
         record = records.read_record(Path(path))
-        click.echo(f"{path}: recorded under gate rule {record.rule}; current rule {gating.GATE_RULE}: {gating.GATE_RULES[gating.GATE_RULE]}")
+        echo(f"{path}: recorded under gate rule {record.rule}; current rule {gating.GATE_RULE}: {gating.GATE_RULES[gating.GATE_RULE]}")
         recorded = {(g.workload, g.temperature): g for g in record.gates}
         for g in gating.regate(record):
             was = gating.verdict_text(recorded.get((g.workload, g.temperature)))
-            click.echo(f"  {g.workload} T={g.temperature:g}: recorded {was}; now {gating.verdict_text(g)}. {g.reason}")
+            echo(f"  {g.workload} T={g.temperature:g}: recorded {was}; now {gating.verdict_text(g)}. {g.reason}")
 
 
 @measure_group.command("forget")
@@ -311,7 +312,7 @@ def measure_forget(db: Path, record: str) -> None:
 
     with store.connect(db) as con:
         [(record_id, source)] = records.forget_record(con, record)
-    click.echo(f"forgot measurement record {record_id[:12]} (imported from {source})")
+    echo(f"forgot measurement record {record_id[:12]} (imported from {source})")
 
 
 @cli.group("conformance")
@@ -374,13 +375,13 @@ def conformance_run(engine: str, engine_python: str | None, layouts: str | None,
     record = conformancesuite.run_suite(
         open_driver, engine, [x.strip() for x in (layouts or ",".join(shapes)).split(",") if x.strip()],
         _numbers(draft_tokens, "--draft-tokens", int), samplings, requests, max_new_tokens, seed, dtype, command_line(),
-        log=click.echo, patches=patches, shapes=shapes, draft_vocab=draft_vocab,
+        log=echo, patches=patches, shapes=shapes, draft_vocab=draft_vocab,
     )
     path = conformance.write_record(record, Path(out) if out else project_path(conformance.DEFAULT_DIR))
     failed = [c for c in record.checks if not c.passed]
-    click.echo(f"wrote {path} ({record.build}): {len(record.checks) - len(failed)} of {len(record.checks)} checks passed")
+    echo(f"wrote {path} ({record.build}): {len(record.checks) - len(failed)} of {len(record.checks)} checks passed")
     for v in conformance.verdicts([(path, record)]):
-        click.echo(f"  {v.layout:<12} T {v.temperature:<3} drafts {v.draft_sampling:<13} {v.result}: {v.reason}")
+        echo(f"  {v.layout:<12} T {v.temperature:<3} drafts {v.draft_sampling:<13} {v.result}: {v.reason}")
 
 
 @conformance_group.command("show")
@@ -395,9 +396,9 @@ def conformance_show(directory: str | None) -> None:
     latest = {path for path, _ in conformance.latest_records(folder)}
     for path, record in conformance.load_records(folder):
         mark = "  [latest for this build]" if path in latest else ""
-        click.echo(f"{path.name}: {record.build}, {record.hardware}, {record.run_date:%Y-%m-%d %H:%M} UTC{mark}")
+        echo(f"{path.name}: {record.build}, {record.hardware}, {record.run_date:%Y-%m-%d %H:%M} UTC{mark}")
         for v in conformance.verdicts([(path, record)]):
-            click.echo(f"  {v.layout:<12} T {v.temperature:<3} drafts {v.draft_sampling:<13} "
+            echo(f"  {v.layout:<12} T {v.temperature:<3} drafts {v.draft_sampling:<13} "
                        f"{v.result}: {v.reason}; {v.detail}")
 
 
@@ -406,18 +407,31 @@ def conformance_show(directory: str | None) -> None:
 @db_option
 @click.option("--max-rows", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Print at most this many rows; the output says when more were left out.")
-def query_cmd(sql: str, db: Path, max_rows: int) -> None:
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              help="Stop the query after this many seconds (one line says so, exit 1).")
+@click.option("--max-memory", default="1GB", show_default=True,
+              help="DuckDB's memory_limit for the query (e.g. 512MB, 4GB; nothing spills to disk); past it the "
+                   "query stops with one line, exit 1.")
+@click.option("--max-cell-bytes", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Print at most this many bytes of one cell (UTF-8); a longer one is cut, ends in … and is counted.")
+def query_cmd(sql: str, db: Path, max_rows: int, timeout: float, max_memory: str, max_cell_bytes: int) -> None:
     """Run SQL against the store, read-only in fact (no other file, no write, no extension), and
-    print the result as a plain table."""
+    print the result as a plain table; text from the store is shown with control characters escaped.
+    Ctrl-C and SIGTERM stop a running query at once."""
     from atlas.store import query as storequery
 
-    result = storequery.query(db, sql, max_rows)
-    click.echo(storequery.plain_table(result.columns, result.rows))
+    limits = storequery.Limits(max_rows=max_rows, timeout_s=timeout, max_memory=storequery.check_memory(max_memory),
+                               max_cell_bytes=max_cell_bytes)
+    result = storequery.query(db, sql, limits)
+    table, cut = storequery.plain_table(result.columns, result.rows, max_cell_bytes)
+    echo(table)
     n = len(result.rows)
     if result.more:
-        click.echo(f"(first {n:,} rows shown, more left out: add a LIMIT or raise --max-rows)")
+        echo(f"(first {n:,} rows shown, more left out: add a LIMIT or raise --max-rows)")
     else:
-        click.echo(f"({n} row{'' if n == 1 else 's'})")
+        echo(f"({n} row{'' if n == 1 else 's'})")
+    if cut:
+        echo(f"({cut:,} cell{'' if cut == 1 else 's'} cut at {max_cell_bytes:,} bytes: raise --max-cell-bytes to see more)")
 
 
 # ---- evidence and site (store -> evidence -> site) ---------------------------------------------
@@ -450,7 +464,7 @@ def evidence_cmd(db: Path, out: str | None, servable_path: str | None,
     models_path = out_path.with_name(modelpages.FILE_NAME)
     models = modelpages.generate(db, models_path, matrix, project_root())
     f = ev.facts
-    click.echo(
+    echo(
         f"Wrote {out_path}: snapshot {f.snapshot_id} ({f.snapshot_date}), {f.n_models} models, "
         f"{f.n_declaring} declare MTP, {f.n_mismatches} mismatches, "
         f"{f.n_measurements} measured cells; {models_path.name}: "
@@ -476,8 +490,8 @@ def export_cmd(db: Path, out: str | None, evidence_dir: Path | None) -> None:
     manifest = export.export(db, out_path, evidence_dir or project_path("evidence"), project_root())
     for f in manifest.files:
         if f.format == "parquet":
-            click.echo(f"  {f.table:<22} {f.rows:>6} rows  (data as of {f.as_of or '—'})")
-    click.echo(f"Wrote {out_path}: {len(manifest.files)} files (Parquet and CSV), README.md (the dataset card), croissant.json, manifest and changelog.")
+            echo(f"  {f.table:<22} {f.rows:>6} rows  (data as of {f.as_of or '—'})")
+    echo(f"Wrote {out_path}: {len(manifest.files)} files (Parquet and CSV), README.md (the dataset card), croissant.json, manifest and changelog.")
 
 
 @cli.group("site")
@@ -512,7 +526,7 @@ def site_build(root: Path | None, evidence_dir: Path | None, data_dir: Path | No
 
     layout = _layout(root, evidence_dir, data_dir)
     pages = render.build(layout)
-    click.echo(f"Rendered {len(pages)} pages; built {layout.build}/ (mkdocs build --strict).")
+    echo(f"Rendered {len(pages)} pages; built {layout.build}/ (mkdocs build --strict).")
 
 
 @site_group.command("serve")

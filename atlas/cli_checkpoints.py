@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from atlas import AtlasError
+from atlas.terminal import echo
 
 
 @click.command("team-model")
@@ -44,9 +45,9 @@ def team_model(out: Path, minutes: float | None, steps: int | None, **options: o
         spec = teammodel.TeamModelSpec(**fields)
     except ValidationError as exc:
         raise AtlasError(f"bad team-model option: {exc.errors()[0]['msg']}") from None
-    record = teamcheckpoint.make_team_model(spec, out, log=click.echo)
+    record = teamcheckpoint.make_team_model(spec, out, log=echo)
     metrics = record["metrics"]
-    click.echo(
+    echo(
         f"saved {out}: {record['steps']} steps in {record['wall_seconds']:.0f} s on {record['device']}; "
         f"held-out loss {metrics['heldout_loss']:.3f}, MTP top-1 agreement {metrics['mtp_top1_agreement']:.3f}, "
         f"T=1 acceptance {metrics['mtp_t1_acceptance']:.3f}"
@@ -68,8 +69,8 @@ def real_model_head_data(out: Path | None, workers: int | None, samples: int | N
     spec = data.DataSpec(**fields)
     folder = out or smollm.HEAD_DIR
     command = "atlas real-model-head-data" + "".join(f" --{k.replace('_', '-')} {v}" for k, v in fields.items())
-    side = data.make(folder, spec, command, log=click.echo)
-    click.echo(f"saved {folder / data.DATA_FILE}: {side['sequences']} answers, {side['answer_tokens']} answer tokens "
+    side = data.make(folder, spec, command, log=echo)
+    echo(f"saved {folder / data.DATA_FILE}: {side['sequences']} answers, {side['answer_tokens']} answer tokens "
                f"({side['tokens']} with prompts), sha256 {side['sha256'][:12]}…, {side['seconds']:.0f} s")
 
 
@@ -92,8 +93,8 @@ def real_model_head_wraps(out: Path, source: Path | None, build_dir: str | None,
 
     fields = {k: v for k, v in options.items() if v is not None}
     serve = functools.partial(plain_answers, build_dir)
-    side = wrapdata.make(source or smollm.HEAD_DIR, out, wrapdata.WrapSpec(**fields), command_line(), serve, log=click.echo)
-    click.echo(f"saved {out / data.DATA_FILE}: {side['sequences']} answers, {side['answer_tokens']} answer tokens "
+    side = wrapdata.make(source or smollm.HEAD_DIR, out, wrapdata.WrapSpec(**fields), command_line(), serve, log=echo)
+    echo(f"saved {out / data.DATA_FILE}: {side['sequences']} answers, {side['answer_tokens']} answer tokens "
                f"({side['tokens']} with prompts), sha256 {side['sha256'][:12]}…, {side['seconds']:.0f} s")
 
 
@@ -123,16 +124,16 @@ def real_model_head(out: Path | None, folders: tuple[Path, ...], ablation: str |
     folder = out or smollm.HEAD_DIR
     if ablation:
         field = ablation.replace("-", "_")
-        table = headtrain.ablation(spec, folder, field, log=click.echo, folders=list(folders) or None)
+        table = headtrain.ablation(spec, folder, field, log=echo, folders=list(folders) or None)
         for value, row in table["variants"].items():
             after = row["heldout_after"]
-            click.echo(f"  {value:<10} held-out T=0 per position {after['t0_conditional']}, T=1 {after['t1_expected']}, "
+            echo(f"  {value:<10} held-out T=0 per position {after['t0_conditional']}, T=1 {after['t1_expected']}, "
                        f"training {row['seconds']['train']:.0f} s")
-        click.echo(f"saved {folder / headtrain.ablation_file(field)}: best {table['best']} ({table['rule']})")
+        echo(f"saved {folder / headtrain.ablation_file(field)}: best {table['best']} ({table['rule']})")
         return
-    recipe = headtrain.make_head(spec, folder, log=click.echo, folders=list(folders) or None)
+    recipe = headtrain.make_head(spec, folder, log=echo, folders=list(folders) or None)
     after = recipe["heldout_after"]
-    click.echo(f"saved head {recipe['head_sha256'][:12]}: {recipe['steps']} steps over {recipe['data']['training_answer_tokens']} "
+    echo(f"saved head {recipe['head_sha256'][:12]}: {recipe['steps']} steps over {recipe['data']['training_answer_tokens']} "
                f"answer tokens, {recipe['seconds']}; held-out first-draft acceptance T=0 {after['t0_conditional'][0]}, "
                f"T=1 {after['t1_expected'][0]}; per position T=0 {after['t0_conditional']}")
 
@@ -150,7 +151,7 @@ def real_model(out: Path | None, head_dir: Path | None) -> None:
     from atlas.checkpoints import smollm
     from atlas.paths import project_path
 
-    smollm.build(out or project_path(smollm.DEFAULT_OUT_PATH), head_dir or smollm.HEAD_DIR, log=click.echo)
+    smollm.build(out or project_path(smollm.DEFAULT_OUT_PATH), head_dir or smollm.HEAD_DIR, log=echo)
 
 
 @click.command("real-model-gguf")
@@ -186,7 +187,7 @@ def real_model_gguf(model: Path | None, out: Path | None, quants: str, layouts: 
         raise AtlasError(f"--layouts: unknown {', '.join(unknown)} (known: {', '.join(llamacpp_gguf.LAYOUTS)})")
     build = find_build(build_dir)
     target = out or llamacpp_engine.gguf_set_dir(folder)
-    click.echo(f"GGUF set of {folder} with llama.cpp b{build.version} -> {target}")
-    manifest = llamacpp_gguf.make_set(folder, target, build, llamacpp_gguf.source_of(build), kinds, shapes, log=click.echo,
+    echo(f"GGUF set of {folder} with llama.cpp b{build.version} -> {target}")
+    manifest = llamacpp_gguf.make_set(folder, target, build, llamacpp_gguf.source_of(build), kinds, shapes, log=echo,
                                       draft_vocab=draft_vocab, untie_output=untie_output)
-    click.echo(f"wrote {len(manifest.files)} GGUF files and {target / 'manifest.json'}")
+    echo(f"wrote {len(manifest.files)} GGUF files and {target / 'manifest.json'}")

@@ -452,6 +452,31 @@ def test_the_set_finds_an_untied_copy_only_when_asked_for_it() -> None:
         manifest.find("combined", "Q4_0", None, "IQ4_NL")
 
 
+@pytest.mark.parametrize("option, message", [
+    ("quant=Q9_9", "--engine-option quant=Q9_9: not a llama-quantize type"),
+    ("output=Q9_9", "--engine-option output=Q9_9: not a ggml type"),
+    ("gguf={tmp}/junk.gguf", "junk.gguf: not a GGUF file"),
+    ("gguf={tmp}/trunk.gguf", "a trunk-only GGUF"),
+    ("gguf={tmp}/none.gguf", "none.gguf: no such GGUF file"),
+    ("quant=Q4_1", "no GGUF set there (manifest.json missing)"),  # the checkpoint has no set beside it
+])
+def test_each_bad_gguf_or_quant_is_said_before_the_build_is_looked_for(tmp_path: Path, option: str, message: str) -> None:
+    """No build at build=: every fault of the GGUF and the quant names is still the one line said."""
+    from tests.gguf_writer import mtp_model
+
+    model = tmp_path / "ckpt"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf")
+    (tmp_path / "trunk.gguf").write_bytes(mtp_model(head=False, nextn=None).file())
+    result = CliRunner().invoke(cli, ["measure", "run", "--engine", "llamacpp", "--model", str(model), "--out", str(tmp_path / "out"),
+                                      "--engine-option", option.format(tmp=tmp_path),
+                                      "--engine-option", f"build={tmp_path / 'no-build'}"])
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "no llama.cpp build" not in result.output
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # no record
+
+
 # ---- on the pinned build and the real checkpoint -----------------------------------------------------
 
 

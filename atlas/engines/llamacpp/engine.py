@@ -30,7 +30,8 @@ from atlas import AtlasError
 from atlas.engines.llamacpp import bench as llamacpp_bench
 from atlas.engines.llamacpp.build import NEXTN_D2T, Build, find_build, repack_setting, require_draft_mtp
 from atlas.omp import engine_env
-from atlas.engines.llamacpp.gguf import GgufInfo, Manifest, inspect, read_manifest, require_combined
+from atlas.engines.llamacpp.gguf import QUANTS, GgufInfo, Manifest, inspect, read_manifest, require_combined
+from atlas.fingerprints.gguf import FILE_TYPES, GGML_TYPES
 from atlas.paths import sha256_file
 from atlas.engines.llamacpp.server import Server, run_stats
 from atlas.decode.generate import RunStats
@@ -49,6 +50,8 @@ COUNTER_CHECK = ("every speculative request: the streamed tokens grouped by the 
                  "timings (draft_n, draft_n_accepted) and the /metrics deltas, per draft position too")
 # Sampling made neutral, so that T = 1 samples the model's own distribution (llama.cpp's defaults
 # include min_p 0.05 and top_k 40); --top-k / --top-p still apply when given.
+# What a GGUF set's file may be quantized to: f16, or a type llama-quantize names (llama.h's file types).
+QUANT_NAMES = frozenset(name.removeprefix("MOSTLY_").removeprefix("ALL_") for name in FILE_TYPES.values())
 NEUTRAL = {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
            "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0, "top_n_sigma": -1.0}
 
@@ -75,6 +78,11 @@ def check(options: Options) -> None:
     if options.dtype != "float32":
         raise AtlasError("--dtype does not apply to --engine llamacpp: the GGUF's type decides (--engine-option quant=Q4_1)")
     repack_setting(options.llamacpp.repack)
+    lo = options.llamacpp
+    if lo.quant.upper() not in QUANT_NAMES:
+        raise AtlasError(f"--engine-option quant={lo.quant}: not a llama-quantize type (f16, {', '.join(QUANTS)}, ...)")
+    if lo.output is not None and lo.output.upper() not in {name for name, _, _ in GGML_TYPES.values()}:
+        raise AtlasError(f"--engine-option output={lo.output}: not a ggml type (e.g. Q4_0, Q8_0)")
 
 
 def gguf_set_dir(folder: Path) -> Path:
@@ -241,12 +249,12 @@ def run(options: Options, log: Callable[[str], None] = print) -> tuple[Record, P
     from atlas.engines.stamp import hardware, load_average
     from atlas.records.workloads import load_prompt_set
 
-    build = find_build(options.llamacpp.build)
-    require_draft_mtp(build)
     prompt_set = load_prompt_set(options.prompt_set)
     workloads = prompt_set.get(options.workloads)
     folder, model_id, revision = resolve(options.model, options.revision, options.endpoint)
-    gguf, conversion = resolve_gguf(options, folder)
+    gguf, conversion = resolve_gguf(options, folder)  # the GGUF and its set before the build: each input said at once
+    build = find_build(options.llamacpp.build)
+    require_draft_mtp(build)
     vocab_info = cut_draft(build, options, folder)
     tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     prompts = prompt_set.encode_workloads(tokenizer, workloads, options.prompts_per_workload, MAX_PROMPT_TOKENS)
