@@ -104,7 +104,7 @@ class DrafterLink(BaseModel):
 
 
 class PublishedDrafter(BaseModel):
-    """An MTP drafter repo of the same snapshot whose target is this model, and how it was linked."""
+    """A speculative drafter repo of the same snapshot whose target is this model, and how it was linked."""
 
     repo_id: str
     evidence: str  # 'base_model' or 'name', as on the drafter's DrafterLink
@@ -131,8 +131,8 @@ class Model(BaseModel):
     # whether our loop runs its MTP layout, by rule from its stored config and weight names
     # (atlas.families.coverage): "runs (...)", "refused: ...", "not shipped: ..."; None: no page
     runner: str | None = None
-    drafter: DrafterLink | None = None  # set when this repo is an MTP drafter of its own
-    drafters: list[PublishedDrafter] = []  # MTP drafter repos published for this model
+    drafter: DrafterLink | None = None  # set when this repo is a speculative drafter of its own (not MTP)
+    drafters: list[PublishedDrafter] = []  # speculative drafter repos published for this model
     form: MTPForm | None = None  # the form it ships MTP in (atlas.site.mtp_forms); None: not read
 
 
