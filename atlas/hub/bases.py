@@ -1,5 +1,7 @@
 """Bases named outside the snapshot, asked of the hub on demand (issue 63).
 
+A lookup settled by a crawl of the last REUSE_DAYS days is reused, not asked again.
+
 A conversion is judged by the base it names, a sidecar and a drafter are linked to theirs; when
 that base is not in the snapshot (another org, under the listing's minimum), it is looked up here
 through the same client, pacing, bounds and error classes as every other request: its repo info
@@ -20,6 +22,9 @@ from atlas.hub.fetch import REPO_ID, SHA, WEIGHT_INDEX, Listed, _download
 from atlas.store.db import BaseLookup
 
 MAX_LOOKUPS = 32  # bases looked up per crawl: each costs up to three requests
+# a settled lookup (the base exists or not, its form) is reused by the crawls of this many days after
+# it: an unchanged scope then costs no request, and a base that appears or changes is seen within a week
+REUSE_DAYS = 7
 # the fingerprints that say whether a repo needs its base judged, and which base it names
 NEEDED = ("mtp_form", "mtp_conversion", "quant_method", "gguf_base_model", "drafter_target_config")
 LINKED_FORMS = ("mtp_sidecar", "separate_drafter")  # a base or target checked to exist

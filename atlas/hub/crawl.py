@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -450,8 +450,13 @@ def _base_lookups(ctx: Context, con: duckdb.DuckDBPyConnection, run: CrawlRun,
             fresh.setdefault((repo, sha), {})[name] = value
     stored = store.fingerprint_values(con, [p for p in ok if p not in made], bases.NEEDED)
     pairs = [(listed, fresh.get(p) or stored.get(p) or {}) for p, listed in ok.items()]
+    names = bases.wanted(pairs)
+    settled = store.recent_base_lookups(con, names, run.started - timedelta(days=bases.REUSE_DAYS))
     out: list[store.BaseLookup] = []
-    for base in bases.wanted(pairs):
+    for base in names:
+        if base.lower() in settled:
+            out.append(settled[base.lower()])
+            continue
         try:
             out.append(bases.look_up(ctx, base))
         except HubUnreachable as exc:

@@ -371,6 +371,23 @@ def fingerprint_values(con: duckdb.DuckDBPyConnection, pairs: Iterable[tuple[str
     return out
 
 
+def recent_base_lookups(con: duckdb.DuckDBPyConnection, repo_ids: Sequence[str], since: datetime) -> dict[str, BaseLookup]:
+    """The newest settled lookup (ok, missing, gated) of each of `repo_ids` (by lower-cased id) in a
+    snapshot finished at or after `since`: a crawl reuses it instead of asking again."""
+    if not repo_ids:
+        return {}
+    con.register("_wanted_bases", {"repo_id": _column(sorted({r.lower() for r in repo_ids}))})
+    try:
+        rows = con.execute(
+            "SELECT l.repo_id, l.sha, l.status, l.error, l.mtp_form, l.mtp_form_evidence FROM base_lookups l "
+            "JOIN snapshots s USING (snapshot_id) JOIN _wanted_bases w ON w.repo_id = lower(l.repo_id) "
+            "WHERE s.finished_at >= ? AND l.status IN ('ok', 'missing', 'gated') "
+            "QUALIFY row_number() OVER (PARTITION BY lower(l.repo_id) ORDER BY l.snapshot_id DESC) = 1", [since]).fetchall()
+    finally:
+        _unregister(con, "_wanted_bases")
+    return {r[0].lower(): BaseLookup(*r) for r in rows}
+
+
 def side_file_state(
     con: duckdb.DuckDBPyConnection, pairs: Iterable[tuple[str, str]]
 ) -> dict[tuple[str, str], tuple[set[str], dict[str, str]]]:
