@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from gguf_writer import Model, mtp_model
+from gguf_writer import STRING, Model, mtp_model
 
 ORG = "synthetic"
+# bases outside the crawled scope: served by the local hub, never listed (read on demand, issue 63)
+UPSTREAM = "synthetic-upstream"
 
 
 def index(names: list[str], shard_of: dict[str, str] | None = None, total_size: int = 0) -> bytes:
@@ -150,6 +152,97 @@ def repos() -> list[Repo]:
         Repo(f"{o}/Llama-shaped", {"config.json": _config({"model_type": "llama", "num_hidden_layers": 2}),
                                    "model.safetensors.index.json": index(TRUNK)}, "none", "https://huggingface.co/meta-llama/Llama-3.1-8B"),
         Repo(f"{o}/Llama-shaped-GGUF", {"llama-Q4_0.gguf": gguf(mtp_model(head=False, arch="llama", nextn=None))}, "none", notes),
+    ]
+
+
+# ---- issue 63: original quantized releases, conversions of bases outside the snapshot, heads as files
+# of their own, speculative drafters that are not MTP, and bases that must exist. Each SYNTHETIC, shaped
+# from the page its link names.
+GGUF_NOTES = "https://github.com/ggml-org/ggml/blob/master/docs/gguf.md (general.base_model.* keys)"
+PIN = "0123456789abcdef0123456789abcdef01234567"  # a base commit a sidecar says it matches
+MISSING_BASE = f"{UPSTREAM}/no-such-base"  # served by no hub
+
+
+def based_gguf(model: Model, base: str) -> bytes:
+    """A GGUF file whose header names the Hub repo it was converted from (general.base_model.0.repo_url)."""
+    model.kvs += [("general.base_model.count", 4, 1), ("general.base_model.0.repo_url", STRING, f"https://huggingface.co/{base}")]
+    return model.file()
+
+
+def upstream() -> list[Repo]:
+    """Bases outside the crawled org, each with the form a lookup must read."""
+    u = UPSTREAM
+    return [
+        Repo(f"{u}/GLM-4.5-Air-base", glm_ckpt(), "in_checkpoint", "https://huggingface.co/zai-org/GLM-4.5-Air"),
+        Repo(f"{u}/Qwen3.5-4B-base", {"config.json": _config(QWEN35),
+                                      "model.safetensors.index.json": index(QWEN35_TRUNK + QWEN35_MTP)},
+             "in_checkpoint", "https://huggingface.co/Qwen/Qwen3.5-4B (mtp.* beside the trunk)"),
+        Repo(f"{u}/Qwen3-8B-base", {"config.json": _config({"model_type": "qwen3", "num_hidden_layers": 2})}, "none",
+             "https://huggingface.co/Qwen/Qwen3-8B"),
+    ]
+
+
+def round_two() -> list[Repo]:
+    o, u = ORG, UPSTREAM
+    mlx = "https://github.com/ml-explore/mlx-lm/issues/1543 (the MTP head saved as mtp.safetensors beside the shards)"
+    minimax = {"model_type": "minimax_m2", "architectures": ["MiniMaxM2ForCausalLM"], "num_hidden_layers": 2,
+               "use_mtp": True, "num_mtp_modules": 3, "mtp_transformer_layers": 1}
+    return [
+        # ---- an original release in FP8: its own quantization config, no base named: declared but missing
+        Repo(f"{o}/MiniMax-M2.7-shaped-FP8", {"config.json": _config({**minimax, "quantization_config": {"quant_method": "fp8"}}),
+             "model.safetensors.index.json": index(TRUNK)}, "declared_missing",
+             "https://huggingface.co/MiniMaxAI/MiniMax-M2.7 (config.json: quant_method fp8, num_mtp_modules 3)"),
+        Repo(f"{o}/Qwen3.5-2B-shaped-FP8", {"config.json": _config({**QWEN35, "quantization_config": {"quant_method": "fp8"}}),
+             "model.safetensors.index.json": index(QWEN35_TRUNK)}, "declared_missing",
+             "https://huggingface.co/Qwen/Qwen3.5-27B-FP8 (a lab's own FP8 release of its own base)",
+             {"base_model": f"{o}/Qwen3.5-0.8B-shaped"}),  # its own org's base: not another author's copy
+        # ---- conversions whose base is outside the snapshot: judged by the base read on demand
+        Repo(f"{o}/GLM-4.5-Air-base-trunk-GGUF", {"GLM-4.5-Air-Q4_0.gguf": based_gguf(
+            mtp_model(head=False, nextn=None), f"{u}/GLM-4.5-Air-base")}, "stripped", GGUF_NOTES),
+        Repo(f"{o}/Qwen3.5-4B-base-NVFP4", {"config.json": _config({"model_type": "qwen3_5", "text_config": {
+            "num_hidden_layers": 2}, "quantization_config": {"quant_method": "modelopt"}}),
+            "model.safetensors.index.json": index(QWEN35_TRUNK)}, "stripped",
+            "https://huggingface.co/nvidia/DeepSeek-V3.2-NVFP4 (another author's quantization; card base_model)",
+            {"base_model": f"{u}/Qwen3.5-4B-base"}),
+        Repo(f"{o}/Qwen3.5-4B-base-FP8-by-another", {"config.json": _config({**QWEN35, "quantization_config": {"quant_method": "fp8"}}),
+             "model.safetensors.index.json": index(QWEN35_TRUNK)}, "stripped",
+             "https://huggingface.co/nvidia/MiniMax-M2.5-NVFP4 (another author's quantization that keeps the MTP key)",
+             {"base_model": f"{u}/Qwen3.5-4B-base"}),
+        # ---- the head as a file of its own beside trunk files: in repo, separate file
+        Repo(f"{o}/GLM-4.5-Air-shaped-mixed-GGUF", {"GLM-4.5-Air-MTP-Q8_0.gguf": gguf(mtp_model(trunk=False)),
+                                                     "GLM-4.5-Air-Q4_K_M.gguf": gguf(mtp_model(head=False)),
+                                                     "GLM-4.5-Air-Q8_0.gguf": gguf(mtp_model(head=False))},
+             "in_repo_separate", "https://huggingface.co/ggml-org/Qwen3.6-35B-A3B-MTP-GGUF (trunk quants and the MTP file)"),
+        Repo(f"{o}/Qwen3.5-2B-shaped-MLX-separate-head", {
+            "config.json": _config(QWEN35), "model.safetensors.index.json": index(QWEN35_TRUNK),
+            "mtp.safetensors": safetensors_file({n: ("BF16", [8, 8]) for n in QWEN35_MTP})}, "in_repo_separate", mlx),
+        # ---- speculative drafters that are not MTP, each linked to its target
+        Repo(f"{o}/EAGLE3-Llama-shaped", {"config.json": _config({
+            "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1, "draft_vocab_size": 32})},
+            "separate_drafter", "https://github.com/sgl-project/SpecForge (configs/*-eagle3.json: LlamaForCausalLMEagle3, "
+            "draft_vocab_size)", {"base_model": f"{o}/Llama-shaped"}),
+        Repo(f"{o}/Llama-shaped-speculator-eagle3", {"config.json": _config({
+            "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+            "speculators_config": {"verifier": {"name_or_path": f"{o}/Llama-shaped"}}})},
+            "separate_drafter", "https://github.com/vllm-project/speculators (speculators_config.verifier.name_or_path)"),
+        Repo(f"{o}/Qwen3-8B-shaped-DFlash-b16", {"config.json": _config({
+            "architectures": ["DFlashDraftModel"], "block_size": 16, "num_hidden_layers": 1,
+            "dflash_config": {"mask_token_id": 7, "target_layer_ids": [0, 1]}})},
+            "separate_drafter", "https://github.com/z-lab/dflash (z-lab/Qwen3-8B-DFlash-b16: DFlashDraftModel)",
+            {"base_model": f"{u}/Qwen3-8B-base", "base_model_revision": PIN}),
+        Repo(f"{o}/DeepSeek-V4-shaped-DSpark-drafter", {"config.json": _config({
+            "model_type": "deepseek_v4", "num_hidden_layers": 2, "dspark_block_size": 5, "dspark_target_layer_ids": [0, 1]}),
+            "model.safetensors.index.json": index(["mtp.main_proj.weight", "mtp.markov_head.weight", "mtp.confidence_head.weight"])},
+            "separate_drafter", "https://github.com/vllm-project/vllm/pull/41834 (DSpark stages under mtp.*)",
+            {"base_model": f"{o}/DeepSeek-V4-Flash-0731-shaped"}),
+        # ---- a sidecar and a drafter whose named base does not exist; a sidecar pinned to its base's commit
+        Repo(f"{o}/qwen3-5-orphan-mtp", {"config.json": _config({"model_type": "qwen3_5_mtp", "block_size": 2})},
+             "mtp_sidecar", "https://huggingface.co/FoxlightAI/qwen3-5-0-8b-base-mtp", {"base_model": MISSING_BASE}),
+        Repo(f"{o}/orphan-DFlash", {"config.json": _config({"architectures": ["DFlashDraftModel"], "dflash_config": {}})},
+             "separate_drafter", "https://github.com/z-lab/dflash", {"base_model": MISSING_BASE}),
+        Repo(f"{o}/qwen3-5-4b-pinned-mtp", {"config.json": _config({"model_type": "qwen3_5_mtp", "block_size": 4})},
+             "mtp_sidecar", "https://huggingface.co/guru87/Qwen3.5-2B-MTP",
+             {"base_model": f"{u}/Qwen3.5-4B-base", "base_model_revision": PIN}),
     ]
 
 

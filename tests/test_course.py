@@ -316,7 +316,7 @@ def test_finder_lists_every_model_of_the_snapshot_sortable_and_filterable(course
     html = built(layout, "models")
     page = parse_html(html)
     table = next(t for t in page.tables if t.header[0] == "model")
-    assert table.header == ["model", "org", "family", "declared", "shipped", "MTP form", "servable", "measured", "MTP drafter",
+    assert table.header == ["model", "org", "family", "declared", "shipped", "MTP form", "servable", "measured", "drafter (not MTP)",
                             "our loop"]
     ds = next(r for r in table.rows if r[0] == "deepseek-ai/DeepSeek-V3")
     assert ds[5] == "—"  # the planted store's fingerprint rows carry no MTP form (tests/test_mtp_forms.py has them)

@@ -143,18 +143,19 @@ def test_the_drafter_and_its_target_link_to_each_other(site, drafter: str, targe
     # the drafter's page names its target, linked, with the evidence; the target's, its drafter
     drafter_page, target_page = _page(folder, d), _page(folder, t)
     assert f"({t.slug}.md) (target {escape(evidence)}" in drafter_page
-    assert f"MTP drafter published: [{drafter}]({d.slug}.md)" in target_page
-    assert "MTP drafter published" not in drafter_page and "MTP drafter (<code>" not in target_page
+    assert f"speculative drafter published (not MTP): [{drafter}]({d.slug}.md)" in target_page
+    assert "drafter published" not in drafter_page and "not MTP (<code>" not in target_page
     # the claim-level table carries it as a present claim of its own
-    assert "| MTP drafter (own repo) |" in target_page and "| MTP drafter (own repo) |" in drafter_page
+    row = "| speculative drafter (own repo, not MTP) |"
+    assert row in target_page and row in drafter_page
     # the finder: the first screen's rows, and the part files the script loads
     assert f'for <a href="{t.slug}/">' in _finder_row_html(folder, drafter)
-    assert f'MTP drafter published: <a href="{d.slug}/">' in _finder_row_html(folder, target)
+    assert f'drafter published: <a href="{d.slug}/">' in _finder_row_html(folder, target)
     parts = json.loads(re.sub(r"^atlasFinderPart\(0, |\);\n$", "", (folder / "finder" / "part-0000.js").read_text()))
-    cells = {row[0]: row[modelfinder.FINDER_COLUMNS.index("MTP drafter") + 1] for row in parts}
+    cells = {row[0]: row[modelfinder.FINDER_COLUMNS.index("drafter (not MTP)") + 1] for row in parts}
     assert [t.slug] == [slug for _, slug in cells[drafter] if slug]
     assert [d.slug] == [slug for _, slug in cells[target] if slug]
-    assert cells[target][0][0] == "MTP drafter published: "
+    assert cells[target][0][0] == "drafter published: "
 
 
 def test_a_drafter_whose_target_is_not_known_says_so(site) -> None:

@@ -14,7 +14,9 @@ from pathlib import Path
 import duckdb
 import pytest
 from hub_fixtures import build_mirror, rows, write_watchlist
-from mtp_form_fixtures import EVIL_GGUF, GLM_HEAD_BYTES, GLM_TOTAL, ORG, evil_repo, repos
+from mtp_form_fixtures import (
+    EVIL_GGUF, GLM_HEAD_BYTES, GLM_TOTAL, MISSING_BASE, ORG, PIN, UPSTREAM, evil_repo, repos, round_two, upstream,
+)
 from site_helpers import REPO
 
 from atlas.fingerprints.form import FORMS
@@ -27,18 +29,19 @@ from atlas.site.pages import modelfinder, modelpage
 from atlas.site.parts import mtp_forms
 from atlas.site.parts import models_json as modelpages
 
-REPOS = [*repos(), evil_repo()]
+REPOS = [*repos(), evil_repo(), *round_two()]
+OUTSIDE = upstream()  # on the hub, outside the crawled scope
 
 
 def _meta() -> str:
     return "".join(f'["{r.repo_id}"]\n' + "".join(f"{k} = {json.dumps(v)}\n" for k, v in r.meta.items()) + "\n"
-                   for r in REPOS if r.meta)
+                   for r in [*REPOS, *OUTSIDE] if r.meta)
 
 
 @pytest.fixture(scope="module")
 def crawled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[dict]]]:
     tmp = tmp_path_factory.mktemp("forms")
-    mirror = build_mirror(tmp / "mirror", {r.repo_id: r.files for r in REPOS}, _meta())
+    mirror = build_mirror(tmp / "mirror", {r.repo_id: r.files for r in [*REPOS, *OUTSIDE]}, _meta())
     db = tmp / "atlas.duckdb"
     with HubServer(load_mirror(mirror)) as hub:
         summary = crawler.crawl(db, write_watchlist(tmp / "w.toml", [ORG]), endpoint=hub.url, endpoint_label="mirror:test",
@@ -74,7 +77,8 @@ def test_the_evidence_names_the_key_or_the_tensors(crawled) -> None:
     assert got[f"{ORG}/DeepSeek-V4.1-shaped"][1] == "text_config.dspark_block_size = 7"
     assert got[f"{ORG}/gemma-4-12B-it-assistant"][1] == "model_type = gemma4_unified_assistant"
     # the cross-repo rule: a GGUF with nothing of its own to say is stripped because its base ships MTP
-    assert got[f"{ORG}/GLM-4.5-Air-shaped-GGUF"][1].startswith(f"base {ORG}/GLM-4.5-Air-shaped is in_checkpoint; this conversion (GGUF")
+    assert got[f"{ORG}/GLM-4.5-Air-shaped-GGUF"][1].startswith(
+        f"base {ORG}/GLM-4.5-Air-shaped (in this snapshot) is in_checkpoint; this conversion (GGUF")
     assert "a conversion: quantization (MLX" in got[f"{ORG}/Qwen3.5-0.8B-shaped-MLX-4bit"][1]
     assert got[f"{ORG}/Qwen3.5-2B-shaped-MLX-bf16"][1].endswith("; a conversion: the Hub lists it with library_name mlx")
 
@@ -205,3 +209,113 @@ def test_the_export_carries_form_evidence_links_and_head_facts(crawled, tmp_path
     assert got[f"{ORG}/GLM-4.5-Air-shaped-MTP-GGUF"][2:] == (f"{ORG}/GLM-4.5-Air-shaped-GGUF", "mtp-only",
                                                           "GLM-4.5-Air-MTP-Q8_0.gguf: F16×2, F32×2, Q8_0×2", "yes", 17_664)
     assert got[f"{ORG}/MiniMax-M2.5-shaped"][1] == "num_mtp_modules = 3; none of the 9 tensor names is an MTP tensor"
+
+
+# ---- issue 63: each gap a test through the crawl (the fixtures: mtp_form_fixtures.round_two) -------------
+
+
+def test_an_original_quantized_release_keeps_declared_but_missing(crawled) -> None:
+    """A quantization config alone is no conversion: a lab's FP8 release (no base, or its own org's)
+    whose index lacks the declared heads is declared_missing, not stripped."""
+    got = forms(crawled[0])
+    assert got[f"{ORG}/MiniMax-M2.7-shaped-FP8"] == (
+        "declared_missing", "num_mtp_modules = 3; none of the 9 tensor names is an MTP tensor")
+    assert got[f"{ORG}/Qwen3.5-2B-shaped-FP8"][0] == "declared_missing"
+
+
+def test_the_bundled_minimax_m27_config_reads_declared_but_missing_with_a_trunk_index() -> None:
+    """The docs' own example: MiniMax-M2.7's verbatim config (quant_method fp8) over a weight map
+    without MTP tensors."""
+    config = json.loads((REPO / "data/hub-mirror/MiniMaxAI/MiniMax-M2.7/config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "fp8"
+    rows_ = {n: v for n, v, _ in fingerprint(config, ["model.embed_tokens.weight", "lm_head.weight"], "index").rows()}
+    assert rows_["mtp_form"] == "declared_missing" and "mtp_conversion" not in rows_
+
+
+def test_a_conversion_of_a_base_outside_the_snapshot_is_judged_by_that_base_read_on_demand(crawled) -> None:
+    db, log = crawled
+    got = forms(db)
+    for repo in ("GLM-4.5-Air-base-trunk-GGUF", "Qwen3.5-4B-base-NVFP4", "Qwen3.5-4B-base-FP8-by-another"):
+        assert got[f"{ORG}/{repo}"][0] == "stripped", repo
+    glm = got[f"{ORG}/GLM-4.5-Air-base-trunk-GGUF"][1]
+    assert re.match(rf"base {UPSTREAM}/GLM-4\.5-Air-base \(read on demand at [0-9a-f]{{12}}\) is in_checkpoint; "
+                    r"this conversion \(GGUF files", glm), glm
+    assert got[f"{ORG}/Qwen3.5-4B-base-NVFP4"][1].startswith(
+        f"base {UPSTREAM}/Qwen3.5-4B-base (read on demand at ")
+    assert f"quantization fp8 of {UPSTREAM}/Qwen3.5-4B-base by another author" in got[f"{ORG}/Qwen3.5-4B-base-FP8-by-another"][1]
+    assert rows(db, f"SELECT gguf_base_model FROM mtp_fingerprints WHERE repo_id = '{ORG}/GLM-4.5-Air-base-trunk-GGUF'") == [
+        (f"{UPSTREAM}/GLM-4.5-Air-base",)]
+    # read through the same client: the base's repo info, config and index, never listed, never a weight
+    asked = {r["path"] for r in log if f"/{UPSTREAM}/" in r["path"]}
+    assert any(p.endswith(f"/api/models/{UPSTREAM}/GLM-4.5-Air-base") for p in asked), asked
+    assert not any(p.endswith(".safetensors") for p in asked)
+    lookups = dict(rows(db, "SELECT repo_id, status FROM base_lookups"))
+    assert lookups[f"{UPSTREAM}/GLM-4.5-Air-base"] == "ok" and lookups[MISSING_BASE] == "missing"
+
+
+def test_a_head_shipped_as_a_file_of_its_own_is_in_the_repo_with_the_files_it_pairs_with(crawled) -> None:
+    db, _ = crawled
+    got = {r[0]: r[1:] for r in rows(db, "SELECT repo_id, mtp_form, mtp_form_evidence, mtp_pairs_with, shipped_mtp_layers, "
+                                         "mtp_head_params, sidecar_base FROM mtp_fingerprints")}
+    gguf = got[f"{ORG}/GLM-4.5-Air-shaped-mixed-GGUF"]
+    assert gguf[0] == "in_repo_separate" and gguf[1].startswith("GLM-4.5-Air-MTP-Q8_0.gguf: only blk.2.* (MTP-only GGUF); beside")
+    assert gguf[2] == "GLM-4.5-Air-Q4_K_M.gguf, GLM-4.5-Air-Q8_0.gguf" and gguf[5] is None  # no sidecar of anything
+    st = got[f"{ORG}/Qwen3.5-2B-shaped-MLX-separate-head"]
+    assert st[:4] == ("in_repo_separate", "mtp.safetensors: mtp.* (1 layer(s)), a file of its own beside the 8 trunk tensors "
+                      "of the index", "the trunk's shards", 1)
+    assert st[4] == 4 * 64  # four 8x8 tensors, from mtp.safetensors' header read by ranges
+
+
+def test_speculative_drafters_that_are_not_mtp_are_named_and_linked_to_their_target(crawled) -> None:
+    db, _ = crawled
+    got = {r[0]: r[1:] for r in rows(db, "SELECT repo_id, mtp_form, mtp_drafter, drafter_method, drafter_target, "
+                                         "drafter_target_evidence, drafter_target_revision, drafter_target_problem "
+                                         "FROM mtp_fingerprints")}
+    assert got[f"{ORG}/EAGLE3-Llama-shaped"][:5] == ("separate_drafter", "eagle3", "EAGLE-3 drafter", f"{ORG}/Llama-shaped", "base_model")
+    assert got[f"{ORG}/Llama-shaped-speculator-eagle3"][:5] == (
+        "separate_drafter", "eagle3", "EAGLE-3 drafter", f"{ORG}/Llama-shaped", "config")
+    assert got[f"{ORG}/Qwen3-8B-shaped-DFlash-b16"][:6] == (
+        "separate_drafter", "dflash", "DFlash block-diffusion drafter", f"{UPSTREAM}/Qwen3-8B-base", "base_model", PIN)
+    assert got[f"{ORG}/DeepSeek-V4-shaped-DSpark-drafter"][:4] == ("separate_drafter", "dspark", "DSpark block drafter",
+                                                                  f"{ORG}/DeepSeek-V4-Flash-0731-shaped")
+    # the target lists them, apart from MTP: its own form stays its own
+    llama = rows(db, f"SELECT mtp_form, mtp_drafters_published FROM mtp_fingerprints WHERE repo_id = '{ORG}/Llama-shaped'")
+    assert llama == [("none", f"{ORG}/EAGLE3-Llama-shaped,{ORG}/Llama-shaped-speculator-eagle3")]
+
+
+def test_a_named_base_that_does_not_exist_is_a_problem_not_a_link(crawled) -> None:
+    db, _ = crawled
+    assert rows(db, f"SELECT sidecar_base, sidecar_base_problem FROM mtp_fingerprints WHERE repo_id = '{ORG}/qwen3-5-orphan-mtp'") == [
+        (None, f"its card's base_model names {MISSING_BASE}, which is not on the Hub")]
+    assert rows(db, f"SELECT drafter_target, drafter_target_problem FROM mtp_fingerprints WHERE repo_id = '{ORG}/orphan-DFlash'") == [
+        (None, f"its card's base_model names {MISSING_BASE}, which is not on the Hub")]
+    # a base outside the snapshot that exists is linked, with the commit the sidecar says it matches
+    assert rows(db, "SELECT sidecar_base, sidecar_base_evidence, sidecar_base_revision, sidecar_base_problem FROM mtp_fingerprints "
+                    f"WHERE repo_id = '{ORG}/qwen3-5-4b-pinned-mtp'") == [(f"{UPSTREAM}/Qwen3.5-4B-base", "base_model", PIN, None)]
+
+
+def test_the_pages_show_the_new_forms_and_drafters_apart_from_mtp(site) -> None:
+    models, folder = site
+    by_id = {m.repo_id: m for m in models.models}
+    mixed = page_text(folder, by_id[f"{ORG}/GLM-4.5-Air-shaped-mixed-GGUF"])
+    assert "| MTP form | in the repo, as a separate file" in mixed
+    assert "; pairs with GLM-4.5-Air-Q4_K_M.gguf, GLM-4.5-Air-Q8_0.gguf" in mixed
+    eagle = page_text(folder, by_id[f"{ORG}/EAGLE3-Llama-shaped"])
+    assert "| speculative drafter (own repo, not MTP) | EAGLE-3 drafter, not MTP (eagle3, config key architectures) for " in eagle
+    dflash = page_text(folder, by_id[f"{ORG}/Qwen3-8B-shaped-DFlash-b16"])
+    assert f"; trained against the target at {PIN}" in dflash
+    orphan = page_text(folder, by_id[f"{ORG}/qwen3-5-orphan-mtp"])
+    assert f"base unknown: its card's base_model names {MISSING_BASE}, which is not on the Hub" in orphan
+
+
+def test_the_export_keeps_drafters_apart_and_carries_the_new_columns(crawled, tmp_path: Path) -> None:
+    out = tmp_path / "export"
+    export.export(crawled[0], out, REPO / "evidence", REPO)
+    with duckdb.connect() as con:
+        got = {r[0]: r[1:] for r in con.execute(
+            "SELECT repo_id, mtp_form, drafter_method, mtp_pairs_with, sidecar_base_revision, gguf_base_model "
+            f"FROM read_parquet('{out / 'fingerprints.parquet'}')").fetchall()}
+    assert got[f"{ORG}/EAGLE3-Llama-shaped"][:2] == ("separate_drafter", "EAGLE-3 drafter")
+    assert got[f"{ORG}/Qwen3.5-2B-shaped-MLX-separate-head"][2] == "the trunk's shards"
+    assert got[f"{ORG}/qwen3-5-4b-pinned-mtp"][3] == PIN
+    assert got[f"{ORG}/GLM-4.5-Air-base-trunk-GGUF"][4] == f"{UPSTREAM}/GLM-4.5-Air-base"

@@ -109,25 +109,32 @@ MEANINGS: dict[str, dict[str, str]] = {
         "shipped_family": "the MTP weight layout the weight names match",
         "weight_source": "where the weight names came from (index or single-file header)",
         "side_file_error": "why a side file (weight index, header) could not be read",
-        "mtp_drafter": "the drafter kind (e.g. gemma4_assistant) when the config makes this repo an MTP drafter for "
-                       "a model in another repo (a present claim of its own; its declared count stays its config's)",
+        "mtp_drafter": "the drafter kind (gemma4_assistant, eagle3, dflash, dspark, ...) when the config makes this repo "
+                       "a speculative drafter, not MTP, for a model in another repo (a present claim of its own; its "
+                       "declared count stays its config's)",
         "drafter_target": "the model this drafter repo drafts for (NULL: not a drafter, or target unknown)",
-        "drafter_target_evidence": "where drafter_target comes from: base_model (the card names exactly one) or "
-                                   "name (a repo of the snapshot named as the drafter, its drafter suffix stripped); "
-                                   "NULL for a drafter: target unknown",
-        "mtp_drafters_published": "MTP drafter repos of the same snapshot whose target is this model, comma-separated "
+        "drafter_target_evidence": "where drafter_target comes from: base_model (the card names exactly one), config "
+                                   "(its config names the target: the speculators format's verifier) or name (a repo "
+                                   "of the snapshot named as the drafter, its drafter suffix stripped); NULL for a "
+                                   "drafter: target unknown",
+        "mtp_drafters_published": "speculative drafter repos (not MTP) of the same snapshot whose target is this model, "
+                                  "comma-separated "
                                   "(their layers are not counted in this model's declared or shipped)",
         "drafter_target_problem": "for a drafter whose target is unknown, why: no single base_model and no repo by "
                                   "its name, a claimed target that is not a Hub repo id, the drafter itself, or "
-                                  "another drafter (a cycle or a drafter of a drafter); NULL otherwise",
+                                  "another drafter (a cycle or a drafter of a drafter), or a target that is not on "
+                                  "the Hub; NULL otherwise",
         "mtp_form": "the form the repo ships MTP in, by rule (atlas.fingerprints.form and the store's mtp_forms view): "
-                    "in_checkpoint, declared_missing, stripped, mtp_sidecar, separate_drafter, block_drafter (not MTP), "
+                    "in_checkpoint, in_repo_separate (the head a file of its own beside trunk files), declared_missing, "
+                    "stripped, mtp_sidecar, separate_drafter (a speculative drafter, not MTP), block_drafter (not MTP), "
                     "declared_unread (declared, no weight names read), none",
         "mtp_form_evidence": "what decided mtp_form: the config key and value, the tensor names or GGUF tensors, and for "
-                             "a conversion judged by its base, that base's form",
+                             "a conversion judged by its base, that base's form and where it was read (in this "
+                             "snapshot, or on demand at a commit)",
         "sidecar_base": "for an MTP-only sidecar, the base model it is the head of (NULL: not a sidecar, or base unknown)",
-        "sidecar_base_evidence": "where sidecar_base comes from: base_model (the card names exactly one) or name (a repo "
-                                 "of the snapshot named as the sidecar without -MTP)",
+        "sidecar_base_evidence": "where sidecar_base comes from: base_model (the card names exactly one), name (a repo "
+                                 "of the snapshot named as the sidecar without -MTP) or gguf (its GGUF header's "
+                                 "general.base_model)",
         "mtp_sidecars_published": "MTP-only sidecar repos of the same snapshot whose base is this model, comma-separated",
         "gguf_layout": "for a GGUF repo, what its files hold: combined (trunk and blk.N.nextn.*), trunk-only, mtp-only "
                        "(comma-separated when files differ); read from each file's header by Range requests",
@@ -149,7 +156,15 @@ MEANINGS: dict[str, dict[str, str]] = {
                            "the shard(s) holding the head, read by Range requests",
         "sidecar_base_problem": "for an MTP-only sidecar whose base is unknown, why: no single base_model and no repo "
                                 "by its name, a claimed base that is not a Hub repo id, the sidecar itself, or another "
-                                "sidecar; NULL otherwise",
+                                "sidecar, or a base that is not on the Hub (asked on demand when outside the snapshot); "
+                                "NULL otherwise",
+        "drafter_method": "for a speculative drafter repo (never MTP), its drafting method in words: Gemma assistant "
+                          "model, EAGLE-3 drafter, DFlash block-diffusion drafter, DSpark block drafter",
+        "drafter_target_revision": "the target commit a drafter's card (base_model_revision) says it was trained against",
+        "sidecar_base_revision": "the base commit a sidecar says it matches: its card's base_model_revision or the "
+                                 "commit its GGUF header's general.base_model.0.repo_url pins",
+        "mtp_pairs_with": "for mtp_form in_repo_separate, the trunk files the separate head file pairs with",
+        "gguf_base_model": "the base a GGUF file names in its header (general.base_model.0.repo_url on the Hub)",
         "data_date": DATA_DATE,
         "made_by_atlas": "a model this project made (team model, oracles), not counted as Hub adoption",
     },

@@ -1,29 +1,39 @@
 """The form a repo ships MTP in, and the head's facts, derived by rule from what the crawl stored
-(config, tensor names, GGUF header records). Pure; no I/O. atlas.fingerprints calls `derive`.
+(config, tensor names, GGUF header records, safetensors header records). Pure; no I/O.
+atlas.fingerprints calls `derive`.
 
-The forms (research notes field-2026 §2), each with the evidence that decides it:
+The forms (research notes field-2026 §2; issue 63), each with the evidence that decides it:
 
 - `in_checkpoint`: the weights hold MTP tensors beside the trunk (a weight-name family, or a GGUF
   file with `blk.N.nextn.*` tensors and trunk blocks: "combined");
+- `in_repo_separate`: the repo ships the head as a file of its own beside trunk files that lack it:
+  an MTP-only GGUF beside trunk-only GGUF quants, or `mtp*.safetensors` beside the trunk's shards
+  (mlx-lm #1543); `mtp_pairs_with` names the trunk files it pairs with;
 - `declared_missing`: the config (or a GGUF key) declares MTP layers and the weights read hold
   none, in a repo that is not a conversion (MiniMax M2.5-M3, Qwen3.5-2B-PARO: vLLM then
-  random-initialises the head);
-- `stripped`: the same absence in a conversion (a quantization config, MLX's `quantization`, GGUF
-  files); the store's view also calls a conversion of a base that ships MTP stripped when it holds
-  none, whatever its own config says;
+  random-initialises the head). A quantization config alone does not make a conversion: a lab's own
+  FP8 release (MiniMax-M2.7: `quant_method: fp8`) is an original release;
+- `stripped`: the same absence in a copy whose format says it is a conversion (GGUF files, MLX's
+  `quantization`); the store's view adds the conversions only the Hub's metadata shows (a base
+  named by the card or `general.base_model.*`, with a quantization from another author, a relation
+  `quantized`, a Hub library gguf / mlx) and judges each by the base it names, read on demand where
+  the base is outside the snapshot;
 - `mtp_sidecar`: a repo with only the head: a sidecar model type (`qwen3_5_mtp`), every tensor an
-  MTP tensor, or an MTP-only GGUF; linked to its base in the store;
-- `separate_drafter`: a drafter architecture of its own (atlas.fingerprints DRAFTER_RULES);
-- `block_drafter`: a block drafter in the checkpoint (`dspark_block_size`): not MTP;
+  MTP tensor, or MTP-only GGUFs with no trunk file beside them; linked to its base in the store;
+- `separate_drafter`: a speculative drafter of its own, not MTP (atlas.fingerprints DRAFTER_RULES:
+  Gemma assistants, EAGLE-3, DFlash, a DSpark block drafter with no trunk);
+- `block_drafter`: a block drafter in the checkpoint (`dspark_block_size` beside a trunk): not MTP;
 - `declared_unread`: declared, and no weights read to check it against;
 - `none`: nothing of the above.
 
-The first rule that matches decides, in this order: block drafter, separate drafter, sidecar (what
-the repo *is*), then in the checkpoint, then the absent forms (what its weights hold).
+The first rule that matches decides, in this order: separate drafter, block drafter, sidecar and
+separate file (what the repo *is*), then in the checkpoint, then the absent forms (what its weights
+hold).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +41,7 @@ from typing import Any
 from atlas.fingerprints.gguf import GGUFModel, Header, models
 from atlas.fingerprints.safetensors_head import ShardHead, head_size
 
-FORMS = ("in_checkpoint", "declared_missing", "stripped", "mtp_sidecar", "separate_drafter", "block_drafter",
+FORMS = ("in_checkpoint", "in_repo_separate", "declared_missing", "stripped", "mtp_sidecar", "separate_drafter", "block_drafter",
          "declared_unread", "none")
 
 # model_type of a checkpoint that holds only an MTP head for a base in another repo, and the keys
@@ -44,6 +54,9 @@ BLOCK_DRAFTER_KEYS = ("dspark_block_size",)
 BLOCK_DRAFTER_LAYERS = "dspark_target_layer_ids"
 CONTAINERS = ("", "text_config", "language_config")
 MAX_EVIDENCE = 300
+# general.base_model.0.repo_url of a GGUF converted from a Hub repo, optionally pinned to a commit
+GGUF_BASE_URL = re.compile(r"https?://huggingface\.co/([A-Za-z0-9][\w.\-]{0,95}/[A-Za-z0-9][\w.\-]{0,95}?)"
+                           r"(?:/(?:tree|commit|blob)/([0-9a-f]{40}))?/?")
 
 
 @dataclass
@@ -61,6 +74,7 @@ class Inputs:
     drafter: tuple[str, str] | None
     headers: Sequence[Header]
     shard_heads: Sequence[ShardHead] = ()  # safetensors shards' head records (atlas.fingerprints.safetensors_head)
+    separate_head: str | None = None  # the safetensors file(s) holding the head on their own (rules.SEPARATE_HEAD_FILE)
 
 
 Row = tuple[str, str, str | None]
@@ -76,9 +90,13 @@ def derive(inp: Inputs) -> list[Row]:
     if conversion:
         rows.append(("mtp_conversion", "yes", conversion))
     rows += _gguf_rows(ggufs)
+    rows += _gguf_base_rows(ggufs, inp.headers)
     form, evidence = _form(inp, ggufs, conversion)
     rows.append(("mtp_form", form, _cut(evidence)))
-    if form in ("in_checkpoint", "mtp_sidecar", "separate_drafter"):
+    pairs = _pairs_with(inp, ggufs) if form == "in_repo_separate" else None
+    if pairs:
+        rows.append(("mtp_pairs_with", _cut(pairs[0]), pairs[1]))
+    if form in ("in_checkpoint", "in_repo_separate", "mtp_sidecar", "separate_drafter"):
         rows += _head_rows(inp, ggufs)
     return rows
 
@@ -109,12 +127,11 @@ def _config_rows(config: Mapping[str, Any]) -> list[Row]:
 
 
 def _conversion(inp: Inputs, ggufs: list[GGUFModel]) -> str | None:
-    """What says this repo is a converted copy (quantized, MLX, GGUF), or None."""
+    """What in the repo's own files says it is a converted copy: a format that is only ever made
+    from another checkpoint (GGUF, MLX's quantization), or None. A quantization config is no such
+    evidence (labs release FP8 originals): the store's view weighs it with the base the Hub names."""
     if ggufs:
         return f"GGUF files ({', '.join(m.files[0] for m in ggufs)[:200]})"
-    if "quant_method" in inp.facts:
-        value, path = inp.facts["quant_method"]
-        return f"{path} = {value}"
     q = inp.config.get("quantization")
     if isinstance(q, Mapping) and ("bits" in q or "group_size" in q):
         return "quantization (MLX: bits / group_size)"
@@ -147,19 +164,52 @@ def _gguf_rows(ggufs: list[GGUFModel]) -> list[Row]:
     return rows
 
 
+def _gguf_base_rows(ggufs: list[GGUFModel], headers: Sequence[Header]) -> list[Row]:
+    """The base a GGUF names in its header (general.base_model.0.repo_url on the Hub), and the
+    commit it names where the URL pins one; the first file's that names one."""
+    for m in ggufs:
+        h = next((h for h in headers if h.filename == m.files[0]), None)
+        url = h.kv.get("general.base_model.0.repo_url") if h is not None else None
+        hit = GGUF_BASE_URL.fullmatch(url) if isinstance(url, str) else None
+        if hit:
+            where = f"{m.files[0]}: general.base_model.0.repo_url"
+            return [("gguf_base_model", hit.group(1), where)] + ([("gguf_base_revision", hit.group(2), where)]
+                                                                  if hit.group(2) else [])
+    return []
+
+
+def _pairs_with(inp: Inputs, ggufs: list[GGUFModel]) -> tuple[str, str] | None:
+    """The trunk files a separate head file pairs with, and where they were read."""
+    trunk = [f for m in ggufs if m.layout == "trunk-only" for f in m.files]
+    if trunk:
+        return ", ".join(trunk), "GGUF headers read (trunk-only)"
+    if inp.separate_head and inp.names:
+        return "the trunk's shards", f"the {len(inp.names)} tensor names of the weight index"
+    return None
+
+
 def _form(inp: Inputs, ggufs: list[GGUFModel], conversion: str | None) -> tuple[str, str]:
+    if inp.drafter is not None:
+        return "separate_drafter", f"{inp.drafter[1]} = {inp.drafter[0]}"
     for key in BLOCK_DRAFTER_KEYS:
         hit = _find(inp.config, key)
         if hit and _int(hit[1]):
             return "block_drafter", f"{hit[0]} = {hit[1]}"
-    if inp.drafter is not None:
-        return "separate_drafter", f"{inp.drafter[1]} = {inp.drafter[0]}"
     model_type = inp.facts.get("model_type", (None, ""))
     if model_type[0] in SIDECAR_MODEL_TYPES:
         return "mtp_sidecar", f"{model_type[1]} = {model_type[0]}"
     only = [m for m in ggufs if m.layout == "mtp-only"]
+    trunk = [m for m in ggufs if m.layout == "trunk-only"]
     if only:
-        return "mtp_sidecar", "; ".join(f"{m.files[0]}: only blk.{_span(m.mtp_layers)}.* (MTP-only GGUF)" for m in only)
+        heads = "; ".join(f"{m.files[0]}: only blk.{_span(m.mtp_layers)}.* (MTP-only GGUF)" for m in only)
+        if trunk:  # the head as a file of its own beside quants of the trunk: the repo ships it
+            return "in_repo_separate", f"{heads}; beside trunk-only {', '.join(m.files[0] for m in trunk)[:120]}"
+        return "mtp_sidecar", heads
+    if inp.separate_head:
+        if inp.names:
+            return "in_repo_separate", (f"{inp.shipped_evidence} ({inp.shipped} layer(s)), a file of its own beside "
+                                        f"the {len(inp.names)} trunk tensors of the index")
+        return "mtp_sidecar", f"{inp.shipped_evidence}: the only weights read"
     if inp.names and inp.mtp_names and len(inp.mtp_names) == len(inp.names):
         return "mtp_sidecar", f"every one of {len(inp.names)} tensors is an MTP tensor ({inp.shipped_evidence})"
     if (inp.shipped or 0) > 0:

@@ -66,7 +66,11 @@ FILE_TYPES = {
 KEPT_KEYS = ("general.architecture", "general.name", "general.file_type", "general.alignment",
              "general.quantization_version", "split.no", "split.count", "split.tensors.count",
              "{arch}.block_count", "{arch}.nextn_predict_layers", "{arch}.embedding_length",
-             "{arch}.vocab_size")
+             "{arch}.vocab_size",
+             # the model a file was converted from (gguf.md "general.base_model.*"): a GGUF names its
+             # base in its own header, so a conversion's base is known without its card
+             "general.base_model.count", "general.base_model.0.repo_url", "general.base_model.0.organization",
+             "general.base_model.0.name")
 MAX_KEPT_STRING = 256  # a kept string value longer than this is not a name: cut
 
 

@@ -25,7 +25,7 @@ from atlas.fingerprints.precision import Precision, mtp_precision
 
 # Bump on any change to the tables or the logic below: stored fingerprints carry the version
 # that produced them.
-RULE_VERSION = "fp-2026.12.04.2"
+RULE_VERSION = "fp-2026.12.05.1"
 
 # Where keys are looked up, in order. "" is the top level; multimodal configs nest the language
 # model's hyperparameters (Qwen3.5: text_config.mtp_num_hidden_layers).
@@ -129,27 +129,58 @@ FACT_RULES: tuple[FactRule, ...] = (
 
 @dataclass(frozen=True)
 class DrafterRule:
-    """A config kind that makes a repo an MTP drafter for a model in another repo (Gemma 4 ships
-    its MTP as separate small drafter repos that share the target's KV cache). The config says
-    only that it is a drafter, never for which model: the target comes from the repo's card or
-    name (the store's mtp_drafter_links view), so it is recorded with that evidence."""
+    """A config kind that makes a repo a speculative drafter for a model in another repo: a model
+    of its own that drafts tokens for a target, never the target's own MTP head (issue 63). Most
+    configs say only that they are a drafter, not for which model: the target comes from the card,
+    a config key that names it (`target_keys`) or the repo's name (the store's mtp_drafter_links
+    view), and is recorded with that evidence."""
 
     kind: str  # the name recorded as the `mtp_drafter` fingerprint
-    model_types: tuple[str, ...]
-    architectures: tuple[str, ...]
+    method: str  # the drafting method in words (the `drafter_method` fingerprint): what the pages name it
+    model_types: tuple[str, ...] = ()
+    architectures: tuple[str, ...] = ()
+    architecture_pattern: str | None = None  # matched (fullmatch) against each architecture name
+    keys: tuple[str, ...] = ()  # config keys (top level or a container) that only this kind's configs carry
+    # a pattern every tensor name read must match: the kind is a drafter of its own only where the
+    # repo holds nothing else (no trunk); a config key it shares with a model that has one stays that model's
+    only_tensors: str | None = None
+    target_keys: tuple[str, ...] = ()  # dotted config keys whose value names the target repo
     # the repo-name suffix that, stripped, names the target (google/gemma-4-E2B-it-assistant ->
-    # google/gemma-4-E2B-it); lower case, matched without regard to case
-    name_suffix: str
+    # google/gemma-4-E2B-it); lower case, matched without regard to case; '' for no name rule
+    name_suffix: str = ""
 
 
 DRAFTER_RULES: tuple[DrafterRule, ...] = (
     # google/gemma-4-{E2B,E4B,12B,26B-A4B,31B}-it-assistant (transformers 5.24:
     # SinglePositionMultiTokenCandidateGenerator)
-    DrafterRule("gemma4_assistant", ("gemma4_assistant",), ("Gemma4AssistantForCausalLM",), "-assistant"),
+    DrafterRule("gemma4_assistant", "Gemma assistant model", ("gemma4_assistant",), ("Gemma4AssistantForCausalLM",),
+                name_suffix="-assistant"),
     # google/gemma-4-12B-it-assistant and its kin since 2026 (4 layers, hidden 1024; research notes
     # field-2026 §2): the model_type only, no architecture name has been read for it
-    DrafterRule("gemma4_unified_assistant", ("gemma4_unified_assistant",), (), "-assistant"),
+    DrafterRule("gemma4_unified_assistant", "Gemma assistant model", ("gemma4_unified_assistant",),
+                name_suffix="-assistant"),
+    # EAGLE-3 drafters (arXiv 2503.01840): SpecForge and SGLang name the class LlamaForCausalLMEagle3 /
+    # Qwen3ForCausalLMEagle3, vLLM Eagle3LlamaForCausalLM; their configs carry `draft_vocab_size` (the
+    # cut vocabulary with its draft-to-target map) or `eagle_config`; the speculators format
+    # (github.com/vllm-project/speculators) says `speculators_model_type` and names its verifier
+    DrafterRule("eagle3", "EAGLE-3 drafter", ("eagle3",), architecture_pattern=r"\w*Eagle3\w*",
+                keys=("draft_vocab_size", "eagle_config"),
+                target_keys=("speculators_config.verifier.name_or_path",)),
+    # DFlash block-diffusion drafters (github.com/z-lab/dflash, z-lab/Qwen3-8B-DFlash-b16): class
+    # DFlashDraftModel, a `dflash_config` (mask token, target layer ids); vLLM's DFlashConfig model_type dflash
+    DrafterRule("dflash", "DFlash block-diffusion drafter", ("dflash",), ("DFlashDraftModel",), keys=("dflash_config",)),
+    # a DSpark block drafter shipped as a repo of its own: the DSpark keys of DeepSeek-V4.1 (vLLM PR
+    # #41834) over weights that are only its stages under mtp.* (vllm/config/speculative.py: V4.1's
+    # DSpark stages sit under mtp.*); the same keys beside a trunk are a block drafter in the checkpoint
+    DrafterRule("dspark", "DSpark block drafter", keys=("dspark_block_size",), only_tensors=r"(?:model\.)?mtp\."),
 )
+_ARCH_PATTERNS = {r.kind: re.compile(r.architecture_pattern) for r in DRAFTER_RULES if r.architecture_pattern}
+_ONLY_TENSORS = {r.kind: re.compile(r.only_tensors) for r in DRAFTER_RULES if r.only_tensors}
+MAX_TARGET_CHARS = 200  # a config's target name longer than this is not a repo id
+
+# A safetensors file that holds an MTP head on its own beside the trunk's shards (mlx-lm #1543:
+# `mtp.safetensors`, with or without an index of its own): its tensors are the head's, the index's the trunk's
+SEPARATE_HEAD_FILE = re.compile(r"(?:.*/)?mtp(?:[-_.][^/]*)?\.safetensors")
 
 # Used with fullmatch: `$` would accept one trailing newline ("deepseek_v3\n", a second family).
 _IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}")
@@ -172,6 +203,8 @@ class Fingerprint:
     # (kind, key path) when the config makes the repo an MTP drafter for another repo's model
     # (DRAFTER_RULES); its declared count stays what its own config says
     drafter: tuple[str, str] | None = None
+    drafter_target: tuple[str, str] | None = None  # (repo id, config key) where the drafter's config names its target
+    separate_head: str | None = None  # the file(s) holding the head on their own beside the trunk (SEPARATE_HEAD_FILE)
     warnings: list[str] = field(default_factory=list)
     mtp_names: list[str] = field(default_factory=list)  # the tensor names the shipped family matched
     derived: list[tuple[str, str, str | None]] = field(default_factory=list)  # atlas.fingerprints.form: form, GGUF, head
@@ -191,6 +224,9 @@ class Fingerprint:
             out.append(("mtp_dtype", self.precision.dtype, self.precision.dtype_evidence))
         if self.drafter is not None:
             out.append(("mtp_drafter", *self.drafter))
+            out.append(("drafter_method", next(r.method for r in DRAFTER_RULES if r.kind == self.drafter[0]), None))
+        if self.drafter_target is not None:
+            out.append(("drafter_target_config", *self.drafter_target))
         out += self.derived
         if self.warnings:
             out.append(("warnings", "; ".join(self.warnings), None))
@@ -269,10 +305,12 @@ def fingerprint(
     fp = Fingerprint()
     _declared(config, fp)
     _facts(config, quant_sidecar, fp)
-    fp.drafter = _drafter(fp.facts)
+    fp.drafter = _drafter(config, fp.facts, weight_names)
+    fp.drafter_target = _drafter_target(config, fp.drafter)
     if weight_names is not None:
         fp.weight_source = weight_source
         _shipped(config, weight_names, fp)
+    _separate_head(config, weight_names, shard_heads, fp)
     # A precision claim for a model with an MTP layer to have one: declared, and not shown absent
     # by the weight names read, or shipped
     if (fp.declared_num_mtp_layers or 0) > 0 and fp.shipped_mtp_layers != 0 or (fp.shipped_mtp_layers or 0) > 0:
@@ -280,8 +318,28 @@ def fingerprint(
                                      fp.shipped_family)
     fp.derived = form.derive(form.Inputs(
         config, fp.facts, fp.declared_num_mtp_layers, fp.declared_key, fp.shipped_mtp_layers, fp.shipped_evidence,
-        weight_names, fp.mtp_names, fp.drafter, gguf_headers, shard_heads))
+        weight_names, fp.mtp_names, fp.drafter, gguf_headers, shard_heads, fp.separate_head))
     return fp
+
+
+def _separate_head(config: Mapping[str, Any], trunk: Sequence[str] | None, shard_heads: Sequence[ShardHead],
+                   fp: Fingerprint) -> None:
+    """The head shipped as a file of its own (SEPARATE_HEAD_FILE) that the trunk's tensor names do
+    not list: its tensors, read from the file's header, are what the repo ships of the head."""
+    listed = set(trunk or ())
+    files = [sh for sh in shard_heads if SEPARATE_HEAD_FILE.fullmatch(sh.file) and not listed & set(sh.tensors)]
+    names = sorted({n for sh in files for n in sh.tensors})
+    if not names or (fp.shipped_mtp_layers or 0) > 0:
+        return  # no such file, or the trunk's own names hold the head already
+    head = Fingerprint()
+    _shipped(config, names, head)
+    if not head.shipped_mtp_layers:
+        return  # a file so named that holds no MTP tensor is no head
+    where = ", ".join(sh.file for sh in files)
+    fp.separate_head = where
+    fp.shipped_mtp_layers, fp.shipped_family, fp.mtp_names = head.shipped_mtp_layers, head.shipped_family, head.mtp_names
+    fp.shipped_evidence = f"{where}: {head.shipped_evidence}"
+    fp.weight_source = fp.weight_source or "header"
 
 
 def _lookup(config: Mapping[str, Any], container: str, dotted: str) -> tuple[bool, Any]:
@@ -317,16 +375,36 @@ def _declared(config: Mapping[str, Any], fp: Fingerprint) -> None:
             return
 
 
-def _drafter(facts: Mapping[str, tuple[Any, str]]) -> tuple[str, str] | None:
-    """The drafter kind the config's model_type (else one of its architectures) names, and the
-    key path it was read from; None for every other config."""
+def _drafter(config: Mapping[str, Any], facts: Mapping[str, tuple[Any, str]],
+             names: Sequence[str] | None) -> tuple[str, str] | None:
+    """The drafter kind the config names (its model_type, one of its architectures, or a key only
+    that kind carries) and the key path it was read from; None for every other config."""
     model_type, type_path = facts.get("model_type", (None, ""))
     archs, arch_path = facts.get("architectures", ([], ""))
     for rule in DRAFTER_RULES:
+        only = _ONLY_TENSORS.get(rule.kind)
+        if only is not None and not (names and all(only.match(n) for n in names)):
+            continue
         if model_type in rule.model_types:
             return rule.kind, type_path
-        if any(a in rule.architectures for a in archs):
+        pattern = _ARCH_PATTERNS.get(rule.kind)
+        if any(a in rule.architectures or (pattern is not None and pattern.fullmatch(a)) for a in archs):
             return rule.kind, arch_path
+        for container in CONTAINERS:
+            for key in rule.keys:
+                if _lookup(config, container, key)[0]:
+                    return rule.kind, _path(container, key)
+    return None
+
+
+def _drafter_target(config: Mapping[str, Any], drafter: tuple[str, str] | None) -> tuple[str, str] | None:
+    """The target a drafter's config names (the speculators format's verifier), as written; the
+    store's view judges whether it is a Hub repo id."""
+    rule = next((r for r in DRAFTER_RULES if drafter and r.kind == drafter[0]), None)
+    for key in rule.target_keys if rule else ():
+        found, value = _lookup(config, "", key)
+        if found and isinstance(value, str) and 0 < len(value) <= MAX_TARGET_CHARS:
+            return value, key
     return None
 
 

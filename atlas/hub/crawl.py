@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -65,7 +65,7 @@ from atlas import AtlasError
 from atlas.interrupts import sigint_handler
 from atlas.store import db as store
 from atlas.fingerprints.rules import RULE_VERSION
-from atlas.hub import redact
+from atlas.hub import bases, redact
 from atlas.hub.client import (
     DEFAULT_BOUNDS,
     MAX_REDIRECTS,
@@ -265,7 +265,7 @@ def crawl(
             todo = _plan(con, run, listed)
             bar.phase("fetching", f"{len(listed)} models in scope, {len(todo)} to fetch", total=len(todo))
             _fetch_all(ctx, todo, concurrency, bar)
-            return _finish(con, run)
+            return _finish(con, run, ctx)
     except KeyboardInterrupt:
         pacer.abort()
         newest = _last_snapshot(con) if con is not None else None
@@ -438,11 +438,38 @@ def _fingerprint_rows(con: duckdb.DuckDBPyConnection, repos: list[RepoState], fi
     return fp_rows
 
 
-def _finish(con: duckdb.DuckDBPyConnection, run: CrawlRun) -> CrawlSummary:
+def _base_lookups(ctx: Context, con: duckdb.DuckDBPyConnection, run: CrawlRun,
+                  fp_rows: store.FingerprintRows) -> list[store.BaseLookup]:
+    """The bases the snapshot's repos name and the snapshot lacks, each asked of the hub
+    (atlas.hub.bases); the fingerprints are this crawl's where it made them, else the store's."""
+    ok = {(r.listed.repo_id, r.listed.sha): r.listed for r in run.repos if r.listed.row.fetch_status == "ok" and r.listed.sha}
+    fresh: dict[tuple[str, str], dict[str, str]] = {}
+    made = {(repo, sha) for repo, sha, *_ in fp_rows}
+    for repo, sha, _, name, value, _ in fp_rows:
+        if name in bases.NEEDED:
+            fresh.setdefault((repo, sha), {})[name] = value
+    stored = store.fingerprint_values(con, [p for p in ok if p not in made], bases.NEEDED)
+    pairs = [(listed, fresh.get(p) or stored.get(p) or {}) for p, listed in ok.items()]
+    names = bases.wanted(pairs)
+    settled = store.recent_base_lookups(con, names, run.started - timedelta(days=bases.REUSE_DAYS))
+    out: list[store.BaseLookup] = []
+    for base in names:
+        if base.lower() in settled:
+            out.append(settled[base.lower()])
+            continue
+        try:
+            out.append(bases.look_up(ctx, base))
+        except HubUnreachable as exc:
+            out.append(store.BaseLookup(base, None, "error", str(exc), None, None))
+    return out
+
+
+def _finish(con: duckdb.DuckDBPyConnection, run: CrawlRun, ctx: Context) -> CrawlSummary:
     """Write the snapshot in one transaction and say what it holds."""
     files, weights, file_errors = _fetched_rows(run.repos)
     _note_side_file_errors(run.repos)
     fp_rows = _fingerprint_rows(con, run.repos, files, weights)
+    lookups = _base_lookups(ctx, con, run, fp_rows)
     rows = [r.listed.row for r in run.repos]
     by_status = {status: sum(1 for row in rows if row.fetch_status == status) for status in ErrorKind}
     n_fetched = sum(1 for r in run.repos if r.fetched is not None)
@@ -458,7 +485,8 @@ def _finish(con: duckdb.DuckDBPyConnection, run: CrawlRun) -> CrawlSummary:
         n_failed=by_status[ErrorKind.ERROR], n_seen=sum(c.seen for c in run.coverage),
         coverage=json.dumps([c.model_dump() for c in run.coverage]),
     )
-    snapshot_id = store.write_snapshot(con, snapshot, rows, files, weights, fp_rows, file_errors, scrub=redact.text)
+    snapshot_id = store.write_snapshot(con, snapshot, rows, files, weights, fp_rows, file_errors, scrub=redact.text,
+                                       base_lookups=lookups)
     transient = [r.listed for r in run.repos if r.listed.transient]
     return CrawlSummary(
         snapshot_id=snapshot_id, status=status, endpoint=run.endpoint_label, listed=len(rows), fetched=n_fetched,

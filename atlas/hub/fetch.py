@@ -17,13 +17,16 @@ from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_st
 
 from atlas import AtlasError
 from atlas.store import db as store
-from atlas.fingerprints.rules import MAX_CONFIG_BYTES, MAX_INDEX_BYTES, fingerprint, header_tensor_names, parse_config_bytes, parse_weight_index
+from atlas.fingerprints.rules import (
+    MAX_CONFIG_BYTES, MAX_INDEX_BYTES, SEPARATE_HEAD_FILE, fingerprint, header_tensor_names, parse_config_bytes,
+    parse_weight_index,
+)
 from atlas.fingerprints import safetensors_head
 from atlas.fingerprints.gguf import RECORD_PREFIX, from_record
 from atlas.hub import redact
 from atlas.hub.context import Context, call
 from atlas.hub.errors import ErrorKind, RepoProblem
-from atlas.hub.headers import gguf_files, read_gguf_record, read_shard_head, record_name
+from atlas.hub.headers import HubRangeSource, gguf_files, read_gguf_record, read_shard_head, record_name
 
 # Used with fullmatch: `$` would accept one trailing newline ("org/m\n" as a second repo).
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}")
@@ -31,6 +34,7 @@ SHA = re.compile(r"[0-9a-f]{40}")
 QUANT_SIDECAR = "hf_quant_config.json"
 WEIGHT_INDEX = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+MAX_SEPARATE_FILES = 4  # safetensors files holding a head of their own (SEPARATE_HEAD_FILE) read per repo
 
 @dataclass
 class Listed:
@@ -224,7 +228,42 @@ def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> F
             _shard_heads(ctx, item, out, None, record, infos)
         except RepoProblem as exc:
             record(SINGLE_FILE, exc)
+    for name in separate_head_files(siblings):
+        key = safetensors_head.RECORD_PREFIX + name
+        if key in out.files or key in settled or name in settled:
+            continue  # the index maps head tensors to it: read already as a shard that holds them
+        try:
+            out.files[key] = _cached_record(ctx, item.repo_id, sha, name,
+                                            lambda n=name: _read_separate_head(ctx, item.repo_id, sha, n))
+        except RepoProblem as exc:
+            record(name, exc)
     return out
+
+
+def separate_head_files(siblings: set[str] | None) -> list[str]:
+    """The repo's safetensors files that may hold a head of their own (mtp.safetensors beside the
+    trunk's shards, mlx-lm #1543), at most MAX_SEPARATE_FILES, in name order."""
+    return sorted(n for n in siblings or () if SEPARATE_HEAD_FILE.fullmatch(n))[:MAX_SEPARATE_FILES]
+
+
+def _read_separate_head(ctx: Context, repo_id: str, sha: str, filename: str) -> str:
+    """The head record of a separate head file with every tensor it holds (its header by two
+    ranges, bounded like a shard's): which tensors it holds is the question, so none is left out.
+    RepoProblem, permanent, for a header that is not one."""
+    source = HubRangeSource(ctx, repo_id, sha, filename)
+    try:
+        n = safetensors_head.header_length(source.read(0, 8), filename)
+        data = source.read(8, n)
+        if len(data) < n:
+            raise safetensors_head.HeaderError(f"{filename}: truncated: the header claims {n:,} bytes, the file holds {len(data):,}")
+        try:
+            names = {k for k in json.loads(data.decode("utf-8")) if k != "__metadata__"}
+        except (UnicodeDecodeError, ValueError, RecursionError, TypeError):
+            names = set()  # parse_header says what is wrong with it
+        tensors = safetensors_head.parse_header(data, filename, names)
+    except safetensors_head.HeaderError as exc:
+        raise RepoProblem(ErrorKind.ERROR, str(exc), permanent=True) from None
+    return redact.text(safetensors_head.to_record(filename, tensors, None))
 
 
 def _shard_heads(ctx: Context, item: Listed, out: Fetched, index_raw: bytes | None,
@@ -268,6 +307,8 @@ def side_files_pending(siblings: set[str] | None, settled: set[str], errors: dic
     if QUANT_SIDECAR in siblings and QUANT_SIDECAR not in done:
         return True
     if any(record_name(f) not in done and f not in done for f in gguf_files(siblings)):
+        return True
+    if any(safetensors_head.RECORD_PREFIX + f not in done and f not in done for f in separate_head_files(siblings)):
         return True
     if settled & set(store.WEIGHT_SOURCE_FILES.values()):
         return False  # tensor names are stored

@@ -57,6 +57,14 @@ def _base_models(info: Any) -> tuple[list[str], str | None]:
     return [b for b in bases if isinstance(b, str) and b], relation
 
 
+def _base_revision(info: Any) -> str | None:
+    """The base commit the card says this repo matches (`base_model_revision`: a sidecar or drafter
+    trained against one revision of a base whose weights were replaced later), when it is a commit sha."""
+    card = getattr(info, "card_data", None)
+    value = card.get("base_model_revision") if card is not None and hasattr(card, "get") else None
+    return value if isinstance(value, str) and SHA.fullmatch(value) else None
+
+
 def _gated(value: Any) -> str | None:
     return None if value in (None, False) else str(value)[:20]
 
@@ -102,6 +110,7 @@ def to_listed(info: Any, exemplars: set[str], token: str | bool = False) -> List
         param_total=_int64(getattr(safetensors, "total", None), "safetensors.total", notes),
         fetch_status="ok",
         error="; ".join(notes) or None,
+        base_revision=_base_revision(info),
     )
     if sha is not None and row.sha is None:
         row.fetch_status, row.error = "error", f"the hub sent a malformed commit sha ({sha!r:.60})"

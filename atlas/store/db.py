@@ -178,6 +178,20 @@ class ModelRow:
     fetch_status: str
     error: str | None  # about the config (or the repo); side files report in side_file_error
     side_file_error: str | None = None
+    base_revision: str | None = None  # the base's commit the card says this repo matches (base_model_revision)
+
+
+@dataclass
+class BaseLookup:
+    """A base model some repo of the snapshot names that the snapshot does not hold, asked of the
+    hub on demand (atlas.hub.bases): whether it exists, and its MTP form at its current commit."""
+
+    repo_id: str
+    sha: str | None
+    status: str  # 'ok', 'missing' (no such repo on the hub), 'gated' (exists; files not readable), 'error'
+    error: str | None
+    mtp_form: str | None
+    mtp_form_evidence: str | None
 
 
 @dataclass
@@ -346,6 +360,34 @@ def fingerprint_versions(con: duckdb.DuckDBPyConnection, pairs: Iterable[tuple[s
     return {(r, s): v for r, s, v in rows}
 
 
+def fingerprint_values(con: duckdb.DuckDBPyConnection, pairs: Iterable[tuple[str, str]],
+                       names: Sequence[str]) -> dict[tuple[str, str], dict[str, str]]:
+    """The stored fingerprints `names` (name -> value) per (repo_id, sha) of `pairs`."""
+    wanted = ", ".join("'" + n.replace("'", "''") + "'" for n in names)
+    out: dict[tuple[str, str], dict[str, str]] = {}
+    for repo, sha, name, value in _rows_for(con, pairs, "t.repo_id, t.sha, t.name, t.value", "fingerprints",
+                                            f"t.name IN ({wanted})"):
+        out.setdefault((repo, sha), {})[name] = value
+    return out
+
+
+def recent_base_lookups(con: duckdb.DuckDBPyConnection, repo_ids: Sequence[str], since: datetime) -> dict[str, BaseLookup]:
+    """The newest settled lookup (ok, missing, gated) of each of `repo_ids` (by lower-cased id) in a
+    snapshot finished at or after `since`: a crawl reuses it instead of asking again."""
+    if not repo_ids:
+        return {}
+    con.register("_wanted_bases", {"repo_id": _column(sorted({r.lower() for r in repo_ids}))})
+    try:
+        rows = con.execute(
+            "SELECT l.repo_id, l.sha, l.status, l.error, l.mtp_form, l.mtp_form_evidence FROM base_lookups l "
+            "JOIN snapshots s USING (snapshot_id) JOIN _wanted_bases w ON w.repo_id = lower(l.repo_id) "
+            "WHERE s.finished_at >= ? AND l.status IN ('ok', 'missing', 'gated') "
+            "QUALIFY row_number() OVER (PARTITION BY lower(l.repo_id) ORDER BY l.snapshot_id DESC) = 1", [since]).fetchall()
+    finally:
+        _unregister(con, "_wanted_bases")
+    return {r[0].lower(): BaseLookup(*r) for r in rows}
+
+
 def side_file_state(
     con: duckdb.DuckDBPyConnection, pairs: Iterable[tuple[str, str]]
 ) -> dict[tuple[str, str], tuple[set[str], dict[str, str]]]:
@@ -394,6 +436,7 @@ def write_snapshot(
     fingerprint_rows: FingerprintRows,
     file_errors: Sequence[tuple[str, str, str, str]] = (),
     scrub: Scrub = _keep,
+    base_lookups: Sequence[BaseLookup] = (),
 ) -> int:
     """Write one whole snapshot in a single transaction and return its id. `file_errors` are
     (repo_id, sha, filename, error) for side files that can never be read at that sha (parse
@@ -459,6 +502,10 @@ def write_snapshot(
         for name in fields:
             columns[name] = (types.get(name, "VARCHAR"), [getattr(m, name) for m in models])
         _bulk_insert(con, "hub_models", columns, scrub=scrub)
+        lookup_fields = list(BaseLookup.__dataclass_fields__)
+        lookups: dict[str, tuple[str, list[Any]]] = {"snapshot_id": ("INTEGER", [snapshot_id] * len(base_lookups))}
+        lookups |= {name: ("VARCHAR", [getattr(b, name) for b in base_lookups]) for name in lookup_fields}
+        _bulk_insert(con, "base_lookups", lookups, scrub=scrub)
         con.execute("COMMIT")
     except BaseException:
         rollback(con)

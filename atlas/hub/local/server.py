@@ -444,6 +444,9 @@ def _expand(repo: MirrorRepo, field_name: str) -> Any:
             card["base_model"] = base
             if relation:
                 card["base_model_relation"] = relation
+        revision = meta.get("base_model_revision")
+        if isinstance(revision, str):
+            card["base_model_revision"] = revision
         return card
     if field_name == "safetensors":
         return _safetensors_info(repo)

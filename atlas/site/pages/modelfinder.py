@@ -101,7 +101,7 @@ Linked = list[tuple[str, str | None]]
 
 
 def drafter_cell(m: Model) -> str | Linked:
-    """The finder's MTP-drafter cell: what this drafter repo drafts for, or the drafters published
+    """The finder's drafter cell (speculative drafters, never MTP): what this drafter repo drafts for, or the drafters published
     for this model, the other repo linked; "—" for every other model."""
     pieces: Linked = []
     d = m.drafter
@@ -111,7 +111,7 @@ def drafter_cell(m: Model) -> str | Linked:
     elif d is not None:
         pieces.append((f"drafter ({_shown(d.kind)}), target unknown", None))
     if m.drafters:
-        pieces.append(("; MTP drafter published: " if pieces else "MTP drafter published: ", None))
+        pieces.append(("; drafter published: " if pieces else "drafter published: ", None))
         for i, p in enumerate(m.drafters):
             pieces += [(", ", None)] if i else []
             pieces.append((_shown(p.repo_id), p.slug))
@@ -137,7 +137,7 @@ def finder_row(m: Model) -> list[str | None | Linked]:
     ]
 
 
-FINDER_COLUMNS = ["model", "org", "family", "declared", "shipped", "MTP form", "servable", "measured", "MTP drafter", "our loop"]
+FINDER_COLUMNS = ["model", "org", "family", "declared", "shipped", "MTP form", "servable", "measured", "drafter (not MTP)", "our loop"]
 
 
 def _cell_html(cell: str | Linked) -> str:
@@ -174,19 +174,20 @@ def finder(data: Models | None) -> str:
     lead = (f"Every model of {snapshot_words(data.snapshot_id, data.snapshot_date, data.mirror_date)}, plus any "
             f"measured model: {len(data.models)} in all.{listed} {n_pages} have their own page (linked).")
     intro = (
-        f"The {n_pages} models with a page declare, ship or were measured with MTP, or are an MTP drafter repo "
+        f"The {n_pages} models with a page declare, ship or were measured with MTP, or are a speculative drafter repo "
         "or its target. Type to filter (all words must match, anywhere in "
         "the row; a link can carry the filter as ?find=words, or as the site search's ?h=words); "
         "click a column header to sort. Each cell shows at most three lines; the model's page has every word. A model that declares or ships MTP also carries its family-table name "
         "beside its model_type (MiMo, Nemotron-H / Nemotron-3, GLM-5), so a family's name finds it. Declared and shipped are layer counts (— unknown); "
-        "MTP form is the form the repo ships MTP in (in_checkpoint, declared_missing, stripped, mtp_sidecar, separate_drafter, "
-        "block_drafter, declared_unread, none; with the GGUF layout where a GGUF header was read), its evidence on the model's page; "
+        "MTP form is the form the repo ships MTP in (in_checkpoint, in_repo_separate, declared_missing, stripped, mtp_sidecar, "
+        "separate_drafter, block_drafter, declared_unread, none; with the GGUF layout where a GGUF header was read), its evidence on the model's page; "
         f"servable is the support matrix of {data.servable_date}, for models that declare or ship "
         "MTP layers, each engine with its conformance result (lossless / fails / inconclusive, per "
         "build checked; or not checked; an engine marked \"measured run\" ran the model's MTP in a "
-        "dated record); measured counts the atlas's own dated cells and names their engines; MTP drafter links a "
-        "drafter that ships as a repo of its own (Gemma 4's *-assistant) and the model it drafts for, each to the "
-        "other, with where the link comes from (the drafter's card base_model, or its name); our loop says whether "
+        "dated record); measured counts the atlas's own dated cells and names their engines; drafter (not MTP) links a "
+        "speculative drafter that ships as a repo of its own (Gemma 4's *-assistant, EAGLE-3, DFlash, DSpark) and the "
+        "model it drafts for, each to the other, with where the link comes from (the drafter's card base_model, its "
+        "config, or its name); our loop says whether "
         "atlas measure run runs the model's MTP layout, by the family table's rule on its config (module 8)."
     )
     # raw HTML on one line, which Python-Markdown passes through; its text escaped by mdsafe all

@@ -1,6 +1,6 @@
 """One tracked model's page (docs/models/<slug>.md), written at site build time from models.json
 without the store: its claim levels side by side, each with its provenance, base model and
-derivatives linked, an MTP drafter and its target linked to each other, its history across
+derivatives linked, a speculative drafter and its target linked to each other, its history across
 snapshots; and `render`, which writes the whole docs/models/ folder (the finder and every page).
 """
 
@@ -83,7 +83,7 @@ def _levels(m: Model, figures: list[reported_figures.Figure], mirror_date: str |
         if m.measured else ["not measured by the atlas", "—"]
     )
     # a drafter link is a present claim: it sits with declared and shipped, never summed into either count
-    drafter = ([["MTP drafter (own repo)", Markdown("; ".join(_drafter_words(m))),
+    drafter = ([["speculative drafter (own repo, not MTP)", Markdown("; ".join(_drafter_words(m))),
                  Markdown(escape(where) + _rev(c.revision if c else None))]] if m.drafter is not None or m.drafters else [])
     # the form is a present claim too: what the config, the weight names and GGUF headers say together
     form = mtp_forms.page_rows(m.form, Markdown(escape(where) + _rev(c.revision if c else None)))
@@ -92,7 +92,7 @@ def _levels(m: Model, figures: list[reported_figures.Figure], mirror_date: str |
     return table(["claim level", "what it says", "provenance"], rows)
 
 
-DRAFTER_EVIDENCE = {"base_model": "from its card's base_model",
+DRAFTER_EVIDENCE = {"base_model": "from its card's base_model", "config": "from its config",
                     "name": "from its repo name, the drafter suffix stripped"}
 
 
@@ -110,14 +110,15 @@ def _drafter_words(m: Model) -> list[Markdown]:
     out = []
     d = m.drafter
     if d is not None:
-        kind = f"MTP drafter ({code(d.kind)}, config key {code(d.kind_key)})"
+        kind = f"{escape(d.method or 'drafter')}, not MTP ({code(d.kind)}, config key {code(d.kind_key)})"
         if d.target is not None:
+            pinned = f"; trained against the target at {code(d.target_revision)}" if d.target_revision else ""
             out.append(Markdown(f"{kind} for {_slug_link(d.target, d.target_slug)} "
-                                f"(target {escape(DRAFTER_EVIDENCE.get(d.evidence or '', d.evidence or ''))})"))
+                                f"(target {escape(DRAFTER_EVIDENCE.get(d.evidence or '', d.evidence or ''))}){pinned}"))
         else:
             out.append(Markdown(f"{kind}; target unknown: {escape(d.problem or _NO_CLAIM)}"))
     if m.drafters:
-        out.append(Markdown("MTP drafter published: " + ", ".join(
+        out.append(Markdown("speculative drafter published (not MTP): " + ", ".join(
             f"{_slug_link(p.repo_id, p.slug)} ({escape(DRAFTER_EVIDENCE.get(p.evidence, p.evidence))})"
             for p in m.drafters)))
     return out

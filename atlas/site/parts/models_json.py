@@ -88,10 +88,10 @@ class Measured(BaseModel):
 
 
 class DrafterLink(BaseModel):
-    """This repo is an MTP drafter for a model in another repo (a present claim from its config,
-    atlas.fingerprints.rules DRAFTER_RULES), and the target the store's mtp_drafter_links found."""
+    """This repo is a speculative drafter (not MTP) for a model in another repo (a present claim from
+    its config, atlas.fingerprints.rules DRAFTER_RULES), and the target the store's mtp_drafter_links found."""
 
-    kind: str  # e.g. gemma4_assistant
+    kind: str  # e.g. gemma4_assistant, eagle3
     kind_key: str  # the config key that says so (model_type or architectures)
     target: str | None  # None: target unknown
     evidence: str | None  # 'base_model' (the card) or 'name' (the repo's name); None: target unknown
@@ -99,10 +99,12 @@ class DrafterLink(BaseModel):
     # why the target is unknown (the store's rule: no claim, not a Hub id, itself, a cycle, a drafter);
     # None in a models.json written before the store gave a reason
     problem: str | None = None
+    method: str | None = None  # the drafting method in words (EAGLE-3 drafter, ...); None in older files
+    target_revision: str | None = None  # the target commit its card says it was trained against
 
 
 class PublishedDrafter(BaseModel):
-    """An MTP drafter repo of the same snapshot whose target is this model, and how it was linked."""
+    """A speculative drafter repo of the same snapshot whose target is this model, and how it was linked."""
 
     repo_id: str
     evidence: str  # 'base_model' or 'name', as on the drafter's DrafterLink
@@ -129,8 +131,8 @@ class Model(BaseModel):
     # whether our loop runs its MTP layout, by rule from its stored config and weight names
     # (atlas.families.coverage): "runs (...)", "refused: ...", "not shipped: ..."; None: no page
     runner: str | None = None
-    drafter: DrafterLink | None = None  # set when this repo is an MTP drafter of its own
-    drafters: list[PublishedDrafter] = []  # MTP drafter repos published for this model
+    drafter: DrafterLink | None = None  # set when this repo is a speculative drafter of its own (not MTP)
+    drafters: list[PublishedDrafter] = []  # speculative drafter repos published for this model
     form: MTPForm | None = None  # the form it ships MTP in (atlas.site.parts.mtp_forms); None: not read
 
 
@@ -276,7 +278,8 @@ def _drafter_links(con: duckdb.DuckDBPyConnection, latest: int | None
     for r in _rows(con, _DRAFTERS, {"latest": latest}):
         links[r["drafter"]] = DrafterLink(kind=r["drafter_kind"], kind_key=r["drafter_kind_key"],
                                           target=r["target"], evidence=r["target_evidence"],
-                                          problem=r.get("target_problem"))
+                                          problem=r.get("target_problem"), method=r.get("drafter_method"),
+                                          target_revision=r.get("target_revision"))
         if r["target"] is not None:
             published.setdefault(r["target"].lower(), []).append((r["drafter"], r["target_evidence"]))
     return links, published

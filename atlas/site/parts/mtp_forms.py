@@ -15,11 +15,13 @@ from atlas.site.parts.mdsafe import Markdown, code, escape
 
 FORM_WORDS = {
     "in_checkpoint": "in the checkpoint: the weights hold the MTP head",
+    "in_repo_separate": "in the repo, as a separate file: the head ships as a file of its own beside trunk files "
+                        "that lack it (load the two together)",
     "declared_missing": "declared but missing: the config declares MTP layers the weights lack (an engine that "
                         "loads it initialises the head at random)",
     "stripped": "stripped by a conversion: this copy lacks the head its base declares or ships",
     "mtp_sidecar": "MTP-only sidecar: a repo with only the head, for a base in another repo",
-    "separate_drafter": "separate drafter: an architecture of its own, trained for one target",
+    "separate_drafter": "speculative drafter, not MTP: a model of its own that drafts for a target model",
     "block_drafter": "block drafter in the checkpoint (not MTP)",
     "declared_unread": "declared; no weight names read to check it against",
     "none": "none: no MTP key declared and no MTP tensor found",
@@ -47,6 +49,9 @@ class MTPForm(BaseModel):
     head_dtypes: str | None = None  # per safetensors shard read
     dspark_block_size: int | None = None
     sidecar_block_size: int | None = None
+    pairs_with: str | None = None  # the trunk files a separate head file pairs with
+    sidecar_base_problem: str | None = None  # why a sidecar's claimed base is no base (it may not exist)
+    sidecar_base_revision: str | None = None  # the base commit the sidecar says it matches
 
     @property
     def noteworthy(self) -> bool:
@@ -58,7 +63,7 @@ _FORMS = """
     SELECT repo_id, mtp_form, mtp_form_evidence, sidecar_base, sidecar_base_evidence, mtp_sidecars_published,
         gguf_layout, gguf_architecture, gguf_nextn_predict_layers, gguf_head_types, mtp_own_embedding,
         mtp_own_lm_head, mtp_head_params, mtp_head_bytes, mtp_head_share, mtp_dtype, dspark_block_size,
-        sidecar_block_size, f.mtp_form_base, mtp_head_dtypes
+        sidecar_block_size, f.mtp_form_base, mtp_head_dtypes, mtp_pairs_with, sidecar_base_problem, sidecar_base_revision
     FROM mtp_fingerprints_history h
     LEFT JOIN (SELECT snapshot_id AS s, repo_id AS r, mtp_form_base FROM mtp_forms) f ON f.s = h.snapshot_id AND f.r = h.repo_id
     WHERE h.snapshot_id = $latest AND h.mtp_form IS NOT NULL"""
@@ -87,7 +92,8 @@ def read_forms(con: duckdb.DuckDBPyConnection, latest: int | None) -> dict[str, 
             own_embedding=r["mtp_own_embedding"], own_lm_head=r["mtp_own_lm_head"], head_params=r["mtp_head_params"],
             head_bytes=r["mtp_head_bytes"], head_share=r["mtp_head_share"], mtp_dtype=r["mtp_dtype"],
             dspark_block_size=r["dspark_block_size"], sidecar_block_size=r["sidecar_block_size"],
-            head_dtypes=r["mtp_head_dtypes"])
+            head_dtypes=r["mtp_head_dtypes"], pairs_with=r["mtp_pairs_with"], sidecar_base_problem=r["sidecar_base_problem"],
+            sidecar_base_revision=r["sidecar_base_revision"])
     return out
 
 
@@ -118,11 +124,16 @@ def form_words(f: MTPForm) -> Markdown:
         out += [Markdown("; evidence: "), code(f.evidence)]
     if f.form == "mtp_sidecar" and f.sidecar_base:
         how = {"base_model": "its card's base_model", "name": "its repo name without -MTP"}
+        how = {"base_model": "its card's base_model", "name": "its repo name without -MTP",
+               "gguf": "its GGUF header's general.base_model"}
         out += [Markdown("; base: "), _link(f.sidecar_base, f.sidecar_base_slug),
                 escape(f" (from {how.get(f.sidecar_base_evidence or '', '')})")]
+        if f.sidecar_base_revision:
+            out += [Markdown("; matches the base at "), code(f.sidecar_base_revision)]
     elif f.form == "mtp_sidecar":
-        out.append(escape("; base unknown: its card names no single base_model and no repo of this snapshot has "
-                          "its name without -MTP"))
+        out.append(escape("; base unknown: " + (f.sidecar_base_problem or "its card names no single base_model")))
+    if f.pairs_with:
+        out += [Markdown("; pairs with "), code(f.pairs_with)]
     if f.sidecars:
         out += [Markdown("; MTP-only sidecar published: "), Markdown(", ".join(_link(s, slug) for s, slug in f.sidecars))]
     if f.sidecar_block_size is not None:
@@ -166,8 +177,8 @@ def page_rows(f: MTPForm | None, provenance: Any) -> list[list[Any]]:
 
 # The finder's words for each form: short, and broken at spaces (an underscored key is one word
 # that widened the finder past the content column); the model's page gives FORM_WORDS and the key.
-FINDER_WORDS = {"in_checkpoint": "in checkpoint", "declared_missing": "declared, missing", "stripped": "stripped",
-                "mtp_sidecar": "MTP sidecar", "separate_drafter": "separate drafter", "block_drafter": "block drafter",
+FINDER_WORDS = {"in_checkpoint": "in checkpoint", "in_repo_separate": "in repo, separate file", "declared_missing": "declared, missing", "stripped": "stripped",
+                "mtp_sidecar": "MTP sidecar", "separate_drafter": "drafter (not MTP)", "block_drafter": "block drafter",
                 "declared_unread": "declared, unread", "none": "none"}
 
 
