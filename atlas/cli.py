@@ -488,10 +488,9 @@ def export_cmd(db: Path, out: str | None, evidence_dir: Path | None) -> None:
 
     out_path = Path(out) if out else project_path(export.DEFAULT_OUT)
     manifest = export.export(db, out_path, evidence_dir or project_path("evidence"), project_root())
-    for f in manifest.files:
-        if f.format == "parquet":
-            echo(f"  {f.table:<22} {f.rows:>6} rows  (data as of {f.as_of or '—'})")
-    echo(f"Wrote {out_path}: {len(manifest.files)} files (Parquet and CSV), README.md (the dataset card), croissant.json, manifest and changelog.")
+    # one write: a Ctrl-C after the export landed leaves no half-printed summary above its one line
+    echo("\n".join([*(f"  {f.table:<22} {f.rows:>6} rows  (data as of {f.as_of or '—'})" for f in manifest.files if f.format == "parquet"),
+                     f"Wrote {out_path}: {len(manifest.files)} files (Parquet and CSV), README.md (the dataset card), croissant.json, manifest and changelog."]))
 
 
 @cli.group("site")
