@@ -427,6 +427,25 @@ def _replace_fingerprints(con: duckdb.DuckDBPyConnection, rows: FingerprintRows,
     _bulk_insert(con, "fingerprints", {c: ("VARCHAR", [r[i] for r in rows]) for i, c in enumerate(cols)}, scrub=scrub)
 
 
+def _insert_snapshot_rows(con: duckdb.DuckDBPyConnection, snapshot_id: int, models: Sequence[ModelRow],
+                          base_lookups: Sequence[BaseLookup], scrub: Scrub) -> None:
+    """The rows that belong to one snapshot: its hub models and its base lookups."""
+    types = {
+        "last_modified": "TIMESTAMP", "created_at": "TIMESTAMP", "downloads": "BIGINT",
+        "likes": "BIGINT", "private": "BOOLEAN", "tags": "VARCHAR[]", "base_models": "VARCHAR[]",
+        "is_derivative": "BOOLEAN", "is_exemplar": "BOOLEAN", "param_total": "BIGINT",
+    }
+    fields = list(ModelRow.__dataclass_fields__)
+    columns: dict[str, tuple[str, list[Any]]] = {"snapshot_id": ("INTEGER", [snapshot_id] * len(models))}
+    for name in fields:
+        columns[name] = (types.get(name, "VARCHAR"), [getattr(m, name) for m in models])
+    _bulk_insert(con, "hub_models", columns, scrub=scrub)
+    lookup_fields = list(BaseLookup.__dataclass_fields__)
+    lookups: dict[str, tuple[str, list[Any]]] = {"snapshot_id": ("INTEGER", [snapshot_id] * len(base_lookups))}
+    lookups |= {name: ("VARCHAR", [getattr(b, name) for b in base_lookups]) for name in lookup_fields}
+    _bulk_insert(con, "base_lookups", lookups, scrub=scrub)
+
+
 def write_snapshot(
     con: duckdb.DuckDBPyConnection,
     snapshot: SnapshotRow,
@@ -492,20 +511,7 @@ def write_snapshot(
                 s.coverage and scrub(s.coverage),
             ],
         )
-        types = {
-            "last_modified": "TIMESTAMP", "created_at": "TIMESTAMP", "downloads": "BIGINT",
-            "likes": "BIGINT", "private": "BOOLEAN", "tags": "VARCHAR[]", "base_models": "VARCHAR[]",
-            "is_derivative": "BOOLEAN", "is_exemplar": "BOOLEAN", "param_total": "BIGINT",
-        }
-        fields = list(ModelRow.__dataclass_fields__)
-        columns: dict[str, tuple[str, list[Any]]] = {"snapshot_id": ("INTEGER", [snapshot_id] * len(models))}
-        for name in fields:
-            columns[name] = (types.get(name, "VARCHAR"), [getattr(m, name) for m in models])
-        _bulk_insert(con, "hub_models", columns, scrub=scrub)
-        lookup_fields = list(BaseLookup.__dataclass_fields__)
-        lookups: dict[str, tuple[str, list[Any]]] = {"snapshot_id": ("INTEGER", [snapshot_id] * len(base_lookups))}
-        lookups |= {name: ("VARCHAR", [getattr(b, name) for b in base_lookups]) for name in lookup_fields}
-        _bulk_insert(con, "base_lookups", lookups, scrub=scrub)
+        _insert_snapshot_rows(con, snapshot_id, models, base_lookups, scrub)
         con.execute("COMMIT")
     except BaseException:
         rollback(con)
