@@ -18,7 +18,7 @@ from atlas import AtlasError
 from atlas.fingerprints.rules import MAX_CONFIG_BYTES, MAX_INDEX_BYTES, fingerprint, parse_config_bytes, parse_weight_index
 from atlas.hub.context import Context, call
 from atlas.hub.errors import ErrorKind, RepoProblem
-from atlas.hub.fetch import REPO_ID, SHA, WEIGHT_INDEX, Listed, _download
+from atlas.hub.fetch import REPO_ID, SHA, WEIGHT_INDEX, Listed, download
 from atlas.store.db import BaseLookup
 
 MAX_LOOKUPS = 32  # bases looked up per crawl: each costs up to three requests
@@ -70,7 +70,7 @@ def look_up(ctx: Context, repo_id: str) -> BaseLookup:
     if "config.json" not in siblings:
         return BaseLookup(repo_id, sha, "ok", None, None, "no config.json to read")
     try:
-        config = parse_config_bytes(_download(ctx, repo_id, sha, "config.json", MAX_CONFIG_BYTES))
+        config = parse_config_bytes(download(ctx, repo_id, sha, "config.json", MAX_CONFIG_BYTES))
     except RepoProblem as exc:
         return BaseLookup(repo_id, sha, "gated" if exc.kind is ErrorKind.GATED else "error", str(exc), None, None)
     except AtlasError as exc:
@@ -78,7 +78,7 @@ def look_up(ctx: Context, repo_id: str) -> BaseLookup:
     names, note = None, None
     if WEIGHT_INDEX in siblings:
         try:
-            names = parse_weight_index(_download(ctx, repo_id, sha, WEIGHT_INDEX, MAX_INDEX_BYTES))
+            names = parse_weight_index(download(ctx, repo_id, sha, WEIGHT_INDEX, MAX_INDEX_BYTES))
         except (RepoProblem, AtlasError) as exc:  # the config alone still says what it declares
             note = f"{WEIGHT_INDEX}: {exc}"
     rows = {name: (value, path) for name, value, path in fingerprint(config, names, "index").rows()}

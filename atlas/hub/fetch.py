@@ -98,7 +98,7 @@ def _write_aside(path: Path, data: bytes) -> None:
         partial.unlink(missing_ok=True)
 
 
-def _download(ctx: Context, repo_id: str, sha: str, filename: str, limit: int) -> bytes:
+def download(ctx: Context, repo_id: str, sha: str, filename: str, limit: int) -> bytes:
     """A file at `sha`, from the cache when an earlier crawl got it (or found for good that it
     cannot be had: absent, over the limit), else by one GET."""
     cached = _cached_path(ctx, repo_id, sha, filename)
@@ -140,7 +140,7 @@ def _header_names(ctx: Context, repo_id: str, sha: str) -> tuple[list[str], dict
 
 def _cached_record(ctx: Context, repo_id: str, sha: str, filename: str, read: Callable[[], str]) -> str:
     """A header record (a GGUF file's, a safetensors shard's head) read by `read`, cached on disk; a
-    failure for good is cached too, by _download's rule: it is not asked again at the same sha."""
+    failure for good is cached too, by download's rule: it is not asked again at the same sha."""
     cached = ctx.cache_dir / "atlas-header-records" / sha / repo_id.replace("/", "--") / (filename.replace("/", "--") + ".json")
     failed = cached.with_name(cached.name + ".error")
     try:
@@ -179,7 +179,7 @@ def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> F
     if settled is None:
         if siblings is not None and "config.json" not in siblings:
             raise RepoProblem(ErrorKind.MISSING, "no config.json (nor a GGUF file) in this repo")
-        data = _download(ctx, item.repo_id, sha, "config.json", MAX_CONFIG_BYTES)
+        data = download(ctx, item.repo_id, sha, "config.json", MAX_CONFIG_BYTES)
         try:
             parse_config_bytes(data)
         except AtlasError as exc:  # the same bytes at the same sha every time: no later crawl can do better
@@ -199,7 +199,7 @@ def fetch_repo(ctx: Context, item: Listed, settled: set[str] | None = None) -> F
 
     def side(filename: str, limit: int, parse: Callable[[bytes], Any]) -> Any:
         try:
-            raw = _download(ctx, item.repo_id, sha, filename, limit)
+            raw = download(ctx, item.repo_id, sha, filename, limit)
             return raw, parse(raw)
         except (RepoProblem, AtlasError) as exc:
             record(filename, exc)
